@@ -1,0 +1,1 @@
+"""Backends: the NumPy reference interpreter (the oracle) and the CPU runtime."""

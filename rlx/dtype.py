@@ -1,0 +1,195 @@
+"""DType: the element types of rlx tensors, their NumPy mapping and the promotion lattice.
+
+Promotion is the least upper bound in this lattice (edges point to the wider type)::
+
+    Bool -> U8 -> I16 -> I32 -> I64
+    Bool -> I8 -> I16
+    U8 -> U32 -> I64
+    {every integer} -> F16, BF16          (an int meeting a float takes the float)
+    F16 -> F32, BF16 -> F32, F32 -> F64, F64 -> C64, F32 -> C64
+
+FP8 types (F8E4M3, F8E5M2) stand apart: they promote only with themselves; mixing them with
+anything else is a DTypeError (cast explicitly), as in JAX.
+
+Where we differ from JAX's table (``jax.numpy.promote_types`` with x64 enabled):
+
+* JAX has U16/U64/C128; we have none of them, so U32+I32 -> I64 (same as JAX) but
+  F64+C64 -> C64 (JAX: C128) because C64 is our only complex type.
+* JAX promotes U32+I64 -> I64 and U64+I64 -> F* ("weak" float); with no U64 we never
+  leave the integers.
+* JAX's weak types (Python scalars) are handled by the graph builder, not by this table:
+  a Python scalar takes the dtype of the tensor it meets.
+"""
+
+from __future__ import annotations
+
+import enum
+from functools import cache
+
+import ml_dtypes
+import numpy as np
+
+from rlx.errors import DTypeError
+
+__all__ = ["DType", "promote", "promote_all"]
+
+
+class DType(enum.Enum):
+    """Element type. ``value`` is the short name used in printed IR and files."""
+
+    F32 = "f32"
+    F16 = "f16"
+    BF16 = "bf16"
+    F64 = "f64"
+    I8 = "i8"
+    I16 = "i16"
+    I32 = "i32"
+    I64 = "i64"
+    U8 = "u8"
+    U32 = "u32"
+    BOOL = "bool"
+    C64 = "c64"
+    F8E4M3 = "f8e4m3"
+    F8E5M2 = "f8e5m2"
+
+    def __repr__(self) -> str:
+        return f"DType.{self.name}"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def np(self) -> np.dtype:
+        """The NumPy dtype that stores this type."""
+        return _TO_NP[self]
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return _TO_NP[self].itemsize
+
+    @property
+    def is_float(self) -> bool:
+        return self in _FLOATS
+
+    @property
+    def is_int(self) -> bool:
+        return self in _INTS
+
+    @property
+    def is_signed(self) -> bool:
+        return self in _SIGNED
+
+    @property
+    def is_complex(self) -> bool:
+        return self is DType.C64
+
+    @property
+    def is_bool(self) -> bool:
+        return self is DType.BOOL
+
+    @property
+    def is_fp8(self) -> bool:
+        return self in (DType.F8E4M3, DType.F8E5M2)
+
+    @classmethod
+    def from_numpy(cls, dt: np.dtype | type | str) -> DType:
+        """Map a NumPy dtype to a DType; raises DTypeError for unsupported types."""
+        try:
+            key = np.dtype(dt)
+        except TypeError as e:
+            raise DTypeError(f"not a NumPy dtype: {dt!r}") from e
+        try:
+            return _FROM_NP[key]
+        except KeyError:
+            supported = ", ".join(sorted(str(k) for k in _FROM_NP))
+            raise DTypeError(
+                f"NumPy dtype {key} has no rlx DType; supported: {supported}"
+            ) from None
+
+    @classmethod
+    def parse(cls, name: str | DType) -> DType:
+        """Accept a DType or its short name ('f32', 'bf16', ...)."""
+        if isinstance(name, DType):
+            return name
+        try:
+            return cls(name)
+        except ValueError:
+            raise DTypeError(
+                f"unknown dtype name {name!r}; expected one of {[d.value for d in cls]}"
+            ) from None
+
+
+_TO_NP: dict[DType, np.dtype] = {
+    DType.F32: np.dtype(np.float32),
+    DType.F16: np.dtype(np.float16),
+    DType.BF16: np.dtype(ml_dtypes.bfloat16),
+    DType.F64: np.dtype(np.float64),
+    DType.I8: np.dtype(np.int8),
+    DType.I16: np.dtype(np.int16),
+    DType.I32: np.dtype(np.int32),
+    DType.I64: np.dtype(np.int64),
+    DType.U8: np.dtype(np.uint8),
+    DType.U32: np.dtype(np.uint32),
+    DType.BOOL: np.dtype(np.bool_),
+    DType.C64: np.dtype(np.complex64),
+    DType.F8E4M3: np.dtype(ml_dtypes.float8_e4m3fn),
+    DType.F8E5M2: np.dtype(ml_dtypes.float8_e5m2),
+}
+_FROM_NP: dict[np.dtype, DType] = {v: k for k, v in _TO_NP.items()}
+_FLOATS = frozenset(
+    {DType.F32, DType.F16, DType.BF16, DType.F64, DType.F8E4M3, DType.F8E5M2}
+)
+_INTS = frozenset({DType.I8, DType.I16, DType.I32, DType.I64, DType.U8, DType.U32})
+_SIGNED = frozenset({DType.I8, DType.I16, DType.I32, DType.I64}) | _FLOATS | {DType.C64}
+
+_D = DType
+_EDGES: dict[DType, tuple[DType, ...]] = {
+    _D.BOOL: (_D.U8, _D.I8),
+    _D.U8: (_D.I16, _D.U32),
+    _D.I8: (_D.I16,),
+    _D.I16: (_D.I32,),
+    _D.I32: (_D.I64,),
+    _D.U32: (_D.I64,),
+    _D.I64: (_D.F16, _D.BF16),
+    _D.F16: (_D.F32,),
+    _D.BF16: (_D.F32,),
+    _D.F32: (_D.F64,),
+    _D.F64: (_D.C64,),
+    _D.C64: (),
+    _D.F8E4M3: (),
+    _D.F8E5M2: (),
+}
+
+
+@cache
+def _upper(d: DType) -> frozenset[DType]:
+    out = {d}
+    for e in _EDGES[d]:
+        out |= _upper(e)
+    return frozenset(out)
+
+
+@cache
+def promote(a: DType, b: DType) -> DType:
+    """Least upper bound of two dtypes in the lattice above; DTypeError if none."""
+    if a is b:
+        return a
+    common = _upper(a) & _upper(b)
+    if not common:
+        raise DTypeError(
+            f"no implicit promotion between {a} and {b}; insert an explicit cast"
+        )
+    # the least element: the one whose upper set contains all the others
+    for c in common:
+        if _upper(c) >= common:
+            return c
+    raise AssertionError("promotion lattice is not a lattice")  # pragma: no cover
+
+
+def promote_all(*ds: DType) -> DType:
+    """Promote any number of dtypes left to right."""
+    out = ds[0]
+    for d in ds[1:]:
+        out = promote(out, d)
+    return out

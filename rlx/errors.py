@@ -1,0 +1,80 @@
+"""The one exception hierarchy of rlx.
+
+Every error a user can cause is an :class:`RlxError`. Messages name the tensor or node,
+what was expected and what was given, and (where a node is involved) the line of user code
+that built it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.ir.source import SourceLoc
+
+__all__ = [
+    "RlxError",
+    "ShapeError",
+    "DTypeError",
+    "VerifyError",
+    "LowerError",
+    "UnsupportedOpError",
+    "CompileError",
+    "InputError",
+    "SerializationError",
+    "QuantizationError",
+    "StageError",
+]
+
+
+class RlxError(Exception):
+    """Base class of every error rlx raises on bad user input."""
+
+    def __init__(self, message: str, *, node: int | None = None, loc: SourceLoc | None = None):
+        self.node = node
+        self.loc = loc
+        self.bare_message = message
+        text = message
+        if loc is not None:
+            text = f"{message}\n  node built at {loc}"
+        super().__init__(text)
+
+
+class ShapeError(RlxError, ValueError):
+    """An op's shape or dtype rule rejected its inputs."""
+
+
+class DTypeError(ShapeError):
+    """A dtype that an op or conversion does not accept."""
+
+
+class VerifyError(RlxError, ValueError):
+    """The graph verifier found a malformed graph."""
+
+
+class LowerError(RlxError, ValueError):
+    """HIR could not be lowered to MIR."""
+
+
+class StageError(RlxError, TypeError):
+    """A GraphModule method was called at a stage that does not support it."""
+
+
+class UnsupportedOpError(RlxError, NotImplementedError):
+    """A backend does not support an op (raised at compile time, listing every such op)."""
+
+
+class CompileError(RlxError, RuntimeError):
+    """Compilation failed (pass failure, native build failure, bad options)."""
+
+
+class InputError(RlxError, ValueError):
+    """Bad input to a compiled graph: unknown or missing name, wrong shape/dtype, NaN."""
+
+
+class SerializationError(RlxError, ValueError):
+    """A saved graph file is truncated, corrupted or of an unknown version."""
+
+
+class QuantizationError(RlxError, ValueError):
+    """Calibration or quantization was given inconsistent data."""

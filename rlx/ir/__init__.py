@@ -1,0 +1,1 @@
+"""The IR: MIR graph, HIR modules, LIR plan, verifier, printer, serialization."""

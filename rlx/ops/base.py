@@ -1,0 +1,147 @@
+"""The op registry: every op is one frozen dataclass holding all its facets.
+
+An op class defines, side by side:
+
+* its attributes (dataclass fields: ints, floats, tuples, enums; all hashable),
+* ``arity`` (a ClassVar) or ``num_inputs()`` for ops whose input count depends on attributes,
+* ``infer(ins) -> Shape``: the shape/dtype rule (raises ShapeError with a full sentence),
+* ``reference(xs, ctx) -> np.ndarray``: the NumPy oracle,
+* ``kind``: its precision class (OpKind, used by auto mixed precision),
+* flags: ``elementwise`` (fusable into an ElementwiseRegion), ``pure`` (CSE-able).
+
+``@register`` turns the class into a frozen, slotted dataclass and records it under its
+``mnemonic``. Passes query flags (``op.elementwise``), never lists of op names.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+import numpy as np
+
+from rlx.errors import ShapeError
+from rlx.shape import Shape
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph
+
+__all__ = [
+    "Op",
+    "OpKind",
+    "RefCtx",
+    "register",
+    "OPS",
+    "op_class",
+    "graph_method",
+    "expect",
+]
+
+
+class OpKind(enum.Enum):
+    """Precision class of an op, as in the seed's precision pass."""
+
+    COMPUTE = "compute"
+    REDUCTION = "reduction"
+    ELEMENTWISE = "elementwise"
+    DATA_MOVEMENT = "data_movement"
+    BOUNDARY = "boundary"
+
+
+@dataclass(frozen=True, slots=True)
+class RefCtx:
+    """What a reference implementation may need besides its inputs."""
+
+    out_dims: tuple[int, ...]
+    out_dtype: np.dtype
+    bindings: Mapping[str, int]
+    params: Mapping[str, np.ndarray]
+    inputs: Mapping[str, np.ndarray]
+
+
+class Op:
+    """Base of every op. Subclasses are registered with :func:`register`."""
+
+    __slots__ = ()
+    mnemonic: ClassVar[str] = "op"
+    arity: ClassVar[int | None] = None
+    kind: ClassVar[OpKind] = OpKind.COMPUTE
+    elementwise: ClassVar[bool] = False
+    pure: ClassVar[bool] = True
+
+    def num_inputs(self) -> int | None:
+        """Exact number of inputs, or None for variadic ops (checked by ``infer``)."""
+        return self.arity
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    def subgraphs(self) -> tuple[Graph, ...]:
+        """Nested graphs (control flow); empty for ordinary ops."""
+        return ()
+
+    def attrs(self) -> dict[str, Any]:
+        """Attribute name -> value, in declaration order."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+    def attrs_str(self) -> str:
+        parts = []
+        for k, v in self.attrs().items():
+            if isinstance(v, enum.Enum):
+                v = v.name.lower()
+            elif isinstance(v, float):
+                v = f"{v:g}"
+            parts.append(f"{k}={v}")
+        return ", ".join(parts)
+
+    def __str__(self) -> str:
+        a = self.attrs_str()
+        return f"{self.mnemonic}[{a}]" if a else self.mnemonic
+
+
+OPS: dict[str, type[Op]] = {}
+T = TypeVar("T", bound=type[Op])
+
+
+def register(cls: T) -> T:
+    """Class decorator: make ``cls`` a frozen slotted dataclass and record it in OPS."""
+    name = cls.__dict__.get("mnemonic")
+    if not name:
+        raise TypeError(f"op class {cls.__name__} needs a 'mnemonic' ClassVar")
+    if name in OPS:
+        raise TypeError(f"op mnemonic {name!r} registered twice ({OPS[name]} and {cls})")
+    for facet in ("infer", "reference"):
+        if getattr(cls, facet) is getattr(Op, facet):
+            raise TypeError(f"op {name} lacks its {facet}() facet")
+    dc = dataclass(frozen=True, slots=True, eq=True)(cls)
+    OPS[name] = dc
+    return dc  # type: ignore[return-value]
+
+
+def op_class(mnemonic: str) -> type[Op]:
+    try:
+        return OPS[mnemonic]
+    except KeyError:
+        raise ShapeError(f"unknown op {mnemonic!r}") from None
+
+
+def expect(cond: bool, op: Op | str, msg: str) -> None:
+    """Raise ShapeError(f'{op}: {msg}') unless ``cond``: the one way shape rules complain."""
+    if not cond:
+        name = op if isinstance(op, str) else op.mnemonic
+        raise ShapeError(f"{name}: {msg}")
+
+
+def graph_method(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Attach a builder convenience (``g.<name>(...)``) to Graph, next to the op it builds."""
+    from rlx.ir.mir import Graph
+
+    if hasattr(Graph, fn.__name__):
+        raise TypeError(f"Graph.{fn.__name__} defined twice")
+    setattr(Graph, fn.__name__, fn)
+    return fn

@@ -1,0 +1,379 @@
+"""Elementwise ops: unary activations, binary arithmetic, compares, where, cast.
+
+Each is fusable into an ElementwiseRegion (``elementwise = True``). Float math on
+f16/bf16/fp8 inputs is computed in f32 and rounded back to the node's dtype, the same as
+the CPU kernels do.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from rlx.dtype import DType, promote
+from rlx.ir.mir import Graph, NodeId
+from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
+from rlx.ops.core import operand
+from rlx.shape import Shape, broadcast_dims
+
+try:  # scipy's erf is exact; fall back to math.erf vectorised
+    from scipy.special import erf as _erf
+except ImportError:  # pragma: no cover
+    _erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _wide(x: np.ndarray) -> np.ndarray:
+    """Upcast low-precision floats to f32 for computing."""
+    if x.dtype.kind == "V" or x.dtype.itemsize < 4 and x.dtype.kind == "f":
+        return x.astype(np.float32)
+    if x.dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        return x.astype(np.float32)
+    return x
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)).astype(x.dtype))
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    c = np.asarray(math.sqrt(2.0 / math.pi), dtype=x.dtype)
+    return 0.5 * x * (1.0 + np.tanh(c * (x + np.asarray(0.044715, x.dtype) * x * x * x)))
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    # numerically stable in both tails
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(x.dtype)
+
+
+class UnaryKind(enum.Enum):
+    """Unary elementwise functions. ``float_only`` ones reject integer inputs."""
+
+    RELU = "relu"
+    GELU = "gelu"
+    GELU_TANH = "gelu_tanh"
+    SILU = "silu"
+    SIGMOID = "sigmoid"
+    TANH = "tanh"
+    EXP = "exp"
+    LOG = "log"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    NEG = "neg"
+    ABS = "abs"
+    SIN = "sin"
+    COS = "cos"
+    ROUND = "round"
+    FLOOR = "floor"
+    CEIL = "ceil"
+    RECIP = "recip"
+    SQUARE = "square"
+    SOFTPLUS = "softplus"
+    ERF = "erf"
+    SIGN = "sign"
+    NOT = "not"
+
+
+UNARY_FNS: dict[UnaryKind, Callable[[np.ndarray], np.ndarray]] = {
+    UnaryKind.RELU: lambda x: np.maximum(x, np.zeros((), x.dtype)),
+    UnaryKind.GELU: _gelu,
+    UnaryKind.GELU_TANH: _gelu_tanh,
+    UnaryKind.SILU: lambda x: x * _sigmoid(x),
+    UnaryKind.SIGMOID: _sigmoid,
+    UnaryKind.TANH: np.tanh,
+    UnaryKind.EXP: np.exp,
+    UnaryKind.LOG: np.log,
+    UnaryKind.SQRT: np.sqrt,
+    UnaryKind.RSQRT: lambda x: 1.0 / np.sqrt(x),
+    UnaryKind.NEG: np.negative,
+    UnaryKind.ABS: np.abs,
+    UnaryKind.SIN: np.sin,
+    UnaryKind.COS: np.cos,
+    UnaryKind.ROUND: np.rint,  # round half to even, as NumPy, JAX and ONNX
+    UnaryKind.FLOOR: np.floor,
+    UnaryKind.CEIL: np.ceil,
+    UnaryKind.RECIP: lambda x: 1.0 / x,
+    UnaryKind.SQUARE: np.square,
+    UnaryKind.SOFTPLUS: lambda x: np.logaddexp(np.zeros((), x.dtype), x),
+    UnaryKind.ERF: lambda x: _erf(x).astype(x.dtype),
+    UnaryKind.SIGN: np.sign,
+    UnaryKind.NOT: np.logical_not,
+}
+_INT_OK = {UnaryKind.RELU, UnaryKind.NEG, UnaryKind.ABS, UnaryKind.SQUARE, UnaryKind.SIGN}
+
+
+@register
+class Unary(Op):
+    """``y = f(x)`` elementwise, ``f`` one of :class:`UnaryKind`."""
+
+    mnemonic: ClassVar[str] = "unary"
+    arity: ClassVar[int] = 1
+    kind: ClassVar[OpKind] = OpKind.ELEMENTWISE
+    elementwise: ClassVar[bool] = True
+    fn: UnaryKind
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        (x,) = ins
+        if self.fn is UnaryKind.NOT:
+            expect(x.dtype is DType.BOOL, self, f"not needs a bool input, got {x}")
+        elif self.fn not in _INT_OK:
+            expect(
+                x.dtype.is_float or x.dtype.is_complex,
+                self,
+                f"{self.fn.value} needs a float input, got {x}",
+            )
+        else:
+            expect(not x.dtype.is_bool, self, f"{self.fn.value} of a bool tensor {x}")
+        return x
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return UNARY_FNS[self.fn](_wide(xs[0]))
+
+    def __str__(self) -> str:
+        return self.fn.value
+
+
+class BinaryKind(enum.Enum):
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    MAX = "max"
+    MIN = "min"
+    POW = "pow"
+    MOD = "mod"
+    AND = "and"
+    OR = "or"
+
+
+def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "iu":  # integer division truncates toward zero, like C / JAX lax.div
+        q = np.abs(a) // np.where(b == 0, 1, np.abs(b))
+        return (np.sign(a) * np.sign(b) * q).astype(a.dtype)
+    return np.divide(a, b)
+
+
+BINARY_FNS: dict[BinaryKind, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    BinaryKind.ADD: np.add,
+    BinaryKind.SUB: np.subtract,
+    BinaryKind.MUL: np.multiply,
+    BinaryKind.DIV: _div,
+    BinaryKind.MAX: np.maximum,
+    BinaryKind.MIN: np.minimum,
+    BinaryKind.POW: np.power,
+    BinaryKind.MOD: np.fmod,  # sign of the dividend, like C fmod and lax.rem
+    BinaryKind.AND: np.logical_and,
+    BinaryKind.OR: np.logical_or,
+}
+
+
+@register
+class Binary(Op):
+    """``y = a (op) b`` with NumPy broadcasting; both inputs must share a dtype (insert a
+    cast to combine two dtypes: implicit promotion is done by the builder, not the op)."""
+
+    mnemonic: ClassVar[str] = "binary"
+    arity: ClassVar[int] = 2
+    kind: ClassVar[OpKind] = OpKind.ELEMENTWISE
+    elementwise: ClassVar[bool] = True
+    fn: BinaryKind
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        a, b = ins
+        expect(
+            a.dtype is b.dtype,
+            self,
+            f"{self.fn.value} needs equal dtypes, got {a} and {b} (cast one first)",
+        )
+        if self.fn in (BinaryKind.AND, BinaryKind.OR):
+            expect(a.dtype is DType.BOOL, self, f"{self.fn.value} needs bool, got {a}")
+        else:
+            expect(not a.dtype.is_bool, self, f"{self.fn.value} of bool tensors")
+        return Shape(broadcast_dims(a.dims, b.dims), a.dtype)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return BINARY_FNS[self.fn](_wide(xs[0]), _wide(xs[1]))
+
+    def __str__(self) -> str:
+        return self.fn.value
+
+
+class CompareKind(enum.Enum):
+    EQ = "eq"
+    NE = "ne"
+    LT = "lt"
+    LE = "le"
+    GT = "gt"
+    GE = "ge"
+
+
+COMPARE_FNS: dict[CompareKind, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    CompareKind.EQ: np.equal,
+    CompareKind.NE: np.not_equal,
+    CompareKind.LT: np.less,
+    CompareKind.LE: np.less_equal,
+    CompareKind.GT: np.greater,
+    CompareKind.GE: np.greater_equal,
+}
+
+
+@register
+class Compare(Op):
+    """``y = a (cmp) b`` -> bool, with broadcasting."""
+
+    mnemonic: ClassVar[str] = "compare"
+    arity: ClassVar[int] = 2
+    kind: ClassVar[OpKind] = OpKind.ELEMENTWISE
+    elementwise: ClassVar[bool] = True
+    fn: CompareKind
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        a, b = ins
+        expect(a.dtype is b.dtype, self, f"needs equal dtypes, got {a} and {b}")
+        return Shape(broadcast_dims(a.dims, b.dims), DType.BOOL)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        return COMPARE_FNS[self.fn](_wide(xs[0]), _wide(xs[1]))
+
+    def __str__(self) -> str:
+        return self.fn.value
+
+
+@register
+class Where(Op):
+    """``y = cond ? a : b`` with broadcasting over all three."""
+
+    mnemonic: ClassVar[str] = "where"
+    arity: ClassVar[int] = 3
+    kind: ClassVar[OpKind] = OpKind.ELEMENTWISE
+    elementwise: ClassVar[bool] = True
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        c, a, b = ins
+        expect(c.dtype is DType.BOOL, self, f"condition must be bool, got {c}")
+        expect(a.dtype is b.dtype, self, f"branches need equal dtypes, got {a} and {b}")
+        return Shape(broadcast_dims(c.dims, a.dims, b.dims), a.dtype)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        return np.where(xs[0], xs[1], xs[2])
+
+
+@register
+class Cast(Op):
+    """Convert to ``to`` (float->int truncates toward zero, saturates nothing: as NumPy)."""
+
+    mnemonic: ClassVar[str] = "cast"
+    arity: ClassVar[int] = 1
+    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    elementwise: ClassVar[bool] = True
+    to: DType
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        return ins[0].with_dtype(self.to)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        x = xs[0]
+        if self.to.is_fp8 or x.dtype.name.startswith("float8") or x.dtype.name == "bfloat16":
+            x = x.astype(np.float32) if self.to is not DType.F64 else x.astype(np.float64)
+        with np.errstate(all="ignore"):
+            return x.astype(self.to.np)
+
+    def __str__(self) -> str:
+        return f"cast[to={self.to}]"
+
+
+# ---- builder conveniences ---------------------------------------------------------
+
+
+def _promoted(g: Graph, *ids: NodeId) -> list[NodeId]:
+    """Insert casts so all operands share the promoted dtype (JAX-style implicit promotion)."""
+    dts = [g.nodes[i].dtype for i in ids]
+    target = dts[0]
+    for d in dts[1:]:
+        target = promote(target, d)
+    return [i if g.nodes[i].dtype is target else g.apply(Cast(target), [i]) for i in ids]
+
+
+def _binary(fn: BinaryKind) -> Callable[..., NodeId]:
+    def build(g: Graph, a: Any, b: Any) -> NodeId:
+        if not isinstance(a, int) or isinstance(a, bool):
+            a, b = b, a
+            a_id = a
+            b_id = operand(g, b, a_id)
+            x, y = _promoted(g, b_id, a_id)
+        else:
+            b_id = operand(g, b, a)
+            x, y = _promoted(g, a, b_id)
+        return g.apply(Binary(fn), [x, y])
+
+    build.__name__ = fn.value
+    build.__doc__ = f"``{fn.value}(a, b)`` elementwise with broadcasting and promotion; a float scalar operand becomes a constant."
+    return build
+
+
+def _unary(fn: UnaryKind) -> Callable[..., NodeId]:
+    def build(g: Graph, x: NodeId) -> NodeId:
+        return g.apply(Unary(fn), [x])
+
+    build.__name__ = fn.value
+    build.__doc__ = f"``{fn.value}(x)`` elementwise."
+    return build
+
+
+def _compare(fn: CompareKind) -> Callable[..., NodeId]:
+    def build(g: Graph, a: NodeId, b: Any) -> NodeId:
+        b = operand(g, b, a)
+        x, y = _promoted(g, a, b)
+        return g.apply(Compare(fn), [x, y])
+
+    build.__name__ = fn.value
+    build.__doc__ = f"``{fn.value}(a, b)`` -> bool with broadcasting."
+    return build
+
+
+_NAMES = {BinaryKind.MAX: "maximum", BinaryKind.MIN: "minimum", BinaryKind.AND: "logical_and", BinaryKind.OR: "logical_or"}
+for _k in BinaryKind:
+    _f = _binary(_k)
+    _f.__name__ = _NAMES.get(_k, _k.value)
+    graph_method(_f)
+for _u in UnaryKind:
+    _f = _unary(_u)
+    if _u is UnaryKind.NOT:
+        _f.__name__ = "logical_not"
+    graph_method(_f)
+for _c in CompareKind:
+    graph_method(_compare(_c))
+
+
+@graph_method
+def unary(g: Graph, fn: UnaryKind, x: NodeId) -> NodeId:
+    """Apply any :class:`UnaryKind` to ``x``."""
+    return g.apply(Unary(fn), [x])
+
+
+@graph_method
+def binary(g: Graph, fn: BinaryKind, a: NodeId, b: NodeId) -> NodeId:
+    """Apply any :class:`BinaryKind` (no implicit promotion)."""
+    return g.apply(Binary(fn), [a, b])
+
+
+@graph_method
+def where(g: Graph, cond: NodeId, a: Any, b: Any) -> NodeId:
+    """``cond ? a : b``; float scalars allowed for a or b."""
+    like = a if isinstance(a, int) else b
+    a = operand(g, a, like)
+    b = operand(g, b, like)
+    a, b = _promoted(g, a, b)
+    return g.apply(Where(), [cond, a, b])
+
+
+@graph_method
+def cast(g: Graph, x: NodeId, to: DType | str) -> NodeId:
+    """Convert ``x`` to dtype ``to``."""
+    return g.apply(Cast(DType.parse(to)), [x])
