@@ -1,8 +1,14 @@
 """rlx: a machine-learning compiler and runtime for the CPU.
 
 Build a graph (``rlx.Graph``) or a HIR module (``rlx.GraphModule.define``), evaluate it
-with the reference interpreter, compile it with ``rlx.Session("cpu").compile``.
+with the reference interpreter (``graph.evaluate``), compile it with
+``rlx.Session("cpu").compile(graph)`` and run it.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from rlx import ops as _ops  # noqa: F401  (registers the built-in ops)
 from rlx.dtype import DType, promote
@@ -12,4 +18,36 @@ from rlx.shape import Shape, Sym, sym
 
 __version__ = "0.1.0"
 
-__all__ = ["DType", "Graph", "Node", "RlxError", "Shape", "Sym", "promote", "sym"]
+# Public names that live in heavier modules, imported on first use.
+_LAZY: dict[str, str] = {
+    "GraphModule": "rlx.ir.module",
+    "GraphStage": "rlx.ir.module",
+    "HirModule": "rlx.ir.hir",
+    "FusionPolicy": "rlx.ir.hir",
+    "Activation": "rlx.ops.fused",
+    "LirModule": "rlx.ir.lir",
+    "BufferPlan": "rlx.ir.lir",
+    "save": "rlx.ir.serialize",
+    "load": "rlx.ir.serialize",
+    "Session": "rlx.runtime.session",
+    "CompiledGraph": "rlx.runtime.compiled",
+    "CompileOptions": "rlx.runtime.options",
+    "Calibrator": "rlx.backends.cpu.calibrate",
+    "CompilePipeline": "rlx.passes.pipeline",
+    "PrecisionPolicy": "rlx.passes.precision",
+    "quantize": "rlx.quant.api",
+    "MaskKind": "rlx.ops.nn",
+    "QuantScheme": "rlx.ops.quant",
+    "register_custom_op": "rlx.ops.custom",
+}
+
+__all__ = ["DType", "Graph", "Node", "RlxError", "Shape", "Sym", "promote", "sym", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'rlx' has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value

@@ -2,7 +2,30 @@
 
 Each module holds a family of ops, one registered class per op (see ``base.py``)."""
 
-from rlx.ops import core, elementwise  # noqa: F401  (registration side effects)
+import importlib
+
 from rlx.ops.base import OPS, Op, OpKind, RefCtx, register
+
+# one module per op family; each registers its ops (and Graph builder methods) on import
+_MODULES = (
+    "core",  # input, param, constant
+    "elementwise",  # unary, binary, compare, where, cast
+    "reduce",  # reduce, softmax, cumsum, topk, argmax
+    "norm",  # layer_norm, rms_norm, group_norm
+    "movement",  # reshape, transpose, concat, expand, narrow, gather, scatter_add, ...
+    "linalg",  # matmul, dot_general
+    "nn",  # attention (MaskKind), rope, conv, pool
+    "fft",  # fft, rfft, irfft
+    "quant",  # quantize, dequantize, fake_quantize, dequant_matmul, qmatmul
+    "fused",  # fused_matmul_bias_act, fused_swiglu, fused_residual_*, elementwise_region
+    "control",  # if, while, scan
+    "custom",  # user-registered custom ops
+)
+for _m in _MODULES:
+    try:
+        importlib.import_module(f"rlx.ops.{_m}")
+    except ModuleNotFoundError as _e:  # a family not written yet
+        if _e.name != f"rlx.ops.{_m}":
+            raise
 
 __all__ = ["OPS", "Op", "OpKind", "RefCtx", "register"]

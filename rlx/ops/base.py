@@ -7,7 +7,8 @@ An op class defines, side by side:
 * ``infer(ins) -> Shape``: the shape/dtype rule (raises ShapeError with a full sentence),
 * ``reference(xs, ctx) -> np.ndarray``: the NumPy oracle,
 * ``kind``: its precision class (OpKind, used by auto mixed precision),
-* flags: ``elementwise`` (fusable into an ElementwiseRegion), ``pure`` (CSE-able).
+* flags: ``elementwise`` (fusable into an ElementwiseRegion), ``pure`` (CSE-able),
+  ``view`` (output aliases input 0's bytes, e.g. reshape).
 
 ``@register`` turns the class into a frozen, slotted dataclass and records it under its
 ``mnemonic``. Passes query flags (``op.elementwise``), never lists of op names.
@@ -70,6 +71,9 @@ class Op:
     kind: ClassVar[OpKind] = OpKind.COMPUTE
     elementwise: ClassVar[bool] = False
     pure: ClassVar[bool] = True
+    # the output is input 0's bytes reinterpreted (same byte count, contiguous): the
+    # memory planner makes it a view instead of a copy
+    view: ClassVar[bool] = False
 
     def num_inputs(self) -> int | None:
         """Exact number of inputs, or None for variadic ops (checked by ``infer``)."""

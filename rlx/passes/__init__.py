@@ -1,0 +1,1 @@
+"""Graph passes and the compile pipeline (HIR -> MIR -> optimized MIR -> LIR)."""

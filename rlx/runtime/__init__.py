@@ -1,0 +1,1 @@
+"""The user-facing runtime: Session, CompiledGraph, CompileOptions."""
