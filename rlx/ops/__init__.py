@@ -19,6 +19,7 @@ _MODULES = (
     "quant",  # quantize, dequantize, fake_quantize, dequant_matmul, qmatmul
     "fused",  # fused_matmul_bias_act, fused_swiglu, fused_residual_*, elementwise_region
     "control",  # if, while, scan
+    "recurrent",  # gated_delta_net (HIR block support)
     "custom",  # user-registered custom ops
 )
 for _m in _MODULES:
