@@ -1,0 +1,641 @@
+"""Data movement: reshape, transpose, concat, expand, narrow, slice, gather, scatter-add,
+pad, and the squeeze/unsqueeze/flatten builders (which emit reshapes).
+
+Symbolic dims: reshape keeps monomials (``[batch, seq, 384] <-> [batch*seq, 384]``).
+Concatenating along a symbolic axis works only when every piece is a multiple of the same
+monomial (``seq + seq = 2*seq``); other sums (``batch + 4``) are not representable and
+raise a ShapeError asking for static dims. Padding a symbolic axis likewise needs a
+static dim; slicing one only keeps it whole or takes a static-length window.
+
+Only :class:`Reshape` is a view (its output is input 0's bytes); the others copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import numpy as np
+
+from rlx.errors import InputError, ShapeError
+from rlx.ir import source
+from rlx.ir.mir import Graph, NodeId
+from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
+from rlx.ops.elementwise import _wide
+from rlx.ops.reduce import canon_axis, norm_axis
+from rlx.shape import Dim, Shape, Sym, dims_product
+
+__all__ = [
+    "Reshape",
+    "Transpose",
+    "Concat",
+    "Expand",
+    "Narrow",
+    "Slice",
+    "Gather",
+    "ScatterAdd",
+    "Pad",
+]
+
+
+def _dims_txt(dims: Sequence[object]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def _valid_dim(d: object) -> bool:
+    return isinstance(d, Sym) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)
+
+
+def _check_index_range(op: Op, idx: np.ndarray, n: int, ax: int) -> np.ndarray:
+    """``idx`` as int64 when every entry is in ``[-n, n)``; InputError naming the first
+    offending index otherwise."""
+    i64 = np.asarray(idx).astype(np.int64)
+    bad = (i64 < -n) | (i64 >= n)
+    if bad.any():
+        first = int(i64[bad].flat[0])
+        raise InputError(
+            f"{op.mnemonic}: index {first} out of range for axis {ax} of size {n} "
+            f"(expected -{n} <= index < {n}; {int(bad.sum())} such indices)"
+        )
+    return i64
+
+
+@register
+class Reshape(Op):
+    """The same elements in row-major order with new ``dims`` (static or symbolic, no -1:
+    ``g.reshape`` resolves one). A view: the output is the input's bytes."""
+
+    mnemonic: ClassVar[str] = "reshape"
+    arity: ClassVar[int] = 1
+    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    view: ClassVar[bool] = True
+    dims: tuple[Dim, ...]
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        (x,) = ins
+        expect(
+            all(_valid_dim(d) for d in self.dims),
+            self,
+            f"dims must be ints >= 0 or symbolic dims, got {_dims_txt(self.dims)} "
+            "(g.reshape resolves a -1)",
+        )
+        src, dst = x.numel, dims_product(self.dims)
+        expect(
+            src == dst,
+            self,
+            f"cannot reshape {x} ({src} elements) to {_dims_txt(self.dims)} ({dst} elements)",
+        )
+        return Shape(self.dims, x.dtype)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        return np.reshape(xs[0], ctx.out_dims)
+
+    def attrs_str(self) -> str:
+        return f"dims={_dims_txt(self.dims)}"
+
+
+@register
+class Transpose(Op):
+    """Permute the axes: output axis ``i`` is input axis ``perm[i]`` (``np.transpose``)."""
+
+    mnemonic: ClassVar[str] = "transpose"
+    arity: ClassVar[int] = 1
+    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    perm: tuple[int, ...]
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        (x,) = ins
+        r = x.rank
+        ok = len(self.perm) == r and all(isinstance(p, int) and -r <= p < r for p in self.perm)
+        perm = tuple(p % r for p in self.perm) if ok else ()
+        expect(
+            ok and sorted(perm) == list(range(r)),
+            self,
+            f"perm {self.perm} is not a permutation of the {r} axes of {x} "
+            f"(expected an ordering of {tuple(range(r))})",
+        )
+        return Shape(tuple(x.dims[p] for p in perm), x.dtype)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        return np.transpose(xs[0], self.perm)
+
+
+def _sum_dims(op: Op, ax: int, sizes: Sequence[Dim]) -> Dim:
+    """Sum of concatenated sizes: ints add; symbolic sizes add when all are multiples of
+    one monomial (``seq + 2*seq = 3*seq``); anything else is a ShapeError."""
+    ints = [d for d in sizes if isinstance(d, int)]
+    syms = [d for d in sizes if isinstance(d, Sym)]
+    if not syms:
+        return sum(ints)
+    expect(
+        not any(ints) and all(d.terms == syms[0].terms for d in syms),
+        op,
+        f"cannot concatenate along axis {ax} with sizes {_dims_txt(sizes)}: a sum of "
+        "different symbolic (or symbolic and static) dims is not representable; make "
+        "these dims static or multiples of one symbol",
+    )
+    return Sym(syms[0].terms, sum(d.coeff for d in syms))
+
+
+@register
+class Concat(Op):
+    """Join any number (>= 1) of inputs along ``axis``; all other dims and the dtype must
+    match. On a symbolic axis every size must be a multiple of one monomial (``seq`` and
+    ``2*seq`` give ``3*seq``); other mixes are a ShapeError asking for static dims."""
+
+    mnemonic: ClassVar[str] = "concat"
+    arity: ClassVar[int | None] = None
+    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    axis: int
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        expect(len(ins) >= 1, self, "needs at least one input, got none")
+        x0 = ins[0]
+        ax = norm_axis(self, x0, self.axis)
+        for k, s in enumerate(ins[1:], 1):
+            expect(
+                s.dtype is x0.dtype,
+                self,
+                f"input {k} {s} has dtype {s.dtype}, expected {x0.dtype} like input 0 {x0}",
+            )
+            expect(
+                s.rank == x0.rank,
+                self,
+                f"input {k} {s} has rank {s.rank}, expected {x0.rank} like input 0 {x0}",
+            )
+            for i, (a, b) in enumerate(zip(x0.dims, s.dims)):
+                expect(
+                    i == ax or a == b,
+                    self,
+                    f"input {k} {s} has dim {i} = {b}, expected {a} like input 0 {x0} "
+                    f"(only axis {ax} may differ)",
+                )
+        total = _sum_dims(self, ax, [s.dims[ax] for s in ins])
+        return Shape(x0.dims[:ax] + (total,) + x0.dims[ax + 1 :], x0.dtype)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        return np.concatenate(list(xs), axis=self.axis)
+
+
+@register
+class Expand(Op):
+    """Broadcast to ``dims`` (``np.broadcast_to``): dims are aligned at the end and each
+    input dim must be 1 or equal to its target; new leading dims may be added."""
+
+    mnemonic: ClassVar[str] = "expand"
+    arity: ClassVar[int] = 1
+    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    dims: tuple[Dim, ...]
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        (x,) = ins
+        dims = self.dims
+        expect(
+            all(_valid_dim(d) for d in dims),
+            self,
+            f"dims must be ints >= 0 or symbolic dims, got {_dims_txt(dims)}",
+        )
+        expect(
+            len(dims) >= x.rank,
+            self,
+            f"cannot broadcast {x} to {_dims_txt(dims)}: target rank {len(dims)} is below "
+            f"the input rank {x.rank}",
+        )
+        lead = len(dims) - x.rank
+        for i, d in enumerate(x.dims):
+            expect(
+                d == 1 or d == dims[lead + i],
+                self,
+                f"cannot broadcast {x} to {_dims_txt(dims)}: input dim {i} is {d}, expected "
+                f"1 or {dims[lead + i]}",
+            )
+        return Shape(dims, x.dtype)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        return np.broadcast_to(xs[0], ctx.out_dims)
+
+    def attrs_str(self) -> str:
+        return f"dims={_dims_txt(self.dims)}"
+
+
+@register
+class Narrow(Op):
+    """``length`` elements of ``axis`` starting at ``start`` (``torch.narrow``). On a
+    symbolic axis the bounds are checked when the graph runs."""
+
+    mnemonic: ClassVar[str] = "narrow"
+    arity: ClassVar[int] = 1
+    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    axis: int
+    start: int
+    length: int
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        (x,) = ins
+        ax = norm_axis(self, x, self.axis)
+        expect(
+            self.start >= 0 and self.length >= 0,
+            self,
+            f"start and length must be >= 0, got start={self.start}, length={self.length}",
+        )
+        n = x.dims[ax]
+        if isinstance(n, int):
+            expect(
+                self.start + self.length <= n,
+                self,
+                f"start {self.start} + length {self.length} exceeds the size {n} of axis "
+                f"{ax} of {x}",
+            )
+        return Shape(x.dims[:ax] + (self.length,) + x.dims[ax + 1 :], x.dtype)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        x = xs[0]
+        ax = self.axis % x.ndim
+        if self.start + self.length > x.shape[ax]:
+            raise InputError(
+                f"narrow: start {self.start} + length {self.length} exceeds the size "
+                f"{x.shape[ax]} of axis {ax}"
+            )
+        key = (slice(None),) * ax + (slice(self.start, self.start + self.length),)
+        return x[key]
+
+
+def _slice_len(op: Op, x: Shape, i: int, a: int | None, b: int | None, c: int) -> Dim:
+    d = x.dims[i]
+    if isinstance(d, int):
+        return len(range(*slice(a, b, c).indices(d)))
+    if c == 1 and a in (None, 0) and b is None:
+        return d
+    expect(
+        c > 0 and a is not None and a >= 0 and b is not None and b >= 0,
+        op,
+        f"axis {i} of {x} is symbolic ({d}): slice it whole or with static, non-negative "
+        f"start and stop and a positive step, got start={a}, stop={b}, step={c}",
+    )
+    assert a is not None and b is not None  # checked just above
+    return max(0, -(-(b - a) // c))
+
+
+@register
+class Slice(Op):
+    """Python/NumPy basic slicing, one ``(start, stop, step)`` per axis (``None`` start or
+    stop as in Python; negative values count from the end; step != 0)."""
+
+    mnemonic: ClassVar[str] = "slice"
+    arity: ClassVar[int] = 1
+    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    starts: tuple[int | None, ...]
+    stops: tuple[int | None, ...]
+    steps: tuple[int, ...]
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        (x,) = ins
+        r = x.rank
+        for name, t in (("starts", self.starts), ("stops", self.stops), ("steps", self.steps)):
+            expect(len(t) == r, self, f"{name} {t} must have one entry per axis of {x} ({r})")
+        for i, c in enumerate(self.steps):
+            expect(
+                isinstance(c, int) and c != 0,
+                self,
+                f"step {c!r} on axis {i} must be a non-zero int",
+            )
+        dims = tuple(
+            _slice_len(self, x, i, a, b, c)
+            for i, (a, b, c) in enumerate(zip(self.starts, self.stops, self.steps))
+        )
+        return Shape(dims, x.dtype)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        key = tuple(slice(a, b, c) for a, b, c in zip(self.starts, self.stops, self.steps))
+        out = xs[0][key]
+        if tuple(out.shape) != ctx.out_dims:
+            raise InputError(
+                f"slice: input of shape {xs[0].shape} gives {out.shape}, but the graph "
+                f"expects {ctx.out_dims} (a static stop lies beyond a symbolic dim)"
+            )
+        return out
+
+
+@register
+class Gather(Op):
+    """``jnp.take(x, idx, axis)``: the output replaces ``axis`` of ``x`` by the dims of the
+    integer tensor ``idx``. Indices must lie in ``[-n, n)`` (negative count from the end);
+    others are an InputError when the graph runs."""
+
+    mnemonic: ClassVar[str] = "gather"
+    arity: ClassVar[int] = 2
+    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    axis: int = 0
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        x, idx = ins
+        ax = norm_axis(self, x, self.axis)
+        expect(idx.dtype.is_int, self, f"indices must be an integer tensor, got {idx}")
+        return Shape(x.dims[:ax] + idx.dims + x.dims[ax + 1 :], x.dtype)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        x, idx = xs
+        ax = self.axis % x.ndim
+        return np.take(x, _check_index_range(self, idx, x.shape[ax], ax), axis=ax)
+
+
+@register
+class ScatterAdd(Op):
+    """Inputs ``(x, idx[m], updates)``: a copy of ``x`` with ``updates`` added at ``idx``
+    along ``axis`` (``torch.index_add``; repeated indices accumulate). ``updates`` has
+    ``x``'s dims with ``axis`` replaced by m. Indices must lie in ``[-n, n)``."""
+
+    mnemonic: ClassVar[str] = "scatter_add"
+    arity: ClassVar[int] = 3
+    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    axis: int = 0
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        x, idx, upd = ins
+        ax = norm_axis(self, x, self.axis)
+        expect(
+            idx.dtype.is_int and idx.rank == 1,
+            self,
+            f"indices must be a 1-D integer tensor, got {idx}",
+        )
+        expect(
+            upd.dtype is x.dtype,
+            self,
+            f"updates dtype {upd.dtype} differs from the input's {x.dtype} (cast one first)",
+        )
+        want = x.dims[:ax] + idx.dims + x.dims[ax + 1 :]
+        expect(
+            upd.dims == want,
+            self,
+            f"updates must have dims {_dims_txt(want)} (input {x} with axis {ax} sized like "
+            f"indices {idx}), got {upd}",
+        )
+        return x
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        x, idx, upd = xs
+        ax = self.axis % x.ndim
+        out = np.array(_wide(x), copy=True)
+        i64 = _check_index_range(self, idx, x.shape[ax], ax)
+        np.add.at(out, (slice(None),) * ax + (i64,), _wide(upd))
+        return out
+
+
+@register
+class Pad(Op):
+    """Constant padding: ``pads[i] = (before, after)`` elements of ``value`` around axis
+    ``i`` (both >= 0; one pair per axis). A symbolic axis can only get (0, 0)."""
+
+    mnemonic: ClassVar[str] = "pad"
+    arity: ClassVar[int] = 1
+    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    pads: tuple[tuple[int, int], ...]
+    value: float = 0.0
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        (x,) = ins
+        expect(
+            len(self.pads) == x.rank and all(len(p) == 2 and min(p) >= 0 for p in self.pads),
+            self,
+            f"pads must be one (before, after) pair of ints >= 0 per axis of {x} "
+            f"({x.rank} pairs), got {self.pads}",
+        )
+        if x.dtype.is_bool:
+            expect(
+                self.value in (0.0, 1.0),
+                self,
+                f"pad value {self.value} is not representable in {x.dtype}",
+            )
+        elif not (x.dtype.is_float or x.dtype.is_complex):
+            expect(
+                float(self.value).is_integer(),
+                self,
+                f"pad value {self.value} is not representable in {x.dtype}",
+            )
+        dims: list[Dim] = []
+        for i, (d, (lo, hi)) in enumerate(zip(x.dims, self.pads)):
+            if isinstance(d, int):
+                dims.append(d + lo + hi)
+            else:
+                expect(
+                    lo + hi == 0,
+                    self,
+                    f"axis {i} of {x} is symbolic ({d}): padding it by {(lo, hi)} needs a "
+                    "static dim",
+                )
+                dims.append(d)
+        return Shape(dims, x.dtype)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        x = _wide(xs[0])
+        fill = self.value if x.dtype.kind in "fc" else int(self.value)
+        return np.pad(x, self.pads, mode="constant", constant_values=fill)
+
+
+# ---- builder conveniences ---------------------------------------------------------
+
+
+def _fail(msg: str) -> ShapeError:
+    """A ShapeError for a builder-side check, pointing at the user's line."""
+    return ShapeError(msg, loc=source.capture())
+
+
+def _axis(op: str, shape: Shape, axis: int) -> int:
+    try:
+        return norm_axis(op, shape, axis)
+    except ShapeError as e:
+        raise _fail(e.bare_message) from None
+
+
+def _user_dims(op: str, dims: Sequence[object]) -> list[Dim]:
+    try:
+        return list(Shape(dims).dims)
+    except ShapeError as e:
+        raise _fail(f"{op}: {e.bare_message}") from None
+
+
+def _resolve_minus_one(x: Shape, dims: Sequence[object]) -> tuple[Dim, ...]:
+    """Replace the one -1 in ``dims`` by what makes the element counts of ``x`` match."""
+    holes = [i for i, d in enumerate(dims) if isinstance(d, int) and d == -1]
+    if not holes:
+        return tuple(_user_dims("reshape", dims))
+    if len(holes) > 1:
+        raise _fail(f"reshape: at most one -1 allowed in dims {_dims_txt(dims)}, got {len(holes)}")
+    h = holes[0]
+    rest = _user_dims("reshape", [d for i, d in enumerate(dims) if i != h])
+    known, total = dims_product(rest), x.numel
+    missing: Dim | None = None
+    if known == 0:
+        missing = None
+    elif isinstance(total, int) and isinstance(known, int):
+        missing = total // known if total % known == 0 else None
+    elif isinstance(total, Sym):
+        missing = total.divide(known)
+    if missing is None:
+        raise _fail(
+            f"reshape: cannot infer the -1 in {_dims_txt(dims)} for input {x}: its "
+            f"{total} elements are not a whole multiple of {known}"
+        )
+    rest.insert(h, missing)
+    return tuple(rest)
+
+
+@graph_method
+def reshape(g: Graph, x: NodeId, dims: Sequence[object]) -> NodeId:
+    """View ``x`` with new ``dims`` (ints, symbolic dims or their names; one may be -1)."""
+    return g.apply(Reshape(_resolve_minus_one(g.nodes[x].shape, tuple(dims))), [x])
+
+
+@graph_method
+def transpose(g: Graph, x: NodeId, perm: Sequence[int] | None = None) -> NodeId:
+    """Permute the axes of ``x`` (default: reverse them)."""
+    r = g.nodes[x].shape.rank
+    p = tuple(reversed(range(r))) if perm is None else tuple(perm)
+    if all(isinstance(a, int) and -r <= a < r for a in p):
+        p = tuple(a % r for a in p)
+    return g.apply(Transpose(p), [x])
+
+
+@graph_method
+def concat(g: Graph, xs: Sequence[NodeId], axis: int = 0) -> NodeId:
+    """Concatenate the nodes ``xs`` along ``axis``."""
+    xs = list(xs)
+    ax = canon_axis(g, xs[0], axis) if xs else axis
+    return g.apply(Concat(ax), xs)
+
+
+@graph_method
+def expand(g: Graph, x: NodeId, dims: Sequence[object]) -> NodeId:
+    """Broadcast ``x`` to ``dims``; a -1 keeps the input dim it is aligned with."""
+    shape = g.nodes[x].shape
+    lead = len(dims) - shape.rank
+    out: list[object] = []
+    for i, d in enumerate(dims):
+        if isinstance(d, int) and d == -1:
+            if i < lead:
+                raise _fail(
+                    f"expand: -1 at position {i} of {_dims_txt(dims)} has no input dim "
+                    f"of {shape} to keep"
+                )
+            d = shape.dims[i - lead]
+        out.append(d)
+    return g.apply(Expand(tuple(_user_dims("expand", out))), [x])
+
+
+@graph_method
+def narrow(g: Graph, x: NodeId, axis: int, start: int, length: int) -> NodeId:
+    """``length`` elements of ``x`` along ``axis`` from ``start``."""
+    return g.apply(Narrow(canon_axis(g, x, axis), int(start), int(length)), [x])
+
+
+def _slice(
+    g: Graph,
+    x: NodeId,
+    starts: Sequence[int | None],
+    stops: Sequence[int | None],
+    steps: Sequence[int] | None = None,
+) -> NodeId:
+    """Basic slicing; entries apply to the leading axes, the other axes are kept whole
+    (``steps`` defaults to 1)."""
+    r = g.nodes[x].shape.rank
+    steps = [1] * len(starts) if steps is None else list(steps)
+    if not len(starts) == len(stops) == len(steps) or len(starts) > r:
+        raise _fail(
+            f"slice: starts {tuple(starts)}, stops {tuple(stops)} and steps {tuple(steps)} "
+            f"must have equal lengths <= the rank {r} of {g.nodes[x].shape}"
+        )
+    pad = r - len(starts)
+    return g.apply(
+        Slice(
+            tuple(starts) + (0,) * pad,
+            tuple(stops) + (None,) * pad,
+            tuple(steps) + (1,) * pad,
+        ),
+        [x],
+    )
+
+
+_slice.__name__ = "slice"  # g.slice; the module keeps the builtin ``slice``
+graph_method(_slice)
+
+
+@graph_method
+def gather(g: Graph, x: NodeId, idx: NodeId, axis: int = 0) -> NodeId:
+    """``take(x, idx, axis)``: rows (or slices along ``axis``) of ``x`` picked by ``idx``."""
+    return g.apply(Gather(canon_axis(g, x, axis)), [x, idx])
+
+
+@graph_method
+def scatter_add(g: Graph, x: NodeId, idx: NodeId, updates: NodeId, axis: int = 0) -> NodeId:
+    """``x`` with ``updates`` added at the 1-D indices ``idx`` along ``axis``."""
+    return g.apply(ScatterAdd(canon_axis(g, x, axis)), [x, idx, updates])
+
+
+@graph_method
+def pad(g: Graph, x: NodeId, pads: int | Sequence[tuple[int, int]], value: float = 0.0) -> NodeId:
+    """Pad ``x`` with ``value``: ``pads`` is one (before, after) pair per axis, or an int
+    for the same amount on both sides of every axis."""
+    r = g.nodes[x].shape.rank
+    if isinstance(pads, int):
+        pp = ((pads, pads),) * r
+    else:
+        try:
+            pp = tuple((int(lo), int(hi)) for lo, hi in pads)
+        except (TypeError, ValueError):
+            raise _fail(
+                f"pad: pads must be an int or one (before, after) pair per axis of "
+                f"{g.nodes[x].shape}, got {pads!r}"
+            ) from None
+    return g.apply(Pad(pp, float(value)), [x])
+
+
+@graph_method
+def squeeze(g: Graph, x: NodeId, axes: int | Sequence[int] | None = None) -> NodeId:
+    """Drop size-1 axes (all static size-1 axes when ``axes`` is None)."""
+    shape = g.nodes[x].shape
+    if axes is None:
+        drop = {i for i, d in enumerate(shape.dims) if d == 1}
+    else:
+        axes = (axes,) if isinstance(axes, int) else tuple(axes)
+        r = shape.rank
+        for a in axes:
+            if not (isinstance(a, int) and -r <= a < r):
+                raise _fail(f"squeeze: axis {a} out of range for rank-{r} input {shape}")
+            if shape.dims[a] != 1:
+                raise _fail(
+                    f"squeeze: axis {a % r} of {shape} has size {shape.dims[a]}, expected 1"
+                )
+        drop = {a % r for a in axes}
+    return g.apply(Reshape(tuple(d for i, d in enumerate(shape.dims) if i not in drop)), [x])
+
+
+@graph_method
+def unsqueeze(g: Graph, x: NodeId, axes: int | Sequence[int]) -> NodeId:
+    """Insert size-1 axes at ``axes``, positions in the output (``np.expand_dims``)."""
+    shape = g.nodes[x].shape
+    axes = (axes,) if isinstance(axes, int) else tuple(axes)
+    r = shape.rank + len(axes)
+    if not all(isinstance(a, int) and -r <= a < r for a in axes) or len(
+        {a % r for a in axes}
+    ) != len(axes):
+        raise _fail(
+            f"unsqueeze: axes {axes} must be distinct and in [-{r}, {r}) for the rank-{r} "
+            f"output of {shape}"
+        )
+    new = {a % r for a in axes}
+    it = iter(shape.dims)
+    dims = tuple(1 if i in new else next(it) for i in range(r))
+    return g.apply(Reshape(dims), [x])
+
+
+@graph_method
+def flatten(g: Graph, x: NodeId, start: int = 0, end: int = -1) -> NodeId:
+    """Merge axes ``start..end`` (inclusive, like ``torch.flatten``) into one."""
+    shape = g.nodes[x].shape
+    if shape.rank == 0:
+        return g.apply(Reshape((1,)), [x])
+    s, e = _axis("flatten", shape, start), _axis("flatten", shape, end)
+    if s > e:
+        raise _fail(f"flatten: start axis {start} comes after end axis {end} of {shape}")
+    d = shape.dims
+    return g.apply(Reshape(d[:s] + (dims_product(d[s : e + 1]),) + d[e + 1 :]), [x])
