@@ -238,10 +238,14 @@ class Graph:
 
 
 def _op_key(op: Op) -> Any:
+    from rlx.ops.core import ConstValue
+
     attrs = []
     for k, v in op.attrs().items():
         if isinstance(v, Graph):
             v = v.fingerprint()
+        elif isinstance(v, ConstValue):  # its repr elides the data: hash the bytes
+            v = (v.dims, v.dtype, hashlib.sha256(v.data).hexdigest())
         elif isinstance(v, tuple) and any(isinstance(x, Graph) for x in v):
             v = tuple(x.fingerprint() if isinstance(x, Graph) else x for x in v)
         attrs.append((k, v))
