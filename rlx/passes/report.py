@@ -1,0 +1,93 @@
+"""Fusion reports: what each fusion pass fused, and why near misses did not fuse.
+
+In: entries appended by the fusion passes while they run. Out: a :class:`FusionReport`
+that tests query (``report.fused_of(FusionPattern.ATTENTION)``) and ``str(report)``
+prints, one line per entry, in the style of Inductor's ``WhyNoFuse``::
+
+    fused   matmul_bias_act     matmul %5 + add %6 + gelu %7 -> fused_matmul_bias_act
+    no fuse matmul_bias_act     matmul %5 + add %6: bias shape [4,8] is not a vector over the last axis
+
+Node ids are those of the graph the fusion pass received (each pass renumbers).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+__all__ = ["FusionPattern", "Fused", "NoFuse", "FusionReport"]
+
+
+class FusionPattern(enum.Enum):
+    """The fusion patterns, in the order the pipeline tries them."""
+
+    ATTENTION = "attention"
+    SWIGLU = "swiglu"
+    RESIDUAL_NORM = "residual_norm"
+    MATMUL_BIAS_ACT = "matmul_bias_act"
+    ELEMENTWISE_REGION = "elementwise_region"
+
+
+@dataclass(frozen=True, slots=True)
+class Fused:
+    """One fusion that happened: which nodes became which op."""
+
+    pattern: FusionPattern
+    nodes: tuple[int, ...]
+    description: str
+    into: str
+
+    def __str__(self) -> str:
+        return f"fused   {self.pattern.value:<19} {self.description} -> {self.into}"
+
+
+@dataclass(frozen=True, slots=True)
+class NoFuse:
+    """A near miss: nodes that looked like a pattern, and the reason they did not fuse."""
+
+    pattern: FusionPattern
+    nodes: tuple[int, ...]
+    description: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"no fuse {self.pattern.value:<19} {self.description}: {self.reason}"
+
+
+@dataclass
+class FusionReport:
+    """Every fusion and every near miss of one compile."""
+
+    fused: list[Fused] = field(default_factory=list)
+    missed: list[NoFuse] = field(default_factory=list)
+
+    def add_fused(
+        self, pattern: FusionPattern, nodes: tuple[int, ...], description: str, into: str
+    ) -> None:
+        self.fused.append(Fused(pattern, tuple(nodes), description, into))
+
+    def why_no_fuse(
+        self, pattern: FusionPattern, nodes: tuple[int, ...], description: str, reason: str
+    ) -> None:
+        """Record a near miss (the WhyNoFuse of Inductor)."""
+        self.missed.append(NoFuse(pattern, tuple(nodes), description, reason))
+
+    def fused_of(self, pattern: FusionPattern) -> list[Fused]:
+        return [f for f in self.fused if f.pattern is pattern]
+
+    def missed_of(self, pattern: FusionPattern) -> list[NoFuse]:
+        return [m for m in self.missed if m.pattern is pattern]
+
+    def count(self, pattern: FusionPattern) -> int:
+        return len(self.fused_of(pattern))
+
+    def summary(self) -> str:
+        """One line: fusions per pattern and the number of near misses."""
+        parts = [f"{p.value}={self.count(p)}" for p in FusionPattern if self.count(p)]
+        return f"fusions: {', '.join(parts) or 'none'}; near misses: {len(self.missed)}"
+
+    def __str__(self) -> str:
+        lines = [self.summary()]
+        lines += [str(e) for e in self.fused]
+        lines += [str(e) for e in self.missed]
+        return "\n".join(lines)
