@@ -1,0 +1,219 @@
+"""Dispatch overhead of the CPU runtime, written to BENCHMARKS_dispatch.md.
+
+Measures:
+
+1. per-kernel dispatch: a 100-node chain of elementwise ops on tiny tensors ([4] f32),
+   compiled without fusion so every node is its own kernel: the bare schedule loop
+   (``for f in schedule: f()``) per kernel, and a whole ``run()`` (input checks, copies,
+   BLAS-thread check, outputs);
+2. the cost of a new symbolic shape: the first ``run()`` at a binding never seen (plan +
+   arena + schedule build) vs a repeated binding;
+3. the two ways to apply ``num_threads``: a ``threadpool_limits`` context per run vs the
+   cached ``ensure_blas_threads`` the runtime uses.
+
+Usage: ``python benchmarks/dispatch.py [--out BENCHMARKS_dispatch.md]``. When
+OPENBLAS_CORETYPE or OPENBLAS_L2_SIZE are set, the script re-executes itself without them
+(they are read when OpenBLAS loads and would pin a kernel that is not the machine's), and
+records the BLAS kernel threadpoolctl reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+_PINNED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+if any(k in os.environ for k in _PINNED):  # must happen before NumPy loads OpenBLAS
+    env = {k: v for k, v in os.environ.items() if k not in _PINNED}
+    env["RLX_BENCH_UNSET"] = ",".join(k for k in _PINNED if k in os.environ)
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
+
+import rlx  # noqa: E402
+from rlx.runtime import threads  # noqa: E402
+from rlx.runtime.options import CompileOptions  # noqa: E402
+from rlx.runtime.session import Session  # noqa: E402
+
+
+def chain(n: int, dims: tuple[object, ...] = (4,), name: str = "chain") -> rlx.Graph:
+    """``n`` elementwise nodes after the input: add, mul, tanh, relu in turn."""
+    g = rlx.Graph(name)
+    if any(isinstance(d, str) for d in dims):
+        g.sym("batch", max=4096)
+    x = g.input("x", dims)
+    y = x
+    for i in range(n - 1):
+        k = i % 4
+        if k == 0:
+            y = g.add(y, 0.5)
+        elif k == 1:
+            y = g.mul(y, 0.9)
+        elif k == 2:
+            y = g.tanh(y)
+        else:
+            y = g.relu(y)
+    g.set_outputs([y])
+    return g
+
+
+def timeit(fn, repeat: int = 7, number: int = 2000) -> float:  # noqa: ANN001
+    """Seconds per call: the best of ``repeat`` rounds of ``number`` calls (as timeit
+    recommends: on a shared machine the slower rounds measure the other jobs)."""
+    rounds = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        rounds.append((time.perf_counter() - t0) / number)
+    return min(rounds)
+
+
+def bench_dispatch() -> dict[str, float]:
+    g = chain(100)
+    raw = CompileOptions(optimize=False, fuse=False, use_cache=False)
+    cg = Session("cpu").compile(g, raw)
+    ex = cg._executor_any()
+    sched = ex.schedule
+    x = {"x": np.ones(4, np.float32)}
+    cg.run(x)
+
+    def loop() -> None:
+        for f in sched:
+            f()
+
+    t_loop = timeit(loop)
+    t_run = timeit(lambda: cg.run(x))
+    t_prof = timeit(lambda: cg.run(x, profile=True), number=500)
+    one = Session("cpu").compile(chain(2), raw)
+    t_one = timeit(lambda: one.run(x))
+    fused = Session("cpu").compile(g, CompileOptions(use_cache=False))
+    t_fused = timeit(lambda: fused.run(x))
+    return {
+        "kernels": len(sched),
+        "loop_us": t_loop * 1e6,
+        "per_kernel_us": t_loop * 1e6 / len(sched),
+        "run_us": t_run * 1e6,
+        "one_kernel_run_us": t_one * 1e6,
+        "profile_run_us": t_prof * 1e6,
+        "fused_kernels": len(fused._executor_any().schedule),
+        "fused_run_us": t_fused * 1e6,
+    }
+
+
+def bench_new_shape() -> dict[str, float]:
+    out: dict[str, float] = {}
+    for n_nodes in (20, 100):
+        g = chain(n_nodes, ("batch", 64), name=f"sym{n_nodes}")
+        cg = Session("cpu").compile(
+            g, CompileOptions(optimize=False, fuse=False, use_cache=False, max_shape_plans=4096)
+        )
+        firsts, repeats = [], []
+        for b in range(2, 202):
+            x = {"x": np.ones((b, 64), np.float32)}
+            t0 = time.perf_counter()
+            cg.run(x)
+            t1 = time.perf_counter()
+            cg.run(x)
+            t2 = time.perf_counter()
+            firsts.append(t1 - t0)
+            repeats.append(t2 - t1)
+        out[f"new_shape_{n_nodes}_us"] = statistics.median(firsts) * 1e6
+        out[f"same_shape_{n_nodes}_us"] = statistics.median(repeats) * 1e6
+        plan_t = timeit(
+            lambda g=g: __import__("rlx.backends.cpu.planner", fromlist=["x"]).plan_memory(
+                g, {"batch": 7}
+            ),
+            number=50,
+        )
+        out[f"plan_only_{n_nodes}_us"] = plan_t * 1e6
+    return out
+
+
+def bench_threads() -> dict[str, float]:
+    n = threads.blas_info()[0]["num_threads"] if threads.blas_info() else 1
+
+    def ctx() -> None:
+        with threadpool_limits(limits=n, user_api="blas"):
+            pass
+
+    threads.ensure_blas_threads(n)
+    return {
+        "threadpool_limits_us": timeit(ctx, number=50) * 1e6,
+        "ensure_blas_threads_us": timeit(lambda: threads.ensure_blas_threads(n)) * 1e6,
+        "errstate_us": timeit(lambda: np.errstate(all="ignore").__enter__()) * 1e6,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--out", default=str(Path(__file__).resolve().parent.parent / "BENCHMARKS_dispatch.md")
+    )
+    args = ap.parse_args()
+    load = os.getloadavg()[0]
+    d = bench_dispatch()
+    s = bench_new_shape()
+    t = bench_threads()
+    blas = threads.blas_info()
+    unset = os.environ.get("RLX_BENCH_UNSET", "")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# CPU runtime dispatch benchmark",
+        "",
+        f"Command: `python benchmarks/dispatch.py` ({now}); numpy {np.__version__}, "
+        f"python {sys.version.split()[0]}, {os.cpu_count()} logical CPUs, load average {load:.1f} "
+        "at the start (a machine shared with other jobs: per-call figures are the best of 7 "
+        "rounds, new-shape figures medians over 200 shapes).",
+        "BLAS: "
+        + "; ".join(
+            f"{b['internal_api']} {b['version']} kernel {b.get('architecture')} threads {b['num_threads']}"
+            for b in blas
+        ),
+        f"Environment: {'unset ' + unset + ' before loading NumPy' if unset else 'OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE were not set'}.",
+        "",
+        "## Per-kernel dispatch (100-node elementwise chain, f32[4], no fusion)",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| kernels in the schedule | {d['kernels']} |",
+        f"| bare schedule loop | {d['loop_us']:.1f} us ({d['per_kernel_us']:.2f} us per kernel) |",
+        f"| `run()` total | {d['run_us']:.1f} us |",
+        f"| `run()` of a 1-kernel graph (the fixed per-run cost) | {d['one_kernel_run_us']:.1f} us |",
+        f"| `run(profile=True)` | {d['profile_run_us']:.1f} us |",
+        f"| default options (fusion on): kernels / `run()` | {d['fused_kernels']} / {d['fused_run_us']:.1f} us |",
+        "",
+        "## Cost of a new symbolic shape (chain on f32[batch, 64], batch 2..201)",
+        "",
+        "| nodes | first run at a new binding | repeated binding | plan_memory alone |",
+        "|---|---|---|---|",
+    ]
+    for n in (20, 100):
+        lines.append(
+            f"| {n} | {s[f'new_shape_{n}_us']:.0f} us | {s[f'same_shape_{n}_us']:.0f} us | {s[f'plan_only_{n}_us']:.0f} us |"
+        )
+    lines += [
+        "",
+        "## Applying num_threads",
+        "",
+        "| way | cost per run |",
+        "|---|---|",
+        f"| `threadpool_limits(...)` context around each run | {t['threadpool_limits_us']:.1f} us |",
+        f"| `ensure_blas_threads` (set once, re-set on change: what `run` does) | {t['ensure_blas_threads_us']:.2f} us |",
+        f"| `np.errstate(all='ignore')` per run (for comparison) | {t['errstate_us']:.2f} us |",
+        "",
+    ]
+    Path(args.out).write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,310 @@
+"""Activation-range calibration for post-training INT8 quantization.
+
+In: a CompiledGraph whose outputs include the *taps* (the tensors to calibrate), and
+batches of inputs. Out: per tap, a clipping threshold ``amax`` and the symmetric INT8
+scale ``max(amax / 127, 1e-6)`` (the floor avoids a zero scale on a flat tensor).
+
+Three calibrators share one interface (``step(inputs)``, ``amax()``, ``scales()``):
+
+* :class:`Calibrator`: the running max-abs (the seed's behaviour: worst-case-correct for
+  roughly zero-centred activations, but one outlier stretches the range);
+* :class:`PercentileCalibrator`: the ``percentile`` of ``|x|`` over every value seen;
+* :class:`EntropyCalibrator`: the threshold minimising the KL divergence between the
+  distribution of ``|x|`` and its 128-level quantization (TensorRT's entropy
+  calibration, Migacz 2017, "8-bit Inference with TensorRT").
+
+The last two keep a streaming histogram of ``|x|`` per tap with a fixed number of bins over
+``[0, hi)``, ``hi`` the smallest power of two above every value seen: when a larger value
+arrives ``hi`` doubles and adjacent bins merge in pairs. Memory is therefore fixed
+whatever the number of batches, and the histogram equals the one-shot histogram of all
+the data (with power-of-two ``hi`` and bin counts, bin indices are exact).
+
+``calibrate(compiled, batches, method=...)`` runs a calibrator over an iterable of input
+dicts, with a tqdm progress bar when tqdm is installed (``pip install rlx[progress]``).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rlx.errors import QuantizationError
+from rlx.ir.mir import NodeId
+from rlx.runtime.compiled import CompiledGraph
+
+__all__ = [
+    "Calibrator",
+    "PercentileCalibrator",
+    "EntropyCalibrator",
+    "StreamingHistogram",
+    "CalibrationMethod",
+    "calibrate",
+    "kl_threshold",
+]
+
+SCALE_FLOOR = 1e-6
+
+
+class CalibrationMethod(enum.Enum):
+    """How :func:`calibrate` picks each tap's clipping threshold."""
+
+    MAX_ABS = "max_abs"
+    PERCENTILE = "percentile"
+    ENTROPY = "entropy"
+
+
+class Calibrator:
+    """Running max-abs per tap. ``taps`` are node ids of the compiled graph's source graph
+    and must be among its outputs (their values are what ``run`` returns)."""
+
+    def __init__(self, compiled: CompiledGraph, taps: Sequence[NodeId]):
+        outputs = list(compiled.program.source.outputs)
+        bad = [t for t in taps if t not in outputs]
+        if bad:
+            raise QuantizationError(
+                f"calibration taps {bad} are not outputs of graph {compiled.program.source.name!r} "
+                f"(outputs: {outputs}); add them with graph.set_outputs(...) before compiling"
+            )
+        if not taps:
+            raise QuantizationError("a calibrator needs at least one tap")
+        self.compiled = compiled
+        self.taps: tuple[NodeId, ...] = tuple(int(t) for t in taps)
+        self._positions = [outputs.index(t) for t in self.taps]
+        self._max_abs = np.zeros(len(self.taps), np.float32)
+        self.batches = 0
+
+    def step(self, inputs: Mapping[str, Any]) -> None:
+        """Run one batch and fold every tap's values into the statistics."""
+        outs = self.compiled.run(inputs)
+        for i, pos in enumerate(self._positions):
+            a = np.abs(np.asarray(outs[pos], dtype=np.float32))
+            finite = a[np.isfinite(a)]
+            if finite.size:
+                self._max_abs[i] = max(self._max_abs[i], float(finite.max()))
+            self._observe(i, finite)
+        self.batches += 1
+
+    def _observe(self, i: int, abs_values: np.ndarray) -> None:
+        """Subclasses fold ``|x|`` (finite values, flattened) of tap ``i`` in."""
+
+    def max_abs(self) -> np.ndarray:
+        """Per-tap max ``|x|`` seen so far (f32, in tap order)."""
+        return self._max_abs.copy()
+
+    def amax(self) -> np.ndarray:
+        """Per-tap clipping threshold (here: the max-abs)."""
+        return self.max_abs()
+
+    def scales(self) -> np.ndarray:
+        """Per-tap INT8 scale ``max(amax / 127, 1e-6)``."""
+        return np.maximum(self.amax() / np.float32(127.0), np.float32(SCALE_FLOOR)).astype(
+            np.float32
+        )
+
+    def scale_map(self) -> dict[NodeId, float]:
+        """Tap node id -> scale."""
+        return {t: float(s) for t, s in zip(self.taps, self.scales(), strict=True)}
+
+
+class StreamingHistogram:
+    """Histogram of non-negative values over ``[0, hi)`` with ``bins`` bins (a power of
+    two); ``hi`` is the smallest power of two above every value added (see the module
+    docstring)."""
+
+    def __init__(self, bins: int = 2048):
+        if bins < 2 or bins & (bins - 1):
+            raise QuantizationError(f"histogram bins must be a power of two >= 2, got {bins}")
+        self.bins = bins
+        self.counts = np.zeros(bins, np.int64)
+        self.hi: float | None = None
+        self._zeros = 0  # values seen (all zero) before any range existed
+
+    @property
+    def width(self) -> float:
+        return (self.hi or 0.0) / self.bins
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum()) + self._zeros
+
+    def add(self, values: np.ndarray) -> None:
+        """Add finite non-negative ``values`` (any shape)."""
+        v = np.asarray(values, dtype=np.float64).reshape(-1)
+        if not v.size:
+            return
+        top = float(v.max())
+        if top == 0.0 and self.hi is None:
+            self._zeros += v.size
+            return
+        hi = math.ldexp(1.0, math.frexp(top)[1])  # smallest power of two > top
+        if self.hi is None:
+            self.hi = hi
+            self.counts[0] += self._zeros
+            self._zeros = 0
+        elif hi > self.hi:
+            self._grow(hi)
+        idx = (v * (self.bins / self.hi)).astype(np.int64)
+        self.counts += np.bincount(idx, minlength=self.bins)
+
+    def _grow(self, hi: float) -> None:
+        assert self.hi is not None
+        factor = int(round(hi / self.hi))
+        if factor >= self.bins:
+            merged = np.array([self.counts.sum()], np.int64)
+        else:
+            merged = self.counts.reshape(-1, factor).sum(axis=1)
+        self.counts = np.zeros(self.bins, np.int64)
+        self.counts[: merged.size] = merged
+        self.hi = hi
+
+    def percentile(self, q: float) -> float:
+        """The upper edge of the bin where the cumulative count reaches ``q`` percent
+        (within one bin width of the exact percentile)."""
+        if self.hi is None:
+            return 0.0
+        cdf = np.cumsum(self.counts)
+        k = int(np.searchsorted(cdf, q / 100.0 * cdf[-1], side="left"))
+        return min(k + 1, self.bins) * self.width
+
+
+def _smooth(p: np.ndarray, eps: float = 1e-4) -> np.ndarray | None:
+    """Move ``eps`` mass onto empty bins (so the KL divergence stays finite)."""
+    zero = p == 0
+    nz = p.size - int(zero.sum())
+    if nz == 0:
+        return None
+    out = p.astype(np.float64)
+    out[zero] = eps
+    out[~zero] -= eps * (p.size - nz) / nz
+    return out if (out > 0).all() else None
+
+
+def kl_threshold(counts: np.ndarray, width: float, num_quant_bins: int = 128) -> float:
+    """TensorRT's entropy threshold for a histogram of ``|x|`` with bins of ``width``:
+    for each candidate ``i >= num_quant_bins`` the reference distribution is the first
+    ``i`` bins (outliers added to the last), the candidate its quantization into
+    ``num_quant_bins`` levels expanded back over the non-empty bins; the ``i`` with the
+    least KL divergence gives the threshold ``i * width``."""
+    counts = np.asarray(counts, dtype=np.float64)
+    n = counts.size
+    if counts.sum() == 0 or n <= num_quant_bins:
+        return n * width
+    last_nonzero = int(np.nonzero(counts)[0][-1]) + 1
+    best_i, best_kl = n, math.inf
+    for i in range(num_quant_bins, max(last_nonzero, num_quant_bins) + 1):
+        ref = counts[:i].copy()
+        ref[-1] += counts[i:].sum()
+        src = counts[:i]
+        m = i // num_quant_bins
+        starts = np.arange(num_quant_bins) * m
+        sizes = np.full(num_quant_bins, m)
+        sizes[-1] = i - starts[-1]
+        totals = np.add.reduceat(src, starts)
+        nonempty = np.add.reduceat((src > 0).astype(np.float64), starts)
+        level = np.divide(totals, nonempty, out=np.zeros_like(totals), where=nonempty > 0)
+        q = np.repeat(level, sizes) * (src > 0)
+        p = _smooth(ref / ref.sum())
+        qs = _smooth(q / q.sum()) if q.sum() > 0 else None
+        if p is None or qs is None:
+            continue
+        kl = float(np.sum(p * np.log(p / qs)))
+        if kl < best_kl:
+            best_i, best_kl = i, kl
+    return best_i * width
+
+
+class _HistogramCalibrator(Calibrator):
+    def __init__(self, compiled: CompiledGraph, taps: Sequence[NodeId], bins: int):
+        super().__init__(compiled, taps)
+        self.histograms = [StreamingHistogram(bins) for _ in self.taps]
+
+    def _observe(self, i: int, abs_values: np.ndarray) -> None:
+        self.histograms[i].add(abs_values)
+
+
+class PercentileCalibrator(_HistogramCalibrator):
+    """Threshold = the ``percentile`` of ``|x|`` over all batches (from the histogram,
+    within one bin width; never above the max-abs)."""
+
+    def __init__(
+        self,
+        compiled: CompiledGraph,
+        taps: Sequence[NodeId],
+        percentile: float = 99.99,
+        bins: int = 2048,
+    ):
+        if not 0.0 < percentile <= 100.0:
+            raise QuantizationError(f"percentile must be in (0, 100], got {percentile}")
+        super().__init__(compiled, taps, bins)
+        self.percentile = percentile
+
+    def amax(self) -> np.ndarray:
+        vals = [h.percentile(self.percentile) for h in self.histograms]
+        return np.minimum(np.array(vals, np.float32), self._max_abs)
+
+
+class EntropyCalibrator(_HistogramCalibrator):
+    """Threshold minimising the KL divergence of the 128-level quantized distribution of
+    ``|x|`` (see :func:`kl_threshold`)."""
+
+    def __init__(
+        self,
+        compiled: CompiledGraph,
+        taps: Sequence[NodeId],
+        bins: int = 2048,
+        num_quant_bins: int = 128,
+    ):
+        if num_quant_bins < 2 or num_quant_bins > bins:
+            raise QuantizationError(
+                f"num_quant_bins must be in [2, bins={bins}], got {num_quant_bins}"
+            )
+        super().__init__(compiled, taps, bins)
+        self.num_quant_bins = num_quant_bins
+
+    def amax(self) -> np.ndarray:
+        vals = [kl_threshold(h.counts, h.width, self.num_quant_bins) for h in self.histograms]
+        return np.minimum(np.array(vals, np.float32), self._max_abs)
+
+
+def _progress(batches: Iterable[Any], enabled: bool) -> Iterable[Any]:
+    if not enabled:
+        return batches
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # the optional 'progress' extra is not installed
+        return batches
+    total = len(batches) if hasattr(batches, "__len__") else None  # type: ignore[arg-type]
+    return tqdm(batches, total=total, desc="calibrate", unit="batch")
+
+
+def calibrate(
+    compiled: CompiledGraph,
+    batches: Iterable[Mapping[str, Any]],
+    method: CalibrationMethod = CalibrationMethod.MAX_ABS,
+    *,
+    taps: Sequence[NodeId] | None = None,
+    progress: bool = True,
+    percentile: float = 99.99,
+    bins: int = 2048,
+) -> Calibrator:
+    """Run ``method``'s calibrator over ``batches`` (input dicts); ``taps`` default to
+    every output. Returns the calibrator (``amax()``, ``scales()``, ``scale_map()``)."""
+    if not isinstance(method, CalibrationMethod):
+        raise QuantizationError(f"method must be a CalibrationMethod, got {method!r}")
+    tap_ids = list(compiled.program.source.outputs) if taps is None else list(taps)
+    cal: Calibrator
+    if method is CalibrationMethod.MAX_ABS:
+        cal = Calibrator(compiled, tap_ids)
+    elif method is CalibrationMethod.PERCENTILE:
+        cal = PercentileCalibrator(compiled, tap_ids, percentile=percentile, bins=bins)
+    else:
+        cal = EntropyCalibrator(compiled, tap_ids, bins=bins)
+    for batch in _progress(batches, progress):
+        cal.step(batch)
+    if cal.batches == 0:
+        raise QuantizationError("calibrate() was given no batches")
+    return cal

@@ -1,0 +1,123 @@
+"""CPU kernel for multi-head attention: two batched BLAS matmuls per call into scratch
+allocated when the schedule is built (no allocation per run).
+
+Layout: q is copied to [B, Hkv, G*Sq, D] (G = H / Hkv query heads share one kv head, so
+grouped-query attention is one matmul per kv head), k to [B, Hkv, D, Skv], v to
+[B, Hkv, Skv, D]; scores [B, Hkv, G*Sq, Skv] are scaled, masked, soft-maxed in place
+(a row that sees no key gives zeros, as the reference), multiplied by v, and the heads are
+copied back into the packed [B, Sq, H*D] output. f16/bf16 compute in f32.
+
+Rotary embedding writes both halves of each rotated pair with ufuncs into strided views
+of the output (two scratch products per half), and copies the pass-through dims.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
+from rlx.ops.nn import Attention, Rope
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Node
+
+__all__ = ["attention_kernel", "rope_kernel"]
+
+
+@kernel(Attention, KernelKind.BLAS)
+@lowp
+def attention_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """Scaled dot-product attention with BLAS batched matmuls (see module docstring)."""
+    op: Attention = node.op  # type: ignore[assignment]
+    q, k, v = ins[:3]
+    mask = ins[3] if len(ins) == 4 else None
+    if q.dtype.kind != "f":
+        return None
+    b, sq, _ = q.shape
+    skv = k.shape[1]
+    h, d, hkv = op.num_heads, op.head_dim, op.kv_heads
+    g = h // hkv
+    dt = q.dtype
+    qs = ctx.scratch((b, hkv, g * sq, d), dt, 50)
+    kt = ctx.scratch((b, hkv, d, skv), dt, 51)
+    vs = ctx.scratch((b, hkv, skv, d), dt, 52)
+    s = ctx.scratch((b, hkv, g * sq, skv), dt, 53)
+    row = ctx.scratch((b, hkv, g * sq, 1), dt, 54)
+    flag = ctx.scratch((b, hkv, g * sq, 1), np.bool_, 55)
+    o = ctx.scratch((b, hkv, g * sq, d), dt, 56)
+    q_src = q.reshape(b, sq, h, d).transpose(0, 2, 1, 3)
+    q_dst = qs.reshape(b, h, sq, d)
+    k_src = k.reshape(b, skv, hkv, d).transpose(0, 2, 3, 1)
+    v_src = v.reshape(b, skv, hkv, d).transpose(0, 2, 1, 3)
+    s4 = s.reshape(b, h, sq, skv)
+    out_dst = out.reshape(b, sq, h, d)
+    o_src = o.reshape(b, h, sq, d).transpose(0, 2, 1, 3)
+    scale = dt.type(op.effective_scale)
+    allowed = op.mask.allowed(sq, skv)
+    hidden = None if allowed is None else ~allowed
+    ninf = dt.type(-np.inf)
+
+    def run() -> None:
+        np.copyto(q_dst, q_src)
+        np.copyto(kt, k_src)
+        np.copyto(vs, v_src)
+        np.matmul(qs, kt, out=s)
+        np.multiply(s, scale, out=s)
+        if mask is not None:
+            np.add(s4, mask, out=s4)
+        if hidden is not None:
+            np.copyto(s4, ninf, where=hidden)
+        np.max(s, axis=-1, keepdims=True, out=row)
+        np.equal(row, ninf, out=flag)
+        np.copyto(row, 0, where=flag)
+        np.subtract(s, row, out=s)
+        np.exp(s, out=s)
+        np.sum(s, axis=-1, keepdims=True, out=row)
+        np.equal(row, 0, out=flag)
+        np.copyto(row, 1, where=flag)
+        np.divide(s, row, out=s)
+        np.matmul(s, vs, out=o)
+        np.copyto(out_dst, o_src)
+
+    return run
+
+
+@kernel(Rope)
+@lowp
+def rope_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """``(a*cos - b*sin, b*cos + a*sin)`` per rotated pair, in the reference's order."""
+    op: Rope = node.op  # type: ignore[assignment]
+    x, cos, sin = ins
+    if x.dtype.kind != "f":
+        return None
+    b, s, hd = x.shape
+    d, r = op.head_dim, op.n_rot
+    xh = x.reshape(b, s, hd // d, d)
+    oh = out.reshape(b, s, hd // d, d)
+    lo, hi = (
+        (slice(0, r, 2), slice(1, r, 2)) if op.interleaved else (slice(0, r // 2), slice(r // 2, r))
+    )
+    a, bb = xh[..., lo], xh[..., hi]
+    o_lo, o_hi = oh[..., lo], oh[..., hi]
+    c, sn = cos[None, :, None, :], sin[None, :, None, :]
+    t1 = ctx.scratch(a.shape, x.dtype, 57)
+    t2 = ctx.scratch(a.shape, x.dtype, 58)
+    rest = (oh[..., r:], xh[..., r:]) if r < d else None
+
+    def run() -> None:
+        if rest is not None:
+            np.copyto(*rest)
+        np.multiply(a, c, out=t1)
+        np.multiply(bb, sn, out=t2)
+        np.subtract(t1, t2, out=o_lo)
+        np.multiply(bb, c, out=t1)
+        np.multiply(a, sn, out=t2)
+        np.add(t1, t2, out=o_hi)
+
+    return run

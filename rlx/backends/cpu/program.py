@@ -1,0 +1,127 @@
+"""The compiled artifact of the CPU backend. In: a Graph or GraphModule, CompileOptions
+and optional params. Out: a :class:`CpuProgram`: the optimized MIR graph, the pass
+records, and the buffer plans per symbol binding (an LRU of ``options.max_shape_plans``).
+
+A program holds no arena and no params: those belong to each CompiledGraph, so the
+compile cache can hand one program to several CompiledGraphs. Compiling builds one
+schedule (the static shape, or every symbol at its lower bound) so an op the backend
+cannot run fails here, at compile time, listing every such node.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rlx.backends.cpu.executor import Executor
+from rlx.backends.cpu.planner import plan_memory
+from rlx.ir.lir import BufferPlan
+from rlx.ir.mir import Graph
+from rlx.ops.core import Input, Param
+from rlx.passes.pipeline import CompilePipeline, CompileResult, to_mir
+from rlx.runtime.options import CompileOptions
+from rlx.shape import Shape
+
+__all__ = ["CpuProgram", "BindingKey", "compile_program", "binding_key"]
+
+BindingKey = tuple[tuple[str, int], ...]
+
+
+def binding_key(bindings: Mapping[str, int]) -> BindingKey:
+    """A hashable, order-independent key for a set of symbol bindings."""
+    return tuple(sorted(bindings.items()))
+
+
+@dataclass
+class CpuProgram:
+    """What ``compile`` produced (see the module docstring).
+
+    source: the graph as given (its input/param names and outputs are the user's API).
+    graph: the optimized graph that runs.
+    result: the pipeline's CompileResult (pass records, fusion report).
+    is_static: no symbolic dim anywhere (one plan serves every run).
+    """
+
+    source: Graph
+    graph: Graph
+    result: CompileResult
+    options: CompileOptions
+    backend: str
+    compile_seconds: float
+    input_shapes: dict[str, Shape]
+    param_shapes: dict[str, Shape]
+    frozen_params: frozenset[str]
+    is_static: bool = True
+    _plans: OrderedDict[BindingKey, BufferPlan] = field(default_factory=OrderedDict)
+    _probe: tuple[Executor, dict[str, np.ndarray], dict[str, np.ndarray]] | None = None
+    plan_builds: int = 0
+
+    def plan(self, bindings: Mapping[str, int]) -> BufferPlan:
+        """The buffer plan for ``bindings`` (planned on first use, then cached LRU)."""
+        key = binding_key(bindings)
+        plan = self._plans.get(key)
+        if plan is not None:
+            self._plans.move_to_end(key)
+            return plan
+        plan = plan_memory(self.graph, dict(bindings))
+        self.plan_builds += 1
+        self._plans[key] = plan
+        while len(self._plans) > max(1, self.options.max_shape_plans):
+            self._plans.popitem(last=False)
+        return plan
+
+    def cached_bindings(self) -> list[BindingKey]:
+        return list(self._plans)
+
+    def take_probe(self) -> tuple[Executor, dict[str, np.ndarray], dict[str, np.ndarray]] | None:
+        """The executor built at compile time with its live param/input dicts (once)."""
+        probe, self._probe = self._probe, None
+        return probe
+
+    def probe_bindings(self) -> dict[str, int]:
+        """Every symbol at its declared lower bound (1 when undeclared)."""
+        names: set[str] = set()
+        for n in self.graph.nodes:
+            names |= n.shape.symbols
+        return {s: self.graph.sym_bounds.get(s, (1, None))[0] for s in sorted(names)}
+
+
+def compile_program(
+    graph_or_module: Any,
+    options: CompileOptions,
+    params: Mapping[str, np.ndarray] | None,
+    backend: str = "cpu",
+) -> CpuProgram:
+    """Lower, optimize, plan and build one schedule (raising UnsupportedOpError there)."""
+    t0 = time.perf_counter()
+    source = to_mir(graph_or_module)
+    source.verify()
+    result = CompilePipeline(options, params=params).run(source)
+    graph = result.graph
+    input_shapes = {n.op.name: n.shape for n in graph.nodes if isinstance(n.op, Input)}
+    param_shapes = {n.op.name: n.shape for n in graph.nodes if isinstance(n.op, Param)}
+    source_params = {n.op.name for n in source.nodes if isinstance(n.op, Param)}
+    frozen = frozenset(source_params - set(param_shapes)) if options.freeze_params else frozenset()
+    prog = CpuProgram(
+        source=source,
+        graph=graph,
+        result=result,
+        options=options,
+        backend=backend,
+        compile_seconds=0.0,
+        input_shapes=input_shapes,
+        param_shapes=param_shapes,
+        frozen_params=frozen,
+        is_static=all(n.shape.is_static for n in graph.nodes),
+    )
+    live_params: dict[str, np.ndarray] = {}
+    live_inputs: dict[str, np.ndarray] = {}
+    probe = Executor(graph, prog.plan(prog.probe_bindings()), live_params, live_inputs)
+    prog._probe = (probe, live_params, live_inputs)
+    prog.compile_seconds = time.perf_counter() - t0
+    return prog

@@ -1,0 +1,273 @@
+"""CompiledGraph: a compiled program plus its own params and arenas, run many times.
+
+In: a :class:`~rlx.backends.cpu.program.CpuProgram` (shared, possibly by several
+CompiledGraphs through the compile cache) and params. Out: ``run(inputs)`` returns one
+NumPy array per graph output.
+
+Contract of ``run``:
+
+* inputs are checked (names, shapes, dtypes, symbol bounds, optionally finiteness) and
+  converted only where lossless (see :mod:`rlx.runtime.inputs`); they are never modified;
+* the returned arrays are fresh copies: a later run does not overwrite them;
+* a run that raises leaves the CompiledGraph usable;
+* a new binding of the symbolic dims plans and builds a new arena and schedule, kept in a
+  small LRU (``options.max_shape_plans``); a binding seen before costs nothing extra.
+
+Params are per CompiledGraph: compiling the same graph twice shares the optimized graph
+and plans but gives each CompiledGraph its own params and arena. One CompiledGraph runs
+one call at a time (its arena is reused by every run): give each thread its own, e.g.
+by compiling the graph again (a compile-cache hit).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rlx import config
+from rlx.backends.cpu.executor import Executor
+from rlx.backends.cpu.program import BindingKey, CpuProgram, binding_key
+from rlx.errors import InputError
+from rlx.ir.lir import BufferPlan, LirModule
+from rlx.ir.mir import Graph, Node
+from rlx.ops.core import Input, Param
+from rlx.runtime import threads
+from rlx.runtime.inputs import bind_inputs, check_dims, check_finite, to_array
+from rlx.runtime.options import CompileOptions
+
+if TYPE_CHECKING:
+    from rlx.backends.cpu.report import Report
+
+__all__ = ["CompiledGraph"]
+
+
+def _named(graph: Graph, cls: type) -> dict[str, Node]:
+    """Name -> node of ``graph``'s Input (or Param) nodes, in declaration order."""
+    return {n.op.name: n for n in graph.nodes if isinstance(n.op, cls)}  # type: ignore[attr-defined]
+
+
+class CompiledGraph:
+    """A compiled graph bound to its params (see the module docstring)."""
+
+    def __init__(
+        self,
+        program: CpuProgram,
+        params: Mapping[str, Any] | None = None,
+        options: CompileOptions | None = None,
+    ):
+        """``options``: the ones this compile was asked with (a cached program may have
+        been compiled with options that differ only in run-time knobs such as
+        ``max_shape_plans``); default: the program's."""
+        self.program = program
+        self.options = opts = options or program.options
+        self.num_threads: int = opts.num_threads or config.num_threads() or config.physical_cores()
+        self._params: dict[str, np.ndarray] = {}
+        self._live_inputs: dict[str, np.ndarray] = {}
+        self._executors: OrderedDict[BindingKey, Executor] = OrderedDict()
+        self._last: Executor | None = None
+        self._profile: tuple[Executor, list[float]] | None = None  # last profiled run
+        self._input_nodes = _named(program.graph, Input)
+        self._param_nodes = _named(program.graph, Param)
+        self._source_inputs = _named(program.source, Input)
+        self._source_params = _named(program.source, Param)
+        self._unset: set[str] = set(self._param_nodes)  # read by the running graph, not set yet
+        probe = program.take_probe()
+        if probe is not None:
+            ex, live_params, live_inputs = probe
+            self._params, self._live_inputs = live_params, live_inputs
+            self._executors[binding_key(ex.bindings)] = ex
+            self._last = ex
+        if params:  # params frozen into constants by the compile are already in the graph
+            self.set_params({k: v for k, v in params.items() if k not in program.frozen_params})
+
+    # ---- metadata -------------------------------------------------------------------
+
+    @property
+    def graph(self) -> Graph:
+        """The optimized graph that runs."""
+        return self.program.graph
+
+    @property
+    def input_names(self) -> list[str]:
+        """Names ``run`` accepts, in the order the source graph declared them."""
+        return list(self._source_inputs)
+
+    @property
+    def param_names(self) -> list[str]:
+        return list(self._source_params)
+
+    @property
+    def output_names(self) -> list[str]:
+        """One name per output: the node it comes from in the source graph (``%id``), or
+        the input/param name when an output is one."""
+        names = []
+        for o in self.program.source.outputs:
+            op = self.program.source.nodes[o].op
+            names.append(op.name if isinstance(op, (Input, Param)) else f"%{o}")  # type: ignore[attr-defined]
+        return names
+
+    @property
+    def memory_plan(self) -> BufferPlan:
+        """The buffer plan of the most recent run (or of the compile-time schedule)."""
+        return self._executor_any().plan
+
+    @property
+    def shape_plans(self) -> list[dict[str, int]]:
+        """The symbol bindings that have an arena and schedule, least recently used first."""
+        return [dict(k) for k in self._executors]
+
+    def _executor_any(self) -> Executor:
+        if self._last is None:
+            self._last = self._executor(self.program.probe_bindings())
+        return self._last
+
+    # ---- params ---------------------------------------------------------------------
+
+    def set_param(self, name: str, value: Any) -> None:
+        """Check and store one param (copied; later changes to ``value`` do not leak in)."""
+        node = self._source_params.get(name)
+        if node is None:
+            raise InputError(
+                f"unknown param {name!r}; params of graph {self.program.source.name!r}: {self.param_names}"
+            )
+        if name in self.program.frozen_params:
+            raise InputError(
+                f"param {name!r} was frozen into a constant at compile time (freeze_params=True); "
+                f"compile again to change it",
+                node=node.id,
+                loc=node.loc,
+            )
+        arr = to_array("param", name, value, node.shape, node)
+        check_dims("param", name, arr, node.shape, node)
+        if self.options.check_finite:
+            check_finite("param", name, arr, node)
+        arr = np.array(arr, copy=True, order="C")
+        arr.flags.writeable = False
+        self._params[name] = arr
+        self._unset.discard(name)
+        if name in self._param_nodes:
+            for ex in self._executors.values():
+                self._load_param(ex, name, arr)
+
+    def set_params(self, params: Mapping[str, Any]) -> None:
+        """``set_param`` for each item (all names are checked before any is stored)."""
+        unknown = [k for k in params if k not in self._source_params]
+        if unknown:
+            raise InputError(
+                f"unknown params {unknown}; params of graph {self.program.source.name!r}: {self.param_names}"
+            )
+        for k, v in params.items():
+            self.set_param(k, v)
+
+    def _load_param(self, ex: Executor, name: str, arr: np.ndarray) -> None:
+        node = self._param_nodes[name]
+        want = node.shape.concrete(ex.bindings)
+        if tuple(arr.shape) != want:
+            raise InputError(
+                f"param {name!r}: expected {node.shape} = {want} with {dict(ex.bindings)}, given shape {tuple(arr.shape)}",
+                node=node.id,
+                loc=node.loc,
+            )
+        ex.load_param(name, arr)
+
+    # ---- running --------------------------------------------------------------------
+
+    def _check_inputs(
+        self, inputs: Mapping[str, Any]
+    ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+        if not isinstance(inputs, Mapping):
+            raise InputError(
+                f"run() takes a dict of input name -> array, given {type(inputs).__name__}; inputs: {self.input_names}"
+            )
+        unknown = [k for k in inputs if k not in self._source_inputs]
+        if unknown:
+            raise InputError(
+                f"unknown input(s) {unknown}; inputs of graph {self.program.source.name!r}: {self.input_names}"
+            )
+        missing = [k for k in self._input_nodes if k not in inputs]
+        if missing:
+            raise InputError(
+                f"missing input(s) {missing}; inputs of graph {self.program.source.name!r}: {self.input_names}"
+            )
+        check = self.options.check_finite
+        arrays: dict[str, np.ndarray] = {}
+        for name, node in self._input_nodes.items():
+            arr = to_array("input", name, inputs[name], node.shape, node)
+            check_dims("input", name, arr, node.shape, node)
+            if check:
+                check_finite("input", name, arr, node)
+            arrays[name] = arr
+        if self._unset and (unset := [k for k in self._param_nodes if k in self._unset]):
+            raise InputError(
+                f"param(s) {unset} never set; call set_param/set_params (or pass params= to compile)",
+                node=self._param_nodes[unset[0]].id,
+                loc=self._param_nodes[unset[0]].loc,
+            )
+        if self.program.is_static:
+            return arrays, {}
+        return arrays, bind_inputs(arrays, self._input_nodes, self.program.graph.sym_bounds)
+
+    def _executor(self, bindings: Mapping[str, int]) -> Executor:
+        key = binding_key(bindings)
+        ex = self._executors.get(key)
+        if ex is not None:
+            self._executors.move_to_end(key)
+            return ex
+        plan = self.program.plan(bindings)
+        ex = Executor(self.program.graph, plan, self._params, self._live_inputs)
+        for k, arr in self._params.items():
+            if k in self._param_nodes:
+                self._load_param(ex, k, arr)
+        self._executors[key] = ex
+        while len(self._executors) > max(1, self.options.max_shape_plans):
+            self._executors.popitem(last=False)
+        return ex
+
+    def run(self, inputs: Mapping[str, Any], *, profile: bool = False) -> list[np.ndarray]:
+        """Run on ``inputs`` (name -> array/list/scalar); returns fresh output arrays.
+
+        Arrays of another dtype are converted only when the cast is lossless (i8 -> f32,
+        f32 -> f64; never f64 -> f32 or i32 -> f32); lists and Python scalars take the
+        declared dtype when their kind fits. InputError otherwise (see
+        :mod:`rlx.runtime.inputs`). With ``profile=True`` each kernel is timed (see
+        :meth:`report`)."""
+        arrays, bindings = self._check_inputs(inputs)
+        ex = self._executor(bindings)
+        self._last = ex
+        live = self._live_inputs
+        live.clear()
+        live.update(arrays)
+        threads.ensure_blas_threads(self.num_threads)
+        with np.errstate(all="ignore"):
+            if profile:
+                outs, times = ex.run_profiled(arrays)
+                self._profile = (ex, times)
+                return outs
+            return ex.run(arrays)
+
+    __call__ = run
+
+    # ---- introspection --------------------------------------------------------------
+
+    def inspect(self) -> str:
+        """The optimized graph with each node's arena slot, then the plan summary."""
+        return LirModule(self.program.graph, self.memory_plan).inspect()
+
+    def report(self) -> Report:
+        """Kernel schedule, memory figures and pass records of the most recent run's
+        shape, with each kernel's time when that run was profiled."""
+        from rlx.backends.cpu.report import Report
+
+        ex = self._executor_any()
+        times = self._profile[1] if self._profile is not None and self._profile[0] is ex else None
+        return Report.build(self.program, ex, times)
+
+    def __repr__(self) -> str:
+        p = self.program
+        return (
+            f"<CompiledGraph {p.source.name!r} on {p.backend}: {len(p.graph)} nodes, "
+            f"inputs={self.input_names}, outputs={self.output_names}>"
+        )

@@ -1,0 +1,694 @@
+"""Compiled CPU kernels vs the reference interpreter, for every registered op.
+
+Each case builds a small graph; it is compiled with the cleanup and fusion passes off (so
+the op under test reaches the executor as written) and run on random inputs.
+
+Tolerances (compiled vs reference, both computed from the same inputs):
+
+* f64: rtol 1e-12, atol 1e-12
+* f32: rtol 1e-5, atol 1e-6; products and reductions over many terms (BLAS order):
+  rtol 1e-4, atol 1e-5
+* f16: rtol 2e-3, atol 2e-3 (one f16 ulp: both sides round once from f32)
+* bf16: rtol 1e-2, atol 1e-2 (one bf16 ulp)
+* integers, bool, fp8: exact
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import rlx
+from rlx.backends.cpu.kernels import KernelKind
+from rlx.ops import OPS
+from rlx.ops.elementwise import BinaryKind, CompareKind, UnaryKind
+from rlx.ops.nn import MaskKind
+from rlx.ops.reduce import ReduceKind
+from rlx.runtime.options import CompileOptions
+from rlx.runtime.session import Session
+
+RAW = CompileOptions(optimize=False, fuse=False, use_cache=False)
+TOL = {
+    "float64": (1e-12, 1e-12),
+    "float32": (1e-5, 1e-6),
+    "float16": (2e-3, 2e-3),
+    "bfloat16": (1e-2, 1e-2),
+    "complex64": (1e-5, 1e-5),
+}
+LOOSE_F32 = (1e-4, 1e-5)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    build: Callable[[rlx.Graph], object]
+    loose: bool = False  # many-term sums (matmul, conv, fft): BLAS summation order
+
+
+def feed_for(g: rlx.Graph, seed: int = 0, params: bool = False) -> dict[str, np.ndarray]:
+    """Random values for every input (or param): floats ~ N(0,1), ints in [0, 4), bools
+    50/50."""
+    rng = np.random.default_rng(seed + params)
+    out = {}
+    for n in g.param_nodes() if params else g.input_nodes():
+        dims = n.shape.concrete()
+        dt = n.dtype.np
+        if n.dtype.is_bool:
+            out[n.op.name] = rng.random(dims) < 0.5
+        elif n.dtype.is_int:
+            out[n.op.name] = rng.integers(0, 4, dims).astype(dt)
+        elif n.dtype.is_complex:
+            out[n.op.name] = (rng.standard_normal(dims) + 1j * rng.standard_normal(dims)).astype(dt)
+        else:
+            out[n.op.name] = rng.standard_normal(dims).astype(np.float32).astype(dt)
+    return out
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, loose: bool, what: str) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape, (
+        f"{what}: {got.dtype}{got.shape} vs {want.dtype}{want.shape}"
+    )
+    name = got.dtype.name
+    if name not in TOL:
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=what)
+        return
+    rtol, atol = LOOSE_F32 if loose and name == "float32" else TOL[name]
+    np.testing.assert_allclose(
+        got.astype(np.complex128 if got.dtype.kind == "c" else np.float64),
+        want.astype(np.complex128 if want.dtype.kind == "c" else np.float64),
+        rtol=rtol,
+        atol=atol,
+        err_msg=what,
+    )
+
+
+def positive(g: rlx.Graph, x: int) -> int:
+    return g.add(g.abs(x), 0.5)
+
+
+# ---- the case table --------------------------------------------------------------------
+
+
+def _unary(kind: UnaryKind, dtype: str = "f32") -> Case:
+    def build(g: rlx.Graph) -> object:
+        if kind is UnaryKind.NOT:
+            return g.logical_not(g.input("x", (3, 5), "bool"))
+        x = g.input("x", (3, 5), dtype)
+        if kind in (UnaryKind.LOG, UnaryKind.SQRT, UnaryKind.RSQRT, UnaryKind.RECIP):
+            x = positive(g, x)
+        return g.unary(kind, x)
+
+    return Case(f"unary_{kind.value}_{dtype}", build)
+
+
+def _binary(kind: BinaryKind, dtype: str = "f32", bshape: tuple[int, ...] = (5,)) -> Case:
+    def build(g: rlx.Graph) -> object:
+        if kind in (BinaryKind.AND, BinaryKind.OR):
+            return g.binary(kind, g.input("a", (3, 5), "bool"), g.input("b", bshape, "bool"))
+        a = g.input("a", (3, 5), dtype)
+        b = g.input("b", bshape, dtype)
+        if kind in (BinaryKind.DIV, BinaryKind.MOD, BinaryKind.POW) and dtype.startswith("f"):
+            b = positive(g, b)
+        if kind is BinaryKind.POW:
+            a = positive(g, a)
+        if kind in (BinaryKind.DIV, BinaryKind.MOD) and dtype.startswith("i"):
+            b = g.add(b, g.constant(np.ones((), rlx.DType.parse(dtype).np)))
+        return g.binary(kind, a, b)
+
+    return Case(f"binary_{kind.value}_{dtype}_{'x'.join(map(str, bshape))}", build)
+
+
+def _compare(kind: CompareKind) -> Case:
+    def build(g: rlx.Graph) -> object:
+        a = g.input("a", (3, 5), "i32")
+        return getattr(g, kind.value)(a, g.input("b", (5,), "i32"))
+
+    return Case(f"compare_{kind.value}", build)
+
+
+def _cast(src: str, dst: str) -> Case:
+    return Case(
+        f"cast_{src}_{dst}",
+        lambda g: g.cast(
+            g.mul(g.input("x", (4, 6), src), 3.0)
+            if src.startswith("f")
+            else g.input("x", (4, 6), src),
+            dst,
+        ),
+    )
+
+
+def _reduce(
+    kind: ReduceKind, axes: tuple[int, ...] | None, keepdims: bool, dtype: str = "f32"
+) -> Case:
+    def build(g: rlx.Graph) -> object:
+        x = g.input("x", (3, 4, 5), dtype)
+        return g.reduce(kind, x, axes, keepdims)
+
+    return Case(f"reduce_{kind.value}_{axes}_{keepdims}_{dtype}", build)
+
+
+def _attention(
+    mask: MaskKind, kv_heads: int | None = None, dtype: str = "f32", custom: bool = False
+) -> Case:
+    def build(g: rlx.Graph) -> object:
+        h, d = 4, 8
+        hkv = kv_heads or h
+        q = g.input("q", (2, 3, h * d), dtype)
+        k = g.input("k", (2, 5, hkv * d), dtype)
+        v = g.input("v", (2, 5, hkv * d), dtype)
+        m = g.input("m", (1, 1, 3, 5), dtype) if custom else None
+        return g.attention(q, k, v, h, d, mask=mask, mask_input=m, num_kv_heads=kv_heads)
+
+    return Case(f"attention_{mask}_{kv_heads}_{dtype}_{custom}", build, loose=True)
+
+
+def _region(g: rlx.Graph) -> object:
+    a = g.input("a", (3, 5))
+    b = g.input("b", (3, 5))
+
+    def body(s: rlx.Graph, x: int, y: int) -> int:
+        t = s.mul(x, y)
+        return s.add(s.gelu(t), s.tanh(s.sub(t, x)))
+
+    return g.elementwise_region([a, b], body)
+
+
+def _custom(g: rlx.Graph) -> object:
+    from rlx.ops.custom import register_custom_op
+
+    register_custom_op(
+        "parity_scale",
+        lambda ins, attrs: ins[0],
+        lambda xs, attrs, ctx: xs[0] * attrs["k"],
+        arity=1,
+        replace=True,
+    )
+    return g.custom("parity_scale", [g.input("x", (3, 4))], k=2.5)
+
+
+def _gdn(g: rlx.Graph) -> object:
+    b, t, h, dk, dv = 1, 3, 2, 4, 5
+    ids = [
+        g.input(n, s) for n, s in (("q", (b, t, h, dk)), ("k", (b, t, h, dk)), ("v", (b, t, h, dv)))
+    ]
+    gate = g.neg(g.abs(g.input("g", (b, t, h))))
+    beta = g.sigmoid(g.input("beta", (b, t, h)))
+    return g.gated_delta_net(*ids, gate, beta, state_size=dk)
+
+
+def _dequant_matmul(g: rlx.Graph) -> object:
+    from rlx.ops.quant import Int8Block
+
+    rng = np.random.default_rng(1)
+    x = g.input("x", (2, 64))
+    wq = g.constant(rng.integers(-127, 128, (5, 64)).astype(np.int8))
+    scale = g.constant(rng.random((5, 2)).astype(np.float32) * 0.01)
+    zp = g.constant(np.zeros((5, 2), np.int32))
+    return g.dequant_matmul(x, Int8Block(32), wq, scale, zp)
+
+
+def _qmatmul(g: rlx.Graph) -> object:
+    xq = g.cast(g.input("x", (3, 16), "i32"), "i8")
+    wq = g.constant(np.random.default_rng(2).integers(-127, 128, (16, 4)).astype(np.int8))
+    return g.qmatmul(xq, wq, 0.05, 0.02)
+
+
+def _while(g: rlx.Graph) -> object:
+    x = g.input("x", (3,))
+
+    def cond(s: rlx.Graph, c: int, i: int) -> int:
+        return s.lt(i, s.constant(np.int32(4)))
+
+    def body(s: rlx.Graph, c: int, i: int) -> list[int]:
+        return [s.add(s.mul(c, 0.5), 1.0), s.add(i, s.constant(np.int32(1)))]
+
+    return g.while_loop(cond, body, [x, g.constant(np.int32(0))], max_iterations=10)
+
+
+CASES: list[Case] = [
+    *(_unary(k) for k in UnaryKind),
+    *(_unary(k, "f16") for k in (UnaryKind.GELU, UnaryKind.EXP, UnaryKind.SILU)),
+    *(_unary(k, "bf16") for k in (UnaryKind.GELU_TANH, UnaryKind.TANH, UnaryKind.SIGMOID)),
+    *(_unary(k, "f64") for k in (UnaryKind.GELU, UnaryKind.ERF, UnaryKind.SOFTPLUS)),
+    *(_unary(k, "i32") for k in (UnaryKind.RELU, UnaryKind.NEG, UnaryKind.ABS, UnaryKind.SQUARE)),
+    *(_binary(k) for k in BinaryKind),
+    *(
+        _binary(k, "i32")
+        for k in (BinaryKind.ADD, BinaryKind.MUL, BinaryKind.DIV, BinaryKind.MOD, BinaryKind.MAX)
+    ),
+    _binary(BinaryKind.ADD, "bf16", (3, 1)),
+    _binary(BinaryKind.MUL, "f16", ()),
+    *(_compare(k) for k in CompareKind),
+    Case(
+        "where",
+        lambda g: g.where(
+            g.gt(g.input("c", (3, 5)), 0.0), g.input("a", (3, 5)), g.input("b", (5,))
+        ),
+    ),
+    Case(
+        "where_inplace",
+        lambda g: g.where(
+            g.input("c", (3, 5), "bool"), g.exp(g.input("a", (3, 5))), g.neg(g.input("b", (3, 5)))
+        ),
+    ),
+    *(
+        _cast(s, d)
+        for s, d in (
+            ("f32", "i32"),
+            ("f32", "bf16"),
+            ("bf16", "f32"),
+            ("i32", "f32"),
+            ("f32", "f8e4m3"),
+            ("f32", "bool"),
+            ("f16", "f64"),
+        )
+    ),
+    *(_reduce(k, (1,), False) for k in ReduceKind),
+    *(_reduce(k, None, True) for k in (ReduceKind.SUM, ReduceKind.MAX)),
+    _reduce(ReduceKind.SUM, (0, 2), False, "i32"),
+    _reduce(ReduceKind.MEAN, (-1,), True, "bf16"),
+    Case("softmax", lambda g: g.softmax(g.input("x", (3, 7)), axis=-1)),
+    Case("softmax_axis0_f16", lambda g: g.softmax(g.input("x", (3, 7), "f16"), axis=0)),
+    Case("log_softmax", lambda g: g.log_softmax(g.input("x", (3, 7)), axis=1)),
+    Case("cumsum", lambda g: g.cumsum(g.input("x", (3, 7)), axis=1, reverse=True)),
+    Case(
+        "cumsum_exclusive_i32",
+        lambda g: g.cumsum(g.input("x", (3, 7), "i32"), axis=0, exclusive=True),
+    ),
+    Case("cumsum_bf16", lambda g: g.cumsum(g.input("x", (3, 7), "bf16"), axis=-1)),
+    Case("cumsum_i32", lambda g: g.cumsum(g.input("x", (3, 7), "i32"), axis=0)),
+    Case("argmax_f16", lambda g: g.argmax(g.input("x", (3, 7), "f16"), axis=0, keepdims=True)),
+    Case("topk_values", lambda g: g.topk(g.input("x", (3, 7)), 3)[0]),
+    Case("topk_indices", lambda g: g.topk(g.input("x", (3, 7)), 2, axis=0)[1]),
+    Case("argmax", lambda g: g.argmax(g.input("x", (3, 7)), axis=1)),
+    Case("argmin", lambda g: g.argmin(g.input("x", (3, 7)), axis=0, keepdims=True)),
+    Case(
+        "layer_norm",
+        lambda g: g.layer_norm(g.input("x", (2, 3, 8)), g.input("g", (8,)), g.input("b", (8,))),
+    ),
+    Case(
+        "layer_norm_nobeta_bf16",
+        lambda g: g.layer_norm(g.input("x", (4, 8), "bf16"), g.input("g", (8,), "bf16")),
+    ),
+    Case("rms_norm", lambda g: g.rms_norm(g.input("x", (2, 3, 8)), g.input("g", (8,)))),
+    Case(
+        "rms_norm_beta",
+        lambda g: g.rms_norm(g.input("x", (4, 8)), g.input("g", (8,)), g.input("b", (8,))),
+    ),
+    Case(
+        "group_norm",
+        lambda g: g.group_norm(g.input("x", (2, 4, 3)), g.input("g", (4,)), g.input("b", (4,)), 2),
+    ),
+    Case("reshape", lambda g: g.exp(g.reshape(g.input("x", (2, 6)), (3, 4)))),
+    Case("transpose", lambda g: g.transpose(g.input("x", (2, 3, 4)), (2, 0, 1))),
+    Case(
+        "concat",
+        lambda g: g.concat(
+            [g.input("a", (2, 3)), g.input("b", (2, 1)), g.input("c", (2, 2))], axis=1
+        ),
+    ),
+    Case("expand", lambda g: g.expand(g.input("x", (3, 1)), (2, 3, 4))),
+    Case("narrow", lambda g: g.narrow(g.input("x", (4, 6)), 1, 2, 3)),
+    Case("slice", lambda g: g.slice(g.input("x", (5, 6)), (1, None), (None, 1), (2, -2))),
+    Case(
+        "gather",
+        lambda g: g.gather(
+            g.input("x", (5, 3)), g.constant(np.array([[4, 0], [-1, 2]], np.int32)), axis=0
+        ),
+    ),
+    Case(
+        "scatter_add",
+        lambda g: g.scatter_add(
+            g.input("x", (5, 3)), g.constant(np.array([1, 3, 1], np.int32)), g.input("u", (3, 3))
+        ),
+    ),
+    Case("pad", lambda g: g.pad(g.input("x", (2, 3)), [(1, 0), (2, 1)], 0.5)),
+    Case(
+        "squeeze_unsqueeze_flatten",
+        lambda g: g.flatten(g.unsqueeze(g.squeeze(g.input("x", (2, 1, 3))), 0)),
+    ),
+    Case("matmul", lambda g: g.matmul(g.input("a", (3, 8)), g.input("b", (8, 5))), loose=True),
+    Case(
+        "matmul_batched_broadcast",
+        lambda g: g.matmul(g.input("a", (2, 3, 8)), g.input("b", (8, 5))),
+        loose=True,
+    ),
+    Case(
+        "matmul_unit_batch_rhs",
+        lambda g: g.matmul(g.input("a", (2, 3, 8)), g.input("b", (1, 8, 5))),
+        loose=True,
+    ),
+    Case(
+        "matmul_rank_grows",
+        lambda g: g.matmul(g.input("a", (3, 8)), g.input("b", (1, 1, 8, 5))),
+        loose=True,
+    ),
+    Case(
+        "matmul_vector", lambda g: g.matmul(g.input("a", (8,)), g.input("b", (2, 8, 5))), loose=True
+    ),
+    Case(
+        "matmul_f16", lambda g: g.matmul(g.input("a", (3, 8), "f16"), g.input("b", (8, 5), "f16"))
+    ),
+    Case(
+        "matmul_i32", lambda g: g.matmul(g.input("a", (3, 8), "i32"), g.input("b", (8, 5), "i32"))
+    ),
+    Case(
+        "dot_general",
+        lambda g: g.dot_general(
+            g.input("a", (2, 3, 4)),
+            g.input("b", (2, 5, 4)),
+            contract=((2,), (2,)),
+            batch=((0,), (0,)),
+        ),
+        loose=True,
+    ),
+    Case(
+        "dot_general_no_batch",
+        lambda g: g.dot_general(g.input("a", (4, 3)), g.input("b", (5, 4)), contract=((0,), (1,))),
+        loose=True,
+    ),
+    Case(
+        "dot_general_permuted",
+        lambda g: g.dot_general(
+            g.input("a", (4, 2, 3)),
+            g.input("b", (5, 4, 2)),
+            contract=((0,), (1,)),
+            batch=((1,), (2,)),
+        ),
+        loose=True,
+    ),
+    Case(
+        "linear",
+        lambda g: g.linear(g.input("x", (2, 3, 8)), g.input("w", (8, 4)), g.input("b", (4,))),
+        loose=True,
+    ),
+    Case(
+        "linear_params",
+        lambda g: g.linear(g.input("x", (2, 3, 8)), g.param("w", (8, 4)), g.param("b", (4,))),
+        loose=True,
+    ),
+    _attention(MaskKind.none()),
+    _attention(MaskKind.causal(), kv_heads=2),
+    _attention(MaskKind.sliding_window(2), kv_heads=1),
+    _attention(MaskKind.custom(), custom=True),
+    _attention(MaskKind.causal(), dtype="bf16"),
+    Case(
+        "rope",
+        lambda g: g.rope(g.input("x", (1, 3, 16)), g.input("c", (3, 4)), g.input("s", (3, 4)), 8),
+    ),
+    Case(
+        "rope_partial_interleaved",
+        lambda g: g.rope(
+            g.input("x", (2, 3, 16)),
+            g.input("c", (3, 2)),
+            g.input("s", (3, 2)),
+            8,
+            n_rot=4,
+            interleaved=True,
+        ),
+    ),
+    Case(
+        "rope_bf16",
+        lambda g: g.rope(
+            g.input("x", (1, 3, 8), "bf16"),
+            g.input("c", (3, 2), "bf16"),
+            g.input("s", (3, 2), "bf16"),
+            4,
+        ),
+    ),
+    Case(
+        "conv1d",
+        lambda g: g.conv(
+            g.input("x", (2, 3, 9)),
+            g.input("w", (4, 3, 3)),
+            g.input("b", (4,)),
+            stride=2,
+            padding=1,
+        ),
+        loose=True,
+    ),
+    Case(
+        "conv2d_groups",
+        lambda g: g.conv(
+            g.input("x", (1, 4, 5, 5)), g.input("w", (4, 2, 3, 3)), groups=2, dilation=1
+        ),
+        loose=True,
+    ),
+    Case(
+        "conv2d_stride_dilation_pad",
+        lambda g: g.conv(
+            g.input("x", (2, 2, 7, 6)),
+            g.input("w", (3, 2, 2, 3)),
+            g.input("b", (3,)),
+            stride=(2, 1),
+            padding=((1, 0), (2, 1)),
+            dilation=(1, 2),
+        ),
+        loose=True,
+    ),
+    Case(
+        "conv1d_f16",
+        lambda g: g.conv(g.input("x", (1, 2, 8), "f16"), g.input("w", (2, 2, 3), "f16"), padding=1),
+    ),
+    Case(
+        "max_pool_pad_i32",
+        lambda g: g.max_pool(g.input("x", (1, 2, 5, 5), "i32"), 3, stride=2, padding=1),
+    ),
+    Case(
+        "avg_pool_2d_pad",
+        lambda g: g.avg_pool(
+            g.input("x", (2, 3, 5, 6)), (2, 3), stride=(1, 2), padding=((1, 1), (1, 0))
+        ),
+    ),
+    Case("pad_bool", lambda g: g.pad(g.input("x", (2, 3), "bool"), [(0, 1), (1, 1)], 1.0)),
+    Case("max_pool", lambda g: g.max_pool(g.input("x", (1, 2, 6, 6)), 2)),
+    Case("avg_pool", lambda g: g.avg_pool(g.input("x", (1, 2, 7)), 3, stride=2, padding=1)),
+    Case("fft", lambda g: g.fft(g.input("x", (3, 8), "c64")), loose=True),
+    Case("ifft", lambda g: g.ifft(g.input("x", (3, 8), "c64")), loose=True),
+    Case("rfft", lambda g: g.rfft(g.input("x", (3, 8))), loose=True),
+    Case("irfft", lambda g: g.irfft(g.input("x", (3, 5), "c64"), n=8), loose=True),
+    Case("quantize", lambda g: g.quantize(g.input("x", (3, 8)), 0.02)),
+    Case("dequantize", lambda g: g.dequantize(g.cast(g.input("x", (3, 8), "i32"), "i8"), 0.1, [2])),
+    Case(
+        "fake_quantize", lambda g: g.fake_quantize(g.input("x", (3, 8)), [0.1, 0.2, 0.05], axis=0)
+    ),
+    Case("dequant_matmul", _dequant_matmul, loose=True),
+    Case("qmatmul", _qmatmul, loose=True),
+    *(
+        Case(
+            f"fused_matmul_{a}",
+            lambda g, a=a: g.fused_matmul_bias_act(
+                g.input("x", (3, 8)), g.input("w", (8, 4)), g.input("b", (4,)), act=a
+            ),
+            loose=True,
+        )
+        for a in (None, UnaryKind.RELU, UnaryKind.GELU, UnaryKind.SILU)
+    ),
+    Case(
+        "fused_matmul_nobias_f16",
+        lambda g: g.fused_matmul_bias_act(
+            g.input("x", (3, 8), "f16"), g.input("w", (8, 4), "f16"), act=UnaryKind.GELU_TANH
+        ),
+    ),
+    Case(
+        "fused_swiglu",
+        lambda g: g.fused_swiglu(
+            g.input("x", (2, 3, 8)), g.input("wg", (8, 6)), g.input("wu", (8, 6))
+        ),
+        loose=True,
+    ),
+    Case(
+        "fused_residual_rms_norm",
+        lambda g: g.fused_residual_rms_norm(
+            g.input("x", (3, 8)), g.input("r", (3, 8)), g.input("g", (8,))
+        ),
+    ),
+    Case(
+        "fused_residual_layer_norm",
+        lambda g: g.fused_residual_layer_norm(
+            g.input("x", (3, 8)), g.input("r", (3, 8)), g.input("g", (8,)), g.input("b", (8,))
+        ),
+    ),
+    Case(
+        "fused_matmul_bias_silu_bf16",
+        lambda g: g.fused_matmul_bias_act(
+            g.input("x", (2, 3, 8), "bf16"),
+            g.input("w", (8, 4), "bf16"),
+            g.input("b", (4,), "bf16"),
+            act=UnaryKind.SILU,
+        ),
+    ),
+    Case(
+        "fused_swiglu_f16",
+        lambda g: g.fused_swiglu(
+            g.input("x", (3, 8), "f16"), g.input("wg", (8, 6), "f16"), g.input("wu", (8, 6), "f16")
+        ),
+    ),
+    Case(
+        "fused_residual_rms_norm_bf16",
+        lambda g: g.fused_residual_rms_norm(
+            g.input("x", (3, 8), "bf16"), g.input("r", (3, 8), "bf16"), g.input("g", (8,), "bf16")
+        ),
+    ),
+    Case(
+        "fused_residual_layer_norm_f16",
+        lambda g: g.fused_residual_layer_norm(
+            g.input("x", (3, 8), "f16"),
+            g.input("r", (1, 8), "f16"),
+            g.input("g", (8,), "f16"),
+            g.input("b", (8,), "f16"),
+        ),
+    ),
+    Case("elementwise_region", _region),
+    Case(
+        "if",
+        lambda g: g.cond(
+            g.gt(g.reduce(ReduceKind.SUM, g.input("p", (3,)), None, True), 0.0),
+            lambda s, a: s.exp(a),
+            lambda s, a: s.neg(a),
+            [g.input("x", (3,))],
+        ),
+    ),
+    Case("while", _while),
+    Case(
+        "scan",
+        lambda g: g.scan(
+            lambda s, c, x: [s.add(c, x), s.mul(c, x)],
+            [g.input("init", (3,))],
+            [g.input("xs", (4, 3))],
+            output_index=1,
+        ),
+    ),
+    Case("gated_delta_net", _gdn, loose=True),
+    Case("custom", _custom),
+]
+
+
+def _compile_case(case: Case) -> tuple[rlx.Graph, object]:
+    g = rlx.Graph(case.name)
+    out = case.build(g)
+    g.set_outputs(out)
+    return g, Session("cpu").compile(g, RAW, params=feed_for(g, params=True))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_compiled_matches_reference(case: Case) -> None:
+    g, cg = _compile_case(case)
+    params = feed_for(g, params=True)
+    # three runs on two feeds: kernels must read their inputs afresh on every run (no
+    # view taken at build time may have silently become a copy) and reuse scratch safely
+    for seed in (0, 1, 0):
+        feed = feed_for(g, seed)
+        (want,) = g.evaluate(feed, params)
+        (got,) = cg.run(feed)
+        assert_close(got, want, case.loose, f"{case.name} (feed {seed})")
+
+
+def test_every_registered_op_has_a_parity_case() -> None:
+    covered: set[str] = set()
+    for case in CASES:
+        g = rlx.Graph(case.name)
+        g.set_outputs(case.build(g))
+        covered |= {n.op.mnemonic for n in g.nodes}
+    missing = sorted(set(OPS) - covered)
+    assert not missing, f"ops without a CPU parity case: {missing}"
+
+
+FAST = {
+    "unary_gelu_f32": KernelKind.NUMPY,
+    "softmax": KernelKind.NUMPY,
+    "layer_norm": KernelKind.NUMPY,
+    "matmul": KernelKind.BLAS,
+    "attention_causal_2_f32_False": KernelKind.BLAS,
+    "fused_swiglu": KernelKind.BLAS,
+    "gather": KernelKind.NUMPY,
+    "elementwise_region": KernelKind.NUMPY,
+    "matmul_i32": KernelKind.REFERENCE,
+    "cumsum": KernelKind.NUMPY,
+    "cumsum_exclusive_i32": KernelKind.REFERENCE,
+    "argmin": KernelKind.NUMPY,
+    "conv1d": KernelKind.BLAS,
+    "conv2d_groups": KernelKind.BLAS,
+    "max_pool": KernelKind.NUMPY,
+    "avg_pool": KernelKind.NUMPY,
+    "pad": KernelKind.NUMPY,
+    "rope_partial_interleaved": KernelKind.NUMPY,
+    "fused_matmul_nobias_f16": KernelKind.BLAS,
+    "fused_swiglu_f16": KernelKind.BLAS,
+    "fused_residual_rms_norm_bf16": KernelKind.NUMPY,
+}
+
+
+@pytest.mark.parametrize("name,kind", sorted(FAST.items(), key=lambda kv: kv[0]))
+def test_kernel_kinds_in_report(name: str, kind: KernelKind) -> None:
+    case = next(c for c in CASES if c.name == name)
+    g, cg = _compile_case(case)
+    out_node = cg.graph.nodes[cg.graph.outputs[0]]
+    rec = next(k for k in cg.report().kernels if k.node == out_node.id)
+    assert rec.op == out_node.op.mnemonic and rec.kind is kind
+
+
+# ---- random chains of ops, with the default (optimizing) pipeline -------------------
+
+_CHAIN_UNARY = [
+    UnaryKind.RELU,
+    UnaryKind.TANH,
+    UnaryKind.SIGMOID,
+    UnaryKind.SILU,
+    UnaryKind.GELU,
+    UnaryKind.NEG,
+    UnaryKind.ABS,
+    UnaryKind.SQUARE,
+]
+_CHAIN_BINARY = [BinaryKind.ADD, BinaryKind.SUB, BinaryKind.MUL, BinaryKind.MAX, BinaryKind.MIN]
+
+
+def _apply_step(g: rlx.Graph, vals: list[int], step: tuple[int, int, int]) -> int:
+    which, a, b = step
+    x, y = vals[a % len(vals)], vals[b % len(vals)]
+    if which < 8:
+        return g.unary(_CHAIN_UNARY[which], x)
+    if which < 13:
+        return g.binary(_CHAIN_BINARY[which - 8], x, y)
+    if which == 13:
+        return g.softmax(x, axis=-1)
+    if which == 14:
+        return g.transpose(g.transpose(x, (0, 2, 1)), (0, 2, 1))
+    if which == 15:
+        return g.rms_norm(x, g.constant(np.linspace(0.5, 1.5, 4).astype(g.nodes[x].dtype.np)))
+    if which == 16:
+        return g.add(x, g.mean(y, axes=(2,), keepdims=True))
+    w = np.linspace(-1, 1, 16).reshape(4, 4).astype(g.nodes[x].dtype.np)
+    return g.add(x, g.matmul(y, g.constant(w)))
+
+
+@given(
+    steps=st.lists(
+        st.tuples(st.integers(0, 17), st.integers(0, 9), st.integers(0, 9)), min_size=1, max_size=10
+    ),
+    seed=st.integers(0, 2**16),
+    fuse=st.booleans(),
+    dtype=st.sampled_from(["f32", "bf16"]),
+)
+def test_random_chains_match_reference(
+    steps: list[tuple[int, int, int]], seed: int, fuse: bool, dtype: str
+) -> None:
+    g = rlx.Graph("chain")
+    vals = [g.input("x", (2, 3, 4), dtype), g.input("y", (2, 3, 4), dtype)]
+    for s in steps:
+        vals.append(_apply_step(g, vals, s))
+    g.set_outputs([vals[-1], vals[len(vals) // 2]])
+    feed = feed_for(g, seed)
+    kept = {k: v.copy() for k, v in feed.items()}
+    want = g.evaluate(feed)
+    cg = Session("cpu").compile(g, CompileOptions(fuse=fuse, use_cache=False))
+    for got, w in zip(cg.run(feed), want, strict=True):
+        assert_close(got, w, True, "chain")
+    for k, v in feed.items():  # in-place kernels work on the arena copy, never the caller's
+        np.testing.assert_array_equal(v, kept[k])
