@@ -1,0 +1,244 @@
+"""CPU kernels of the quantized ops. In: a QMatMul / DequantMatMul / Quantize / Dequantize
+node and its arena views. Out: closures computing the node into its output view.
+
+``QMatMul`` runs the native int8 GEMM (``native.qgemm_lib``: AVX-512 VNNI where the CPU
+has it, AVX2 or plain C otherwise) with the f32 rescale and bias fused into its
+epilogue. The weight is packed once: at compile time for a constant weight (what the
+quantization lowering produces); a param weight at its first run and again only when its
+bytes change (``set_param``): each run compares the param with the copy it packed from
+(one read of K*N bytes). Without gcc, or when the build fails, the kernel computes the
+same exact integer result with a float64 BLAS matmul (exact while
+``K * 255 * 128 < 2**53``) and says so in the kernel notes.
+
+``DequantMatMul`` decodes the packed weight to f32 once (same caching rule) and runs an
+f32 BLAS matmul. ``Quantize`` of f32 runs natively when per-tensor to 8 bits, otherwise
+as a few NumPy calls into a scratch buffer; ``Dequantize`` is NumPy. All four round
+exactly as the ops' reference implementations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from rlx import config
+from rlx.backends.cpu import native
+from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
+from rlx.dtype import DType
+from rlx.errors import CompileError
+from rlx.ir.mir import Node
+from rlx.ops.core import Constant
+from rlx.ops.quant import (
+    QUANT_RANGES,
+    Dequantize,
+    DequantMatMul,
+    QMatMul,
+    Quantize,
+    dequantize_weight,
+)
+
+__all__ = [
+    "WeightCache",
+    "qmatmul_kernel",
+    "dequant_matmul_kernel",
+    "quantize_kernel",
+    "dequantize_kernel",
+]
+
+
+class WeightCache:
+    """A value derived from some input arrays (a packed or decoded weight), rebuilt only
+    when those inputs change. Constant inputs (already in the arena when the kernels are
+    built) are derived right away, at compile time, and never re-checked."""
+
+    def __init__(self, ins: list[np.ndarray], constant: bool, derive: Callable[..., Any]):
+        self.ins = ins
+        self.constant = constant
+        self.derive = derive
+        self.value: Any = None
+        self.seen: list[np.ndarray] | None = None
+        if constant:
+            self.value = derive(*ins)
+
+    def get(self) -> Any:
+        if self.value is not None and (
+            self.constant or all(np.array_equal(a, b) for a, b in zip(self.ins, self.seen or []))
+        ):
+            return self.value
+        self.value = self.derive(*self.ins)
+        if not self.constant:
+            self.seen = [a.copy() for a in self.ins]
+        return self.value
+
+
+def _all_constant(ctx: KernelCtx, node: Node, idx: range) -> bool:
+    return all(isinstance(ctx.graph.nodes[node.inputs[i]].op, Constant) for i in idx)
+
+
+def _native_or_none() -> native.QGemmLib | None:
+    try:
+        return native.qgemm_lib()
+    except CompileError:
+        return None
+
+
+def _threads() -> int:
+    """The running graph's thread count: the BLAS count its CompiledGraph set for this
+    run (``CompileOptions.num_threads``), else RLX_NUM_THREADS, else the physical cores."""
+    from rlx.runtime import threads
+
+    return getattr(threads, "_current", None) or config.num_threads() or config.physical_cores()
+
+
+def _rows(a: np.ndarray, k: int) -> np.ndarray:
+    """[..., K] -> [M, K] without a copy when ``a`` is contiguous."""
+    return a.reshape(-1, k)
+
+
+@kernel(QMatMul, KernelKind.NATIVE)
+def qmatmul_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
+    """int8 x int8 -> int32 -> f32 (native GEMM, or the exact f64 BLAS fallback)."""
+    op: QMatMul = node.op  # type: ignore[assignment]
+    x, w = ins[0], ins[1]
+    k, n = w.shape
+    scale = op.combined_scales(n)
+    unsigned = x.dtype == np.uint8
+    zp = op.x_zero_point - 128 if unsigned else op.x_zero_point
+    const_w = _all_constant(ctx, node, range(1, 2))
+    bias_f32 = ctx.scratch((n,), np.float32, tag=node.id) if op.has_bias else None
+    m = int(np.prod(x.shape[:-1], dtype=np.int64))
+    y = out.reshape(m, n)
+    try:
+        lib = native.qgemm_lib()
+    except CompileError as e:
+        lib = None
+        ctx.kind = KernelKind.BLAS
+        ctx.notes.append(
+            f"qmatmul %{node.id}: native int8 GEMM unavailable, exact f64 BLAS fallback ({e.bare_message.splitlines()[0]})"
+        )
+    if lib is not None:
+        packed = WeightCache([w], const_w, lib.pack)
+        x_s8 = ctx.scratch((m, k), np.int8, tag=node.id) if unsigned else None
+
+        def run() -> None:
+            xa = _rows(x, k)
+            if x_s8 is not None:  # u8 - zp == (u8 ^ 0x80 as i8) - (zp - 128)
+                np.bitwise_xor(xa.view(np.uint8), np.uint8(0x80), out=x_s8.view(np.uint8))
+                xa = x_s8
+            elif not xa.flags.c_contiguous:
+                xa = np.ascontiguousarray(xa)
+            if bias_f32 is not None:
+                np.copyto(bias_f32, ins[2], casting="unsafe")
+            lib.gemm(
+                xa,
+                packed.get(),
+                n,
+                a_zero_point=zp,
+                out_f32=y,
+                scale=scale,
+                bias=bias_f32,
+                num_threads=_threads(),
+            )
+
+        return run
+
+    w64 = WeightCache([w], const_w, lambda a: a.astype(np.float64))
+
+    def run_fallback() -> None:
+        xa = _rows(x, k).astype(np.float64) - float(op.x_zero_point)
+        acc = xa @ w64.get()
+        np.multiply(acc.astype(np.float32), scale, out=y)
+        if op.has_bias:
+            np.add(y, ins[2].astype(np.float32), out=y)
+
+    return run_fallback
+
+
+@kernel(DequantMatMul, KernelKind.BLAS)
+def dequant_matmul_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """Decode the packed weight to f32 [K, N] once, then one BLAS matmul per run."""
+    op: DequantMatMul = node.op  # type: ignore[assignment]
+    x = ins[0]
+    k = x.shape[-1]
+    n = out.shape[-1]
+    weights = ins[1:]
+    const = _all_constant(ctx, node, range(1, len(node.inputs)))
+    decoded = WeightCache(
+        weights, const, lambda *ws: np.ascontiguousarray(dequantize_weight(op.scheme, *ws).T)
+    )
+    y = out.reshape(-1, n)
+    x_f32 = ctx.scratch(x.shape, np.float32, tag=node.id) if x.dtype != np.float32 else None
+
+    def run() -> None:
+        xa = x
+        if x_f32 is not None:
+            np.copyto(x_f32, x, casting="unsafe")
+            xa = x_f32
+        np.matmul(xa.reshape(-1, k), decoded.get(), out=y)
+
+    return run
+
+
+def _channel(op: Quantize | Dequantize, x: np.ndarray, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Scales and zero points shaped to broadcast against ``x``."""
+    shape = [1] * x.ndim
+    if op.axis is not None:
+        shape[op.axis % x.ndim] = len(op.scales)
+    s = np.asarray(op.scales, dtype=dtype).reshape(shape)
+    z = np.asarray(op.zero_points).reshape(shape)
+    return s, z
+
+
+@kernel(Quantize, KernelKind.NUMPY)
+def quantize_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """``clip(rint(x / s) + zp)``: native for per-tensor 8-bit, else NumPy in an f32
+    scratch (declines f64 and low-precision inputs: the default kernel handles them)."""
+    op: Quantize = node.op  # type: ignore[assignment]
+    x = ins[0]
+    if x.dtype != np.float32:
+        return None
+    if op.axis is None and op.dtype in (DType.I8, DType.U8) and x.flags.c_contiguous:
+        lib = _native_or_none()
+        if lib is not None:
+            ctx.kind = KernelKind.NATIVE
+            scale, zp = op.scales[0], op.zero_points[0]
+            return lambda: lib.quantize(x, scale, zp, out)
+    s, z = _channel(op, x, np.float32)
+    zf = z.astype(np.float32)
+    qmin, qmax = QUANT_RANGES[op.dtype]
+    t = ctx.scratch(x.shape, np.float32, tag=node.id)
+
+    def run() -> None:
+        with np.errstate(all="ignore"):
+            np.divide(x, s, out=t)
+        np.rint(t, out=t)
+        np.nan_to_num(t, copy=False, nan=0.0)
+        np.add(t, zf, out=t)
+        np.clip(t, qmin, qmax, out=t)
+        np.copyto(out, t, casting="unsafe")
+
+    return run
+
+
+@kernel(Dequantize, KernelKind.NUMPY)
+def dequantize_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
+    """``f32(q - zp) * s`` (the difference is exact in int32 / int64)."""
+    op: Dequantize = node.op  # type: ignore[assignment]
+    q = ins[0]
+    s, z = _channel(op, q, np.float32)
+    wide = np.int64 if q.dtype == np.int32 else np.int32
+    d = ctx.scratch(q.shape, wide, tag=node.id)
+    zw = z.astype(wide)
+
+    def run() -> None:
+        np.subtract(q, zw, out=d, dtype=wide)
+        np.copyto(out, d, casting="unsafe")
+        np.multiply(out, s, out=out)
+
+    return run

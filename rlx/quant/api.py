@@ -1,0 +1,335 @@
+"""``rlx.quantize``: post-training INT8 quantization in one call.
+
+In: a float graph (or GraphModule), its params, and an iterable of calibration input
+dicts. Out: a :class:`QuantizeResult` with the compiled INT8 graph, the compiled float
+graph and an :class:`~rlx.quant.report.AccuracyReport`.
+
+Steps:
+
+1. *Layers*: fused matmul ops are expanded first (``ExpandFusedMatMuls``); then every
+   ``matmul`` whose right operand is a 2-D float weight known now (a param
+   in ``params`` or a constant) is a layer, named by its weight (``exclude`` takes these
+   names or matmul node ids).
+2. *Calibration*: the layers' input activations are tapped and run through ``rlx.Session``
+   batch by batch with the chosen calibrator of ``rlx.backends.cpu.calibrate``
+   (max-abs, percentile or entropy histograms). Memory stays bounded: batches are
+   consumed one at a time and only running statistics are kept, plus the first
+   ``eval_batches`` batches (reused to measure accuracy).
+3. *Q/DQ*: each quantized layer gets ``dequantize(quantize(.))`` on its activation
+   (symmetric per-tensor int8) and on its weight (symmetric per output channel, or per
+   tensor with ``per_channel=False``), on that layer's edges only, so a float layer
+   that reads the same activation keeps reading it unquantized.
+4. *Lowering*: :class:`~rlx.quant.lower.QuantLowering` turns each bracketed matmul into a
+   ``qmatmul`` (int8 GEMM) with its weight quantized into an i8 constant (the f32 weight
+   param leaves the graph); then compile. Compiles bypass the in-process compile cache:
+   each per-layer variant is compiled once and thrown away.
+5. *Accuracy*: outputs vs the float graph (max abs, relative L2, cosine); a per-layer
+   ranking (each layer quantized alone); with ``accuracy_budget`` (a relative error) the
+   worst layers are kept in float, one at a time, until the budget is met.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rlx.backends.cpu.calibrate import CalibrationMethod
+from rlx.dtype import DType
+from rlx.errors import QuantizationError
+from rlx.ir.mir import Graph, NodeId
+from rlx.ops.core import Constant, Param
+from rlx.ops.linalg import MatMul
+from rlx.ops.quant import Dequantize, Quantize
+from rlx.passes.base import Rewriter
+from rlx.passes.pipeline import to_mir
+from rlx.quant.lower import ExpandFusedMatMuls, QuantLowering, quantize_weight
+from rlx.quant.record import CalibrationEntry
+from rlx.quant.report import AccuracyReport, ErrorAccumulator, LayerError
+from rlx.runtime.options import CompileOptions
+
+__all__ = ["quantize", "QuantizeResult", "Layer", "find_layers", "fake_quant_graph"]
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """A quantizable matmul: ``node`` = matmul(``act``, ``weight``)."""
+
+    name: str
+    node: NodeId
+    act: NodeId
+    weight: NodeId
+
+
+@dataclass
+class QuantizeResult:
+    """The compiled INT8 graph, the compiled float graph and the accuracy report.
+    ``graph`` is the quantized MIR (before the compile pipeline); ``record`` maps each
+    quantized layer name to its (activation, weight) calibration entries."""
+
+    compiled: Any
+    float_compiled: Any
+    report: AccuracyReport
+    graph: Graph
+    record: dict[str, tuple[CalibrationEntry, CalibrationEntry]] = field(default_factory=dict)
+
+
+#: ``method=`` strings accepted by :func:`quantize`.
+_METHODS: dict[str, CalibrationMethod] = {
+    "minmax": CalibrationMethod.MAX_ABS,
+    "max_abs": CalibrationMethod.MAX_ABS,
+    "percentile": CalibrationMethod.PERCENTILE,
+    "entropy": CalibrationMethod.ENTROPY,
+}
+
+
+def find_layers(
+    graph: Graph, params: Mapping[str, np.ndarray]
+) -> tuple[list[Layer], dict[str, str]]:
+    """The quantizable matmuls of ``graph``, and the skipped ones with the reason."""
+    layers: list[Layer] = []
+    skipped: dict[str, str] = {}
+    for node in graph.find(MatMul):
+        a, w = node.inputs
+        wn = graph.nodes[w]
+        name = wn.op.name if isinstance(wn.op, Param) else f"%{node.id}"  # type: ignore[attr-defined]
+        if wn.shape.rank != 2 or not wn.shape.is_static:
+            skipped[name] = f"matmul %{node.id}: rhs {wn.shape} is not a static 2-D weight"
+        elif node.dtype is not DType.F32 or graph.nodes[a].dtype is not DType.F32:
+            skipped[name] = f"matmul %{node.id}: not f32 ({graph.nodes[a].shape} @ {wn.shape})"
+        elif isinstance(wn.op, Param) and wn.op.name not in params:
+            skipped[name] = (
+                f"matmul %{node.id}: weight param {wn.op.name!r} was not given in params"
+            )
+        elif not isinstance(wn.op, (Param, Constant)):
+            skipped[name] = f"matmul %{node.id}: rhs is computed ({wn.op.mnemonic}), not a weight"
+        else:
+            layers.append(Layer(name, node.id, a, w))
+    return layers, skipped
+
+
+def _weight_value(graph: Graph, layer: Layer, params: Mapping[str, np.ndarray]) -> np.ndarray:
+    op = graph.nodes[layer.weight].op
+    if isinstance(op, Constant):
+        return op.value.array().astype(np.float32)
+    return np.asarray(params[op.name], dtype=np.float32)  # type: ignore[attr-defined]
+
+
+def fake_quant_graph(
+    graph: Graph, entries: Mapping[NodeId, tuple[CalibrationEntry, CalibrationEntry]]
+) -> Graph:
+    """Q/DQ on the activation and weight edges of the matmuls in ``entries`` (matmul id ->
+    (activation entry, weight entry)); other readers of those tensors are untouched.
+    Matmuls with equal activation entries share one Q/DQ pair."""
+    rw = Rewriter(graph)
+    shared: dict[tuple[NodeId, CalibrationEntry], NodeId] = {}
+
+    def qdq(old: NodeId, e: CalibrationEntry) -> NodeId:
+        key = (old, e)
+        if key not in shared:
+            src = rw.map[old]
+            q = rw.emit(Quantize(e.axis, e.scales, e.zero_points, e.dtype), [src])
+            shared[key] = rw.emit(Dequantize(e.axis, e.scales, e.zero_points), [q])
+        return shared[key]
+
+    for nid in graph.topo_order():
+        node = graph.nodes[nid]
+        pair = entries.get(nid)
+        if pair is None:
+            rw.copy(node)
+            continue
+        a, w = node.inputs
+        rw.map[nid] = rw.dst.add_node(
+            node.op, [qdq(a, pair[0]), qdq(w, pair[1])], node.shape, node.loc
+        )
+    return rw.finish()
+
+
+def _calibrate(
+    graph: Graph,
+    taps: Sequence[NodeId],
+    batches: Iterable[Mapping[str, Any]],
+    params: Mapping[str, np.ndarray],
+    method: CalibrationMethod,
+    options: CompileOptions,
+) -> tuple[list[float], int]:
+    """Per-tap symmetric int8 scales from the calibrator of ``method``, run through
+    ``rlx.Session`` on a copy of ``graph`` whose outputs are the taps; returns
+    (scales aligned with ``taps``, number of batches seen)."""
+    from rlx.backends.cpu.calibrate import calibrate
+
+    tapped = graph.copy(f"{graph.name}.calibrate")
+    tapped.outputs = list(taps)
+    compiled = _session().compile(tapped, options, params=params)
+    cal = calibrate(compiled, batches, method, taps=list(taps), progress=False)
+    return [float(s) for s in cal.scales()], cal.batches
+
+
+class _Tee:
+    """Iterate once over the calibration data while keeping its first ``keep`` batches."""
+
+    def __init__(self, data: Iterable[Mapping[str, Any]], keep: int):
+        self.data = data
+        self.keep = keep
+        self.kept: list[dict[str, np.ndarray]] = []
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        for i, batch in enumerate(self.data):
+            if not isinstance(batch, Mapping):
+                raise QuantizationError(
+                    f"calibration batch {i} is a {type(batch).__name__}; expected a dict of input name -> array"
+                )
+            if i < self.keep:
+                self.kept.append({k: np.array(v, copy=True) for k, v in batch.items()})
+            yield batch
+
+
+def _session() -> Any:
+    from rlx.runtime.session import Session
+
+    return Session("cpu")
+
+
+def _measure(
+    compiled: Any,
+    float_outs: list[list[np.ndarray]],
+    batches: list[dict[str, np.ndarray]],
+    n_outputs: int,
+) -> ErrorAccumulator:
+    acc = ErrorAccumulator(n_outputs)
+    for batch, ref in zip(batches, float_outs, strict=True):
+        acc.add(compiled.run(batch), ref)
+    return acc
+
+
+def quantize(
+    graph_or_module: Any,
+    calibration_data: Iterable[Mapping[str, Any]],
+    *,
+    params: Mapping[str, Any],
+    method: CalibrationMethod | str = "minmax",
+    per_channel: bool = True,
+    exclude: Iterable[str | int] = (),
+    accuracy_budget: float | None = None,
+    options: CompileOptions | None = None,
+    eval_data: Iterable[Mapping[str, Any]] | None = None,
+    eval_batches: int = 4,
+    rank_layers: bool = True,
+) -> QuantizeResult:
+    """Post-training INT8 quantization of every matmul with a known 2-D weight.
+
+    ``calibration_data``: iterable of input dicts (consumed once, streamed). ``params``:
+    the float weights. ``method``: "minmax", "percentile" or "entropy". ``exclude``:
+    layer (weight) names or matmul node ids to keep in float. ``accuracy_budget``: the
+    largest acceptable relative output error; the worst layers are kept in float until it
+    holds. Accuracy is measured on ``eval_data`` (default: the first ``eval_batches``
+    calibration batches). ``rank_layers`` computes the one-layer-at-a-time ranking (one
+    compile per layer). Returns a :class:`QuantizeResult`.
+    """
+    meth = _METHODS.get(method) if isinstance(method, str) else method
+    if not isinstance(meth, CalibrationMethod):
+        raise QuantizationError(
+            f"unknown calibration method {method!r}; expected one of {sorted(_METHODS)} or a CalibrationMethod"
+        )
+    if accuracy_budget is not None and not accuracy_budget > 0:
+        raise QuantizationError(
+            f"accuracy_budget must be > 0 (a relative error), got {accuracy_budget}"
+        )
+    graph = ExpandFusedMatMuls().run(to_mir(graph_or_module))
+    graph.verify()
+    np_params = {k: np.asarray(v) for k, v in params.items()}
+    opts = (options or CompileOptions()).replace(use_cache=False)
+    layers, kept_float = find_layers(graph, np_params)
+    names = {ly.name for ly in layers} | {ly.node for ly in layers}
+    excl = list(exclude)
+    unknown = [e for e in excl if e not in names]
+    if unknown:
+        raise QuantizationError(
+            f"exclude names unknown layers {unknown}; layers of graph {graph.name!r}: {[ly.name for ly in layers]}"
+        )
+    for ly in layers:
+        if ly.name in excl or ly.node in excl:
+            kept_float[ly.name] = "excluded by the caller"
+    active = [ly for ly in layers if ly.name not in kept_float]
+    if not active:
+        raise QuantizationError(
+            f"graph {graph.name!r} has no quantizable matmul (need a 2-D f32 weight given in "
+            f"params or as a constant); skipped: {kept_float or 'no matmul at all'}"
+        )
+
+    # calibration (one streamed pass) -> per-layer (activation, weight) entries
+    taps = sorted({ly.act for ly in active})
+    tee = _Tee(calibration_data, 0 if eval_data is not None else eval_batches)
+    scales, n_cal = _calibrate(graph, taps, tee, np_params, meth, opts)
+    if n_cal == 0:
+        raise QuantizationError("calibration_data yielded no batch")
+    act_entry = {
+        t: CalibrationEntry.per_tensor(max(s, 1e-12)) for t, s in zip(taps, scales, strict=True)
+    }
+    entries: dict[NodeId, tuple[CalibrationEntry, CalibrationEntry]] = {}
+    for ly in active:
+        _, ws = quantize_weight(_weight_value(graph, ly, np_params), per_channel)
+        w_entry = (
+            CalibrationEntry.per_channel(1, ws)
+            if per_channel
+            else CalibrationEntry.per_tensor(ws[0])
+        )
+        entries[ly.node] = (act_entry[ly.act], w_entry)
+    evals = [dict(b) for b in eval_data] if eval_data is not None else tee.kept
+    if not evals and accuracy_budget is not None:
+        raise QuantizationError(
+            "accuracy_budget needs evaluation batches (eval_data or eval_batches >= 1)"
+        )
+    n_out = len(graph.outputs)
+
+    session = _session()
+    float_compiled = session.compile(graph, opts, params=np_params)
+    float_outs = [float_compiled.run(b) for b in evals]
+
+    def build(chosen: Sequence[Layer]) -> tuple[Graph, Any]:
+        fake = fake_quant_graph(graph, {ly.node: entries[ly.node] for ly in chosen})
+        low = QuantLowering(np_params, per_channel).run(fake)
+        kept = {k: v for k, v in np_params.items() if k in set(low.param_names)}
+        return low, session.compile(low, opts, params=kept)
+
+    ranking: list[LayerError] = []
+    if rank_layers or accuracy_budget is not None:
+        for ly in active:
+            _, comp = build([ly])
+            ranking.append(
+                LayerError(ly.name, ly.node, _measure(comp, float_outs, evals, n_out).worst())
+            )
+        ranking.sort(key=lambda le: le.error.relative, reverse=True)
+
+    chosen = list(active)
+    low, compiled = build(chosen)
+    acc = _measure(compiled, float_outs, evals, n_out)
+    if accuracy_budget is not None:
+        for name in [le.layer for le in ranking]:
+            if acc.worst().relative <= accuracy_budget:
+                break
+            chosen = [ly for ly in chosen if ly.name != name]
+            kept_float[name] = f"kept in float to meet the accuracy budget {accuracy_budget:g}"
+            if not chosen:
+                low, compiled = graph, float_compiled
+                acc = _measure(compiled, float_outs, evals, n_out)
+                break
+            low, compiled = build(chosen)
+            acc = _measure(compiled, float_outs, evals, n_out)
+
+    out_names = [f"%{o}" for o in graph.outputs]
+    report = AccuracyReport(
+        method=meth.value,
+        outputs=acc.stats(),
+        output_names=out_names,
+        layers=ranking,
+        quantized=[ly.name for ly in chosen],
+        kept_float=kept_float,
+        accuracy_budget=accuracy_budget,
+        eval_batches=len(evals),
+        calibration_batches=n_cal,
+    )
+    record = {ly.name: entries[ly.node] for ly in chosen}
+    return QuantizeResult(compiled, float_compiled, report, low, record)

@@ -1,0 +1,324 @@
+"""Quantization lowering. In: a graph in Q/DQ canonical form (``rlx.quant.record``).
+Out: the graph with every Q/DQ-bracketed matmul replaced by an integer :class:`QMatMul`.
+
+Matched pattern (``linear`` shape: a 2-D weight ``[K, N]`` on the right)::
+
+    matmul(dequantize(quantize(x)), W) [+ bias[N]]   ->   qmatmul(quantize(x), w_q[, bias])
+
+* the activation side must be quantized per tensor to i8/u8 (any zero point);
+* ``W`` is ``dequantize(quantize(w))`` quantized to i8 per tensor or per output channel
+  (axis 1) with zero point 0, or a plain f32 weight. When the float weight is a constant
+  or a param whose value was given (``params``), it is quantized now, to an i8 constant
+  (symmetric, per output channel unless ``per_channel=False``); otherwise the weight's
+  quantize node feeds the QMatMul and runs each time;
+* a following ``add`` of a float ``[N]`` vector whose only reader is this matmul's
+  result is folded in as the bias.
+
+Every matmul is reported in ``notes`` / ``decisions``: lowered, or why not. A param whose
+value was folded into an i8 constant and that nothing else reads is removed from the
+graph (``drop_folded_params``), so the f32 copy takes no memory and setting it later is
+an "unknown param" error rather than a silent no-op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlx.dtype import DType
+from rlx.ir.mir import Graph, Node, NodeId
+from rlx.ops.core import Constant, ConstValue, Param
+from rlx.ops.elementwise import Binary, BinaryKind, Unary, UnaryKind
+from rlx.ops.fused import FusedMatMulBiasAct, FusedSwiGLU
+from rlx.ops.linalg import MatMul
+from rlx.ops.quant import Dequantize, QMatMul, Quantize, quantize_array
+from rlx.passes.base import Rewriter, use_counts
+from rlx.passes.dce import DeadCodeElimination
+from rlx.shape import Shape
+
+__all__ = ["QuantLowering", "LoweringDecision", "ExpandFusedMatMuls", "quantize_weight"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoweringDecision:
+    """What the pass did with one matmul (``node`` is its id in the input graph)."""
+
+    node: NodeId
+    weight: str
+    lowered: bool
+    reason: str
+
+    def __str__(self) -> str:
+        verb = "lowered to qmatmul" if self.lowered else "kept in float"
+        return f"matmul %{self.node} ({self.weight}): {verb}: {self.reason}"
+
+
+def quantize_weight(
+    w: np.ndarray, per_channel: bool = True
+) -> tuple[np.ndarray, tuple[float, ...]]:
+    """Symmetric i8 quantization of a float weight [K, N] to [-127, 127]; per output
+    channel (one scale per column) or per tensor. Returns (w_q, scales)."""
+    w = np.asarray(w, dtype=np.float32)
+    amax = np.abs(w).max(axis=0) if per_channel else np.abs(w).max(keepdims=True)
+    amax = np.asarray(amax, dtype=np.float32).reshape(-1)
+    scales = np.where(amax > 0, amax / np.float32(127.0), np.float32(1.0)).astype(np.float32)
+    axis = 1 if per_channel else None
+    q = quantize_array(w, scales.tolist(), [0] * scales.size, axis, -127, 127)
+    return q.astype(np.int8), tuple(float(s) for s in scales)
+
+
+def _param_name(node: Node) -> str | None:
+    return node.op.name if isinstance(node.op, Param) else None  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    mm: NodeId
+    q_act: NodeId  # the activation's quantize node (old id)
+    w_src: NodeId  # old id: the float weight, or the weight's quantize node
+    w_value: np.ndarray | None  # quantized i8 weight when known now
+    w_scales: tuple[float, ...]
+    folded: str | None  # name of the param whose value became the i8 constant
+    bias: NodeId | None
+    add: NodeId | None
+
+
+class QuantLowering:
+    """Pass: Q/DQ-bracketed matmuls -> :class:`QMatMul` (see the module docstring)."""
+
+    name = "quant_lowering"
+
+    def __init__(
+        self,
+        params: Mapping[str, np.ndarray] | None = None,
+        per_channel: bool = True,
+        drop_folded_params: bool = True,
+    ):
+        self.params = dict(params or {})
+        self.per_channel = per_channel
+        self.drop_folded_params = drop_folded_params
+        self.notes: list[str] = []
+        self.decisions: list[LoweringDecision] = []
+
+    # ---- matching ---------------------------------------------------------------
+
+    def _weight_name(self, g: Graph, nid: NodeId) -> str:
+        node = g.nodes[nid]
+        for _ in range(3):
+            if isinstance(node.op, Param):
+                return node.op.name
+            if not node.inputs:
+                break
+            node = g.nodes[node.inputs[0]]
+        return f"%{nid}"
+
+    def _float_value(self, node: Node) -> np.ndarray | None:
+        if isinstance(node.op, Constant):
+            return node.op.value.array()
+        if isinstance(node.op, Param) and node.op.name in self.params:
+            return np.asarray(self.params[node.op.name], dtype=np.float32)
+        return None
+
+    def _match_act(self, g: Graph, nid: NodeId) -> NodeId | str:
+        dq = g.nodes[nid]
+        if not isinstance(dq.op, Dequantize):
+            return f"lhs %{nid} is {dq.op.mnemonic}, not dequantize(quantize(x))"
+        q = g.nodes[dq.inputs[0]]
+        if not isinstance(q.op, Quantize):
+            return f"lhs dequantize %{nid} reads {q.op.mnemonic}, not quantize"
+        if (q.op.axis, q.op.scales, q.op.zero_points) != (
+            dq.op.axis,
+            dq.op.scales,
+            dq.op.zero_points,
+        ):
+            return f"lhs quantize %{q.id} and dequantize %{nid} disagree on their parameters"
+        if q.op.axis is not None:
+            return f"lhs %{q.id} is quantized per channel; qmatmul needs a per-tensor activation"
+        if q.op.dtype not in (DType.I8, DType.U8):
+            return f"lhs %{q.id} is quantized to {q.op.dtype}; qmatmul needs i8 or u8"
+        return q.id
+
+    def _match_weight(
+        self, g: Graph, nid: NodeId
+    ) -> tuple[NodeId, np.ndarray | None, tuple[float, ...], str | None] | str:
+        node = g.nodes[nid]
+        if node.shape.rank != 2 or not node.shape.is_static:
+            return f"rhs %{nid} is {node.shape}, not a static 2-D weight [K, N]"
+        if isinstance(node.op, Dequantize):
+            q = g.nodes[node.inputs[0]]
+            if not isinstance(q.op, Quantize) or q.op.dtype is not DType.I8:
+                return f"rhs dequantize %{nid} does not read an i8 quantize"
+            if (q.op.axis, q.op.scales, q.op.zero_points) != (
+                node.op.axis,
+                node.op.scales,
+                node.op.zero_points,
+            ):
+                return f"rhs quantize %{q.id} and dequantize %{nid} disagree on their parameters"
+            axis = None if q.op.axis is None else q.op.axis % 2
+            if axis == 0:
+                return "weight quantized per input channel (axis 0): its scale cannot be factored out of the sum"
+            if any(q.op.zero_points):
+                return "weight has a non-zero zero point; qmatmul needs symmetric weights"
+            src = g.nodes[q.inputs[0]]
+            w = self._float_value(src)
+            if w is None:
+                return (q.id, None, q.op.scales, None)
+            wq = quantize_array(w, q.op.scales, q.op.zero_points, axis, -128, 127).astype(np.int8)
+            return (q.id, wq, q.op.scales, _param_name(src))
+        if not node.dtype.is_float:
+            return f"rhs %{nid} is {node.shape}, not a float weight"
+        w = self._float_value(node)
+        if w is None:
+            return f"rhs %{nid} ({node.op.mnemonic}) has no value at compile time (give params to quantize it)"
+        wq, scales = quantize_weight(w, self.per_channel)
+        return (nid, wq, scales, _param_name(node))
+
+    def _match_bias(
+        self, g: Graph, mm: Node, uses: list[int], readers: dict[NodeId, list[NodeId]]
+    ) -> tuple[NodeId, NodeId] | None:
+        if uses[mm.id] != 1 or len(readers[mm.id]) != 1:
+            return None
+        add = g.nodes[readers[mm.id][0]]
+        if not (isinstance(add.op, Binary) and add.op.fn is BinaryKind.ADD):
+            return None
+        other = add.inputs[1] if add.inputs[0] == mm.id else add.inputs[0]
+        b = g.nodes[other]
+        n = mm.shape.dims[-1]
+        if (
+            other == mm.id
+            or b.shape.dims != (n,)
+            or b.dtype is not DType.F32
+            or add.shape != mm.shape
+        ):
+            return None
+        return other, add.id
+
+    # ---- rewriting --------------------------------------------------------------
+
+    def run(self, graph: Graph) -> Graph:
+        self.notes = []
+        self.decisions = []
+        uses = use_counts(graph)
+        readers = graph.consumers()
+        plans: dict[NodeId, _Plan] = {}
+        for node in graph.nodes:
+            if not isinstance(node.op, MatMul):
+                continue
+            a, b = node.inputs
+            wname = self._weight_name(graph, b)
+            act = self._match_act(graph, a)
+            wt = self._match_weight(graph, b) if not isinstance(act, str) else None
+            reason = act if isinstance(act, str) else wt if isinstance(wt, str) else None
+            if reason is None and node.dtype is not DType.F32:
+                reason = f"matmul result is {node.dtype}; qmatmul produces f32"
+            if reason is not None:
+                self.decisions.append(LoweringDecision(node.id, wname, False, reason))
+                continue
+            assert isinstance(act, int) and isinstance(wt, tuple)
+            w_src, w_value, w_scales, folded = wt
+            bias = self._match_bias(graph, node, uses, readers)
+            plan = _Plan(node.id, act, w_src, w_value, w_scales, folded, *(bias or (None, None)))
+            plans[plan.add if plan.add is not None else node.id] = plan
+            how = "weight quantized now" if w_value is not None else "weight quantized at run time"
+            chan = "per-channel" if len(w_scales) > 1 else "per-tensor"
+            extra = ", bias folded" if bias else ""
+            self.decisions.append(
+                LoweringDecision(node.id, wname, True, f"{chan} weight, {how}{extra}")
+            )
+        self.notes = [str(d) for d in self.decisions] or ["no matmul in the graph"]
+        if not plans:
+            return graph
+        skip = {p.mm for p in plans.values() if p.add is not None}
+        rw = Rewriter(graph)
+        consts: dict[tuple[NodeId, tuple[float, ...]], NodeId] = {}
+        for nid in graph.topo_order():
+            node = graph.nodes[nid]
+            if nid in skip:
+                continue
+            plan = plans.get(nid)
+            if plan is None:
+                rw.copy(node)
+                continue
+            if plan.w_value is not None:
+                key = (plan.w_src, plan.w_scales)
+                if key not in consts:
+                    cv = ConstValue.of(plan.w_value, DType.I8)
+                    consts[key] = rw.emit(Constant(cv), [], node.loc, Shape(cv.dims, DType.I8))
+                w_id = consts[key]
+            else:
+                w_id = rw.map[plan.w_src]
+            ins = [rw.map[plan.q_act], w_id]
+            if plan.bias is not None:
+                ins.append(rw.map[plan.bias])
+            q_act: Quantize = graph.nodes[plan.q_act].op  # type: ignore[assignment]
+            has_bias = plan.bias is not None
+            op = QMatMul(q_act.scales[0], q_act.zero_points[0], plan.w_scales, has_bias)
+            rw.map[nid] = rw.emit(op, ins, node.loc)
+        out = DeadCodeElimination().run(rw.finish())
+        folded = {p.folded for p in plans.values() if p.folded is not None}
+        if self.drop_folded_params and folded:
+            out = self._drop_params(out, folded)
+        return out
+
+    def _drop_params(self, graph: Graph, names: set[str]) -> Graph:
+        """Remove the (now unread) params whose values were folded into i8 constants."""
+        readers = graph.consumers()
+        rw = Rewriter(graph)
+        dropped = []
+        for nid in graph.topo_order():
+            node = graph.nodes[nid]
+            op = node.op
+            if (
+                isinstance(op, Param)
+                and op.name in names
+                and not readers[nid]
+                and nid not in graph.outputs
+            ):
+                dropped.append(op.name)
+                continue
+            rw.copy(node)
+        if dropped:
+            self.notes.append(f"dropped params folded into i8 constants: {sorted(dropped)}")
+        return rw.finish()
+
+
+class ExpandFusedMatMuls:
+    """Pass: ``fused_matmul_bias_act`` -> matmul, add, activation and ``fused_swiglu`` ->
+    ``silu(x @ w_gate) * (x @ w_up)``, so their matmuls can be quantized one by one (HIR
+    lowering under ``FusionPolicy.DIRECT`` emits the fused forms). The compile pipeline
+    fuses whatever stays in float again."""
+
+    name = "expand_fused_matmuls"
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def run(self, graph: Graph) -> Graph:
+        self.notes = []
+        if not any(isinstance(n.op, (FusedMatMulBiasAct, FusedSwiGLU)) for n in graph.nodes):
+            return graph
+        rw = Rewriter(graph)
+        for nid in graph.topo_order():
+            node = graph.nodes[nid]
+            op = node.op
+            ins = [rw.map[i] for i in node.inputs]
+            if isinstance(op, FusedMatMulBiasAct):
+                y = rw.emit(MatMul(), ins[:2], node.loc)
+                if op.has_bias:
+                    y = rw.emit(Binary(BinaryKind.ADD), [y, ins[2]], node.loc)
+                if op.act is not None:
+                    y = rw.emit(Unary(op.act), [y], node.loc)
+                rw.map[nid] = y
+                self.notes.append(f"%{nid} {op} -> matmul chain")
+            elif isinstance(op, FusedSwiGLU):
+                gate = rw.emit(
+                    Unary(UnaryKind.SILU), [rw.emit(MatMul(), ins[:2], node.loc)], node.loc
+                )
+                up = rw.emit(MatMul(), [ins[0], ins[2]], node.loc)
+                rw.map[nid] = rw.emit(Binary(BinaryKind.MUL), [gate, up], node.loc)
+                self.notes.append(f"%{nid} {op} -> silu(matmul) * matmul")
+            else:
+                rw.copy(node)
+        return rw.finish()
