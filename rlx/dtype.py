@@ -5,20 +5,28 @@ Promotion is the least upper bound in this lattice (edges point to the wider typ
     Bool -> U8 -> I16 -> I32 -> I64
     Bool -> I8 -> I16
     U8 -> U32 -> I64
-    {every integer} -> F16, BF16          (an int meeting a float takes the float)
-    F16 -> F32, BF16 -> F32, F32 -> F64, F64 -> C64, F32 -> C64
+    I64 -> F16, BF16, F8E4M3, F8E5M2   (so an int or bool meeting a float takes the float)
+    F16 -> F32, BF16 -> F32, F32 -> F64, F64 -> C64
+    F8E4M3, F8E5M2: no edges up
 
-FP8 types (F8E4M3, F8E5M2) stand apart: they promote only with themselves; mixing them with
-anything else is a DTypeError (cast explicitly), as in JAX.
+This is JAX's lattice (``jax.numpy.promote_types``, x64 enabled, "standard" mode; see
+https://docs.jax.dev/en/latest/type_promotion.html) restricted to our types, with JAX's
+weak types (``i*``, ``f*``, ``c*``) left out. Consequences shared with JAX: I8+U8 -> I16,
+U32+I32 -> I64, F16+BF16 -> F32 (neither holds the other), any integer + F16 -> F16,
+I64+C64 -> C64, and FP8 types have no implicit promotion with another float or complex
+type (F8E4M3+F32 and F8E4M3+F8E5M2 are a DTypeError: cast explicitly), while an integer or
+bool meeting an FP8 tensor takes the FP8 type.
 
-Where we differ from JAX's table (``jax.numpy.promote_types`` with x64 enabled):
+Where we differ from JAX, and why:
 
-* JAX has U16/U64/C128; we have none of them, so U32+I32 -> I64 (same as JAX) but
-  F64+C64 -> C64 (JAX: C128) because C64 is our only complex type.
-* JAX promotes U32+I64 -> I64 and U64+I64 -> F* ("weak" float); with no U64 we never
-  leave the integers.
-* JAX's weak types (Python scalars) are handled by the graph builder, not by this table:
-  a Python scalar takes the dtype of the tensor it meets.
+* JAX has U16, U64 and C128; we have none of them. Our U8 -> U32 edge stands for JAX's
+  U8 -> U16 -> U32 path (same results on our types). Without C128, F64+C64 -> C64 (JAX:
+  C128) and C64 is the top of the lattice. Without U64 nothing leaves the integers by
+  promotion (JAX: U64+I64 -> the weak float ``f*``).
+* JAX has F32 -> C64 and F64 -> C128; we have only F64 -> C64, which gives the same
+  F32+C64 -> C64.
+* Weak types (Python scalars) are handled by the graph builder, not by this table: a
+  Python scalar takes the dtype of the tensor it meets, as a weakly-typed JAX value does.
 """
 
 from __future__ import annotations
@@ -137,9 +145,7 @@ _TO_NP: dict[DType, np.dtype] = {
     DType.F8E5M2: np.dtype(ml_dtypes.float8_e5m2),
 }
 _FROM_NP: dict[np.dtype, DType] = {v: k for k, v in _TO_NP.items()}
-_FLOATS = frozenset(
-    {DType.F32, DType.F16, DType.BF16, DType.F64, DType.F8E4M3, DType.F8E5M2}
-)
+_FLOATS = frozenset({DType.F32, DType.F16, DType.BF16, DType.F64, DType.F8E4M3, DType.F8E5M2})
 _INTS = frozenset({DType.I8, DType.I16, DType.I32, DType.I64, DType.U8, DType.U32})
 _SIGNED = frozenset({DType.I8, DType.I16, DType.I32, DType.I64}) | _FLOATS | {DType.C64}
 
@@ -151,7 +157,7 @@ _EDGES: dict[DType, tuple[DType, ...]] = {
     _D.I16: (_D.I32,),
     _D.I32: (_D.I64,),
     _D.U32: (_D.I64,),
-    _D.I64: (_D.F16, _D.BF16),
+    _D.I64: (_D.F16, _D.BF16, _D.F8E4M3, _D.F8E5M2),
     _D.F16: (_D.F32,),
     _D.BF16: (_D.F32,),
     _D.F32: (_D.F64,),
@@ -177,9 +183,7 @@ def promote(a: DType, b: DType) -> DType:
         return a
     common = _upper(a) & _upper(b)
     if not common:
-        raise DTypeError(
-            f"no implicit promotion between {a} and {b}; insert an explicit cast"
-        )
+        raise DTypeError(f"no implicit promotion between {a} and {b}; insert an explicit cast")
     # the least element: the one whose upper set contains all the others
     for c in common:
         if _upper(c) >= common:

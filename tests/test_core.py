@@ -1,9 +1,12 @@
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis.extra import numpy as hnp
 
 import rlx
 from rlx import DType, Shape, sym
 from rlx.errors import DTypeError, InputError, ShapeError, VerifyError
+from rlx.shape import broadcast_dims
 
 
 def test_promotion_lattice():
@@ -56,3 +59,36 @@ def test_verifier_catches_bad_recorded_shape():
     g.set_outputs([1])
     with pytest.raises(VerifyError, match="shape rule gives"):
         g.verify()
+
+
+@given(hnp.mutually_broadcastable_shapes(num_shapes=3, min_dims=0, max_dims=4, max_side=3))
+def test_broadcast_dims_matches_numpy(shapes):
+    assert broadcast_dims(*shapes.input_shapes) == shapes.result_shape
+
+
+def test_broadcast_dims_with_symbols_and_errors():
+    b = sym("batch")
+    assert broadcast_dims((b, 1), (4,)) == (b, 4)
+    assert broadcast_dims((b, 4), (1, 4), (b, 1)) == (b, 4)
+    with pytest.raises(
+        ShapeError, match=r"\[batch,4\] and \[3,4\] do not broadcast: dim 0 is batch vs 3"
+    ):
+        broadcast_dims((b, 4), (3, 4))
+    with pytest.raises(ShapeError, match="do not broadcast"):
+        broadcast_dims((b,), (sym("seq"),))
+
+
+def test_shape_basics():
+    s = Shape(("batch", 3), "bf16")
+    assert str(s) == "bf16[batch,3]" and s.rank == 2 and not s.is_static
+    assert s.symbols == frozenset({"batch"}) and s.concrete({"batch": 5}) == (5, 3)
+    assert s.nbytes({"batch": 5}) == 30 and s.axis(-1) == 1
+    with pytest.raises(ShapeError, match=r"axis 2 out of range for rank-2 shape bf16\[batch,3\]"):
+        s.axis(2)
+    with pytest.raises(ShapeError, match="symbolic dim 'batch' has no value bound"):
+        s.concrete({})
+    with pytest.raises(ShapeError, match="dims must be >= 0, got -1"):
+        Shape((-1,))
+    with pytest.raises(DTypeError, match="unknown dtype name 'f33'"):
+        Shape((1,), "f33")
+    assert (sym("a") * 6).divide(4) is None and (sym("a") * 6).divide(3) == sym("a") * 2

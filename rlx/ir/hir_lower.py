@@ -14,10 +14,14 @@ swiglu_ffn             fused_swiglu + matmul            matmul, silu, matmul, mu
 residual_rms_norm      fused_residual_rms_norm          add + the rms_norm chain
 rms_norm               rms_norm                         mul, mean, add, rsqrt, mul, mul
 attention              attention                        reshape/transpose, matmul, scale,
-                                                        mask (constant or input), softmax,
+                                                        mask (constant; for symbolic S
+                                                        compare of position counters; or
+                                                        the mask input), softmax,
                                                         matmul, transpose/reshape
 rope                   rope                             narrow, mul, sub/add, concat
 depthwise_conv1d       concat, transpose, conv          concat, K shifted narrows * w, add
+                       (symbolic S, both policies: conv of the input with left padding
+                       + conv of left_pad gathered onto the first K-1 rows)
 dequant_matmul         dequant_matmul                   cast/reshape/sub/mul decode + matmul
                                                         (GGUF: dequant_matmul, no
                                                         primitive decode of K-quants)
@@ -288,28 +292,47 @@ def _attention(ctx: LowerCtx, node: HirNode, ins: list[NodeId]) -> NodeId:
     if len(ins) == 4:
         s = g.add(s, ins[3])
     else:
-        s = _add_static_mask(g, s, b.mask, sq, skv)
+        s = _add_mask(g, s, b.mask, sq, skv)
     o = g.matmul(g.softmax(s, axis=-1), vh)  # [B,H,Sq,D]
     return g.reshape(g.transpose(o, (0, 2, 1, 3)), (bsz, sq, h * d))
 
 
-def _add_static_mask(g: Graph, scores: NodeId, mask: Any, sq: Any, skv: Any) -> NodeId:
-    """Add the causal / sliding-window mask as a constant ``[Sq, Skv]`` of 0 / -inf.
+def _add_mask(g: Graph, scores: NodeId, mask: Any, sq: Any, skv: Any) -> NodeId:
+    """Add the causal / sliding-window mask as ``[Sq, Skv]`` of 0 / -inf: a constant for
+    static lengths, built from position counters (expand, cumsum, compare, where) for
+    symbolic ones.
     A query row that sees no key (only possible when ``Skv < Sq``) then gives NaN here,
     where the fused Attention op gives zeros."""
     from rlx.ops.nn import MaskType
 
     if mask.type is MaskType.NONE:
         return scores
-    if not (isinstance(sq, int) and isinstance(skv, int)):
-        raise LowerError(
-            f"a {mask} mask needs static sequence lengths to build its constant under "
-            f"FUSABLE, got Sq={sq}, Skv={skv} (use FusionPolicy.DIRECT)"
-        )
-    allowed = mask.allowed(sq, skv)
     dt = g.shape(scores).dtype.np
-    bias = np.where(allowed, np.zeros((), dt), np.asarray(-np.inf, dt)).astype(dt)
-    return g.add(scores, g.constant(bias))
+    if isinstance(sq, int) and isinstance(skv, int):
+        allowed = mask.allowed(sq, skv)
+        bias = np.where(allowed, np.zeros((), dt), np.asarray(-np.inf, dt)).astype(dt)
+        return g.add(scores, g.constant(bias))
+    # symbolic lengths: count positions from the end, where the mask is aligned. Query i
+    # sees key j iff j <= i + Skv - Sq, i.e. (Skv-1-j) >= (Sq-1-i); a window of n also
+    # needs (Skv-1-j) < (Sq-1-i) + n.
+    q_back = g.reshape(_iota_from_end(g, sq), (sq, 1))
+    k_back = g.reshape(_iota_from_end(g, skv), (1, skv))
+    zero, hidden = g.constant(np.zeros((), dt)), g.constant(np.asarray(-np.inf, dt))
+    bias = g.where(g.ge(k_back, q_back), zero, hidden)  # [Sq, Skv]
+    if mask.type is MaskType.SLIDING_WINDOW:
+        near = g.lt(k_back, g.add(q_back, g.constant(mask.window, "i32")))
+        bias = g.where(near, bias, hidden)
+    return g.add(scores, bias)
+
+
+def _ones(g: Graph, n: Any) -> NodeId:
+    """i32[n] of ones for a possibly symbolic length ``n``."""
+    return g.expand(g.constant(np.ones((1,), np.int32)), (n,))
+
+
+def _iota_from_end(g: Graph, n: Any) -> NodeId:
+    """i32[n]: ``n-1, n-2, ..., 0`` for a possibly symbolic length ``n``."""
+    return g.cumsum(_ones(g, n), axis=0, reverse=True, exclusive=True)
 
 
 @_lowers(RopeBlock)
@@ -345,6 +368,8 @@ def _dwconv(ctx: LowerCtx, node: HirNode, ins: list[NodeId]) -> NodeId:
     x, w, pad = ins
     ksz = node.block.kernel_size  # type: ignore[attr-defined]
     bsz, s, c = g.shape(x).dims
+    if ksz > 1 and not isinstance(s, int):
+        return _dwconv_symbolic(g, x, w, pad, ksz, c)
     padded = g.concat([pad, x], axis=1) if ksz > 1 else x  # [B, S+K-1, C]
     if ctx.direct:
         xt = g.transpose(padded, (0, 2, 1))  # [B, C, S+K-1]
@@ -354,10 +379,32 @@ def _dwconv(ctx: LowerCtx, node: HirNode, ins: list[NodeId]) -> NodeId:
     acc: NodeId | None = None
     for j in range(ksz):
         wj = g.reshape(g.narrow(w2, 1, j, 1), (c,))
-        term = g.mul(g.narrow(padded, 1, j, s), wj)
+        rows = padded if ksz == 1 else g.narrow(padded, 1, j, s)  # s may be symbolic at K=1
+        term = g.mul(rows, wj)
         acc = term if acc is None else g.add(acc, term)
     assert acc is not None
     return acc
+
+
+def _dwconv_symbolic(g: Graph, x: NodeId, w: NodeId, pad: NodeId, ksz: int, c: int) -> NodeId:
+    """The causal conv for a symbolic sequence length ``S``, where ``concat(left_pad, x)``
+    (length ``S + K - 1``) is not a symbolic dim. Split the sum by where ``s + j`` falls:
+
+    * rows of ``x``: a conv of ``x`` with ``K-1`` zeros of left padding (length ``S``);
+    * rows of ``left_pad``: a conv of ``left_pad`` with ``K`` zeros of right padding
+      (length ``K``: row ``s < K-1`` is the pad's share of output ``s``, row ``K-1`` is 0),
+      spread over ``S`` rows by a gather at ``min(s, K-1)``.
+
+    Both policies use this form (conv and gather are primitive MIR ops)."""
+    wk = g.reshape(w, (c, 1, ksz))
+    xt = g.transpose(x, (0, 2, 1))  # [B, C, S]
+    body = g.conv(xt, wk, padding=((ksz - 1, 0),), groups=c)  # [B, C, S]
+    pt = g.transpose(pad, (0, 2, 1))  # [B, C, K-1]
+    head = g.conv(pt, wk, padding=((0, ksz),), groups=c)  # [B, C, K]
+    ones = _ones(g, g.shape(x).dims[1])
+    pos = g.sub(g.minimum(g.cumsum(ones, axis=0), g.constant(ksz, "i32")), g.constant(1, "i32"))
+    y = g.add(body, g.gather(head, pos, axis=2))  # [B, C, S]
+    return g.transpose(y, (0, 2, 1))
 
 
 # ---- quantized matmul ------------------------------------------------------------------

@@ -178,6 +178,7 @@ def _dwconv(block: HirBlock, ins: tuple[Shape, ...]) -> Shape:
     _need(ksz >= 1, f"kernel_size must be >= 1, got {ksz}")
     _need(x.rank == 3, f"input must be [B, S, C], got {x}")
     c = x.dims[2]
+    _need(isinstance(c, int), f"channels C of input {x} must be static (one filter each)")
     _need(
         w.dims in ((c, ksz), (c, 1, ksz), (c, 1, 1, ksz)),
         f"weight must be [C, K], [C, 1, K] or [C, 1, 1, K] with C={c}, K={ksz}, got {w}",

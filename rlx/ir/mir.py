@@ -67,24 +67,20 @@ class Graph:
         self.nodes.append(Node(nid, op, tuple(int(i) for i in inputs), shape, loc))
         return nid
 
-    def apply(
-        self, op: Op, inputs: Sequence[NodeId] = (), shape: Shape | None = None
-    ) -> NodeId:
+    def apply(self, op: Op, inputs: Sequence[NodeId] = (), shape: Shape | None = None) -> NodeId:
         """Append ``op(inputs)``; infer its shape, or check ``shape`` against the rule."""
         loc = source.capture()
         ins = tuple(int(i) for i in inputs)
         for i in ins:
             if not 0 <= i < len(self.nodes):
                 raise VerifyError(
-                    f"{op.mnemonic}: input id {i} does not exist in graph {self.name!r} "
+                    f"{op}: input id {i} does not exist in graph {self.name!r} "
                     f"({len(self.nodes)} nodes)",
                     loc=loc,
                 )
         n = op.num_inputs()
         if n is not None and len(ins) != n:
-            raise ShapeError(
-                f"{op.mnemonic}: expected {n} inputs, got {len(ins)}", loc=loc
-            )
+            raise ShapeError(f"{op}: expected {n} inputs, got {len(ins)}", loc=loc)
         try:
             inferred = op.infer(tuple(self.nodes[i].shape for i in ins))
         except RlxError as e:
@@ -96,7 +92,7 @@ class Graph:
             raise
         if shape is not None and shape != inferred:
             raise ShapeError(
-                f"{op.mnemonic}: given shape {shape} but the shape rule gives {inferred}",
+                f"{op}: given shape {shape} but the shape rule gives {inferred}",
                 node=len(self.nodes),
                 loc=loc,
             )

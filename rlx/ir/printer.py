@@ -1,6 +1,6 @@
 """Readable text for graphs: one line per node, like a jaxpr.
 
-    %3:f32[2,8] = matmul %0 %1            # model.py:12
+%3:f32[2,8] = matmul %0 %1            # model.py:12
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ def format_graph(graph: Graph, *, locs: bool = False, indent: str = "") -> str:
     ins = [n for n in graph.nodes if isinstance(n.op, Input)]
     lines[0] += ", ".join(f"{n.op.name}: {n.shape}" for n in ins) + ") {"  # type: ignore[attr-defined]
     if graph.sym_bounds:
-        b = ", ".join(f"{k} in [{lo}, {hi if hi is not None else 'inf'}]" for k, (lo, hi) in graph.sym_bounds.items())
+        b = ", ".join(
+            f"{k} in [{lo}, {hi if hi is not None else 'inf'}]"
+            for k, (lo, hi) in graph.sym_bounds.items()
+        )
         lines.append(f"{indent}  # dims: {b}")
     for n in graph.nodes:
         if isinstance(n.op, (Input, Param)):

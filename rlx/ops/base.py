@@ -17,7 +17,8 @@ An op class defines, side by side:
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -38,6 +39,7 @@ __all__ = [
     "op_class",
     "graph_method",
     "expect",
+    "registry_scope",
 ]
 
 
@@ -109,6 +111,7 @@ class Op:
 
 
 OPS: dict[str, type[Op]] = {}
+_CLASS_FACETS = frozenset({"mnemonic", "arity", "kind", "elementwise", "pure", "view"})
 T = TypeVar("T", bound=type[Op])
 
 
@@ -123,6 +126,13 @@ def register(cls: T) -> T:
         if getattr(cls, facet) is getattr(Op, facet):
             raise TypeError(f"op {name} lacks its {facet}() facet")
     dc = dataclass(frozen=True, slots=True, eq=True)(cls)
+    facets = sorted({f.name for f in fields(dc)} & _CLASS_FACETS)
+    if facets:
+        raise TypeError(
+            f"op {name}: {', '.join(facets)} became dataclass fields; annotate them "
+            "ClassVar[...] (with ClassVar imported at module level when the module uses "
+            "'from __future__ import annotations')"
+        )
     OPS[name] = dc
     return dc  # type: ignore[return-value]
 
@@ -149,3 +159,30 @@ def graph_method(fn: Callable[..., Any]) -> Callable[..., Any]:
         raise TypeError(f"Graph.{fn.__name__} defined twice")
     setattr(Graph, fn.__name__, fn)
     return fn
+
+
+@contextmanager
+def registry_scope() -> Iterator[None]:
+    """Undo, on exit, every registration made inside the block: op classes added to
+    ``OPS``, builder methods attached to ``Graph`` and custom ops (``register_custom_op``).
+    Registrations are process-global; tests and notebooks use this to keep them local.
+    (Every built-in op registers when ``rlx`` is imported, so the scope only ever removes
+    what user code added inside it.)"""
+    from rlx.ir.mir import Graph
+    from rlx.ops import custom
+
+    ops = dict(OPS)
+    graph_attrs = dict(Graph.__dict__)
+    customs = dict(custom._REGISTRY)
+    try:
+        yield
+    finally:
+        OPS.clear()
+        OPS.update(ops)
+        for name in [n for n in Graph.__dict__ if n not in graph_attrs]:
+            delattr(Graph, name)
+        for name, value in graph_attrs.items():
+            if Graph.__dict__.get(name) is not value and not name.startswith("__"):
+                setattr(Graph, name, value)
+        custom._REGISTRY.clear()
+        custom._REGISTRY.update(customs)

@@ -113,7 +113,9 @@ def _check_name(g: Graph, name: str, what: str) -> None:
 
 
 @graph_method
-def input(g: Graph, name: str, shape: Shape | Sequence[Any], dtype: DType | str | None = None) -> NodeId:
+def input(
+    g: Graph, name: str, shape: Shape | Sequence[Any], dtype: DType | str | None = None
+) -> NodeId:
     """Add a named input. ``shape`` is a Shape, or dims plus ``dtype`` (default f32)."""
     _check_name(g, name, "input")
     if not isinstance(shape, Shape):
@@ -122,7 +124,9 @@ def input(g: Graph, name: str, shape: Shape | Sequence[Any], dtype: DType | str 
 
 
 @graph_method
-def param(g: Graph, name: str, shape: Shape | Sequence[Any], dtype: DType | str | None = None) -> NodeId:
+def param(
+    g: Graph, name: str, shape: Shape | Sequence[Any], dtype: DType | str | None = None
+) -> NodeId:
     """Add a named parameter (weight)."""
     _check_name(g, name, "param")
     if not isinstance(shape, Shape):

@@ -158,6 +158,18 @@ def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.divide(a, b)
 
 
+def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "iu" and b.dtype.kind == "i":
+        # a ** -n for integers is 1 / a ** n truncated toward zero (as integer division):
+        # 1 for a == 1, +-1 for a == -1, else 0 (also for a == 0, like x / 0 here)
+        neg = b < 0
+        pos = np.power(a, np.where(neg, np.zeros((), b.dtype), b))
+        odd = (b % 2) != 0
+        recip = np.where(a == 1, 1, np.where(a == -1, np.where(odd, -1, 1), 0))
+        return np.where(neg, recip.astype(a.dtype), pos).astype(a.dtype)
+    return np.power(a, b)
+
+
 BINARY_FNS: dict[BinaryKind, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     BinaryKind.ADD: np.add,
     BinaryKind.SUB: np.subtract,
@@ -165,7 +177,7 @@ BINARY_FNS: dict[BinaryKind, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     BinaryKind.DIV: _div,
     BinaryKind.MAX: np.maximum,
     BinaryKind.MIN: np.minimum,
-    BinaryKind.POW: np.power,
+    BinaryKind.POW: _pow,
     BinaryKind.MOD: np.fmod,  # sign of the dividend, like C fmod and lax.rem
     BinaryKind.AND: np.logical_and,
     BinaryKind.OR: np.logical_or,
@@ -175,7 +187,9 @@ BINARY_FNS: dict[BinaryKind, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 @register
 class Binary(Op):
     """``y = a (op) b`` with NumPy broadcasting; both inputs must share a dtype (insert a
-    cast to combine two dtypes: implicit promotion is done by the builder, not the op)."""
+    cast to combine two dtypes: implicit promotion is done by the builder, not the op).
+    Integer div truncates toward zero (x / 0 gives 0), mod takes the dividend's sign, and
+    an integer pow with a negative exponent is the truncated reciprocal."""
 
     mnemonic: ClassVar[str] = "binary"
     arity: ClassVar[int] = 2
@@ -337,7 +351,12 @@ def _compare(fn: CompareKind) -> Callable[..., NodeId]:
     return build
 
 
-_NAMES = {BinaryKind.MAX: "maximum", BinaryKind.MIN: "minimum", BinaryKind.AND: "logical_and", BinaryKind.OR: "logical_or"}
+_NAMES = {
+    BinaryKind.MAX: "maximum",
+    BinaryKind.MIN: "minimum",
+    BinaryKind.AND: "logical_and",
+    BinaryKind.OR: "logical_or",
+}
 for _k in BinaryKind:
     _f = _binary(_k)
     _f.__name__ = _NAMES.get(_k, _k.value)

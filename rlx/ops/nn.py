@@ -1,8 +1,9 @@
 """Neural-network ops: attention (with :class:`MaskKind`), rotary embedding, conv, pool.
 
 Float inputs only (attention, rope, conv, avg pool); f16/bf16/fp8 compute in f32 and round
-once to the node dtype. Batch and sequence dims may be symbolic; head, channel, kernel
-and spatial dims are static.
+once to the node dtype. Batch and sequence dims may be symbolic; head, channel and kernel
+dims are static; conv/pool spatial dims may be symbolic when the output length is still a
+symbolic dim (see ``_spatial_out``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from rlx.ir import source
 from rlx.ir.mir import Graph, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.linalg import upcast
-from rlx.shape import Shape, broadcast_dims
+from rlx.shape import Dim, Shape, Sym, broadcast_dims
 
 __all__ = [
     "MaskType",
@@ -280,13 +281,30 @@ def _spatial_out(
     stride: Sequence[int],
     pads: Sequence[tuple[int, int]],
     dil: Sequence[int],
-) -> tuple[int, ...]:
-    out = []
+) -> tuple[Dim, ...]:
+    """Output spatial dims ``(n + lo + hi - span) // stride + 1``. A symbolic ``n`` gives
+    a symbolic output when that is a monomial: ``n / stride`` with ``stride`` dividing
+    ``n`` and ``-stride <= lo + hi - span < 0`` (e.g. "same" padding at stride 1, or
+    non-overlapping windows with ``window == stride``); other symbolic cases are a
+    ShapeError."""
+    out: list[Dim] = []
     for ax, (n, kk, s, (pl, pr), dd) in enumerate(
         zip(x.dims[2:], k, stride, pads, dil, strict=True)
     ):
-        expect(isinstance(n, int), op, f"spatial dim {ax} of {x} must be static, got {n}")
         span = dd * (kk - 1) + 1
+        if isinstance(n, Sym):
+            e = pl + pr - span
+            q = n.divide(s) if s > 1 else n
+            expect(
+                q is not None and -s <= e < 0,
+                op,
+                f"spatial dim {ax} of {x} is symbolic ({n}): the output length "
+                f"({n} + {pl} + {pr} - {span}) // {s} + 1 is not a symbolic dim; use "
+                f"padding lo + hi = {span - 1} with stride 1, or a stride dividing {n} "
+                "with lo + hi - window span in [-stride, 0)",
+            )
+            out.append(q)  # type: ignore[arg-type]
+            continue
         expect(
             n + pl + pr >= span,
             op,

@@ -20,6 +20,7 @@ from rlx.ops.core import Input, Param
 from rlx.ops.elementwise import Binary, BinaryKind, Unary, UnaryKind
 from rlx.ops.fused import FusedMatMulBiasAct, FusedResidualRmsNorm, FusedSwiGLU
 from rlx.ops.linalg import MatMul
+from rlx.ops.movement import Concat
 from rlx.ops.nn import Attention, Conv, MaskKind, Rope
 from rlx.ops.norm import RmsNorm
 from rlx.ops.quant import DequantMatMul, GgufQ8K, Int4Block, Int8Block, Int8BlockAsym
@@ -478,19 +479,58 @@ def test_shape_errors_name_block_tensor_and_user_line():
     assert len(m) == 4  # failed builders leave no node behind
 
 
-def test_lower_error_names_hir_node_and_line():
+@pytest.mark.parametrize("mask", [MaskKind.causal(), MaskKind.sliding_window(2)])
+def test_symbolic_seq_attention_masks_lower_under_both_policies(mask: MaskKind):
+    """FUSABLE builds a causal / windowed mask for symbolic lengths from position counters
+    (the fused op aligns it to the end); both policies give the same numbers."""
     m = HirModule("sym")
-    q = m.input("q", (1, "seq", 8))
-    y = m.attention(q, q, q, num_heads=2, head_dim=4, mask_kind=MaskKind.causal())
+    q = m.input("q", (1, "sq", 8))
+    kv = m.input("kv", (1, "skv", 4))
+    y = m.attention(q, kv, kv, num_heads=2, head_dim=4, num_kv_heads=1, mask_kind=mask)
     m.set_outputs(y)
-    m.lower_to_mir(FusionPolicy.DIRECT).verify()  # the Attention op handles symbolic seq
+    direct = m.lower_to_mir(FusionPolicy.DIRECT).verify()
+    fusable = m.lower_to_mir(FusionPolicy.FUSABLE).verify()
+    assert not fusable.find(Attention)
+    rng = np.random.default_rng(0)
+    for sq, skv in ((3, 5), (4, 4), (1, 6)):
+        f = {
+            "q": rng.standard_normal((1, sq, 8)).astype(np.float32),
+            "kv": rng.standard_normal((1, skv, 4)).astype(np.float32),
+        }
+        np.testing.assert_allclose(
+            fusable.evaluate(f)[0], direct.evaluate(f)[0], rtol=1e-5, atol=1e-5
+        )
+
+
+def test_lower_error_names_hir_node_and_line(monkeypatch: pytest.MonkeyPatch):
+    from rlx.ir import hir_lower
+    from rlx.ir.hir_blocks import RmsNormBlock
+
+    m = HirModule("m")
+    x = m.input("x", (2, 8))
+    m.set_outputs(m.rms_norm(x, m.param("g", (8,)), eps=1e-5))
+
+    def refuse(ctx, node, ins):
+        raise ShapeError("rms_norm: no way")
+
+    monkeypatch.setitem(hir_lower._LOWERINGS, RmsNormBlock, refuse)
     with pytest.raises(LowerError) as ei:
         m.lower_to_mir(FusionPolicy.FUSABLE)
     msg = str(ei.value)
-    assert "attention block %1" in msg and "static sequence lengths" in msg
-    assert "test_hir.py" in msg and ei.value.node == 1
+    assert "cannot lower rms_norm block %2 under FUSABLE: rms_norm: no way" in msg
+    assert "test_hir.py" in msg and ei.value.node == 2
     with pytest.raises(LowerError, match="no outputs"):
         HirModule("empty").lower_to_mir()
+    with pytest.raises(LowerError, match="fusion policy must be a FusionPolicy"):
+        m.lower_to_mir("direct")
+
+
+def test_depthwise_conv_needs_static_channels():
+    m = HirModule("m")
+    with pytest.raises(ShapeError, match="channels C of input f32\\[1,4,c\\] must be static"):
+        m.depthwise_conv1d_causal(
+            m.input("x", (1, 4, "c")), m.param("w", ("c", 3)), m.input("p", (1, 2, "c")), 3
+        )
 
 
 def test_lowered_nodes_carry_the_hir_source_line():
@@ -597,3 +637,27 @@ def test_decoder_layer_agrees_across_policies():
     n2 = rms(o @ P["layer0.attn.wo"] + x, P["layer0.norm2"])
     h = silu(n2 @ P["layer0.mlp.gate"]) * (n2 @ P["layer0.mlp.up"])
     np.testing.assert_allclose(d, h @ P["layer0.mlp.down"] + n2, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("policy", list(FusionPolicy))
+@pytest.mark.parametrize("ksz", [1, 2, 4])
+def test_depthwise_conv1d_causal_with_symbolic_seq(policy: FusionPolicy, ksz: int):
+    """concat(left_pad, x) has length seq + K - 1, which no symbolic dim expresses: the
+    lowering splits the sum into a left-padded conv of x plus the pad's share gathered onto
+    the first K-1 rows, exact for every seq (also seq < K - 1)."""
+    m = HirModule("dw_sym")
+    x = m.input("x", ("batch", "seq", 3))
+    pad = m.input("pad", ("batch", ksz - 1, 3))
+    m.set_outputs(m.depthwise_conv1d_causal(x, m.param("w", (3, 1, ksz)), pad, ksz))
+    g = m.lower_to_mir(policy).verify()
+    assert not g.find(Concat)
+    assert [str(d) for d in g.shape(g.outputs[0]).dims] == ["batch", "seq", "3"]
+    rng = np.random.default_rng(ksz)
+    w = rng.standard_normal((3, 1, ksz)).astype(np.float32)
+    for seq in (1, 2, 3, 6):
+        xv = rng.standard_normal((2, seq, 3)).astype(np.float32)
+        pv = rng.standard_normal((2, ksz - 1, 3)).astype(np.float32)
+        p = np.concatenate([pv, xv], axis=1)
+        want = sum(p[:, j : j + seq, :] * w[:, 0, j] for j in range(ksz))
+        (got,) = g.evaluate({"x": xv, "pad": pv}, {"w": w})
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -185,13 +185,21 @@ def test_define_errors():
         GraphModule("not a module")
 
 
-def test_lower_raises_lower_error():
+def test_lower_raises_lower_error(monkeypatch: pytest.MonkeyPatch):
+    from rlx.errors import ShapeError
+    from rlx.ir import hir_lower
+    from rlx.ir.hir_blocks import AttentionBlock
+
     def build(m):
         q = m.input("q", (1, "seq", 8))
         return m.attention(q, q, q, num_heads=2, head_dim=4, mask_kind=MaskKind.causal())
 
+    def refuse(ctx, node, ins):
+        raise ShapeError("attention: not today")
+
     module = GraphModule.define("sym", build, policy=FusionPolicy.FUSABLE)
-    with pytest.raises(LowerError, match="attention block %1"):
+    monkeypatch.setitem(hir_lower._LOWERINGS, AttentionBlock, refuse)
+    with pytest.raises(LowerError, match="attention block %1 under FUSABLE: attention: not today"):
         module.lower()
     with pytest.raises(LowerError):
         module.into_graph()

@@ -544,8 +544,11 @@ def test_conv_symbolic_batch_and_errors():
         g.conv(x, w3)
     s = g.sym("len")
     xs = g.input("xs", (1, 4, s))
-    with pytest.raises(ShapeError, match="spatial dim 0 of f32\\[1,4,len\\] must be static"):
-        g.conv(xs, w, groups=2)
+    with pytest.raises(
+        ShapeError, match=r"spatial dim 0 of f32\[1,4,len\] is symbolic \(len\): the output"
+    ):
+        g.conv(xs, w, groups=2)  # len - 2 is not a symbolic dim
+    assert g.shape(g.conv(xs, w, groups=2, padding=((2, 0),))).dims == (1, 6, s)
     with pytest.raises(ShapeError, match="stride and dilation must be >= 1"):
         g.conv(x, w, stride=0, groups=2)
     with pytest.raises(ShapeError, match="expected 3 inputs, got 2"):
@@ -655,3 +658,41 @@ def test_pool_errors():
         str(Pool(PoolKind.MAX, (2,), (2,), ((0, 0),)))
         == "pool[fn=max, window=(2,), stride=(2,), padding=((0, 0),)]"
     )
+
+
+def test_conv_and_pool_keep_symbolic_spatial_dims_when_the_output_is_a_monomial():
+    """'same' padding at stride 1 keeps ``len``; a stride dividing ``2*len`` with
+    non-overlapping windows gives ``len``; anything else asks for static dims."""
+    g = rlx.Graph("g")
+    n = g.sym("len")
+    x = g.input("x", (2, 3, n * 2))
+    w = g.param("w", (3, 1, 3))
+    same = g.conv(x, w, groups=3, padding=((1, 1),))
+    causal = g.conv(x, w, groups=3, padding=((2, 0),))
+    half = g.max_pool(x, 2)  # window 2, stride 2
+    strided = g.conv(x, g.param("w2", (5, 3, 2)), stride=2)
+    assert g.shape(same).dims == (2, 3, n * 2) and g.shape(causal).dims == (2, 3, n * 2)
+    assert g.shape(half).dims == (2, 3, n) and g.shape(strided).dims == (2, 5, n)
+    with pytest.raises(ShapeError, match=r"output length \(2\*len \+ 0 \+ 0 - 3\) // 2 \+ 1"):
+        g.avg_pool(x, 3, 2)
+    g.set_outputs([same, causal, half, strided])
+    rng = np.random.default_rng(3)
+    xv = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    wv = rng.standard_normal((3, 1, 3)).astype(np.float32)
+    w2 = rng.standard_normal((5, 3, 2)).astype(np.float32)
+    outs = g.evaluate({"x": xv}, {"w": wv, "w2": w2})
+    fixed = rlx.Graph("f")
+    xf = fixed.input("x", (2, 3, 8))
+    wf = fixed.param("w", (3, 1, 3))
+    fixed.set_outputs(
+        [
+            fixed.conv(xf, wf, groups=3, padding=((1, 1),)),
+            fixed.conv(xf, wf, groups=3, padding=((2, 0),)),
+            fixed.max_pool(xf, 2),
+            fixed.conv(xf, fixed.param("w2", (5, 3, 2)), stride=2),
+        ]
+    )
+    want = fixed.evaluate({"x": xv}, {"w": wv, "w2": w2})
+    for got, ref in zip(outs, want, strict=True):
+        np.testing.assert_allclose(got, ref, rtol=1e-6)
+    assert outs[2].shape == (2, 3, 4)

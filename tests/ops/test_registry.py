@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import re
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -96,3 +97,109 @@ def test_every_op_is_exercised_by_a_test():
         f"{len(missing)} of {len(BUILTIN)} registered ops appear in no test under "
         f"{TESTS} (as a quoted mnemonic, class name or .mnemonic( call): " + ", ".join(missing)
     )
+
+
+def test_registry_scope_undoes_every_kind_of_registration():
+    """Registries are process-global: ``registry_scope`` (used by an autouse fixture in
+    ``tests/conftest.py``) makes a test's registrations vanish with it."""
+    from rlx.ir.mir import Graph
+    from rlx.ops.base import graph_method, register, registry_scope
+    from rlx.ops.custom import custom_op_names, register_custom_op
+
+    before_ops, before_custom = dict(OPS), custom_op_names()
+    with registry_scope():
+
+        @register
+        class ScopedOnly(Op):
+            """An op that exists only inside the scope."""
+
+            mnemonic: ClassVar[str] = "scoped_only"
+            arity: ClassVar[int] = 1
+
+            def infer(self, ins):
+                return ins[0]
+
+            def reference(self, xs, ctx):
+                return xs[0]
+
+        @graph_method
+        def scoped_only(g, x):
+            return g.apply(ScopedOnly(), [x])
+
+        register_custom_op("scoped_custom", lambda ins, a: ins[0], lambda xs, a, c: xs[0])
+        g = Graph("g")
+        assert g.shape(g.scoped_only(g.input("x", (2,)))).dims == (2,)
+        assert "scoped_only" in OPS and "scoped_custom" in custom_op_names()
+    assert OPS == before_ops and custom_op_names() == before_custom
+    assert not hasattr(Graph, "scoped_only")
+
+    def add(g, a, b):
+        return a
+
+    with pytest.raises(TypeError, match="Graph.add defined twice"):
+        graph_method(add)  # builder names are unique: a second one is a TypeError
+
+
+def test_adding_an_op_takes_one_class_and_one_builder():
+    """What docs/architecture.md promises: a registered class plus a builder is all a new
+    op needs to be built, verified, printed, saved, evaluated and compiled for the CPU."""
+    import numpy as np
+
+    from rlx.ir.mir import Graph
+    from rlx.ir.serialize import dumps, loads
+    from rlx.ops.base import graph_method, register, registry_scope
+    from rlx.runtime.options import CompileOptions
+    from rlx.runtime.session import Session
+
+    with registry_scope():
+
+        @register
+        class ClampAbove(Op):
+            """``min(x, limit)`` elementwise."""
+
+            mnemonic: ClassVar[str] = "clamp_above_test"
+            arity: ClassVar[int] = 1
+            kind: ClassVar[OpKind] = OpKind.ELEMENTWISE
+            elementwise: ClassVar[bool] = True
+            limit: float = 1.0
+
+            def infer(self, ins):
+                return ins[0]
+
+            def reference(self, xs, ctx):
+                return np.minimum(xs[0], self.limit)
+
+        @graph_method
+        def clamp_above_test(g, x, limit=1.0):
+            return g.apply(ClampAbove(float(limit)), [x])
+
+        g = Graph("g")
+        g.set_outputs(g.clamp_above_test(g.exp(g.input("x", ("n",))), 2.0))
+        g.verify()
+        assert "clamp_above_test[limit=2] %1" in g.inspect()
+        g2, _ = loads(dumps(g))
+        assert g2 == g
+        x = np.array([-1.0, 0.5, 1.0, 3.0], np.float32)
+        want = np.minimum(np.exp(x), 2.0)
+        np.testing.assert_allclose(g2.evaluate({"x": x})[0], want, rtol=1e-6)
+        compiled = Session("cpu").compile(g, CompileOptions(use_cache=False))
+        np.testing.assert_allclose(compiled.run({"x": x})[0], want, rtol=1e-6)
+
+
+def test_register_rejects_class_facets_declared_as_fields():
+    """Without ``ClassVar`` the dataclass would turn ``mnemonic`` & co. into fields."""
+    from rlx.ops.base import register, registry_scope
+
+    namespace = {
+        "__annotations__": {"mnemonic": "str", "arity": "int", "limit": "float"},
+        "__doc__": "broken",
+        "mnemonic": "facet_as_field_test",
+        "arity": 1,
+        "limit": 1.0,
+        "infer": lambda self, ins: ins[0],
+        "reference": lambda self, xs, ctx: xs[0],
+    }
+    with registry_scope():
+        with pytest.raises(TypeError, match="arity, mnemonic became dataclass fields"):
+            register(type("FacetAsField", (Op,), namespace))
+        assert "facet_as_field_test" not in OPS
