@@ -23,10 +23,6 @@ _MODULES = (
     "custom",  # user-registered custom ops
 )
 for _m in _MODULES:
-    try:
-        importlib.import_module(f"rlx.ops.{_m}")
-    except ModuleNotFoundError as _e:  # a family not written yet
-        if _e.name != f"rlx.ops.{_m}":
-            raise
+    importlib.import_module(f"rlx.ops.{_m}")
 
 __all__ = ["OPS", "Op", "OpKind", "RefCtx", "register"]
