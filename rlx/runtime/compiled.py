@@ -217,7 +217,14 @@ class CompiledGraph:
             self._executors.move_to_end(key)
             return ex
         plan = self.program.plan(bindings)
-        ex = Executor(self.program.graph, plan, self._params, self._live_inputs)
+        ex = Executor(
+            self.program.graph,
+            plan,
+            self._params,
+            self._live_inputs,
+            num_threads=self.num_threads,
+            native=self.options.native,
+        )
         for k, arr in self._params.items():
             if k in self._param_nodes:
                 self._load_param(ex, k, arr)

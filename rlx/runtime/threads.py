@@ -1,5 +1,7 @@
-"""BLAS thread count. In: the thread count a CompiledGraph wants. Out: the process's BLAS
-libraries (found by threadpoolctl) set to it.
+"""Thread counts. In: the thread count a CompiledGraph wants. Out: the process's BLAS
+libraries (found by threadpoolctl) set to it; :func:`resolve_threads` turns
+``CompileOptions.num_threads`` (None: the default) into a count, the one native kernels
+get through ``KernelCtx.num_threads``.
 
 The count is set once and re-set only when a graph wanting a different count runs: a
 ``threadpool_limits`` context around every run rescans the loaded libraries each time,
@@ -13,7 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ensure_blas_threads", "blas_info"]
+from rlx import config
+from rlx.errors import CompileError
+
+__all__ = ["ensure_blas_threads", "blas_info", "resolve_threads"]
 
 _controller: Any = None
 _current: int | None = None
@@ -26,6 +31,14 @@ def _blas_libs() -> list[Any]:
 
         _controller = ThreadpoolController()
     return [lc for lc in _controller.lib_controllers if lc.user_api == "blas"]
+
+
+def resolve_threads(requested: int | None) -> int:
+    """``requested`` (``CompileOptions.num_threads``), else RLX_NUM_THREADS, else the
+    number of physical cores. CompileError when ``requested`` is below 1."""
+    if requested is not None and requested < 1:
+        raise CompileError(f"CompileOptions.num_threads must be >= 1 or None, got {requested}")
+    return requested or config.num_threads() or config.physical_cores()
 
 
 def ensure_blas_threads(n: int, force: bool = False) -> None:

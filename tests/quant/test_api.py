@@ -77,6 +77,22 @@ def test_every_calibration_method(method):
     assert len(acts) == 3  # one activation scale per layer input
 
 
+def test_histogram_methods_are_no_worse_than_minmax_on_the_relu_mlp():
+    """Entropy and percentile calibration of the ReLU MLP (32 batches): measured relative
+    errors over data seeds 1-5 were minmax 0.016-0.019, entropy 0.89x-1.12x and
+    percentile 0.96x-1.20x of minmax; before the entropy fix (the ReLU zero spike
+    dominated the KL search) entropy was 13x worse (0.242 vs 0.018)."""
+    rel = {
+        m: quantize(MLP, batches(32), params=MLP_PARAMS, method=m, rank_layers=False)
+        .report.outputs[0]
+        .relative
+        for m in ("minmax", "entropy", "percentile")
+    }
+    assert rel["minmax"] < 0.05
+    assert rel["entropy"] <= 1.25 * rel["minmax"], rel
+    assert rel["percentile"] <= 1.25 * rel["minmax"], rel
+
+
 def test_exclude_keeps_layer_in_float():
     r = quantize(MLP, batches(4), params=MLP_PARAMS, exclude=["w1"], rank_layers=False)
     assert r.report.kept_float == {"w1": "excluded by the caller"}

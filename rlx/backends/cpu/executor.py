@@ -7,6 +7,10 @@ A run copies the inputs into their slots, calls every closure in order
 arena's persistent region: constants are written once here, params whenever they are set.
 View nodes (reshape) and boundary nodes (input, param, constant) have no kernel: their
 view already is their value.
+
+Every kernel factory gets ``KernelCtx.num_threads`` (``num_threads``, resolved by
+:func:`rlx.runtime.threads.resolve_threads`) and ``KernelCtx.native``: pass the
+CompileOptions' values (``CpuProgram`` does).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from rlx.errors import RlxError, UnsupportedOpError
 from rlx.ir.lir import BufferPlan
 from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.core import Constant, Input, Param
+from rlx.runtime.threads import resolve_threads
 
 __all__ = ["Executor", "ScheduleEntry", "ARENA_ALIGNMENT"]
 
@@ -69,7 +74,9 @@ def _where(node: Node) -> str:
 
 
 class Executor:
-    """One arena and kernel schedule for ``graph`` under ``plan`` (see module docstring)."""
+    """One arena and kernel schedule for ``graph`` under ``plan`` (see module docstring).
+    ``num_threads`` and ``native`` are ``CompileOptions.num_threads`` / ``.native``: they
+    reach every kernel factory as ``KernelCtx.num_threads`` / ``KernelCtx.native``."""
 
     def __init__(
         self,
@@ -77,8 +84,13 @@ class Executor:
         plan: BufferPlan,
         params: Mapping[str, np.ndarray],
         inputs: Mapping[str, np.ndarray],
+        *,
+        num_threads: int | None = None,
+        native: bool = True,
     ):
         load_kernels()
+        self.num_threads = resolve_threads(num_threads)
+        self.native = native
         self.graph = graph
         self.plan = plan
         self.bindings = dict(plan.bindings)
@@ -127,7 +139,15 @@ class Executor:
             ins = [self.views[i] for i in n.inputs]
             out = self.views[nid]
             ctx = KernelCtx(
-                n, self.graph, self.bindings, params, inputs, self.pool, kernel_kind(type(n.op))
+                n,
+                self.graph,
+                self.bindings,
+                params,
+                inputs,
+                self.pool,
+                kernel_kind(type(n.op)),
+                num_threads=self.num_threads,
+                native=self.native,
             )
             factory = KERNELS.get(type(n.op))
             try:

@@ -99,6 +99,9 @@ class KernelCtx:
     ``params``/``inputs`` are the live name -> array mappings of the compiled graph (for
     reference implementations that read them); ``kind`` starts as the kind the factory was
     registered with and a factory may change it (a matmul on integers is not BLAS).
+    ``num_threads``: threads a native kernel may use (``CompileOptions.num_threads``,
+    resolved: never None). ``native``: ``CompileOptions.native``; when False a factory
+    with a native (C) path takes its NumPy one instead.
     """
 
     node: Node
@@ -109,6 +112,8 @@ class KernelCtx:
     pool: ScratchPool
     kind: KernelKind = KernelKind.NUMPY
     notes: list[str] = field(default_factory=list)
+    num_threads: int = field(default_factory=lambda: _default_threads())
+    native: bool = True
 
     def scratch(self, dims: Sequence[int], dtype: Any, tag: int = 0) -> np.ndarray:
         """A reusable scratch array (allocated now, at schedule-build time)."""
@@ -118,18 +123,26 @@ class KernelCtx:
         return RefCtx(tuple(out.shape), out.dtype, self.bindings, self.params, self.inputs)
 
 
+def _default_threads() -> int:
+    from rlx.runtime.threads import resolve_threads
+
+    return resolve_threads(None)
+
+
 KernelFactory = Callable[["Node", list[np.ndarray], np.ndarray, KernelCtx], Kernel | None]
 KERNELS: dict[type[Op], KernelFactory] = {}
 _KINDS: dict[type[Op], KernelKind] = {}
 
 
 def kernel(
-    op_cls: type[Op], kind: KernelKind = KernelKind.NUMPY
+    op_cls: type[Op], kind: KernelKind = KernelKind.NUMPY, *, supersedes: KernelFactory | None = None
 ) -> Callable[[KernelFactory], KernelFactory]:
-    """Register a kernel factory for ``op_cls`` (one per op class)."""
+    """Register a kernel factory for ``op_cls`` (one per op class). A faster factory may
+    take the place of the registered one by naming it in ``supersedes`` (it then usually
+    falls back to it); replacing any other factory is an error."""
 
     def deco(fn: KernelFactory) -> KernelFactory:
-        if op_cls in KERNELS:
+        if op_cls in KERNELS and (supersedes is None or KERNELS[op_cls] is not supersedes):
             raise TypeError(f"a CPU kernel for {op_cls.__name__} is registered twice")
         KERNELS[op_cls] = fn
         _KINDS[op_cls] = kind

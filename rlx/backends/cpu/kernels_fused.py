@@ -223,7 +223,16 @@ def region_kernel(
         dims = bn.shape.concrete(ctx.bindings)
         dst = out if bn.id == result else ctx.scratch(dims, bn.dtype.np, 1000 + bn.id)
         sub_ins = [vals[i] for i in bn.inputs]
-        sub_ctx = KernelCtx(bn, body, ctx.bindings, ctx.params, ctx.inputs, ctx.pool)
+        sub_ctx = KernelCtx(
+            bn,
+            body,
+            ctx.bindings,
+            ctx.params,
+            ctx.inputs,
+            ctx.pool,
+            num_threads=ctx.num_threads,
+            native=ctx.native,
+        )
         factory = KERNELS.get(type(bn.op))
         fn = factory(bn, sub_ins, dst, sub_ctx) if factory is not None else None
         if fn is None:

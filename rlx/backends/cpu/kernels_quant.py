@@ -3,16 +3,16 @@ node and its arena views. Out: closures computing the node into its output view.
 
 ``QMatMul`` runs the native int8 GEMM (``native.qgemm_lib``: AVX-512 VNNI where the CPU
 has it, AVX2 or plain C otherwise) with the f32 rescale and bias fused into its
-epilogue. The weight is packed once: at compile time for a constant weight (what the
+epilogue, on ``KernelCtx.num_threads`` threads (``CompileOptions.num_threads``). The weight is packed once: at compile time for a constant weight (what the
 quantization lowering produces); a param weight at its first run and again only when its
 bytes change (``set_param``): each run compares the param with the copy it packed from
-(one read of K*N bytes). Without gcc, or when the build fails, the kernel computes the
-same exact integer result with a float64 BLAS matmul (exact while
-``K * 255 * 128 < 2**53``) and says so in the kernel notes.
+(one read of K*N bytes). Without gcc, when the build fails, or with ``CompileOptions(native=False)``
+(``KernelCtx.native``), the kernel computes the same exact integer result with a float64
+BLAS matmul (exact while ``K * 255 * 128 < 2**53``) and says so in the kernel notes.
 
 ``DequantMatMul`` decodes the packed weight to f32 once (same caching rule) and runs an
-f32 BLAS matmul. ``Quantize`` of f32 runs natively when per-tensor to 8 bits, otherwise
-as a few NumPy calls into a scratch buffer; ``Dequantize`` is NumPy. All four round
+f32 BLAS matmul. ``Quantize`` of f32 runs natively when per-tensor to 8 bits (and
+``native`` is on), otherwise as a few NumPy calls into a scratch buffer; ``Dequantize`` is NumPy. All four round
 exactly as the ops' reference implementations.
 """
 
@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from rlx import config
 from rlx.backends.cpu import native
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
 from rlx.dtype import DType
@@ -84,14 +83,6 @@ def _native_or_none() -> native.QGemmLib | None:
         return None
 
 
-def _threads() -> int:
-    """The running graph's thread count: the BLAS count its CompiledGraph set for this
-    run (``CompileOptions.num_threads``), else RLX_NUM_THREADS, else the physical cores."""
-    from rlx.runtime import threads
-
-    return getattr(threads, "_current", None) or config.num_threads() or config.physical_cores()
-
-
 def _rows(a: np.ndarray, k: int) -> np.ndarray:
     """[..., K] -> [M, K] without a copy when ``a`` is contiguous."""
     return a.reshape(-1, k)
@@ -110,15 +101,22 @@ def qmatmul_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: Kern
     bias_f32 = ctx.scratch((n,), np.float32, tag=node.id) if op.has_bias else None
     m = int(np.prod(x.shape[:-1], dtype=np.int64))
     y = out.reshape(m, n)
-    try:
-        lib = native.qgemm_lib()
-    except CompileError as e:
-        lib = None
-        ctx.kind = KernelKind.BLAS
+    lib: native.QGemmLib | None = None
+    if not ctx.native:
         ctx.notes.append(
-            f"qmatmul %{node.id}: native int8 GEMM unavailable, exact f64 BLAS fallback ({e.bare_message.splitlines()[0]})"
+            f"qmatmul %{node.id}: native kernels off (CompileOptions.native=False), exact f64 BLAS"
         )
-    if lib is not None:
+    else:
+        try:
+            lib = native.qgemm_lib()
+        except CompileError as e:
+            ctx.notes.append(
+                f"qmatmul %{node.id}: native int8 GEMM unavailable, exact f64 BLAS fallback ({e.bare_message.splitlines()[0]})"
+            )
+    if lib is None:
+        ctx.kind = KernelKind.BLAS
+    else:
+        threads, gemm = ctx.num_threads, lib.gemm
         packed = WeightCache([w], const_w, lib.pack)
         x_s8 = ctx.scratch((m, k), np.int8, tag=node.id) if unsigned else None
 
@@ -131,7 +129,7 @@ def qmatmul_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: Kern
                 xa = np.ascontiguousarray(xa)
             if bias_f32 is not None:
                 np.copyto(bias_f32, ins[2], casting="unsafe")
-            lib.gemm(
+            gemm(
                 xa,
                 packed.get(),
                 n,
@@ -139,7 +137,7 @@ def qmatmul_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: Kern
                 out_f32=y,
                 scale=scale,
                 bias=bias_f32,
-                num_threads=_threads(),
+                num_threads=threads,
             )
 
         return run
@@ -203,7 +201,8 @@ def quantize_kernel(
     x = ins[0]
     if x.dtype != np.float32:
         return None
-    if op.axis is None and op.dtype in (DType.I8, DType.U8) and x.flags.c_contiguous:
+    native_ok = op.axis is None and op.dtype in (DType.I8, DType.U8) and x.flags.c_contiguous
+    if native_ok and ctx.native:
         lib = _native_or_none()
         if lib is not None:
             ctx.kind = KernelKind.NATIVE

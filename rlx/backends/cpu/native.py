@@ -13,6 +13,31 @@ gcc's message. Without gcc, :func:`available` is False and callers use their Num
 The ISA is detected at run time from ``/proc/cpuinfo`` flags (:func:`detect_isa`):
 ``avx512_vnni`` (with avx512bw) selects the VNNI int8 GEMM, ``avx2`` the AVX2 one (int16
 multiply-add), anything else the plain-C path (auto-vectorised by gcc for the host).
+
+OpenMP wait policy. :func:`load` sets ``OMP_WAIT_POLICY=PASSIVE`` in the process
+environment before the first native library (and so libgomp) is loaded, unless the
+variable is already set; ``OMP_WAIT_POLICY=ACTIVE`` (or any value) set by the user wins.
+libgomp reads the variable once, when it initialises: if another module loaded libgomp
+first, the setting has no effect, and it also applies to OpenMP libraries loaded later
+in the process. Kept because it was measured to matter: an int8 GEMM (libgomp, 2
+threads) followed by an f32 sgemm (NumPy's OpenBLAS, pthreads, 2 threads), alternating,
+median of 200 pairs per process, 4 interleaved rounds per setting, on this project's
+2-core VM (AVX-512 VNNI; shared with other jobs, load average 4-6). Pair time, min /
+median / max of the rounds, in ms:
+
+==================  =====================  ==================
+shape (M x K x N)   libgomp default spin   PASSIVE
+==================  =====================  ==================
+64 x 768 x 768      64.0 / 72.0 / 84.0     0.80 / 1.02 / 1.17
+256 x 1024 x 1024   90.0 / 109.5 / 176.0   8.3 / 23.8 / 56.4
+==================  =====================  ==================
+
+(A single earlier run at load average 2: 12.6 ms default vs 2.3 ms PASSIVE for the
+small shape; ``ACTIVE``: 72 ms.) With the default policy a finished GEMM's OpenMP
+workers spin for a while and take the cores OpenBLAS's threads (and the next GEMM's
+OpenMP barrier) need, so on a core-starved machine each kernel waits for scheduler time
+slices; PASSIVE workers sleep at once. The cost of PASSIVE is a futex wake-up per
+parallel region (microseconds), invisible at these sizes.
 """
 
 from __future__ import annotations
@@ -179,9 +204,8 @@ def build(source: str, isa: Isa, name: str = "kernel") -> Path:
 def load(path: Path) -> ctypes.CDLL:
     """Load (once per process) a built library.
 
-    OpenMP threads default to a passive wait here (``OMP_WAIT_POLICY=PASSIVE`` unless the
-    user set it): spinning idle OpenMP threads would steal the cores OpenBLAS's threads
-    run on between two native kernels, and vice versa."""
+    Sets ``OMP_WAIT_POLICY=PASSIVE`` first unless the variable is set (see the module
+    docstring for why and the measurements)."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     with _LOCK:
         if path not in _LOADED:

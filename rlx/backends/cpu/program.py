@@ -121,7 +121,14 @@ def compile_program(
     )
     live_params: dict[str, np.ndarray] = {}
     live_inputs: dict[str, np.ndarray] = {}
-    probe = Executor(graph, prog.plan(prog.probe_bindings()), live_params, live_inputs)
+    probe = Executor(
+        graph,
+        prog.plan(prog.probe_bindings()),
+        live_params,
+        live_inputs,
+        num_threads=options.num_threads,
+        native=options.native,
+    )
     prog._probe = (probe, live_params, live_inputs)
     prog.compile_seconds = time.perf_counter() - t0
     return prog
