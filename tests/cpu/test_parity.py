@@ -24,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rlx
+from rlx.backends.cpu import native
 from rlx.backends.cpu.kernels import KernelKind
 from rlx.ops import OPS
 from rlx.ops.elementwise import BinaryKind, CompareKind, UnaryKind
@@ -608,7 +609,8 @@ FAST = {
     "attention_causal_2_f32_False": KernelKind.BLAS,
     "fused_swiglu": KernelKind.BLAS,
     "gather": KernelKind.NUMPY,
-    "elementwise_region": KernelKind.NUMPY,
+    # one generated C loop (kernels_region.py) where gcc is installed
+    "elementwise_region": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
     "matmul_i32": KernelKind.REFERENCE,
     "cumsum": KernelKind.NUMPY,
     "cumsum_exclusive_i32": KernelKind.REFERENCE,

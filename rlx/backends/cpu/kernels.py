@@ -135,7 +135,10 @@ _KINDS: dict[type[Op], KernelKind] = {}
 
 
 def kernel(
-    op_cls: type[Op], kind: KernelKind = KernelKind.NUMPY, *, supersedes: KernelFactory | None = None
+    op_cls: type[Op],
+    kind: KernelKind = KernelKind.NUMPY,
+    *,
+    supersedes: KernelFactory | None = None,
 ) -> Callable[[KernelFactory], KernelFactory]:
     """Register a kernel factory for ``op_cls`` (one per op class). A faster factory may
     take the place of the registered one by naming it in ``supersedes`` (it then usually

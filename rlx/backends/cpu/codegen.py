@@ -1,0 +1,586 @@
+"""C renderer for elementwise code. In: an elementwise body Graph (Inputs ``in0..inN``,
+Constants, Unary/Binary/Compare/Where/Cast nodes, one output) and the element layouts of
+its operands. Out: C source text of one function computing the whole body per output
+element in registers (:class:`CFunction`), grouped into a translation unit by
+:class:`CModule` and built by :mod:`rlx.backends.cpu.native`.
+
+Three tables, keyed like tinygrad's ``code_for_op``, say what C an op is:
+
+* :data:`C_TYPES`: how a :class:`~rlx.dtype.DType` is stored and held in a register
+  (f16/bf16 are held as ``float`` and rounded through their type after every node, as
+  the reference rounds every node's result to its dtype);
+* :data:`UNARY_C`, :data:`BINARY_C`, :data:`COMPARE_C`: one renderer per kind,
+  ``(args, CType) -> C expression``; ``Where`` and ``Cast`` are rendered by
+  :func:`render_node`.
+
+Math functions are libm's (``expf``, ``tanhf``, ``erf`` in f64 for gelu/erf as the
+reference computes it...). With ``CModule(vector_math=True)`` they are declared with
+glibc libmvec's SIMD variants, so gcc vectorises loops that call them. A body with two
+or more calls on one dependency path is split into stages (:func:`_stages`) that run in
+turn over blocks of ``STAGE_BLOCK`` elements: each call then runs over a whole block
+(throughput-bound) instead of a chain of dependent calls per element (latency-bound).
+
+The loop nest around the per-element code is :mod:`rlx.backends.cpu.codegen_loop`.
+Everything that is not in the tables raises :class:`CodegenUnsupported` with the reason;
+callers then use their NumPy kernel. Semantics follow the reference ops exactly where C
+allows: NaN-propagating max/min, truncating integer division (x / 0 = 0), C ``fmod``,
+``rint`` (half to even), wrapping signed integer arithmetic (through unsigned types).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlx.backends.cpu.codegen_loop import (
+    STAGE_BLOCK,
+    CodegenUnsupported,
+    LoopBody,
+    Operand,
+    operand_strides,
+    render_loop,
+)
+from rlx.dtype import DType
+from rlx.ir.mir import Graph, Node
+from rlx.ops.core import Constant, Input
+from rlx.ops.elementwise import (
+    Binary,
+    BinaryKind,
+    Cast,
+    Compare,
+    CompareKind,
+    Unary,
+    UnaryKind,
+    Where,
+)
+
+__all__ = [
+    "CType",
+    "C_TYPES",
+    "UNARY_C",
+    "BINARY_C",
+    "COMPARE_C",
+    "CodegenUnsupported",
+    "CFunction",
+    "CModule",
+    "PRELUDE",
+    "VECTOR_MATH",
+    "vector_math_decls",
+    "render_node",
+    "render_region",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CType:
+    """How a dtype lives in C: ``storage`` is the pointer element type, ``value`` the
+    register type, ``load``/``store`` convert between them (``{}`` is the operand) and
+    ``round`` (f16/bf16 only) rounds a register value through the dtype."""
+
+    storage: str
+    value: str
+    load: str = "{}"
+    store: str = "{}"
+    round: str | None = None
+    signed_int: bool = False
+    unsigned: str = ""  # the unsigned twin of a signed integer type (wrapping arithmetic)
+
+    @property
+    def is_float(self) -> bool:
+        return self.value in ("float", "double")
+
+    @property
+    def is_int(self) -> bool:
+        return not self.is_float and self.value != "bool"
+
+    def fn(self, name: str) -> str:
+        """The libm function ``name`` for this register type (``expf`` / ``exp``)."""
+        return name + "f" if self.value == "float" else name
+
+
+def _int(t: str, u: str) -> CType:
+    return CType(t, t, signed_int=True, unsigned=u)
+
+
+C_TYPES: dict[DType, CType] = {
+    DType.F32: CType("float", "float"),
+    DType.F64: CType("double", "double"),
+    DType.F16: CType("_Float16", "float", "(float){}", "(_Float16){}", "(float)(_Float16)({})"),
+    DType.BF16: CType(
+        "uint16_t", "float", "rlx_bf16_to_f32({})", "rlx_f32_to_bf16({})", "rlx_round_bf16({})"
+    ),
+    # narrow signed types wrap through uint32_t: uint8/16 operands would promote to int
+    DType.I8: _int("int8_t", "uint32_t"),
+    DType.I16: _int("int16_t", "uint32_t"),
+    DType.I32: _int("int32_t", "uint32_t"),
+    DType.I64: _int("int64_t", "uint64_t"),
+    DType.U8: CType("uint8_t", "uint8_t"),
+    DType.U32: CType("uint32_t", "uint32_t"),
+    DType.BOOL: CType("uint8_t", "bool", "({} != 0)", "(uint8_t){}"),
+}
+
+# gcc 12.2 miscompiles the SLP-vectorised tail of a fully unrolled loop that rounds f64
+# through f32 ((double)(float)x becomes a plain copy of x: the last 4 of 60 elements of
+# tests/cpu/test_codegen.py's f64 round trip); loop vectorisation is unaffected, so the
+# generated code turns SLP off.
+PRELUDE = r"""#pragma GCC optimize("no-tree-slp-vectorize")
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static inline float rlx_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f;
+}
+static inline uint16_t rlx_f32_to_bf16(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static inline float rlx_round_bf16(float f) { return rlx_bf16_to_f32(rlx_f32_to_bf16(f)); }
+static inline float rlx_sigmoidf(float x) {
+    float e = expf(-fabsf(x)); return x >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
+}
+static inline double rlx_sigmoid(double x) {
+    double e = exp(-fabs(x)); return x >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
+}
+static inline float rlx_softplusf(float x) {
+    return x != x ? x : (x > 0 ? x : 0.0f) + log1pf(expf(-fabsf(x)));
+}
+static inline double rlx_softplus(double x) {
+    return x != x ? x : (x > 0 ? x : 0.0) + log1p(exp(-fabs(x)));
+}
+static inline int64_t rlx_ipow(int64_t a, int64_t b) {
+    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+    uint64_t r = 1, x = (uint64_t)a;
+    while (b) { if (b & 1) r *= x; x *= x; b >>= 1; }
+    return (int64_t)r;
+}
+static inline uint64_t rlx_upow(uint64_t a, uint64_t b) {
+    uint64_t r = 1;
+    while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
+    return r;
+}
+"""
+
+# libm functions that glibc's libmvec also provides as SIMD variants (AVX-512/AVX2/SSE,
+# at most 4 ulp): declared ``simd`` so gcc vectorises loops calling them
+VECTOR_MATH = ("exp", "log", "log1p", "tanh", "erf", "sin", "cos", "pow")
+
+
+def vector_math_decls() -> str:
+    """Declarations marking :data:`VECTOR_MATH` (f32 and f64) as having SIMD variants."""
+    lines = ['#define RLX_SIMD __attribute__((__simd__("notinbranch")))']
+    for f in VECTOR_MATH:
+        arity = 2 if f == "pow" else 1
+        for t, suffix in (("float", "f"), ("double", "")):
+            params = ", ".join([t] * arity)
+            lines.append(f"RLX_SIMD {t} {f}{suffix}({params});")
+    return "\n".join(lines) + "\n"
+
+
+Render = Callable[[Sequence[str], CType], str]
+
+
+def _wrap(op: str) -> Render:
+    """``a op b``; signed integers go through their unsigned twin (wraps like NumPy, no
+    undefined overflow)."""
+
+    def r(a: Sequence[str], t: CType) -> str:
+        if t.signed_int:
+            return f"({t.value})(({t.unsigned}){a[0]} {op} ({t.unsigned}){a[1]})"
+        return f"({a[0]} {op} {a[1]})"
+
+    return r
+
+
+def _lit(v: float, t: CType) -> str:
+    return f"(({t.value}){float(v).hex()})"
+
+
+def _neg(a: Sequence[str], t: CType) -> str:
+    return f"({t.value})(0 - ({t.unsigned}){a[0]})" if t.signed_int else f"(-{a[0]})"
+
+
+def _abs(a: Sequence[str], t: CType) -> str:
+    if t.is_float:
+        return f"{t.fn('fabs')}({a[0]})"
+    if t.signed_int:
+        return f"({a[0]} < 0 ? {_neg(a, t)} : {a[0]})"
+    return a[0]
+
+
+def _square(a: Sequence[str], t: CType) -> str:
+    return _wrap("*")([a[0], a[0]], t)
+
+
+def _gelu(a: Sequence[str], t: CType) -> str:
+    x = a[0]
+    # erf's argument in f64, as the reference divides by np.sqrt(2.0) (a float64)
+    erf = f"({t.value})erf((double){x} / {math.sqrt(2.0)!r})"
+    return f"(({_lit(0.5, t)} * {x}) * ({_lit(1.0, t)} + {erf}))"
+
+
+def _gelu_tanh(a: Sequence[str], t: CType) -> str:
+    x = a[0]
+    # the reference makes both constants arrays of x's dtype: round them to it
+    cast = np.float32 if t.value == "float" else np.float64
+    c = _lit(float(cast(math.sqrt(2.0 / math.pi))), t)
+    k = _lit(float(cast(0.044715)), t)
+    inner = f"{c} * ({x} + (({k} * {x}) * {x}) * {x})"
+    return f"(({_lit(0.5, t)} * {x}) * ({_lit(1.0, t)} + {t.fn('tanh')}({inner})))"
+
+
+def _libm(name: str) -> Render:
+    return lambda a, t: f"{t.fn(name)}({a[0]})"
+
+
+def _sigmoid(a: Sequence[str], t: CType) -> str:
+    return f"rlx_sigmoid{'f' if t.value == 'float' else ''}({a[0]})"
+
+
+UNARY_C: dict[UnaryKind, Render] = {
+    UnaryKind.RELU: lambda a, t: f"({a[0]} < 0 ? ({t.value})0 : {a[0]})",
+    UnaryKind.GELU: _gelu,
+    UnaryKind.GELU_TANH: _gelu_tanh,
+    UnaryKind.SILU: lambda a, t: f"({a[0]} * {_sigmoid(a, t)})",
+    UnaryKind.SIGMOID: _sigmoid,
+    UnaryKind.TANH: _libm("tanh"),
+    UnaryKind.EXP: _libm("exp"),
+    UnaryKind.LOG: _libm("log"),
+    UnaryKind.SQRT: _libm("sqrt"),
+    UnaryKind.RSQRT: lambda a, t: f"({_lit(1.0, t)} / {t.fn('sqrt')}({a[0]}))",
+    UnaryKind.NEG: _neg,
+    UnaryKind.ABS: _abs,
+    UnaryKind.SIN: _libm("sin"),
+    UnaryKind.COS: _libm("cos"),
+    UnaryKind.ROUND: _libm("rint"),  # half to even in the default rounding mode
+    UnaryKind.FLOOR: _libm("floor"),
+    UnaryKind.CEIL: _libm("ceil"),
+    UnaryKind.RECIP: lambda a, t: f"({_lit(1.0, t)} / {a[0]})",
+    UnaryKind.SQUARE: _square,
+    UnaryKind.SOFTPLUS: lambda a, t: f"rlx_softplus{'f' if t.value == 'float' else ''}({a[0]})",
+    # scipy's f32 erf computes in f64 and rounds once
+    UnaryKind.ERF: lambda a, t: f"({t.value})erf((double){a[0]})",
+    UnaryKind.SIGN: lambda a, t: (
+        f"({a[0]} > 0 ? ({t.value})1 : ({a[0]} < 0 ? ({t.value})-1 : {a[0]}))"
+    ),
+    UnaryKind.NOT: lambda a, t: f"(!{a[0]})",
+}
+
+
+def _div(a: Sequence[str], t: CType) -> str:
+    x, y = a
+    if t.is_float:
+        return f"({x} / {y})"
+    if t.signed_int:  # truncating; x / 0 is 0; MIN / -1 wraps
+        return f"({y} == 0 ? ({t.value})0 : ({y} == -1 ? {_neg([x], t)} : {x} / {y}))"
+    return f"({y} == 0 ? ({t.value})0 : {x} / {y})"
+
+
+def _mod(a: Sequence[str], t: CType) -> str:
+    x, y = a
+    if t.is_float:
+        return f"{t.fn('fmod')}({x}, {y})"
+    bad = f"{y} == 0 || {y} == -1" if t.signed_int else f"{y} == 0"
+    return f"({bad} ? ({t.value})0 : {x} % {y})"
+
+
+def _pow(a: Sequence[str], t: CType) -> str:
+    x, y = a
+    if t.is_float:
+        return f"{t.fn('pow')}({x}, {y})"
+    if t.signed_int:
+        return f"({t.value})rlx_ipow((int64_t){x}, (int64_t){y})"
+    return f"({t.value})rlx_upow((uint64_t){x}, (uint64_t){y})"
+
+
+def _maxmin(cmp: str) -> Render:
+    """NumPy's maximum/minimum: a NaN in either operand is the result."""
+
+    def r(a: Sequence[str], t: CType) -> str:
+        x, y = a
+        if t.is_float:
+            return f"(({x} {cmp} {y} || {x} != {x}) ? {x} : {y})"
+        return f"({x} {cmp} {y} ? {x} : {y})"
+
+    return r
+
+
+BINARY_C: dict[BinaryKind, Render] = {
+    BinaryKind.ADD: _wrap("+"),
+    BinaryKind.SUB: _wrap("-"),
+    BinaryKind.MUL: _wrap("*"),
+    BinaryKind.DIV: _div,
+    BinaryKind.MAX: _maxmin(">"),
+    BinaryKind.MIN: _maxmin("<"),
+    BinaryKind.POW: _pow,
+    BinaryKind.MOD: _mod,
+    BinaryKind.AND: lambda a, t: f"({a[0]} && {a[1]})",
+    BinaryKind.OR: lambda a, t: f"({a[0]} || {a[1]})",
+}
+
+_CMP = {
+    CompareKind.EQ: "==",
+    CompareKind.NE: "!=",
+    CompareKind.LT: "<",
+    CompareKind.LE: "<=",
+    CompareKind.GT: ">",
+    CompareKind.GE: ">=",
+}
+
+
+def _compare(op: str) -> Render:
+    return lambda a, t: f"({a[0]} {op} {a[1]})"
+
+
+COMPARE_C: dict[CompareKind, Render] = {k: _compare(op) for k, op in _CMP.items()}
+
+
+def ctype(dt: DType, what: str) -> CType:
+    """The C type of ``dt``; CodegenUnsupported naming ``what`` when there is none."""
+    t = C_TYPES.get(dt)
+    if t is None:
+        raise CodegenUnsupported(f"{what} has dtype {dt}, which has no C rendering")
+    return t
+
+
+def render_node(node: Node, args: Sequence[str], in_dtypes: Sequence[DType]) -> str:
+    """The C expression of one elementwise node over register values ``args`` (already
+    rounded to their dtypes), in the register type of ``node.dtype`` (rounded)."""
+    op = node.op
+    what = f"%{node.id} {op}"
+    out_t = ctype(node.dtype, what)
+    in_t = [ctype(d, what) for d in in_dtypes]
+    table: dict | None = None
+    if isinstance(op, Unary):
+        table = UNARY_C
+    elif isinstance(op, Binary):
+        table = BINARY_C
+    elif isinstance(op, Compare):
+        table = COMPARE_C
+    if table is not None:
+        render = table.get(op.fn)  # type: ignore[attr-defined]
+        if render is None:
+            raise CodegenUnsupported(f"{what} has no C rendering")
+        expr = render(args, in_t[0])
+    elif isinstance(op, Where):
+        expr = f"({args[0]} ? {args[1]} : {args[2]})"
+    elif isinstance(op, Cast):
+        if op.to is DType.BOOL:
+            expr = f"({args[0]} != 0)"
+        elif out_t.round is not None:  # one rounding from the source type (f64 -> f16)
+            return out_t.round.format(args[0])
+        else:
+            expr = f"({out_t.value}){args[0]}"
+    else:
+        raise CodegenUnsupported(f"{what} has no C rendering")
+    if out_t.round is not None:
+        expr = out_t.round.format(expr)
+    return expr
+
+
+def render_constant(node: Node) -> str:
+    """A one-element Constant as a C literal of its register type."""
+    op = node.op
+    t = ctype(node.dtype, f"%{node.id} constant")
+    v = np.asarray(op.value.array()).reshape(-1)[0]  # type: ignore[attr-defined]
+    if t.value == "bool":
+        return "true" if bool(v) else "false"
+    if t.is_float:
+        f = float(v)
+        if math.isnan(f):
+            return f"(({t.value})NAN)"
+        if math.isinf(f):
+            return f"(({t.value})({'-' if f < 0 else ''}INFINITY))"
+        return _lit(f, t)
+    i = int(v)
+    if t.value == "int64_t" and i == -(2**63):
+        return "INT64_MIN"
+    return f"(({t.value}){i}LL)" if i < 0 else f"(({t.value}){i}ULL)"
+
+
+@dataclass(frozen=True, slots=True)
+class CFunction:
+    """One generated C function: its name, its text and the number of pointer arguments
+    (the loop's extents first, then the operands; then one ``long nthreads``); ``ops``
+    counts the rendered nodes, ``calls`` the math-library calls among them."""
+
+    name: str
+    source: str
+    num_pointers: int
+    ops: int
+    calls: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CModule:
+    """A translation unit: the prelude and some functions (one gcc run builds them all).
+    ``vector_math``: declare libmvec's SIMD math (the loader must make libmvec's symbols
+    visible, see ``kernels_region.vector_math_available``)."""
+
+    functions: tuple[CFunction, ...]
+    vector_math: bool = False
+
+    @property
+    def source(self) -> str:
+        head = (
+            PRELUDE.replace("#include <math.h>\n", "#include <math.h>\n" + vector_math_decls())
+            if self.vector_math
+            else PRELUDE
+        )
+        return head + "\n" + "\n".join(f.source for f in self.functions)
+
+
+def _reachable(body: Graph, result: int) -> list[Node]:
+    need: set[int] = set()
+    stack = [result]
+    while stack:
+        nid = stack.pop()
+        if nid not in need:
+            need.add(nid)
+            stack.extend(body.nodes[nid].inputs)
+    return [body.nodes[i] for i in body.topo_order() if i in need]
+
+
+def render_region(
+    body: Graph,
+    ins: Sequence[np.ndarray],
+    out: np.ndarray,
+    name: str = "rlx_region",
+) -> tuple[CFunction, list[np.ndarray]]:
+    """Render an ElementwiseRegion body over the arrays ``ins`` (the region's inputs, in
+    order) writing ``out``. Returns the function and its pointer arguments in order
+    (the loop's int64 extents and strides, the used inputs, non-scalar constants, then
+    ``out``). Variables are numbered in emission order and extents are arguments, so
+    equal bodies over layouts of the same pattern give equal text."""
+    if len(body.outputs) != 1:
+        raise CodegenUnsupported(f"the body has {len(body.outputs)} outputs, not 1")
+    out_t = ctype(DType.from_numpy(out.dtype), "the region output")
+    dims = tuple(out.shape)
+    nodes = _reachable(body, body.outputs[0])
+    arrays: list[np.ndarray] = []
+    operands: list[Operand] = []
+    arg_of: dict[int, int] = {}
+    for n in nodes:
+        if isinstance(n.op, Input):
+            a = ins[int(n.op.name[2:])]
+        elif isinstance(n.op, Constant) and n.op.value.array().size > 1:
+            a = np.ascontiguousarray(n.op.value.array())
+        else:
+            continue
+        if a.dtype != n.dtype.np:
+            raise CodegenUnsupported(f"%{n.id} {n.op}: array dtype {a.dtype}, node {n.dtype}")
+        arg_of[n.id] = len(arrays)
+        arrays.append(a)
+        operands.append(Operand(ctype(n.dtype, f"%{n.id} {n.op}"), operand_strides(a, dims)))
+    arrays.append(out)
+    operands.append(Operand(out_t, operand_strides(out, dims), output=True))
+    restrict = not any(np.may_share_memory(a, out) for a in arrays[:-1])
+    loop = render_loop(
+        name,
+        operands,
+        dims,
+        lambda idx: _body(nodes, body, arg_of, operands, idx),
+        restrict=restrict,
+    )
+    ops = sum(1 for n in nodes if not isinstance(n.op, (Input, Constant)))
+    calls = len(_CALL.findall(loop.source))
+    return CFunction(name, loop.source, len(operands) + 1, ops, calls), [loop.meta, *arrays]
+
+
+_CALL = re.compile(r"\b(?:" + "|".join(VECTOR_MATH) + r")f?\(|rlx_sigmoid|rlx_softplus")
+MAX_TEMPS = 64  # block temporaries of a staged body (beyond: one stage)
+
+
+def _stages(nodes: Sequence[Node], exprs: dict[int, str]) -> dict[int, int]:
+    """Each node's stage: a stage ends with at most one math-library call on any path,
+    so the calls of a long chain run over a whole block each (throughput-bound, like
+    NumPy's per-op loops) instead of one latency-bound chain per element."""
+    stage: dict[int, int] = {}
+    called: dict[int, bool] = {}
+    for n in nodes:
+        ins = [(stage[i], called[i]) for i in n.inputs]
+        if n.id in exprs and _CALL.search(exprs[n.id]):
+            stage[n.id] = max((s + c for s, c in ins), default=0)
+            called[n.id] = True
+        else:
+            stage[n.id] = max((s for s, _ in ins), default=0)
+            called[n.id] = any(c for s, c in ins if s == stage[n.id])
+    return stage
+
+
+def _body(
+    nodes: Sequence[Node],
+    body: Graph,
+    arg_of: dict[int, int],
+    operands: Sequence[Operand],
+    idx: Sequence[str],
+) -> LoopBody:
+    exprs: dict[int, str] = {}
+    name = {n.id: f"v{k}" for k, n in enumerate(nodes)}
+    for n in nodes:
+        if n.id not in arg_of and not isinstance(n.op, Constant):
+            args = [name[i] for i in n.inputs]
+            exprs[n.id] = render_node(n, args, [body.nodes[i].dtype for i in n.inputs])
+    stage = _stages(nodes, exprs)
+    last = max(stage.values())
+    out_id = nodes[-1].id
+    crossing = {i for n in nodes for i in n.inputs if i in exprs and stage[i] < stage[n.id]} | (
+        {out_id} if out_id in exprs and stage[out_id] < last else set()
+    )
+    if len(crossing) > MAX_TEMPS:
+        stage = dict.fromkeys(stage, 0)
+        last, crossing = 0, set()
+    hoisted: list[str] = []
+    hoisted_ids: set[int] = set()
+    stages: list[list[str]] = [[] for _ in range(last + 1)]
+    temps: list[str] = []
+    ct = {n.id: ctype(n.dtype, f"%{n.id} {n.op}") for n in nodes}
+    for n in nodes:
+        t = ct[n.id]
+        if isinstance(n.op, Constant) and n.id not in arg_of:
+            hoisted.append(f"const {t.value} {name[n.id]} = {render_constant(n)};")
+            hoisted_ids.add(n.id)
+        elif n.id in arg_of and "j" not in idx[arg_of[n.id]]:
+            load = t.load.format(f"p{arg_of[n.id]}[{idx[arg_of[n.id]]}]")
+            hoisted.append(f"const {t.value} {name[n.id]} = {load};")
+            hoisted_ids.add(n.id)
+    loaded: set[tuple[int, int]] = set()
+
+    def use(i: int, s: int) -> None:
+        """Make node ``i``'s value available as ``name[i]`` in stage ``s``."""
+        if (i, s) in loaded or i in hoisted_ids:
+            return
+        loaded.add((i, s))
+        t = ct[i]
+        if i in arg_of:
+            k = arg_of[i]
+            stages[s].append(f"const {t.value} {name[i]} = {t.load.format(f'p{k}[{idx[k]}]')};")
+        elif stage[i] < s:
+            stages[s].append(f"const {t.value} {name[i]} = t{name[i]}[j - jb];")
+
+    for n in nodes:
+        if n.id not in exprs:
+            continue
+        s = stage[n.id]
+        for i in n.inputs:
+            use(i, s)
+        t = ct[n.id]
+        stages[s].append(f"const {t.value} {name[n.id]} = ({t.value})({exprs[n.id]});")
+        loaded.add((n.id, s))
+        if n.id in crossing:
+            temps.append(f"{t.value} t{name[n.id]}[{STAGE_BLOCK}] __attribute__((aligned(64)));")
+            stages[s].append(f"t{name[n.id]}[j - jb] = {name[n.id]};")
+    use(out_id, last)
+    k = len(operands) - 1
+    stages[last].append(f"p{k}[{idx[k]}] = {operands[k].ctype.store.format(name[out_id])};")
+    return LoopBody(hoisted, stages, temps)

@@ -1,0 +1,131 @@
+"""Native kernel for elementwise regions. In: an ElementwiseRegion node and NumPy views of
+its input and output arena slots. Out: a closure calling ONE generated C function that
+computes the whole body per output element in registers (no intermediate in memory).
+
+At schedule-build time (never in a run) the body is rendered to C by
+:mod:`rlx.backends.cpu.codegen`, built by :func:`rlx.backends.cpu.native.build` (cached by
+sha256 of source + gcc command + gcc version; extents and strides are arguments, so
+equal regions over layouts of one pattern, in this graph or any other and at any
+symbolic-shape binding, share one library) and loaded once. The closure is a
+``functools.partial`` of the ctypes function with its argtypes set and its pointer
+arguments precomputed. Regions whose work estimate (:func:`region_work`) reaches
+:data:`PARALLEL_MIN_WORK` run on an OpenMP team of ``KernelCtx.num_threads``
+(``CompileOptions.num_threads``).
+
+When native kernels are off (``CompileOptions.native=False``), gcc is missing, the build
+fails, or the body has something the C tables cannot render, the node gets the NumPy
+region kernel of ``kernels_fused`` instead: its report kind is then ``numpy`` and its
+notes say why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import platform
+from typing import Any
+
+import numpy as np
+
+from rlx.backends.cpu import native
+from rlx.backends.cpu.codegen import CFunction, CModule, CodegenUnsupported, render_region
+from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
+from rlx.backends.cpu.kernels_fused import region_kernel
+from rlx.errors import CompileError
+from rlx.ir.mir import Node
+from rlx.ops.fused import ElementwiseRegion
+
+__all__ = [
+    "PARALLEL_MIN_WORK",
+    "CALL_WEIGHT",
+    "region_work",
+    "vector_math_available",
+    "load_function",
+    "bind",
+    "native_region_kernel",
+]
+
+# Waking an OpenMP team costs 10-50 us here (benchmarks/region.py: a 16384-element add
+# takes 1.8 us on one thread, 10-43 us on two), so a team only pays for regions with far
+# more work than that. Work = output elements * (1 + CALL_WEIGHT * math calls per
+# element). In runs where the second core was free, two threads first won at 1-2M
+# elements for an add (memory-bound) and at 64K-128K for bias+gelu+residual (one erf
+# per element). See BENCHMARKS_region.md.
+CALL_WEIGHT = 7
+PARALLEL_MIN_WORK = 1 << 20
+
+
+@functools.cache
+def vector_math_available() -> bool:
+    """Whether glibc's libmvec (SIMD exp/log/tanh/erf/sin/cos/pow) is loaded with its
+    symbols global, so generated libraries calling it load. ``native.build`` links no
+    extra library, so libmvec is loaded here (RTLD_GLOBAL) before any region library."""
+    if platform.machine() != "x86_64":
+        return False
+    try:
+        ctypes.CDLL("libmvec.so.1", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return False
+    return True
+
+
+def region_work(fn: CFunction, out: np.ndarray) -> int:
+    """The work estimate that decides on an OpenMP team (see PARALLEL_MIN_WORK)."""
+    return math.prod(out.shape) * (1 + CALL_WEIGHT * fn.calls)
+
+
+def load_function(fn: CFunction) -> Any:
+    """Build (cached by content) and load ``fn``; returns the ctypes function with its
+    argtypes set. CompileError when gcc is missing or the build fails."""
+    if not native.available():
+        raise CompileError("gcc is not on PATH")
+    module = CModule((fn,), vector_math=vector_math_available())
+    lib_path = native.build(module.source, native.Isa.PLAIN, "region")
+    try:
+        lib = native.load(lib_path)
+    except OSError as e:
+        raise CompileError(f"cannot load {lib_path}: {e}") from e
+    cfn = getattr(lib, fn.name)
+    cfn.argtypes = [ctypes.c_void_p] * fn.num_pointers + [ctypes.c_long]
+    cfn.restype = None
+    return cfn
+
+
+def bind(cfn: Any, arrays: list[np.ndarray], nthreads: int = 1) -> Kernel:
+    """A zero-argument call of ``cfn`` on ``arrays`` with ``nthreads`` (all bound now)."""
+    ptrs = [ctypes.c_void_p(a.ctypes.data) for a in arrays]
+    run: Any = functools.partial(cfn, *ptrs, ctypes.c_long(nthreads))
+    run.keepalive = arrays  # constants rendered as arrays live as long as the kernel
+    return run  # type: ignore[no-any-return]
+
+
+@kernel(ElementwiseRegion, KernelKind.NATIVE, supersedes=region_kernel)
+def native_region_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """The whole region as one generated C loop; the NumPy region kernel when it cannot."""
+    body = node.op.body  # type: ignore[attr-defined]
+    if not ctx.native:
+        return _fallback(node, ins, out, ctx, "native kernels disabled (CompileOptions.native)")
+    try:
+        fn, arrays = render_region(body, ins, out)
+        cfn = load_function(fn)
+    except CodegenUnsupported as e:
+        return _fallback(node, ins, out, ctx, f"no C rendering: {e}")
+    except CompileError as e:
+        return _fallback(node, ins, out, ctx, f"native build failed: {e.bare_message}")
+    ctx.kind = KernelKind.NATIVE
+    threads = ctx.num_threads if region_work(fn, out) >= PARALLEL_MIN_WORK else 1
+    team = f", OpenMP x{threads}" if threads > 1 else ""
+    ctx.notes.append(f"native: {fn.ops} ops in one C loop{team}")
+    return bind(cfn, arrays, threads)
+
+
+def _fallback(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx, why: str
+) -> Kernel | None:
+    first = why.splitlines()[0]
+    ctx.kind = KernelKind.NUMPY
+    ctx.notes.append(f"NumPy region kernel ({first})")
+    return region_kernel(node, ins, out, ctx)
