@@ -153,8 +153,14 @@ class BinaryKind(enum.Enum):
 
 def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if a.dtype.kind in "iu":  # integer division truncates toward zero, like C / JAX lax.div
-        q = np.abs(a) // np.where(b == 0, 1, np.abs(b))
-        return (np.sign(a) * np.sign(b) * q).astype(a.dtype)
+        # floor division, then step toward zero where the remainder is non-zero and the
+        # signs differ; exact for every value, the type's minimum included (x / 0 -> 0)
+        with np.errstate(all="ignore"):
+            safe = np.where(b == 0, np.ones((), b.dtype), b)
+            q = np.floor_divide(a, safe)
+            r = a - q * safe
+            q = q + ((r != 0) & ((a < 0) != (safe < 0))).astype(q.dtype)
+            return np.where(b == 0, np.zeros((), a.dtype), q).astype(a.dtype)
     return np.divide(a, b)
 
 

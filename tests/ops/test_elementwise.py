@@ -262,3 +262,14 @@ def test_symbolic_dims_flow_through_elementwise_rules():
     yv = np.ones((3, 1), np.float32)
     (out,) = g.evaluate({"x": xv, "y": yv})
     np.testing.assert_allclose(out, np.where(xv > 0, np.exp(xv + yv), 0), rtol=1e-6)
+
+
+def test_integer_div_truncates_toward_zero_at_the_type_minimum():
+    import math
+
+    from rlx.ops.elementwise import _div
+
+    a = np.array([-27, 27, -27, 27, -128, 7, -7, 5, -128], np.int8)
+    b = np.array([-128, -128, 5, -5, 1, 0, 2, -2, 3], np.int8)
+    want = [int(math.trunc(x / y)) if y else 0 for x, y in zip(a.tolist(), b.tolist())]
+    assert _div(a, b).tolist() == want
