@@ -1,7 +1,8 @@
-"""CPU kernels for the elementwise ops: unary, binary, compare, where, cast. Each is one
-ufunc call with ``out=`` into the arena, or (composite activations such as gelu and
-sigmoid) a few calls through scratch buffers that write ``out`` last, so they stay
-correct when the planner runs them in place. f16/bf16 go through f32 (``lowp``).
+"""CPU kernels for the elementwise ops: unary, binary, compare, where (Cast lives in
+``kernels_lowp``, native). Each is one ufunc call with ``out=`` into the arena, or
+(composite activations such as gelu and sigmoid) a few calls through scratch buffers that
+write ``out`` last, so they stay correct when the planner runs them in place. f16/bf16 go
+through f32 (``lowp``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel, lowp
 from rlx.ops.elementwise import (
     Binary,
     BinaryKind,
-    Cast,
     Compare,
     CompareKind,
     Unary,
@@ -30,7 +30,7 @@ try:  # scipy's erf is a ufunc with an f32 loop and an out= argument
 except ImportError:  # pragma: no cover - scipy is a dependency; keep the reference path
     _erf_ufunc = None
 
-__all__ = ["unary_kernel", "binary_kernel", "compare_kernel", "where_kernel", "cast_kernel"]
+__all__ = ["unary_kernel", "binary_kernel", "compare_kernel", "where_kernel"]
 
 
 _DIRECT_UNARY: dict[UnaryKind, np.ufunc] = {
@@ -223,24 +223,3 @@ def where_kernel(
         np.copyto(out, a, where=c)
 
     return run
-
-
-@kernel(Cast)
-def cast_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
-    """A converting copy; bf16/fp8 sources or fp8 targets go through f32 as the reference."""
-    (x,) = ins
-    via_f32 = x.dtype.name in (
-        "bfloat16",
-        "float8_e4m3fn",
-        "float8_e5m2",
-    ) or out.dtype.name.startswith("float8")
-    if via_f32:
-        wide = np.float64 if out.dtype == np.float64 else np.float32
-        s = ctx.scratch(x.shape, wide, 1)
-
-        def run() -> None:
-            np.copyto(s, x, casting="unsafe")
-            np.copyto(out, s, casting="unsafe")
-
-        return run
-    return lambda: np.copyto(out, x, casting="unsafe")  # type: ignore[return-value]

@@ -1,6 +1,9 @@
 """CPU kernels for linear algebra: matmul and dot_general through BLAS (``np.matmul``
 with ``out=``, no allocation). Integer products keep the reference kernel (they
-accumulate in i64 and wrap, which BLAS does not do). f16/bf16 are multiplied in f32.
+accumulate in i64 and wrap, which BLAS does not do). bf16/f16 products run the native
+low-precision GEMMs of ``kernels_lowp`` (bf16 dot products with f32 accumulation on
+avx512_bf16 CPUs, else native widening + f32 sgemm); without the native library they are
+widened to f32 by NumPy (``lowp``).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
+from rlx.backends.cpu.kernels_lowp import BF16, F16, lowp_matmul
 from rlx.ops.linalg import DotGeneral, MatMul
 
 if TYPE_CHECKING:
@@ -27,9 +31,9 @@ def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Kernel:
         lead = out.shape[:-2]
         same_rows = a.shape[:-2] == lead or (not a.shape[:-2] and all(d == 1 for d in lead))
         if same_rows and a.flags.c_contiguous and out.flags.c_contiguous:
-            a2 = a.reshape(-1, a.shape[-1])
+            a2 = a.reshape(math.prod(a.shape[:-1]), a.shape[-1])  # not -1: K may be 0
             b2 = b.reshape(b.shape[-2], b.shape[-1])
-            o2 = out.reshape(-1, out.shape[-1])
+            o2 = out.reshape(math.prod(out.shape[:-1]), out.shape[-1])
             return lambda: np.matmul(a2, b2, out=o2)  # type: ignore[return-value]
     return lambda: np.matmul(a, b, out=out)  # type: ignore[return-value]
 
@@ -47,12 +51,27 @@ def as_3d(
     return s, lambda: np.copyto(dst, src)  # type: ignore[return-value]
 
 
+_NATIVE_LOWP = (BF16, F16)
+
+
 @kernel(MatMul, KernelKind.BLAS)
-@lowp
 def matmul_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
-    """``np.matmul(a, b, out=out)``: BLAS gemm for f32/f64 (batched, broadcast)."""
+    """``np.matmul(a, b, out=out)``: BLAS gemm for f32/f64 (batched, broadcast); the
+    native low-precision GEMM for bf16/f16."""
+    a, b = ins
+    if a.dtype in _NATIVE_LOWP:
+        fn = lowp_matmul(node, a, b, out, ctx)
+        if fn is not None:
+            return fn
+    return _blas_matmul(node, ins, out, ctx)
+
+
+@lowp
+def _blas_matmul(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
     a, b = ins
     if a.dtype.kind not in "fc":
         return None
@@ -60,20 +79,56 @@ def matmul_kernel(
 
 
 @kernel(DotGeneral, KernelKind.BLAS)
-@lowp
 def dot_general_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
     """One batched matmul over [batch, free, contract] x [batch, contract, free]; operands
     already in that order are views, others are transposed into scratch first."""
     a, b = ins
+    if a.dtype in _NATIVE_LOWP and a.dtype == b.dtype == out.dtype:
+        lc, rc, lb, rb, lf, rf = node.op._axes(a.ndim, b.ndim)  # type: ignore[attr-defined]
+        nb, m, k, n = _dims(a, b, lc, lb, lf, rf)
+        a3, prep_a = as_3d(a, lb + lf + lc, (nb, m, k), ctx, 1)
+        b3, prep_b = as_3d(b, rb + rc + rf, (nb, k, n), ctx, 2)
+        fn = lowp_matmul(
+            node,
+            a3,
+            b3,
+            out.reshape(nb, m, n),
+            ctx,
+            preps=() if prep_a is None else (prep_a,),
+            b_prep=prep_b,
+        )
+        if fn is not None:
+            return fn
+    return _blas_dot_general(node, ins, out, ctx)
+
+
+def _dims(
+    a: np.ndarray,
+    b: np.ndarray,
+    lc: tuple[int, ...],
+    lb: tuple[int, ...],
+    lf: tuple[int, ...],
+    rf: tuple[int, ...],
+) -> tuple[int, int, int, int]:
+    return (
+        math.prod(a.shape[i] for i in lb),
+        math.prod(a.shape[i] for i in lf),
+        math.prod(a.shape[i] for i in lc),
+        math.prod(b.shape[j] for j in rf),
+    )
+
+
+@lowp
+def _blas_dot_general(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    a, b = ins
     if a.dtype.kind not in "fc":
         return None
     lc, rc, lb, rb, lf, rf = node.op._axes(a.ndim, b.ndim)  # type: ignore[attr-defined]
-    nb = math.prod(a.shape[i] for i in lb)
-    m = math.prod(a.shape[i] for i in lf)
-    k = math.prod(a.shape[i] for i in lc)
-    n = math.prod(b.shape[j] for j in rf)
+    nb, m, k, n = _dims(a, b, lc, lb, lf, rf)
     a3, prep_a = as_3d(a, lb + lf + lc, (nb, m, k), ctx, 1)
     b3, prep_b = as_3d(b, rb + rc + rf, (nb, k, n), ctx, 2)
     o3 = out.reshape(nb, m, n)
