@@ -19,10 +19,13 @@ made of several NumPy calls therefore write ``out`` only in their last call, or 
 aliased input only in the same elementwise call that writes ``out``.
 
 The kernels themselves live in ``kernels_<family>.py`` modules next to this one
-(``kernels_elementwise``: unary, binary, compare, where, cast; ``kernels_tensor``:
-reductions, norms, movement; ``kernels_linalg``: matmul, dot_general; ``kernels_nn``:
-attention, rope; ``kernels_fused``: fused ops and elementwise regions; ``kernels_quant``:
-quantized matmuls); ``load_kernels`` imports every ``kernels_*`` module it finds.
+(``kernels_elementwise``: unary, binary, compare, where; ``kernels_lowp``: cast and the
+native bf16/f16 paths; ``kernels_tensor``: reductions, norms, movement; ``kernels_linalg``:
+matmul, dot_general; ``kernels_nn``: attention, rope; ``kernels_conv``: conv, pool;
+``kernels_fused``: fused ops and elementwise regions; ``kernels_region``: native
+generated elementwise regions; ``kernels_rows``: native row kernels and matmul
+epilogues; ``kernels_quant``: quantized matmuls); ``load_kernels`` imports every
+``kernels_*`` module it finds.
 """
 
 from __future__ import annotations
