@@ -49,7 +49,9 @@ def bind_symbols(
             elif len(d.terms) == 1 and d.terms[0][1] == 1:
                 name = d.terms[0][0]
                 if got % d.coeff:
-                    raise InputError(f"{what} {n.op.name!r}: dim {ax}={got} is not a multiple of {d.coeff} ({d})")
+                    raise InputError(
+                        f"{what} {n.op.name!r}: dim {ax}={got} is not a multiple of {d.coeff} ({d})"
+                    )
                 v = got // d.coeff
                 if name in bindings and bindings[name] != v:
                     raise InputError(
@@ -76,7 +78,9 @@ def bind_symbols(
     return bindings
 
 
-def _coerce(graph: Graph, given: Mapping[str, Any], names: list[str], shapes: dict[str, Shape], what: str) -> dict[str, np.ndarray]:
+def _coerce(
+    graph: Graph, given: Mapping[str, Any], names: list[str], shapes: dict[str, Shape], what: str
+) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for k, v in given.items():
         if k not in shapes:
@@ -84,7 +88,11 @@ def _coerce(graph: Graph, given: Mapping[str, Any], names: list[str], shapes: di
         want = shapes[k].dtype.np
         a = np.asarray(v)
         if a.dtype != want:
-            if np.can_cast(a.dtype, want, casting="same_kind") or a.dtype.kind in "iub" and want.kind == "f":
+            if (
+                np.can_cast(a.dtype, want, casting="same_kind")
+                or a.dtype.kind in "iub"
+                and want.kind == "f"
+            ):
                 a = a.astype(want)
             else:
                 raise InputError(f"{what} {k!r}: expected dtype {shapes[k].dtype}, given {a.dtype}")
@@ -121,7 +129,9 @@ def evaluate_all(
             r = node.op.reference([env[i] for i in node.inputs], ctx)
         except RlxError as e:
             if e.loc is None and node.loc is not None:
-                raise type(e)(f"%{nid} {node.op}: {e.bare_message}", node=nid, loc=node.loc) from None
+                raise type(e)(
+                    f"%{nid} {node.op}: {e.bare_message}", node=nid, loc=node.loc
+                ) from None
             raise
         r = np.asarray(r)
         if r.dtype != ctx.out_dtype:
