@@ -603,11 +603,12 @@ def test_every_registered_op_has_a_parity_case() -> None:
 
 FAST = {
     "unary_gelu_f32": KernelKind.NUMPY,
-    "softmax": KernelKind.NUMPY,
-    "layer_norm": KernelKind.NUMPY,
+    # native row kernels (kernels_rows.py) where gcc is installed
+    "softmax": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
+    "layer_norm": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
     "matmul": KernelKind.BLAS,
     "attention_causal_2_f32_False": KernelKind.BLAS,
-    "fused_swiglu": KernelKind.BLAS,
+    "fused_swiglu": KernelKind.NATIVE if native.available() else KernelKind.BLAS,
     "gather": KernelKind.NUMPY,
     # one generated C loop (kernels_region.py) where gcc is installed
     "elementwise_region": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
@@ -621,9 +622,9 @@ FAST = {
     "avg_pool": KernelKind.NUMPY,
     "pad": KernelKind.NUMPY,
     "rope_partial_interleaved": KernelKind.NUMPY,
-    "fused_matmul_nobias_f16": KernelKind.BLAS,
+    "fused_matmul_nobias_f16": KernelKind.NATIVE if native.available() else KernelKind.BLAS,
     "fused_swiglu_f16": KernelKind.BLAS,
-    "fused_residual_rms_norm_bf16": KernelKind.NUMPY,
+    "fused_residual_rms_norm_bf16": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
 }
 
 

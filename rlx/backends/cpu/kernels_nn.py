@@ -5,7 +5,9 @@ Layout: q is copied to [B, Hkv, G*Sq, D] (G = H / Hkv query heads share one kv h
 grouped-query attention is one matmul per kv head), k to [B, Hkv, D, Skv], v to
 [B, Hkv, Skv, D]; scores [B, Hkv, G*Sq, Skv] are scaled, masked, soft-maxed in place
 (a row that sees no key gives zeros, as the reference), multiplied by v, and the heads are
-copied back into the packed [B, Sq, H*D] output. f16/bf16 compute in f32.
+copied back into the packed [B, Sq, H*D] output. f16/bf16 compute in f32. With native
+kernels on, the scale and the softmax are one native row pass (``kernels_rows``; the
+scale is applied by NumPy first when a mask is added); the NumPy passes otherwise.
 
 Rotary embedding writes both halves of each rotated pair with ufuncs into strided views
 of the output (two scratch products per half), and copies the pass-through dims.
@@ -17,7 +19,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rlx.backends.cpu.codegen import C_TYPES, CodegenUnsupported
+from rlx.backends.cpu.codegen_rows import RowKind, RowSpec
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
+from rlx.backends.cpu.kernels_rows import row_kernel
+from rlx.dtype import DType
+from rlx.errors import CompileError
 from rlx.ops.nn import Attention, Rope
 
 if TYPE_CHECKING:
@@ -60,12 +67,25 @@ def attention_kernel(
     allowed = op.mask.allowed(sq, skv)
     hidden = None if allowed is None else ~allowed
     ninf = dt.type(-np.inf)
+    premask = mask is not None or hidden is not None
+    fast = _native_softmax(s, scale, premask, ctx)
 
     def run() -> None:
         np.copyto(q_dst, q_src)
         np.copyto(kt, k_src)
         np.copyto(vs, v_src)
         np.matmul(qs, kt, out=s)
+        if fast is not None:
+            if premask:
+                np.multiply(s, scale, out=s)
+                if mask is not None:
+                    np.add(s4, mask, out=s4)
+                if hidden is not None:
+                    np.copyto(s4, ninf, where=hidden)
+            fast()
+            np.matmul(s, vs, out=o)
+            np.copyto(out_dst, o_src)
+            return
         np.multiply(s, scale, out=s)
         if mask is not None:
             np.add(s4, mask, out=s4)
@@ -84,6 +104,21 @@ def attention_kernel(
         np.copyto(out_dst, o_src)
 
     return run
+
+
+def _native_softmax(s: np.ndarray, scale: float, premask: bool, ctx: KernelCtx) -> Kernel | None:
+    """The native in-place softmax of the score rows (times ``scale`` unless a mask is
+    added first, so NumPy scales), a row of -inf giving zeros; None (noted) without it."""
+    if not ctx.native:
+        return None
+    try:
+        spec = RowSpec(
+            RowKind.SOFTMAX, C_TYPES[DType.from_numpy(s.dtype)], scaled=not premask, safe=True
+        )
+        return row_kernel(spec, [s, s], [], 0.0, ctx, scale=float(scale))
+    except (CodegenUnsupported, CompileError, KeyError) as e:
+        ctx.notes.append(f"NumPy softmax ({str(e).splitlines()[0]})")
+        return None
 
 
 @kernel(Rope)

@@ -1,0 +1,348 @@
+"""C renderer for row-wise kernels. In: a :class:`RowKind` (softmax, log-softmax, layer
+norm, RMS norm, matmul epilogue), the dtype's :class:`~rlx.backends.cpu.codegen.CType`
+and the variant flags (residual input, beta, activation). Out: a
+:class:`~rlx.backends.cpu.codegen.CFunction` for one translation unit of
+:class:`~rlx.backends.cpu.codegen.CModule` (same prelude, libmvec declarations and
+loader as the elementwise regions: ``kernels_region.load_function`` / ``bind``).
+
+Every function has the signature ``void name(const long* m, P0* p0, ..., const double*
+c, long nthreads)``: ``m = [rows, n]`` (a C-contiguous ``[rows, n]`` view of every
+row operand; per-column operands gamma/beta/bias have ``n`` elements), ``c`` the
+run-time constants (``eps``, the attention ``scale``). Extents and eps are arguments, so one library serves
+every shape and eps. Rows are split evenly over an OpenMP team when ``nthreads > 1``.
+
+Each row is walked two or three times (a row of a transformer, 1.5-6 KB, stays in L1
+between the walks) with ``#pragma omp simd`` loops; reductions accumulate in the
+register type (f32 for f32/f16/bf16) over SIMD lanes. Rows go in blocks of
+:data:`ROW_BLOCK`: each walk runs over the block's rows before the next walk starts, so
+one row's dependent chain (reduce, divide, reduce, sqrt) overlaps the others' (layer
+norm [128,384]: 18 us per call row by row, 11 us in blocks of 4, on this machine).
+
+The arithmetic follows the references op for op: ``exp(x - max) / sum``,
+``(x - max) - log(sum)``, ``c / sqrt(mean(c*c) + eps) * gamma (+ beta)``,
+``act(y + bias)``, ``act(gate) * up`` with the activation rendered by
+:data:`ROW_ACT_C` (``codegen.UNARY_C`` with vectorisable sigmoid / silu / softplus);
+f16/bf16 load into f32 and round once on store (``x + residual`` is rounded through the
+dtype first, as the fused reference stores it). Output pointers are not ``restrict``:
+each loop reads an index before writing it, so an output may alias its row input.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rlx.backends.cpu.codegen import UNARY_C, CFunction, CType
+from rlx.ops.elementwise import UnaryKind
+
+__all__ = ["RowKind", "RowSpec", "render_rows", "ACT_CALLS", "ROW_ACT_C", "ROW_HELPERS"]
+
+
+class RowKind(enum.Enum):
+    """What a row function computes."""
+
+    SOFTMAX = "softmax"
+    LOG_SOFTMAX = "log_softmax"
+    LAYER_NORM = "layer_norm"
+    RMS_NORM = "rms_norm"
+    BIAS_ACT = "bias_act"  # y = act(y + bias) in place (matmul epilogue)
+    GATE_MUL = "gate_mul"  # out = act(x) * out (SwiGLU epilogue: x the gate, out the up)
+
+
+# activations calling a math-library function once per element (the OpenMP work estimate)
+ACT_CALLS = frozenset(
+    {
+        UnaryKind.GELU,
+        UnaryKind.GELU_TANH,
+        UnaryKind.SILU,
+        UnaryKind.SIGMOID,
+        UnaryKind.TANH,
+        UnaryKind.EXP,
+        UnaryKind.LOG,
+        UnaryKind.SOFTPLUS,
+        UnaryKind.ERF,
+        UnaryKind.SIN,
+        UnaryKind.COS,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RowSpec:
+    """One row function: ``kind`` over values of C type ``ctype``; ``residual``: the
+    norm input is ``x + residual``; ``beta``: the norm adds beta / the epilogue adds a
+    bias; ``act``: the epilogue's activation (None: bias only); softmax only:
+    ``scaled`` multiplies each input by ``c[1]`` first (attention scores), ``safe`` makes
+    a row of -inf give zeros (a query that sees no key) instead of NaN."""
+
+    kind: RowKind
+    ctype: CType
+    residual: bool = False
+    beta: bool = False
+    act: UnaryKind | None = None
+    scaled: bool = False
+    safe: bool = False
+
+    @property
+    def name(self) -> str:
+        parts = ["rlx_rows", self.kind.value, self.ctype.storage.strip("_").lower()]
+        if self.residual:
+            parts.append("res")
+        if self.beta:
+            parts.append("beta")
+        if self.act is not None:
+            parts.append(self.act.value)
+        if self.scaled:
+            parts.append("scaled")
+        if self.safe:
+            parts.append("safe")
+        return "_".join(parts)
+
+    @property
+    def calls_per_element(self) -> int:
+        """Math-library calls per element (softmax: exp; epilogue: its activation)."""
+        if self.kind in (RowKind.SOFTMAX, RowKind.LOG_SOFTMAX):
+            return 1
+        return int(self.act in ACT_CALLS)
+
+
+# Branch-free twins of the prelude's rlx_sigmoid / rlx_softplus, with the same results.
+# gcc turns ``(x >= 0 ? 1 : e) / (1 + e)`` (and the prelude's form) into a division in
+# each arm, which it cannot if-convert under -ftrapping-math: a loop calling it runs
+# scalar with a mispredicted branch per element (silu on [128,1024]: 1.1 ms). The
+# select is therefore done on the bits (``rlx_rows_sel``), which gcc leaves alone.
+# softplus's NaN test is dropped: a NaN input gives NaN through log1p(exp(-|x|)) anyway.
+# ``rlx_rows_expneg`` is softmax's exp(x - max): libmvec computes lanes outside its fast
+# range (x < -87.3 for f32: masked -inf scores) with scalar calls, which made a causal
+# attention's native softmax no faster than NumPy's; below -87 (f32) / -708 (f64) it
+# returns 0, where exp would give at most 1.7e-38 / 3.3e-308 (subnormals included).
+ROW_HELPERS = r"""
+static inline float rlx_rows_self(bool c, float a, float b) {
+    uint32_t ua, ub, m = -(uint32_t)c; float r;
+    memcpy(&ua, &a, 4); memcpy(&ub, &b, 4); ua = (ua & m) | (ub & ~m); memcpy(&r, &ua, 4);
+    return r;
+}
+static inline double rlx_rows_sel(bool c, double a, double b) {
+    uint64_t ua, ub, m = -(uint64_t)c; double r;
+    memcpy(&ua, &a, 8); memcpy(&ub, &b, 8); ua = (ua & m) | (ub & ~m); memcpy(&r, &ua, 8);
+    return r;
+}
+static inline float rlx_rows_expnegf(float d) {
+    const bool under = d < -87.0f;
+    return rlx_rows_self(under, 0.0f, expf(rlx_rows_self(under, -87.0f, d)));
+}
+static inline double rlx_rows_expneg(double d) {
+    const bool under = d < -708.0;
+    return rlx_rows_sel(under, 0.0, exp(rlx_rows_sel(under, -708.0, d)));
+}
+static inline float rlx_rows_sigmoidf(float x) {
+    const float e = expf(-fabsf(x));
+    return rlx_rows_self(x >= 0, 1.0f, e) / (1.0f + e);
+}
+static inline double rlx_rows_sigmoid(double x) {
+    const double e = exp(-fabs(x));
+    return rlx_rows_sel(x >= 0, 1.0, e) / (1.0 + e);
+}
+static inline float rlx_rows_softplusf(float x) {
+    return rlx_rows_self(x > 0, x, 0.0f) + log1pf(expf(-fabsf(x)));
+}
+static inline double rlx_rows_softplus(double x) {
+    return rlx_rows_sel(x > 0, x, 0.0) + log1p(exp(-fabs(x)));
+}
+"""
+
+
+def _suffix(t: CType) -> str:
+    return "f" if t.value == "float" else ""
+
+
+def _sigmoid(a: Sequence[str], t: CType) -> str:
+    return f"rlx_rows_sigmoid{_suffix(t)}({a[0]})"
+
+
+ROW_ACT_C = {
+    **UNARY_C,
+    UnaryKind.SIGMOID: _sigmoid,
+    UnaryKind.SILU: lambda a, t: f"({a[0]} * {_sigmoid(a, t)})",
+    UnaryKind.SOFTPLUS: lambda a, t: f"rlx_rows_softplus{_suffix(t)}({a[0]})",
+}
+"""``codegen.UNARY_C`` with the vectorisable sigmoid / silu / softplus."""
+
+
+def _operands(spec: RowSpec) -> list[tuple[str, str]]:
+    """(C declaration, name) of each pointer operand after ``m``, in order."""
+    s = spec.ctype.storage
+    if spec.kind is RowKind.BIAS_ACT:
+        ops = [(f"{s}*", "y")]
+        if spec.beta:
+            ops.append((f"const {s}*", "bias"))
+        return ops
+    ops = [(f"const {s}*", "x")]
+    if spec.residual:
+        ops.append((f"const {s}*", "res"))
+    if spec.kind in (RowKind.LAYER_NORM, RowKind.RMS_NORM):
+        ops.append((f"const {s}*", "gamma"))
+        if spec.beta:
+            ops.append((f"const {s}*", "beta"))
+    ops.append((f"{s}*", "out"))
+    return ops
+
+
+# A reduction loop asks for 64 lanes: gcc then keeps several vector accumulators (four
+# AVX-512 registers of f32), so the adds of one row do not wait on each other's latency.
+REDUCTION_LANES = 64
+
+
+def _simd(reduction: str | None = None) -> str:
+    if reduction is None:
+        return "#pragma omp simd"
+    return f"#pragma omp simd reduction({reduction}) simdlen({REDUCTION_LANES})"
+
+
+ROW_BLOCK = 4  # rows whose passes are interleaved (their reductions overlap in the core)
+
+
+def _phases(spec: RowSpec) -> tuple[list[str], list[list[str]]]:
+    """The per-row-block statement arrays and the phases: each phase's statements run
+    for row ``k`` of a block (pointers ``*r`` at the row's start) before the next phase
+    starts, so the dependent chains of the block's rows (reduce, divide, reduce, sqrt)
+    overlap. A phase passes per-row scalars to later ones through ``a_*[k]``."""
+    t = spec.ctype
+    v = t.value
+    ld = t.load.format
+
+    def st(e: str) -> str:
+        return t.store.format(f"({e})")
+
+    f = t.fn
+    sfx = _suffix(t)
+    n = f"({v})n"
+    if spec.kind is RowKind.BIAS_ACT:
+        y = f"{ld('yr[j]')}" + (f" + {ld('bias[j]')}" if spec.beta else "")
+        if t.round is not None and spec.beta:
+            y = t.round.format(y)
+        act = f"({v})({ROW_ACT_C[spec.act](['a'], t)})" if spec.act is not None else "a"
+        return [], [[_simd(), "for (long j = 0; j < n; ++j) {", f"    const {v} a = {y};",
+                     f"    yr[j] = {st(act)};", "}"]]  # fmt: skip
+    if spec.kind is RowKind.GATE_MUL:
+        act = f"({v})({ROW_ACT_C[spec.act](['a'], t)})" if spec.act is not None else "a"
+        prod = st(f"{act} * {ld('outr[j]')}")
+        return [], [[_simd(), "for (long j = 0; j < n; ++j) {", f"    const {v} a = {ld('xr[j]')};",
+                     f"    outr[j] = {prod};", "}"]]  # fmt: skip
+    if spec.kind in (RowKind.SOFTMAX, RowKind.LOG_SOFTMAX):
+        x = ld("xr[j]")
+        if spec.scaled:  # the attention scores' scale, rounded like NumPy's multiply
+            x = f"({v})({x} * sc)"
+        p1 = [
+            f"{v} mx = -INFINITY;",
+            _simd("max:mx"),
+            f"for (long j = 0; j < n; ++j) {{ const {v} a = {x}; mx = a > mx ? a : mx; }}",
+        ]
+        if spec.safe:  # a row that sees no key (all -inf) gives zeros
+            p1.append("if (mx == -INFINITY) mx = 0;")
+        p1.append("a_mx[k] = mx;")
+        # f32/f64 softmax keeps exp(x - max) in the output row; f16/bf16 recompute it
+        keep = spec.kind is RowKind.SOFTMAX and t.round is None
+        p2 = [f"const {v} mx = a_mx[k];", f"{v} s = 0;", _simd("+:s"),
+              "for (long j = 0; j < n; ++j) {", f"    const {v} e = rlx_rows_expneg{sfx}({x} - mx);"]  # fmt: skip
+        if keep:
+            p2.append("    outr[j] = e;")
+        p2 += ["    s += e;", "}"]
+        if spec.safe:
+            p2.append("if (s == 0) s = 1;")
+        p3 = [f"const {v} mx = a_mx[k];"]
+        if spec.kind is RowKind.LOG_SOFTMAX:
+            p2.append(f"a_s[k] = {f('log')}(s);")
+            p3.append(f"const {v} ls = a_s[k];")
+            y = f"({x} - mx) - ls"
+        else:
+            p2.append("a_s[k] = s;")
+            p3.append(f"const {v} s = a_s[k];")
+            y = "outr[j] / s" if keep else f"rlx_rows_expneg{sfx}({x} - mx) / s"
+        p3 += [_simd(), "for (long j = 0; j < n; ++j) {", f"    outr[j] = {st(y)};", "}"]
+        pre = [f"const {v} sc = ({v})c[1];"] if spec.scaled else []
+        return pre, [p1, p2, p3]
+    # norms: h = x (+ residual, rounded through the dtype)
+    h = ld("xr[j]")
+    if spec.residual:
+        h = f"{ld('xr[j]')} + {ld('rr[j]')}"
+        if t.round is not None:
+            h = t.round.format(h)
+    phases: list[list[str]] = []
+    if spec.kind is RowKind.LAYER_NORM:
+        phases.append([f"{v} sum = 0;", _simd("+:sum"),
+                       f"for (long j = 0; j < n; ++j) {{ sum += {h}; }}",
+                       f"a_mean[k] = sum / {n};"])  # fmt: skip
+        cexpr, mean = f"(({h}) - mean)", [f"const {v} mean = a_mean[k];"]
+    else:
+        cexpr, mean = f"({h})", []
+    phases.append(mean + [f"{v} sq = 0;", _simd("+:sq"),
+                  f"for (long j = 0; j < n; ++j) {{ const {v} d = {cexpr}; sq += d * d; }}",
+                  f"a_sd[k] = {f('sqrt')}(sq / {n} + ({v})c[0]);"])  # fmt: skip
+    y = f"d / sd * {ld('gamma[j]')}"
+    if spec.beta:
+        y = f"{y} + {ld('beta[j]')}"
+    phases.append(mean + [f"const {v} sd = a_sd[k];", _simd(),
+                  "for (long j = 0; j < n; ++j) {",
+                  f"    const {v} d = {cexpr};", f"    outr[j] = {st(y)};", "}"])  # fmt: skip
+    return [], phases
+
+
+def render_rows(spec: RowSpec) -> CFunction:
+    """The C function of ``spec`` (see the module docstring for its arguments)."""
+    if spec.act is not None and spec.act not in ROW_ACT_C:
+        raise ValueError(f"activation {spec.act} has no C rendering")
+    name = spec.name
+    ops = _operands(spec)
+    params = ["const long* restrict m"] + [f"{d} p{k}" for k, (d, _) in enumerate(ops)]
+    params.append("const double* restrict c")
+    row_ptrs = {"x": "xr", "res": "rr", "out": "outr", "y": "yr"}
+    lines = [f"static void {name}_rows(long r0, long r1, {', '.join(params)}) {{"]
+    lines.append("    const long n = m[1];")
+    for k, (d, nm) in enumerate(ops):
+        if nm not in row_ptrs:
+            lines.append(f"    {d} {nm} = p{k};")
+    lines.append("    (void)c;")
+    pre, phases = _phases(spec)
+    lines += ["    " + s for s in pre]
+    text = "\n".join(x for p in phases for x in p)
+    arrays = [a for a in ("a_mx", "a_s", "a_mean", "a_sd") if f"{a}[k]" in text]
+    lines.append(f"    for (long r = r0; r < r1; r += {ROW_BLOCK}) {{")
+    lines.append(f"        const long kb = r1 - r < {ROW_BLOCK} ? r1 - r : {ROW_BLOCK};")
+    if arrays:
+        lines.append(
+            f"        {spec.ctype.value} {', '.join(f'{a}[{ROW_BLOCK}]' for a in arrays)};"
+        )
+    for phase in phases:
+        lines.append("        for (long k = 0; k < kb; ++k) {")
+        for k, (d, nm) in enumerate(ops):
+            if nm in row_ptrs:
+                lines.append(f"            {d} {row_ptrs[nm]} = p{k} + (r + k) * n;")
+        lines += ["            " + s for s in phase]
+        lines.append("        }")
+    lines += ["    }", "}", ""]
+    args = ", ".join(["m"] + [f"p{k}" for k in range(len(ops))] + ["c"])
+    lines.append(f"void {name}({', '.join(params)}, long nthreads) {{")
+    lines.append("    const long rows = m[0];")
+    lines.append("#ifdef _OPENMP")
+    lines.append("    if (nthreads > 1 && rows > 1) {")
+    lines.append("        #pragma omp parallel num_threads(nthreads)")
+    lines.append("        {")
+    lines.append("            const long t = omp_get_thread_num(), nt = omp_get_num_threads();")
+    lines.append(f"            {name}_rows(rows * t / nt, rows * (t + 1) / nt, {args});")
+    lines.append("        }")
+    lines.append("        return;")
+    lines.append("    }")
+    lines.append("#endif")
+    lines.append("    (void)nthreads;")
+    lines.append(f"    {name}_rows(0, rows, {args});")
+    lines.append("}")
+    ops_count = {RowKind.SOFTMAX: 4, RowKind.LOG_SOFTMAX: 5, RowKind.LAYER_NORM: 7}
+    return CFunction(
+        name,
+        ROW_HELPERS + "\n".join(lines) + "\n",
+        num_pointers=len(ops) + 2,
+        ops=ops_count.get(spec.kind, 5),
+        calls=spec.calls_per_element,
+    )
