@@ -529,3 +529,59 @@ def test_wide_body_beyond_the_temporary_cap_stays_one_loop() -> None:
     fn_, _ = codegen.render_region(g, [x], np.empty_like(x))
     assert "[j - jb]" not in fn_.source
     check(run_cases([(g, [x])]), ["wide"])
+
+
+# ---- the sigmoid family: branch-free helpers ---------------------------------------------
+
+SIGMOID_FAMILY = [UnaryKind.SIGMOID, UnaryKind.SILU, UnaryKind.SOFTPLUS]
+EXTREME = [0.0, -0.0, 1e-30, -1e-30, 1.0, -1.0, 17.0, -17.0, 87.5, -87.5, 88.0, -88.0]
+EXTREME += [89.0, -89.0, 104.0, -104.0, 709.0, -709.0, 746.0, -746.0, 1e4, -1e4, 3e38, -3e38]
+EXTREME += [np.inf, -np.inf, np.nan]
+
+
+def ulps(got: np.ndarray, want: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """|got - want| in units in the last place of max(|want|, |scale|); equal values and
+    NaN against NaN: 0."""
+    with np.errstate(all="ignore"):
+        ref = np.maximum(np.abs(want), np.abs(scale)).astype(want.dtype)
+        d = np.abs(got.astype(np.float64) - want.astype(np.float64)) / np.spacing(ref)
+    d[(np.isnan(got) & np.isnan(want)) | (got == want)] = 0
+    return d
+
+
+@pytest.mark.parametrize("dt", [DType.F32, DType.F64])
+def test_sigmoid_family_extreme_inputs_in_ulps(dt: DType) -> None:
+    """sigmoid / silu / softplus against the reference's stable formulas at 0, the tails
+    (exp(-|x|) subnormal or 0 in f32 and f64), +-inf and NaN: at most 4 ulps (libmvec's
+    bound). silu = x * sigmoid(x) scales an ulp of a subnormal sigmoid by |x|, in the
+    reference too: its ulps there are those of x times the smallest normal number."""
+    rng = np.random.default_rng(17)
+    x = np.concatenate([EXTREME, rng.normal(0, 30, 300), rng.uniform(-800, 800, 200)])
+    x = x.astype(dt.np)
+    pairs = run_cases(
+        [(body([dt], [x.shape], lambda g, a, k=k: g.unary(k, a)), [x]) for k in SIGMOID_FAMILY]
+    )
+    tiny = np.finfo(dt.np).tiny
+    for k, (got, want) in zip(SIGMOID_FAMILY, pairs, strict=True):
+        assert np.array_equal(np.isnan(got), np.isnan(want)), k
+        scale = x * tiny if k is UnaryKind.SILU else np.zeros_like(x)
+        assert np.max(ulps(got, want, scale)) <= 4, k
+    sig, silu, softplus = (got for got, _ in pairs)
+    assert np.all(sig[x == np.inf] == 1) and np.all(sig[x == -np.inf] == 0)
+    assert np.all(softplus[x == np.inf] == np.inf) and np.all(softplus[x == -np.inf] == 0)
+    assert np.isnan(silu[x == -np.inf]).all()  # -inf * 0, as in the reference
+
+
+@pytest.mark.skipif(
+    not kernels_region.vector_math_available(), reason="libmvec (glibc x86-64) is not loadable"
+)
+@pytest.mark.parametrize("kind", SIGMOID_FAMILY, ids=lambda k: k.value)
+def test_sigmoid_family_regions_call_vector_math(kind: UnaryKind) -> None:
+    """The prelude's sigmoid / softplus select on bits, not with a branch, so gcc
+    vectorises a region's loop: the built library imports libmvec's SIMD expf."""
+    x = np.zeros((4, 64), np.float32)
+    g = body([DType.F32], [x.shape], lambda g, a: g.unary(kind, a))
+    fn, _ = codegen.render_region(g, [x], np.empty_like(x))
+    lib = native.build(CModule((fn,), vector_math=True).source, native.Isa.PLAIN, "region")
+    text = lib.read_bytes()
+    assert b"_ZGVeN16v_expf" in text or b"_ZGVdN8v_expf" in text

@@ -411,3 +411,24 @@ def test_epilogue_activations_call_vector_math(act: UnaryKind) -> None:
     source = CModule((fn,), vector_math=True).source
     lib = native.build(source, native.Isa.PLAIN, "region")
     assert b"_ZGVeN16v_expf" in lib.read_bytes() or b"_ZGVdN8v_expf" in lib.read_bytes()
+
+
+EXTREME = [0.0, -0.0, 1e-30, -1e-30, 17.0, -17.0, 87.5, -87.5, 88.0, -88.0, 89.0, -89.0]
+EXTREME += [104.0, -104.0, 709.0, -709.0, 746.0, -746.0, 1e4, -1e4, np.inf, -np.inf, np.nan]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("act", [UnaryKind.SIGMOID, UnaryKind.SILU, UnaryKind.SOFTPLUS])
+def test_epilogue_sigmoid_family_extreme_inputs(act: UnaryKind, dtype: type) -> None:
+    """The shared branch-free helpers at the tails, +-inf and NaN: at most 4 ulps of the
+    stable reference (silu: ulps of x times the smallest normal where its sigmoid is
+    subnormal, in the reference too)."""
+    x = np.array(EXTREME * 3, dtype).reshape(3, -1)
+    y = x.copy()
+    spec = RowSpec(RowKind.BIAS_ACT, C_TYPES[DType.from_numpy(np.dtype(dtype))], act=act)
+    row_kernel(spec, [y], [], 0.0, epilogue_ctx(y))()
+    with np.errstate(all="ignore"):
+        want = Unary(act).reference([x], RefCtx(x.shape, x.dtype, {}, {}, {})).astype(dtype)
+    assert np.array_equal(np.isnan(y), np.isnan(want))
+    scale = x * np.finfo(dtype).tiny if act is UnaryKind.SILU else None
+    assert np.max(ulps(y, want, scale)) <= 4

@@ -21,22 +21,22 @@ norm [128,384]: 18 us per call row by row, 11 us in blocks of 4, on this machine
 The arithmetic follows the references op for op: ``exp(x - max) / sum``,
 ``(x - max) - log(sum)``, ``c / sqrt(mean(c*c) + eps) * gamma (+ beta)``,
 ``act(y + bias)``, ``act(gate) * up`` with the activation rendered by
-:data:`ROW_ACT_C` (``codegen.UNARY_C`` with vectorisable sigmoid / silu / softplus);
-f16/bf16 load into f32 and round once on store (``x + residual`` is rounded through the
-dtype first, as the fused reference stores it). Output pointers are not ``restrict``:
+:data:`~rlx.backends.cpu.codegen.UNARY_C` (the prelude's sigmoid / silu / softplus
+helpers are branch-free, so these loops vectorise; softmax's exp is the prelude's
+``rlx_expneg``); f16/bf16 load into f32 and round once on store (``x + residual`` is
+rounded through the dtype first, as the fused reference stores it). Output pointers are not ``restrict``:
 each loop reads an index before writing it, so an output may alias its row input.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlx.backends.cpu.codegen import UNARY_C, CFunction, CType
 from rlx.ops.elementwise import UnaryKind
 
-__all__ = ["RowKind", "RowSpec", "render_rows", "ACT_CALLS", "ROW_ACT_C", "ROW_HELPERS"]
+__all__ = ["RowKind", "RowSpec", "render_rows", "ACT_CALLS"]
 
 
 class RowKind(enum.Enum):
@@ -107,67 +107,8 @@ class RowSpec:
         return int(self.act in ACT_CALLS)
 
 
-# Branch-free twins of the prelude's rlx_sigmoid / rlx_softplus, with the same results.
-# gcc turns ``(x >= 0 ? 1 : e) / (1 + e)`` (and the prelude's form) into a division in
-# each arm, which it cannot if-convert under -ftrapping-math: a loop calling it runs
-# scalar with a mispredicted branch per element (silu on [128,1024]: 1.1 ms). The
-# select is therefore done on the bits (``rlx_rows_sel``), which gcc leaves alone.
-# softplus's NaN test is dropped: a NaN input gives NaN through log1p(exp(-|x|)) anyway.
-# ``rlx_rows_expneg`` is softmax's exp(x - max): libmvec computes lanes outside its fast
-# range (x < -87.3 for f32: masked -inf scores) with scalar calls, which made a causal
-# attention's native softmax no faster than NumPy's; below -87 (f32) / -708 (f64) it
-# returns 0, where exp would give at most 1.7e-38 / 3.3e-308 (subnormals included).
-ROW_HELPERS = r"""
-static inline float rlx_rows_self(bool c, float a, float b) {
-    uint32_t ua, ub, m = -(uint32_t)c; float r;
-    memcpy(&ua, &a, 4); memcpy(&ub, &b, 4); ua = (ua & m) | (ub & ~m); memcpy(&r, &ua, 4);
-    return r;
-}
-static inline double rlx_rows_sel(bool c, double a, double b) {
-    uint64_t ua, ub, m = -(uint64_t)c; double r;
-    memcpy(&ua, &a, 8); memcpy(&ub, &b, 8); ua = (ua & m) | (ub & ~m); memcpy(&r, &ua, 8);
-    return r;
-}
-static inline float rlx_rows_expnegf(float d) {
-    const bool under = d < -87.0f;
-    return rlx_rows_self(under, 0.0f, expf(rlx_rows_self(under, -87.0f, d)));
-}
-static inline double rlx_rows_expneg(double d) {
-    const bool under = d < -708.0;
-    return rlx_rows_sel(under, 0.0, exp(rlx_rows_sel(under, -708.0, d)));
-}
-static inline float rlx_rows_sigmoidf(float x) {
-    const float e = expf(-fabsf(x));
-    return rlx_rows_self(x >= 0, 1.0f, e) / (1.0f + e);
-}
-static inline double rlx_rows_sigmoid(double x) {
-    const double e = exp(-fabs(x));
-    return rlx_rows_sel(x >= 0, 1.0, e) / (1.0 + e);
-}
-static inline float rlx_rows_softplusf(float x) {
-    return rlx_rows_self(x > 0, x, 0.0f) + log1pf(expf(-fabsf(x)));
-}
-static inline double rlx_rows_softplus(double x) {
-    return rlx_rows_sel(x > 0, x, 0.0) + log1p(exp(-fabs(x)));
-}
-"""
-
-
 def _suffix(t: CType) -> str:
     return "f" if t.value == "float" else ""
-
-
-def _sigmoid(a: Sequence[str], t: CType) -> str:
-    return f"rlx_rows_sigmoid{_suffix(t)}({a[0]})"
-
-
-ROW_ACT_C = {
-    **UNARY_C,
-    UnaryKind.SIGMOID: _sigmoid,
-    UnaryKind.SILU: lambda a, t: f"({a[0]} * {_sigmoid(a, t)})",
-    UnaryKind.SOFTPLUS: lambda a, t: f"rlx_rows_softplus{_suffix(t)}({a[0]})",
-}
-"""``codegen.UNARY_C`` with the vectorisable sigmoid / silu / softplus."""
 
 
 def _operands(spec: RowSpec) -> list[tuple[str, str]]:
@@ -222,11 +163,11 @@ def _phases(spec: RowSpec) -> tuple[list[str], list[list[str]]]:
         y = f"{ld('yr[j]')}" + (f" + {ld('bias[j]')}" if spec.beta else "")
         if t.round is not None and spec.beta:
             y = t.round.format(y)
-        act = f"({v})({ROW_ACT_C[spec.act](['a'], t)})" if spec.act is not None else "a"
+        act = f"({v})({UNARY_C[spec.act](['a'], t)})" if spec.act is not None else "a"
         return [], [[_simd(), "for (long j = 0; j < n; ++j) {", f"    const {v} a = {y};",
                      f"    yr[j] = {st(act)};", "}"]]  # fmt: skip
     if spec.kind is RowKind.GATE_MUL:
-        act = f"({v})({ROW_ACT_C[spec.act](['a'], t)})" if spec.act is not None else "a"
+        act = f"({v})({UNARY_C[spec.act](['a'], t)})" if spec.act is not None else "a"
         prod = st(f"{act} * {ld('outr[j]')}")
         return [], [[_simd(), "for (long j = 0; j < n; ++j) {", f"    const {v} a = {ld('xr[j]')};",
                      f"    outr[j] = {prod};", "}"]]  # fmt: skip
@@ -245,7 +186,7 @@ def _phases(spec: RowSpec) -> tuple[list[str], list[list[str]]]:
         # f32/f64 softmax keeps exp(x - max) in the output row; f16/bf16 recompute it
         keep = spec.kind is RowKind.SOFTMAX and t.round is None
         p2 = [f"const {v} mx = a_mx[k];", f"{v} s = 0;", _simd("+:s"),
-              "for (long j = 0; j < n; ++j) {", f"    const {v} e = rlx_rows_expneg{sfx}({x} - mx);"]  # fmt: skip
+              "for (long j = 0; j < n; ++j) {", f"    const {v} e = rlx_expneg{sfx}({x} - mx);"]  # fmt: skip
         if keep:
             p2.append("    outr[j] = e;")
         p2 += ["    s += e;", "}"]
@@ -259,7 +200,7 @@ def _phases(spec: RowSpec) -> tuple[list[str], list[list[str]]]:
         else:
             p2.append("a_s[k] = s;")
             p3.append(f"const {v} s = a_s[k];")
-            y = "outr[j] / s" if keep else f"rlx_rows_expneg{sfx}({x} - mx) / s"
+            y = "outr[j] / s" if keep else f"rlx_expneg{sfx}({x} - mx) / s"
         p3 += [_simd(), "for (long j = 0; j < n; ++j) {", f"    outr[j] = {st(y)};", "}"]
         pre = [f"const {v} sc = ({v})c[1];"] if spec.scaled else []
         return pre, [p1, p2, p3]
@@ -291,7 +232,7 @@ def _phases(spec: RowSpec) -> tuple[list[str], list[list[str]]]:
 
 def render_rows(spec: RowSpec) -> CFunction:
     """The C function of ``spec`` (see the module docstring for its arguments)."""
-    if spec.act is not None and spec.act not in ROW_ACT_C:
+    if spec.act is not None and spec.act not in UNARY_C:
         raise ValueError(f"activation {spec.act} has no C rendering")
     name = spec.name
     ops = _operands(spec)
@@ -341,7 +282,7 @@ def render_rows(spec: RowSpec) -> CFunction:
     ops_count = {RowKind.SOFTMAX: 4, RowKind.LOG_SOFTMAX: 5, RowKind.LAYER_NORM: 7}
     return CFunction(
         name,
-        ROW_HELPERS + "\n".join(lines) + "\n",
+        "\n".join(lines) + "\n",
         num_pointers=len(ops) + 2,
         ops=ops_count.get(spec.kind, 5),
         calls=spec.calls_per_element,
