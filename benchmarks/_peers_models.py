@@ -154,19 +154,21 @@ def chain_graph(steps: tuple[ChainStep, ...], shape: tuple[int, ...] = CHAIN_SHA
     return g
 
 
+def _seeded(
+    kind: WorkloadKind, title: str, g: Graph, seed: int, cfg: MlpConfig | EncoderConfig
+) -> Workload:
+    """A workload with params drawn from ``seed`` and the input ``x`` from ``seed + 1``."""
+    return Workload(
+        kind, title, g, random_params(g, seed), random_inputs(g, seed=seed + 1)["x"], cfg
+    )
+
+
 def mlp_workload(cfg: MlpConfig | None = None, seed: int = 0) -> Workload:
     """The MLP workload at ``cfg`` (default :class:`MlpConfig`), params/input from ``seed``."""
     cfg = cfg or MlpConfig()
     g = mlp_graph(cfg)
     title = f"MLP (batch {cfg.batch}, {cfg.d_in} -> {cfg.hidden} -> {cfg.d_out}, gelu)"
-    return Workload(
-        WorkloadKind.MLP,
-        title,
-        g,
-        random_params(g, seed),
-        random_inputs(g, seed=seed + 1)["x"],
-        cfg,
-    )
+    return _seeded(WorkloadKind.MLP, title, g, seed, cfg)
 
 
 def encoder_workload(cfg: EncoderConfig | None = None, seed: int = 0) -> Workload:
@@ -177,14 +179,7 @@ def encoder_workload(cfg: EncoderConfig | None = None, seed: int = 0) -> Workloa
         f"MiniLM-sized encoder (layers {cfg.layers}, hidden {cfg.hidden}, heads {cfg.heads}, "
         f"ffn {cfg.ffn}, seq {cfg.seq}, batch {cfg.batch})"
     )
-    return Workload(
-        WorkloadKind.ENCODER,
-        title,
-        g,
-        random_params(g, seed),
-        random_inputs(g, seed=seed + 1)["x"],
-        cfg,
-    )
+    return _seeded(WorkloadKind.ENCODER, title, g, seed, cfg)
 
 
 def chain_workload(steps: tuple[ChainStep, ...] = CHAIN, seed: int = 0) -> Workload:

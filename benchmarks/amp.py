@@ -19,14 +19,12 @@ import datetime
 import os
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import mlp  # noqa: E402
 
 from rlx.errors import RlxError  # noqa: E402
 from rlx.ir.mir import Graph  # noqa: E402
@@ -37,18 +35,6 @@ from rlx.passes.precision import PrecisionPolicy  # noqa: E402
 from rlx.runtime.compiled import CompiledGraph  # noqa: E402
 from rlx.runtime.options import CompileOptions  # noqa: E402
 from rlx.runtime.session import Session  # noqa: E402
-
-
-def mlp(batch: int = 64, dims: tuple[int, ...] = (512, 2048, 2048, 512)) -> Graph:
-    g = Graph("mlp")
-    x = g.input("x", (batch, dims[0]))
-    for k, (i, o) in enumerate(zip(dims[:-1], dims[1:])):
-        x = g.linear(x, g.param(f"w{k}", (i, o)), g.param(f"b{k}", (o,)))
-        if k < len(dims) - 2:
-            x = g.gelu(x)
-    g.set_outputs([x])
-    return g
-
 
 CASES: tuple[tuple[str, Callable[[], Graph]], ...] = (
     ("MLP b64 512-2048-2048-512", mlp),

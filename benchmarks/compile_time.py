@@ -15,12 +15,11 @@ import datetime
 import os
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _common  # noqa: E402, F401  (puts the repository root on sys.path)
 
 from rlx.ir.mir import Graph  # noqa: E402
 from rlx.models.synthetic import decoder, encoder  # noqa: E402

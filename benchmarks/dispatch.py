@@ -27,54 +27,21 @@ import sys
 import time
 from pathlib import Path
 
-_PINNED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-if any(k in os.environ for k in _PINNED):  # must happen before NumPy loads OpenBLAS
-    env = {k: v for k, v in os.environ.items() if k not in _PINNED}
-    env["RLX_BENCH_UNSET"] = ",".join(k for k in _PINNED if k in os.environ)
-    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+from _common import best_time, chain, reexec_without_blas_pins, removed_blas_pins
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+reexec_without_blas_pins()  # must happen before NumPy loads OpenBLAS
 
 import numpy as np  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
-import rlx  # noqa: E402
 from rlx.runtime import threads  # noqa: E402
 from rlx.runtime.options import CompileOptions  # noqa: E402
 from rlx.runtime.session import Session  # noqa: E402
 
 
-def chain(n: int, dims: tuple[object, ...] = (4,), name: str = "chain") -> rlx.Graph:
-    """``n`` elementwise nodes after the input: add, mul, tanh, relu in turn."""
-    g = rlx.Graph(name)
-    if any(isinstance(d, str) for d in dims):
-        g.sym("batch", max=4096)
-    x = g.input("x", dims)
-    y = x
-    for i in range(n - 1):
-        k = i % 4
-        if k == 0:
-            y = g.add(y, 0.5)
-        elif k == 1:
-            y = g.mul(y, 0.9)
-        elif k == 2:
-            y = g.tanh(y)
-        else:
-            y = g.relu(y)
-    g.set_outputs([y])
-    return g
-
-
 def timeit(fn, repeat: int = 7, number: int = 2000) -> float:  # noqa: ANN001
-    """Seconds per call: the best of ``repeat`` rounds of ``number`` calls (as timeit
-    recommends: on a shared machine the slower rounds measure the other jobs)."""
-    rounds = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        rounds.append((time.perf_counter() - t0) / number)
-    return min(rounds)
+    """Seconds per call: the best of ``repeat`` rounds of ``number`` calls."""
+    return best_time(fn, repeat, number)
 
 
 def bench_dispatch() -> dict[str, float]:
@@ -164,7 +131,7 @@ def main() -> None:
     s = bench_new_shape()
     t = bench_threads()
     blas = threads.blas_info()
-    unset = os.environ.get("RLX_BENCH_UNSET", "")
+    unset = ",".join(removed_blas_pins())
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# CPU runtime dispatch benchmark",

@@ -29,29 +29,18 @@ import sys
 import time
 from pathlib import Path
 
-_BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-_REMOVED_ENV = "RLX_BENCH_REMOVED_BLAS_ENV"
+from _common import best_time, reexec_without_blas_pins, removed_blas_pins
 
-if any(k in os.environ for k in _BLAS_ENV):
-    removed = ";".join(f"{k}={os.environ.pop(k)}" for k in _BLAS_ENV if k in os.environ)
-    os.environ[_REMOVED_ENV] = removed
-    os.execv(sys.executable, [sys.executable, *sys.argv])
+reexec_without_blas_pins()
 
 import numpy as np  # noqa: E402
 from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rlx.backends.cpu import native  # noqa: E402
 
 
-def _best_time(fn, reps: int) -> float:
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return min(ts)
+def _best_time(fn, reps: int) -> float:  # noqa: ANN001
+    return best_time(fn, reps, warmup=True)
 
 
 def _cpu_model() -> str:
@@ -135,7 +124,7 @@ def main() -> int:
     target = [r for r in rows if r[0] >= 512]
     worst = min((r[7] for r in target), default=float("nan"))
     cmd = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
-    removed = os.environ.get(_REMOVED_ENV, "")
+    removed = ";".join(f"{k}={v}" for k, v in removed_blas_pins().items())
     lines = [
         "# INT8 GEMM vs F32 GEMM",
         "",

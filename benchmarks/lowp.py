@@ -29,15 +29,13 @@ import datetime
 import os
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import best_time, mlp  # noqa: E402
 
 from rlx.backends.cpu import kernels_lowp as kl  # noqa: E402
 from rlx.backends.cpu import native  # noqa: E402
@@ -51,17 +49,6 @@ from rlx.runtime.session import Session  # noqa: E402
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-def mlp(batch: int = 64, dims: tuple[int, ...] = (512, 2048, 2048, 512)) -> Graph:
-    g = Graph("mlp")
-    x = g.input("x", (batch, dims[0]))
-    for k, (i, o) in enumerate(zip(dims[:-1], dims[1:], strict=False)):
-        x = g.linear(x, g.param(f"w{k}", (i, o)), g.param(f"b{k}", (o,)))
-        if k < len(dims) - 2:
-            x = g.gelu(x)
-    g.set_outputs([x])
-    return g
-
-
 CASES: tuple[tuple[str, Callable[[], Graph]], ...] = (
     ("MLP b64 512-2048-2048-512", mlp),
     ("encoder 2L h256 seq128", lambda: encoder(layers=2, hidden=256, heads=4, ffn=1024, seq=128)),
@@ -69,13 +56,8 @@ CASES: tuple[tuple[str, Callable[[], Graph]], ...] = (
 
 
 def best(fn: Callable[[], object], repeat: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return min(ts)
+    """Seconds: the fastest of ``repeat`` single calls after a warm-up."""
+    return best_time(fn, repeat, warmup=True)
 
 
 def cast_rows(repeat: int, thread_counts: list[int]) -> list[str]:

@@ -14,15 +14,13 @@ import argparse
 import datetime
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import _common  # noqa: E402, F401  (puts the repository root on sys.path)
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlx.backends.cpu.plancheck import check_plan  # noqa: E402
 from rlx.backends.cpu.planner import plan_memory  # noqa: E402

@@ -24,16 +24,14 @@ import datetime
 import functools
 import os
 import platform
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import numpy as np  # noqa: E402
+from _common import best_time, chain  # noqa: E402
 
 import rlx  # noqa: E402
 from rlx.backends.cpu import codegen, kernels_region, native  # noqa: E402
@@ -44,32 +42,8 @@ HIDDEN = (128, 1536)
 
 
 def timeit(fn: Callable[[], object], repeat: int = 7, number: int = 50) -> float:
-    """Seconds per call: best of ``repeat`` rounds of ``number`` calls (the slower rounds
-    measure the other jobs on a shared machine)."""
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / number)
-    return best
-
-
-def chain(n: int, dims: tuple[int, ...]) -> rlx.Graph:
-    g = rlx.Graph("chain")
-    y = g.input("x", dims)
-    for i in range(n - 1):
-        k = i % 4
-        if k == 0:
-            y = g.add(y, 0.5)
-        elif k == 1:
-            y = g.mul(y, 0.9)
-        elif k == 2:
-            y = g.tanh(y)
-        else:
-            y = g.relu(y)
-    g.set_outputs([y])
-    return g
+    """Seconds per call: best of ``repeat`` rounds of ``number`` calls."""
+    return best_time(fn, repeat, number)
 
 
 def mlp(tanh: bool) -> rlx.Graph:

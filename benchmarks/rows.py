@@ -26,15 +26,12 @@ import argparse
 import datetime
 import os
 import platform
-import sys
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import numpy as np  # noqa: E402
+from _common import best_time  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 import rlx  # noqa: E402
@@ -53,15 +50,8 @@ ROWS = [(128, 384), (128, 1536), (2048, 384)]
 
 
 def timeit(fn: Callable[[], object], repeat: int, number: int) -> float:
-    """Seconds per call: best of ``repeat`` rounds of ``number`` calls."""
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / number)
-    return best
+    """Seconds per call: best of ``repeat`` rounds of ``number`` calls, after a warm-up."""
+    return best_time(fn, repeat, number, warmup=True)
 
 
 def op_graph(name: str, dims: tuple[int, ...]) -> tuple[rlx.Graph, list[np.ndarray]]:

@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from rlx.ops.base import Op
+from rlx.ops.base import Op, format_attrs
 from rlx.ops.elementwise import UnaryKind
 from rlx.shape import Shape
 
@@ -67,14 +67,8 @@ class HirBlock:
         return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
 
     def __str__(self) -> str:
-        parts = []
-        for k, v in self.attrs().items():
-            if isinstance(v, enum.Enum):
-                v = v.name.lower()
-            elif isinstance(v, float):
-                v = f"{v:g}"
-            parts.append(f"{k}={v}")
-        return f"{self.mnemonic}[{', '.join(parts)}]" if parts else self.mnemonic
+        a = format_attrs(self.attrs())
+        return f"{self.mnemonic}[{a}]" if a else self.mnemonic
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,21 @@ __all__ = [
     "graph_method",
     "expect",
     "registry_scope",
+    "format_attrs",
 ]
+
+
+def format_attrs(attrs: Mapping[str, Any]) -> str:
+    """``k=v, ...`` as the IR printers show attributes: enums by lower-case name, floats
+    with ``:g``."""
+    parts = []
+    for k, v in attrs.items():
+        if isinstance(v, enum.Enum):
+            v = v.name.lower()
+        elif isinstance(v, float):
+            v = f"{v:g}"
+        parts.append(f"{k}={v}")
+    return ", ".join(parts)
 
 
 class OpKind(enum.Enum):
@@ -96,14 +110,7 @@ class Op:
         return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
 
     def attrs_str(self) -> str:
-        parts = []
-        for k, v in self.attrs().items():
-            if isinstance(v, enum.Enum):
-                v = v.name.lower()
-            elif isinstance(v, float):
-                v = f"{v:g}"
-            parts.append(f"{k}={v}")
-        return ", ".join(parts)
+        return format_attrs(self.attrs())
 
     def __str__(self) -> str:
         a = self.attrs_str()

@@ -113,7 +113,8 @@ def apply_matches(graph: Graph, matches: Sequence[Match]) -> Graph:
 
 
 class PatternFusion:
-    """Base of the pattern fusion passes: subclasses implement :meth:`find`."""
+    """Base of the pattern fusion passes: subclasses implement :meth:`match_at` (or
+    override :meth:`find`)."""
 
     name = "fusion"
     pattern: FusionPattern = FusionPattern.MATMUL_BIAS_ACT
@@ -122,7 +123,21 @@ class PatternFusion:
         self.report = report if report is not None else FusionReport()
         self.notes: list[str] = []
 
-    def find(self, view: FusionView, claimed: set[NodeId]) -> list[Match]:  # pragma: no cover
+    def find(self, view: FusionView, claimed: set[NodeId]) -> list[Match]:
+        """Greedy in node order: a match from :meth:`match_at` is kept when it shares no
+        node with an earlier one; its nodes are then added to ``claimed``."""
+        matches = []
+        for node in view.graph.nodes:
+            m = self.match_at(view, node, claimed)
+            if m is not None and not (m.nodes & claimed):
+                claimed |= m.nodes
+                matches.append(m)
+        return matches
+
+    def match_at(
+        self, view: FusionView, node: Node, claimed: set[NodeId]
+    ) -> Match | None:  # pragma: no cover
+        """The fusion anchored at ``node``, or None (near misses go to :meth:`miss`)."""
         raise NotImplementedError
 
     def miss(self, nodes: Sequence[NodeId], description: str, reason: str) -> None:

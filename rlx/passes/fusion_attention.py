@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlx.ir.mir import NodeId
+from rlx.ir.mir import Node, NodeId
 from rlx.ops.elementwise import Binary, BinaryKind
 from rlx.ops.linalg import MatMul
 from rlx.ops.movement import Expand, Reshape, Transpose
@@ -122,18 +122,12 @@ class AttentionFusion(PatternFusion):
     name = "fuse_attention"
     pattern = FusionPattern.ATTENTION
 
-    def find(self, view: FusionView, claimed: set[NodeId]) -> list[Match]:
-        matches = []
-        for node in view.graph.nodes:
-            op = node.op
-            r = node.shape.rank
-            if not isinstance(op, Softmax) or r not in _LAYOUTS or op.axis % r != r - 1:
-                continue
-            m = self._match(view, node.id, _LAYOUTS[r])
-            if m is not None and not (m.nodes & claimed):
-                claimed |= m.nodes
-                matches.append(m)
-        return matches
+    def match_at(self, view: FusionView, node: Node, claimed: set[NodeId]) -> Match | None:
+        op = node.op
+        r = node.shape.rank
+        if not isinstance(op, Softmax) or r not in _LAYOUTS or op.axis % r != r - 1:
+            return None
+        return self._match(view, node.id, _LAYOUTS[r])
 
     def _scores(self, view: FusionView, pre: NodeId) -> tuple[NodeId, float, list[NodeId]] | None:
         """``matmul [* c | / c]`` -> (matmul id, scale, nodes)."""

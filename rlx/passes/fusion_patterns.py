@@ -14,7 +14,7 @@ misses are recorded in the fusion report with the reason.
 
 from __future__ import annotations
 
-from rlx.ir.mir import NodeId
+from rlx.ir.mir import Node, NodeId
 from rlx.ops.elementwise import Binary, BinaryKind, Unary, UnaryKind
 from rlx.ops.fused import FusedMatMulBiasAct, FusedResidualLN, FusedResidualRmsNorm, FusedSwiGLU
 from rlx.ops.linalg import MatMul
@@ -36,15 +36,10 @@ class MatMulBiasActFusion(PatternFusion):
     name = "fuse_matmul_bias_act"
     pattern = FusionPattern.MATMUL_BIAS_ACT
 
-    def find(self, view: FusionView, claimed: set[NodeId]) -> list[Match]:
-        matches = []
-        for node in view.graph.nodes:
-            if isinstance(node.op, MatMul) and node.id not in claimed:
-                m = self._match(view, node.id)
-                if m is not None and not (m.nodes & claimed):
-                    claimed |= m.nodes
-                    matches.append(m)
-        return matches
+    def match_at(self, view: FusionView, node: Node, claimed: set[NodeId]) -> Match | None:
+        if isinstance(node.op, MatMul) and node.id not in claimed:
+            return self._match(view, node.id)
+        return None
 
     def _bias(self, view: FusionView, mm: NodeId) -> tuple[NodeId, NodeId] | None:
         """(add node, bias node) when the sole user of ``mm`` is a valid bias add."""
@@ -127,33 +122,28 @@ class ResidualNormFusion(PatternFusion):
     name = "fuse_residual_norm"
     pattern = FusionPattern.RESIDUAL_NORM
 
-    def find(self, view: FusionView, claimed: set[NodeId]) -> list[Match]:
-        matches = []
-        for node in view.graph.nodes:
-            op = node.op
-            if not isinstance(op, (LayerNorm, RmsNorm)):
-                continue
-            s = node.inputs[0]
-            if not _is(view, s, BinaryKind.ADD) or s in claimed:
-                continue
-            desc = f"{view.desc(s)} + {view.desc(node.id)}"
-            why = view.why_not_inner(s)
-            a, r = view.node(s).inputs
-            sa, sr = view.node(a).shape, view.node(r).shape
-            if why is None and sa.dims != sr.dims:
-                why = f"residual add broadcasts {dims_str(sa.dims)} and {dims_str(sr.dims)}"
-            cls = FusedResidualLN if isinstance(op, LayerNorm) else FusedResidualRmsNorm
-            fused = cls(op.eps, op.has_beta)
-            inputs = (a, r, *node.inputs[1:])
-            if why is None:
-                why = view.infer(fused, inputs)
-            if why is not None:
-                self.miss([s, node.id], desc, why)
-                continue
-            nodes = frozenset((s, node.id))
-            claimed |= nodes
-            matches.append(Match(node.id, fused, inputs, nodes, desc))
-        return matches
+    def match_at(self, view: FusionView, node: Node, claimed: set[NodeId]) -> Match | None:
+        op = node.op
+        if not isinstance(op, (LayerNorm, RmsNorm)):
+            return None
+        s = node.inputs[0]
+        if not _is(view, s, BinaryKind.ADD) or s in claimed:
+            return None
+        desc = f"{view.desc(s)} + {view.desc(node.id)}"
+        why = view.why_not_inner(s)
+        a, r = view.node(s).inputs
+        sa, sr = view.node(a).shape, view.node(r).shape
+        if why is None and sa.dims != sr.dims:
+            why = f"residual add broadcasts {dims_str(sa.dims)} and {dims_str(sr.dims)}"
+        cls = FusedResidualLN if isinstance(op, LayerNorm) else FusedResidualRmsNorm
+        fused = cls(op.eps, op.has_beta)
+        inputs = (a, r, *node.inputs[1:])
+        if why is None:
+            why = view.infer(fused, inputs)
+        if why is not None:
+            self.miss([s, node.id], desc, why)
+            return None
+        return Match(node.id, fused, inputs, frozenset((s, node.id)), desc)
 
 
 class SwiGLUFusion(PatternFusion):
@@ -162,16 +152,8 @@ class SwiGLUFusion(PatternFusion):
     name = "fuse_swiglu"
     pattern = FusionPattern.SWIGLU
 
-    def find(self, view: FusionView, claimed: set[NodeId]) -> list[Match]:
-        matches = []
-        for node in view.graph.nodes:
-            if not _is(view, node.id, BinaryKind.MUL):
-                continue
-            m = self._match(view, node.id)
-            if m is not None and not (m.nodes & claimed):
-                claimed |= m.nodes
-                matches.append(m)
-        return matches
+    def match_at(self, view: FusionView, node: Node, claimed: set[NodeId]) -> Match | None:
+        return self._match(view, node.id) if _is(view, node.id, BinaryKind.MUL) else None
 
     def _match(self, view: FusionView, mul: NodeId) -> Match | None:
         p, q = view.node(mul).inputs

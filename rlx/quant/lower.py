@@ -69,6 +69,11 @@ def quantize_weight(
     return q.astype(np.int8), tuple(float(s) for s in scales)
 
 
+def _same_qparams(q: Quantize, dq: Dequantize) -> bool:
+    """``q`` and ``dq`` use the same axis, scales and zero points."""
+    return (q.axis, q.scales, q.zero_points) == (dq.axis, dq.scales, dq.zero_points)
+
+
 def _param_name(node: Node) -> str | None:
     return node.op.name if isinstance(node.op, Param) else None  # type: ignore[attr-defined]
 
@@ -128,11 +133,7 @@ class QuantLowering:
         q = g.nodes[dq.inputs[0]]
         if not isinstance(q.op, Quantize):
             return f"lhs dequantize %{nid} reads {q.op.mnemonic}, not quantize"
-        if (q.op.axis, q.op.scales, q.op.zero_points) != (
-            dq.op.axis,
-            dq.op.scales,
-            dq.op.zero_points,
-        ):
+        if not _same_qparams(q.op, dq.op):
             return f"lhs quantize %{q.id} and dequantize %{nid} disagree on their parameters"
         if q.op.axis is not None:
             return f"lhs %{q.id} is quantized per channel; qmatmul needs a per-tensor activation"
@@ -150,11 +151,7 @@ class QuantLowering:
             q = g.nodes[node.inputs[0]]
             if not isinstance(q.op, Quantize) or q.op.dtype is not DType.I8:
                 return f"rhs dequantize %{nid} does not read an i8 quantize"
-            if (q.op.axis, q.op.scales, q.op.zero_points) != (
-                node.op.axis,
-                node.op.scales,
-                node.op.zero_points,
-            ):
+            if not _same_qparams(q.op, node.op):
                 return f"rhs quantize %{q.id} and dequantize %{nid} disagree on their parameters"
             axis = None if q.op.axis is None else q.op.axis % 2
             if axis == 0:

@@ -24,14 +24,7 @@ from rlx.ops.movement import (
     Transpose,
 )
 
-
-def run(build, *arrays):
-    """Build a graph over inputs x0, x1, ... with ``build(g, *ids)``, verify, evaluate."""
-    g = rlx.Graph("t")
-    ids = [g.input(f"x{i}", a.shape, DType.from_numpy(a.dtype)) for i, a in enumerate(arrays)]
-    g.set_outputs([build(g, *ids)])
-    g.verify()
-    return g.evaluate({f"x{i}": a for i, a in enumerate(arrays)})[0]
+from .helpers import run
 
 
 def arange(shape, dtype=np.float32):

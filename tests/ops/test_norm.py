@@ -14,16 +14,9 @@ from rlx import DType, Shape
 from rlx.errors import ShapeError
 from rlx.ops.norm import GroupNorm, LayerNorm, RmsNorm
 
+from .helpers import run
+
 rng = np.random.default_rng(0)
-
-
-def run(build, *arrays):
-    """Build a graph over inputs x0, x1, ... with ``build(g, *ids)``, verify, evaluate."""
-    g = rlx.Graph("t")
-    ids = [g.input(f"x{i}", a.shape, DType.from_numpy(a.dtype)) for i, a in enumerate(arrays)]
-    g.set_outputs([build(g, *ids)])
-    g.verify()
-    return g.evaluate({f"x{i}": a for i, a in enumerate(arrays)})[0]
 
 
 def ln64(x, gamma, beta, eps):

@@ -15,6 +15,8 @@ from rlx import DType, Shape
 from rlx.errors import InputError, ShapeError
 from rlx.ops.reduce import ArgMax, ArgMin, Cumsum, LogSoftmax, Reduce, ReduceKind, Softmax, TopK
 
+from .helpers import run
+
 NP_REDUCE = {
     ReduceKind.SUM: np.sum,
     ReduceKind.MEAN: np.mean,
@@ -22,18 +24,6 @@ NP_REDUCE = {
     ReduceKind.MIN: np.min,
     ReduceKind.PROD: np.prod,
 }
-
-
-def run(build, *arrays):
-    """Build a graph over inputs x0, x1, ... with ``build(g, *ids)``, verify, evaluate."""
-    g = rlx.Graph("t")
-    ids = [g.input(f"x{i}", a.shape, DType.from_numpy(a.dtype)) for i, a in enumerate(arrays)]
-    out = build(g, *ids)
-    multi = isinstance(out, (list, tuple))
-    g.set_outputs(list(out) if multi else [out])
-    g.verify()
-    res = g.evaluate({f"x{i}": a for i, a in enumerate(arrays)})
-    return res if multi else res[0]
 
 
 def infer(op, *shapes):

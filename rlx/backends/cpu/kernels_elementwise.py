@@ -13,10 +13,10 @@ import numpy as np
 
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel, lowp
 from rlx.ops.elementwise import (
+    COMPARE_FNS,
     Binary,
     BinaryKind,
     Compare,
-    CompareKind,
     Unary,
     UnaryKind,
     Where,
@@ -179,22 +179,12 @@ def binary_kernel(
     return lambda: uf(a, b, out=out)  # type: ignore[return-value]
 
 
-_COMPARE: dict[CompareKind, np.ufunc] = {
-    CompareKind.EQ: np.equal,
-    CompareKind.NE: np.not_equal,
-    CompareKind.LT: np.less,
-    CompareKind.LE: np.less_equal,
-    CompareKind.GT: np.greater,
-    CompareKind.GE: np.greater_equal,
-}
-
-
 @kernel(Compare)
 @lowp
 def compare_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
     """Compares as one broadcasting ufunc call into the bool output."""
     a, b = ins
-    uf = _COMPARE[node.op.fn]  # type: ignore[attr-defined]
+    uf = COMPARE_FNS[node.op.fn]  # type: ignore[attr-defined]  (ufuncs: out= works)
     return lambda: uf(a, b, out=out)  # type: ignore[return-value]
 
 

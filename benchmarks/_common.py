@@ -1,0 +1,96 @@
+"""Helpers shared by the benchmark scripts: BLAS environment unpinning, timing, and the
+small graphs several benchmarks measure.
+
+Import this module before NumPy: :func:`reexec_without_blas_pins` must run before
+OpenBLAS is loaded. NumPy and rlx are therefore imported lazily here. Importing it also
+puts the repository root on ``sys.path`` so the scripts find ``rlx`` without installing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+#: Environment variables that pin OpenBLAS to a kernel / cache size at load time.
+BLAS_PINS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+_REMOVED_ENV = "RLX_BENCH_REMOVED_BLAS_ENV"
+
+
+def reexec_without_blas_pins() -> None:
+    """If any of :data:`BLAS_PINS` is set, re-execute this script without them (OpenBLAS
+    reads them when it loads), recording what was removed for :func:`removed_blas_pins`."""
+    if any(k in os.environ for k in BLAS_PINS):
+        removed = ";".join(f"{k}={os.environ.pop(k)}" for k in BLAS_PINS if k in os.environ)
+        os.environ[_REMOVED_ENV] = removed
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+
+
+def removed_blas_pins() -> dict[str, str]:
+    """The BLAS pins :func:`reexec_without_blas_pins` removed, name -> former value."""
+    raw = os.environ.get(_REMOVED_ENV, "")
+    return dict(item.split("=", 1) for item in raw.split(";") if item)
+
+
+def best_time(
+    fn: Callable[[], object], repeat: int = 7, number: int = 1, warmup: bool = False
+) -> float:
+    """Seconds per call: the best of ``repeat`` rounds of ``number`` calls (as timeit
+    recommends: on a shared machine the slower rounds measure the other jobs). With
+    ``warmup``, one untimed call first."""
+    if warmup:
+        fn()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / number)
+    return best
+
+
+def chain(n: int, dims: tuple[object, ...] = (4,), name: str = "chain") -> Graph:
+    """``n`` elementwise nodes after the input: add, mul, tanh, relu in turn. A string in
+    ``dims`` is the symbolic dim ``batch`` (max 4096)."""
+    from rlx.ir.mir import Graph
+
+    g = Graph(name)
+    if any(isinstance(d, str) for d in dims):
+        g.sym("batch", max=4096)
+    y = g.input("x", dims)
+    for i in range(n - 1):
+        k = i % 4
+        if k == 0:
+            y = g.add(y, 0.5)
+        elif k == 1:
+            y = g.mul(y, 0.9)
+        elif k == 2:
+            y = g.tanh(y)
+        else:
+            y = g.relu(y)
+    g.set_outputs([y])
+    return g
+
+
+def mlp(batch: int = 64, dims: tuple[int, ...] = (512, 2048, 2048, 512)) -> Graph:
+    """``linear -> gelu -> ... -> linear`` with params ``w{k}`` [in, out], ``b{k}`` [out]."""
+    from rlx.ir.mir import Graph
+
+    g = Graph("mlp")
+    x = g.input("x", (batch, dims[0]))
+    for k, (i, o) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+        x = g.linear(x, g.param(f"w{k}", (i, o)), g.param(f"b{k}", (o,)))
+        if k < len(dims) - 2:
+            x = g.gelu(x)
+    g.set_outputs([x])
+    return g
