@@ -61,6 +61,21 @@ def measure(
     return statistics.median(totals), {k: statistics.median(v) for k, v in per.items()}, nodes
 
 
+def measure_session(graph: Graph, options: CompileOptions, repeat: int) -> float:
+    """Median seconds of a whole ``Session("cpu").compile`` (passes, memory plan, kernel
+    schedule), with params given at compile time and the compile cache off."""
+    from rlx.models.synthetic import random_params
+    from rlx.runtime.session import Session
+
+    params = random_params(graph)
+    totals: list[float] = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        Session("cpu").compile(graph, options, params=params)
+        totals.append(time.perf_counter() - t0)
+    return statistics.median(totals)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
@@ -92,6 +107,25 @@ def main() -> None:
                         + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in slow)
                         + " |"
                     )
+    lines += [
+        "",
+        "Whole `Session(\"cpu\").compile` (passes + memory plan + kernel schedule), f32, "
+        "verify at end, compile cache off; native on is measured with gcc's build cache "
+        "already warm (a cold native build is a one-time cost per kernel source):",
+        "",
+        "| graph | nodes | native kernels | total ms | under 1 s |",
+        "|---|---|---|---|---|",
+    ]
+    for name, build in CASES:
+        g = build()
+        for native in (False, True):
+            opts = CompileOptions(verbose=False, use_cache=False, native=native)
+            measure_session(g, opts, 1)  # warm gcc's build cache
+            total = measure_session(g, opts, args.repeat)
+            ok = "yes" if total < 1.0 else "NO"
+            lines.append(
+                f"| {name} | {len(g)} | {'on' if native else 'off'} | {total * 1e3:.1f} | {ok} |"
+            )
     lines += [
         "",
         "Per pass (verify at end), ms, slowest first:",

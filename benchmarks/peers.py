@@ -181,6 +181,8 @@ def _ort_runner(w: Workload, threads: int) -> Runner:
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if os.environ.get("RLX_BENCH_NO_SPIN"):
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     model = onnx_model(w).SerializeToString()
     sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
@@ -533,6 +535,13 @@ def main(argv: list[str] | None = None) -> None:
         "--rounds-scale", type=float, default=1.0, help="multiply every workload's rounds"
     )
     ap.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS_peers.md")
+    ap.add_argument(
+        "--no-spin",
+        action="store_true",
+        help="ask every engine's thread pool to sleep instead of spin between calls "
+        "(OMP_WAIT_POLICY=PASSIVE for libgomp users, ORT session.intra_op.allow_spinning=0), "
+        "so one engine's idle threads do not steal the cores of the next in a round",
+    )
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -561,7 +570,10 @@ def main(argv: list[str] | None = None) -> None:
             ]
             cmd += ["--workloads", *a.workloads]
             print(f"== {t} thread(s)", flush=True)
-            subprocess.run(cmd, env=_child_env(t), check=True)
+            env = _child_env(t)
+            if a.no_spin:
+                env.update(OMP_WAIT_POLICY="PASSIVE", RLX_BENCH_NO_SPIN="1")
+            subprocess.run(cmd, env=env, check=True)
             results.append(json.loads(js.read_text()))
     text = report(results, command, started, removed)
     a.out.write_text(text + "\n")
