@@ -109,7 +109,7 @@ def main() -> None:
                     )
     lines += [
         "",
-        "Whole `Session(\"cpu\").compile` (passes + memory plan + kernel schedule), f32, "
+        'Whole `Session("cpu").compile` (passes + memory plan + kernel schedule), f32, '
         "verify at end, compile cache off; native on is measured with gcc's build cache "
         "already warm (a cold native build is a one-time cost per kernel source):",
         "",

@@ -36,6 +36,7 @@ from functools import cache
 
 import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 
 from rlx.errors import DTypeError
 
@@ -78,30 +79,36 @@ class DType(enum.Enum):
 
     @property
     def is_float(self) -> bool:
+        """Real floating point (F16, BF16, F32, F64 and the FP8 types)."""
         return self in _FLOATS
 
     @property
     def is_int(self) -> bool:
+        """Signed or unsigned integer (not Bool)."""
         return self in _INTS
 
     @property
     def is_signed(self) -> bool:
+        """Signed integer, float or complex."""
         return self in _SIGNED
 
     @property
     def is_complex(self) -> bool:
+        """Complex (C64)."""
         return self is DType.C64
 
     @property
     def is_bool(self) -> bool:
+        """Bool."""
         return self is DType.BOOL
 
     @property
     def is_fp8(self) -> bool:
+        """One of the two FP8 types (F8E4M3, F8E5M2)."""
         return self in (DType.F8E4M3, DType.F8E5M2)
 
     @classmethod
-    def from_numpy(cls, dt: np.dtype | type | str) -> DType:
+    def from_numpy(cls, dt: npt.DTypeLike) -> DType:
         """Map a NumPy dtype to a DType; raises DTypeError for unsupported types."""
         try:
             key = np.dtype(dt)

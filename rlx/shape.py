@@ -138,26 +138,32 @@ class Shape:
 
     @property
     def rank(self) -> int:
+        """The number of dims."""
         return len(self.dims)
 
     ndim = rank
 
     @property
     def is_static(self) -> bool:
+        """True when every dim is an int (no symbolic dim)."""
         return all(isinstance(d, int) for d in self.dims)
 
     @property
     def symbols(self) -> frozenset[str]:
+        """The names of the symbolic dims this shape uses."""
         return frozenset(n for d in self.dims if isinstance(d, Sym) for n in d.names)
 
     @property
     def numel(self) -> Dim:
+        """The element count: an int, or a Sym for symbolic shapes."""
         return dims_product(self.dims)
 
     def with_dtype(self, dtype: DType) -> Shape:
+        """The same dims with ``dtype``."""
         return Shape(self.dims, dtype)
 
     def with_dims(self, dims: Iterable[object]) -> Shape:
+        """The same dtype with ``dims``."""
         return Shape(dims, self.dtype)
 
     def concrete(self, bindings: Mapping[str, int] | None = None) -> tuple[int, ...]:
@@ -168,6 +174,7 @@ class Shape:
         return tuple(d if isinstance(d, int) else d.evaluate(b) for d in self.dims)
 
     def nbytes(self, bindings: Mapping[str, int] | None = None) -> int:
+        """The byte size, with symbolic dims bound from ``bindings``."""
         return math.prod(self.concrete(bindings)) * self.dtype.itemsize
 
     def axis(self, a: int) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,6 +52,10 @@ class Graph:
         self.outputs: list[NodeId] = []
         self.sym_bounds: dict[str, tuple[int, int | None]] = {}
 
+    if TYPE_CHECKING:
+        # Builder methods (g.add, g.matmul, ...) are attached at import by @graph_method.
+        def __getattr__(self, name: str) -> Any: ...
+
     # ---- building -------------------------------------------------------------------
 
     def add_node(
@@ -70,6 +74,13 @@ class Graph:
     def apply(self, op: Op, inputs: Sequence[NodeId] = (), shape: Shape | None = None) -> NodeId:
         """Append ``op(inputs)``; infer its shape, or check ``shape`` against the rule."""
         loc = source.capture()
+        for i in inputs:
+            if isinstance(i, bool) or not isinstance(i, int | np.integer):
+                raise VerifyError(
+                    f"{op}: inputs must be node ids (ints returned by builders such as "
+                    f"g.input), given {type(i).__name__} {i!r}",
+                    loc=loc,
+                )
         ins = tuple(int(i) for i in inputs)
         for i in ins:
             if not 0 <= i < len(self.nodes):
@@ -116,6 +127,16 @@ class Graph:
     # ---- querying -------------------------------------------------------------------
 
     def node(self, nid: NodeId) -> Node:
+        """The node with id ``nid``; raises VerifyError for an id not in this graph."""
+        if isinstance(nid, bool) or not isinstance(nid, int | np.integer):
+            raise VerifyError(
+                f"graph {self.name!r}: expected a node id (an int returned by a builder such "
+                f"as g.input), given {type(nid).__name__} {nid!r}"
+            )
+        if not 0 <= nid < len(self.nodes):
+            raise VerifyError(
+                f"graph {self.name!r}: node id {nid} does not exist ({len(self.nodes)} nodes)"
+            )
         return self.nodes[nid]
 
     def __len__(self) -> int:
@@ -125,28 +146,33 @@ class Graph:
         return iter(self.nodes)
 
     def shape(self, nid: NodeId) -> Shape:
-        return self.nodes[nid].shape
+        """The shape (dims and dtype) of node ``nid``."""
+        return self.node(nid).shape
 
     def find(self, op_type: type[Op]) -> list[Node]:
         """All nodes whose op is an instance of ``op_type``."""
         return [n for n in self.nodes if isinstance(n.op, op_type)]
 
     def input_nodes(self) -> list[Node]:
+        """The Input nodes, in the order they were declared."""
         from rlx.ops.core import Input
 
         return [n for n in self.nodes if isinstance(n.op, Input)]
 
     def param_nodes(self) -> list[Node]:
+        """The Param nodes, in the order they were declared."""
         from rlx.ops.core import Param
 
         return [n for n in self.nodes if isinstance(n.op, Param)]
 
     @property
     def input_names(self) -> list[str]:
+        """The names of the graph inputs (what ``run`` and ``evaluate`` take)."""
         return [n.op.name for n in self.input_nodes()]  # type: ignore[attr-defined]
 
     @property
     def param_names(self) -> list[str]:
+        """The names of the graph params (what ``set_params`` takes)."""
         return [n.op.name for n in self.param_nodes()]  # type: ignore[attr-defined]
 
     def consumers(self) -> dict[NodeId, list[NodeId]]:
@@ -169,6 +195,7 @@ class Graph:
         return topo_sort(self)
 
     def copy(self, name: str | None = None) -> Graph:
+        """A copy of the graph (same nodes, outputs and symbol bounds), optionally renamed."""
         g = Graph(name or self.name)
         g.nodes = list(self.nodes)
         g.outputs = list(self.outputs)

@@ -97,19 +97,22 @@ def dumps(
 ) -> bytes:
     """The bytes :func:`save` writes."""
     _check_host()
-    if not isinstance(graph, Graph):
+    g: Graph
+    if isinstance(graph, Graph):
+        g = graph
+    else:
         into = getattr(graph, "into_graph", None)
         if into is None:
             raise SerializationError(
                 f"save takes a Graph or a GraphModule, got {type(graph).__name__}"
             )
-        graph = into()
-    graph.verify()
+        g = into()
+    g.verify()
     enc = _Encoder(locations, _known_classes())
-    header = {
+    header: dict[str, Any] = {
         "producer": "rlx",
-        "graph": enc.graph(graph, "graph"),
-        "params": [enc.param(graph, k, v) for k, v in (params or {}).items()],
+        "graph": enc.graph(g, "graph"),
+        "params": [enc.param(g, k, v) for k, v in (params or {}).items()],
     }
     blob_section = bytearray()
     table = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from types import FrameType
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,7 +24,7 @@ class SourceLoc:
 
 def capture() -> SourceLoc | None:
     """Return the first stack frame outside the rlx package (the user's line), or None."""
-    f = sys._getframe(1)
+    f: FrameType | None = sys._getframe(1)
     while f is not None:
         fn = f.f_code.co_filename
         if not os.path.abspath(fn).startswith(_PKG_DIR):

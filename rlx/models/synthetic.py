@@ -233,7 +233,7 @@ def random_inputs(
     for n in graph.input_nodes():
         dims = n.shape.concrete(bindings or {})
         if n.shape.dtype.is_float:
-            a = rng.standard_normal(dims)
+            a: np.ndarray = rng.standard_normal(dims)
         else:
             a = rng.integers(0, 2, size=dims)
         out[n.op.name] = a.astype(n.shape.dtype.np)  # type: ignore[attr-defined]

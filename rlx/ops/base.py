@@ -20,7 +20,7 @@ import enum
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, dataclass_transform
 
 import numpy as np
 
@@ -122,6 +122,7 @@ _CLASS_FACETS = frozenset({"mnemonic", "arity", "kind", "elementwise", "pure", "
 T = TypeVar("T", bound=type[Op])
 
 
+@dataclass_transform(frozen_default=True)
 def register(cls: T) -> T:
     """Class decorator: make ``cls`` a frozen slotted dataclass and record it in OPS."""
     name = cls.__dict__.get("mnemonic")

@@ -144,7 +144,7 @@ def operand(g: Graph, v: Any, like: NodeId) -> NodeId:
     """A node id (int) as is; a float or NumPy scalar becomes a rank-0 constant with
     ``like``'s dtype (use ``g.constant`` for integer-valued constants: ints are node ids)."""
     if isinstance(v, bool) or isinstance(v, (float, np.generic)):
-        return constant(g, np.asarray(v, dtype=g.nodes[like].dtype.np))
+        return constant(g, np.asarray(v, dtype=g.node(like).dtype.np))
     if isinstance(v, int):
         return v
     raise ShapeError(f"expected a node id or a float scalar, got {v!r}")

@@ -63,8 +63,14 @@ def register_custom_op(
     *,
     replace: bool = False,
 ) -> CustomOpDef:
-    """Register custom op ``name``; ``arity=None`` accepts any number of inputs.
-    Registering a taken name raises ShapeError unless ``replace=True``."""
+    """Register custom op ``name`` and return its registry entry.
+
+    ``infer(input_shapes, attrs) -> Shape`` is the shape/dtype rule (raise ShapeError to
+    reject inputs); ``reference(arrays, attrs, ctx) -> np.ndarray`` computes the output
+    with NumPy. ``attrs`` are the keyword arguments given to ``g.custom(name, inputs,
+    **attrs)``. ``arity=None`` accepts any number of inputs; ``kind`` is the precision class
+    for mixed precision. Registering a taken name raises ShapeError unless ``replace=True``.
+    """
     if not isinstance(name, str) or not name.isidentifier():
         raise ShapeError(f"custom op name must be an identifier, got {name!r}")
     if name in _REGISTRY and not replace:

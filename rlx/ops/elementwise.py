@@ -139,6 +139,9 @@ class Unary(Op):
 
 
 class BinaryKind(enum.Enum):
+    """Binary elementwise functions (``g.binary(kind, a, b)``); operands broadcast like NumPy
+    and are promoted to a common dtype. The output has that dtype."""
+
     ADD = "add"
     SUB = "sub"
     MUL = "mul"
@@ -225,6 +228,9 @@ class Binary(Op):
 
 
 class CompareKind(enum.Enum):
+    """Elementwise comparisons (``g.eq``, ``g.lt``, ...): two broadcasting operands in,
+    a bool tensor out."""
+
     EQ = "eq"
     NE = "ne"
     LT = "lt"
@@ -313,11 +319,11 @@ class Cast(Op):
 
 def _promoted(g: Graph, *ids: NodeId) -> list[NodeId]:
     """Insert casts so all operands share the promoted dtype (JAX-style implicit promotion)."""
-    dts = [g.nodes[i].dtype for i in ids]
+    dts = [g.node(i).dtype for i in ids]
     target = dts[0]
     for d in dts[1:]:
         target = promote(target, d)
-    return [i if g.nodes[i].dtype is target else g.apply(Cast(target), [i]) for i in ids]
+    return [i if g.node(i).dtype is target else g.apply(Cast(target), [i]) for i in ids]
 
 
 def _binary(fn: BinaryKind) -> Callable[..., NodeId]:

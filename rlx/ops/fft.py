@@ -26,6 +26,9 @@ __all__ = ["FftKind", "FftNorm", "Fft"]
 
 
 class FftKind(enum.Enum):
+    """Which transform ``Fft`` computes, as ``numpy.fft.<value>``: fft/ifft take and give
+    c64; rfft takes f32 and gives c64; irfft takes c64 and gives f32."""
+
     FFT = "fft"
     IFFT = "ifft"
     RFFT = "rfft"
@@ -33,10 +36,12 @@ class FftKind(enum.Enum):
 
     @property
     def in_dtype(self) -> DType:
+        """The input dtype the ``Fft`` op takes (the builders cast float inputs to it)."""
         return DType.F32 if self is FftKind.RFFT else DType.C64
 
     @property
     def out_dtype(self) -> DType:
+        """The dtype of the transform's output."""
         return DType.F32 if self is FftKind.IRFFT else DType.C64
 
 
@@ -127,7 +132,7 @@ class Fft(Op):
 
 
 def _fft(g: Graph, fn: FftKind, x: NodeId, n: int | None, axis: int, norm: FftNorm | str) -> NodeId:
-    s = g.nodes[x].shape
+    s = g.node(x).shape
     if s.rank == 0:
         raise ShapeError(f"{fn.value}: input %{x} is a scalar {s}", loc=source.capture())
     if not -s.rank <= axis < s.rank:

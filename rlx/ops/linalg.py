@@ -200,7 +200,7 @@ def dot_general(
     batch: tuple[Sequence[int], Sequence[int]] = ((), ()),
 ) -> NodeId:
     """``lax.dot_general(a, b, (contract, batch))``; negative axes are normalised."""
-    ra, rb = g.nodes[a].shape.rank, g.nodes[b].shape.rank
+    ra, rb = g.node(a).shape.rank, g.node(b).shape.rank
 
     def norm(axes: Sequence[int], rank: int) -> tuple[int, ...]:
         return tuple(int(x) % rank if -rank <= int(x) < rank else int(x) for x in axes)
@@ -214,12 +214,12 @@ def dot_general(
 @graph_method
 def linear(g: Graph, x: NodeId, w: NodeId, b: NodeId | None = None) -> NodeId:
     """``x @ w (+ b)`` with ``w`` stored [in, out] and ``b`` [out]; x is [..., in]."""
-    ws = g.nodes[w].shape
+    ws = g.node(w).shape
     if ws.rank != 2:
         raise ShapeError(f"linear: weight %{w} must be [in, out], got {ws}", loc=source.capture())
-    if b is not None and g.nodes[b].shape.dims != (ws.dims[1],):
+    if b is not None and g.node(b).shape.dims != (ws.dims[1],):
         raise ShapeError(
-            f"linear: bias %{b} must be [{ws.dims[1]}] for weight {ws}, got {g.nodes[b].shape}",
+            f"linear: bias %{b} must be [{ws.dims[1]}] for weight {ws}, got {g.node(b).shape}",
             loc=source.capture(),
         )
     y = g.apply(MatMul(), [x, w])

@@ -483,13 +483,13 @@ def _resolve_minus_one(x: Shape, dims: Sequence[object]) -> tuple[Dim, ...]:
 @graph_method
 def reshape(g: Graph, x: NodeId, dims: Sequence[object]) -> NodeId:
     """View ``x`` with new ``dims`` (ints, symbolic dims or their names; one may be -1)."""
-    return g.apply(Reshape(_resolve_minus_one(g.nodes[x].shape, tuple(dims))), [x])
+    return g.apply(Reshape(_resolve_minus_one(g.node(x).shape, tuple(dims))), [x])
 
 
 @graph_method
 def transpose(g: Graph, x: NodeId, perm: Sequence[int] | None = None) -> NodeId:
     """Permute the axes of ``x`` (default: reverse them)."""
-    r = g.nodes[x].shape.rank
+    r = g.node(x).shape.rank
     p = tuple(reversed(range(r))) if perm is None else tuple(perm)
     if all(isinstance(a, int) and -r <= a < r for a in p):
         p = tuple(a % r for a in p)
@@ -507,7 +507,7 @@ def concat(g: Graph, xs: Sequence[NodeId], axis: int = 0) -> NodeId:
 @graph_method
 def expand(g: Graph, x: NodeId, dims: Sequence[object]) -> NodeId:
     """Broadcast ``x`` to ``dims``; a -1 keeps the input dim it is aligned with."""
-    shape = g.nodes[x].shape
+    shape = g.node(x).shape
     lead = len(dims) - shape.rank
     out: list[object] = []
     for i, d in enumerate(dims):
@@ -537,12 +537,12 @@ def _slice(
 ) -> NodeId:
     """Basic slicing; entries apply to the leading axes, the other axes are kept whole
     (``steps`` defaults to 1)."""
-    r = g.nodes[x].shape.rank
+    r = g.node(x).shape.rank
     steps = [1] * len(starts) if steps is None else list(steps)
     if not len(starts) == len(stops) == len(steps) or len(starts) > r:
         raise _fail(
             f"slice: starts {tuple(starts)}, stops {tuple(stops)} and steps {tuple(steps)} "
-            f"must have equal lengths <= the rank {r} of {g.nodes[x].shape}"
+            f"must have equal lengths <= the rank {r} of {g.node(x).shape}"
         )
     pad = r - len(starts)
     return g.apply(
@@ -575,7 +575,7 @@ def scatter_add(g: Graph, x: NodeId, idx: NodeId, updates: NodeId, axis: int = 0
 def pad(g: Graph, x: NodeId, pads: int | Sequence[tuple[int, int]], value: float = 0.0) -> NodeId:
     """Pad ``x`` with ``value``: ``pads`` is one (before, after) pair per axis, or an int
     for the same amount on both sides of every axis."""
-    r = g.nodes[x].shape.rank
+    r = g.node(x).shape.rank
     if isinstance(pads, int):
         pp = ((pads, pads),) * r
     else:
@@ -584,7 +584,7 @@ def pad(g: Graph, x: NodeId, pads: int | Sequence[tuple[int, int]], value: float
         except (TypeError, ValueError):
             raise _fail(
                 f"pad: pads must be an int or one (before, after) pair per axis of "
-                f"{g.nodes[x].shape}, got {pads!r}"
+                f"{g.node(x).shape}, got {pads!r}"
             ) from None
     return g.apply(Pad(pp, float(value)), [x])
 
@@ -592,7 +592,7 @@ def pad(g: Graph, x: NodeId, pads: int | Sequence[tuple[int, int]], value: float
 @graph_method
 def squeeze(g: Graph, x: NodeId, axes: int | Sequence[int] | None = None) -> NodeId:
     """Drop size-1 axes (all static size-1 axes when ``axes`` is None)."""
-    shape = g.nodes[x].shape
+    shape = g.node(x).shape
     if axes is None:
         drop = {i for i, d in enumerate(shape.dims) if d == 1}
     else:
@@ -612,7 +612,7 @@ def squeeze(g: Graph, x: NodeId, axes: int | Sequence[int] | None = None) -> Nod
 @graph_method
 def unsqueeze(g: Graph, x: NodeId, axes: int | Sequence[int]) -> NodeId:
     """Insert size-1 axes at ``axes``, positions in the output (``np.expand_dims``)."""
-    shape = g.nodes[x].shape
+    shape = g.node(x).shape
     axes = (axes,) if isinstance(axes, int) else tuple(axes)
     r = shape.rank + len(axes)
     if not all(isinstance(a, int) and -r <= a < r for a in axes) or len(
@@ -631,7 +631,7 @@ def unsqueeze(g: Graph, x: NodeId, axes: int | Sequence[int]) -> NodeId:
 @graph_method
 def flatten(g: Graph, x: NodeId, start: int = 0, end: int = -1) -> NodeId:
     """Merge axes ``start..end`` (inclusive, like ``torch.flatten``) into one."""
-    shape = g.nodes[x].shape
+    shape = g.node(x).shape
     if shape.rank == 0:
         return g.apply(Reshape((1,)), [x])
     s, e = _axis("flatten", shape, start), _axis("flatten", shape, end)

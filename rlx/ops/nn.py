@@ -36,6 +36,8 @@ __all__ = [
 
 
 class MaskType(enum.Enum):
+    """The kind of attention mask a :class:`MaskKind` describes (its ``type`` field)."""
+
     NONE = "none"
     CAUSAL = "causal"
     SLIDING_WINDOW = "sliding_window"
@@ -64,18 +66,22 @@ class MaskKind:
 
     @staticmethod
     def none() -> MaskKind:
+        """No mask: every query sees every key."""
         return MaskKind(MaskType.NONE)
 
     @staticmethod
     def causal() -> MaskKind:
+        """Causal mask, aligned to the end (query ``i`` sees keys ``j <= i + Skv - Sq``)."""
         return MaskKind(MaskType.CAUSAL)
 
     @staticmethod
     def sliding_window(n: int) -> MaskKind:
+        """Causal mask limited to the ``n`` most recent keys (``n >= 1``)."""
         return MaskKind(MaskType.SLIDING_WINDOW, n)
 
     @staticmethod
     def custom() -> MaskKind:
+        """An additive float mask given as the attention op's 4th input."""
         return MaskKind(MaskType.CUSTOM)
 
     def allowed(self, sq: int, skv: int) -> np.ndarray | None:
@@ -421,6 +427,8 @@ class Conv(Op):
 
 
 class PoolKind(enum.Enum):
+    """What ``Pool`` computes over each window: its maximum or its average."""
+
     MAX = "max"
     AVG = "avg"
 
@@ -577,11 +585,11 @@ def conv(
 ) -> NodeId:
     """1-D or 2-D convolution (the spatial rank is ``w``'s rank - 2); ints apply to every
     spatial dim, ``padding`` may also give ``(lo, hi)`` pairs per dim."""
-    nd = g.nodes[w].shape.rank - 2
+    nd = g.node(w).shape.rank - 2
     if nd not in (1, 2):
         raise _fail(
             "conv",
-            f"weight %{w} must be [O,C/groups,*k] with 1 or 2 kernel dims, got {g.nodes[w].shape}",
+            f"weight %{w} must be [O,C/groups,*k] with 1 or 2 kernel dims, got {g.node(w).shape}",
         )
     op = Conv(
         _per_dim(stride, nd, "conv", "stride"),
@@ -602,9 +610,9 @@ def _pool(
     padding: int | Sequence[Any],
 ) -> NodeId:
     what = f"{fn.value}_pool"
-    nd = len(window) if not isinstance(window, int) else g.nodes[x].shape.rank - 2
+    nd = len(window) if not isinstance(window, int) else g.node(x).shape.rank - 2
     if nd not in (1, 2):
-        raise _fail(what, f"x %{x} must be [N,C,L] or [N,C,H,W], got {g.nodes[x].shape}")
+        raise _fail(what, f"x %{x} must be [N,C,L] or [N,C,H,W], got {g.node(x).shape}")
     win = _per_dim(window, nd, what, "window")
     st = win if stride is None else _per_dim(stride, nd, what, "stride")
     return g.apply(Pool(fn, win, st, _pads(padding, nd, what)), [x])

@@ -130,7 +130,8 @@ class GatedDeltaNet(Op):
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         state = xs[5] if self.carry else None
-        out, final = gated_delta_rule(*xs[:5], state=state)
+        q, k, v, g, beta = xs[:5]
+        out, final = gated_delta_rule(q, k, v, g, beta, state=state)
         res = final if self.returns is GdnResult.FINAL_STATE else out
         return res.astype(ctx.out_dtype)
 

@@ -333,13 +333,13 @@ class ArgMin(Op):
 def canon_axis(g: Graph, x: NodeId, axis: int) -> int:
     """``axis`` made non-negative for ``x``'s rank when in range; otherwise unchanged, so
     the op's shape rule reports it (with the user's line)."""
-    r = g.nodes[x].shape.rank
+    r = g.node(x).shape.rank
     return axis % r if isinstance(axis, int) and -r <= axis < r else axis
 
 
 def canon_axes(g: Graph, x: NodeId, axes: int | Sequence[int] | None) -> tuple[int, ...]:
     """Sorted non-negative axes (None: all of them); unchanged when any is out of range."""
-    r = g.nodes[x].shape.rank
+    r = g.node(x).shape.rank
     if axes is None:
         return tuple(range(r))
     if isinstance(axes, int):

@@ -111,6 +111,8 @@ def _is_causal(arr: np.ndarray) -> bool:
         return False
     a = arr.astype(np.float64)
     allowed = MaskKind.causal().allowed(*a.shape)
+    if allowed is None:  # a causal mask always restricts; kept for the type checker
+        return False
     lowest = float(np.finfo(arr.dtype).min) if arr.dtype.kind == "f" else -np.inf
     blocked = np.isneginf(a) | (a <= lowest)
     return bool(np.all(a[allowed] == 0.0) and np.all(blocked[~allowed]))

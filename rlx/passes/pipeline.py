@@ -137,8 +137,10 @@ class CompilePipeline:
                 f"disabled_passes names unknown passes {unknown}; known: {sorted(known)}"
             )
         reports = [
-            p.report for p in self.passes if isinstance(getattr(p, "report", None), FusionReport)
-        ]  # type: ignore[attr-defined]
+            p.report  # type: ignore[attr-defined]
+            for p in self.passes
+            if isinstance(getattr(p, "report", None), FusionReport)
+        ]
         self.fusion_report = reports[0] if reports else FusionReport()
 
     def run(self, graph: Any) -> CompileResult:
@@ -146,10 +148,10 @@ class CompilePipeline:
         graph = to_mir(graph)
         graph.verify()
         for rep in {
-            id(p.report): p.report
+            id(p.report): p.report  # type: ignore[attr-defined]
             for p in self.passes
             if isinstance(getattr(p, "report", None), FusionReport)
-        }.values():  # type: ignore[attr-defined]
+        }.values():
             rep.fused.clear()
             rep.missed.clear()
         records: list[PassRecord] = []

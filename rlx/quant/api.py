@@ -30,7 +30,8 @@ Steps:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,10 +161,18 @@ def _calibrate(
     (scales aligned with ``taps``, number of batches seen)."""
     from rlx.backends.cpu.calibrate import calibrate
 
-    tapped = graph.copy(f"{graph.name}.calibrate")
+    it = iter(batches)
+    first = next(it, None)
+    if first is None:
+        raise QuantizationError(
+            f"quantize: calibration_data has no batches; expected at least one input dict "
+            f"with the inputs of graph {graph.name!r}: {graph.input_names}"
+        )
+    # The copy keeps the user's graph name: input errors during calibration name it.
+    tapped = graph.copy(graph.name)
     tapped.outputs = list(taps)
     compiled = _session().compile(tapped, options, params=params)
-    cal = calibrate(compiled, batches, method, taps=list(taps), progress=False)
+    cal = calibrate(compiled, itertools.chain([first], it), method, taps=list(taps), progress=False)
     return [float(s) for s in cal.scales()], cal.batches
 
 
@@ -239,6 +248,11 @@ def quantize(
         )
     graph = ExpandFusedMatMuls().run(to_mir(graph_or_module))
     graph.verify()
+    if isinstance(calibration_data, Sized) and len(calibration_data) == 0:
+        raise QuantizationError(
+            f"quantize: calibration_data has no batches; expected at least one input dict with "
+            f"the inputs of graph {graph.name!r}: {graph.input_names}"
+        )
     np_params = {k: np.asarray(v) for k, v in params.items()}
     opts = (options or CompileOptions()).replace(use_cache=False)
     layers, kept_float = find_layers(graph, np_params)
@@ -263,8 +277,6 @@ def quantize(
     taps = sorted({ly.act for ly in active})
     tee = _Tee(calibration_data, 0 if eval_data is not None else eval_batches)
     scales, n_cal = _calibrate(graph, taps, tee, np_params, meth, opts)
-    if n_cal == 0:
-        raise QuantizationError("calibration_data yielded no batch")
     act_entry = {
         t: CalibrationEntry.per_tensor(max(s, 1e-12)) for t, s in zip(taps, scales, strict=True)
     }

@@ -254,9 +254,9 @@ class QuantLowering:
             op = QMatMul(q_act.scales[0], q_act.zero_points[0], plan.w_scales, has_bias)
             rw.map[nid] = rw.emit(op, ins, node.loc)
         out = DeadCodeElimination().run(rw.finish())
-        folded = {p.folded for p in plans.values() if p.folded is not None}
-        if self.drop_folded_params and folded:
-            out = self._drop_params(out, folded)
+        folded_params = {p.folded for p in plans.values() if p.folded is not None}
+        if self.drop_folded_params and folded_params:
+            out = self._drop_params(out, folded_params)
         return out
 
     def _drop_params(self, graph: Graph, names: set[str]) -> Graph:

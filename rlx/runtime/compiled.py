@@ -13,6 +13,11 @@ Contract of ``run``:
 * a new binding of the symbolic dims plans and builds a new arena and schedule, kept in a
   small LRU (``options.max_shape_plans``); a binding seen before costs nothing extra.
 
+Nodes that depend only on params and constants (e.g. the bf16 cast of an f32 weight that
+auto mixed precision inserts) form each executor's prologue: ``set_param`` marks every
+executor stale and the next run on it computes them (and lets kernels repack such
+weights) before the main schedule; runs without a param change skip them.
+
 Params are per CompiledGraph: compiling the same graph twice shares the optimized graph
 and plans but gives each CompiledGraph its own params and arena. One CompiledGraph runs
 one call at a time (its arena is reused by every run): give each thread its own, e.g.

@@ -54,6 +54,7 @@ class CompileOptions:
     max_shape_plans: int = 8
 
     def replace(self, **kw: Any) -> CompileOptions:
+        """A copy with the given fields changed (``dataclasses.replace``)."""
         return replace(self, **kw)
 
     def cache_key(self) -> tuple[Any, ...]:

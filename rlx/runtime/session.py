@@ -83,8 +83,12 @@ class Session:
         *,
         params: Mapping[str, Any] | None = None,
     ) -> CompiledGraph:
-        """Compile a Graph or GraphModule; ``params`` are set on the result (and given to
-        the passes, which fold them when ``options.freeze_params``)."""
+        """Compile a Graph or GraphModule (any stage) into a :class:`CompiledGraph`.
+
+        ``params`` (param name -> array) are set on the result (and given to the passes,
+        which fold them when ``options.freeze_params``). Raises CompileError for bad
+        options or a failing pass, VerifyError for a malformed graph, InputError for a
+        param of the wrong name, shape or dtype."""
         options = options or CompileOptions()
         if not isinstance(options, CompileOptions):
             raise CompileError(f"options must be a CompileOptions, given {type(options).__name__}")
@@ -97,6 +101,11 @@ class Session:
                 f"options.num_threads must be >= 1 or None, given {options.num_threads}"
             )
         graph = to_mir(graph_or_module)
+        if params is not None and not isinstance(params, Mapping):
+            raise InputError(
+                f"compile(params=...) takes a dict of param name -> array, given "
+                f"{type(params).__name__}; params of graph {graph.name!r}: {graph.param_names}"
+            )
         np_params = _checked_params(graph, params) if params else None
         key = (graph.fingerprint(), options.cache_key(), self.backend, params_digest(np_params))
         prog = _CACHE.get(key) if options.use_cache else None

@@ -326,5 +326,8 @@ def calibrate(
     for batch in _progress(batches, progress):
         cal.step(batch)
     if cal.batches == 0:
-        raise QuantizationError("calibrate() was given no batches")
+        raise QuantizationError(
+            f"calibrate(): given no batches; expected at least one input dict with "
+            f"the inputs of graph {compiled.program.source.name!r}: {compiled.input_names}"
+        )
     return cal

@@ -8,6 +8,14 @@ arena's persistent region: constants are written once here, params whenever they
 View nodes (reshape) and boundary nodes (input, param, constant) have no kernel: their
 view already is their value.
 
+The prologue: when the plan put param-derived nodes (see
+:func:`rlx.backends.cpu.planner.param_derived_nodes`, e.g. the bf16 cast of an f32
+weight) in its persistent region, their kernels form a separate list, ``prologue``, that
+runs on the first run after a param is loaded (``stale``) and is skipped otherwise: their
+values only change when a param does. Their entries say ``prologue=True``. Kernels may
+add steps on such inputs (``KernelCtx.prologue``: the bf16 GEMM packs a param-derived
+weight there); ``prepare`` holds them and they run right after the prologue kernels.
+
 Every kernel factory gets ``KernelCtx.num_threads`` (``num_threads``, resolved by
 :func:`rlx.runtime.threads.resolve_threads`) and ``KernelCtx.native``: pass the
 CompileOptions' values (``CpuProgram`` does).
@@ -57,6 +65,7 @@ class ScheduleEntry:
     view_of: NodeId | None = None
     inplace_of: NodeId | None = None
     notes: tuple[str, ...] = ()
+    prologue: bool = False
 
 
 def aligned_arena(nbytes: int, alignment: int = ARENA_ALIGNMENT) -> np.ndarray:
@@ -109,8 +118,14 @@ class Executor:
             elif isinstance(n.op, Constant):
                 np.copyto(self.views[n.id], n.op.value.array(), casting="unsafe")
         self.output_views = [self.views[o] for o in graph.outputs]
+        self.hoisted = self._hoisted()
+        self.prologue: list[Kernel] = []
+        self.prepare: list[Kernel] = []  # kernels' steps on stable inputs (KernelCtx.prologue)
+        self.stable = self.hoisted | frozenset(n.id for n in graph.nodes if isinstance(n.op, Param))
         self.schedule: list[Kernel] = []
         self.entries: list[ScheduleEntry] = []
+        self.stale = True  # the prologue's values are out of date
+        self.prologue_runs = 0
         self._build(params, inputs)
 
     def _view(self, n: Node) -> np.ndarray:
@@ -121,6 +136,18 @@ class Executor:
         if slot.nbytes < want:
             raise AssertionError(f"plan gives %{n.id} {slot.nbytes} bytes, it needs {want}")
         return self.arena[slot.offset : slot.offset + want].view(dt).reshape(dims)
+
+    def _hoisted(self) -> frozenset[NodeId]:
+        """Param-derived nodes the plan keeps in its persistent region (the prologue)."""
+        from rlx.backends.cpu.planner import param_derived_nodes
+
+        top = self.plan.persistent_bytes
+        keep = set(self.plan.keep_alive)
+        return frozenset(
+            nid
+            for nid in param_derived_nodes(self.graph)
+            if nid in keep and self.plan.slot(nid).offset + self.plan.slot(nid).nbytes <= top
+        )
 
     def _build(self, params: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> None:
         unsupported: list[str] = []
@@ -134,7 +161,15 @@ class Executor:
                     raise AssertionError(
                         f"plan makes %{nid} {n.op} a view, but it is not a view op"
                     )
-                self._record(n, KernelKind.VIEW, slot.view_of, None, slot.offset, slot.nbytes)
+                self._record(
+                    n,
+                    KernelKind.VIEW,
+                    slot.view_of,
+                    None,
+                    slot.offset,
+                    slot.nbytes,
+                    prologue=nid in self.hoisted,
+                )
                 continue
             ins = [self.views[i] for i in n.inputs]
             out = self.views[nid]
@@ -148,6 +183,7 @@ class Executor:
                 kernel_kind(type(n.op)),
                 num_threads=self.num_threads,
                 native=self.native,
+                stable=self.stable,
             )
             factory = KERNELS.get(type(n.op))
             try:
@@ -158,9 +194,18 @@ class Executor:
             except UnsupportedOpError as e:
                 unsupported.append(f"{_where(n)}: {e.bare_message}")
                 continue
-            self.schedule.append(fn)
+            pro = nid in self.hoisted
+            self.prepare += ctx.prologue
+            (self.prologue if pro else self.schedule).append(fn)
             self._record(
-                n, ctx.kind, None, slot.inplace_of, slot.offset, slot.nbytes, tuple(ctx.notes)
+                n,
+                ctx.kind,
+                None,
+                slot.inplace_of,
+                slot.offset,
+                slot.nbytes,
+                tuple(ctx.notes),
+                pro,
             )
         if unsupported:
             raise UnsupportedOpError(
@@ -177,27 +222,71 @@ class Executor:
         off: int,
         nb: int,
         notes: tuple[str, ...] = (),
+        prologue: bool = False,
     ) -> None:
         dims = tuple(self.views[n.id].shape)
         self.entries.append(
             ScheduleEntry(
-                n.id, n.op.mnemonic, n.dtype.value, dims, off, nb, kind, view_of, inplace_of, notes
+                n.id,
+                n.op.mnemonic,
+                n.dtype.value,
+                dims,
+                off,
+                nb,
+                kind,
+                view_of,
+                inplace_of,
+                notes,
+                prologue,
             )
         )
 
     @property
     def kernel_entries(self) -> list[ScheduleEntry]:
-        """Entries that own a closure in ``schedule`` (same order), without views."""
-        return [e for e in self.entries if e.view_of is None]
+        """Entries that own a closure in ``schedule`` (same order), without views or
+        prologue kernels."""
+        return [e for e in self.entries if e.view_of is None and not e.prologue]
+
+    @property
+    def prologue_entries(self) -> list[ScheduleEntry]:
+        """Entries that own a closure in ``prologue`` (same order)."""
+        return [e for e in self.entries if e.view_of is None and e.prologue]
 
     def load_param(self, name: str, value: np.ndarray) -> None:
-        """Write a (checked, converted) param into its persistent slot."""
+        """Write a (checked, converted) param into its persistent slot; the prologue
+        runs again before the next run."""
         view = self.param_views.get(name)
         if view is not None:
             np.copyto(view, value, casting="unsafe")
+            self.stale = True
+
+    def run_prologue(self) -> list[float]:
+        """Compute the param-derived nodes now; returns each prologue kernel's seconds."""
+        times: list[float] = []
+        clock = time.perf_counter
+        entries = self.prologue_entries
+        self.stale = True  # until every kernel has run
+        for i, f in enumerate(self.prologue):
+            t0 = clock()
+            try:
+                f()
+            except Exception as e:
+                new = self._annotate(e, entries[i].node)
+                if new is e:
+                    raise
+                raise new from e
+            times.append(clock() - t0)
+        for f in self.prepare:
+            f()
+        self.stale = False
+        self.prologue_runs += 1
+        return times
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """Run once on checked inputs; returns fresh copies of the outputs."""
+        """Run once on checked inputs (the prologue first when a param changed since the
+        last run); returns fresh copies of the outputs."""
+        if self.stale:
+            self.run_prologue()
         for name, view in self.input_views:
             np.copyto(view, inputs[name], casting="unsafe")
         try:
@@ -214,21 +303,27 @@ class Executor:
     def run_profiled(
         self, inputs: Mapping[str, np.ndarray]
     ) -> tuple[list[np.ndarray], list[float]]:
-        """Like :meth:`run`, also returning each kernel's wall time in seconds."""
+        """Like :meth:`run`, also returning each kernel's wall time in seconds, in the
+        order of ``entries`` without views: prologue kernels are run (and timed) too, so
+        a profile shows every kernel's cost."""
+        pro = iter(self.run_prologue())
         for name, view in self.input_views:
             np.copyto(view, inputs[name], casting="unsafe")
-        times: list[float] = []
+        main: list[float] = []
         clock = time.perf_counter
+        entries = self.kernel_entries
         for i, f in enumerate(self.schedule):
             t0 = clock()
             try:
                 f()
             except Exception as e:
-                new = self._annotate(e, self.kernel_entries[i].node)
+                new = self._annotate(e, entries[i].node)
                 if new is e:
                     raise
                 raise new from e
-            times.append(clock() - t0)
+            main.append(clock() - t0)
+        it = iter(main)
+        times = [next(pro) if e.prologue else next(it) for e in self.entries if e.view_of is None]
         return [v.copy() for v in self.output_views], times
 
     def _locate_failure(self, inputs: Mapping[str, np.ndarray]) -> NodeId | None:

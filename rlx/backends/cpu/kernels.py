@@ -104,7 +104,10 @@ class KernelCtx:
     registered with and a factory may change it (a matmul on integers is not BLAS).
     ``num_threads``: threads a native kernel may use (``CompileOptions.num_threads``,
     resolved: never None). ``native``: ``CompileOptions.native``; when False a factory
-    with a native (C) path takes its NumPy one instead.
+    with a native (C) path takes its NumPy one instead. ``stable``: nodes whose values
+    change only when a param does (params, the executor's prologue nodes); a factory may
+    prepare such an input (e.g. pack a weight) in a step it appends to ``prologue``,
+    which the executor runs once per param change, after the prologue nodes.
     """
 
     node: Node
@@ -117,6 +120,8 @@ class KernelCtx:
     notes: list[str] = field(default_factory=list)
     num_threads: int = field(default_factory=lambda: _default_threads())
     native: bool = True
+    stable: frozenset[int] = frozenset()
+    prologue: list[Kernel] = field(default_factory=list)
 
     def scratch(self, dims: Sequence[int], dtype: Any, tag: int = 0) -> np.ndarray:
         """A reusable scratch array (allocated now, at schedule-build time)."""

@@ -184,8 +184,8 @@ def binary_kernel(
 def compare_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
     """Compares as one broadcasting ufunc call into the bool output."""
     a, b = ins
-    uf = COMPARE_FNS[node.op.fn]  # type: ignore[attr-defined]  (ufuncs: out= works)
-    return lambda: uf(a, b, out=out)  # type: ignore[return-value]
+    uf = COMPARE_FNS[node.op.fn]  # type: ignore[attr-defined]
+    return lambda: uf(a, b, out=out)  # type: ignore[call-arg, return-value]  # ufuncs take out=
 
 
 @kernel(Where)

@@ -9,7 +9,8 @@ built from ``csrc/lowp_cast.c`` + ``csrc/lowp_gemm.c`` (through ``native.build``
   Other casts are NumPy copies (through f32 for bf16/fp8, as the reference).
 * **GEMM** on bf16, three paths (:class:`GemmPath`): ``DPBF16`` on CPUs with
   avx512_bf16 (``vdpbf16ps``: bf16 products, f32 accumulation, the weight packed into
-  32-column panels: once at compile time when it is a constant, every run otherwise);
+  32-column panels: once at compile time when it is a constant, once per param change
+  when it is a param or param-derived (``KernelCtx.stable``), every run otherwise);
   ``CONVERT`` elsewhere and for f16 (native widening of both operands into f32 scratch,
   f32 BLAS sgemm, native rounding of the result: the same f32 products as the
   reference interpreter); ``NUMPY`` when the library cannot be built (no gcc, failed
@@ -355,6 +356,11 @@ def _is_constant(ctx: KernelCtx, node: Node, i: int) -> bool:
     return isinstance(ctx.graph.nodes[node.inputs[i]].op, Constant)
 
 
+def _is_stable(ctx: KernelCtx, node: Node, i: int) -> bool:
+    """Input ``i`` changes only when a param does (``KernelCtx.stable``)."""
+    return node.inputs[i] in ctx.stable
+
+
 def lowp_matmul(
     node: Node,
     a: np.ndarray,
@@ -371,7 +377,10 @@ def lowp_matmul(
 
     ``preps`` run before every product (they fill ``a``); ``b_prep`` fills ``b`` (once at
     build time when ``b`` is constant, else before every product). ``b_constant``
-    defaults to whether input 1 of ``node`` is a Constant."""
+    defaults to whether input 1 of ``node`` is a Constant. A ``b`` that changes only
+    with the params (``KernelCtx.stable``, no ``b_prep``) is prepared (packed or
+    widened, into private buffers) in a ``KernelCtx.prologue`` step: once per param
+    change."""
     if a.dtype != b.dtype or a.dtype != out.dtype or a.dtype not in (BF16, F16):
         return None
     lib = _lib_or_none(ctx)
@@ -381,16 +390,23 @@ def lowp_matmul(
     if const and b_prep is not None:
         b_prep()
     per_call = tuple(preps) + ((b_prep,) if b_prep is not None and not const else ())
+    defer: list[Kernel] | None = (
+        [] if not const and b_prep is None and _is_stable(ctx, node, 1) else None
+    )
     path = gemm_path(a.dtype, lib)
-    fn = _dpbf16(a, b, out, ctx, lib, const) if path is GemmPath.DPBF16 else None
+    fn = _dpbf16(a, b, out, ctx, lib, const, defer) if path is GemmPath.DPBF16 else None
     if fn is None:
-        fn = _convert(a, b, out, ctx, lib, const)
+        fn = _convert(a, b, out, ctx, lib, const, defer)
         path = GemmPath.CONVERT
     ctx.kind = KernelKind.NATIVE
-    ctx.notes.append(
-        f"{a.dtype.name} matmul: {path.value}"
-        + (", weight prepared at compile time" if const else ", weight prepared every run")
-    )
+    if const:
+        when = "at compile time"
+    elif defer:
+        when = "once per param change"
+        ctx.prologue.extend(defer)
+    else:
+        when = "every run"
+    ctx.notes.append(f"{a.dtype.name} matmul: {path.value}, weight prepared {when}")
     if not per_call:
         return fn
 
@@ -403,9 +419,16 @@ def lowp_matmul(
 
 
 def _convert(
-    a: np.ndarray, b: np.ndarray, out: np.ndarray, ctx: KernelCtx, lib: LowpLib, const: bool
+    a: np.ndarray,
+    b: np.ndarray,
+    out: np.ndarray,
+    ctx: KernelCtx,
+    lib: LowpLib,
+    const: bool,
+    defer: list[Kernel] | None = None,
 ) -> Kernel:
-    """Widen natively, f32 BLAS matmul into scratch, round natively into ``out``."""
+    """Widen natively, f32 BLAS matmul into scratch, round natively into ``out``. With
+    ``defer`` (a list), ``b`` is widened into a private buffer by a step appended there."""
     from rlx.backends.cpu.kernels_linalg import matmul_into
 
     level, nt = int(lib.level()), ctx.num_threads
@@ -413,12 +436,19 @@ def _convert(
     down = lib.cast_fn(F32, out.dtype)
     if not (a.flags.c_contiguous and (const or b.flags.c_contiguous)):
         return _convert_strided(a, b, out, ctx, matmul_into)
+    if defer is not None and not b.flags.c_contiguous:
+        defer = None
     a32 = ctx.scratch(a.shape, F32, 300)
     o32 = ctx.scratch(out.shape, F32, 302)
     if const:
         b32 = np.empty(b.shape, F32)  # private: the pool's buffers are rewritten by others
         lib.cast(np.ascontiguousarray(b), b32, nt)
         b_steps: list[tuple[int, int, int]] = []
+    elif defer is not None:
+        b32 = np.empty(b.shape, F32)  # private: kept from one param change to the next
+        b_steps = []
+        pb, pb32, nb = b.ctypes.data, b32.ctypes.data, b.size
+        defer.append(lambda: up(pb, pb32, nb, level, nt))  # type: ignore[arg-type, return-value]
     else:
         b32 = ctx.scratch(b.shape, F32, 301)
         b_steps = [(b.ctypes.data, b32.ctypes.data, b.size)]
@@ -459,10 +489,17 @@ def _convert_strided(
 
 
 def _dpbf16(
-    a: np.ndarray, b: np.ndarray, out: np.ndarray, ctx: KernelCtx, lib: LowpLib, const: bool
+    a: np.ndarray,
+    b: np.ndarray,
+    out: np.ndarray,
+    ctx: KernelCtx,
+    lib: LowpLib,
+    const: bool,
+    defer: list[Kernel] | None = None,
 ) -> Kernel | None:
     """vdpbf16ps GEMMs, one per batch of the broadcast, or None for shapes it does not
-    take (1-D operands, empty dims, rows that are not contiguous)."""
+    take (1-D operands, empty dims, rows that are not contiguous). With ``defer`` (a
+    list), ``b`` is packed into private buffers by a step appended there."""
     if a.ndim < 2 or b.ndim < 2 or out.ndim < 2 or 0 in a.shape or 0 in b.shape:
         return None
     k, n = b.shape[-2], b.shape[-1]
@@ -496,6 +533,9 @@ def _dpbf16(
             if const:
                 packs[key] = np.empty(size, np.uint16)
                 lib.pack_b(bm, packs[key], nt)
+            elif defer is not None:
+                packs[key] = np.empty(size, np.uint16)  # private: kept between runs
+                todo.append((bm, packs[key]))
             else:
                 packs[key] = ctx.scratch((size,), np.uint16, 320 + i)
                 todo.append((bm, packs[key]))
@@ -510,6 +550,15 @@ def _dpbf16(
         for am, pm, om in calls
     ]  # fmt: skip
     pargs = [(bm.ctypes.data, bm.strides[0] // 2, k, n, pm.ctypes.data) for bm, pm in todo]
+    if defer is not None:
+        deferred, pargs = pargs, []
+
+        def pack_all() -> None:
+            for p in deferred:
+                pack(*p, nt)
+
+        pack_all.packed = list(packs.values())  # type: ignore[attr-defined]  # args hold only pointers
+        defer.append(pack_all)
 
     def run() -> None:
         for p in pargs:
@@ -578,6 +627,11 @@ def lowp_fused_matmul(
         if _is_constant(ctx, node, 2):
             b32 = np.empty(bias.shape, F32)
             lib.cast(bias, b32)
+            steps.append(lambda: np.add(y, b32, out=y))  # type: ignore[arg-type, return-value]
+        elif _is_stable(ctx, node, 2):  # widened once per param change, kept private
+            b32 = np.empty(bias.shape, F32)
+            pb, pb32, nb = bias.ctypes.data, b32.ctypes.data, bias.size
+            ctx.prologue.append(lambda: up(pb, pb32, nb, level, 1))  # type: ignore[arg-type, return-value]
             steps.append(lambda: np.add(y, b32, out=y))  # type: ignore[arg-type, return-value]
         else:
             b32 = ctx.scratch(bias.shape, F32, 331)

@@ -125,8 +125,8 @@ def _check_aliases(graph: Graph, plan: BufferPlan) -> None:
                     f"%{n.id} ({n.op.mnemonic}) runs in place of %{i}, which needs an elementwise op reading %{i}",
                 )
             t = plan.slots[i]
-            src = graph.nodes[i]
-            same_layout = src.shape.concrete(plan.bindings) == n.shape.concrete(plan.bindings)
+            src_node = graph.nodes[i]
+            same_layout = src_node.shape.concrete(plan.bindings) == n.shape.concrete(plan.bindings)
             if (t.offset, t.nbytes) != (s.offset, s.nbytes) or not same_layout:
                 raise _fail(
                     graph,

@@ -11,7 +11,9 @@ Steps:
 3. Liveness per buffer: from its first definition (inputs: step 0) to its last read;
    graph outputs and ``keep_alive`` nodes to the end of the schedule.
 4. Params and constants go in a persistent region at the start of the arena, in node
-   order, never reused. Everything else is packed into the working region above it.
+   order, never reused; so do the ``persistent`` nodes asked for (the executor's
+   prologue: param-derived nodes, see :func:`param_derived_nodes`), which also never run
+   in place and count as kept alive. Everything else is packed into the working region above it.
 5. Offsets. Up to three heuristics run, in this order; the smallest peak wins, and the
    search stops early at a plan that reaches the lower bound:
 
@@ -54,7 +56,7 @@ from rlx.errors import CompileError, InputError, RlxError, ShapeError, VerifyErr
 from rlx.ir.lir import BufferPlan, BufferSlot, LirModule, PlanStrategy
 from rlx.ir.mir import Graph, Node, NodeId
 
-__all__ = ["plan_memory", "plan_module", "DEFAULT_ALIGNMENT"]
+__all__ = ["plan_memory", "plan_module", "param_derived_nodes", "DEFAULT_ALIGNMENT"]
 
 DEFAULT_ALIGNMENT = 64
 
@@ -80,11 +82,13 @@ def plan_memory(
     inplace: bool = True,
     alignment: int = DEFAULT_ALIGNMENT,
     strategies: Sequence[PlanStrategy] = tuple(PlanStrategy),
+    persistent: Iterable[NodeId] = (),
 ) -> BufferPlan:
     """Plan one arena for ``graph`` with symbols bound by ``bindings``.
 
     ``keep_alive`` nodes (like the outputs) keep their bytes intact to the end of the
-    run; ``inplace=False`` disables in-place reuse (views stay views); ``strategies``
+    run; ``persistent`` nodes get a slot in the persistent region (never shared, kept
+    between runs; they are added to the plan's ``keep_alive``); ``inplace=False`` disables in-place reuse (views stay views); ``strategies``
     are the offset heuristics to try (the smallest peak wins; ties go to the first).
     Returns the BufferPlan; ShapeError when a symbolic size has no binding, InputError
     when a binding is outside the graph's declared bounds.
@@ -94,13 +98,14 @@ def plan_memory(
     if not strategies:
         raise CompileError("plan_memory: strategies is empty; give at least one PlanStrategy")
     binds = _check_bindings(graph, dict(bindings or {}))
-    keep = _check_keep_alive(graph, keep_alive)
+    hoisted = _check_keep_alive(graph, persistent)
+    keep = _check_keep_alive(graph, keep_alive) | hoisted
     schedule = tuple(graph.topo_order())
     pos = {nid: i for i, nid in enumerate(schedule)}
     nbytes = _node_bytes(graph, binds)
 
     parent, view_of = _join_views(graph, schedule, nbytes)
-    persistent = {_find(parent, nid) for nid in _persistent_nodes(graph)}
+    persistent = {_find(parent, nid) for nid in _persistent_nodes(graph) | hoisted}
     end = len(schedule)  # "alive to the end": past the last step
     last = _last_uses(graph, schedule, pos, parent, keep, end)
     inplace_of: dict[NodeId, NodeId] = {}
@@ -189,6 +194,27 @@ def _node_bytes(graph: Graph, binds: Mapping[str, int]) -> dict[NodeId, int]:
                 loc=n.loc,
             ) from e
     return out
+
+
+def param_derived_nodes(graph: Graph) -> frozenset[NodeId]:
+    """The computed nodes whose value depends only on params and constants: every
+    transitive input is a Param or Constant (never an Input) and every op on the way is
+    pure. Their values change only when a param does, so an executor may compute them
+    once per param change (its prologue) instead of once per run."""
+    from rlx.ops.core import Constant, Input, Param
+
+    derived: set[NodeId] = set()
+    stable: set[NodeId] = set()
+    for nid in graph.topo_order():
+        n = graph.nodes[nid]
+        if isinstance(n.op, (Param, Constant)):
+            stable.add(nid)
+        elif isinstance(n.op, Input) or not n.op.pure or not n.inputs:
+            continue
+        elif all(i in stable for i in n.inputs):
+            stable.add(nid)
+            derived.add(nid)
+    return frozenset(derived)
 
 
 def _persistent_nodes(graph: Graph) -> set[NodeId]:

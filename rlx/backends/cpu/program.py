@@ -6,6 +6,10 @@ A program holds no arena and no params: those belong to each CompiledGraph, so t
 compile cache can hand one program to several CompiledGraphs. Compiling builds one
 schedule (the static shape, or every symbol at its lower bound) so an op the backend
 cannot run fails here, at compile time, listing every such node.
+
+Every plan puts the graph's param-derived nodes (``hoisted``: see
+:func:`~rlx.backends.cpu.planner.param_derived_nodes`) in its persistent region, so each
+executor computes them in its prologue, once per param change, not once per run.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from rlx.backends.cpu.executor import Executor
-from rlx.backends.cpu.planner import plan_memory
+from rlx.backends.cpu.planner import param_derived_nodes, plan_memory
 from rlx.ir.lir import BufferPlan
 from rlx.ir.mir import Graph
 from rlx.ops.core import Input, Param
@@ -45,6 +49,7 @@ class CpuProgram:
     graph: the optimized graph that runs.
     result: the pipeline's CompileResult (pass records, fusion report).
     is_static: no symbolic dim anywhere (one plan serves every run).
+    hoisted: the param-derived nodes every plan keeps persistent (the prologue).
     """
 
     source: Graph
@@ -57,6 +62,7 @@ class CpuProgram:
     param_shapes: dict[str, Shape]
     frozen_params: frozenset[str]
     is_static: bool = True
+    hoisted: frozenset[int] = frozenset()
     _plans: OrderedDict[BindingKey, BufferPlan] = field(default_factory=OrderedDict)
     _probe: tuple[Executor, dict[str, np.ndarray], dict[str, np.ndarray]] | None = None
     plan_builds: int = 0
@@ -68,7 +74,7 @@ class CpuProgram:
         if plan is not None:
             self._plans.move_to_end(key)
             return plan
-        plan = plan_memory(self.graph, dict(bindings))
+        plan = plan_memory(self.graph, dict(bindings), persistent=self.hoisted)
         self.plan_builds += 1
         self._plans[key] = plan
         while len(self._plans) > max(1, self.options.max_shape_plans):
@@ -118,6 +124,7 @@ def compile_program(
         param_shapes=param_shapes,
         frozen_params=frozen,
         is_static=all(n.shape.is_static for n in graph.nodes),
+        hoisted=param_derived_nodes(graph),
     )
     live_params: dict[str, np.ndarray] = {}
     live_inputs: dict[str, np.ndarray] = {}

@@ -31,7 +31,8 @@ __all__ = ["Report", "KernelRecord"]
 class KernelRecord:
     """One node of the schedule. ``seconds`` is None until a profiled run; views have no
     kernel (their ``view_of`` is set) and no time; ``notes`` are what the kernel factory
-    said about its choice (e.g. why it fell back)."""
+    said about its choice (e.g. why it fell back); ``prologue``: a param-derived node,
+    computed once per param change instead of once per run."""
 
     node: int
     op: str
@@ -44,6 +45,7 @@ class KernelRecord:
     inplace_of: int | None
     seconds: float | None
     notes: tuple[str, ...] = ()
+    prologue: bool = False
 
     @property
     def alias(self) -> str:
@@ -71,7 +73,8 @@ class Report:
     def build(program: CpuProgram, ex: Executor, times: list[float] | None) -> Report:
         """Combine the program's records with ``ex``'s schedule and the profiled times
         (``times`` aligns with the executor's kernel closures)."""
-        it = iter(times) if times is not None and len(times) == len(ex.schedule) else None
+        n_kernels = sum(1 for e in ex.entries if e.view_of is None)
+        it = iter(times) if times is not None and len(times) == n_kernels else None
         recs = []
         for e in ex.entries:
             secs = next(it) if it is not None and e.view_of is None else None
@@ -88,6 +91,7 @@ class Report:
                     e.inplace_of,
                     secs,
                     e.notes,
+                    e.prologue,
                 )
             )
         return Report(
@@ -145,6 +149,8 @@ class Report:
                 row += f" {k.seconds * 1e6:>9.1f}" if k.seconds is not None else f" {'-':>9}"
             if k.alias:
                 row += f"  {k.alias}"
+            if k.prologue:
+                row += "  (prologue)"
             if k.notes:
                 row += "  # " + "; ".join(k.notes)
             lines.append(row)
@@ -184,6 +190,8 @@ class Report:
             }
             if k.inplace_of is not None:
                 args["inplace_of"] = k.inplace_of
+            if k.prologue:
+                args["prologue"] = True
             if k.notes:
                 args["notes"] = list(k.notes)
             events.append(
