@@ -237,3 +237,16 @@ def test_compile_params_must_be_a_dict() -> None:
         InputError, match=r"takes a dict of param name -> array, given list; .*'mlp': \['w'\]"
     ):
         rlx.Session("cpu").compile(_mlp(), params=[np.ones((8, 3), np.float32)])  # type: ignore[arg-type]
+
+
+def test_evaluate_verifies_a_malformed_graph_first():
+    import rlx
+    from rlx.errors import VerifyError
+    from rlx.ops.elementwise import Unary, UnaryKind
+
+    g = rlx.Graph("bad")
+    x = g.input("x", (2,))
+    g.add_node(Unary(UnaryKind.RELU), [x, x], rlx.Shape((2,)))
+    g.set_outputs([1])
+    with pytest.raises(VerifyError, match="expected 1 inputs"):
+        g.evaluate({"x": [1.0, 2.0]})

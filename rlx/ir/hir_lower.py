@@ -345,7 +345,7 @@ def _rope(ctx: LowerCtx, node: HirNode, ins: list[NodeId]) -> NodeId:
     bsz, s, hd = g.shape(x).dims
     d, r = b.head_dim, b.n_rot
     half = r // 2
-    xh = g.reshape(x, (bsz, s, hd // d, d))  # [B,S,H,D]
+    xh = g.reshape(x, (bsz, s, -1, d))  # [B,S,H,D]
     lo = g.narrow(xh, 3, 0, half)
     hi = g.narrow(xh, 3, half, half)
     c = g.reshape(cos, (s, 1, half))  # broadcasts over B and H

@@ -254,9 +254,12 @@ class Graph:
         inputs: Mapping[str, Any] | None = None,
         params: Mapping[str, Any] | None = None,
     ) -> list[np.ndarray]:
-        """Run the NumPy reference interpreter; returns one array per output."""
+        """Verify the graph, then run the NumPy reference interpreter on ``inputs`` and
+        ``params`` (name -> array); returns one array per output. A malformed graph raises
+        VerifyError before anything runs."""
         from rlx.backends.reference import evaluate
 
+        self.verify()
         return evaluate(self, inputs or {}, params or {})
 
 
