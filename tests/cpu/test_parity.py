@@ -614,7 +614,7 @@ FAST = {
     "elementwise_region": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
     "matmul_i32": KernelKind.REFERENCE,
     "cumsum": KernelKind.NUMPY,
-    "cumsum_exclusive_i32": KernelKind.REFERENCE,
+    "cumsum_exclusive_i32": KernelKind.NUMPY,
     "argmin": KernelKind.NUMPY,
     "conv1d": KernelKind.BLAS,
     "conv2d_groups": KernelKind.BLAS,

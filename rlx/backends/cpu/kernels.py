@@ -24,7 +24,8 @@ native bf16/f16 paths; ``kernels_tensor``: reductions, norms, movement; ``kernel
 matmul, dot_general; ``kernels_nn``: attention, rope; ``kernels_conv``: conv, pool;
 ``kernels_fused``: fused ops and elementwise regions; ``kernels_region``: native
 generated elementwise regions; ``kernels_rows``: native row kernels and matmul
-epilogues; ``kernels_quant``: quantized matmuls); ``load_kernels`` imports every
+epilogues; ``kernels_quant``: quantized matmuls; ``kernels_misc``: group_norm,
+scatter_add, fake_quantize, exclusive cumsum, integer division); ``load_kernels`` imports every
 ``kernels_*`` module it finds.
 """
 
