@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -262,20 +263,8 @@ class Executor:
 
     def run_prologue(self) -> list[float]:
         """Compute the param-derived nodes now; returns each prologue kernel's seconds."""
-        times: list[float] = []
-        clock = time.perf_counter
-        entries = self.prologue_entries
         self.stale = True  # until every kernel has run
-        for i, f in enumerate(self.prologue):
-            t0 = clock()
-            try:
-                f()
-            except Exception as e:
-                new = self._annotate(e, entries[i].node)
-                if new is e:
-                    raise
-                raise new from e
-            times.append(clock() - t0)
+        times = self._run_timed(self.prologue, self.prologue_entries)
         for f in self.prepare:
             f()
         self.stale = False
@@ -309,10 +298,15 @@ class Executor:
         pro = iter(self.run_prologue())
         for name, view in self.input_views:
             np.copyto(view, inputs[name], casting="unsafe")
-        main: list[float] = []
+        it = iter(self._run_timed(self.schedule, self.kernel_entries))
+        times = [next(pro) if e.prologue else next(it) for e in self.entries if e.view_of is None]
+        return [v.copy() for v in self.output_views], times
+
+    def _run_timed(self, kernels: Sequence[Kernel], entries: Sequence[Any]) -> list[float]:
+        """Call each kernel, timing it; an exception is annotated with its node."""
+        times: list[float] = []
         clock = time.perf_counter
-        entries = self.kernel_entries
-        for i, f in enumerate(self.schedule):
+        for i, f in enumerate(kernels):
             t0 = clock()
             try:
                 f()
@@ -321,10 +315,8 @@ class Executor:
                 if new is e:
                     raise
                 raise new from e
-            main.append(clock() - t0)
-        it = iter(main)
-        times = [next(pro) if e.prologue else next(it) for e in self.entries if e.view_of is None]
-        return [v.copy() for v in self.output_views], times
+            times.append(clock() - t0)
+        return times
 
     def _locate_failure(self, inputs: Mapping[str, np.ndarray]) -> NodeId | None:
         """Re-run the schedule (from fresh inputs: in-place kernels may have overwritten
