@@ -24,6 +24,7 @@ __all__ = [
     "SerializationError",
     "QuantizationError",
     "StageError",
+    "ConfigError",
 ]
 
 
@@ -78,3 +79,7 @@ class SerializationError(RlxError, ValueError):
 
 class QuantizationError(RlxError, ValueError):
     """Calibration or quantization was given inconsistent data."""
+
+
+class ConfigError(RlxError, ValueError):
+    """An ``RLX_*`` environment variable (or a configuration value) that does not parse."""
