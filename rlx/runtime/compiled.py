@@ -20,19 +20,26 @@ weights) before the main schedule; runs without a param change skip them.
 
 Params are per CompiledGraph: compiling the same graph twice shares the optimized graph
 and plans but gives each CompiledGraph its own params and arena. One CompiledGraph runs
-one call at a time (its arena is reused by every run): give each thread its own, e.g.
-by compiling the graph again (a compile-cache hit).
+one call at a time (its arena is reused by every run). Thread safety: ``run``,
+``set_param(s)`` and ``report`` hold a per-CompiledGraph lock, so calls from several
+threads are serialised and each gets its own correct result. A lock rather than one arena
+per thread: an arena per thread would multiply the memory (an arena is the whole
+activation footprint) and the BLAS and native kernels already use every core, so two
+runs at once would only compete for them. The lock costs about a microsecond per run
+on one thread (benchmarks/dispatch.py, see BENCHMARKS_dispatch.md). For parallel runs,
+compile the graph again per thread (a compile-cache hit: the program is shared, the
+arena is not).
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlx import config
 from rlx.backends.cpu.executor import Executor
 from rlx.backends.cpu.program import BindingKey, CpuProgram, binding_key
 from rlx.errors import InputError
@@ -68,7 +75,8 @@ class CompiledGraph:
         ``max_shape_plans``); default: the program's."""
         self.program = program
         self.options = opts = options or program.options
-        self.num_threads: int = opts.num_threads or config.num_threads() or config.physical_cores()
+        self.num_threads: int = threads.resolve_threads(opts.num_threads)
+        self._lock = threading.RLock()
         self._params: dict[str, np.ndarray] = {}
         self._live_inputs: dict[str, np.ndarray] = {}
         self._executors: OrderedDict[BindingKey, Executor] = OrderedDict()
@@ -117,7 +125,8 @@ class CompiledGraph:
     @property
     def memory_plan(self) -> BufferPlan:
         """The buffer plan of the most recent run (or of the compile-time schedule)."""
-        return self._executor_any().plan
+        with self._lock:
+            return self._executor_any().plan
 
     @property
     def shape_plans(self) -> list[dict[str, int]]:
@@ -133,6 +142,10 @@ class CompiledGraph:
 
     def set_param(self, name: str, value: Any) -> None:
         """Check and store one param (copied; later changes to ``value`` do not leak in)."""
+        with self._lock:
+            self._set_param(name, value)
+
+    def _set_param(self, name: str, value: Any) -> None:
         node = self._source_params.get(name)
         if node is None:
             raise InputError(
@@ -164,8 +177,9 @@ class CompiledGraph:
             raise InputError(
                 f"unknown params {unknown}; params of graph {self.program.source.name!r}: {self.param_names}"
             )
-        for k, v in params.items():
-            self.set_param(k, v)
+        with self._lock:
+            for k, v in params.items():
+                self._set_param(k, v)
 
     def _load_param(self, ex: Executor, name: str, arr: np.ndarray) -> None:
         node = self._param_nodes[name]
@@ -245,7 +259,11 @@ class CompiledGraph:
         f32 -> f64; never f64 -> f32 or i32 -> f32); lists and Python scalars take the
         declared dtype when their kind fits. InputError otherwise (see
         :mod:`rlx.runtime.inputs`). With ``profile=True`` each kernel is timed (see
-        :meth:`report`)."""
+        :meth:`report`). Safe to call from several threads (serialised)."""
+        with self._lock:
+            return self._run(inputs, profile)
+
+    def _run(self, inputs: Mapping[str, Any], profile: bool) -> list[np.ndarray]:
         arrays, bindings = self._check_inputs(inputs)
         ex = self._executor(bindings)
         self._last = ex
@@ -273,8 +291,10 @@ class CompiledGraph:
         shape, with each kernel's time when that run was profiled."""
         from rlx.backends.cpu.report import Report
 
-        ex = self._executor_any()
-        times = self._profile[1] if self._profile is not None and self._profile[0] is ex else None
+        with self._lock:
+            ex = self._executor_any()
+            prof = self._profile
+        times = prof[1] if prof is not None and prof[0] is ex else None
         return Report.build(self.program, ex, times)
 
     def __repr__(self) -> str:

@@ -22,6 +22,7 @@ from rlx.backends.cpu.program import CpuProgram, compile_program
 from rlx.errors import CompileError, InputError
 from rlx.ir.mir import Graph
 from rlx.passes.pipeline import to_mir
+from rlx.runtime import threads
 from rlx.runtime.compiled import CompiledGraph
 from rlx.runtime.inputs import check_dims, to_array
 from rlx.runtime.options import CompileOptions
@@ -96,10 +97,7 @@ class Session:
             raise CompileError(
                 f"options.max_shape_plans must be >= 1, given {options.max_shape_plans}"
             )
-        if options.num_threads is not None and options.num_threads < 1:
-            raise CompileError(
-                f"options.num_threads must be >= 1 or None, given {options.num_threads}"
-            )
+        threads.resolve_threads(options.num_threads)  # CompileError / clamp warning now
         graph = to_mir(graph_or_module)
         if params is not None and not isinstance(params, Mapping):
             raise InputError(

@@ -35,10 +35,18 @@ def _blas_libs() -> list[Any]:
 
 def resolve_threads(requested: int | None) -> int:
     """``requested`` (``CompileOptions.num_threads``), else RLX_NUM_THREADS, else the
-    number of physical cores. CompileError when ``requested`` is below 1."""
-    if requested is not None and requested < 1:
-        raise CompileError(f"CompileOptions.num_threads must be >= 1 or None, got {requested}")
-    return requested or config.num_threads() or config.physical_cores()
+    number of physical cores; never more than the CPUs this process may use (a larger
+    request is clamped with a RuntimeWarning). CompileError when ``requested`` is not an
+    int >= 1 (0 does not mean "the default": pass None for that); ConfigError for a bad
+    RLX_NUM_THREADS."""
+    if requested is not None:
+        if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
+            raise CompileError(
+                f"CompileOptions.num_threads must be an int >= 1 or None (the default), "
+                f"given {requested!r}"
+            )
+        return config.clamp_threads(requested, "CompileOptions.num_threads")
+    return config.num_threads() or config.physical_cores()
 
 
 def ensure_blas_threads(n: int, force: bool = False) -> None:

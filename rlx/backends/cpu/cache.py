@@ -4,12 +4,13 @@ CpuProgram compiled earlier for an equal request, or a miss.
 
 Only the program (optimized graph, pass records, buffer plans) is shared; every
 CompiledGraph built from it owns its params and arena. The cache is an LRU of
-``maxsize`` programs.
+``maxsize`` programs, safe to use from several threads (one lock).
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -55,8 +56,13 @@ class CompileCache:
         self._items: OrderedDict[CacheKey, CpuProgram] = OrderedDict()
         self.hits = 0
         self.misses = 0
+        self._lock = threading.Lock()
 
     def get(self, key: CacheKey) -> CpuProgram | None:
+        with self._lock:
+            return self._get(key)
+
+    def _get(self, key: CacheKey) -> CpuProgram | None:
         prog = self._items.get(key)
         if prog is None:
             self.misses += 1
@@ -66,15 +72,18 @@ class CompileCache:
         return prog
 
     def put(self, key: CacheKey, prog: CpuProgram) -> None:
-        self._items[key] = prog
-        self._items.move_to_end(key)
-        while len(self._items) > self.maxsize:
-            self._items.popitem(last=False)
+        with self._lock:
+            self._items[key] = prog
+            self._items.move_to_end(key)
+            while len(self._items) > self.maxsize:
+                self._items.popitem(last=False)
 
     def clear(self) -> None:
-        self._items.clear()
-        self.hits = 0
-        self.misses = 0
+        with self._lock:
+            self._items.clear()
+            self.hits = 0
+            self.misses = 0
 
     def info(self) -> CacheInfo:
-        return CacheInfo(self.hits, self.misses, len(self._items), self.maxsize)
+        with self._lock:
+            return CacheInfo(self.hits, self.misses, len(self._items), self.maxsize)

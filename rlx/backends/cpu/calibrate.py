@@ -118,62 +118,81 @@ class Calibrator:
 class StreamingHistogram:
     """Histogram of non-negative values over ``[0, hi)`` with ``bins`` bins (a power of
     two); ``hi`` is the smallest power of two above every value added (see the module
-    docstring)."""
+    docstring). The range is kept as a power-of-two exponent, so values up to the f64
+    maximum are binned without overflow (``hi`` is then ``inf``: ``2**1024``)."""
 
     def __init__(self, bins: int = 2048):
         if bins < 2 or bins & (bins - 1):
             raise QuantizationError(f"histogram bins must be a power of two >= 2, got {bins}")
         self.bins = bins
+        self._log2_bins = bins.bit_length() - 1
         self.counts = np.zeros(bins, np.int64)
-        self.hi: float | None = None
+        self._exp: int | None = None  # hi = 2**_exp
         self._zeros = 0  # values seen (all zero) before any range existed
 
     @property
+    def hi(self) -> float | None:
+        if self._exp is None:
+            return None
+        return math.ldexp(1.0, self._exp) if self._exp <= 1023 else math.inf
+
+    @property
     def width(self) -> float:
-        return (self.hi or 0.0) / self.bins
+        return 0.0 if self._exp is None else math.ldexp(1.0, self._exp - self._log2_bins)
 
     @property
     def total(self) -> int:
         return int(self.counts.sum()) + self._zeros
 
     def add(self, values: np.ndarray) -> None:
-        """Add finite non-negative ``values`` (any shape)."""
+        """Add finite non-negative ``values`` (any shape); QuantizationError otherwise."""
         v = np.asarray(values, dtype=np.float64).reshape(-1)
         if not v.size:
             return
         top = float(v.max())
-        if top == 0.0 and self.hi is None:
+        if not (math.isfinite(top) and float(v.min()) >= 0.0):
+            raise QuantizationError(
+                f"histogram values must be finite and >= 0, given range "
+                f"[{float(v.min())}, {top}]"
+            )
+        if top == 0.0 and self._exp is None:
             self._zeros += v.size
             return
-        hi = math.ldexp(1.0, math.frexp(top)[1])  # smallest power of two > top
-        if self.hi is None:
-            self.hi = hi
+        exp = math.frexp(top)[1]  # 2**exp is the smallest power of two > top
+        if self._exp is None:
+            self._exp = exp
             self.counts[0] += self._zeros
             self._zeros = 0
-        elif hi > self.hi:
-            self._grow(hi)
-        idx = (v * (self.bins / self.hi)).astype(np.int64)
+        elif exp > self._exp:
+            self._grow(exp)
+        # v * bins / 2**exp, scaled by exponent arithmetic (no 2**1024 overflow)
+        idx = np.ldexp(v, self._log2_bins - self._exp).astype(np.int64)
+        np.minimum(idx, self.bins - 1, out=idx)
         self.counts += np.bincount(idx, minlength=self.bins)
 
-    def _grow(self, hi: float) -> None:
-        assert self.hi is not None
-        factor = int(round(hi / self.hi))
-        if factor >= self.bins:
+    def _grow(self, exp: int) -> None:
+        assert self._exp is not None
+        shift = exp - self._exp
+        if shift >= self._log2_bins:
             merged = np.array([self.counts.sum()], np.int64)
         else:
-            merged = self.counts.reshape(-1, factor).sum(axis=1)
+            merged = self.counts.reshape(-1, 1 << shift).sum(axis=1)
         self.counts = np.zeros(self.bins, np.int64)
         self.counts[: merged.size] = merged
-        self.hi = hi
+        self._exp = exp
 
     def percentile(self, q: float) -> float:
         """The upper edge of the bin where the cumulative count reaches ``q`` percent
-        (within one bin width of the exact percentile)."""
-        if self.hi is None:
+        (within one bin width of the exact percentile; at most the f64 maximum)."""
+        if self._exp is None:
             return 0.0
         cdf = np.cumsum(self.counts)
         k = int(np.searchsorted(cdf, q / 100.0 * cdf[-1], side="left"))
-        return min(k + 1, self.bins) * self.width
+        top = float(np.finfo(np.float64).max)
+        try:
+            return min(math.ldexp(float(min(k + 1, self.bins)), self._exp - self._log2_bins), top)
+        except OverflowError:
+            return top
 
 
 def kl_threshold(

@@ -14,6 +14,7 @@ executor computes them in its prologue, once per param change, not once per run.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -66,9 +67,15 @@ class CpuProgram:
     _plans: OrderedDict[BindingKey, BufferPlan] = field(default_factory=OrderedDict)
     _probe: tuple[Executor, dict[str, np.ndarray], dict[str, np.ndarray]] | None = None
     plan_builds: int = 0
+    # CompiledGraphs on several threads share one program: plan() and take_probe() lock.
+    _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def plan(self, bindings: Mapping[str, int]) -> BufferPlan:
         """The buffer plan for ``bindings`` (planned on first use, then cached LRU)."""
+        with self._lock:
+            return self._plan(bindings)
+
+    def _plan(self, bindings: Mapping[str, int]) -> BufferPlan:
         key = binding_key(bindings)
         plan = self._plans.get(key)
         if plan is not None:
@@ -86,7 +93,8 @@ class CpuProgram:
 
     def take_probe(self) -> tuple[Executor, dict[str, np.ndarray], dict[str, np.ndarray]] | None:
         """The executor built at compile time with its live param/input dicts (once)."""
-        probe, self._probe = self._probe, None
+        with self._lock:
+            probe, self._probe = self._probe, None
         return probe
 
     def probe_bindings(self) -> dict[str, int]:
