@@ -14,7 +14,9 @@ weight) in its persistent region, their kernels form a separate list, ``prologue
 runs on the first run after a param is loaded (``stale``) and is skipped otherwise: their
 values only change when a param does. Their entries say ``prologue=True``. Kernels may
 add steps on such inputs (``KernelCtx.prologue``: the bf16 GEMM packs a param-derived
-weight there); ``prepare`` holds them and they run right after the prologue kernels.
+weight there); ``prepare`` holds them and they run right after the prologue kernels. A
+prologue kernel's own steps run inside it, just before it: their inputs are prologue
+values computed by the kernels before it.
 
 Every kernel factory gets ``KernelCtx.num_threads`` (``num_threads``, resolved by
 :func:`rlx.runtime.threads.resolve_threads`) and ``KernelCtx.native``: pass the
@@ -81,6 +83,17 @@ def _where(node: Node) -> str:
     if node.loc is not None:
         text += f" (built at {node.loc})"
     return text
+
+
+def _after(steps: Sequence[Kernel], fn: Kernel) -> Kernel:
+    """One kernel running ``steps`` then ``fn``."""
+    todo = (*steps, fn)
+
+    def run() -> None:
+        for f in todo:
+            f()
+
+    return run
 
 
 class Executor:
@@ -196,7 +209,12 @@ class Executor:
                 unsupported.append(f"{_where(n)}: {e.bare_message}")
                 continue
             pro = nid in self.hoisted
-            self.prepare += ctx.prologue
+            if pro and ctx.prologue:
+                # a hoisted kernel's steps on its stable inputs read prologue values
+                # computed just before it: run them first, not after the whole prologue
+                fn = _after(ctx.prologue, fn)
+            else:
+                self.prepare += ctx.prologue
             (self.prologue if pro else self.schedule).append(fn)
             self._record(
                 n,
