@@ -9,7 +9,9 @@ Measures:
 2. the cost of a new symbolic shape: the first ``run()`` at a binding never seen (plan +
    arena + schedule build) vs a repeated binding;
 3. the two ways to apply ``num_threads``: a ``threadpool_limits`` context per run vs the
-   cached ``ensure_blas_threads`` the runtime uses.
+   cached ``ensure_blas_threads`` the runtime uses;
+4. the cost of the per-CompiledGraph lock that makes ``run`` thread-safe: ``run()`` vs
+   the same run without the lock (``_run``) on one thread.
 
 Usage: ``python benchmarks/dispatch.py [--out BENCHMARKS_dispatch.md]``. When
 OPENBLAS_CORETYPE or OPENBLAS_L2_SIZE are set, the script re-executes itself without them
@@ -64,7 +66,9 @@ def bench_dispatch() -> dict[str, float]:
     t_one = timeit(lambda: one.run(x))
     fused = Session("cpu").compile(g, CompileOptions(use_cache=False))
     t_fused = timeit(lambda: fused.run(x))
+    t_one_nolock = timeit(lambda: one._run(x, False))
     return {
+        "one_kernel_run_nolock_us": t_one_nolock * 1e6,
         "kernels": len(sched),
         "loop_us": t_loop * 1e6,
         "per_kernel_us": t_loop * 1e6 / len(sched),
@@ -155,6 +159,7 @@ def main() -> None:
         f"| bare schedule loop | {d['loop_us']:.1f} us ({d['per_kernel_us']:.2f} us per kernel) |",
         f"| `run()` total | {d['run_us']:.1f} us |",
         f"| `run()` of a 1-kernel graph (the fixed per-run cost) | {d['one_kernel_run_us']:.1f} us |",
+        f"| `run()` of the 1-kernel graph without the thread-safety lock | {d['one_kernel_run_nolock_us']:.1f} us (lock: {d['one_kernel_run_us'] - d['one_kernel_run_nolock_us']:.2f} us per run) |",
         f"| `run(profile=True)` | {d['profile_run_us']:.1f} us |",
         f"| default options (fusion on): kernels / `run()` | {d['fused_kernels']} / {d['fused_run_us']:.1f} us |",
         "",
