@@ -8,7 +8,10 @@ checks a given shape against it, and records the user line that built the node.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import hashlib
+import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -227,13 +230,10 @@ class Graph:
         )
 
     def fingerprint(self) -> str:
-        """Structural sha256 over ops, edges, shapes, outputs and bounds (not names of
-        the graph or source lines): equal graphs give equal fingerprints."""
-        h = hashlib.sha256()
-        for n in self.nodes:
-            h.update(repr((n.id, _op_key(n.op), n.inputs, n.shape)).encode())
-        h.update(repr((tuple(self.outputs), sorted(self.sym_bounds.items()))).encode())
-        return h.hexdigest()
+        """Structural sha256 over ops (every attribute by its full content), edges, shapes,
+        outputs and bounds (not names of the graph or source lines): equal graphs give
+        equal fingerprints, and graphs that differ anywhere give different ones."""
+        return _graph_digest(self, {})
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Graph):
@@ -263,16 +263,110 @@ class Graph:
         return evaluate(self, inputs or {}, params or {})
 
 
-def _op_key(op: Op) -> Any:
-    from rlx.ops.core import ConstValue
+# ---- fingerprint helpers ---------------------------------------------------------------
+# An attribute becomes a "canonical tree": nested tuples whose first item is a type tag and
+# whose leaves are None, bool, int, str or bytes. repr() of such a tree is injective (Python
+# could parse it back), so hashing the reprs hashes the full content. Nothing is
+# abbreviated: constants by their bytes, floats by their bits (-0.0 != 0.0, NaN payloads
+# kept), sub-graphs by their own fingerprint (memoized for one call), dataclasses field by
+# field, enums by class and member.
 
-    attrs = []
-    for k, v in op.attrs().items():
-        if isinstance(v, Graph):
-            v = v.fingerprint()
-        elif isinstance(v, ConstValue):  # its repr elides the data: hash the bytes
-            v = (v.dims, v.dtype, hashlib.sha256(v.data).hexdigest())
-        elif isinstance(v, tuple) and any(isinstance(x, Graph) for x in v):
-            v = tuple(x.fingerprint() if isinstance(x, Graph) else x for x in v)
-        attrs.append((k, v))
-    return (op.mnemonic, tuple(attrs))
+
+def _graph_digest(g: Graph, memo: dict[int, str]) -> str:
+    """The fingerprint of ``g``; ``memo`` maps id(sub-graph) -> its fingerprint for the
+    duration of one top-level call (graphs are mutable, so nothing is kept across calls)."""
+    h = hashlib.sha256()
+    for n in g.nodes:
+        key = (n.id, _canon(n.op, memo), n.inputs, _shape_key(n.shape))
+        h.update(repr(key).encode())
+    bounds = tuple(sorted(g.sym_bounds.items()))
+    h.update(repr((tuple(g.outputs), bounds)).encode())
+    return h.hexdigest()
+
+
+def _shape_key(s: Shape) -> tuple[Any, ...]:
+    return ("S", s.dtype.value, tuple(_dim_key(d) for d in s.dims))
+
+
+def _dim_key(d: Any) -> Any:
+    if type(d) is int:
+        return d
+    if type(d) is Sym:
+        return ("y", d.coeff, tuple((str(n), int(p)) for n, p in d.terms))
+    return ("?", _canon(d, {}))
+
+
+def _float_bits(v: float) -> int:
+    return int.from_bytes(struct.pack("<d", v), "little")
+
+
+_KINDS: dict[type, str] = {}  # type -> how _canon encodes it, decided once per type
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _kind(t: type) -> str:
+    kind = _KINDS.get(t)
+    if kind is not None:
+        return kind
+    if t in (type(None), int, str, bool):
+        kind = "leaf"
+    elif t in (float, tuple, Shape, Sym, bytes, complex, list):
+        kind = t.__name__
+    elif issubclass(t, Graph):
+        kind = "graph"
+    elif issubclass(t, enum.Enum):
+        kind = "enum"
+    elif dataclasses.is_dataclass(t):
+        kind = "dataclass"
+        _FIELDS[t] = tuple(f.name for f in dataclasses.fields(t))
+    elif issubclass(t, np.generic):
+        kind = "scalar"
+    elif issubclass(t, np.ndarray):
+        kind = "array"
+    elif issubclass(t, frozenset | set):
+        kind = "set"
+    else:
+        kind = "other"
+    _KINDS[t] = kind
+    return kind
+
+
+def _canon(v: Any, memo: dict[int, str]) -> Any:
+    """The canonical tree of attribute value ``v`` (see above)."""
+    t = type(v)
+    kind = _KINDS.get(t) or _kind(t)
+    if kind == "leaf":
+        return v
+    if kind == "dataclass":  # ops and the dataclasses they hold: field by field
+        fields = tuple((k, _canon(getattr(v, k), memo)) for k in _FIELDS[t])
+        return ("d", t.__module__, t.__qualname__, fields)
+    if kind == "enum":
+        return ("e", t.__module__, t.__qualname__, v._name_)
+    if kind == "float":
+        return ("f", _float_bits(v))
+    if kind == "tuple":
+        return ("t", *[_canon(x, memo) for x in v])
+    if kind == "Shape":
+        return _shape_key(v)
+    if kind == "Sym":
+        return _dim_key(v)
+    if kind == "graph":
+        fp = memo.get(id(v))
+        if fp is None:
+            fp = memo[id(v)] = _graph_digest(v, memo)
+        return ("g", fp)
+    if kind == "bytes":
+        return ("b", v) if len(v) <= 64 else ("h", len(v), hashlib.sha256(v).digest())
+    if kind == "complex":
+        return ("j", _float_bits(v.real), _float_bits(v.imag))
+    if kind == "scalar":
+        return ("n", v.dtype.str, v.tobytes())
+    if kind == "array":
+        a = np.ascontiguousarray(v)
+        return ("a", a.dtype.str, a.shape, hashlib.sha256(a.tobytes()).digest())
+    if kind == "set":
+        return ("s", tuple(sorted(repr(_canon(x, memo)) for x in v)))
+    if kind == "list":
+        return ("l", *[_canon(x, memo) for x in v])
+    # a user type we know nothing of: its repr and its hash (equal values hash equal)
+    return ("o", t.__module__, t.__qualname__, repr(v), hash(v))
