@@ -124,7 +124,8 @@ class If(Op):
     ``else_branch``; inputs ``(pred, *operands)``."""
 
     mnemonic: ClassVar[str] = "if"
-    kind: ClassVar[OpKind] = OpKind.COMPUTE
+    # the seed's class; the precision pass leaves sub-graph ops (and their bodies) as they are
+    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
     then_branch: Graph
     else_branch: Graph
     output_index: int = 0
@@ -164,7 +165,8 @@ class While(Op):
     ``output_index``. Inputs: the initial carries."""
 
     mnemonic: ClassVar[str] = "while"
-    kind: ClassVar[OpKind] = OpKind.COMPUTE
+    # the seed's class; the precision pass leaves sub-graph ops (and their bodies) as they are
+    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
     cond: Graph
     body: Graph
     output_index: int = 0

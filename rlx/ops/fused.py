@@ -106,7 +106,7 @@ class FusedSwiGLU(Op):
 
     mnemonic: ClassVar[str] = "fused_swiglu"
     arity: ClassVar[int] = 3
-    kind: ClassVar[OpKind] = OpKind.COMPUTE
+    kind: ClassVar[OpKind] = OpKind.ELEMENTWISE  # the seed's class (rlx-compile precision.rs)
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
         x, wg, wu = ins

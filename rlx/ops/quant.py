@@ -176,7 +176,7 @@ class Quantize(Op):
 
     mnemonic: ClassVar[str] = "quantize"
     arity: ClassVar[int] = 1
-    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    kind: ClassVar[OpKind] = OpKind.ELEMENTWISE  # the seed's class
     axis: int | None
     scales: tuple[float, ...]
     zero_points: tuple[int, ...]
@@ -214,7 +214,7 @@ class Dequantize(Op):
 
     mnemonic: ClassVar[str] = "dequantize"
     arity: ClassVar[int] = 1
-    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    kind: ClassVar[OpKind] = OpKind.ELEMENTWISE  # the seed's class
     axis: int | None
     scales: tuple[float, ...]
     zero_points: tuple[int, ...]
@@ -247,7 +247,7 @@ class FakeQuantize(Op):
 
     mnemonic: ClassVar[str] = "fake_quantize"
     arity: ClassVar[int] = 1
-    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    kind: ClassVar[OpKind] = OpKind.ELEMENTWISE  # the seed's class
     axis: int | None
     scales: tuple[float, ...]
     zero_points: tuple[int, ...]

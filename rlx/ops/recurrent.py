@@ -85,7 +85,8 @@ class GatedDeltaNet(Op):
     ``carry``); see the module docstring for layouts and the exact recurrence."""
 
     mnemonic: ClassVar[str] = "gated_delta_net"
-    kind: ClassVar[OpKind] = OpKind.COMPUTE
+    # a reduction in the seed's precision lists: AutoMixedConservative keeps it in f32
+    kind: ClassVar[OpKind] = OpKind.REDUCTION
     state_size: int
     carry: bool = False
     returns: GdnResult = GdnResult.OUTPUT

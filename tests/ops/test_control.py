@@ -281,7 +281,7 @@ def test_control_ops_expose_subgraphs_and_print_them():
     text = g.inspect()
     assert "graph if.then(in0: f32[3])" in text and "graph if.else(in0: f32[3])" in text
     w = _collatz_graph().find(While)[0].op
-    assert len(w.subgraphs()) == 2 and w.kind is rlx.ops.OpKind.COMPUTE
+    assert len(w.subgraphs()) == 2 and w.kind is rlx.ops.OpKind.DATA_MOVEMENT
 
 
 def test_verifier_recurses_into_subgraphs():
