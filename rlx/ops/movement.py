@@ -17,7 +17,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from rlx.errors import InputError, ShapeError
+from rlx.dtype import DType
+from rlx.errors import DTypeError, InputError, ShapeError
 from rlx.ir import source
 from rlx.ir.mir import Graph, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
@@ -381,10 +382,31 @@ class ScatterAdd(Op):
         return out
 
 
+def _pad_value_misfit(value: float, dtype: DType) -> str | None:
+    """Why ``value`` cannot fill a tensor of ``dtype`` exactly, or None when it can. A
+    float (or complex) dtype takes any value as a cast would (NaN, +-inf, rounding)."""
+    if dtype.is_float or dtype.is_complex:
+        return None
+    v = float(value)
+    if dtype.is_bool:
+        return None if v in (0.0, 1.0) else "a bool pad value must be 0 or 1"
+    if not v.is_integer():
+        return "an integer dtype needs an integral pad value"
+    info = np.iinfo(dtype.np)
+    if not info.min <= int(v) <= info.max:
+        return f"outside the range [{info.min}, {info.max}] of {dtype}"
+    return None
+
+
 @register
 class Pad(Op):
     """Constant padding: ``pads[i] = (before, after)`` elements of ``value`` around axis
-    ``i`` (both >= 0; one pair per axis). A symbolic axis can only get (0, 0)."""
+    ``i`` (both >= 0; one pair per axis). A symbolic axis can only get (0, 0).
+
+    An integer or bool input needs a ``value`` its dtype holds exactly (integral and in
+    range; 0 or 1 for bool), else the shape rule raises DTypeError when the node is built:
+    300 into i8 is an error, never a wrapped 44. Float inputs take ``value`` as a cast
+    would (NaN and +-inf included)."""
 
     mnemonic: ClassVar[str] = "pad"
     arity: ClassVar[int] = 1
@@ -400,18 +422,9 @@ class Pad(Op):
             f"pads must be one (before, after) pair of ints >= 0 per axis of {x} "
             f"({x.rank} pairs), got {self.pads}",
         )
-        if x.dtype.is_bool:
-            expect(
-                self.value in (0.0, 1.0),
-                self,
-                f"pad value {self.value} is not representable in {x.dtype}",
-            )
-        elif not (x.dtype.is_float or x.dtype.is_complex):
-            expect(
-                float(self.value).is_integer(),
-                self,
-                f"pad value {self.value} is not representable in {x.dtype}",
-            )
+        why = _pad_value_misfit(self.value, x.dtype)
+        if why is not None:
+            raise DTypeError(f"pad: pad value {self.value!r} is not representable in {x}: {why}")
         dims: list[Dim] = []
         for i, (d, (lo, hi)) in enumerate(zip(x.dims, self.pads)):
             if isinstance(d, int):

@@ -147,15 +147,24 @@ class Reduce(Op):
         return f"reduce_{self.fn.value}[axes={self.axes}{kd}]"
 
 
-def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+def _softmax(x: np.ndarray, axis: int, log: bool = False) -> np.ndarray:
+    """Stable (log-)softmax along ``axis``, PyTorch's semantics: a row holding a NaN or a
+    +inf, or only -inf, is all NaN (``inf - inf``); a finite row never overflows (its max
+    is subtracted first). An empty tensor (a 0-size axis) gives an empty result."""
+    if x.size == 0:
+        return x.copy()
+    s = x - np.max(x, axis=axis, keepdims=True)
+    if log:
+        return s - np.log(np.sum(np.exp(s), axis=axis, keepdims=True))
+    e = np.exp(s)
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
 @register
 class Softmax(Op):
     """``exp(x) / sum(exp(x))`` along ``axis``, computed stably (the max is subtracted
-    first); float inputs only."""
+    first); float inputs only. Rows with a NaN or +inf, and rows of only -inf, give NaN
+    (as PyTorch); a 0-size axis gives an empty result."""
 
     mnemonic: ClassVar[str] = "softmax"
     arity: ClassVar[int] = 1
@@ -175,7 +184,8 @@ class Softmax(Op):
 
 @register
 class LogSoftmax(Op):
-    """``x - logsumexp(x)`` along ``axis``, computed stably; float inputs only."""
+    """``x - logsumexp(x)`` along ``axis``, computed stably; float inputs only. Non-finite
+    rows and empty axes as :class:`Softmax`."""
 
     mnemonic: ClassVar[str] = "log_softmax"
     arity: ClassVar[int] = 1
@@ -189,10 +199,8 @@ class LogSoftmax(Op):
         return x
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
-        x = _wide(xs[0])
         with np.errstate(all="ignore"):
-            s = x - np.max(x, axis=self.axis, keepdims=True)
-            return s - np.log(np.sum(np.exp(s), axis=self.axis, keepdims=True))
+            return _softmax(_wide(xs[0]), self.axis, log=True)
 
 
 @register

@@ -212,6 +212,8 @@ def quantize_kernel(
     zf = z.astype(np.float32)
     qmin, qmax = QUANT_RANGES[op.dtype]
     t = ctx.scratch(x.shape, np.float32, tag=node.id)
+    if op.dtype is DType.I32:
+        return _quantize_wide(x, s, z, qmin, qmax, t, out, ctx, node.id)
 
     def run() -> None:
         with np.errstate(all="ignore"):
@@ -221,6 +223,39 @@ def quantize_kernel(
         np.add(t, zf, out=t)
         np.clip(t, qmin, qmax, out=t)
         np.copyto(out, t, casting="unsafe")
+
+    return run
+
+
+def _quantize_wide(
+    x: np.ndarray,
+    s: np.ndarray,
+    z: np.ndarray,
+    qmin: int,
+    qmax: int,
+    t: np.ndarray,
+    out: np.ndarray,
+    ctx: KernelCtx,
+    tag: int,
+) -> Kernel:
+    """Quantize to I32: f32 cannot hold ``qmax`` (2**31 - 1 rounds to 2**31, which wraps to
+    -2**31 when cast) nor ``rint(x / s) + zp`` beyond 2**24, so the zero point is added and
+    the result saturated in an int64 scratch, after clipping the f32 quotient to +-2**40
+    (exactly as ``quantize_array``)."""
+    q = ctx.scratch(x.shape, np.int64, tag=tag + 1)
+    z64 = z.astype(np.int64)
+    big = np.float32(2.0**40)
+
+    def run() -> None:
+        with np.errstate(all="ignore"):
+            np.divide(x, s, out=t)
+        np.rint(t, out=t)
+        np.nan_to_num(t, copy=False, nan=0.0)
+        np.clip(t, -big, big, out=t)
+        np.copyto(q, t, casting="unsafe")
+        np.add(q, z64, out=q)
+        np.clip(q, qmin, qmax, out=q)
+        np.copyto(out, q, casting="unsafe")
 
     return run
 

@@ -103,7 +103,10 @@ def softmax_into(
     x: np.ndarray, out: np.ndarray, axis: int, ctx: KernelCtx, log: bool = False
 ) -> Kernel:
     """Stable (log-)softmax of ``x`` along ``axis`` into ``out`` (scratch: the max/sum
-    row and one full-size temporary)."""
+    row and one full-size temporary). An empty ``x`` (a 0-size axis) has nothing to
+    compute: NumPy's max of an empty axis would raise."""
+    if x.size == 0:
+        return lambda: None
     ax = axis % x.ndim
     m = ctx.scratch(_kept(x.shape, (ax,)), x.dtype, 30)
     t = ctx.scratch(x.shape, x.dtype, 31)
@@ -298,9 +301,9 @@ def pad_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCt
     (x,) = ins
     op = node.op
     fill = op.value if x.dtype.kind in "fcV" else int(op.value)  # type: ignore[attr-defined]
-    value = np.asarray(fill, dtype=np.float64 if x.dtype.kind != "c" else np.complex128).astype(
-        out.dtype
-    )
+    with np.errstate(over="ignore"):  # a float beyond the dtype becomes +-inf, as a cast
+        wide = np.asarray(fill, dtype=np.float64 if x.dtype.kind != "c" else np.complex128)
+        value = wide.astype(out.dtype)
     key = tuple(slice(lo, lo + n) for n, (lo, _) in zip(x.shape, op.pads, strict=True))  # type: ignore[attr-defined]
     inner = out[key]
 
