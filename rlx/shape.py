@@ -15,20 +15,40 @@ from dataclasses import dataclass
 from rlx.dtype import DType
 from rlx.errors import ShapeError
 
-__all__ = ["Sym", "Dim", "Shape", "sym", "broadcast_dims", "dims_product", "dim_str"]
+__all__ = [
+    "Sym",
+    "Dim",
+    "Shape",
+    "sym",
+    "check_bounds",
+    "broadcast_dims",
+    "dims_product",
+    "dim_str",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class Sym:
-    """A symbolic dimension: ``coeff * prod(name**power)``; hashable and printable."""
+    """A symbolic dimension: ``coeff * prod(name**power)``; hashable and printable.
+
+    ``Sym("seq")`` (same as ``sym("seq")`` and ``Sym.named("seq")``) is the symbol ``seq``;
+    ``Sym("seq", 2)`` is ``2*seq``; ``Sym((("b", 1), ("s", 2)), 3)`` is ``3*b*s^2``. Names
+    must be identifiers, powers and the coefficient ints >= 1 (ShapeError otherwise);
+    terms are kept sorted by name, so equal monomials compare equal."""
 
     terms: tuple[tuple[str, int], ...]
     coeff: int = 1
 
+    def __post_init__(self) -> None:
+        terms, coeff = self.terms, self.coeff
+        if isinstance(terms, str):
+            terms = ((terms, 1),)
+        object.__setattr__(self, "terms", _check_terms(terms, coeff))
+        object.__setattr__(self, "coeff", _check_int(coeff, f"symbolic dim {self}: coefficient"))
+
     @staticmethod
     def named(name: str) -> Sym:
-        if not name.isidentifier():
-            raise ShapeError(f"symbolic dim name must be an identifier, got {name!r}")
+        """The symbol ``name`` (an identifier)."""
         return Sym(((name, 1),), 1)
 
     @property
@@ -79,6 +99,49 @@ class Sym:
 
     def __repr__(self) -> str:
         return f"Sym({str(self)!r})"
+
+
+def _check_int(v: object, what: str) -> int:
+    if isinstance(v, bool) or not hasattr(v, "__index__") or int(v) < 1:  # type: ignore[call-overload]
+        raise ShapeError(f"{what} must be an int >= 1, got {v!r}")
+    return int(v)  # type: ignore[call-overload]
+
+
+def _check_terms(terms: object, coeff: object) -> tuple[tuple[str, int], ...]:
+    """``terms`` as sorted ``(name, power)`` pairs (repeated names multiply); ShapeError
+    naming the bad term otherwise."""
+    shown = f"Sym({terms!r}, {coeff!r})"
+    if not isinstance(terms, tuple | list):
+        raise ShapeError(
+            f"{shown}: terms must be a symbol name or a tuple of (name, power) pairs; "
+            'write Sym("seq"), sym("seq") or g.sym("seq")'
+        )
+    if not terms:
+        raise ShapeError(f"{shown}: a symbolic dim needs at least one symbol (use an int)")
+    powers: dict[str, int] = {}
+    for t in terms:
+        ok = isinstance(t, tuple | list) and len(t) == 2 and isinstance(t[0], str)
+        if not ok:
+            raise ShapeError(f"{shown}: term {t!r} is not a (name, power) pair")
+        name, p = t
+        if not name.isidentifier():
+            raise ShapeError(f"{shown}: symbolic dim name must be an identifier, got {name!r}")
+        powers[name] = powers.get(name, 0) + _check_int(p, f"{shown}: power of {name!r}")
+    return tuple(sorted(powers.items()))
+
+
+def check_bounds(name: object, lo: object, hi: object) -> tuple[int, int | None]:
+    """Validated bounds ``lo <= value <= hi`` (``hi`` None: unbounded) of symbolic dim
+    ``name``: an identifier, ints, ``0 <= lo <= hi``; ShapeError naming the dim otherwise."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ShapeError(f"symbolic dim name must be an identifier, got {name!r}")
+    if isinstance(lo, bool) or not isinstance(lo, int) or lo < 0:
+        raise ShapeError(f"symbolic dim {name!r}: min must be an int >= 0, got {lo!r}")
+    if hi is not None and (isinstance(hi, bool) or not isinstance(hi, int)):
+        raise ShapeError(f"symbolic dim {name!r}: max must be an int or None, got {hi!r}")
+    if hi is not None and hi < lo:
+        raise ShapeError(f"symbolic dim {name!r}: max {hi} < min {lo}")
+    return lo, hi
 
 
 def _mk(powers: dict[str, int], coeff: int) -> Dim:

@@ -23,7 +23,7 @@ from rlx.errors import RlxError, ShapeError, VerifyError
 from rlx.ir import source
 from rlx.ir.source import SourceLoc
 from rlx.ops.base import Op
-from rlx.shape import Shape, Sym
+from rlx.shape import Shape, Sym, check_bounds
 
 __all__ = ["Node", "Graph", "NodeId"]
 
@@ -122,9 +122,7 @@ class Graph:
 
     def sym(self, name: str, min: int = 1, max: int | None = None) -> Sym:
         """Declare a symbolic dim with bounds ``min <= value <= max`` and return it."""
-        if max is not None and max < min:
-            raise ShapeError(f"symbolic dim {name!r}: max {max} < min {min}")
-        self.sym_bounds[name] = (min, max)
+        self.sym_bounds[name] = check_bounds(name, min, max)
         return Sym.named(name)
 
     # ---- querying -------------------------------------------------------------------
