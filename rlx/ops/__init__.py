@@ -16,6 +16,7 @@ _MODULES = (
     "linalg",  # matmul, dot_general
     "nn",  # attention (MaskKind), rope, conv, pool
     "fft",  # fft, rfft, irfft
+    "fft_ops",  # builders over primitive ops: stft, psd_real, fft_conv1d, fftfreq
     "quant",  # quantize, dequantize, fake_quantize, dequant_matmul, qmatmul
     "fused",  # fused_matmul_bias_act, fused_swiglu, fused_residual_*, elementwise_region
     "control",  # if, while, scan

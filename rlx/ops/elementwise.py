@@ -292,7 +292,8 @@ class Where(Op):
 
 @register
 class Cast(Op):
-    """Convert to ``to`` (float->int truncates toward zero, saturates nothing: as NumPy)."""
+    """Convert to ``to`` (float->int truncates toward zero, saturates nothing: as NumPy;
+    complex->real keeps the real part)."""
 
     mnemonic: ClassVar[str] = "cast"
     arity: ClassVar[int] = 1
@@ -305,6 +306,8 @@ class Cast(Op):
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         x = xs[0]
+        if x.dtype.kind == "c" and not self.to.is_complex:
+            x = x.real  # complex -> real keeps the real part (NumPy would warn each time)
         if self.to.is_fp8 or x.dtype.name.startswith("float8") or x.dtype.name == "bfloat16":
             x = x.astype(np.float32) if self.to is not DType.F64 else x.astype(np.float64)
         with np.errstate(all="ignore"):

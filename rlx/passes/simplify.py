@@ -29,7 +29,11 @@ __all__ = ["AlgebraicSimplification"]
 
 
 def _all(arr: np.ndarray | None, value: float) -> bool:
-    return arr is not None and arr.size > 0 and bool(np.all(arr.astype(np.float64) == value))
+    if arr is None or arr.size == 0:
+        return False
+    if arr.dtype.kind == "c":  # 1+2j is not 1: compare both parts
+        return bool(np.all(arr == value))
+    return bool(np.all(arr.astype(np.float64) == value))
 
 
 class AlgebraicSimplification:
