@@ -90,6 +90,9 @@ class Op:
     # the output is input 0's bytes reinterpreted (same byte count, contiguous): the
     # memory planner makes it a view instead of a copy
     view: ClassVar[bool] = False
+    # inputs a precision policy never narrows (they keep their dtype, e.g. attention's
+    # additive mask, whose f32 finfo.min would overflow to -inf in f16/bf16)
+    keep_dtype_inputs: ClassVar[tuple[int, ...]] = ()
 
     def num_inputs(self) -> int | None:
         """Exact number of inputs, or None for variadic ops (checked by ``infer``)."""

@@ -31,7 +31,6 @@ __all__ = [
     "Conv",
     "PoolKind",
     "Pool",
-    "safe_softmax",
 ]
 
 
@@ -101,14 +100,12 @@ class MaskKind:
         return self.type.value
 
 
-def safe_softmax(s: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis where a row of only ``-inf`` gives zeros, not NaN
-    (NaN inputs still propagate)."""
-    m = np.max(s, axis=-1, keepdims=True)
-    m = np.where(np.isneginf(m), 0, m)
-    p = np.exp(s - m)
-    d = np.sum(p, axis=-1, keepdims=True)
-    return p / np.where(d == 0, 1, d)
+def _softmax_rows(s: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis as the ``softmax`` op computes it: the row max is
+    subtracted first, so a row of only ``-inf`` gives NaN and a row of only
+    ``finfo.min`` a uniform distribution."""
+    e = np.exp(s - np.max(s, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True)
 
 
 def _float_input(op: Op, x: Shape, what: str) -> None:
@@ -123,12 +120,21 @@ class Attention(Op):
     ``MaskKind.custom()`` only, an additive mask (any float dtype; ``-inf`` hides a key)
     broadcastable to ``[B,H,Sq,Skv]``. Output ``[B,Sq,H*D]`` in q's dtype. With ``num_kv_heads < num_heads`` (grouped-query)
     query head ``h`` reads kv head ``h // (H // Hkv)``. ``scale`` defaults to
-    ``1/sqrt(head_dim)``. A query row that sees no key (all masked, or a custom mask of
-    only ``-inf``) produces zeros.
+    ``1/sqrt(head_dim)``.
+
+    The result is exactly the unfused chain ``softmax(q·kᵀ·scale + mask) · v`` (the
+    ``softmax`` op's math: max subtracted, f32 for f16/bf16 operands), so fusion never
+    changes it, also on edge rows: a query row whose every key is hidden by ``-inf`` (a
+    custom mask, or a causal / sliding-window mask with ``Sq > Skv``) gives NaN, as
+    PyTorch's and ONNX's softmax math do; a row hidden by ``finfo.min`` gives the mean
+    of v (all scores equal after the max is subtracted). The mask keeps its dtype under
+    a reduced-precision policy (an f32 ``finfo.min`` would overflow to ``-inf`` in
+    f16/bf16) and is added in f32.
     """
 
     mnemonic: ClassVar[str] = "attention"
     kind: ClassVar[OpKind] = OpKind.COMPUTE
+    keep_dtype_inputs: ClassVar[tuple[int, ...]] = (3,)
     num_heads: int
     head_dim: int
     mask: MaskKind = MaskKind()
@@ -201,7 +207,7 @@ class Attention(Op):
         if allowed is not None:
             s = np.where(allowed, s, -np.inf)
         with np.errstate(invalid="ignore", over="ignore"):
-            o = np.matmul(safe_softmax(s), vh)
+            o = np.matmul(_softmax_rows(s), vh)
         return o.transpose(0, 2, 1, 3).reshape(b, sq, h * d).astype(ctx.out_dtype)
 
 

@@ -15,10 +15,12 @@ and its grouped-query form with 5-D heads (``G`` kv heads, ``R = H / G``): q res
 
 The chain becomes ``attention[num_heads=H, head_dim=D, num_kv_heads, scale](q, k, v[,
 mask])``, the scale being ``c``, ``1/c`` or 1. A constant mask equal to the end-aligned
-causal mask (0 where visible, ``-inf`` or the dtype's lowest value elsewhere) becomes
-``MaskKind.causal()`` with no mask input; any other mask is a ``custom`` mask input (an
-``expand`` in front of it, from broadcast legalisation, is looked through: attention
-broadcasts its mask itself). Every node of the chain but the final reshape must have no
+causal mask (0 where visible, ``-inf`` elsewhere, or the dtype's lowest value when every
+query sees a key: a row that sees none gives NaN under ``-inf``, the mean of v under the
+lowest value) becomes ``MaskKind.causal()`` with no mask input; any other mask is a
+``custom`` mask input (an ``expand`` in front of it, from broadcast legalisation, is
+looked through: attention broadcasts its mask itself). The fused op computes exactly what
+the chain does (see :class:`~rlx.ops.nn.Attention`). Every node of the chain but the final reshape must have no
 user outside the chain.
 """
 
@@ -113,9 +115,15 @@ def _is_causal(arr: np.ndarray) -> bool:
     allowed = MaskKind.causal().allowed(*a.shape)
     if allowed is None:  # a causal mask always restricts; kept for the type checker
         return False
+    if not np.all(a[allowed] == 0.0):
+        return False
+    if np.all(np.isneginf(a[~allowed])):
+        return True
+    # the dtype's lowest value hides a key as -inf does, except in a row that sees no
+    # key: there the chain gives the mean of v, the causal kernel (-inf) NaN
     lowest = float(np.finfo(arr.dtype).min) if arr.dtype.kind == "f" else -np.inf
     blocked = np.isneginf(a) | (a <= lowest)
-    return bool(np.all(a[allowed] == 0.0) and np.all(blocked[~allowed]))
+    return bool(np.all(blocked[~allowed]) and np.all(allowed.any(axis=1)))
 
 
 class AttentionFusion(PatternFusion):

@@ -15,10 +15,10 @@ Rules (what the pass changes and what it keeps):
   already-narrow values keep their dtypes (``argmax``, ``compare``, ``quantize``, a
   gather's indices), and such nodes read their float inputs in the original f32, so an
   f32 -> int conversion or a comparison is never done on rounded values.
-* A retyped node reads its f32-born inputs at its own precision; other inputs as they
-  are. ``cast(x, f32)`` becomes ``cast(x, low)``. An op whose shape rule rejects the
-  narrow inputs, or that fixes its output dtype (``dequantize``), keeps f32; the notes
-  list such nodes.
+* A retyped node reads its f32-born inputs at its own precision; other inputs, and those
+  its op lists in ``keep_dtype_inputs`` (attention's mask), as they are. ``cast(x, f32)``
+  becomes ``cast(x, low)``. An op whose shape rule rejects the narrow inputs, or that
+  fixes its output dtype (``dequantize``), keeps f32; the notes list such nodes.
 * Scalar and array constants read at a lower precision are converted at compile time
   (no runtime cast).
 * ``elementwise_region`` bodies are rewritten with the same policy (the region's inputs
@@ -290,7 +290,8 @@ class _Convert:
         target = self._target(node)
         orig = [self.src.nodes[i].dtype for i in node.inputs]
         if target is not None:
-            wants = [target if d is DType.F32 else d for d in orig]
+            keep = node.op.keep_dtype_inputs
+            wants = [target if d is DType.F32 and i not in keep else d for i, d in enumerate(orig)]
             shapes = tuple(
                 self.rw.new_shape(self.rw.map[i]).with_dtype(w)
                 for i, w in zip(node.inputs, wants, strict=True)

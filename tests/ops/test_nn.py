@@ -52,7 +52,7 @@ def test_mask_allowed_is_aligned_to_the_end():
 
 
 def _attention_loop(q, k, v, h, d, hkv, mask, custom=None, scale=None):
-    """Naive per-head, per-query reference in float64 (dead rows give zeros)."""
+    """Naive per-head, per-query reference in float64 (dead rows give NaN, as softmax)."""
     b, sq, _ = q.shape
     skv = k.shape[1]
     scale = 1 / math.sqrt(d) if scale is None else scale
@@ -75,6 +75,7 @@ def _attention_loop(q, k, v, h, d, hkv, mask, custom=None, scale=None):
                         s = -math.inf
                     scores.append(s)
                 if max(scores) == -math.inf:
+                    out[bi, i, hi * d : (hi + 1) * d] = math.nan
                     continue
                 m = max(scores)
                 w = [math.exp(s - m) for s in scores]
@@ -131,27 +132,28 @@ def test_attention_custom_mask_broadcasts(mshape):
     )
 
 
-def test_attention_row_that_sees_no_key_gives_zeros_not_nan():
-    # causal with more queries than keys: query 0 sees key j <= 0 + 2 - 3 = -1, i.e. none
+def test_attention_row_that_sees_no_key_gives_nan_as_softmax_does():
+    # attention is exactly softmax(scores + mask) @ v (issue 19, fault 18): a row of only
+    # -inf is NaN there. Causal with more queries than keys: query 0 sees key
+    # j <= 0 + 2 - 3 = -1, i.e. none
     g, _ = _attention_graph(1, 3, 2, 1, 2, 1, MaskKind.causal())
     q, k, v = _rand(1, 3, 2), _rand(1, 2, 2), _rand(1, 2, 2)
     (got,) = g.evaluate({"q": q, "k": k, "v": v})
-    assert not np.isnan(got).any()
-    np.testing.assert_array_equal(got[0, 0], [0.0, 0.0])
+    assert np.isnan(got[0, 0]).all() and not np.isnan(got[0, 1:]).any()
     np.testing.assert_allclose(got[0, 1], v[0, 0], rtol=1e-6)  # sees only key 0
-    # a custom mask row of only -inf gives zeros too
+    # a custom mask row of only -inf gives NaN too
     g, _ = _attention_graph(1, 2, 3, 1, 2, 1, MaskKind.custom(), (2, 3))
     m = np.array([[-np.inf] * 3, [0.0, -np.inf, -np.inf]], np.float32)
     v3 = _rand(1, 3, 2)
     (got,) = g.evaluate({"q": q[:, :2], "k": _rand(1, 3, 2), "v": v3, "m": m})
-    np.testing.assert_array_equal(got[0, 0], [0.0, 0.0])
+    assert np.isnan(got[0, 0]).all()
     np.testing.assert_allclose(got[0, 1], v3[0, 0], rtol=1e-6)
     # NaN inputs are not hidden
     qn = q.copy()
     qn[0, 2, 0] = np.nan
     g, _ = _attention_graph(1, 3, 2, 1, 2, 1, MaskKind.causal())
     (got,) = g.evaluate({"q": qn, "k": k, "v": v})
-    assert np.isnan(got[0, 2]).all() and not np.isnan(got[0, :2]).any()
+    assert np.isnan(got[0, 2]).all() and not np.isnan(got[0, 1]).any()
 
 
 def test_attention_scale_hand_computed():

@@ -4,8 +4,9 @@ allocated when the schedule is built (no allocation per run).
 Layout: q is copied to [B, Hkv, G*Sq, D] (G = H / Hkv query heads share one kv head, so
 grouped-query attention is one matmul per kv head), k to [B, Hkv, D, Skv], v to
 [B, Hkv, Skv, D]; scores [B, Hkv, G*Sq, Skv] are scaled, masked, soft-maxed in place
-(a row that sees no key gives zeros, as the reference), multiplied by v, and the heads are
-copied back into the packed [B, Sq, H*D] output. f16/bf16 compute in f32. With native
+exactly as the unfused ``softmax`` (max subtracted; a row of only ``-inf`` gives NaN, as
+the reference), multiplied by v, and the heads are copied back into the packed
+[B, Sq, H*D] output. f16/bf16 compute in f32 (an f32 mask is added in f32). With native
 kernels on, the scale and the softmax are one native row pass (``kernels_rows``; the
 scale is applied by NumPy first when a mask is added); the NumPy passes otherwise.
 
@@ -54,7 +55,6 @@ def attention_kernel(
     vs = ctx.scratch((b, hkv, skv, d), dt, 52)
     s = ctx.scratch((b, hkv, g * sq, skv), dt, 53)
     row = ctx.scratch((b, hkv, g * sq, 1), dt, 54)
-    flag = ctx.scratch((b, hkv, g * sq, 1), np.bool_, 55)
     o = ctx.scratch((b, hkv, g * sq, d), dt, 56)
     q_src = q.reshape(b, sq, h, d).transpose(0, 2, 1, 3)
     q_dst = qs.reshape(b, h, sq, d)
@@ -91,15 +91,12 @@ def attention_kernel(
             np.add(s4, mask, out=s4)
         if hidden is not None:
             np.copyto(s4, ninf, where=hidden)
-        np.max(s, axis=-1, keepdims=True, out=row)
-        np.equal(row, ninf, out=flag)
-        np.copyto(row, 0, where=flag)
-        np.subtract(s, row, out=s)
-        np.exp(s, out=s)
-        np.sum(s, axis=-1, keepdims=True, out=row)
-        np.equal(row, 0, out=flag)
-        np.copyto(row, 1, where=flag)
-        np.divide(s, row, out=s)
+        with np.errstate(invalid="ignore"):  # a row of only -inf: NaN, as softmax gives
+            np.max(s, axis=-1, keepdims=True, out=row)
+            np.subtract(s, row, out=s)
+            np.exp(s, out=s)
+            np.sum(s, axis=-1, keepdims=True, out=row)
+            np.divide(s, row, out=s)
         np.matmul(s, vs, out=o)
         np.copyto(out_dst, o_src)
 
@@ -108,13 +105,11 @@ def attention_kernel(
 
 def _native_softmax(s: np.ndarray, scale: float, premask: bool, ctx: KernelCtx) -> Kernel | None:
     """The native in-place softmax of the score rows (times ``scale`` unless a mask is
-    added first, so NumPy scales), a row of -inf giving zeros; None (noted) without it."""
+    added first, so NumPy scales), a row of -inf giving NaN; None (noted) without it."""
     if not ctx.native:
         return None
     try:
-        spec = RowSpec(
-            RowKind.SOFTMAX, C_TYPES[DType.from_numpy(s.dtype)], scaled=not premask, safe=True
-        )
+        spec = RowSpec(RowKind.SOFTMAX, C_TYPES[DType.from_numpy(s.dtype)], scaled=not premask)
         return row_kernel(spec, [s, s], [], 0.0, ctx, scale=float(scale))
     except (CodegenUnsupported, CompileError, KeyError) as e:
         ctx.notes.append(f"NumPy softmax ({str(e).splitlines()[0]})")
