@@ -95,7 +95,7 @@ def test_failed_build_shows_command_and_gcc_message(tmp_path, monkeypatch):
     with pytest.raises(CompileError) as ei:
         native.build("int broken( { return 1; }\n", Isa.PLAIN, "broken")
     msg = str(ei.value)
-    assert "-O3 -march=native" in msg and "error" in msg
+    assert "-O3 -march=" in msg and "-march=native" not in msg and "error" in msg
 
 
 def test_missing_gcc_is_a_clear_error(monkeypatch):
@@ -164,7 +164,8 @@ def test_concurrent_builds_share_one_library(tmp_path, monkeypatch):
         paths = set(ex.map(lambda _: native.build(src, Isa.PLAIN, "seven"), range(4)))
     (path,) = paths
     assert native.load(path).rlx_seven() == 7
-    assert {p.name for p in (tmp_path / "native").iterdir()} == {"seven.lock", path.name}
+    names = {p.name for p in (tmp_path / "native").iterdir()}
+    assert names == {"seven.lock", path.name, path.name + ".sha256"}
 
 
 @pytest.mark.parametrize("isa", ISAS, ids=lambda i: i.name)

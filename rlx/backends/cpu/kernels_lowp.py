@@ -239,19 +239,27 @@ def _check_rows(fn: str, name: str, x: np.ndarray) -> None:
         )
 
 
-@functools.cache
 def lowp_lib() -> LowpLib:
-    """Build (cached on disk by content) and load the library. CompileError without gcc
-    or when the build fails."""
+    """Build (cached on disk by content) and load the library for the selected native
+    target (``RLX_ISA``: its SIMD levels and BF16 follow the target). CompileError
+    without gcc or when the build fails."""
+    return _lowp_lib(native.selected_target())
+
+
+@functools.cache
+def _lowp_lib(target: native.Target) -> LowpLib:
     if not native.available():
         raise CompileError("native low-precision kernels need gcc, which is not on PATH")
     source = (native.CSRC / "lowp_cast.c").read_text() + (native.CSRC / "lowp_gemm.c").read_text()
     try:
-        return LowpLib(native.load(native.build(source, native.detect_isa(), "lowp")))
+        return LowpLib(native.load(native.build(source, target, "lowp")))
     except OSError as e:
         raise CompileError(
             f"native low-precision kernels: {e} (cache dir {config.cache_dir()})"
         ) from e
+
+
+lowp_lib.cache_clear = _lowp_lib.cache_clear  # type: ignore[attr-defined]
 
 
 def _lib_or_none(ctx: KernelCtx | None = None) -> LowpLib | None:

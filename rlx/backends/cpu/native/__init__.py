@@ -1,18 +1,31 @@
-"""Native (C) kernels: build, cache and load. In: C source text and an ISA choice.
-Out: a loaded ``ctypes.CDLL``.
+"""Native (C) kernels: build, cache and load. In: C source text, a build target and a
+name. Out: a verified library path (:func:`build`) and a loaded ``ctypes.CDLL``
+(:func:`load`).
 
-``build(source, isa)`` compiles with ``gcc -O3 -march=native -fPIC -shared`` (plus
-``-fopenmp`` when the compiler supports it) into ``rlx.config.cache_dir()/native``. The
-library file name is ``sha256(source + command + gcc version)``, so a changed source,
-flag or compiler rebuilds; the build runs under an ``fcntl`` file lock and writes to a
-temporary file that is renamed into place (atomic: concurrent processes never load a
-half-written library). A failed build raises :class:`CompileError` with the command and
-gcc's message. Without gcc, :func:`available` is False and callers use their NumPy path
-(the quantized matmul kernels fall back to an exact NumPy integer matmul).
+Targets (``native/cpu.py``). Code is never built with ``-march=native``: every library is
+built for the :class:`Target` that :func:`selected_target` picks from the CPU flags and
+``RLX_ISA`` (auto | avx512 | avx2 | portable): PORTABLE (``-march=x86-64``), AVX2
+(``-march=x86-64-v3``: AVX2 + FMA + F16C), AVX512 (``-march=x86-64-v4``, plus
+``-mavx512vnni`` / ``-mavx512bf16`` when the CPU has them). Every native path follows it:
+regions, row kernels and epilogues (through :func:`build`), the bf16/f16 casts and GEMM
+(``vdpbf16ps`` only when the target has BF16), and the int8 GEMM (:class:`Isa` VNNI512
+only on AVX512 with VNNI, AVX2 from the AVX2 target, PLAIN on portable). Forcing a target
+the CPU lacks is a ConfigError. :func:`target_description` says which path was taken.
 
-The ISA is detected at run time from ``/proc/cpuinfo`` flags (:func:`detect_isa`):
-``avx512_vnni`` (with avx512bw) selects the VNNI int8 GEMM, ``avx2`` the AVX2 one (int16
-multiply-add), anything else the plain-C path (auto-vectorised by gcc for the host).
+Build. ``gcc -O3 <target flags> -fPIC -shared -ffp-contract=off`` (plus ``-fopenmp`` when
+gcc supports it). The file name is ``<name>-<key>.so`` with ``key = sha256(source +
+command line (so the target's flags) + gcc version)``: a changed source, target or
+compiler rebuilds. A failed build raises :class:`CompileError` with the command and gcc's
+message. Without gcc, :func:`available` is False and callers use their NumPy path.
+
+Cache (``native/cache.py``, see docs/security.md). Lives in ``rlx.config.cache_dir()/
+native``, used only when owned by this user and not group/other-writable (otherwise a
+warning and a private per-user directory; when nothing is usable, CompileError, so every
+caller falls back to NumPy kernels). Builds run under an ``O_NOFOLLOW`` file lock and
+are renamed into place; a sha256 digest recorded beside each library is checked before
+it is loaded, and a damaged entry is rebuilt. The cache is pruned by age and size
+(``RLX_CACHE_MAX_MB``) once per process; :func:`cache_info` and :func:`clear_cache`
+(``rlx.native_cache_info`` / ``rlx.clear_native_cache``) inspect and empty it.
 
 OpenMP wait policy. :func:`load` sets ``OMP_WAIT_POLICY=PASSIVE`` in the process
 environment before the first native library (and so libgomp) is loaded, unless the
@@ -43,26 +56,45 @@ parallel region (microseconds), invisible at these sizes.
 from __future__ import annotations
 
 import ctypes
-import enum
-import fcntl
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 import threading
 from pathlib import Path
 
-import numpy as np
-
 from rlx import config
-from rlx.errors import CompileError, InputError
+from rlx.backends.cpu.native import cache
+from rlx.backends.cpu.native.cache import CacheInfo
+from rlx.backends.cpu.native.cpu import (
+    Isa,
+    Target,
+    cpu_flags,
+    detect_isa,
+    isas_for,
+    runnable_targets,
+    selected_target,
+    supported_isas,
+    target_description,
+    target_spec,
+)
+from rlx.errors import CompileError
 
 __all__ = [
+    "CSRC",
     "Isa",
+    "Target",
+    "CacheInfo",
     "detect_isa",
     "supported_isas",
+    "isas_for",
+    "runnable_targets",
+    "selected_target",
+    "target_spec",
+    "target_description",
     "cpu_flags",
     "gcc_path",
     "gcc_version",
@@ -70,6 +102,11 @@ __all__ = [
     "available",
     "compile_command",
     "build",
+    "load",
+    "cache_info",
+    "clear_cache",
+    "native_cache_info",
+    "clear_native_cache",
     "QGemmLib",
     "qgemm_lib",
 ]
@@ -77,43 +114,7 @@ __all__ = [
 CSRC = Path(__file__).with_name("csrc")
 _LOCK = threading.Lock()
 _LOADED: dict[Path, ctypes.CDLL] = {}
-
-
-class Isa(enum.Enum):
-    """Instruction set of the int8 GEMM (the value is the C ``RLX_ISA`` macro)."""
-
-    PLAIN = 0
-    AVX2 = 1
-    VNNI512 = 2
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The host CPU's feature flags from /proc/cpuinfo (empty when unreadable)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def detect_isa(flags: frozenset[str] | None = None) -> Isa:
-    """The best int8 GEMM path for ``flags`` (default: this CPU)."""
-    f = cpu_flags() if flags is None else flags
-    if {"avx512_vnni", "avx512bw", "avx512f"} <= f:
-        return Isa.VNNI512
-    if "avx2" in f:
-        return Isa.AVX2
-    return Isa.PLAIN
-
-
-def supported_isas(flags: frozenset[str] | None = None) -> list[Isa]:
-    """Every int8 GEMM path this CPU can run (the plain-C one always)."""
-    f = cpu_flags() if flags is None else flags
-    return [Isa.PLAIN] + [Isa.AVX2] * ("avx2" in f) + [Isa.VNNI512] * (detect_isa(f) is Isa.VNNI512)
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 def gcc_path() -> str | None:
@@ -156,194 +157,135 @@ def available() -> bool:
     return gcc_path() is not None
 
 
-def compile_command(src: Path, out: Path, isa: Isa) -> list[str]:
-    """The exact gcc command line used for ``src`` (part of the cache key)."""
-    cmd = [gcc_path() or "gcc", "-O3", "-march=native", "-fPIC", "-shared", "-ffp-contract=off"]
+def compile_command(
+    src: Path, out: Path, isa: Isa | None = Isa.PLAIN, target: Target | None = None
+) -> list[str]:
+    """The exact gcc command line for ``src`` built for ``target`` (default: the
+    selected one) with the int8 GEMM path ``isa`` (the C macro ``RLX_ISA``; None: not
+    defined). Part of the cache key."""
+    spec = target_spec(selected_target() if target is None else target)
+    cmd = [gcc_path() or "gcc", "-O3", *spec.flags, "-fPIC", "-shared", "-ffp-contract=off"]
     if openmp_supported():
         cmd.append("-fopenmp")
-    cmd += [f"-DRLX_ISA={isa.value}", str(src), "-o", str(out)]
-    return cmd
+    if isa is not None:
+        cmd.append(f"-DRLX_ISA={isa.value}")
+    return [*cmd, str(src), "-o", str(out)]
 
 
-def _cache_root() -> Path:
-    root = config.cache_dir() / "native"
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
-def build(source: str, isa: Isa, name: str = "kernel") -> Path:
-    """Compile ``source`` for ``isa`` (cached by content); returns the library path."""
-    root = _cache_root()
-    key_cmd = compile_command(Path("SRC.c"), Path("OUT.so"), isa)
+def build(
+    source: str,
+    isa: Isa | Target = Isa.PLAIN,
+    name: str = "kernel",
+    *,
+    target: Target | None = None,
+) -> Path:
+    """Compile ``source`` (cached by content, target flags and compiler) and return the
+    verified library's path. ``isa`` is the int8 GEMM macro or, given a :class:`Target`,
+    the target itself; ``target`` defaults to :func:`selected_target`. CompileError when
+    gcc fails, the target cannot hold ``isa``, or no cache directory is usable."""
+    if isinstance(isa, Target):
+        target, gemm_isa = isa, None
+    else:
+        gemm_isa = isa
+    if not _NAME.fullmatch(name):
+        raise CompileError(f"native library name {name!r} must be letters, digits, _ . -")
+    target = selected_target() if target is None else target
+    if gemm_isa is not None and gemm_isa not in isas_for(target):
+        raise CompileError(
+            f"the {target.name} target cannot hold the {gemm_isa.name} int8 GEMM "
+            f"(it holds {[i.name for i in isas_for(target)]})"
+        )
+    root = cache.cache_root()
+    key_cmd = compile_command(Path("SRC.c"), Path("OUT.so"), gemm_isa, target)
     key = hashlib.sha256("\0".join([source, " ".join(key_cmd), gcc_version()]).encode()).hexdigest()
     lib = root / f"{name}-{key[:24]}.so"
-    if lib.exists():
+    if cache.verify(lib, key):
+        cache.touch(lib)
         return lib
-    with open(root / f"{name}.lock", "w") as lockf:
-        fcntl.flock(lockf, fcntl.LOCK_EX)
-        try:
-            if lib.exists():  # another process built it while we waited
-                return lib
-            with tempfile.TemporaryDirectory(dir=root) as tmp:
-                src = Path(tmp, f"{name}.c")
-                src.write_text(source)
-                tmp_lib = Path(tmp, f"{name}.so")
-                cmd = compile_command(src, tmp_lib, isa)
-                r = subprocess.run(cmd, capture_output=True, text=True, check=False)
-                if r.returncode != 0:
-                    raise CompileError(
-                        f"native build of {name!r} failed (exit {r.returncode})\n"
-                        f"  command: {' '.join(cmd)}\n{r.stderr.strip()}"
-                    )
-                os.replace(tmp_lib, lib)
-        finally:
-            fcntl.flock(lockf, fcntl.LOCK_UN)
+    try:
+        with cache.build_lock(root, name):
+            if not cache.verify(lib, key):  # not built meanwhile by another process
+                _build_entry(source, lib, key, gemm_isa, target, name)
+    except OSError as e:
+        raise CompileError(f"native build of {name!r} in {root} failed: {e}") from e
+    with _LOCK:
+        keep = set(_LOADED)
+    cache.prune_once(root, keep | {lib})
     return lib
 
 
+def _build_entry(
+    source: str, lib: Path, key: str, isa: Isa | None, target: Target, name: str
+) -> None:
+    """Compile into a temporary directory beside ``lib``, rename into place, record the
+    digest. Called under the build lock; a damaged old entry is removed first."""
+    cache.discard(lib)
+    with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
+        src = Path(tmp, f"{name}.c")
+        src.write_text(source)
+        tmp_lib = Path(tmp, f"{name}.so")
+        cmd = compile_command(src, tmp_lib, isa, target)
+        r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            raise CompileError(
+                f"native build of {name!r} failed (exit {r.returncode})\n"
+                f"  command: {' '.join(cmd)}\n{r.stderr.strip()}"
+            )
+        os.replace(tmp_lib, lib)
+    cache.record_digest(lib, key)
+
+
 def load(path: Path) -> ctypes.CDLL:
-    """Load (once per process) a built library.
+    """Load (once per process) a library made by :func:`build`, after checking it
+    against its recorded digest. CompileError when it does not match or cannot load.
 
     Sets ``OMP_WAIT_POLICY=PASSIVE`` first unless the variable is set (see the module
     docstring for why and the measurements)."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    path = Path(path)
     with _LOCK:
         if path not in _LOADED:
-            _LOADED[path] = ctypes.CDLL(str(path))
+            if not cache.verify(path):
+                raise CompileError(
+                    f"native library {path} does not match the digest recorded when it was "
+                    "built (changed or damaged since); not loading it"
+                )
+            try:
+                _LOADED[path] = ctypes.CDLL(str(path))
+            except OSError as e:
+                raise CompileError(f"cannot load native library {path}: {e}") from e
         return _LOADED[path]
 
 
-# ---- the int8 GEMM library ---------------------------------------------------------
-
-_P = ctypes.c_void_p
-_L = ctypes.c_long
-
-
-def _ptr(a: np.ndarray | None) -> int | None:
-    return None if a is None else a.ctypes.data
-
-
-class QGemmLib:
-    """Typed wrapper over ``csrc/qgemm.c``: pack a weight once, then run GEMMs."""
-
-    def __init__(self, lib: ctypes.CDLL, isa: Isa):
-        self.lib = lib
-        self.isa = isa
-        lib.rlx_qgemm_packed_size.restype = _L
-        lib.rlx_qgemm_packed_size.argtypes = [_L, _L]
-        lib.rlx_qgemm_pack_b.restype = None
-        lib.rlx_qgemm_pack_b.argtypes = [_P, _L, _L, _L, _P, _P]
-        lib.rlx_qgemm.restype = ctypes.c_int
-        lib.rlx_qgemm.argtypes = [
-            _L,
-            _L,
-            _L,
-            _P,
-            _L,
-            ctypes.c_int32,
-            _P,
-            _P,
-            _P,
-            _P,
-            _L,
-            _P,
-            _P,
-            ctypes.c_int,
-        ]
-        lib.rlx_quantize_f32_q8.restype = None
-        lib.rlx_quantize_f32_q8.argtypes = [
-            _P,
-            _L,
-            ctypes.c_float,
-            ctypes.c_int32,
-            ctypes.c_int32,
-            ctypes.c_int32,
-            _P,
-        ]
-        self.openmp = bool(lib.rlx_qgemm_openmp())
-
-    def quantize(self, x: np.ndarray, scale: float, zero_point: int, out: np.ndarray) -> None:
-        """Per-tensor ``clip(rint(x / scale) + zero_point)`` of C-contiguous f32 ``x`` into
-        int8 or uint8 ``out`` (same shape), exactly as ``rlx.ops.quant.quantize_array``."""
-        if x.dtype != np.float32 or not x.flags.c_contiguous:
-            raise InputError(f"quantize: x must be C-contiguous f32, given {x.dtype} {x.shape}")
-        if (
-            out.dtype not in (np.int8, np.uint8)
-            or out.shape != x.shape
-            or not out.flags.c_contiguous
-        ):
-            raise InputError(
-                f"quantize: out must be C-contiguous i8/u8 {x.shape}, given {out.dtype} {out.shape}"
-            )
-        qmin, qmax = (-128, 127) if out.dtype == np.int8 else (0, 255)
-        self.lib.rlx_quantize_f32_q8(
-            _ptr(x), x.size, float(scale), int(zero_point), qmin, qmax, _ptr(out)
-        )
-
-    def pack(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Pack an int8 weight [K, N]; returns (packed bytes, column sums int32 [N])."""
-        w = np.ascontiguousarray(w, dtype=np.int8)
-        k, n = w.shape
-        packed = np.empty(int(self.lib.rlx_qgemm_packed_size(k, n)), np.uint8)
-        colsum = np.empty(n, np.int32)
-        self.lib.rlx_qgemm_pack_b(_ptr(w), n, k, n, _ptr(packed), _ptr(colsum))
-        return packed, colsum
-
-    def gemm(
-        self,
-        a: np.ndarray,
-        packed: tuple[np.ndarray, np.ndarray],
-        n: int,
-        *,
-        a_zero_point: int = 0,
-        out_i32: np.ndarray | None = None,
-        out_f32: np.ndarray | None = None,
-        scale: np.ndarray | None = None,
-        bias: np.ndarray | None = None,
-        num_threads: int = 1,
-    ) -> None:
-        """``(a - a_zero_point) @ w`` for int8 ``a`` [M, K] (C-contiguous) into ``out_i32``
-        [M, N] and/or ``out_f32`` [M, N] (``f32(acc) * scale[n] + bias[n]``)."""
-        m, k = a.shape
-        bp, colsum = packed
-        if a.dtype != np.int8 or not a.flags.c_contiguous:
-            raise InputError(
-                f"qgemm: activations must be C-contiguous int8, given {a.dtype} {a.shape}"
-            )
-        if colsum.shape != (n,) or bp.nbytes != self.lib.rlx_qgemm_packed_size(k, n):
-            raise InputError(
-                f"qgemm: the packed weight is not a [{k}, {n}] weight packed by this library"
-            )
-        for name, o, dt in (("out_i32", out_i32, np.int32), ("out_f32", out_f32, np.float32)):
-            if o is not None and (o.dtype != dt or o.shape != (m, n) or not o.flags.c_contiguous):
-                raise InputError(
-                    f"qgemm: {name} must be C-contiguous {np.dtype(dt)} [{m}, {n}], given {o.dtype} {o.shape}"
-                )
-        if out_f32 is not None:
-            if scale is None or scale.dtype != np.float32 or scale.shape != (n,):
-                raise InputError(f"qgemm: out_f32 needs scale f32 [{n}]")
-            if bias is not None and (bias.dtype != np.float32 or bias.shape != (n,)):
-                raise InputError(f"qgemm: bias must be f32 [{n}], given {bias.dtype} {bias.shape}")
-        rc = self.lib.rlx_qgemm(
-            m, n, k, _ptr(a), k, int(a_zero_point), _ptr(bp), _ptr(colsum),
-            _ptr(out_i32), _ptr(out_f32), n, _ptr(scale), _ptr(bias), int(num_threads),
-        )  # fmt: skip
-        if rc != 0:
-            raise MemoryError(f"qgemm: could not allocate the packed activations ({m}x{k})")
+def cache_info() -> CacheInfo:
+    """The native cache in use: directory, library count, bytes, size bound and the
+    selected target. CompileError when no cache directory is usable."""
+    root = cache.cache_root()
+    ents = cache.entries(root)
+    return CacheInfo(
+        dir=root,
+        libraries=len(ents),
+        bytes=sum(e[2] for e in ents),
+        max_bytes=config.cache_max_bytes(),
+        target=target_description(),
+    )
 
 
-@functools.cache
-def qgemm_lib(isa: Isa | None = None) -> QGemmLib:
-    """Build (cached) and load the int8 GEMM for ``isa`` (default: :func:`detect_isa`).
-    CompileError without gcc or when the build fails."""
-    isa = detect_isa() if isa is None else isa
-    usable = supported_isas()
-    if isa not in usable:
-        raise CompileError(
-            f"this CPU cannot run the {isa.name} int8 GEMM; usable paths: {[i.name for i in usable]}"
-        )
-    source = (CSRC / "qgemm.c").read_text()
-    try:
-        return QGemmLib(load(build(source, isa, "qgemm")), isa)
-    except OSError as e:  # unwritable cache dir, unloadable library
-        raise CompileError(f"native int8 GEMM: {e} (cache dir {config.cache_dir()})") from e
+def clear_cache() -> int:
+    """Delete every library (and digest) of the native cache in use; returns how many.
+    Libraries already loaded stay mapped in this process (and are rebuilt when needed)."""
+    root = cache.cache_root()
+    with _LOCK:
+        keep = set(_LOADED)
+    removed = cache.prune(root, set(), 0, 0)
+    with _LOCK:
+        for p in removed:
+            if p in keep:
+                del _LOADED[p]
+    return len(removed)
+
+
+native_cache_info = cache_info
+clear_native_cache = clear_cache
+
+from rlx.backends.cpu.native.qgemm import QGemmLib, qgemm_lib  # noqa: E402

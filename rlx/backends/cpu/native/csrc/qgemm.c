@@ -5,7 +5,8 @@
  *      Bp[panel][k / KG][NR][KG]   (KG consecutive k of one column side by side)
  *    plus colsum[n] = sum_k B[k, n].
  *
- * Three paths, chosen at compile time by RLX_ISA (the loader picks it from the CPU flags):
+ * Three paths, chosen at compile time by RLX_ISA (the loader picks the best one the selected
+ * build target holds; a path the target's -march flags lack is a compile error):
  *
  *   2  AVX-512 VNNI: vpdpbusd (u8 x s8 -> s32, groups of KG = 4). A is shifted to u8 by
  *      adding 128 (xor 0x80), so the raw sum is sum_k (a + 128) * b and the exact result
@@ -25,6 +26,15 @@
 #include <math.h>
 #include <string.h>
 
+#ifndef RLX_ISA
+#define RLX_ISA 0
+#endif
+#if RLX_ISA == 2 && !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__))
+#error "RLX_ISA=2 (VNNI512) needs the AVX512 target with VNNI (-mavx512vnni)"
+#endif
+#if RLX_ISA == 1 && !defined(__AVX2__)
+#error "RLX_ISA=1 (AVX2) needs the AVX2 or AVX512 target"
+#endif
 #if RLX_ISA == 1 || RLX_ISA == 2
 #include <immintrin.h>
 #endif

@@ -1,0 +1,209 @@
+"""CPU features and build targets. In: /proc/cpuinfo flags and ``RLX_ISA``. Out: the
+:class:`Target` native code is built for (its gcc flags and the CPU features it relies
+on) and the int8 GEMM path (:class:`Isa`) that target can run.
+
+Targets (``-march`` never says ``native``: a library is built for a named target, so a
+cache shared between machines never hands one CPU another's instructions, and the
+target's flags are part of every cache key):
+
+==========  ======================================  ========================================
+target      gcc flags                               CPU features required
+==========  ======================================  ========================================
+PORTABLE    ``-march=x86-64 -mtune=generic``        none (x86-64 baseline; on other
+            (no ``-march`` off x86-64)              architectures gcc's default)
+AVX2        ``-march=x86-64-v3``                    AVX2, FMA, F16C, BMI1/2, LZCNT, MOVBE
+AVX512      ``-march=x86-64-v4`` plus               AVX-512 F/BW/CD/DQ/VL and the v3 set;
+            ``-mavx512vnni`` / ``-mavx512bf16``     VNNI / BF16 added when the CPU has
+                                                    them (they change the flags, so the key)
+==========  ======================================  ========================================
+
+:func:`selected_target` takes ``rlx.config.isa()``: ``auto`` picks the best target this
+CPU runs; ``avx512`` / ``avx2`` / ``portable`` force one (forcing one the CPU lacks is a
+:class:`ConfigError` naming the missing features).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import platform
+from dataclasses import dataclass
+
+from rlx import config
+from rlx.errors import ConfigError
+
+__all__ = [
+    "Isa",
+    "Target",
+    "TargetSpec",
+    "cpu_flags",
+    "target_spec",
+    "runnable_targets",
+    "selected_target",
+    "target_description",
+    "detect_isa",
+    "supported_isas",
+    "isas_for",
+]
+
+
+class Isa(enum.Enum):
+    """Instruction set of the int8 GEMM (the value is the C ``RLX_ISA`` macro)."""
+
+    PLAIN = 0
+    AVX2 = 1
+    VNNI512 = 2
+
+
+class Target(enum.Enum):
+    """What native code is compiled for (the value is the ``RLX_ISA`` spelling)."""
+
+    PORTABLE = "portable"
+    AVX2 = "avx2"
+    AVX512 = "avx512"
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A target resolved on a CPU: its gcc flags and the CPU features they rely on."""
+
+    target: Target
+    flags: tuple[str, ...]
+    requires: frozenset[str]
+    vnni: bool = False
+    bf16: bool = False
+
+    @property
+    def label(self) -> str:
+        """Short human name, e.g. ``AVX-512 (VNNI, BF16)``."""
+        base = {"portable": "portable C", "avx2": "AVX2", "avx512": "AVX-512"}[self.target.value]
+        extra = [n for n, on in (("VNNI", self.vnni), ("BF16", self.bf16)) if on]
+        return f"{base} ({', '.join(extra)})" if extra else base
+
+
+# /proc/cpuinfo names of what -march=x86-64-v2/v3/v4 assume (gcc's definition of the
+# levels; "abm" is LZCNT, "pni" SSE3)
+_V2 = frozenset({"cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3"})
+_V3 = _V2 | {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}
+_V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+_VNNI = "avx512_vnni"
+_BF16 = "avx512_bf16"
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The host CPU's feature flags from /proc/cpuinfo (empty when unreadable)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def _x86_64() -> bool:
+    return platform.machine() in ("x86_64", "AMD64")
+
+
+def target_spec(target: Target, flags: frozenset[str] | None = None) -> TargetSpec:
+    """``target``'s gcc flags on a CPU with ``flags`` (default: this CPU). VNNI and BF16
+    are added to AVX512 only when ``flags`` has them."""
+    f = cpu_flags() if flags is None else flags
+    if not _x86_64():
+        if target is not Target.PORTABLE:
+            raise ConfigError(
+                f"RLX_ISA={target.value}: target {target.name} exists only on x86-64, "
+                f"this machine is {platform.machine()}"
+            )
+        return TargetSpec(target, (), frozenset())
+    if target is Target.PORTABLE:
+        return TargetSpec(target, ("-march=x86-64", "-mtune=generic"), frozenset())
+    if target is Target.AVX2:
+        return TargetSpec(target, ("-march=x86-64-v3", "-mtune=generic"), _V3)
+    vnni, bf16 = _VNNI in f, _BF16 in f
+    extra = ("-mavx512vnni",) * vnni + ("-mavx512bf16",) * bf16
+    req = _V4 | {n for n, on in ((_VNNI, vnni), (_BF16, bf16)) if on}
+    return TargetSpec(target, ("-march=x86-64-v4", "-mtune=generic", *extra), req, vnni, bf16)
+
+
+def runnable_targets(flags: frozenset[str] | None = None) -> list[Target]:
+    """Every target a CPU with ``flags`` (default: this CPU) runs, best last."""
+    f = cpu_flags() if flags is None else flags
+    if not _x86_64():
+        return [Target.PORTABLE]
+    return [t for t in Target if target_spec(t, f).requires <= f]
+
+
+def _missing(target: Target, f: frozenset[str]) -> list[str]:
+    if not _x86_64():
+        return [f"an x86-64 CPU (this is {platform.machine()})"]
+    return sorted(target_spec(target, f).requires - f)
+
+
+def selected_target(flags: frozenset[str] | None = None) -> Target:
+    """The target native code is built for now: ``RLX_ISA`` (``rlx.config.isa()``) on a
+    CPU with ``flags`` (default: this CPU). ConfigError when RLX_ISA forces a target the
+    CPU cannot run."""
+    f = cpu_flags() if flags is None else flags
+    want = config.isa()
+    usable = runnable_targets(f)
+    if want == "auto":
+        return usable[-1]
+    target = Target(want)
+    if target not in usable:
+        raise ConfigError(
+            f"RLX_ISA={want}: this CPU cannot run the {target.name} target "
+            f"(missing {', '.join(_missing(target, f))}); usable: "
+            f"{', '.join(t.value for t in usable)} (or auto)"
+        )
+    return target
+
+
+def target_description(flags: frozenset[str] | None = None) -> str:
+    """One line for reports: the selected target, its gcc flags and why it was chosen,
+    e.g. ``AVX-512 (VNNI, BF16): gcc -march=x86-64-v4 ...; selected by RLX_ISA=auto on a
+    CPU with AVX-512 (VNNI, BF16)``."""
+    f = cpu_flags() if flags is None else flags
+    spec = target_spec(selected_target(f), f)
+    best = target_spec(runnable_targets(f)[-1], f)
+    gcc = " ".join(spec.flags) or "(gcc defaults)"
+    qgemm = isas_for(spec.target, f)[-1].name
+    return (
+        f"{spec.label}: gcc {gcc}, int8 GEMM {qgemm}; selected by RLX_ISA={config.isa()} "
+        f"on a CPU with {best.label}"
+    )
+
+
+def isas_for(target: Target, flags: frozenset[str] | None = None) -> list[Isa]:
+    """The int8 GEMM paths code built for ``target`` can hold (on a CPU with ``flags``),
+    best last: PLAIN always, AVX2 from the AVX2 target, VNNI512 on AVX512 with VNNI."""
+    spec = target_spec(target, cpu_flags() if flags is None else flags)
+    out = [Isa.PLAIN]
+    if target in (Target.AVX2, Target.AVX512):
+        out.append(Isa.AVX2)
+    if spec.vnni:
+        out.append(Isa.VNNI512)
+    return out
+
+
+def detect_isa(flags: frozenset[str] | None = None) -> Isa:
+    """The best int8 GEMM path: for explicit ``flags``, the best that CPU has; by
+    default, the best the :func:`selected_target` holds (so ``RLX_ISA`` applies)."""
+    if flags is None:
+        return isas_for(selected_target())[-1]
+    if {_VNNI, "avx512bw", "avx512f"} <= flags:
+        return Isa.VNNI512
+    if "avx2" in flags:
+        return Isa.AVX2
+    return Isa.PLAIN
+
+
+def supported_isas(flags: frozenset[str] | None = None) -> list[Isa]:
+    """Every int8 GEMM path usable now (default: the selected target's), or on a CPU
+    with ``flags``; the plain-C one always."""
+    if flags is None:
+        return isas_for(selected_target())
+    best = detect_isa(flags)
+    return [i for i in Isa if i.value <= best.value]
