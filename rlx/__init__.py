@@ -61,6 +61,8 @@ _LAZY: dict[str, str] = {
     "calibrate": "rlx.backends.cpu.calibrate",
     "compile_cache_info": "rlx.runtime.session",
     "clear_compile_cache": "rlx.runtime.session",
+    "native_cache_info": "rlx.backends.cpu.native",
+    "clear_native_cache": "rlx.backends.cpu.native",
     "Report": "rlx.backends.cpu.report",
     "KernelKind": "rlx.backends.cpu.kernels",
     "QuantizeResult": "rlx.quant.api",
