@@ -26,11 +26,21 @@ Steps:
 5. *Accuracy*: outputs vs the float graph (max abs, relative L2, cosine); a per-layer
    ranking (each layer quantized alone); with ``accuracy_budget`` (a relative error) the
    worst layers are kept in float, one at a time, until the budget is met.
+
+Degenerate data is refused or worked around, never quantized silently: a weight holding
+NaN / Inf, or an activation that saw only non-finite values during calibration, raises
+:class:`~rlx.errors.QuantizationError` naming it; an activation that saw only zeros (or
+no value at all) has no range to calibrate (its scale would be the 1e-6 floor, which
+saturates every real input: relative error 1.0), so its layers stay in float with a
+``RuntimeWarning`` and a ``kept_float`` entry saying why. Evaluation data whose float
+outputs are all zero or non-finite cannot measure an error: the report says so instead
+of printing 0 or nan.
 """
 
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +51,7 @@ from rlx.backends.cpu.calibrate import CalibrationMethod
 from rlx.dtype import DType
 from rlx.errors import QuantizationError
 from rlx.ir.mir import Graph, NodeId
-from rlx.ops.core import Constant, Param
+from rlx.ops.core import Constant, Input, Param
 from rlx.ops.linalg import MatMul
 from rlx.ops.quant import Dequantize, Quantize
 from rlx.passes.base import Rewriter
@@ -148,6 +158,17 @@ def fake_quant_graph(
     return rw.finish()
 
 
+@dataclass(frozen=True, slots=True)
+class _TapStats:
+    """What calibration saw of one tapped activation: its int8 scale, max |x| and how
+    many finite and non-finite values."""
+
+    scale: float
+    max_abs: float
+    finite: int
+    nonfinite: int
+
+
 def _calibrate(
     graph: Graph,
     taps: Sequence[NodeId],
@@ -155,10 +176,10 @@ def _calibrate(
     params: Mapping[str, np.ndarray],
     method: CalibrationMethod,
     options: CompileOptions,
-) -> tuple[list[float], int]:
+) -> tuple[list[_TapStats], int]:
     """Per-tap symmetric int8 scales from the calibrator of ``method``, run through
     ``rlx.Session`` on a copy of ``graph`` whose outputs are the taps; returns
-    (scales aligned with ``taps``, number of batches seen)."""
+    (statistics aligned with ``taps``, number of batches seen)."""
     from rlx.backends.cpu.calibrate import calibrate
 
     it = iter(batches)
@@ -173,7 +194,64 @@ def _calibrate(
     tapped.outputs = list(taps)
     compiled = _session().compile(tapped, options, params=params)
     cal = calibrate(compiled, itertools.chain([first], it), method, taps=list(taps), progress=False)
-    return [float(s) for s in cal.scales()], cal.batches
+    finite, nonfinite = cal.value_counts()
+    stats = [
+        _TapStats(float(s), float(m), int(f), int(n))
+        for s, m, f, n in zip(cal.scales(), cal.max_abs(), finite, nonfinite, strict=True)
+    ]
+    return stats, cal.batches
+
+
+def _tensor_name(graph: Graph, nid: NodeId) -> str:
+    """How errors and the report name a tensor: input / param by name, else id and op."""
+    node = graph.nodes[nid]
+    op = node.op
+    if isinstance(op, (Input, Param)):
+        return f"{op.mnemonic} {op.name!r}"
+    fn = getattr(getattr(op, "fn", None), "value", None)  # relu rather than unary
+    where = f" built at {node.loc}" if node.loc is not None and node.loc.file else ""
+    return f"%{nid} {fn if isinstance(fn, str) else op.mnemonic}{where}"
+
+
+def _check_weights(graph: Graph, layers: Sequence[Layer], params: Mapping[str, np.ndarray]) -> None:
+    """QuantizationError naming the first weight that holds NaN or +-inf: int8 has no
+    code for them (a NaN weight would silently become a finite int8)."""
+    for ly in layers:
+        w = _weight_value(graph, ly, params)
+        bad = ~np.isfinite(w)
+        if bad.any():
+            first = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise QuantizationError(
+                f"quantize: the weight of layer {ly.name!r} ({_tensor_name(graph, ly.weight)}, "
+                f"shape {w.shape}) holds {int(bad.sum())} NaN/Inf values (first at {first}: "
+                f"{w[first]}); int8 cannot represent them. Fix the weight, or keep the layer "
+                f"in float with exclude=[{ly.name!r}]"
+            )
+
+
+def _degenerate_taps(
+    graph: Graph, layers: Sequence[Layer], taps: Sequence[NodeId], stats: Sequence[_TapStats]
+) -> dict[NodeId, str]:
+    """Taps whose calibration gives no usable int8 range, with the reason. Raises
+    QuantizationError for a tap that saw only non-finite values (the data is broken);
+    a tap that saw only zeros (or nothing) is returned: its layers stay in float."""
+    out: dict[NodeId, str] = {}
+    for t, st in zip(taps, stats, strict=True):
+        users = [ly.name for ly in layers if ly.act == t]
+        what = f"activation {_tensor_name(graph, t)} (the input of layer(s) {users})"
+        if st.finite == 0 and st.nonfinite > 0:
+            raise QuantizationError(
+                f"quantize: {what} saw only non-finite values during calibration "
+                f"({st.nonfinite} NaN/Inf, no finite value), so its int8 range cannot be "
+                f"calibrated; check the calibration data, or exclude={users}"
+            )
+        if st.max_abs == 0.0:
+            seen = "no value at all" if st.finite == 0 else f"only zeros ({st.finite} values)"
+            out[t] = (
+                f"{what} saw {seen} during calibration: no range to calibrate (scale 0), "
+                "so int8 would saturate every real input"
+            )
+    return out
 
 
 class _Tee:
@@ -236,6 +314,10 @@ def quantize(
     holds. Accuracy is measured on ``eval_data`` (default: the first ``eval_batches``
     calibration batches). ``rank_layers`` computes the one-layer-at-a-time ranking (one
     compile per layer). Returns a :class:`QuantizeResult`.
+
+    Raises QuantizationError naming the tensor for a NaN / Inf weight of a quantized
+    layer and for an activation that saw only non-finite values; an activation that saw
+    only zeros keeps its layers in float with a RuntimeWarning (see the module docstring).
     """
     meth = _METHODS.get(method) if isinstance(method, str) else method
     if not isinstance(meth, CalibrationMethod):
@@ -273,12 +355,26 @@ def quantize(
             f"params or as a constant); skipped: {kept_float or 'no matmul at all'}"
         )
 
+    _check_weights(graph, active, np_params)
+
     # calibration (one streamed pass) -> per-layer (activation, weight) entries
     taps = sorted({ly.act for ly in active})
     tee = _Tee(calibration_data, 0 if eval_data is not None else eval_batches)
-    scales, n_cal = _calibrate(graph, taps, tee, np_params, meth, opts)
+    tap_stats, n_cal = _calibrate(graph, taps, tee, np_params, meth, opts)
+    degenerate = _degenerate_taps(graph, active, taps, tap_stats)
+    for ly in active:
+        if ly.act in degenerate:
+            why = degenerate[ly.act]
+            warnings.warn(
+                f"rlx.quantize: layer {ly.name!r} is kept in float: {why}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            kept_float[ly.name] = why
+    active = [ly for ly in active if ly.act not in degenerate]
     act_entry = {
-        t: CalibrationEntry.per_tensor(max(s, 1e-12)) for t, s in zip(taps, scales, strict=True)
+        t: CalibrationEntry.per_tensor(max(st.scale, 1e-12))
+        for t, st in zip(taps, tap_stats, strict=True)
     }
     entries: dict[NodeId, tuple[CalibrationEntry, CalibrationEntry]] = {}
     for ly in active:
@@ -313,12 +409,22 @@ def quantize(
             ranking.append(
                 LayerError(ly.name, ly.node, _measure(comp, float_outs, evals, n_out).worst())
             )
-        ranking.sort(key=lambda le: le.error.relative, reverse=True)
+        # worst first; an unmeasured error (NaN) sorts last
+        ranking.sort(key=lambda le: le.error.relative if le.error.measured else -1.0, reverse=True)
 
     chosen = list(active)
-    low, compiled = build(chosen)
+    if chosen:
+        low, compiled = build(chosen)
+    else:  # every layer kept in float (degenerate calibration data)
+        low, compiled = graph, float_compiled
     acc = _measure(compiled, float_outs, evals, n_out)
-    if accuracy_budget is not None:
+    if accuracy_budget is not None and not acc.worst().measured:
+        raise QuantizationError(
+            f"quantize: accuracy_budget {accuracy_budget:g} cannot be checked: the error is "
+            f"{acc.worst().note}. Pass eval_data with inputs whose float outputs are finite "
+            "and not all zero"
+        )
+    if accuracy_budget is not None and chosen:
         for name in [le.layer for le in ranking]:
             if acc.worst().relative <= accuracy_budget:
                 break

@@ -4,6 +4,12 @@ the :class:`AccuracyReport` that ``rlx.quantize`` returns.
 
 Metrics over all evaluation batches of one output: ``max_abs`` = max |q - f|,
 ``relative`` = ||q - f||_2 / ||f||_2, ``cosine`` = <q, f> / (||q|| ||f||).
+
+Data that cannot measure an error is said to, never shown as 0 or nan: when the float
+output holds NaN / Inf, or is all zeros (no norm to be relative to), the error is
+*unmeasured* (``ErrorStats.measured`` False, the fields NaN, ``note`` says why and
+``str`` prints the note). A quantized output that is NaN / Inf where the float one is
+finite is a measured, unbounded error: ``max_abs`` and ``relative`` are inf.
 """
 
 from __future__ import annotations
@@ -14,19 +20,47 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["ErrorStats", "ErrorAccumulator", "LayerError", "AccuracyReport"]
+__all__ = ["ErrorStats", "ErrorAccumulator", "LayerError", "AccuracyReport", "worst_of"]
 
 
 @dataclass(frozen=True, slots=True)
 class ErrorStats:
-    """Error of one output (or the worst over all outputs)."""
+    """Error of one output (or the worst over all outputs). ``note``: why the error is
+    unmeasured (then the numbers are NaN) or unbounded; empty for an ordinary error."""
 
     max_abs: float
     relative: float
     cosine: float
+    note: str = ""
+
+    @property
+    def measured(self) -> bool:
+        """False when the evaluation data could not measure this error (see ``note``)."""
+        return not math.isnan(self.relative)
 
     def __str__(self) -> str:
-        return f"max abs {self.max_abs:.4g}, relative {self.relative:.4g}, cosine {self.cosine:.6f}"
+        if not self.measured:
+            return f"error unmeasured: {self.note}"
+        cos = "undefined" if math.isnan(self.cosine) else f"{self.cosine:.6f}"
+        text = f"max abs {self.max_abs:.4g}, relative {self.relative:.4g}, cosine {cos}"
+        return f"{text} ({self.note})" if self.note else text
+
+
+def worst_of(stats: Sequence[ErrorStats]) -> ErrorStats:
+    """The worst of several outputs' errors: unmeasured if any is (the worst is then
+    unknown), else the max of ``max_abs`` / ``relative`` and the min cosine."""
+    if not stats:
+        return ErrorStats(0.0, 0.0, 1.0)
+    unmeasured = [x for x in stats if not x.measured]
+    if unmeasured:
+        return ErrorStats(math.nan, math.nan, math.nan, unmeasured[0].note)
+    cosines = [x.cosine for x in stats if not math.isnan(x.cosine)]
+    return ErrorStats(
+        max(x.max_abs for x in stats),
+        max(x.relative for x in stats),
+        min(cosines, default=math.nan),
+        next((x.note for x in stats if x.note), ""),
+    )
 
 
 class ErrorAccumulator:
@@ -38,11 +72,19 @@ class ErrorAccumulator:
         self.ref2 = [0.0] * n_outputs
         self.got2 = [0.0] * n_outputs
         self.dot = [0.0] * n_outputs
+        self.ref_nonfinite = [0] * n_outputs  # NaN / Inf in the float output
+        self.got_nonfinite = [0] * n_outputs  # NaN / Inf in the quantized one, float finite
 
     def add(self, got: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> None:
         for i, (q, f) in enumerate(zip(got, ref, strict=True)):
             q64 = np.asarray(q, np.float64)
             f64 = np.asarray(f, np.float64)
+            f_ok = np.isfinite(f64)
+            ok = f_ok & np.isfinite(q64)
+            self.ref_nonfinite[i] += int(f64.size - np.count_nonzero(f_ok))
+            self.got_nonfinite[i] += int(np.count_nonzero(f_ok) - np.count_nonzero(ok))
+            if not ok.all():  # the sums run over the positions where both are finite
+                q64, f64 = q64[ok], f64[ok]
             d = q64 - f64
             if d.size:
                 self.max_abs[i] = max(self.max_abs[i], float(np.abs(d).max()))
@@ -53,22 +95,38 @@ class ErrorAccumulator:
 
     def stats(self) -> list[ErrorStats]:
         out = []
+        nan = math.nan
         for i in range(len(self.max_abs)):
-            rel = (
-                math.sqrt(self.err2[i] / self.ref2[i])
-                if self.ref2[i] > 0
-                else math.sqrt(self.err2[i])
-            )
+            if self.ref_nonfinite[i]:
+                why = (
+                    f"the float output holds {self.ref_nonfinite[i]} NaN/Inf values on the "
+                    "evaluation data"
+                )
+                out.append(ErrorStats(nan, nan, nan, why))
+                continue
+            if self.got_nonfinite[i]:
+                why = (
+                    f"the quantized output holds {self.got_nonfinite[i]} NaN/Inf values "
+                    "where the float output is finite"
+                )
+                out.append(ErrorStats(math.inf, math.inf, nan, why))
+                continue
+            if self.ref2[i] == 0:
+                why = (
+                    "the float output is all zeros on the evaluation data, so there is no "
+                    f"norm to be relative to (max abs difference {self.max_abs[i]:.4g}); "
+                    "evaluate on real inputs"
+                )
+                out.append(ErrorStats(nan, nan, nan, why))
+                continue
+            rel = math.sqrt(self.err2[i] / self.ref2[i])
             den = math.sqrt(self.ref2[i] * self.got2[i])
-            cos = self.dot[i] / den if den > 0 else (1.0 if self.err2[i] == 0 else 0.0)
+            cos = self.dot[i] / den if den > 0 else 0.0
             out.append(ErrorStats(self.max_abs[i], rel, cos))
         return out
 
     def worst(self) -> ErrorStats:
-        s = self.stats()
-        return ErrorStats(
-            max(x.max_abs for x in s), max(x.relative for x in s), min(x.cosine for x in s)
-        )
+        return worst_of(self.stats())
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,17 +159,14 @@ class AccuracyReport:
 
     @property
     def worst(self) -> ErrorStats:
-        """The worst metric over all outputs."""
-        return ErrorStats(
-            max((s.max_abs for s in self.outputs), default=0.0),
-            max((s.relative for s in self.outputs), default=0.0),
-            min((s.cosine for s in self.outputs), default=1.0),
-        )
+        """The worst metric over all outputs (unmeasured if any output's error is)."""
+        return worst_of(self.outputs)
 
     @property
     def budget_met(self) -> bool | None:
-        """Whether the worst relative error is within the budget (None: no budget)."""
-        if self.accuracy_budget is None:
+        """Whether the worst relative error is within the budget (None: no budget, or an
+        unmeasured error)."""
+        if self.accuracy_budget is None or not self.worst.measured:
             return None
         return self.worst.relative <= self.accuracy_budget
 

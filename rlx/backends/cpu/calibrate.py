@@ -80,6 +80,8 @@ class Calibrator:
         self.taps: tuple[NodeId, ...] = tuple(int(t) for t in taps)
         self._positions = [outputs.index(t) for t in self.taps]
         self._max_abs = np.zeros(len(self.taps), np.float32)
+        self._finite = np.zeros(len(self.taps), np.int64)
+        self._nonfinite = np.zeros(len(self.taps), np.int64)
         self.batches = 0
 
     def step(self, inputs: Mapping[str, Any]) -> None:
@@ -88,6 +90,8 @@ class Calibrator:
         for i, pos in enumerate(self._positions):
             a = np.abs(np.asarray(outs[pos], dtype=np.float32))
             finite = a[np.isfinite(a)]
+            self._finite[i] += finite.size
+            self._nonfinite[i] += a.size - finite.size
             if finite.size:
                 self._max_abs[i] = max(self._max_abs[i], float(finite.max()))
             self._observe(i, finite)
@@ -95,6 +99,12 @@ class Calibrator:
 
     def _observe(self, i: int, abs_values: np.ndarray) -> None:
         """Subclasses fold ``|x|`` (finite values, flattened) of tap ``i`` in."""
+
+    def value_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per tap (in tap order): how many finite and how many non-finite (NaN, +-inf)
+        values were seen so far. Only finite values enter the statistics, so a tap that
+        saw no finite value, or only zeros, has no usable range (``amax`` 0)."""
+        return self._finite.copy(), self._nonfinite.copy()
 
     def max_abs(self) -> np.ndarray:
         """Per-tap max ``|x|`` seen so far (f32, in tap order)."""
