@@ -172,7 +172,10 @@ def _norm_axis(axis: int | None, rank: int) -> int | None:
 @register
 class Quantize(Op):
     """Float -> integer: ``saturate(rint(x / scale) + zp)`` into ``dtype`` (I8, U8, I16,
-    I32), per-tensor (``axis=None``) or per-channel along ``axis``."""
+    I32), per-tensor (``axis=None``) or per-channel along ``axis``. NaN gives the zero
+    point; +-inf and out-of-range values saturate to the dtype's limits (exactly
+    2**31 - 1 / -2**31 for I32: the zero point is added and clipped in int64, since f32
+    cannot hold 2**31 - 1)."""
 
     mnemonic: ClassVar[str] = "quantize"
     arity: ClassVar[int] = 1
