@@ -25,7 +25,7 @@ import pytest
 
 import rlx
 from rlx.dtype import DType
-from rlx.errors import DTypeError, ShapeError
+from rlx.errors import DTypeError, ShapeError, VerifyError
 from rlx.ops.movement import Pad
 from rlx.runtime.options import CompileOptions
 from rlx.shape import Shape
@@ -145,8 +145,12 @@ def test_pad_value_that_does_not_fit_is_a_build_time_error(dtype, value, why):
     with pytest.raises(DTypeError, match=rf"pad value .* not representable in {dtype}.*{why}"):
         g.pad(x, 1, value)
     assert len(g.nodes) == before  # nothing half-built
-    with pytest.raises(ShapeError, match=why):  # the shape rule itself, as a loader runs it
+    with pytest.raises(ShapeError, match=why):  # the shape rule itself
         Pad(((1, 1),), value).infer((Shape((2,), DType.parse(dtype)),))
+    # a node that skipped the rule (as from a crafted file) fails verify, which load runs
+    g.set_outputs([g.add_node(Pad(((1, 1),), value), [x], Shape((4,), DType.parse(dtype)))])
+    with pytest.raises(VerifyError, match=rf"pad .*{why}"):
+        g.verify()
 
 
 @pytest.mark.parametrize(
