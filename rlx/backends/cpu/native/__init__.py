@@ -141,14 +141,17 @@ def openmp_supported() -> bool:
     gcc = gcc_path()
     if gcc is None:
         return False
-    with tempfile.TemporaryDirectory() as d:
-        src = Path(d, "t.c")
-        src.write_text("#include <omp.h>\nint f(void){return omp_get_max_threads();}\n")
-        r = subprocess.run(
-            [gcc, "-fopenmp", "-fPIC", "-shared", str(src), "-o", str(Path(d, "t.so"))],
-            capture_output=True,
-            check=False,
-        )
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            src = Path(d, "t.c")
+            src.write_text("#include <omp.h>\nint f(void){return omp_get_max_threads();}\n")
+            r = subprocess.run(
+                [gcc, "-fopenmp", "-fPIC", "-shared", str(src), "-o", str(Path(d, "t.so"))],
+                capture_output=True,
+                check=False,
+            )
+    except OSError:  # no usable temporary directory: builds fail anyway
+        return False
     return r.returncode == 0
 
 
@@ -267,7 +270,8 @@ def cache_info() -> CacheInfo:
         libraries=len(ents),
         bytes=sum(e[2] for e in ents),
         max_bytes=config.cache_max_bytes(),
-        target=target_description(),
+        target=selected_target().value,
+        description=target_description(),
     )
 
 

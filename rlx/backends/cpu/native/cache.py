@@ -72,13 +72,15 @@ _pruned: set[Path] = set()
 @dataclass(frozen=True)
 class CacheInfo:
     """What :func:`rlx.native_cache_info` returns: the directory in use, its library count
-    and total bytes (libraries + digests), the size bound and the selected target."""
+    and total bytes (libraries + digests), the size bound, the selected target
+    (``portable``, ``avx2`` or ``avx512``) and its one-line description."""
 
     dir: Path
     libraries: int
     bytes: int
     max_bytes: int
     target: str
+    description: str
 
 
 def _warn_once(msg: str) -> None:
@@ -283,8 +285,8 @@ def entries(root: Path) -> list[tuple[Path, float, int]]:
 
 def prune(root: Path, keep: set[Path], max_bytes: int, max_age_days: float) -> list[Path]:
     """Delete entries unused for ``max_age_days``, then the least recently used until the
-    total is at most ``max_bytes``; never one in ``keep``. Also removes digests without
-    a library and leftovers of interrupted builds. Returns the libraries removed."""
+    total is at most ``max_bytes``; never one in ``keep``. Also removes libraries without a
+    digest, digests without a library and leftovers of interrupted builds (an hour old). Returns the libraries removed."""
     now = time.time()
     removed = []
     live = sorted(entries(root), key=lambda e: e[1])
@@ -292,7 +294,9 @@ def prune(root: Path, keep: set[Path], max_bytes: int, max_age_days: float) -> l
     for lib, used, size in live:
         if lib in keep:
             continue
-        if now - used > max_age_days * 86400 or total > max_bytes:
+        stale = now - used > max_age_days * 86400
+        orphan = not _digest_path(lib).exists() and now - used > 3600  # never loadable
+        if stale or orphan or total > max_bytes:
             discard(lib)
             removed.append(lib)
             total -= size
