@@ -1,14 +1,12 @@
 """CPU kernels for ops that used to run their reference: group norm, scatter-add, fake
-quantization, exclusive cumsums and integer division. Each writes its output view with
+quantization, exclusive cumsums, integer division and integer powers. Each writes its output view with
 NumPy calls taking ``out=`` (temporaries in build-time scratch); f16/bf16 go through f32
 (``lowp``).
 
 Cumsum and Binary already have factories (``kernels_tensor``, ``kernels_elementwise``)
-that decline exclusive sums and integer division; the factories here supersede them,
-handle only those cases and hand every other node back to them.
-
-TopK has no kernel: ``np.argsort``/``np.argpartition`` take no ``out=``, so each run would
-still allocate an index array the size of the input.
+that decline exclusive sums and integer division / power; the factories here supersede
+them, handle only those cases and hand every other node back to them. (TopK's kernel is
+in ``kernels_select``.)
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ __all__ = [
     "fake_quantize_kernel",
     "exclusive_cumsum_kernel",
     "int_div_kernel",
+    "int_pow_kernel",
 ]
 
 
@@ -210,7 +209,10 @@ def int_div_kernel(
     scratch; ``out`` (which may be an input's slot) is written by the last call. Every
     other binary node goes to ``binary_kernel``."""
     a, b = ins
-    if node.op.fn is not BinaryKind.DIV or a.dtype.kind not in "iu":  # type: ignore[attr-defined]
+    fn = node.op.fn  # type: ignore[attr-defined]
+    if fn is BinaryKind.POW and a.dtype.kind in "iu":
+        return int_pow_kernel(node, ins, out, ctx)
+    if fn is not BinaryKind.DIV or a.dtype.kind not in "iu":
         return binary_kernel(node, ins, out, ctx)
     if b.dtype != a.dtype or out.dtype != a.dtype:
         return None
@@ -239,6 +241,51 @@ def int_div_kernel(
                 np.add(q, m1, out=q, casting="unsafe")
                 np.equal(b, 0, out=zero)
             np.copyto(q, 0, where=zero)
+        np.copyto(out, q)
+
+    return run
+
+
+def int_pow_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """Integer ``a ** b`` as the reference: ``np.power`` (wrapping, ``0 ** 0 == 1``) with
+    negative exponents replaced by 0, then, where ``b < 0``, the truncated reciprocal: 1
+    for ``a == 1``, ``-1 if b is odd else 1`` for ``a == -1``, 0 otherwise (also for
+    ``a == 0``). Unsigned exponents are a plain ``np.power``. ``out`` (possibly an
+    input's slot) is written by the last call."""
+    a, b = ins
+    if b.dtype != a.dtype or out.dtype != a.dtype:
+        return None
+    dims, dt = out.shape, out.dtype
+    q = ctx.scratch(dims, dt, 90)
+    if dt.kind == "u":
+
+        def run_unsigned() -> None:
+            np.power(a, b, out=q)
+            np.copyto(out, q)
+
+        return run_unsigned
+    neg = ctx.scratch(dims, np.bool_, 91)
+    m = ctx.scratch(dims, np.bool_, 92)
+    e = ctx.scratch(dims, dt, 93)
+    r = ctx.scratch(dims, dt, 94)
+
+    def run() -> None:
+        with np.errstate(all="ignore"):
+            np.less(b, 0, out=neg)
+            np.copyto(e, b)
+            np.copyto(e, 0, where=neg)
+            np.power(a, e, out=q)
+            r.fill(0)
+            np.equal(a, 1, out=m)
+            np.copyto(r, 1, where=m)
+            np.equal(a, -1, out=m)
+            np.copyto(r, 1, where=m)
+            np.bitwise_and(b, 1, out=e)  # odd exponent (two's complement: -3 & 1 == 1)
+            np.logical_and(m, e, out=m)
+            np.copyto(r, -1, where=m)
+            np.copyto(q, r, where=neg)
         np.copyto(out, q)
 
     return run

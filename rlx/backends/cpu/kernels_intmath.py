@@ -1,0 +1,118 @@
+"""CPU kernels for integer ``matmul`` and ``dot_general``. In: the node and its arena
+views. Out: a closure writing the product into the output view.
+
+The reference accumulates integer products in i64 and wraps to the node's dtype (as
+``astype``). Here: operands of 16 bits or fewer multiply exactly in f64 BLAS when every
+dot product is provably below 2**53 in magnitude (``K * max|a| * max|b|``, from the
+dtypes, checked when the schedule is built), then round-trip through an i64 scratch
+(exact) and wrap into ``out``; otherwise the operands are widened into i64 scratch and
+``np.matmul(..., out=)`` (NumPy's integer loop, wrapping like the reference) writes an
+i64 scratch that wraps into ``out``. Operands already i64 multiply straight into ``out``.
+Float products go to the BLAS kernels of ``kernels_linalg`` unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
+from rlx.backends.cpu.kernels_linalg import as_3d, dot_general_kernel, matmul_into, matmul_kernel
+from rlx.ops.linalg import DotGeneral, MatMul
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Node
+
+__all__ = ["int_matmul_kernel", "int_dot_general_kernel", "int_product"]
+
+_EXACT = 2**53
+
+
+def _max_abs(dt: np.dtype) -> int:
+    info = np.iinfo(dt)
+    return max(abs(int(info.min)), int(info.max))
+
+
+def int_product(
+    a: np.ndarray, b: np.ndarray, out: np.ndarray, k: int, ctx: KernelCtx, tag: int
+) -> Kernel:
+    """``out = wrap(a @ b)`` (np.matmul broadcasting) for integer ``a``, ``b``; ``k`` is
+    the contracted length (for the exactness bound of the f64 path)."""
+    dims = out.shape
+    if _max_abs(a.dtype) * _max_abs(b.dtype) * max(k, 1) < _EXACT:
+        ctx.kind = KernelKind.BLAS
+        ctx.notes.append("integer product in f64 BLAS (exact below 2**53)")
+        fa = ctx.scratch(a.shape, np.float64, tag)
+        fb = ctx.scratch(b.shape, np.float64, tag + 1)
+        fo = ctx.scratch(dims, np.float64, tag + 2)
+        io = ctx.scratch(dims, np.int64, tag + 3)
+        mm = matmul_into(fa, fb, fo)
+
+        def run_blas() -> None:
+            np.copyto(fa, a, casting="unsafe")
+            np.copyto(fb, b, casting="unsafe")
+            mm()
+            np.copyto(io, fo, casting="unsafe")
+            np.copyto(out, io, casting="unsafe")
+
+        return run_blas
+    ctx.kind = KernelKind.NUMPY
+    i64 = np.dtype(np.int64)
+    wa = a if a.dtype == i64 else ctx.scratch(a.shape, i64, tag)
+    wb = b if b.dtype == i64 else ctx.scratch(b.shape, i64, tag + 1)
+    wo = out if out.dtype == i64 else ctx.scratch(dims, i64, tag + 2)
+
+    def run_int() -> None:
+        if wa is not a:
+            np.copyto(wa, a, casting="unsafe")
+        if wb is not b:
+            np.copyto(wb, b, casting="unsafe")
+        np.matmul(wa, wb, out=wo)
+        if wo is not out:
+            np.copyto(out, wo, casting="unsafe")
+
+    return run_int
+
+
+@kernel(MatMul, KernelKind.BLAS, supersedes=matmul_kernel)
+def int_matmul_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """Integer matmul (see the module docstring); float nodes go to ``matmul_kernel``."""
+    a, b = ins
+    if a.dtype.kind not in "iu":
+        return matmul_kernel(node, ins, out, ctx)
+    k = a.shape[-1]
+    return int_product(a, b, out, k, ctx, 400)
+
+
+@kernel(DotGeneral, KernelKind.BLAS, supersedes=dot_general_kernel)
+def int_dot_general_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """Integer dot_general as one batched product [batch, free, contract] x [batch,
+    contract, free] (operands transposed into scratch when needed); float nodes go to
+    ``dot_general_kernel``."""
+    a, b = ins
+    if a.dtype.kind not in "iu":
+        return dot_general_kernel(node, ins, out, ctx)
+    lc, rc, lb, rb, lf, rf = node.op._axes(a.ndim, b.ndim)  # type: ignore[attr-defined]
+    nb = math.prod(a.shape[i] for i in lb)
+    m = math.prod(a.shape[i] for i in lf)
+    k = math.prod(a.shape[i] for i in lc)
+    n = math.prod(b.shape[j] for j in rf)
+    a3, prep_a = as_3d(a, lb + lf + lc, (nb, m, k), ctx, 410)
+    b3, prep_b = as_3d(b, rb + rc + rf, (nb, k, n), ctx, 411)
+    prod = int_product(a3, b3, out.reshape(nb, m, n), k, ctx, 420)
+    preps = [p for p in (prep_a, prep_b) if p is not None]
+    if not preps:
+        return prod
+
+    def run() -> None:
+        for p in preps:
+            p()
+        prod()
+
+    return run
