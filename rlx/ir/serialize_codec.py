@@ -1,0 +1,460 @@
+"""The header of a graph file, both ways. In: a Graph and its params (encode), or a parsed
+JSON header, its blob table and the blob section (decode). Out: a JSON-able header plus the
+blobs it references, or ``(graph, params)`` checked against everything the file claims.
+
+Attributes are encoded generically, so a new op needs no change here: ints, bools, strings
+and None as JSON; floats exactly (``float.hex``); and tagged objects (exactly these keys):
+``{"float"}``, ``{"tuple"}``, ``{"dtype"}``, ``{"sym", "coeff"}``, ``{"shape"}``,
+``{"const", "dims", "dtype"}`` (a blob reference), ``{"graph"}``, ``{"enum", "member"}``
+and ``{"dataclass", "fields"}`` (classes by qualname). Only classes found in the modules
+that define registered ops (and the modules those classes come from) can be named, so a
+file can never make the loader build an arbitrary type.
+
+Decoding trusts nothing: every value is type-checked against the field it fills
+(:mod:`rlx.ir.serialize_validate`), dims and symbol bounds are validated, constants are
+only read through the ``const`` tag (whose blob must hold exactly dims x itemsize bytes),
+nesting is bounded, and the graph is verified. Every problem is a SerializationError naming
+the node, op and attribute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import sys
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from rlx.dtype import DType
+from rlx.errors import InputError, RlxError, SerializationError
+from rlx.ir.mir import Graph
+from rlx.ir.serialize_validate import check_fields
+from rlx.ir.source import SourceLoc
+from rlx.ops.base import OPS
+from rlx.shape import Shape, Sym, check_bounds
+
+__all__ = ["Encoder", "decode", "known_classes", "ALIGN"]
+
+ALIGN = 64  # blobs (and the blob section) start at multiples of this
+MAX_DEPTH = 64  # nesting of tuples, dataclasses and sub-graphs a file may use
+MAX_DIM = 2**62  # a stored dim (or symbol coefficient) at or above this is refused
+
+
+# ---- the classes a file may name ----------------------------------------------------
+
+
+def _is_frozen_dataclass(cls: type) -> bool:
+    return dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+def known_classes() -> dict[str, list[type]]:
+    """Qualname -> enum and frozen dataclass classes found in the modules of registered
+    ops (and in the rlx modules those classes are defined in)."""
+    found: dict[str, list[type]] = {}
+    todo = [sys.modules[c.__module__] for c in OPS.values() if c.__module__ in sys.modules]
+    seen: set[str] = set()
+
+    def visit(cls: type) -> None:
+        if not (issubclass(cls, enum.Enum) or _is_frozen_dataclass(cls)):
+            return
+        entry = found.setdefault(cls.__qualname__, [])
+        if cls in entry:
+            return
+        entry.append(cls)
+        mod = sys.modules.get(cls.__module__)
+        if mod is not None and mod.__name__.startswith("rlx."):
+            todo.append(mod)
+        for v in vars(cls).values():
+            if isinstance(v, type) and v.__qualname__.startswith(cls.__qualname__ + "."):
+                visit(v)
+
+    while todo:
+        mod: ModuleType = todo.pop()
+        if mod.__name__ in seen:
+            continue
+        seen.add(mod.__name__)
+        for v in list(vars(mod).values()):
+            if isinstance(v, type):
+                visit(v)
+    return found
+
+
+def _lookup(classes: dict[str, list[type]], name: str, where: str) -> type:
+    got = classes.get(name, [])
+    if not got:
+        raise SerializationError(f"{where}: unknown class {name!r} (not an rlx enum or dataclass)")
+    if len(got) > 1:
+        mods = sorted(c.__module__ for c in got)
+        raise SerializationError(f"{where}: class name {name!r} is ambiguous, defined in {mods}")
+    return got[0]
+
+
+# ---- encoding -------------------------------------------------------------------------
+
+
+class Encoder:
+    """Graph and params -> JSON-able header parts; ``blobs`` collects the byte strings
+    they reference (identical bytes are stored once)."""
+
+    def __init__(self, locations: bool):
+        self.locations = locations
+        self.classes = known_classes()
+        self.blobs: list[bytes] = []
+        self._index: dict[bytes, int] = {}
+
+    def blob(self, data: bytes) -> int:
+        if data not in self._index:
+            self._index[data] = len(self.blobs)
+            self.blobs.append(data)
+        return self._index[data]
+
+    def graph(self, g: Graph, where: str) -> dict[str, Any]:
+        nodes = []
+        for n in g.nodes:
+            w = f"{where} node %{n.id} ({n.op.mnemonic})"
+            attrs = {
+                f.name: self.value(getattr(n.op, f.name), f"{w} attribute {f.name!r}")
+                for f in dataclasses.fields(n.op)  # type: ignore[arg-type]
+                if f.init
+            }
+            loc = None
+            if self.locations and n.loc is not None and n.loc.file:
+                loc = [n.loc.file, n.loc.line, n.loc.function]
+            nodes.append(
+                {
+                    "op": n.op.mnemonic,
+                    "attrs": attrs,
+                    "inputs": list(n.inputs),
+                    "shape": self.shape(n.shape),
+                    "loc": loc,
+                }
+            )
+        bounds = [[k, lo, hi] for k, (lo, hi) in g.sym_bounds.items()]
+        return {"name": g.name, "nodes": nodes, "outputs": list(g.outputs), "sym_bounds": bounds}
+
+    def shape(self, s: Shape) -> dict[str, Any]:
+        return {"dims": [self.dim(d) for d in s.dims], "dtype": s.dtype.value}
+
+    @staticmethod
+    def dim(d: int | Sym) -> Any:
+        if isinstance(d, Sym):
+            return {"sym": [[k, p] for k, p in d.terms], "coeff": d.coeff}
+        return d
+
+    def value(self, v: Any, where: str) -> Any:
+        from rlx.ops.core import ConstValue
+
+        t = type(v)
+        if v is None or t in (bool, int, str):
+            return v
+        if t is float:
+            return {"float": v.hex()}
+        if t is tuple:
+            return {"tuple": [self.value(x, f"{where}[{k}]") for k, x in enumerate(v)]}
+        if t is DType:
+            return {"dtype": v.value}
+        if t is Sym:
+            return self.dim(v)
+        if t is Shape:
+            return {"shape": self.shape(v)}
+        if t is ConstValue:
+            return {"const": self.blob(v.data), "dims": list(v.dims), "dtype": v.dtype.value}
+        if isinstance(v, Graph):
+            return {"graph": self.graph(v, f"{where} sub-graph {v.name!r}")}
+        if isinstance(v, enum.Enum) or _is_frozen_dataclass(t):
+            if t not in self.classes.get(t.__qualname__, []):
+                raise SerializationError(
+                    f"{where}: {t.__module__}.{t.__qualname__} is not an enum or frozen "
+                    "dataclass of an op module, so files cannot hold it"
+                )
+            _lookup(self.classes, t.__qualname__, where)
+            if isinstance(v, enum.Enum):
+                return {"enum": t.__qualname__, "member": v.name}
+            fields = {
+                f.name: self.value(getattr(v, f.name), f"{where}.{f.name}")
+                for f in dataclasses.fields(v)
+                if f.init
+            }
+            return {"dataclass": t.__qualname__, "fields": fields}
+        raise SerializationError(
+            f"{where}: cannot store a value of type {t.__module__}.{t.__qualname__} "
+            f"({v!r}); attributes must be int, float, bool, str, None, tuple, DType, Shape, "
+            "Sym, a constant, a Graph, or an rlx enum / frozen dataclass"
+        )
+
+    def param(self, g: Graph, name: str, value: Any) -> dict[str, Any]:
+        nodes = {n.op.name: n for n in g.param_nodes()}  # type: ignore[attr-defined]
+        if name not in nodes:
+            raise InputError(f"unknown param {name!r}; params of graph {g.name!r}: {sorted(nodes)}")
+        want = nodes[name].shape
+        a = np.asarray(value)
+        if a.dtype != want.dtype.np:
+            if np.can_cast(a.dtype, want.dtype.np, "same_kind") or (
+                a.dtype.kind in "iub" and want.dtype.is_float
+            ):
+                a = a.astype(want.dtype.np)
+            else:
+                raise InputError(f"param {name!r}: expected {want}, given dtype {a.dtype}")
+        if a.ndim != want.rank or any(
+            isinstance(d, int) and d != got for d, got in zip(want.dims, a.shape)
+        ):
+            raise InputError(f"param {name!r}: expected {want}, given shape {tuple(a.shape)}")
+        a = np.ascontiguousarray(a)
+        blob = self.blob(a.tobytes())
+        return {"name": name, "dtype": want.dtype.value, "dims": list(a.shape), "blob": blob}
+
+
+# ---- decoding ---------------------------------------------------------------------------
+
+_TAGS = {
+    frozenset(keys): keys[0]
+    for keys in (
+        ("float",),
+        ("tuple",),
+        ("dtype",),
+        ("sym", "coeff"),
+        ("shape",),
+        ("const", "dims", "dtype"),
+        ("graph",),
+        ("enum", "member"),
+        ("dataclass", "fields"),
+    )
+}
+
+
+def decode(
+    header: dict[str, Any], table: list[tuple[int, int]], blobs: memoryview
+) -> tuple[Graph, dict[str, np.ndarray]]:
+    """The graph and params of a framed, checksummed file whose blob ``table`` (offset,
+    length) has been checked against ``blobs``. The graph is verified; anything wrong is a
+    SerializationError."""
+    dec = _Decoder(table, blobs)
+    try:
+        graph = dec.graph(dec.field(header, "graph", dict, "header"), "graph", 0)
+        params = dec.params(dec.field(header, "params", list, "header"))
+        graph.verify()
+        _check_params(graph, params)
+    except SerializationError:
+        raise
+    except RlxError as e:
+        raise SerializationError(f"the saved graph is invalid: {e.bare_message}") from None
+    except Exception as e:
+        # A path no check above foresaw. Still a SerializationError for the caller, but it
+        # keeps its cause: the loader fuzz tests fail on any error that carries one.
+        raise SerializationError(
+            f"malformed file (unexpected {type(e).__name__} while decoding: {e})"
+        ) from e
+    return graph, params
+
+
+def _check_params(graph: Graph, params: Mapping[str, np.ndarray]) -> None:
+    shapes = {n.op.name: n.shape for n in graph.param_nodes()}  # type: ignore[attr-defined]
+    for name, a in params.items():
+        want = shapes.get(name)
+        if want is None:
+            raise SerializationError(f"stored param {name!r} is not a param of the graph")
+        fits = a.dtype == want.dtype.np and a.ndim == want.rank
+        if not fits or any(isinstance(d, int) and d != n for d, n in zip(want.dims, a.shape)):
+            raise SerializationError(
+                f"stored param {name!r} is {a.dtype}{list(a.shape)}, the graph says {want}"
+            )
+
+
+def _const_class() -> type:
+    from rlx.ops.core import ConstValue
+
+    return ConstValue
+
+
+class _Decoder:
+    def __init__(self, table: list[tuple[int, int]], blobs: memoryview):
+        self.classes = known_classes()
+        self.section = blobs
+        self.table = table
+
+    @staticmethod
+    def field(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+        if not isinstance(obj, dict) or key not in obj:
+            raise SerializationError(f"malformed file: {where} lacks {key!r}")
+        v = obj[key]
+        if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+            raise SerializationError(f"malformed file: {where}.{key} is {v!r}")
+        return v
+
+    def blob(self, k: Any, nbytes: int, where: str) -> memoryview:
+        """Blob ``k`` (a view into the file's bytes), which must hold ``nbytes``."""
+        if type(k) is not int or not 0 <= k < len(self.table):
+            raise SerializationError(f"{where}: blob {k!r} is not in the blob table")
+        off, length = self.table[k]
+        if length != nbytes:
+            raise SerializationError(f"{where}: blob {k} holds {length} bytes, expected {nbytes}")
+        return self.section[off : off + length]
+
+    @staticmethod
+    def dtype(v: Any, where: str) -> DType:
+        if type(v) is str:
+            try:
+                return DType(v)
+            except ValueError:
+                pass
+        raise SerializationError(f"{where}: unknown dtype {v!r}")
+
+    @staticmethod
+    def dim(v: Any, where: str) -> int | Sym:
+        if type(v) is int and 0 <= v < MAX_DIM:
+            return v
+        if isinstance(v, dict) and set(v) == {"sym", "coeff"}:
+            terms, coeff = v["sym"], v["coeff"]
+            ok = isinstance(terms, list) and all(
+                isinstance(t, list) and len(t) == 2 and type(t[0]) is str and type(t[1]) is int
+                for t in terms
+            )
+            if ok and type(coeff) is int and coeff < MAX_DIM:
+                try:
+                    return Sym(tuple((t[0], t[1]) for t in terms), coeff)
+                except RlxError as e:
+                    raise SerializationError(f"{where}: {e.bare_message}") from None
+        raise SerializationError(f"{where}: malformed dim {v!r}")
+
+    def dims(self, v: Any, where: str) -> tuple[int | Sym, ...]:
+        if not isinstance(v, list):
+            raise SerializationError(f"{where}: dims must be a list, got {v!r}")
+        return tuple(self.dim(d, where) for d in v)
+
+    def shape(self, v: Any, where: str) -> Shape:
+        dims = self.dims(self.field(v, "dims", list, where), where)
+        return Shape(dims, self.dtype(self.field(v, "dtype", str, where), where))
+
+    def value(self, v: Any, where: str, depth: int) -> Any:
+        if v is None or type(v) in (bool, int, str):
+            return v
+        if depth > MAX_DEPTH:
+            raise SerializationError(f"{where}: values nested more than {MAX_DEPTH} deep")
+        tag = _TAGS.get(frozenset(v)) if isinstance(v, dict) else None
+        if tag is None:
+            raise SerializationError(f"{where}: malformed value {v!r}")
+        if tag == "float":
+            if type(v["float"]) is str:
+                try:
+                    return float.fromhex(v["float"])
+                except ValueError:
+                    pass
+            raise SerializationError(f"{where}: malformed float {v['float']!r}")
+        if tag == "tuple":
+            items = self.field(v, "tuple", list, where)
+            return tuple(self.value(x, f"{where}[{k}]", depth + 1) for k, x in enumerate(items))
+        if tag == "dtype":
+            return self.dtype(v["dtype"], where)
+        if tag == "sym":
+            return self.dim(v, where)
+        if tag == "shape":
+            return self.shape(v["shape"], where)
+        if tag == "const":
+            return self.const(v, where)
+        if tag == "graph":
+            return self.graph(self.field(v, "graph", dict, where), f"{where} sub-graph", depth + 1)
+        if tag == "enum":
+            cls = _lookup(self.classes, self.field(v, "enum", str, where), where)
+            member = self.field(v, "member", str, where)
+            if not issubclass(cls, enum.Enum) or member not in cls.__members__:
+                raise SerializationError(f"{where}: {cls.__qualname__} has no member {member!r}")
+            return cls[member]
+        cls = _lookup(self.classes, self.field(v, "dataclass", str, where), where)
+        if not dataclasses.is_dataclass(cls):
+            raise SerializationError(f"{where}: {cls.__qualname__} is not a dataclass")
+        if cls is _const_class():
+            raise SerializationError(f"{where}: a constant must be stored as a blob reference")
+        raw = self.field(v, "fields", dict, where)
+        kwargs = {k: self.value(x, f"{where}.{k}", depth + 1) for k, x in raw.items()}
+        return self.construct(cls, kwargs, where)
+
+    def const(self, v: dict[str, Any], where: str) -> Any:
+        from rlx.ops.core import ConstValue
+
+        dims = self.dims(self.field(v, "dims", list, where), where)
+        if not all(isinstance(d, int) for d in dims):
+            raise SerializationError(f"{where}: a constant needs static dims, got {dims}")
+        dt = self.dtype(self.field(v, "dtype", str, where), where)
+        nbytes = math.prod(dims) * dt.itemsize  # type: ignore[arg-type]
+        data = bytes(self.blob(v["const"], nbytes, where))
+        return ConstValue(data, dims, dt)  # type: ignore[arg-type]
+
+    @staticmethod
+    def construct(cls: type, kwargs: dict[str, Any], where: str) -> Any:
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        extra = sorted(set(kwargs) - names)
+        if extra:
+            raise SerializationError(
+                f"{where}: {cls.__qualname__} has no attributes {extra} (it has {sorted(names)})"
+            )
+        check_fields(cls, kwargs, where)
+        try:
+            return cls(**kwargs)
+        except RlxError as e:
+            raise SerializationError(f"{where}: {e.bare_message}") from None
+        except (TypeError, ValueError) as e:  # a missing attribute, or __post_init__
+            raise SerializationError(f"{where}: cannot build {cls.__qualname__}: {e}") from None
+
+    def graph(self, j: dict[str, Any], where: str, depth: int) -> Graph:
+        if depth > MAX_DEPTH:
+            raise SerializationError(f"{where}: sub-graphs nested more than {MAX_DEPTH} deep")
+        g = Graph(self.field(j, "name", str, where))
+        for k, nj in enumerate(self.field(j, "nodes", list, where)):
+            w = f"{where} node %{k}"
+            mnemonic = self.field(nj, "op", str, w)
+            cls = OPS.get(mnemonic)
+            if cls is None:
+                raise SerializationError(
+                    f"{w}: unknown op {mnemonic!r} (this build has {len(OPS)} ops; was the "
+                    "file written by a newer rlx?)"
+                )
+            w = f"{where} node %{k} ({mnemonic})"
+            attrs = self.field(nj, "attrs", dict, w)
+            values = {a: self.value(x, f"{w} attribute {a!r}", depth + 1) for a, x in attrs.items()}
+            op = self.construct(cls, values, w)
+            inputs = self.field(nj, "inputs", list, w)
+            if not all(type(i) is int for i in inputs):
+                raise SerializationError(f"{w}: inputs must be node ids, got {inputs!r}")
+            shape = self.shape(self.field(nj, "shape", dict, w), w)
+            g.add_node(op, inputs, shape, self.loc(nj.get("loc"), w))
+        outputs = self.field(j, "outputs", list, where)
+        if not all(type(o) is int for o in outputs):
+            raise SerializationError(f"{where}: outputs must be node ids, got {outputs!r}")
+        g.outputs = list(outputs)
+        for b in self.field(j, "sym_bounds", list, where):
+            if not isinstance(b, list) or len(b) != 3:
+                raise SerializationError(f"{where}: malformed symbolic-dim bound {b!r}")
+            try:
+                g.sym_bounds[b[0]] = check_bounds(*b)
+            except RlxError as e:
+                raise SerializationError(f"{where}: {e.bare_message}") from None
+        return g
+
+    @staticmethod
+    def loc(v: Any, where: str) -> SourceLoc | None:
+        if v is None:
+            return None
+        ok = isinstance(v, list) and len(v) == 3 and type(v[0]) is str and type(v[1]) is int
+        if not ok or type(v[2]) is not str:
+            raise SerializationError(f"{where}: malformed source location {v!r}")
+        return SourceLoc(v[0], v[1], v[2])
+
+    def params(self, items: list[Any]) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for k, p in enumerate(items):
+            w = f"params[{k}]"
+            name = self.field(p, "name", str, w)
+            w = f"param {name!r}"
+            if name in out:
+                raise SerializationError(f"{w} is stored twice")
+            dt = self.dtype(self.field(p, "dtype", str, w), w)
+            dims = self.dims(self.field(p, "dims", list, w), w)
+            if not all(isinstance(d, int) for d in dims):
+                raise SerializationError(f"{w}: stored dims must be static, got {dims}")
+            data = self.blob(p.get("blob"), math.prod(dims) * dt.itemsize, w)  # type: ignore[arg-type]
+            out[name] = np.frombuffer(data, dtype=dt.np).reshape(dims).copy()
+        return out
