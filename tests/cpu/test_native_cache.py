@@ -173,16 +173,13 @@ def test_load_refuses_a_library_changed_after_build(tmp_path, monkeypatch) -> No
 # ---- fault 1: an untrusted directory is never used ---------------------------------------
 
 
-def plant(d: Path) -> Path:
+def plant(d: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A cache at ``d`` whose 'answer' library returns 666 (as another user would plant
-    it: a valid-looking entry, digest included)."""
+    it: a valid-looking entry, digest included). Built, never loaded, here."""
     d.mkdir(mode=0o700)
-    env = {**os.environ, "RLX_CACHE_DIR": str(d)}
-    code = (
-        "from rlx.backends.cpu import native\n"
-        f"native.build({ANSWER.format(42)!r}, native.Isa.PLAIN, 'answer')\n"
-    )
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    with monkeypatch.context() as m:
+        m.setenv("RLX_CACHE_DIR", str(d))
+        native.build(ANSWER.format(42), native.Isa.PLAIN, "answer")
     (lib,) = libs(d, "answer")
     evil = native.build(ANSWER.format(666), native.Isa.PLAIN, "evil")
     replace_bytes(lib, evil.read_bytes())
@@ -193,9 +190,11 @@ def plant(d: Path) -> Path:
 
 
 @pytest.mark.parametrize("which", ["root", "native"])
-def test_group_writable_cache_dir_is_refused(tmp_path: Path, scratch: Path, which: str) -> None:
+def test_group_writable_cache_dir_is_refused(
+    tmp_path: Path, scratch: Path, monkeypatch: pytest.MonkeyPatch, which: str
+) -> None:
     d = tmp_path / "shared"
-    plant(d)
+    plant(d, monkeypatch)
     (d if which == "root" else d / "native").chmod(0o777)
     private = tmp_path / "tmp"
     private.mkdir()
@@ -208,7 +207,8 @@ def test_group_writable_cache_dir_is_refused(tmp_path: Path, scratch: Path, whic
 def test_cache_dir_of_another_user_is_refused(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path / "scratch"))
     d = tmp_path / "theirs"
-    planted = plant(d)
+    planted = plant(d, monkeypatch)
+    monkeypatch.setattr(cache, "_roots", {})  # forget that plant() used d
     monkeypatch.setenv("RLX_CACHE_DIR", str(d))
     monkeypatch.setattr(tempfile_mod(), "tempdir", str(tmp_path))
     monkeypatch.setattr(cache, "_private", [])
