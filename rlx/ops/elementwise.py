@@ -290,6 +290,25 @@ class Where(Op):
         return np.where(xs[0], xs[1], xs[2])
 
 
+def f64_to_bf16(x: np.ndarray) -> np.ndarray:
+    """float64 ``x`` rounded once to the nearest bfloat16 (ties to even). ml_dtypes'
+    conversion goes through float32 and rounds twice (13.90625 + 2**-30 gives 13.875 where
+    13.9375 is nearest); this rounds to odd into f32 first (truncate toward zero, set the
+    last bit when inexact: f32 keeps 16 more bits than bf16, so every tie and sticky bit
+    survives), then to nearest even. NaN stays NaN, beyond the range gives inf."""
+    shape = np.shape(x)
+    x = np.atleast_1d(np.asarray(x, np.float64))
+    a = np.abs(x)
+    with np.errstate(all="ignore"):
+        f = a.astype(np.float32)
+    back = f.astype(np.float64)
+    u = f.view(np.uint32)
+    u -= (back > a).astype(np.uint32)
+    u |= (back != a).astype(np.uint32)
+    u |= np.signbit(x).astype(np.uint32) << np.uint32(31)
+    return u.view(np.float32).astype(DType.BF16.np).reshape(shape)
+
+
 @register
 class Cast(Op):
     """Convert to ``to`` (float->int truncates toward zero, saturates nothing: as NumPy;
@@ -308,6 +327,8 @@ class Cast(Op):
         x = xs[0]
         if x.dtype.kind == "c" and not self.to.is_complex:
             x = x.real  # complex -> real keeps the real part (NumPy would warn each time)
+        if self.to is DType.BF16 and x.dtype == np.float64:
+            return f64_to_bf16(x)  # once, not through f32 as ml_dtypes does
         if self.to.is_fp8 or x.dtype.name.startswith("float8") or x.dtype.name == "bfloat16":
             x = x.astype(np.float32) if self.to is not DType.F64 else x.astype(np.float64)
         with np.errstate(all="ignore"):

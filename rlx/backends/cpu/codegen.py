@@ -20,6 +20,14 @@ or more calls on one dependency path is split into stages (:func:`_stages`) that
 turn over blocks of ``STAGE_BLOCK`` elements: each call then runs over a whole block
 (throughput-bound) instead of a chain of dependent calls per element (latency-bound).
 
+The text depends on the body's structure only, so regions that differ in their values
+share one library: a scalar Constant is read from an int64 slot of the function's ``c``
+argument (bound at schedule-build time, loaded once per row into a register), except the
+few whose value gcc compiles into the code (:func:`value_shapes_code`: ``pow(x, 2)``,
+integer division by a constant), which stay C literals. Each function is named after its
+text (:func:`content_symbol`: ``rlx_region_<hex>``), so a library holding other code
+lacks the symbol and fails to load.
+
 The loop nest around the per-element code is :mod:`rlx.backends.cpu.codegen_loop`.
 Everything that is not in the tables raises :class:`CodegenUnsupported` with the reason;
 callers then use their NumPy kernel. Semantics follow the reference ops exactly where C
@@ -29,6 +37,7 @@ allows: NaN-propagating max/min, truncating integer division (x / 0 = 0), C ``fm
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -71,6 +80,12 @@ __all__ = [
     "VECTOR_MATH",
     "vector_math_decls",
     "render_node",
+    "render_constant",
+    "constant_slot",
+    "load_constant",
+    "value_shapes_code",
+    "NAME_PLACEHOLDER",
+    "content_symbol",
     "render_region",
 ]
 
@@ -135,6 +150,16 @@ C_TYPES: dict[DType, CType] = {
 # attention's native softmax no faster than NumPy's; below -87 (f32) / -708 (f64) it
 # returns 0, where exp would give at most 1.7e-38 / 3.3e-308 (subnormals included).
 #
+# ``rlx_f64_to_bf16`` rounds an f64 once to the nearest bf16 (ties to even). Going through
+# ``(float)d`` would round twice: f32 rounds 13.90625 + 2**-30 onto the bf16 tie 13.90625,
+# which then goes to the even 13.875 where 13.9375 is nearest. So it rounds to odd into
+# f32 instead (truncate toward zero, set the last bit when inexact; NaN keeps NaN, a value
+# beyond the f32 range becomes FLT_MAX, which rounds to inf): f32 keeps 16 more bits than
+# bf16 at every exponent, subnormals included, so the final round to nearest even sees
+# every tie and sticky bit of the f64. f64 -> f16 needs nothing: gcc converts a double to
+# ``_Float16`` directly (vcvtsd2sh, or libgcc's __truncdfhf2), rounding once. ``rlx_f64``
+# reads an f64 constant from its int64 slot in the ``c`` argument (see render_region).
+#
 # gcc 12.2 miscompiles the SLP-vectorised tail of a fully unrolled loop that rounds f64
 # through f32 ((double)(float)x becomes a plain copy of x: the last 4 of 60 elements of
 # tests/cpu/test_codegen.py's f64 round trip); loop vectorisation is unaffected, so the
@@ -158,6 +183,17 @@ static inline uint16_t rlx_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 static inline float rlx_round_bf16(float f) { return rlx_bf16_to_f32(rlx_f32_to_bf16(f)); }
+static inline uint16_t rlx_f64_to_bf16(double d) {
+    const double a = fabs(d);
+    const float f = (float)a;
+    uint32_t u; memcpy(&u, &f, 4);
+    u -= (uint32_t)((double)f > a);
+    u |= (uint32_t)((double)f != a);
+    u |= (uint32_t)(signbit(d) != 0) << 31;
+    float r; memcpy(&r, &u, 4);
+    return rlx_f32_to_bf16(r);
+}
+static inline double rlx_f64(long bits) { double d; memcpy(&d, &bits, 8); return d; }
 static inline float rlx_self(bool c, float a, float b) {
     uint32_t ua, ub, m = -(uint32_t)c; float r;
     memcpy(&ua, &a, 4); memcpy(&ub, &b, 4); ua = (ua & m) | (ub & ~m); memcpy(&r, &ua, 4);
@@ -407,6 +443,8 @@ def render_node(node: Node, args: Sequence[str], in_dtypes: Sequence[DType]) -> 
     elif isinstance(op, Cast):
         if op.to is DType.BOOL:
             expr = f"({args[0]} != 0)"
+        elif op.to is DType.BF16 and in_dtypes[0] is DType.F64:  # once, not through f32
+            return f"rlx_bf16_to_f32(rlx_f64_to_bf16({args[0]}))"
         elif out_t.round is not None:  # one rounding from the source type (f64 -> f16)
             return out_t.round.format(args[0])
         else:
@@ -418,11 +456,14 @@ def render_node(node: Node, args: Sequence[str], in_dtypes: Sequence[DType]) -> 
     return expr
 
 
+def _scalar(node: Node) -> np.generic:
+    return np.asarray(node.op.value.array()).reshape(-1)[0]  # type: ignore[attr-defined, no-any-return]
+
+
 def render_constant(node: Node) -> str:
     """A one-element Constant as a C literal of its register type."""
-    op = node.op
     t = ctype(node.dtype, f"%{node.id} constant")
-    v = np.asarray(op.value.array()).reshape(-1)[0]  # type: ignore[attr-defined]
+    v = _scalar(node)
     if t.value == "bool":
         return "true" if bool(v) else "false"
     if t.is_float:
@@ -438,11 +479,55 @@ def render_constant(node: Node) -> str:
     return f"(({t.value}){i}LL)" if i < 0 else f"(({t.value}){i}ULL)"
 
 
+def constant_slot(node: Node) -> int:
+    """A one-element Constant as the int64 its function reads from ``c``: an integer or
+    bool as itself, a float as the bits of its f64 value (exact for every float dtype)."""
+    t = ctype(node.dtype, f"%{node.id} constant")
+    v = _scalar(node)
+    if t.is_float:
+        return int(np.float64(float(v)).view(np.int64))
+    return int(bool(v)) if t.value == "bool" else int(v)
+
+
+def load_constant(t: CType, k: int) -> str:
+    """The C expression reading slot ``k`` of ``c`` (see :func:`constant_slot`) as ``t``."""
+    if t.is_float:
+        return f"({t.value})rlx_f64(c[{k}])"
+    return f"(c[{k}] != 0)" if t.value == "bool" else f"({t.value})c[{k}]"
+
+
+def value_shapes_code(user: Node, pos: int, const: Node) -> bool:
+    """Whether gcc compiles ``user`` differently for the value of its scalar constant
+    operand ``pos``: a float Pow's exponent 2 or -1 (``x * x`` / ``1 / x`` instead of a
+    ``pow`` call) and an integer Div/Mod's divisor (a multiply-high instead of a scalar
+    division per element, which x86 has no SIMD instruction for). Such a constant is a
+    C literal; every other one is a run-time argument."""
+    op = user.op
+    if not isinstance(op, Binary) or pos != 1:
+        return False
+    t = ctype(const.dtype, f"%{const.id} constant")
+    if op.fn is BinaryKind.POW and t.is_float:
+        return float(_scalar(const)) in (2.0, -1.0)
+    return op.fn in (BinaryKind.DIV, BinaryKind.MOD) and t.is_int
+
+
+NAME_PLACEHOLDER = "rlx_fn_NAME"
+
+
+def content_symbol(prefix: str, text: str) -> str:
+    """``prefix_`` + 16 hex digits of sha256(``text``): the symbol of a generated function
+    rendered as ``text`` under :data:`NAME_PLACEHOLDER`. Every library exports its own
+    symbol, so a library that is not this code's (a damaged or swapped cache entry) lacks
+    it and fails to load instead of running another kernel."""
+    return f"{prefix}_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
 @dataclass(frozen=True, slots=True)
 class CFunction:
     """One generated C function: its name, its text and the number of pointer arguments
-    (the loop's extents first, then the operands; then one ``long nthreads``); ``ops``
-    counts the rendered nodes, ``calls`` the math-library calls among them."""
+    (extents, run-time constants and operands, in the order its renderer documents; then
+    one ``long nthreads``); ``ops`` counts the rendered nodes, ``calls`` the math-library
+    calls among them."""
 
     name: str
     source: str
@@ -485,13 +570,18 @@ def render_region(
     body: Graph,
     ins: Sequence[np.ndarray],
     out: np.ndarray,
-    name: str = "rlx_region",
+    name: str | None = None,
 ) -> tuple[CFunction, list[np.ndarray]]:
     """Render an ElementwiseRegion body over the arrays ``ins`` (the region's inputs, in
-    order) writing ``out``. Returns the function and its pointer arguments in order
-    (the loop's int64 extents and strides, the used inputs, non-scalar constants, then
-    ``out``). Variables are numbered in emission order and extents are arguments, so
-    equal bodies over layouts of the same pattern give equal text."""
+    order) writing ``out``. Returns the function and its pointer arguments in order: the
+    loop's int64 extents and strides ``m``, the int64 constant slots ``c`` (one per scalar
+    constant, :func:`constant_slot`), the used inputs, non-scalar constants, then ``out``.
+
+    The text depends on the body's structure only: variables are numbered in emission
+    order, extents and scalar constants are arguments (except the few whose value gcc
+    compiles into the code, :func:`value_shapes_code`), so equal bodies over layouts of
+    one pattern give equal text whatever their constants. The function is named
+    ``name``, or by default :func:`content_symbol` of its text (``rlx_region_<hex>``)."""
     if len(body.outputs) != 1:
         raise CodegenUnsupported(f"the body has {len(body.outputs)} outputs, not 1")
     out_t = ctype(DType.from_numpy(out.dtype), "the region output")
@@ -500,7 +590,13 @@ def render_region(
     arrays: list[np.ndarray] = []
     operands: list[Operand] = []
     arg_of: dict[int, int] = {}
+    literal: set[int] = set()
     for n in nodes:
+        for pos, i in enumerate(n.inputs):
+            c = body.nodes[i]
+            if isinstance(c.op, Constant) and c.op.value.array().size == 1:
+                if value_shapes_code(n, pos, c):
+                    literal.add(i)
         if isinstance(n.op, Input):
             a = ins[int(n.op.name[2:])]
         elif isinstance(n.op, Constant) and n.op.value.array().size > 1:
@@ -512,19 +608,29 @@ def render_region(
         arg_of[n.id] = len(arrays)
         arrays.append(a)
         operands.append(Operand(ctype(n.dtype, f"%{n.id} {n.op}"), operand_strides(a, dims)))
+    slot_of: dict[int, int] = {}
+    slots: list[int] = []
+    for n in nodes:
+        if isinstance(n.op, Constant) and n.id not in arg_of and n.id not in literal:
+            slot_of[n.id] = len(slots)
+            slots.append(constant_slot(n))
     arrays.append(out)
     operands.append(Operand(out_t, operand_strides(out, dims), output=True))
     restrict = not any(np.may_share_memory(a, out) for a in arrays[:-1])
     loop = render_loop(
-        name,
+        NAME_PLACEHOLDER,
         operands,
         dims,
-        lambda idx: _body(nodes, body, arg_of, operands, idx),
+        lambda idx: _body(nodes, body, arg_of, slot_of, operands, idx),
         restrict=restrict,
     )
     ops = sum(1 for n in nodes if not isinstance(n.op, (Input, Constant)))
     calls = len(_CALL.findall(loop.source))
-    return CFunction(name, loop.source, len(operands) + 1, ops, calls), [loop.meta, *arrays]
+    name = name or content_symbol("rlx_region", loop.source)
+    source = loop.source.replace(NAME_PLACEHOLDER, name)
+    consts = np.array(slots or [0], dtype=np.int64)
+    fn = CFunction(name, source, len(operands) + 2, ops, calls)
+    return fn, [loop.meta, consts, *arrays]
 
 
 _CALL = re.compile(r"\b(?:" + "|".join(VECTOR_MATH) + r")f?\(|rlx_sigmoid|rlx_softplus")
@@ -552,6 +658,7 @@ def _body(
     nodes: Sequence[Node],
     body: Graph,
     arg_of: dict[int, int],
+    slot_of: dict[int, int],
     operands: Sequence[Operand],
     idx: Sequence[str],
 ) -> LoopBody:
@@ -578,7 +685,8 @@ def _body(
     for n in nodes:
         t = ct[n.id]
         if isinstance(n.op, Constant) and n.id not in arg_of:
-            hoisted.append(f"const {t.value} {name[n.id]} = {render_constant(n)};")
+            value = load_constant(t, slot_of[n.id]) if n.id in slot_of else render_constant(n)
+            hoisted.append(f"const {t.value} {name[n.id]} = {value};")
             hoisted_ids.add(n.id)
         elif n.id in arg_of and "j" not in idx[arg_of[n.id]]:
             load = t.load.format(f"p{arg_of[n.id]}[{idx[arg_of[n.id]]}]")

@@ -1,10 +1,12 @@
 """Loop nests for generated elementwise C code. In: the output dims and, per pointer
 operand, its C type and element strides along them. Out: the text of a C function
-``void name(const long* m, T0* p0, ..., long nthreads)`` whose per-element statements
-come from a callback (see :func:`rlx.backends.cpu.codegen.render_region`), and the
-extents and strides ``m`` it reads: the text depends only on the collapsed pattern
-(how many dims, which operands are broadcast along the innermost one), so a new
-symbolic-shape binding of the same region reuses the built library.
+``void name(const long* m, const long* c, T0* p0, ..., long nthreads)`` whose
+per-element statements come from a callback (see
+:func:`rlx.backends.cpu.codegen.render_region`), and the extents and strides ``m`` it
+reads: the text depends only on the collapsed pattern (how many dims, which operands are
+broadcast along the innermost one), so a new symbolic-shape binding of the same region
+reuses the built library. ``c`` carries the body's run-time scalars (its constants, see
+``codegen``), read by the body's hoisted statements.
 
 The nest collapses the output dims the operands traverse alike, so a same-shape region
 is one flat ``#pragma omp simd`` loop and a bias over rows is a row loop around a
@@ -132,8 +134,9 @@ def render_loop(
     *,
     restrict: bool = True,
 ) -> Loop:
-    """A C function ``void name(const long* m, T0* p0, ..., long nthreads)`` looping over
-    ``dims`` (extents and strides read from ``m``, see :class:`Loop`).
+    """A C function ``void name(const long* m, const long* c, T0* p0, ..., long nthreads)``
+    looping over ``dims`` (extents and strides read from ``m``, see :class:`Loop`; ``c``
+    is the body's, the loop does not read it).
 
     ``body(index_exprs)`` gets one element index expression per operand (operands whose
     inner stride is 0 get one without ``j``) and returns a :class:`LoopBody`. One stage
@@ -144,7 +147,7 @@ def render_loop(
     cdims, cstrides = collapse(dims, [o.strides for o in operands])
     nk, nouter = len(operands), len(cdims) - 1
     q = " restrict" if restrict else ""
-    params = ["const long* restrict m"] + [
+    params = ["const long* restrict m", "const long* restrict c"] + [
         f"{'' if o.output else 'const '}{o.ctype.storage}*{q} p{k}" for k, o in enumerate(operands)
     ]
     idx = []
@@ -187,7 +190,7 @@ def render_loop(
             lines.append("            }")
         lines.append("        }")
     lines += ["    }", "}", ""]
-    args = ", ".join(["m"] + [f"p{k}" for k in range(nk)])
+    args = ", ".join(["m", "c"] + [f"p{k}" for k in range(nk)])
     lines.append(f"void {name}({', '.join(params)}, long nthreads) {{")
     lines.append("    const long rows = m[3];")
     lines.append("#ifdef _OPENMP")

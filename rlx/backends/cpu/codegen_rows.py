@@ -8,8 +8,11 @@ loader as the elementwise regions: ``kernels_region.load_function`` / ``bind``).
 Every function has the signature ``void name(const long* m, P0* p0, ..., const double*
 c, long nthreads)``: ``m = [rows, n]`` (a C-contiguous ``[rows, n]`` view of every
 row operand; per-column operands gamma/beta/bias have ``n`` elements), ``c`` the
-run-time constants (``eps``, the attention ``scale``). Extents and eps are arguments, so one library serves
-every shape and eps. Rows are split evenly over an OpenMP team when ``nthreads > 1``.
+run-time constants (``eps``, the attention ``scale``). Extents, eps and scale are
+arguments, so one library serves every shape, eps and scale. The function is named
+``<RowSpec.name>_<hex>`` after its text (``codegen.content_symbol``), so a library holding
+other code lacks the symbol. Rows are split evenly over an OpenMP team when
+``nthreads > 1``.
 
 Each row is walked two or three times (a row of a transformer, 1.5-6 KB, stays in L1
 between the walks) with ``#pragma omp simd`` loops; reductions accumulate in the
@@ -33,7 +36,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from rlx.backends.cpu.codegen import UNARY_C, CFunction, CType
+from rlx.backends.cpu.codegen import (
+    NAME_PLACEHOLDER,
+    UNARY_C,
+    CFunction,
+    CType,
+    content_symbol,
+)
 from rlx.ops.elementwise import UnaryKind
 
 __all__ = ["RowKind", "RowSpec", "render_rows", "ACT_CALLS"]
@@ -86,6 +95,7 @@ class RowSpec:
 
     @property
     def name(self) -> str:
+        """The readable prefix of the function's symbol (``rlx_rows_softmax_float``...)."""
         parts = ["rlx_rows", self.kind.value, self.ctype.storage.strip("_").lower()]
         if self.residual:
             parts.append("res")
@@ -234,7 +244,7 @@ def render_rows(spec: RowSpec) -> CFunction:
     """The C function of ``spec`` (see the module docstring for its arguments)."""
     if spec.act is not None and spec.act not in UNARY_C:
         raise ValueError(f"activation {spec.act} has no C rendering")
-    name = spec.name
+    name = NAME_PLACEHOLDER
     ops = _operands(spec)
     params = ["const long* restrict m"] + [f"{d} p{k}" for k, (d, _) in enumerate(ops)]
     params.append("const double* restrict c")
@@ -280,9 +290,11 @@ def render_rows(spec: RowSpec) -> CFunction:
     lines.append(f"    {name}_rows(0, rows, {args});")
     lines.append("}")
     ops_count = {RowKind.SOFTMAX: 4, RowKind.LOG_SOFTMAX: 5, RowKind.LAYER_NORM: 7}
+    text = "\n".join(lines) + "\n"
+    symbol = content_symbol(spec.name, text)
     return CFunction(
-        name,
-        "\n".join(lines) + "\n",
+        symbol,
+        text.replace(NAME_PLACEHOLDER, symbol),
         num_pointers=len(ops) + 2,
         ops=ops_count.get(spec.kind, 5),
         calls=spec.calls_per_element,

@@ -4,9 +4,11 @@ computes the whole body per output element in registers (no intermediate in memo
 
 At schedule-build time (never in a run) the body is rendered to C by
 :mod:`rlx.backends.cpu.codegen`, built by :func:`rlx.backends.cpu.native.build` (cached by
-sha256 of source + gcc command + gcc version; extents and strides are arguments, so
-equal regions over layouts of one pattern, in this graph or any other and at any
-symbolic-shape binding, share one library) and loaded once. The closure is a
+sha256 of source + gcc command + gcc version; extents, strides and scalar constants are
+arguments, so equal regions over layouts of one pattern, in this graph or any other, at
+any symbolic-shape binding and whatever their constants, share one library) and loaded
+once. Each function is named after its text (``rlx_region_<hex>``): a library that does
+not export that name holds other code, and loading it is a CompileError (NumPy fallback). The closure is a
 ``functools.partial`` of the ctypes function with its argtypes set and its pointer
 arguments precomputed. Regions whose work estimate (:func:`region_work`) reaches
 :data:`PARALLEL_MIN_WORK` run on an OpenMP team of ``KernelCtx.num_threads``
@@ -77,7 +79,8 @@ def region_work(fn: CFunction, out: np.ndarray) -> int:
 
 def load_function(fn: CFunction) -> Any:
     """Build (cached by content) and load ``fn``; returns the ctypes function with its
-    argtypes set. CompileError when gcc is missing or the build fails."""
+    argtypes set. CompileError when gcc is missing, the build fails or the library does
+    not export ``fn.name`` (it holds other code: a damaged or swapped cache entry)."""
     if not native.available():
         raise CompileError("gcc is not on PATH")
     module = CModule((fn,), vector_math=vector_math_available())
@@ -86,7 +89,12 @@ def load_function(fn: CFunction) -> Any:
         lib = native.load(lib_path)
     except OSError as e:
         raise CompileError(f"cannot load {lib_path}: {e}") from e
-    cfn = getattr(lib, fn.name)
+    try:
+        cfn = getattr(lib, fn.name)
+    except AttributeError as e:
+        raise CompileError(
+            f"{lib_path} does not export {fn.name}: the cached library holds other code"
+        ) from e
     cfn.argtypes = [ctypes.c_void_p] * fn.num_pointers + [ctypes.c_long]
     cfn.restype = None
     return cfn
