@@ -36,7 +36,7 @@ class RlxError(Exception):
         self.loc = loc
         self.bare_message = message
         text = message
-        if loc is not None:
+        if loc is not None and loc.file:
             text = f"{message}\n  node built at {loc}"
         super().__init__(text)
 

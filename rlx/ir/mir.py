@@ -25,7 +25,7 @@ from rlx.ir.source import SourceLoc
 from rlx.ops.base import Op
 from rlx.shape import Shape, Sym, check_bounds
 
-__all__ = ["Node", "Graph", "NodeId"]
+__all__ = ["Node", "Graph", "NodeId", "op_name"]
 
 NodeId = int
 
@@ -43,6 +43,26 @@ class Node:
     @property
     def dtype(self) -> DType:
         return self.shape.dtype
+
+    @property
+    def label(self) -> str:
+        """How reports name this node: by the user's graph (``'%19 matmul (model.py:42)'``)
+        whatever graph it is in now; a node a pass made for another says so (``'cast for
+        %19 matmul (...)'``); without provenance, ``'#<id> <op>'``: ``#`` marks an id of
+        the graph the node is in, never the user's."""
+        loc = self.loc
+        name = op_name(self.op)
+        if loc is None or loc.node is None:
+            return f"#{self.id} {name}"
+        own = loc.label()
+        return own if name == loc.op else f"{name} for {own}"
+
+
+def op_name(op: Op) -> str:
+    """The op's short name in reports: ``add`` for Binary(ADD), else the mnemonic."""
+    if type(op).__str__ is Op.__str__:
+        return op.mnemonic
+    return str(op).split("[", 1)[0]
 
 
 class Graph:
@@ -110,7 +130,8 @@ class Graph:
                 node=len(self.nodes),
                 loc=loc,
             )
-        return self.add_node(op, ins, inferred, loc)
+        # provenance: the node's id and op in this (the user's) graph travel with its loc
+        return self.add_node(op, ins, inferred, source.stamp(loc, len(self.nodes), op_name(op)))
 
     def set_outputs(self, outputs: Iterable[NodeId] | NodeId) -> None:
         """Declare the graph outputs (a node id or a sequence of them)."""

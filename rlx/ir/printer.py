@@ -34,7 +34,7 @@ def format_graph(graph: Graph, *, locs: bool = False, indent: str = "") -> str:
         else:
             rhs = str(n.op) + "".join(f" %{i}" for i in n.inputs)
         line = f"{indent}  %{n.id}:{n.shape} = {rhs}"
-        if locs and n.loc is not None:
+        if locs and n.loc is not None and n.loc.file:
             line = f"{line:<60}  # {n.loc.file.rsplit('/', 1)[-1]}:{n.loc.line}"
         lines.append(line)
         for sg in n.op.subgraphs():

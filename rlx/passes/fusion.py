@@ -20,7 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from rlx.errors import RlxError
-from rlx.ir.mir import Graph, Node, NodeId
+from rlx.ir import source
+from rlx.ir.mir import Graph, Node, NodeId, op_name
 from rlx.ops.base import Op
 from rlx.passes.base import Rewriter, use_counts
 from rlx.passes.report import FusionPattern, FusionReport
@@ -57,9 +58,19 @@ class FusionView:
         return self.graph.nodes[nid]
 
     def desc(self, nid: NodeId) -> str:
-        """``'matmul %5'``-style name of a node."""
+        """How reports name a node: by the user's graph, ``'%5 matmul (model.py:42)'``
+        (:attr:`Node.label`), whatever this pass's input graph numbered it."""
+        return self.graph.nodes[nid].label
+
+    def ref(self, nid: NodeId) -> str:
+        """Short form of :meth:`desc`: ``'%5'`` (the user's id) for a node with provenance,
+        ``'#5'`` (this graph's id) for one without."""
         n = self.graph.nodes[nid]
-        return f"{n.op} %{nid}"
+        if n.loc is None or n.loc.node is None:
+            return f"#{nid}"
+        own = f"%{n.loc.node}"
+        name = op_name(n.op)
+        return own if name == n.loc.op else f"{name} for {own}"
 
     def sole_user(self, nid: NodeId) -> NodeId | None:
         """The one node reading ``nid``, when exactly one does and it is not an output."""
@@ -71,21 +82,24 @@ class FusionView:
     def why_not_inner(self, nid: NodeId) -> str | None:
         """Why ``nid`` cannot disappear into a fusion (None when it can)."""
         if nid in self.outputs:
-            return f"intermediate %{nid} is a graph output"
+            return f"intermediate {self.ref(nid)} is a graph output"
         if self.uses[nid] != 1:
-            return f"intermediate %{nid} has {self.uses[nid]} users"
+            return f"intermediate {self.ref(nid)} has {self.uses[nid]} users"
         return None
 
     def why_escapes(self, nid: NodeId, inside: frozenset[NodeId] | set[NodeId]) -> str | None:
         """Why ``nid`` cannot disappear into a fusion of the nodes ``inside`` (a user
         outside them, or being a graph output); None when it can."""
         if nid in self.outputs:
-            return f"intermediate %{nid} is a graph output"
+            return f"intermediate {self.ref(nid)} is a graph output"
         users = self.consumers[nid]
         outside = sorted({u for u in users if u not in inside})
         if outside:
-            others = ", ".join(f"%{u}" for u in outside)
-            return f"intermediate %{nid} has {len(users)} users ({others} outside the pattern)"
+            others = ", ".join(self.ref(u) for u in outside)
+            return (
+                f"intermediate {self.ref(nid)} has {len(users)} users "
+                f"({others} outside the pattern)"
+            )
         return None
 
     def infer(self, op: Op, inputs: Sequence[NodeId]) -> str | None:
@@ -106,7 +120,10 @@ def apply_matches(graph: Graph, matches: Sequence[Match]) -> Graph:
         node = graph.nodes[nid]
         m = anchors.get(nid)
         if m is not None:
-            rw.map[nid] = rw.emit(m.op, [rw.map[i] for i in m.inputs], node.loc, node.shape)
+            # the fused node keeps the anchor's provenance and lists the user nodes it replaces
+            members = [graph.nodes[i].loc for i in sorted(m.nodes)]
+            loc = source.fuse(node.loc, members)
+            rw.map[nid] = rw.emit(m.op, [rw.map[i] for i in m.inputs], loc, node.shape)
         elif nid not in dropped:
             rw.copy(node)
     return rw.finish()

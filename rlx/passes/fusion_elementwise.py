@@ -114,8 +114,8 @@ class ElementwiseFusion(PatternFusion):
                     self.miss(
                         ordered,
                         desc,
-                        f"region input %{i} {dims_str(src.shape.dims)} is not indexable from "
-                        f"the output {dims_str(out_dims)}",
+                        f"region input {view.ref(i)} {dims_str(src.shape.dims)} is not "
+                        f"indexable from the output {dims_str(out_dims)}",
                     )
                     return None
                 bmap[i] = body.add_node(Input(f"in{len(ext)}", src.shape), [], src.shape)

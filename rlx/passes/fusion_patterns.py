@@ -171,7 +171,8 @@ class SwiGLUFusion(PatternFusion):
             x, wg = view.node(gate).inputs
             x2, wu = view.node(up).inputs
             if x != x2:
-                self.miss(nodes, desc, f"gate and up matmuls read different inputs %{x} and %{x2}")
+                why = f"gate and up matmuls read different inputs {view.ref(x)} and {view.ref(x2)}"
+                self.miss(nodes, desc, why)
                 return None
             for inner in (gate, silu, up):
                 why = view.why_not_inner(inner)

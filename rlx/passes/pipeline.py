@@ -42,7 +42,7 @@ from rlx.passes.dce import DeadCodeElimination
 from rlx.passes.fold import ConstantFolding
 from rlx.passes.fusion import fusion_passes
 from rlx.passes.precision import AutoMixedPrecision, resolve_policy
-from rlx.passes.report import FusionReport
+from rlx.passes.report import FusionReport, with_provenance
 from rlx.passes.simplify import AlgebraicSimplification
 from rlx.runtime.options import CompileOptions, VerifyMode
 
@@ -197,10 +197,11 @@ class CompilePipeline:
 
 
 def to_mir(obj: Any) -> Graph:
-    """A Graph as is; a GraphModule lowered to its MIR graph."""
+    """A Graph as is; a GraphModule lowered to its MIR graph. A graph without node
+    provenance gets it (a stamped copy, see :func:`~rlx.passes.report.with_provenance`)."""
     if isinstance(obj, Graph):
-        return obj
+        return with_provenance(obj)
     into = getattr(obj, "into_graph", None)
     if into is not None:
-        return into()
+        return with_provenance(into())
     raise CompileError(f"cannot compile a {type(obj).__name__}; expected a Graph or GraphModule")

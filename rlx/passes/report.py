@@ -7,15 +7,36 @@ prints, one line per entry, in the style of Inductor's ``WhyNoFuse``::
     fused   matmul_bias_act     matmul %5 + add %6 + gelu %7 -> fused_matmul_bias_act
     no fuse matmul_bias_act     matmul %5 + add %6: bias shape [4,8] is not a vector over the last axis
 
-Node ids are those of the graph the fusion pass received (each pass renumbers).
+Nodes are named by the user's graph (``%5 matmul (model.py:42)``, :attr:`Node.label`), not
+by the graph the fusion pass received (each pass renumbers): the same name is used by the
+kernel schedule of ``compiled.report()`` and by the quantization report. A graph that comes
+without that provenance (loaded from a file, built with ``add_node``) gets it from
+:func:`with_provenance` when compilation starts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 
-__all__ = ["FusionPattern", "Fused", "NoFuse", "FusionReport"]
+from rlx.ir import source
+from rlx.ir.mir import Graph, op_name
+
+__all__ = ["FusionPattern", "Fused", "NoFuse", "FusionReport", "with_provenance"]
+
+
+def with_provenance(graph: Graph) -> Graph:
+    """``graph`` itself when any node carries provenance (built by ``Graph.apply``, or
+    derived from such a graph by passes), else a copy whose every node is stamped with its
+    own id and op: this graph is then the user's, and reports name nodes by its ids."""
+    if any(n.loc is not None and n.loc.node is not None for n in graph.nodes):
+        return graph
+    out = graph.copy()
+    out.nodes = [
+        dataclasses.replace(n, loc=source.stamp(n.loc, n.id, op_name(n.op))) for n in graph.nodes
+    ]
+    return out
 
 
 class FusionPattern(enum.Enum):

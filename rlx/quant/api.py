@@ -105,17 +105,18 @@ def find_layers(
     for node in graph.find(MatMul):
         a, w = node.inputs
         wn = graph.nodes[w]
-        name = wn.op.name if isinstance(wn.op, Param) else f"%{node.id}"  # type: ignore[attr-defined]
+        # reports name the matmul by the user's graph: "%19 matmul (model.py:42)"
+        mm = node.label
+        ref = mm.split(" ", 1)[0] if mm.startswith("%") else f"#{node.id}"
+        name = wn.op.name if isinstance(wn.op, Param) else ref  # type: ignore[attr-defined]
         if wn.shape.rank != 2 or not wn.shape.is_static:
-            skipped[name] = f"matmul %{node.id}: rhs {wn.shape} is not a static 2-D weight"
+            skipped[name] = f"{mm}: rhs {wn.shape} is not a static 2-D weight"
         elif node.dtype is not DType.F32 or graph.nodes[a].dtype is not DType.F32:
-            skipped[name] = f"matmul %{node.id}: not f32 ({graph.nodes[a].shape} @ {wn.shape})"
+            skipped[name] = f"{mm}: not f32 ({graph.nodes[a].shape} @ {wn.shape})"
         elif isinstance(wn.op, Param) and wn.op.name not in params:
-            skipped[name] = (
-                f"matmul %{node.id}: weight param {wn.op.name!r} was not given in params"
-            )
+            skipped[name] = f"{mm}: weight param {wn.op.name!r} was not given in params"
         elif not isinstance(wn.op, (Param, Constant)):
-            skipped[name] = f"matmul %{node.id}: rhs is computed ({wn.op.mnemonic}), not a weight"
+            skipped[name] = f"{mm}: rhs is computed ({wn.op.mnemonic}), not a weight"
         else:
             layers.append(Layer(name, node.id, a, w))
     return layers, skipped
@@ -140,9 +141,9 @@ def fake_quant_graph(
     def qdq(old: NodeId, e: CalibrationEntry) -> NodeId:
         key = (old, e)
         if key not in shared:
-            src = rw.map[old]
-            q = rw.emit(Quantize(e.axis, e.scales, e.zero_points, e.dtype), [src])
-            shared[key] = rw.emit(Dequantize(e.axis, e.scales, e.zero_points), [q])
+            src, loc = rw.map[old], graph.nodes[old].loc  # reports: "quantize for %5 add"
+            q = rw.emit(Quantize(e.axis, e.scales, e.zero_points, e.dtype), [src], loc)
+            shared[key] = rw.emit(Dequantize(e.axis, e.scales, e.zero_points), [q], loc)
         return shared[key]
 
     for nid in graph.topo_order():
@@ -437,9 +438,10 @@ def quantize(
             low, compiled = build(chosen)
             acc = _measure(compiled, float_outs, evals, n_out)
 
-    out_names = [f"%{o}" for o in graph.outputs]
+    out_names = [graph.nodes[o].label for o in graph.outputs]
     report = AccuracyReport(
-        method=meth.value,
+        method=method if isinstance(method, str) else meth.value,  # as the user spelled it
+        labels={ly.name: graph.nodes[ly.node].label for ly in layers},
         outputs=acc.stats(),
         output_names=out_names,
         layers=ranking,

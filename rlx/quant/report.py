@@ -145,6 +145,9 @@ class AccuracyReport:
     ``outputs``: error of each output of the returned quantized graph vs the float one.
     ``layers``: one-layer-at-a-time errors, worst first (exclude the top ones to gain
     accuracy). ``quantized`` / ``kept_float``: layer names, the latter with a reason.
+    ``labels``: layer name -> its matmul named by the user's graph (``'%19 matmul
+    (model.py:42)'``, the name the fusion report and the kernel schedule use too).
+    ``method``: the calibration method as the caller spelled it (``'minmax'``).
     """
 
     method: str
@@ -156,6 +159,7 @@ class AccuracyReport:
     accuracy_budget: float | None = None
     eval_batches: int = 0
     calibration_batches: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def worst(self) -> ErrorStats:
@@ -188,7 +192,13 @@ class AccuracyReport:
         if self.layers:
             lines.append("  per-layer error (that layer alone in int8), worst first:")
             for le in self.layers:
-                lines.append(f"    {le.layer:<24} %{le.node:<5} {le.error}")
+                where = self.labels.get(le.layer, f"%{le.node}")
+                lines.append(f"    {le.layer:<16} {where:<32} {le.error}")
         for name, why in self.kept_float.items():
-            lines.append(f"  kept float: {name}: {why}")
+            where = self.labels.get(name)
+            if why.startswith(f"{name} "):  # the reason names the node already
+                lines.append(f"  kept float: {why}")
+                continue
+            head = f"{name} ({where})" if where and where not in why else name
+            lines.append(f"  kept float: {head}: {why}")
         return "\n".join(lines)

@@ -85,7 +85,7 @@ def test_profiled_run_fills_times_and_trace(tmp_path: Path) -> None:
     events = doc["traceEvents"]
     assert isinstance(events, list)
     complete = [e for e in events if e["ph"] == "X" and e["pid"] == 1]
-    assert [e["name"] for e in complete] == [f"%{k.node} {k.op}" for k in kernels]
+    assert [e["name"] for e in complete] == [f"#{k.node} {k.op}" for k in kernels]
     for e in events:
         assert {"name", "ph", "pid", "tid"} <= set(e) and e["ph"] in ("X", "M")
         if e["ph"] == "X":

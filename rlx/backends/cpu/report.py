@@ -1,15 +1,21 @@
 """What a CompiledGraph did, readable and exportable. In: the compiled program, the
 executor of the most recent run and (after ``run(profile=True)``) each kernel's time.
 Out: a :class:`Report`: the kernel schedule (node, op, dtype, arena offset and size,
-kernel kind), the memory plan figures, the compile pass records, per-kernel times; its
-``str`` is a table, ``to_chrome_trace(path)`` writes Chrome-trace JSON that Perfetto and
+kernel kind, and the user's node it computes), the memory plan figures, the compile pass
+records, per-kernel times, the native instruction-set target and GEMM paths; its ``str``
+is a table, ``to_chrome_trace(path)`` writes Chrome-trace JSON that Perfetto and
 chrome://tracing load (``traceEvents`` of complete events, ``ph: "X"``, ``ts``/``dur`` in
 microseconds).
+
+Two numberings appear, kept apart by their sigil: ``#7`` is a node of the compiled
+(optimized) graph, which is what the schedule runs; ``%19 matmul (model.py:42)`` is the
+user's node (:attr:`rlx.ir.mir.Node.label`), named as in the fusion and quantization reports.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +30,10 @@ if TYPE_CHECKING:
     from rlx.backends.cpu.executor import Executor
     from rlx.backends.cpu.program import CpuProgram
 
-__all__ = ["Report", "KernelRecord"]
+__all__ = ["Report", "KernelRecord", "native_summary"]
+
+# what kernels_lowp notes about a bf16/f16 matmul: "<dtype> matmul: <path>, weight ..."
+_LOWP_NOTE = re.compile(r"(b?float16|b?f16) matmul: ([^,]+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,13 +55,15 @@ class KernelRecord:
     seconds: float | None
     notes: tuple[str, ...] = ()
     prologue: bool = False
+    label: str = ""
+    fused: tuple[str, ...] = ()
 
     @property
     def alias(self) -> str:
         if self.view_of is not None:
-            return f"view of %{self.view_of}"
+            return f"view of #{self.view_of}"
         if self.inplace_of is not None:
-            return f"in place of %{self.inplace_of}"
+            return f"in place of #{self.inplace_of}"
         return ""
 
 
@@ -68,6 +79,7 @@ class Report:
     passes: tuple[PassRecord, ...]
     compile_seconds: float
     fusion_report: Any = None
+    native: tuple[str, ...] = ()
 
     @staticmethod
     def build(program: CpuProgram, ex: Executor, times: list[float] | None) -> Report:
@@ -76,8 +88,11 @@ class Report:
         n_kernels = sum(1 for e in ex.entries if e.view_of is None)
         it = iter(times) if times is not None and len(times) == n_kernels else None
         recs = []
+        nodes = ex.graph.nodes
         for e in ex.entries:
             secs = next(it) if it is not None and e.view_of is None else None
+            node = nodes[e.node]
+            fused = node.loc.fused if node.loc is not None else ()
             recs.append(
                 KernelRecord(
                     e.node,
@@ -92,6 +107,8 @@ class Report:
                     secs,
                     e.notes,
                     e.prologue,
+                    node.label,
+                    tuple(f.label() for f in fused),
                 )
             )
         return Report(
@@ -103,6 +120,7 @@ class Report:
             passes=tuple(program.result.records),
             compile_seconds=program.compile_seconds,
             fusion_report=program.result.fusion_report,
+            native=native_summary(program.options.native, recs),
         )
 
     @property
@@ -130,6 +148,7 @@ class Report:
         if self.passes:
             lines.append("passes:")
             lines += [f"  {p}" for p in self.passes]
+        lines += [f"native: {line}" for line in self.native]
         if self.fusion_report is not None and str(self.fusion_report).strip():
             lines.append("fusion:")
             lines += [f"  {line}" for line in str(self.fusion_report).split("\n")]
@@ -138,15 +157,16 @@ class Report:
         lines.append(f"  kernel scratch {format_bytes(self.scratch_bytes)}")
         counts = ", ".join(f"{n} {k.value}" for k, n in self.kind_counts().items())
         lines.append(f"kernels ({counts}):")
-        head = f"  {'node':>6} {'op':<26} {'dtype':<6} {'dims':<18} {'offset':>9} {'bytes':>9} {'kind':<9}"
+        head = f"  {'#node':>6} {'op':<26} {'dtype':<6} {'dims':<18} {'offset':>9} {'bytes':>9} {'kind':<9}"
         if self.profiled:
             head += f" {'us':>9}"
         lines.append(head)
         for k in self.kernels:
             dims = "[" + ",".join(map(str, k.dims)) + "]"
-            row = f"  {'%' + str(k.node):>6} {k.op[:26]:<26} {k.dtype:<6} {dims[:18]:<18} {k.offset:>9} {k.nbytes:>9} {k.kind.value:<9}"
+            row = f"  {'#' + str(k.node):>6} {k.op[:26]:<26} {k.dtype:<6} {dims[:18]:<18} {k.offset:>9} {k.nbytes:>9} {k.kind.value:<9}"
             if self.profiled:
                 row += f" {k.seconds * 1e6:>9.1f}" if k.seconds is not None else f" {'-':>9}"
+            row += "  fuses " + ", ".join(k.fused) if k.fused else f"  {k.label}"
             if k.alias:
                 row += f"  {k.alias}"
             if k.prologue:
@@ -182,6 +202,7 @@ class Report:
             dur = k.seconds * 1e6
             args = {
                 "node": k.node,
+                "user_node": k.label,
                 "dtype": k.dtype,
                 "dims": list(k.dims),
                 "offset": k.offset,
@@ -196,7 +217,7 @@ class Report:
                 args["notes"] = list(k.notes)
             events.append(
                 {
-                    "name": f"%{k.node} {k.op}",
+                    "name": f"#{k.node} {k.op}",
                     "cat": k.kind.value,
                     "ph": "X",
                     "pid": 1,
@@ -245,3 +266,41 @@ class Report:
         p = Path(path)
         p.write_text(json.dumps(self.chrome_trace(), indent=1))
         return p
+
+
+def native_summary(
+    enabled: bool, kernels: tuple[KernelRecord, ...] | list[KernelRecord]
+) -> tuple[str, ...]:
+    """Lines naming the instruction-set path native kernels took on this CPU: the build
+    target (AVX-512 / AVX2 / portable C, from ``RLX_ISA`` and the CPU), and the int8 and
+    bf16/f16 GEMM paths of the scheduled kernels. ``enabled``: ``CompileOptions.native``."""
+    if not enabled:
+        return ("off (CompileOptions(native=False)): NumPy and BLAS kernels only",)
+    from rlx.backends.cpu import native
+
+    try:
+        lines = [native.target_description()]
+    except RlxError as e:  # e.g. RLX_ISA forcing a target this CPU lacks
+        return (f"target unavailable: {e.bare_message.splitlines()[0]}",)
+    if native.gcc_path() is None:
+        lines.append("gcc not found: every native kernel fell back to NumPy")
+    q = [k for k in kernels if k.op == "qmatmul" and k.view_of is None]
+    if q:
+        nat = [k for k in q if k.kind is KernelKind.NATIVE]
+        if nat:
+            try:
+                isa = native.qgemm_lib().isa.name
+            except RlxError:
+                isa = "?"
+            lines.append(f"int8 GEMM: {isa} kernel for {len(nat)} of {len(q)} qmatmul")
+        if len(nat) < len(q):
+            lines.append(f"int8 GEMM: exact f64 BLAS for {len(q) - len(nat)} of {len(q)} qmatmul")
+    paths = Counter(
+        (m.group(1), m.group(2).strip())
+        for k in kernels
+        for note in k.notes
+        if (m := _LOWP_NOTE.match(note)) is not None
+    )
+    for (dtype, path), n in paths.items():
+        lines.append(f"{dtype} GEMM: {path} ({n} kernels)")
+    return tuple(lines)
