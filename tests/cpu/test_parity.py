@@ -612,7 +612,7 @@ FAST = {
     "gather": KernelKind.NUMPY,
     # one generated C loop (kernels_region.py) where gcc is installed
     "elementwise_region": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
-    "matmul_i32": KernelKind.REFERENCE,
+    "matmul_i32": KernelKind.NUMPY,  # i64 accumulation in NumPy's integer loop
     "cumsum": KernelKind.NUMPY,
     "cumsum_exclusive_i32": KernelKind.NUMPY,
     "argmin": KernelKind.NUMPY,

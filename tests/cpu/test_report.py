@@ -12,6 +12,7 @@ import rlx
 from rlx.backends.cpu.kernels import KernelKind
 from rlx.backends.cpu.report import Report
 from rlx.errors import RlxError
+from rlx.ops.custom import register_custom_op
 from rlx.runtime.options import CompileOptions
 from rlx.runtime.session import Session
 
@@ -21,7 +22,15 @@ def compiled() -> tuple[rlx.Graph, object]:
     x = g.input("x", (4, 8))
     w = g.param("w", (8, 8))
     h = g.reshape(g.matmul(x, w), (8, 4))  # reshape: a view, no kernel
-    y = g.topk(g.softmax(h), 2)[0]  # topk: the reference kernel
+    # a user's custom op: the one kind of node that keeps the reference kernel
+    register_custom_op(
+        "rep_twice",
+        lambda ins, a: ins[0],
+        lambda xs, a, c: xs[0] * 2,
+        arity=1,
+        replace=True,
+    )
+    y = g.custom("rep_twice", [g.softmax(h)])
     g.set_outputs([y])
     # native=False: softmax keeps its NumPy kernel (one of each kind in the report)
     cg = Session("cpu").compile(
@@ -37,7 +46,7 @@ def test_report_schedule_and_memory() -> None:
     by_op = {k.op: k for k in rep.kernels}
     assert by_op["matmul"].kind is KernelKind.BLAS
     assert by_op["softmax"].kind is KernelKind.NUMPY
-    assert by_op["topk"].kind is KernelKind.REFERENCE
+    assert by_op["custom"].kind is KernelKind.REFERENCE
     assert (
         by_op["reshape"].view_of == by_op["matmul"].node
         and by_op["reshape"].kind is KernelKind.VIEW
@@ -49,7 +58,7 @@ def test_report_schedule_and_memory() -> None:
         and by_op["matmul"].nbytes == 128
     )
     assert all(k.offset % 64 == 0 for k in rep.kernels)
-    assert [k.op for k in rep.reference_nodes()] == ["topk"]
+    assert [k.op for k in rep.reference_nodes()] == ["custom"]
     assert rep.kind_counts() == {KernelKind.NUMPY: 1, KernelKind.BLAS: 1, KernelKind.REFERENCE: 1}
     assert rep.plan is cg.memory_plan
     text = str(rep)

@@ -96,7 +96,7 @@ def scatter_add_kernel(
     node where it would keeps the reference kernel). An out-of-range index re-runs the
     reference, which raises the InputError naming it."""
     x, idx, upd = ins
-    if x.dtype.kind not in "fiu" or idx.dtype.kind not in "iu" or x.ndim == 0:
+    if x.dtype.kind not in "fiubc" or idx.dtype.kind not in "iu" or x.ndim == 0:
         return None
     if any(np.may_share_memory(out, a) for a in ins):
         return None
