@@ -13,15 +13,17 @@ _MODULES = (
     "reduce",  # reduce, softmax, cumsum, topk, argmax
     "norm",  # layer_norm, rms_norm, group_norm
     "movement",  # reshape, transpose, concat, expand, narrow, gather, scatter_add, ...
-    "linalg",  # matmul, dot_general
+    "linalg",  # matmul, dot_general, dense_solve, grouped_matmul, lora_matmul
     "nn",  # attention (MaskKind), rope, conv, pool
     "fft",  # fft, rfft, irfft
     "fft_ops",  # builders over primitive ops: stft, psd_real, fft_conv1d, fftfreq
     "quant",  # quantize, dequantize, fake_quantize, dequant_matmul, qmatmul
     "fused",  # fused_matmul_bias_act, fused_swiglu, fused_residual_*, elementwise_region
     "control",  # if, while, scan
-    "recurrent",  # gated_delta_net (HIR block support)
-    "custom",  # user-registered custom ops
+    "recurrent",  # gated_delta_net (HIR block support), selective_scan
+    "qconv",  # qconv2d (integer conv, f32 epilogue)
+    "sample",  # sample (temperature / top-k / top-p token sampling, Philox stream)
+    "custom",  # user-registered custom ops, custom_fn (a sub-graph as one op)
 )
 for _m in _MODULES:
     importlib.import_module(f"rlx.ops.{_m}")

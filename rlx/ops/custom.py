@@ -11,10 +11,16 @@ Attributes are hashable values (ints, floats, bools, strings, None, tuples, DTyp
 Shapes and rlx enums / frozen dataclasses: what files can hold). A name that is not
 registered is an error when the node is built and when a saved graph is loaded: register
 custom ops before loading graphs that use them.
+
+:class:`CustomFn` is the seed's other extension point: a sub-graph (``fwd_body``) used as
+one op, with optional user-given differentiation rules (``vjp_body``, ``jvp_body``, as
+JAX's ``custom_vjp`` / ``custom_jvp``). It needs no registration: the bodies travel with
+the node (printed, verified, fingerprinted and saved like control-flow bodies).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -24,7 +30,8 @@ import numpy as np
 
 from rlx.errors import RlxError, ShapeError
 from rlx.ir.mir import Graph, NodeId
-from rlx.ops.base import Op, OpKind, RefCtx, graph_method, register
+from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
+from rlx.ops.control import check_subgraph, run_subgraph, subgraph_output_shapes
 from rlx.shape import Shape
 
 __all__ = [
@@ -34,6 +41,7 @@ __all__ = [
     "unregister_custom_op",
     "custom_op",
     "custom_op_names",
+    "CustomFn",
 ]
 
 InferFn = Callable[[tuple[Shape, ...], Mapping[str, Any]], Shape]
@@ -195,3 +203,181 @@ def custom(g: Graph, name: str, inputs: Sequence[NodeId] = (), **attrs: Any) -> 
     """A node of registered custom op ``name`` over ``inputs`` with keyword attributes."""
     items = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
     return g.apply(Custom(name, items), list(inputs))
+
+
+# ---- custom_fn: a sub-graph as one op ----------------------------------------------------
+
+PRIMAL_OUTPUT, D_OUTPUT = "primal_output", "d_output"
+_IN_NAME = re.compile(r"in(0|[1-9][0-9]*)")
+
+
+def _check_rule_body(
+    op: Op,
+    sub: Graph | None,
+    role: str,
+    operands: Sequence[Shape],
+    special: Mapping[str, Shape],
+    required: Sequence[str],
+    outputs: Sequence[Shape],
+) -> None:
+    """Check a differentiation-rule body: it reads operand ``k`` as Input ``in<k>`` and
+    the values in ``special`` by name (those in ``required`` must be read), holds no
+    Params and returns ``outputs``. ShapeError naming ``op``, ``role`` and the culprit."""
+    from rlx.ops.core import Input, Param
+
+    if sub is None:
+        return
+    expect(isinstance(sub, Graph), op, f"{role} must be a Graph or None, got {type(sub).__name__}")
+    seen = set()
+    for n in sub.nodes:
+        if isinstance(n.op, Param):
+            raise ShapeError(f"{op.mnemonic}: {role} holds param {n.op.name!r} (%{n.id})")
+        if not isinstance(n.op, Input):
+            continue
+        name = n.op.name
+        seen.add(name)
+        m = _IN_NAME.fullmatch(name)
+        if m is not None and int(m.group(1)) < len(operands):
+            want = operands[int(m.group(1))]
+        else:
+            expect(
+                name in special,
+                op,
+                f"{role} input {name!r} (%{n.id}) is not one of in0..in{len(operands) - 1}"
+                f" or {sorted(special)}",
+            )
+            want = special[name]
+        expect(n.shape == want, op, f"{role} input {name!r} is {n.shape}, expected {want}")
+    missing = [r for r in required if r not in seen]
+    expect(not missing, op, f"{role} must read Inputs named {missing}")
+    got = [sub.nodes[o].shape for o in sub.outputs if 0 <= o < len(sub.nodes)]
+    expect(
+        got == list(outputs) and len(got) == len(sub.outputs),
+        op,
+        f"{role} must return [{', '.join(map(str, outputs))}], returns "
+        f"[{', '.join(map(str, got))}]",
+    )
+
+
+@register
+class CustomFn(Op):
+    """A user sub-graph used as one op, with optional custom differentiation rules (the
+    seed's ``CustomFn``; JAX's ``custom_vjp`` / ``custom_jvp``). Inputs: ``n_inputs``
+    operands; output: ``fwd_body``'s one output.
+
+    * ``fwd_body`` reads operand ``k`` as Input ``in<k>`` (it may leave one unused), holds
+      no Params and returns one output: the node's value.
+    * ``vjp_body`` (optional) reads the operands as ``in<k>`` plus ``primal_output`` (the
+      forward result) and ``d_output`` (its cotangent) and returns one gradient per
+      operand, shaped like it.
+    * ``jvp_body`` (optional) reads the operands as ``in<k>``, their tangents as
+      ``tangent_<k>`` (every one) and optionally ``primal_output``, and returns the
+      output's tangent.
+
+    The rules are checked and carried (saved, printed) for reverse- and forward-mode
+    differentiation; running the node evaluates ``fwd_body`` only."""
+
+    mnemonic: ClassVar[str] = "custom_fn"
+    kind: ClassVar[OpKind] = OpKind.COMPUTE
+    n_inputs: int
+    fwd_body: Graph
+    vjp_body: Graph | None = None
+    jvp_body: Graph | None = None
+
+    def num_inputs(self) -> int:
+        return self.n_inputs
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        n = self.n_inputs
+        expect(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0,
+            self,
+            f"n_inputs must be an int >= 0, got {n!r}",
+        )
+        check_subgraph(self, self.fwd_body, "fwd_body", ins)
+        outs = subgraph_output_shapes(self.fwd_body)
+        expect(
+            len(outs) == 1,
+            self,
+            f"fwd_body must return exactly one output, returns {len(outs)} "
+            "(build one custom_fn per result)",
+        )
+        out = outs[0]
+        _check_rule_body(
+            self,
+            self.vjp_body,
+            "vjp_body",
+            ins,
+            {PRIMAL_OUTPUT: out, D_OUTPUT: out},
+            (PRIMAL_OUTPUT, D_OUTPUT),
+            ins,
+        )
+        tangents = {f"tangent_{k}": s for k, s in enumerate(ins)}
+        _check_rule_body(
+            self,
+            self.jvp_body,
+            "jvp_body",
+            ins,
+            {**tangents, PRIMAL_OUTPUT: out},
+            tuple(tangents),
+            (out,),
+        )
+        return out
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        return run_subgraph(self.fwd_body, xs)[0]
+
+    def subgraphs(self) -> tuple[Graph, ...]:
+        return tuple(b for b in (self.fwd_body, self.vjp_body, self.jvp_body) if b is not None)
+
+    def attrs_str(self) -> str:
+        return (
+            f"n_inputs={self.n_inputs}, vjp={self.vjp_body is not None}, "
+            f"jvp={self.jvp_body is not None}"
+        )
+
+
+BodyFn = Callable[..., NodeId | Sequence[NodeId]]
+
+
+def _body(
+    role: str, body: Graph | BodyFn | None, shapes: Sequence[Shape], names: Sequence[str]
+) -> Graph | None:
+    """A body given as a Graph, or built by ``body(g, *input_ids)`` over Inputs ``names``."""
+    if body is None or isinstance(body, Graph):
+        return body
+    if not callable(body):
+        raise ShapeError(f"custom_fn: {role} must be a Graph, a callable or None, got {body!r}")
+    g = Graph(f"custom_fn.{role}")
+    ids = [g.input(nm, s) for nm, s in zip(names, shapes, strict=True)]
+    outs = body(g, *ids)
+    g.set_outputs(outs if isinstance(outs, int) else list(outs))
+    return g
+
+
+@graph_method
+def custom_fn(
+    g: Graph,
+    inputs: Sequence[NodeId],
+    fwd: Graph | BodyFn,
+    vjp: Graph | BodyFn | None = None,
+    jvp: Graph | BodyFn | None = None,
+) -> NodeId:
+    """A :class:`CustomFn` node over ``inputs``. Each body is a Graph following the op's
+    Input conventions, or a callable building it: ``fwd(g, *xs)``, ``vjp(g, *xs,
+    primal_output, d_output) -> grads`` and ``jvp(g, *xs, *tangents, primal_output)``."""
+    ins = [int(i) for i in inputs]
+    shapes = [g.shape(i) for i in ins]
+    n = len(ins)
+    prim = [f"in{k}" for k in range(n)]
+    fwd_g = _body("fwd", fwd, shapes, prim)
+    if fwd_g is None:
+        raise ShapeError("custom_fn: fwd must be a Graph or a callable, got None")
+    outs = subgraph_output_shapes(fwd_g)
+    if len(outs) != 1:  # the op's shape rule says what is wrong
+        return g.apply(CustomFn(n, fwd_g), ins)
+    out = outs[0]
+    vjp_g = _body("vjp", vjp, [*shapes, out, out], [*prim, PRIMAL_OUTPUT, D_OUTPUT])
+    tan = [f"tangent_{k}" for k in range(n)]
+    jvp_g = _body("jvp", jvp, [*shapes, *shapes, out], [*prim, *tan, PRIMAL_OUTPUT])
+    return g.apply(CustomFn(n, fwd_g, vjp_g, jvp_g), ins)

@@ -1,6 +1,9 @@
-"""Linear algebra ops: matmul (NumPy ``matmul`` semantics) and dot_general (JAX order).
+"""Linear algebra ops: matmul (NumPy ``matmul`` semantics), dot_general (JAX order), the
+seed's dense_solve / batched_dense_solve (LU solves), grouped_matmul (the MoE GEMM) and
+lora_matmul (a linear layer with a LoRA adapter).
 
-Both inputs must share a dtype (bool is rejected). Low-precision floats (f16, bf16, fp8)
+The operands of an op share one dtype (bool is rejected; the solves, grouped_matmul and
+lora_matmul take floats only, grouped_matmul's expert ids are integers). Low-precision floats (f16, bf16, fp8)
 are multiplied and accumulated in f32, then rounded once to the node's dtype; integer
 inputs accumulate in i64 and wrap to the node's dtype, as NumPy's ``astype`` does.
 Batch and row dims may be symbolic; contracted dims must match exactly (a symbol matches
@@ -15,14 +18,23 @@ from typing import ClassVar
 
 import numpy as np
 
-from rlx.errors import ShapeError
+from rlx.errors import InputError, ShapeError
 from rlx.ir import source
 from rlx.ir.mir import Graph, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import Binary, BinaryKind
 from rlx.shape import Dim, Shape, broadcast_dims
 
-__all__ = ["MatMul", "DotGeneral", "upcast", "accumulate"]
+__all__ = [
+    "MatMul",
+    "DotGeneral",
+    "DenseSolve",
+    "BatchedDenseSolve",
+    "GroupedMatMul",
+    "LoraMatMul",
+    "upcast",
+    "accumulate",
+]
 
 
 def upcast(x: np.ndarray) -> np.ndarray:
@@ -182,6 +194,188 @@ class DotGeneral(Op):
         return np.matmul(at, bt).reshape(ctx.out_dims).astype(ctx.out_dtype)
 
 
+def _float_pair(op: Op, a: Shape, b: Shape, an: str, bn: str) -> None:
+    expect(a.dtype.is_float, op, f"{an} must be a float tensor, got {a}")
+    expect(b.dtype is a.dtype, op, f"{bn} {b} must have {an}'s dtype {a.dtype}")
+
+
+def _solve_wide(x: np.ndarray) -> np.ndarray:
+    """f32 / f64 as is; f16, bf16, fp8 widened to f32 (LAPACK's types)."""
+    return x if x.dtype in (np.float32, np.float64) else x.astype(np.float32)
+
+
+def singular_error(where: str = "") -> InputError:
+    """The error of a solve whose matrix is exactly singular (the node is named by the
+    caller: the interpreter and the executor prefix ``%id op:``)."""
+    return InputError(f"A{where} is singular (its LU factorization has a zero pivot): no solution")
+
+
+def solve_one(a: np.ndarray, b: np.ndarray, where: str = "") -> np.ndarray:
+    """``solve(a, b)`` for one [N, N] matrix and [N] or [N, K] right-hand side."""
+    try:
+        return np.linalg.solve(_solve_wide(a), _solve_wide(b))
+    except np.linalg.LinAlgError:
+        raise singular_error(where) from None
+
+
+@register
+class DenseSolve(Op):
+    """``x = A^-1 b`` by LU factorization with partial pivoting (LAPACK ``gesv``).
+    Inputs ``A [N, N]`` and ``b [N]`` or ``[N, K]`` (several right-hand sides), both of
+    one float dtype; output ``x`` shaped like ``b``. f16/bf16 are solved in f32.
+
+    An exactly singular ``A`` (a zero pivot) is an InputError at run time naming the node;
+    a nearly singular one gives LAPACK's large or non-finite values, with no error."""
+
+    mnemonic: ClassVar[str] = "dense_solve"
+    arity: ClassVar[int] = 2
+    kind: ClassVar[OpKind] = OpKind.COMPUTE
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        a, b = ins
+        _float_pair(self, a, b, "A", "b")
+        expect(a.rank == 2 and a.dims[0] == a.dims[1], self, f"A must be square [N, N], got {a}")
+        expect(
+            b.rank in (1, 2) and b.dims[0] == a.dims[0],
+            self,
+            f"b must be [N] or [N, K] with N = {a.dims[0]} (A is {a}), got {b}",
+        )
+        return b
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        return solve_one(xs[0], xs[1]).astype(ctx.out_dtype)
+
+
+@register
+class BatchedDenseSolve(Op):
+    """One :class:`DenseSolve` per batch index: ``A [*batch, N, N]`` with ``b
+    [*batch, N]`` (one right-hand side each) or ``[*batch, N, K]``; output shaped like
+    ``b``. Batch dims (at least one) must be equal: no broadcasting. A singular ``A[i]``
+    is an InputError naming the batch index ``i``."""
+
+    mnemonic: ClassVar[str] = "batched_dense_solve"
+    arity: ClassVar[int] = 2
+    kind: ClassVar[OpKind] = OpKind.COMPUTE
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        a, b = ins
+        _float_pair(self, a, b, "A", "b")
+        expect(
+            a.rank >= 3 and a.dims[-1] == a.dims[-2],
+            self,
+            f"A must be [*batch, N, N] with at least one batch dim, got {a}",
+        )
+        batch, n = a.dims[:-2], a.dims[-1]
+        vec = b.rank == a.rank - 1 and b.dims == (*batch, n)
+        mat = b.rank == a.rank and b.dims[:-1] == (*batch, n)
+        expect(
+            vec or mat,
+            self,
+            f"b must be [*batch, N] or [*batch, N, K] with batch {list(batch)} and N = {n} "
+            f"(A is {a}), got {b}",
+        )
+        return b
+
+    def is_vector(self, a: np.ndarray, b: np.ndarray) -> bool:
+        """True when ``b`` holds one right-hand side per batch index."""
+        return b.ndim == a.ndim - 1
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        a, b = xs
+        a2 = a.reshape(-1, *a.shape[-2:])
+        b2 = b.reshape(a2.shape[0], a.shape[-1], -1)  # [batch, N, K]
+        out = np.empty(b2.shape, ctx.out_dtype)
+        for i in range(a2.shape[0]):
+            where = "[" + ", ".join(str(int(j)) for j in np.unravel_index(i, a.shape[:-2])) + "]"
+            out[i] = solve_one(a2[i], b2[i], where)
+        return out.reshape(b.shape)
+
+
+@register
+class GroupedMatMul(Op):
+    """The MoE GEMM: ``out[i] = x[i] @ weight[expert_idx[i]]``. Inputs ``x [M, K]``,
+    ``weight [E, K, N]`` (the stacked expert weights, x's float dtype) and ``expert_idx
+    [M]`` (an integer expert id per token, in ``[0, E)``: another id is an InputError at
+    run time). Output ``[M, N]``; f16/bf16 accumulate in f32."""
+
+    mnemonic: ClassVar[str] = "grouped_matmul"
+    arity: ClassVar[int] = 3
+    kind: ClassVar[OpKind] = OpKind.COMPUTE
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        x, w, idx = ins
+        _float_pair(self, x, w, "x", "weight")
+        expect(x.rank == 2, self, f"x must be [M, K], got {x}")
+        expect(w.rank == 3, self, f"weight must be [E, K, N] (stacked experts), got {w}")
+        expect(
+            w.dims[1] == x.dims[1],
+            self,
+            f"contracted dims differ: x {x} has K={x.dims[1]}, weight {w} has K={w.dims[1]}",
+        )
+        expect(
+            idx.dtype.is_int and idx.dims == (x.dims[0],),
+            self,
+            f"expert_idx must be an integer [M] = [{x.dims[0]}], got {idx}",
+        )
+        return Shape((x.dims[0], w.dims[2]), x.dtype)
+
+    def check_ids(self, idx: np.ndarray, experts: int) -> None:
+        """InputError unless every id lies in ``[0, experts)``."""
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= experts):
+            bad = idx[(idx < 0) | (idx >= experts)]
+            raise InputError(
+                f"expert_idx holds {int(bad[0])}, outside [0, {experts}) "
+                f"(weight has {experts} experts)"
+            )
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        x, w, idx = upcast(xs[0]), upcast(xs[1]), xs[2]
+        self.check_ids(idx, w.shape[0])
+        out = np.zeros((x.shape[0], w.shape[2]), x.dtype)
+        for e in np.unique(idx):
+            rows = idx == e
+            out[rows] = x[rows] @ w[e]
+        return out.astype(ctx.out_dtype)
+
+
+@register
+class LoraMatMul(Op):
+    """``x @ w + scale * ((x @ a) @ b)``: a linear layer with a LoRA adapter of rank
+    ``R``. Inputs ``x [..., K]``, ``w [K, N]``, ``a [K, R]``, ``b [R, N]``, one float
+    dtype; output ``[..., N]``. ``scale`` is the adapter's ``alpha / R``; f16/bf16
+    accumulate in f32."""
+
+    mnemonic: ClassVar[str] = "lora_matmul"
+    arity: ClassVar[int] = 4
+    kind: ClassVar[OpKind] = OpKind.COMPUTE
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scale", float(self.scale))
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        x, w, a, b = ins
+        for nm, s in (("w", w), ("a", a), ("b", b)):
+            _float_pair(self, x, s, "x", nm)
+            expect(s.rank == 2, self, f"{nm} must be 2-D, got {s}")
+        expect(math.isfinite(self.scale), self, f"scale must be finite, got {self.scale}")
+        expect(x.rank >= 1, self, f"x must be [..., K], got {x}")
+        k = x.dims[-1]
+        expect(w.dims[0] == k, self, f"w must be [K, N] with K = {k} (x is {x}), got {w}")
+        expect(a.dims[0] == k, self, f"a must be [K, R] with K = {k} (x is {x}), got {a}")
+        expect(
+            b.dims == (a.dims[1], w.dims[1]),
+            self,
+            f"b must be [R, N] = [{a.dims[1]}, {w.dims[1]}] (a is {a}, w is {w}), got {b}",
+        )
+        return Shape((*x.dims[:-1], w.dims[1]), x.dtype)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        x, w, a, b = (upcast(t) for t in xs)
+        y = x @ w + x.dtype.type(self.scale) * ((x @ a) @ b)
+        return y.astype(ctx.out_dtype)
+
+
 # ---- builder conveniences ---------------------------------------------------------
 
 
@@ -226,3 +420,23 @@ def linear(g: Graph, x: NodeId, w: NodeId, b: NodeId | None = None) -> NodeId:
     if b is None:
         return y
     return g.apply(Binary(BinaryKind.ADD), [y, b])
+
+
+@graph_method
+def dense_solve(g: Graph, a: NodeId, b: NodeId) -> NodeId:
+    """``x`` with ``A x = b``: :class:`DenseSolve` for ``A [N, N]``,
+    :class:`BatchedDenseSolve` for ``A [*batch, N, N]``."""
+    op: Op = DenseSolve() if g.shape(a).rank == 2 else BatchedDenseSolve()
+    return g.apply(op, [a, b])
+
+
+@graph_method
+def grouped_matmul(g: Graph, x: NodeId, weight: NodeId, expert_idx: NodeId) -> NodeId:
+    """``out[i] = x[i] @ weight[expert_idx[i]]`` (see :class:`GroupedMatMul`)."""
+    return g.apply(GroupedMatMul(), [x, weight, expert_idx])
+
+
+@graph_method
+def lora_matmul(g: Graph, x: NodeId, w: NodeId, a: NodeId, b: NodeId, scale: float = 1.0) -> NodeId:
+    """``x @ w + scale * (x @ a) @ b`` (see :class:`LoraMatMul`)."""
+    return g.apply(LoraMatMul(float(scale)), [x, w, a, b])

@@ -1,5 +1,7 @@
 """Recurrent ops: the gated delta rule of Gated DeltaNet (Yang et al. 2024, the linear
-attention layers of Qwen3-Next).
+attention layers of Qwen3-Next) and Mamba's selective scan (:class:`SelectiveScan`, whose
+docstring gives its layouts and recurrence). Both are reductions over the sequence axis
+for the precision pass, as in the seed.
 
 Layouts (``B`` batch, ``T`` sequence, ``H`` heads, ``K = state_size`` key dim, ``V`` value
 dim), the same as the Hugging Face / flash-linear-attention reference implementations:
@@ -42,7 +44,7 @@ from rlx.ir.mir import Graph, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.shape import Shape
 
-__all__ = ["GatedDeltaNet", "GdnResult", "gated_delta_rule"]
+__all__ = ["GatedDeltaNet", "GdnResult", "gated_delta_rule", "SelectiveScan", "selective_scan_ref"]
 
 
 class GdnResult(enum.Enum):
@@ -157,3 +159,132 @@ def gated_delta_net(
     op = GatedDeltaNet(state_size, carry=state is not None, returns=returns)
     ins = [q, k, v, g, beta] + ([state] if state is not None else [])
     return graph.apply(op, ins)
+
+
+# ---- selective scan (Mamba) --------------------------------------------------------------
+
+
+def selective_scan_ref(
+    x: np.ndarray,
+    delta: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    c: np.ndarray,
+    d: np.ndarray | None = None,
+    z: np.ndarray | None = None,
+    delta_bias: np.ndarray | None = None,
+    delta_softplus: bool = False,
+) -> np.ndarray:
+    """Mamba's selective scan over axis 1 in the wider of f32 and the input dtype.
+
+    In: ``x``, ``delta``, ``z`` ``[B, S, H]``; ``a`` ``[H, N]``; ``b``, ``c`` ``[B, S, N]``;
+    ``d``, ``delta_bias`` ``[H]``. Out: ``y [B, S, H]`` (see :class:`SelectiveScan`)."""
+    wide = np.float64 if x.dtype == np.float64 else np.float32
+    x, delta, a, b, c = (np.asarray(t, dtype=wide) for t in (x, delta, a, b, c))
+    if delta_bias is not None:
+        delta = delta + np.asarray(delta_bias, dtype=wide)
+    if delta_softplus:
+        delta = np.logaddexp(delta, wide(0))
+    bs, s, h = x.shape
+    n = a.shape[1]
+    state = np.zeros((bs, h, n), wide)
+    y = np.empty((bs, s, h), wide)
+    for t in range(s):
+        dt = delta[:, t, :, None]  # [B, H, 1]
+        state = np.exp(dt * a) * state + dt * b[:, t, None, :] * x[:, t, :, None]
+        y[:, t] = np.einsum("bhn,bn->bh", state, c[:, t])
+    if d is not None:
+        y = y + x * np.asarray(d, dtype=wide)
+    if z is not None:
+        zz = np.asarray(z, dtype=wide)
+        y = y * (zz / (1 + np.exp(-zz)))
+    return y
+
+
+@register
+class SelectiveScan(Op):
+    """Mamba's selective scan (the seed's ``SelectiveScan``, ``mamba_ssm``'s
+    ``selective_scan_ref`` with a real ``A`` and ``B``/``C`` shared by every channel).
+
+    Inputs ``(x, delta, a, b, c[, d][, z][, delta_bias])``, the optional ones present when
+    ``has_d`` / ``has_z`` / ``has_delta_bias``: ``x``, ``delta``, ``z`` ``[B, S, H]``
+    (batch, sequence, channels); ``a`` ``[H, N]`` (``N = state_size``); ``b``, ``c``
+    ``[B, S, N]``; ``d``, ``delta_bias`` ``[H]``. With ``dt = delta (+ delta_bias)``, then
+    ``softplus(dt)`` when ``delta_softplus``, and a state ``h [B, H, N]`` starting at zero::
+
+        h_t = exp(dt_t * a) * h_{t-1} + dt_t * b_t * x_t      (per channel and state)
+        y_t = sum_n c_t[n] * h_t[:, n]  (+ d * x_t)  (* silu(z_t))
+
+    Output ``y [B, S, H]`` in x's dtype (f16/bf16 computed in f32)."""
+
+    mnemonic: ClassVar[str] = "selective_scan"
+    kind: ClassVar[OpKind] = OpKind.REDUCTION
+    state_size: int
+    has_d: bool = False
+    has_z: bool = False
+    has_delta_bias: bool = False
+    delta_softplus: bool = False
+
+    def num_inputs(self) -> int:
+        return 5 + self.has_d + self.has_z + self.has_delta_bias
+
+    def optional_inputs(self, xs: Sequence[object]) -> tuple[object, object, object]:
+        """``(d, z, delta_bias)`` from the input list, None where absent."""
+        rest = iter(xs[5:])
+        d = next(rest) if self.has_d else None
+        z = next(rest) if self.has_z else None
+        bias = next(rest) if self.has_delta_bias else None
+        return d, z, bias
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        x, delta, a, b, c = ins[:5]
+        n = self.state_size
+        expect(isinstance(n, int) and n > 0, self, f"state_size must be > 0, got {n}")
+        expect(x.dtype.is_float and x.rank == 3, self, f"x must be a float [B, S, H], got {x}")
+        d, z, bias = self.optional_inputs(ins)
+        named = [("delta", delta), ("a", a), ("b", b), ("c", c)]
+        named += [(nm, s) for nm, s in (("d", d), ("z", z), ("delta_bias", bias)) if s]
+        for nm, s in named:
+            expect(s.dtype is x.dtype, self, f"{nm} {s} must have x's dtype {x.dtype}")  # type: ignore[union-attr]
+        bsz, seq, h = x.dims
+        expect(delta.dims == x.dims, self, f"delta {delta} must be [B, S, H] like x {x}")
+        expect(a.dims == (h, n), self, f"a must be [H, N] = [{h}, {n}], got {a}")
+        for nm, s in (("b", b), ("c", c)):
+            expect(
+                s.dims == (bsz, seq, n),
+                self,
+                f"{nm} must be [B, S, N] = [{bsz},{seq},{n}], got {s}",
+            )
+        if z is not None:
+            expect(z.dims == x.dims, self, f"z {z} must be [B, S, H] like x {x}")  # type: ignore[attr-defined]
+        for nm, s in (("d", d), ("delta_bias", bias)):
+            if s is not None:
+                expect(s.dims == (h,), self, f"{nm} must be [H] = [{h}], got {s}")  # type: ignore[attr-defined]
+        return x
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        d, z, bias = self.optional_inputs(xs)
+        y = selective_scan_ref(*xs[:5], d, z, bias, self.delta_softplus)  # type: ignore[arg-type]
+        return y.astype(ctx.out_dtype)
+
+
+@graph_method
+def selective_scan(
+    graph: Graph,
+    x: NodeId,
+    delta: NodeId,
+    a: NodeId,
+    b: NodeId,
+    c: NodeId,
+    d: NodeId | None = None,
+    z: NodeId | None = None,
+    delta_bias: NodeId | None = None,
+    delta_softplus: bool = False,
+) -> NodeId:
+    """Mamba selective scan ``y [B, S, H]`` (see :class:`SelectiveScan`); the state size
+    is a's last dim."""
+    ad = graph.shape(a).dims
+    n = int(ad[-1]) if len(ad) == 2 and isinstance(ad[-1], int) else 0
+    opt = [t for t in (d, z, delta_bias) if t is not None]
+    op = SelectiveScan(n, d is not None, z is not None, delta_bias is not None, delta_softplus)
+    return graph.apply(op, [x, delta, a, b, c, *opt])

@@ -232,6 +232,73 @@ def _while(g: rlx.Graph) -> object:
     return g.while_loop(cond, body, [x, g.constant(np.int32(0))], max_iterations=10)
 
 
+def _seed_cases() -> list[Case]:
+    """The seed's ops of ``tests/ops/test_seed_ops.py`` (kernels in kernels_seed.py)."""
+
+    def scan(g: rlx.Graph) -> object:
+        x, dt, z = (g.input(n, (2, 4, 3)) for n in ("x", "dt", "z"))
+        a = g.neg(g.abs(g.input("a", (3, 5))))
+        b, c = g.input("b", (2, 4, 5)), g.input("c", (2, 4, 5))
+        d, bias = g.input("d", (3,)), g.input("bias", (3,))
+        return g.selective_scan(x, dt, a, b, c, d=d, z=z, delta_bias=bias, delta_softplus=True)
+
+    def solve(g: rlx.Graph, batch: tuple[int, ...], rhs: tuple[int, ...]) -> object:
+        a = g.add(g.input("a", (*batch, 4, 4)), g.constant(np.eye(4, dtype=np.float32) * 6))
+        return g.dense_solve(a, g.input("b", (*batch, 4, *rhs)))
+
+    def qconv(g: rlx.Graph) -> object:
+        xq = g.cast(g.input("x", (2, 4, 5, 5), "i32"), "i8")
+        wq = g.constant(np.random.default_rng(3).integers(-127, 128, (4, 2, 3, 3)).astype(np.int8))
+        return g.qconv2d(
+            xq,
+            wq,
+            0.05,
+            (0.01, 0.02, 0.03, 0.04),
+            1,
+            g.input("b", (4,)),
+            stride=2,
+            padding=1,
+            groups=2,
+        )
+
+    def custom_fn(g: rlx.Graph) -> object:
+        return g.custom_fn(
+            [g.input("x", (3, 4)), g.input("y", (4,))], lambda s, a, b: s.mul(s.tanh(a), b)
+        )
+
+    return [
+        Case("selective_scan", scan, loose=True),
+        Case("dense_solve", lambda g: solve(g, (), (2,)), loose=True),
+        Case("batched_dense_solve", lambda g: solve(g, (3,), ()), loose=True),
+        Case(
+            "grouped_matmul",
+            lambda g: g.grouped_matmul(
+                g.input("x", (6, 5)), g.input("w", (4, 5, 3)), g.input("i", (6,), "i32")
+            ),
+            loose=True,
+        ),
+        Case(
+            "lora_matmul_bf16",
+            lambda g: g.lora_matmul(
+                *(
+                    g.input(n, s, "bf16")
+                    for n, s in (("x", (2, 3, 6)), ("w", (6, 5)), ("a", (6, 2)), ("b", (2, 5)))
+                ),
+                scale=0.5,
+            ),
+        ),
+        Case("qconv2d", qconv),
+        Case(
+            "sample",
+            lambda g: g.sample(g.input("x", (4, 9)), 0.8, 3, 0.9, 17, g.input("o", (), "i64")),
+        ),
+        Case("custom_fn", custom_fn),
+    ]
+
+
+SEED_CASES = _seed_cases()
+
+
 CASES: list[Case] = [
     *(_unary(k) for k in UnaryKind),
     *(_unary(k, "f16") for k in (UnaryKind.GELU, UnaryKind.EXP, UnaryKind.SILU)),
@@ -568,6 +635,7 @@ CASES: list[Case] = [
     ),
     Case("gated_delta_net", _gdn, loose=True),
     Case("custom", _custom),
+    *SEED_CASES,
 ]
 
 

@@ -1,0 +1,196 @@
+"""Every op's precision class (``Op.kind``) is the seed's.
+
+The table below is copied from ``op_kind`` in the seed's ``rlx-compile/src/precision.rs``
+(/work/shared/seeds/rlx-compile.precision.rs.txt): seed variant -> rlx mnemonic -> kind.
+Seed variants rlx does not have (backward ops, fused GPU blocks, GGUF MoE ops) map to None
+and are skipped. Ops that rlx has and the seed's lists do not name are listed in
+``RLX_ONLY`` with the class rlx gives them, so a new built-in op fails this test until
+someone classifies it. Then the precision pass is checked to act on the changed classes
+(GatedDeltaNet: a reduction, kept f32 by AutoMixedConservative; FusedSwiGLU: elementwise).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rlx  # noqa: F401  (registers every built-in op)
+from rlx.dtype import DType
+from rlx.ir.mir import Graph
+from rlx.ops import OPS, OpKind
+from rlx.passes.precision import AutoMixedPrecision, Precision, PrecisionPolicy
+
+C, R, E, D, B = (
+    OpKind.COMPUTE,
+    OpKind.REDUCTION,
+    OpKind.ELEMENTWISE,
+    OpKind.DATA_MOVEMENT,
+    OpKind.BOUNDARY,
+)
+
+# seed Op variant: (rlx mnemonic or None, the seed's OpKind), in the seed's order
+SEED: dict[str, tuple[str | None, OpKind]] = {
+    "MatMul": ("matmul", C),
+    "FusedMatMulBiasAct": ("fused_matmul_bias_act", C),
+    "Conv": ("conv", C),
+    "DotGeneral": ("dot_general", C),
+    "DenseSolve": ("dense_solve", C),
+    "BatchedDenseSolve": ("batched_dense_solve", C),
+    "Attention": ("attention", C),
+    "FusedTransformerLayer": (None, C),
+    "GroupedMatMul": ("grouped_matmul", C),
+    "DequantGroupedMatMul": (None, C),
+    "DequantMoEWeights": (None, C),
+    "LoraMatMul": ("lora_matmul", C),
+    "DequantMatMul": ("dequant_matmul", C),
+    "QMatMul": ("qmatmul", C),
+    "QConv2d": ("qconv2d", C),
+    "Conv2dBackwardInput": (None, C),
+    "Conv2dBackwardWeight": (None, C),
+    "AttentionBackward": (None, C),
+    "LayerNorm": ("layer_norm", R),
+    "RmsNorm": ("rms_norm", R),
+    "Softmax": ("softmax", R),
+    "FusedResidualLN": ("fused_residual_layer_norm", R),
+    "FusedResidualRmsNorm": ("fused_residual_rms_norm", R),
+    "Reduce": ("reduce", R),
+    "Cumsum": ("cumsum", R),
+    "Sample": ("sample", R),
+    "SelectiveScan": ("selective_scan", R),
+    "GatedDeltaNet": ("gated_delta_net", R),
+    "SoftmaxCrossEntropyWithLogits": (None, R),
+    "SoftmaxCrossEntropyBackward": (None, R),
+    "LayerNormBackwardInput": (None, R),
+    "LayerNormBackwardGamma": (None, R),
+    "GroupNorm": ("group_norm", R),
+    "Activation": ("unary", E),
+    "Binary": ("binary", E),
+    "FusedSwiGLU": ("fused_swiglu", E),
+    "Compare": ("compare", E),
+    "Where": ("where", E),
+    "ElementwiseRegion": ("elementwise_region", E),
+    "Quantize": ("quantize", E),
+    "Dequantize": ("dequantize", E),
+    "FakeQuantize": ("fake_quantize", E),
+    "FakeQuantizeBackward": (None, E),
+    "FakeQuantizeLSQ": (None, E),
+    "FakeQuantizeLSQBackwardX": (None, E),
+    "FakeQuantizeLSQBackwardScale": (None, E),
+    "ReluBackward": (None, E),
+    "ActivationBackward": (None, E),
+    "ComplexNormSq": (None, E),
+    "ComplexNormSqBackward": (None, E),
+    "Conjugate": (None, E),
+    "Gather": ("gather", D),
+    "Narrow": ("narrow", D),
+    "Reshape": ("reshape", D),
+    "Transpose": ("transpose", D),
+    "Concat": ("concat", D),
+    "Expand": ("expand", D),
+    "Cast": ("cast", D),
+    "Rope": ("rope", D),
+    "Pool": ("pool", D),
+    "FusedAttentionBlock": (None, D),
+    "TopK": ("topk", D),
+    "ScatterAdd": ("scatter_add", D),
+    "MaxPool2dBackward": (None, D),
+    "ResizeNearest2x": (None, D),
+    "AxialRope2d": (None, D),
+    "Input": ("input", B),
+    "Param": ("param", B),
+    "Constant": ("constant", B),
+    "If": ("if", D),
+    "While": ("while", D),
+    "Custom": ("custom", C),
+    "Scan": ("scan", C),
+    "ScanBackward": (None, C),
+    "ScanBackwardXs": (None, C),
+    "CustomFn": ("custom_fn", C),
+    "Fft": ("fft", C),
+}
+
+# rlx ops the seed's lists do not name (the seed would give them its `_ => Compute`
+# default), with rlx's class and why. argmax/argmin produce integers, which the precision
+# pass never retypes, so their class changes nothing.
+RLX_ONLY: dict[str, tuple[OpKind, str]] = {
+    "argmax": (R, "an index reduction; integer output, never retyped"),
+    "argmin": (R, "an index reduction; integer output, never retyped"),
+    "log_softmax": (R, "softmax's log form: the seed's Softmax is a reduction"),
+    "pad": (D, "copies values into a larger buffer, like Concat"),
+    "slice": (D, "a strided Narrow"),
+}
+
+BUILTIN = {m: c for m, c in OPS.items() if c.__module__.startswith("rlx.ops.")}
+PINNED = [(name, m, k) for name, (m, k) in SEED.items() if m is not None]
+
+
+@pytest.mark.parametrize(("seed_name", "mnemonic", "kind"), PINNED, ids=[p[0] for p in PINNED])
+def test_op_kind_is_the_seeds(seed_name, mnemonic, kind):
+    assert mnemonic in OPS, f"the seed's {seed_name} has no rlx op {mnemonic!r}"
+    assert OPS[mnemonic].kind is kind, (
+        f"{seed_name} ({mnemonic!r}) is {OPS[mnemonic].kind.name} in rlx, "
+        f"the seed's precision pass says {kind.name}"
+    )
+
+
+def test_every_builtin_op_is_classified():
+    seeded = {m for m, _ in SEED.values() if m is not None}
+    unknown = sorted(set(BUILTIN) - seeded - set(RLX_ONLY))
+    assert not unknown, (
+        f"built-in ops {unknown} are neither in the seed's table nor in RLX_ONLY: "
+        "give each its precision class here"
+    )
+    assert not seeded & set(RLX_ONLY)
+    wrong = {m: (OPS[m].kind, k) for m, (k, _) in RLX_ONLY.items() if OPS[m].kind is not k}
+    assert not wrong, f"rlx-only ops whose class changed: {wrong}"
+
+
+def _gdn_graph() -> Graph:
+    g = Graph("gdn")
+    q, k, v = (g.input(n, (1, 3, 2, 4)) for n in "qkv")
+    gate, beta = g.input("g", (1, 3, 2)), g.input("beta", (1, 3, 2))
+    g.set_outputs(g.gated_delta_net(q, k, v, gate, beta))
+    return g
+
+
+@pytest.mark.parametrize(
+    ("policy", "want"),
+    [
+        (PrecisionPolicy.AutoMixedConservative, DType.F32),  # reductions stay f32
+        (PrecisionPolicy.AutoMixed, DType.F16),
+        (PrecisionPolicy.AutoMixedBf16, DType.BF16),
+    ],
+)
+def test_gated_delta_net_runs_at_the_reduction_precision(policy, want):
+    out = AutoMixedPrecision(policy).run(_gdn_graph())
+    (node,) = [n for n in out.nodes if n.op.mnemonic == "gated_delta_net"]
+    assert node.dtype is want
+
+
+def test_custom_policy_treats_swiglu_as_elementwise_and_gdn_as_reduction():
+    g = Graph("g")
+    x = g.input("x", (2, 4))
+    y = g.fused_swiglu(x, g.param("wg", (4, 3)), g.param("wu", (4, 3)))
+    g.set_outputs(g.matmul(y, g.param("w2", (3, 2))))
+    pol = PrecisionPolicy.Custom({OpKind.ELEMENTWISE: Precision.BF16})
+    out = AutoMixedPrecision(pol).run(g)
+    dtypes = {n.op.mnemonic: n.dtype for n in out.nodes if n.op.mnemonic != "cast"}
+    assert dtypes["fused_swiglu"] is DType.BF16 and dtypes["matmul"] is DType.F32
+
+    pol = PrecisionPolicy.Custom({OpKind.REDUCTION: Precision.F16})
+    out = AutoMixedPrecision(pol).run(_gdn_graph())
+    (node,) = [n for n in out.nodes if n.op.mnemonic == "gated_delta_net"]
+    assert node.dtype is DType.F16
+
+
+def test_conservative_gated_delta_net_matches_f32_exactly():
+    """Kept in f32 under AutoMixedConservative, the scan gives the f32 result bit for bit
+    (in f16 it would not)."""
+    g = _gdn_graph()
+    rng = np.random.default_rng(0)
+    feed = {n: rng.standard_normal((1, 3, 2, 4)).astype(np.float32) for n in "qkv"}
+    feed["g"] = -np.abs(rng.standard_normal((1, 3, 2))).astype(np.float32)
+    feed["beta"] = rng.uniform(0, 1, (1, 3, 2)).astype(np.float32)
+    want = g.evaluate(feed)[0]
+    got = AutoMixedPrecision(PrecisionPolicy.AutoMixedConservative).run(g).evaluate(feed)[0]
+    np.testing.assert_array_equal(got, want)
