@@ -241,14 +241,19 @@ def test_int_matmul_wraps_like_numpy(dt, sa, sb):
     assert _schedule_allocations(cg, {"a": a, "b": b}) < 4096
 
 
-def test_int8_matmul_takes_the_exact_blas_path_and_i32_the_integer_loop():
+def test_int_matmul_paths_in_the_report():
+    """int8: one exact f64 product; int32: four exact products of 16-bit halves; int64:
+    NumPy's integer loop."""
     a = RNG.integers(-128, 128, (4, 8)).astype(np.int8)
-    _, _, cg = _check(lambda g, a, b: g.matmul(a, b), a=a, b=a.T.copy())
-    rec = [k for k in cg.report().kernels if k.op == "matmul"][0]
-    assert rec.kind is KernelKind.BLAS and "f64 BLAS" in " ".join(rec.notes)
-    a32 = a.astype(np.int32) * 70000
-    _, _, cg = _check(lambda g, a, b: g.matmul(a, b), a=a32, b=a32.T.copy())
-    assert [k for k in cg.report().kernels if k.op == "matmul"][0].kind is KernelKind.NUMPY
+    for dt, kind, note in (
+        (np.int8, KernelKind.BLAS, "exact below 2**53"),
+        (np.int32, KernelKind.BLAS, "16-bit halves"),
+        (np.int64, KernelKind.NUMPY, ""),
+    ):
+        x = a.astype(dt) * (70001 if dt != np.int8 else 1)
+        _, _, cg = _check(lambda g, a, b: g.matmul(a, b), a=x, b=x.T.copy())
+        rec = [k for k in cg.report().kernels if k.op == "matmul"][0]
+        assert rec.kind is kind and note in " ".join(rec.notes)
 
 
 @pytest.mark.parametrize("dt", [np.int16, np.int32])

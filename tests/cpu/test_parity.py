@@ -680,7 +680,7 @@ FAST = {
     "gather": KernelKind.NUMPY,
     # one generated C loop (kernels_region.py) where gcc is installed
     "elementwise_region": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
-    "matmul_i32": KernelKind.NUMPY,  # i64 accumulation in NumPy's integer loop
+    "matmul_i32": KernelKind.BLAS,  # exact f64 products of 16-bit halves
     "cumsum": KernelKind.NUMPY,
     "cumsum_exclusive_i32": KernelKind.NUMPY,
     "argmin": KernelKind.NUMPY,
