@@ -249,19 +249,26 @@ class HirModule:
         k: HirNodeId,
         v: HirNodeId,
         mask: HirNodeId | None = None,
-        *,
-        num_heads: int,
-        head_dim: int,
+        num_heads: int | None = None,
+        head_dim: int | None = None,
         mask_kind: Any = None,
+        out_shape: Shape | None = None,
+        *,
         num_kv_heads: int | None = None,
         scale: float | None = None,
-        out_shape: Shape | None = None,
     ) -> HirNodeId:
         """Multi-head (grouped-query when ``num_kv_heads < num_heads``) attention.
         ``mask_kind`` is a MaskKind (default: none, or custom when ``mask`` is given);
-        a custom ``mask`` is additive, broadcastable to ``[B, H, Sq, Skv]``."""
+        a custom ``mask`` is additive, broadcastable to ``[B, H, Sq, Skv]``. The seed's
+        positional form ``attention(q, k, v, mask, num_heads, head_dim, mask_kind,
+        out_shape)`` works as well as keywords; ``num_heads`` and ``head_dim`` are required."""
         from rlx.ops.nn import MaskKind
 
+        if num_heads is None or head_dim is None:
+            raise ShapeError(
+                f"attention block %{len(self.nodes)} of HIR module {self.name!r}: num_heads and "
+                f"head_dim are required, given num_heads={num_heads!r}, head_dim={head_dim!r}"
+            )
         if mask_kind is None:
             mask_kind = MaskKind.custom() if mask is not None else MaskKind.none()
         block = AttentionBlock(

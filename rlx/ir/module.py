@@ -8,8 +8,13 @@ gives MIR, ``into_graph()`` the MIR Graph). Stages::
 
 HIR builder methods (``input``, ``param``, ``linear``, ``attention``, ...) are forwarded
 to the HirModule at HIR stage; ``input`` and ``param`` also build MIR nodes at MIR stage.
-Calling a method at a stage that does not support it raises StageError saying which
-stage is needed and how to get there (the Rust original panics).
+At MIR stage every other ``Graph`` method is reachable from the module too, as the seed's
+``Deref<Target = Graph>`` makes it (``mm = GraphModule.mir("m"); y = mm.matmul(x, w)``):
+builders (``matmul``, ``add``, ``apply``, ...) at MIR stage only, queries (``nodes``,
+``find``, ``shape``, ...) at MIR and LIR stage. The seed's other names map one to one:
+``from_mir``, ``block``, ``set_hir_outputs``, ``finish_hir``, ``into_hir``, ``into_mir``,
+``into_lir``, ``as_mir``. Calling a method at a stage that does not support it raises
+StageError saying which stage is needed and how to get there (the Rust original panics).
 """
 
 from __future__ import annotations
@@ -17,11 +22,28 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rlx.errors import StageError
 from rlx.ir.hir import FusionPolicy, HirModule, HirNodeId
 from rlx.ir.mir import Graph
+
+T = TypeVar("T")
+
+# Graph methods that add nodes or change outputs (besides the builders attached by the op
+# modules with @graph_method, recognised by their module): refused at LIR stage.
+_GRAPH_MUTATORS = frozenset({"apply", "add_node", "set_outputs", "sym", "input", "param"})
+# Graph instance attributes (not on the class) reachable the same way.
+_GRAPH_FIELDS = frozenset({"nodes", "outputs", "sym_bounds"})
+
+
+def _is_graph_builder(name: str) -> bool:
+    """Whether ``Graph.<name>`` adds nodes (a @graph_method builder or a mutator)."""
+    attr = getattr(Graph, name, None)
+    if name in _GRAPH_MUTATORS:
+        return True
+    return callable(attr) and getattr(attr, "__module__", "rlx.ir.mir") != "rlx.ir.mir"
+
 
 __all__ = ["GraphModule", "GraphStage"]
 
@@ -113,6 +135,28 @@ class GraphModule:
         return cls(graph)
 
     @classmethod
+    def from_mir(cls, mir: Graph) -> GraphModule:
+        """A MIR-stage module around ``mir`` (the seed's ``MirModule`` is rlx's Graph; the
+        same as :meth:`from_graph`)."""
+        if not isinstance(mir, Graph):
+            raise StageError(f"from_mir needs a MIR Graph, got {type(mir).__name__}")
+        return cls(mir)
+
+    @staticmethod
+    def block(hir: HirModule | GraphModule, name: str, build: Callable[[HirModule], T]) -> T:
+        """Run ``build(hir)`` inside the name scope ``name`` (params built there are named
+        ``<name>.<param>``) and return what it returns, as ``HirModule.named`` does.
+        ``hir`` is a HirModule or a HIR-stage GraphModule."""
+        if isinstance(hir, GraphModule):
+            hir = hir._require(GraphStage.HIR, "block()")
+        if not isinstance(hir, HirModule):
+            raise StageError(
+                f"GraphModule.block needs a HirModule or a HIR-stage GraphModule, "
+                f"got {type(hir).__name__}"
+            )
+        return hir.named(name, build)
+
+    @classmethod
     def from_hir(cls, hir: HirModule) -> GraphModule:
         """A HIR-stage module around ``hir``."""
         if not isinstance(hir, HirModule):
@@ -175,6 +219,19 @@ class GraphModule:
             return GraphModule(self._value.lower_to_mir(policy))
         return self
 
+    def into_hir(self) -> HirModule | None:
+        """The HirModule at HIR stage, else None (the seed's ``into_hir``)."""
+        return self.as_hir()
+
+    def into_lir(self) -> Any | None:
+        """The LirModule at LIR stage, else None (the seed's ``into_lir``)."""
+        return self.as_lir()
+
+    def as_mir(self) -> Graph | None:
+        """The MIR graph at MIR stage, the planned graph at LIR stage, None at HIR stage
+        (no lowering; the seed's ``as_mir``, the same as :meth:`as_graph`)."""
+        return self.as_graph()
+
     def into_graph(self) -> Graph:
         """The MIR graph: lowered from HIR, as is at MIR, the planned graph at LIR."""
         if isinstance(self._value, HirModule):
@@ -226,6 +283,15 @@ class GraphModule:
             )
         self._value.set_outputs(outputs)
 
+    def set_hir_outputs(self, outputs: Iterable[HirNodeId] | HirNodeId) -> None:
+        """Declare the HIR outputs (node ids or one id); HIR stage only."""
+        self._require(GraphStage.HIR, "set_hir_outputs").set_outputs(outputs)
+
+    def finish_hir(self, output: Iterable[HirNodeId] | HirNodeId) -> GraphModule:
+        """Set the HIR output(s) and return self, to end a builder chain; HIR stage only."""
+        self.set_hir_outputs(output)
+        return self
+
     def hir_mir(self, op: Any, inputs: Iterable[int] = (), out_shape: Any = None) -> int:
         """HIR escape hatch: one MIR op as a HIR node (``HirModule.mir``); HIR stage only."""
         hir = self._require(GraphStage.HIR, "the HIR builder hir_mir()")
@@ -249,6 +315,41 @@ class GraphModule:
 
     def __str__(self) -> str:
         return self.inspect()
+
+    # ---- the MIR graph's own methods (the seed's Deref<Target = Graph>) --------------
+
+    if TYPE_CHECKING:
+        # Graph builders and queries (mm.matmul, mm.add, mm.find, ...) resolve at run time.
+        def __getattr__(self, name: str) -> Any: ...
+
+    else:
+
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("_") or not (hasattr(Graph, name) or name in _GRAPH_FIELDS):
+                raise AttributeError(f"'GraphModule' object has no attribute {name!r}")
+            stage = self.stage
+            builder = _is_graph_builder(name)
+            if stage is GraphStage.HIR:
+                raise StageError(
+                    f"GraphModule {self.name!r}: the Graph method {name}() needs MIR stage but "
+                    "the module is at HIR stage (call lower() first, or use the HIR builders)"
+                )
+            if stage is GraphStage.LIR and builder:
+                raise StageError(
+                    f"GraphModule {self.name!r}: the Graph builder {name}() cannot add nodes "
+                    "at LIR stage (the buffer plan is fixed); build at MIR stage"
+                )
+            return getattr(self.as_graph(), name)
+
+    def __dir__(self) -> list[str]:
+        names = set(super().__dir__())
+        if self.stage is GraphStage.MIR:
+            names |= {n for n in dir(Graph) if not n.startswith("_")} | _GRAPH_FIELDS
+        elif self.stage is GraphStage.LIR:
+            names |= _GRAPH_FIELDS | {
+                n for n in dir(Graph) if not n.startswith("_") and not _is_graph_builder(n)
+            }
+        return sorted(names)
 
     def __repr__(self) -> str:
         return f"<GraphModule {self.name!r} stage={self.stage.name} nodes={len(self)}>"

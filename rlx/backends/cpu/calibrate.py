@@ -4,7 +4,10 @@ In: a CompiledGraph whose outputs include the *taps* (the tensors to calibrate),
 batches of inputs. Out: per tap, a clipping threshold ``amax`` and the symmetric INT8
 scale ``max(amax / 127, 1e-6)`` (the floor avoids a zero scale on a flat tensor).
 
-Three calibrators share one interface (``step(inputs)``, ``amax()``, ``scales()``):
+Three calibrators share one interface (``step(inputs)``, ``amax()``, ``scales()``, and
+the seed's arena access: ``arena()`` / ``arena_mut()`` give the compiled graph's arena,
+``graph()`` the graph the taps belong to, and ``step()`` without inputs runs on what was
+written into the arena, as the seed's harness does):
 
 * :class:`Calibrator`: the running max-abs (the seed's behaviour: worst-case-correct for
   roughly zero-centred activations, but one outlier stretches the range);
@@ -38,11 +41,12 @@ from typing import Any
 import numpy as np
 
 from rlx.errors import QuantizationError
-from rlx.ir.mir import NodeId
+from rlx.ir.mir import Graph, NodeId
 from rlx.runtime.compiled import CompiledGraph
 
 __all__ = [
     "Calibrator",
+    "CalibrationArena",
     "PercentileCalibrator",
     "EntropyCalibrator",
     "StreamingHistogram",
@@ -84,9 +88,11 @@ class Calibrator:
         self._nonfinite = np.zeros(len(self.taps), np.int64)
         self.batches = 0
 
-    def step(self, inputs: Mapping[str, Any]) -> None:
-        """Run one batch and fold every tap's values into the statistics."""
-        outs = self.compiled.run(inputs)
+    def step(self, inputs: Mapping[str, Any] | None = None) -> None:
+        """Run one batch and fold every tap's values into the statistics. ``inputs``: a
+        dict of input name -> array; None runs on the values already in the arena (written
+        through :meth:`arena_mut`, the seed's way)."""
+        outs = self.compiled.run(inputs) if inputs is not None else self._run_arena()
         for i, pos in enumerate(self._positions):
             a = np.abs(np.asarray(outs[pos], dtype=np.float32))
             finite = a[np.isfinite(a)]
@@ -99,6 +105,36 @@ class Calibrator:
 
     def _observe(self, i: int, abs_values: np.ndarray) -> None:
         """Subclasses fold ``|x|`` (finite values, flattened) of tap ``i`` in."""
+
+    def graph(self) -> Graph:
+        """The graph the taps are node ids of (the compiled graph's source graph), to look
+        node ids up again after compilation."""
+        return self.compiled.program.source
+
+    def arena(self) -> CalibrationArena:
+        """Read-only access to the arena (the values of the most recent step): for reading
+        tap values when something other than the running statistics is wanted."""
+        return CalibrationArena(self.compiled, writable=False)
+
+    def arena_mut(self) -> CalibrationArena:
+        """Writable access to the arena: write inputs (``write(name_or_id, array)``, or
+        bytes at ``byte_offset``) before a :meth:`step` without inputs."""
+        return CalibrationArena(self.compiled, writable=True)
+
+    def _run_arena(self) -> list[np.ndarray]:
+        """Run the schedule on the arena as it is; copies of the outputs (source order)."""
+        from rlx.runtime import threads
+
+        cg = self.compiled
+        with cg._lock:
+            ex = cg._executor_any()
+            threads.ensure_blas_threads(cg.num_threads)
+            with np.errstate(all="ignore"):
+                if ex.stale:
+                    ex.run_prologue()
+                for f in ex.schedule:
+                    f()
+            return [v.copy() for v in ex.output_views]
 
     def value_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """Per tap (in tap order): how many finite and how many non-finite (NaN, +-inf)
@@ -123,6 +159,69 @@ class Calibrator:
     def scale_map(self) -> dict[NodeId, float]:
         """Tap node id -> scale."""
         return {t: float(s) for t, s in zip(self.taps, self.scales(), strict=True)}
+
+
+class CalibrationArena:
+    """The arena of a calibrator's compiled graph (the seed's ``Arena``), for the arena of
+    its most recent run (or its first plan). Nodes are named by the calibrator's graph:
+    a tap or other output's node id, an input's node id, or an input's name.
+
+    ``buffer``: the arena bytes (uint8; read-only unless from ``arena_mut()``);
+    ``byte_offset(node)``: where a node's value starts in it; ``view(node)``: the value
+    as a typed array; ``write(node, values)``: copy values in (writable arenas only)."""
+
+    def __init__(self, compiled: CompiledGraph, *, writable: bool):
+        with compiled._lock:
+            self._ex = compiled._executor_any()
+        self._compiled = compiled
+        self.writable = writable
+        buf = self._ex.arena.view()
+        buf.flags.writeable = writable
+        self.buffer: np.ndarray = buf
+
+    def _node(self, node: NodeId | str) -> NodeId:
+        """The compiled graph's node id for a source node id or an input name."""
+        src = self._compiled.program.source
+        graph = self._ex.graph
+        inputs = {n.op.name: n.id for n in graph.input_nodes()}  # type: ignore[attr-defined]
+        if isinstance(node, str):
+            if node not in inputs:
+                raise QuantizationError(
+                    f"the arena of graph {src.name!r} has no input named {node!r}; "
+                    f"inputs: {sorted(inputs)}"
+                )
+            return inputs[node]
+        nid = int(node)
+        if nid in src.outputs:
+            return graph.outputs[src.outputs.index(nid)]
+        if 0 <= nid < len(src.nodes) and src.nodes[nid].op.mnemonic == "input":
+            return inputs[src.nodes[nid].op.name]  # type: ignore[attr-defined]
+        raise QuantizationError(
+            f"node %{nid} of graph {src.name!r} is not in the arena: only inputs and outputs "
+            f"keep a slot there (outputs: {src.outputs}, inputs: {sorted(inputs)})"
+        )
+
+    def byte_offset(self, node: NodeId | str) -> int:
+        """Offset in :attr:`buffer` of ``node``'s value (see the class docstring)."""
+        return self._ex.plan.slot(self._node(node)).offset
+
+    def view(self, node: NodeId | str) -> np.ndarray:
+        """``node``'s value in the arena, typed and shaped (read-only unless writable)."""
+        v = self._ex.views[self._node(node)].view()
+        v.flags.writeable = self.writable
+        return v
+
+    def write(self, node: NodeId | str, values: Any) -> None:
+        """Copy ``values`` (same shape; cast to the node's dtype) into ``node``'s slot."""
+        if not self.writable:
+            raise QuantizationError("this arena view is read-only; use arena_mut() to write")
+        dst = self._ex.views[self._node(node)]
+        arr = np.asarray(values)
+        if arr.shape != dst.shape:
+            raise QuantizationError(
+                f"arena write to {node!r}: expected shape {dst.shape}, given {arr.shape}"
+            )
+        np.copyto(dst, arr, casting="unsafe")
 
 
 class StreamingHistogram:
