@@ -25,8 +25,13 @@ matmul, dot_general; ``kernels_nn``: attention, rope; ``kernels_conv``: conv, po
 ``kernels_fused``: fused ops and elementwise regions; ``kernels_region``: native
 generated elementwise regions; ``kernels_rows``: native row kernels and matmul
 epilogues; ``kernels_quant``: quantized matmuls; ``kernels_misc``: group_norm,
-scatter_add, fake_quantize, exclusive cumsum, integer division); ``load_kernels`` imports every
-``kernels_*`` module it finds.
+scatter_add, fake_quantize, exclusive cumsum, integer division and power;
+``kernels_fft``: fft; ``kernels_select``: topk; ``kernels_recurrent``: gated_delta_net;
+``kernels_intmath``: integer matmul and dot_general; ``kernels_control``: If / While /
+Scan as compiled sub-programs; ``kernels_corners``: complex, bool and non-f32 quantize
+corners); ``load_kernels`` imports every ``kernels_*`` module it finds. Every built-in op
+has a factory here (``tests/cpu/test_kernel_coverage.py``): the reference kernel is for
+custom ops.
 """
 
 from __future__ import annotations
