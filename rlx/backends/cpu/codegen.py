@@ -21,7 +21,7 @@ turn over blocks of ``STAGE_BLOCK`` elements: each call then runs over a whole b
 (throughput-bound) instead of a chain of dependent calls per element (latency-bound).
 
 The text depends on the body's structure only, so regions that differ in their values
-share one library: a scalar Constant is read from an int64 slot of the function's ``c``
+share one library: a scalar Constant is read from an int64 slot of the function's first
 argument (bound at schedule-build time, loaded once per row into a register), except the
 few whose value gcc compiles into the code (:func:`value_shapes_code`: ``pow(x, 2)``,
 integer division by a constant), which stay C literals. Each function is named after its
@@ -158,7 +158,7 @@ C_TYPES: dict[DType, CType] = {
 # bf16 at every exponent, subnormals included, so the final round to nearest even sees
 # every tie and sticky bit of the f64. f64 -> f16 needs nothing: gcc converts a double to
 # ``_Float16`` directly (vcvtsd2sh, or libgcc's __truncdfhf2), rounding once. ``rlx_f64``
-# reads an f64 constant from its int64 slot in the ``c`` argument (see render_region).
+# reads an f64 constant from its int64 slot (``c[k]``, see render_region).
 #
 # gcc 12.2 miscompiles the SLP-vectorised tail of a fully unrolled loop that rounds f64
 # through f32 ((double)(float)x becomes a plain copy of x: the last 4 of 60 elements of
@@ -480,8 +480,9 @@ def render_constant(node: Node) -> str:
 
 
 def constant_slot(node: Node) -> int:
-    """A one-element Constant as the int64 its function reads from ``c``: an integer or
-    bool as itself, a float as the bits of its f64 value (exact for every float dtype)."""
+    """A one-element Constant as the int64 slot its function reads (``c[k]``, see
+    :func:`render_region`): an integer or bool as itself, a float as the bits of its f64
+    value (exact for every float dtype)."""
     t = ctype(node.dtype, f"%{node.id} constant")
     v = _scalar(node)
     if t.is_float:
@@ -525,9 +526,9 @@ def content_symbol(prefix: str, text: str) -> str:
 @dataclass(frozen=True, slots=True)
 class CFunction:
     """One generated C function: its name, its text and the number of pointer arguments
-    (extents, run-time constants and operands, in the order its renderer documents; then
-    one ``long nthreads``); ``ops`` counts the rendered nodes, ``calls`` the math-library
-    calls among them."""
+    (the int64 extents and run-time values, operands, ... in the order its renderer
+    documents; then one ``long nthreads``); ``ops`` counts the rendered nodes, ``calls``
+    the math-library calls among them."""
 
     name: str
     source: str
@@ -574,8 +575,9 @@ def render_region(
 ) -> tuple[CFunction, list[np.ndarray]]:
     """Render an ElementwiseRegion body over the arrays ``ins`` (the region's inputs, in
     order) writing ``out``. Returns the function and its pointer arguments in order: the
-    loop's int64 extents and strides ``m``, the int64 constant slots ``c`` (one per scalar
-    constant, :func:`constant_slot`), the used inputs, non-scalar constants, then ``out``.
+    int64 array ``m`` (the loop's extents and strides, then one slot per scalar constant,
+    :func:`constant_slot`, read as ``c[k]``), the used inputs, non-scalar constants, then
+    ``out``.
 
     The text depends on the body's structure only: variables are numbered in emission
     order, extents and scalar constants are arguments (except the few whose value gcc
@@ -628,9 +630,9 @@ def render_region(
     calls = len(_CALL.findall(loop.source))
     name = name or content_symbol("rlx_region", loop.source)
     source = loop.source.replace(NAME_PLACEHOLDER, name)
-    consts = np.array(slots or [0], dtype=np.int64)
-    fn = CFunction(name, source, len(operands) + 2, ops, calls)
-    return fn, [loop.meta, consts, *arrays]
+    meta = np.concatenate([loop.meta, np.array(slots, dtype=np.int64)])
+    fn = CFunction(name, source, len(operands) + 1, ops, calls)
+    return fn, [meta, *arrays]
 
 
 _CALL = re.compile(r"\b(?:" + "|".join(VECTOR_MATH) + r")f?\(|rlx_sigmoid|rlx_softplus")

@@ -1,12 +1,12 @@
 """Loop nests for generated elementwise C code. In: the output dims and, per pointer
 operand, its C type and element strides along them. Out: the text of a C function
-``void name(const long* m, const long* c, T0* p0, ..., long nthreads)`` whose
-per-element statements come from a callback (see
-:func:`rlx.backends.cpu.codegen.render_region`), and the extents and strides ``m`` it
-reads: the text depends only on the collapsed pattern (how many dims, which operands are
-broadcast along the innermost one), so a new symbolic-shape binding of the same region
-reuses the built library. ``c`` carries the body's run-time scalars (its constants, see
-``codegen``), read by the body's hoisted statements.
+``void name(const long* m, T0* p0, ..., long nthreads)`` whose per-element statements
+come from a callback (see :func:`rlx.backends.cpu.codegen.render_region`), and the
+extents and strides ``m`` it reads: the text depends only on the collapsed pattern
+(how many dims, which operands are broadcast along the innermost one), so a new
+symbolic-shape binding of the same region reuses the built library. The body's own
+run-time values (its constants, see ``codegen``) follow in ``m``; the body reads them
+as ``c[0]``, ``c[1]``... (``c`` points just past the loop's values).
 
 The nest collapses the output dims the operands traverse alike, so a same-shape region
 is one flat ``#pragma omp simd`` loop and a bias over rows is a row loop around a
@@ -108,7 +108,8 @@ ROW_BLOCK = 4096  # inner-loop elements per scheduling block (an OpenMP team sha
 class Loop:
     """A rendered loop nest: ``source`` (independent of the extents and strides, so one
     library serves every shape with the same collapsed pattern) and ``meta``, the int64
-    array of extents and strides the function reads through its first argument."""
+    array of extents and strides the function reads through its first argument (the
+    body's values ``c[k]`` go after them: ``np.concatenate([meta, values])``)."""
 
     source: str
     meta: np.ndarray
@@ -134,9 +135,9 @@ def render_loop(
     *,
     restrict: bool = True,
 ) -> Loop:
-    """A C function ``void name(const long* m, const long* c, T0* p0, ..., long nthreads)``
-    looping over ``dims`` (extents and strides read from ``m``, see :class:`Loop`; ``c``
-    is the body's, the loop does not read it).
+    """A C function ``void name(const long* m, T0* p0, ..., long nthreads)`` looping over
+    ``dims`` (extents and strides read from ``m``, see :class:`Loop`; the body reads
+    values the caller appends to ``meta`` as ``c[k]``).
 
     ``body(index_exprs)`` gets one element index expression per operand (operands whose
     inner stride is 0 get one without ``j``) and returns a :class:`LoopBody`. One stage
@@ -147,7 +148,7 @@ def render_loop(
     cdims, cstrides = collapse(dims, [o.strides for o in operands])
     nk, nouter = len(operands), len(cdims) - 1
     q = " restrict" if restrict else ""
-    params = ["const long* restrict m", "const long* restrict c"] + [
+    params = ["const long* restrict m"] + [
         f"{'' if o.output else 'const '}{o.ctype.storage}*{q} p{k}" for k, o in enumerate(operands)
     ]
     idx = []
@@ -161,6 +162,8 @@ def render_loop(
     ]
     lines = [f"static void {name}_rows(long r0, long r1, {', '.join(params)}) {{"]
     lines.append("    const long inner = m[0], nblocks = m[1], blk = m[2];")
+    lines.append(f"    const long* const c = m + {4 + nouter + nouter * nk + nk};")
+    lines.append("    (void)c;")
     lines += ["    " + d for d in sdecl]
     lines.append("    for (long r = r0; r < r1; ++r) {")
     lines.append("        long q = r;")
@@ -190,7 +193,7 @@ def render_loop(
             lines.append("            }")
         lines.append("        }")
     lines += ["    }", "}", ""]
-    args = ", ".join(["m", "c"] + [f"p{k}" for k in range(nk)])
+    args = ", ".join(["m"] + [f"p{k}" for k in range(nk)])
     lines.append(f"void {name}({', '.join(params)}, long nthreads) {{")
     lines.append("    const long rows = m[3];")
     lines.append("#ifdef _OPENMP")
