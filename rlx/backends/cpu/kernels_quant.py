@@ -1,8 +1,8 @@
 """CPU kernels of the quantized ops. In: a QMatMul / DequantMatMul / Quantize / Dequantize
 node and its arena views. Out: closures computing the node into its output view.
 
-``QMatMul`` runs the native int8 GEMM (``native.qgemm_lib``: AVX-512 VNNI where the CPU
-has it, AVX2 or plain C otherwise) with the f32 rescale and bias fused into its
+``QMatMul`` runs the native int8 GEMM (``native.qgemm_lib``: the best path the selected
+native target holds, ``RLX_ISA``: AVX-512 VNNI, AVX2 or plain C) with the f32 rescale and bias fused into its
 epilogue, on ``KernelCtx.num_threads`` threads (``CompileOptions.num_threads``). The weight is packed once: at compile time for a constant weight (what the
 quantization lowering produces); a param weight at its first run and again only when its
 bytes change (``set_param``): each run compares the param with the copy it packed from
