@@ -23,7 +23,7 @@ Rules (what the pass changes and what it keeps):
   (no runtime cast).
 * ``elementwise_region`` bodies are rewritten with the same policy (the region's inputs
   arrive at its precision, its output leaves at it). Other sub-graph ops (if, while,
-  scan) keep their precision: their bodies are not rewritten.
+  scan, custom_fn) keep their precision: their bodies are not rewritten.
 
 Params stay f32, so each run casts the weights a narrow op reads (one cast per weight);
 with ``freeze_params`` the weights are constants and are converted once at compile time.

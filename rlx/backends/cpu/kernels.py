@@ -29,9 +29,10 @@ scatter_add, fake_quantize, exclusive cumsum, integer division and power;
 ``kernels_fft``: fft; ``kernels_select``: topk; ``kernels_recurrent``: gated_delta_net;
 ``kernels_intmath``: integer matmul and dot_general; ``kernels_control``: If / While /
 Scan as compiled sub-programs; ``kernels_corners``: complex, bool and non-f32 quantize
-corners); ``load_kernels`` imports every ``kernels_*`` module it finds. Every built-in op
-has a factory here (``tests/cpu/test_kernel_coverage.py``): the reference kernel is for
-custom ops.
+corners; ``kernels_seed``: selective_scan, the dense solves, grouped / LoRA matmuls,
+qconv2d, sample, custom_fn); ``load_kernels`` imports every ``kernels_*`` module it
+finds. Every built-in op has a factory here (``tests/cpu/test_kernel_coverage.py``):
+the reference kernel is for custom ops.
 """
 
 from __future__ import annotations

@@ -188,7 +188,8 @@ def grouped_matmul_kernel(
         if ids.min() < 0 or ids.max() >= e:
             op.check_ids(idx, e)
         np.equal(ids[:, None], experts, out=onehot)
-        np.cumsum(onehot, axis=0, out=cum)
+        np.copyto(cum, onehot)
+        np.cumsum(cum, axis=0, out=cum)  # in place: a bool input would need a temporary
         offs[0] = 0
         np.cumsum(cum[-1], out=offs[1:])
         np.add(rowbase, ids, out=rank)
@@ -331,7 +332,8 @@ def sample_kernel(
         np.sum(above, axis=1, keepdims=True, out=flat)
         np.subtract(cnt, flat, out=cnt)  # how many of the ties with it stay
         np.equal(z, col, out=mask)
-        np.cumsum(mask, axis=1, out=ties)
+        np.copyto(ties, mask)
+        np.cumsum(ties, axis=1, out=ties)  # in place: a bool input would need a temporary
         np.less_equal(ties, cnt, out=keep)
         np.logical_and(mask, keep, out=mask)
         np.logical_or(mask, above, out=mask)
@@ -378,29 +380,24 @@ def sample_kernel(
 def custom_fn_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
-    """``fwd_body`` planned once on its own arena and kernel schedule (built here, with
-    the node's symbol bindings); a run copies the operands in, runs the body's schedule
-    and copies its output into ``out``."""
-    from rlx.backends.cpu.executor import Executor
-    from rlx.backends.cpu.planner import plan_memory
+    """``fwd_body`` as a compiled sub-program (``kernels_control.SubProgram``: planned
+    once on its own arena with the node's symbol bindings); a run copies the operands in,
+    runs the body's kernels and copies its output into ``out``."""
+    from rlx.backends.cpu.kernels_control import SubProgram
 
-    body = node.op.fwd_body  # type: ignore[attr-defined]
-    plan = plan_memory(body, dict(ctx.bindings))
-    sub = Executor(body, plan, {}, {}, num_threads=ctx.num_threads, native=ctx.native)
-    sub.run_prologue()
-    feeds = [(view, ins[int(name[2:])]) for name, view in sub.input_views]
-    result = sub.output_views[0]
-    schedule = sub.schedule
-    kinds = sorted({e.kind.value for e in sub.kernel_entries})
-    ctx.notes.append(f"body: {len(schedule)} kernels ({', '.join(kinds) or 'none'})")
-    if any(e.kind is KernelKind.REFERENCE for e in sub.kernel_entries):
+    sub = SubProgram(node.op.fwd_body, ctx.bindings, ctx)  # type: ignore[attr-defined]
+    kinds = sub.kinds()
+    ctx.notes.append(
+        "fwd_body: " + (", ".join(f"{c} {k}" for k, c in sorted(kinds.items())) or "no kernels")
+    )
+    if kinds.get(KernelKind.REFERENCE.value):
         ctx.kind = KernelKind.REFERENCE
+    result = sub.outputs[0]
 
     def run() -> None:
-        for view, x in feeds:
-            np.copyto(view, x, casting="unsafe")
-        for f in schedule:
-            f()
+        for k, x in enumerate(ins):
+            sub.feed(k, x)
+        sub.run()
         np.copyto(out, result, casting="unsafe")
 
     return run
