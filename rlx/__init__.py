@@ -68,6 +68,7 @@ _LAZY: dict[str, str] = {
     "QuantizeResult": "rlx.quant.api",
     "AccuracyReport": "rlx.quant.report",
     "QuantLowering": "rlx.quant.lower",
+    "info": "rlx.info",
 }
 
 __all__ = ["DType", "Graph", "Node", "RlxError", "Shape", "Sym", "promote", "sym", *_LAZY]
