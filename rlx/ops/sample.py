@@ -19,7 +19,8 @@ The contract (what a re-implementation must do to draw the same tokens):
   the token is the first ``i`` with ``c[i] > u * c[-1]``: a token of probability 0 is
   never drawn.
 * ``temperature == 0`` is greedy: the index of the row's largest logit (the first on
-  ties); ``u`` is not used. A row holding NaN, or only ``-inf``, is an InputError.
+  ties); ``u`` is not used. Logits holding NaN or +inf, or a row of only ``-inf``, are an
+  InputError.
 
 Output: int64 token ids shaped like the logits without their last dim.
 """
@@ -72,9 +73,9 @@ def philox_uniform(rows: int, seed: int, offset: int = 0) -> np.ndarray:
 
 
 def check_rows(z: np.ndarray) -> None:
-    """InputError for a row with a NaN or with no finite-or-+inf logit."""
-    if np.isnan(z).any():
-        raise InputError("the logits hold NaN")
+    """InputError for logits holding NaN or +inf, or a row of only ``-inf``."""
+    if np.isnan(z).any() or np.isposinf(z).any():
+        raise InputError("the logits hold NaN or +inf (finite values or -inf expected)")
     if z.shape[-1] and (z == -np.inf).all(axis=-1).any():
         raise InputError("a row of logits is all -inf: nothing to sample")
 

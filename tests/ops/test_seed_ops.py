@@ -549,7 +549,12 @@ def test_sample_masked_and_bad_rows():
     for r in both(g, {"logits": logits}, "sample"):
         np.testing.assert_array_equal(r, [1, 0])
     cg = Session("cpu").compile(g, RAW)
-    for bad, msg in ((np.full((2, 3), -np.inf), "all -inf"), (np.full((2, 3), np.nan), "NaN")):
+    plus_inf = np.array([[0.0, np.inf, 1.0], [0.0, 0.0, 0.0]])
+    for bad, msg in (
+        (np.full((2, 3), -np.inf), "all -inf"),
+        (np.full((2, 3), np.nan), "NaN"),
+        (plus_inf, r"NaN or \+inf"),
+    ):
         with pytest.raises(InputError, match=msg):
             g.evaluate({"logits": bad.astype(np.float32)})
         with pytest.raises(InputError, match=msg):

@@ -343,6 +343,7 @@ def sample_kernel(
     def run() -> None:
         np.copyto(z, src, casting="unsafe")
         np.isnan(z, out=mask)
+        np.logical_or(mask, np.equal(z, np.inf, out=above), out=mask)
         if mask.any():
             check_rows(z)
         np.equal(z, -np.inf, out=mask)
