@@ -383,3 +383,12 @@ def test_bad_library_name_is_refused(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path))
     with pytest.raises(CompileError, match="name"):
         native.build(ANSWER.format(1), native.Isa.PLAIN, "../escape")
+
+
+def test_cache_dir_removed_while_running_is_recreated(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path / "c"))
+    native.build(ANSWER.format(21), native.Isa.PLAIN, "gone")
+    shutil.rmtree(tmp_path / "c")  # e.g. `rm -rf ~/.cache/rlx` while a process runs
+    lib = native.build(ANSWER.format(22), native.Isa.PLAIN, "gone")
+    assert lib.parent == tmp_path / "c" / "native"
+    assert native.load(lib).rlx_answer() == 22

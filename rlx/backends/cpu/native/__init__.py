@@ -198,23 +198,28 @@ def build(
             f"the {target.name} target cannot hold the {gemm_isa.name} int8 GEMM "
             f"(it holds {[i.name for i in isas_for(target)]})"
         )
-    root = cache.cache_root()
     key_cmd = compile_command(Path("SRC.c"), Path("OUT.so"), gemm_isa, target)
     key = hashlib.sha256("\0".join([source, " ".join(key_cmd), gcc_version()]).encode()).hexdigest()
-    lib = root / f"{name}-{key[:24]}.so"
-    if cache.verify(lib, key):
-        cache.touch(lib)
+    for attempt in range(2):
+        root = cache.cache_root()
+        lib = root / f"{name}-{key[:24]}.so"
+        if cache.verify(lib, key):
+            cache.touch(lib)
+            return lib
+        try:
+            with cache.build_lock(root, name):
+                if not cache.verify(lib, key):  # not built meanwhile by another process
+                    _build_entry(source, lib, key, gemm_isa, target, name)
+        except OSError as e:
+            if attempt == 0 and cache.untrusted_reason(root) is not None:
+                cache.forget(root)  # removed or replaced since it was checked: check again
+                continue
+            raise CompileError(f"native build of {name!r} in {root} failed: {e}") from e
+        with _LOCK:
+            keep = set(_LOADED)
+        cache.prune_once(root, keep | {lib})
         return lib
-    try:
-        with cache.build_lock(root, name):
-            if not cache.verify(lib, key):  # not built meanwhile by another process
-                _build_entry(source, lib, key, gemm_isa, target, name)
-    except OSError as e:
-        raise CompileError(f"native build of {name!r} in {root} failed: {e}") from e
-    with _LOCK:
-        keep = set(_LOADED)
-    cache.prune_once(root, keep | {lib})
-    return lib
+    raise AssertionError("unreachable")
 
 
 def _build_entry(
@@ -250,8 +255,8 @@ def load(path: Path) -> ctypes.CDLL:
         if path not in _LOADED:
             if not cache.verify(path):
                 raise CompileError(
-                    f"native library {path} does not match the digest recorded when it was "
-                    "built (changed or damaged since); not loading it"
+                    f"native library {path} is missing or does not match the digest recorded "
+                    "when it was built (changed or damaged since); not loading it"
                 )
             try:
                 _LOADED[path] = ctypes.CDLL(str(path))

@@ -46,6 +46,7 @@ __all__ = [
     "MAX_AGE_DAYS",
     "CacheInfo",
     "cache_root",
+    "forget",
     "untrusted_reason",
     "verify",
     "write_atomic",
@@ -178,6 +179,17 @@ def cache_root() -> Path:
     if isinstance(got, CompileError):
         raise CompileError(got.bare_message)
     return got
+
+
+def forget(root: Path) -> None:
+    """Drop the remembered check of the cache that resolved to ``root`` (it is checked
+    again on next use)."""
+    with _lock:
+        for k, v in list(_roots.items()):
+            if v == root:
+                del _roots[k]
+        if root in _private:
+            _private.remove(root)
 
 
 def _digest_path(lib: Path) -> Path:
