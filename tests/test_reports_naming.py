@@ -194,3 +194,12 @@ def test_provenance_does_not_change_equality_or_fingerprint() -> None:
     assert g1 == g2 == g3
     assert g1.fingerprint() == g3.fingerprint()
     assert all(a == b and hash(a) == hash(b) for a, b in zip(g1.nodes, g3.nodes, strict=True))
+
+
+def test_mixed_precision_report_uses_the_same_names() -> None:
+    g, ids = _model()
+    opts = CompileOptions(use_cache=False, precision=rlx.PrecisionPolicy.AutoMixedBf16)
+    cg = rlx.Session("cpu").compile(g, opts, params=_params(g))
+    text = str(cg.report())
+    assert _check_refs(g, text) >= 20  # casts read "cast for %5 add (...)", never a new %id
+    assert label(g, ids["qk"]) in text and label(g, ids["residual"]) in text

@@ -301,11 +301,11 @@ class _Convert:
             try:
                 shape = op.infer(shapes)
             except RlxError as e:
-                self.amp.kept.append(f"%{node.id} {node.op.mnemonic}: {e.bare_message}")
+                self.amp.kept.append(f"{node.label}: {e.bare_message}")
             else:
                 if shape.dtype is not target:
                     self.amp.kept.append(
-                        f"%{node.id} {node.op.mnemonic}: produces {shape.dtype} for {target} inputs"
+                        f"{node.label}: produces {shape.dtype} for {target} inputs"
                     )
                 else:
                     self.amp.retyped += 1

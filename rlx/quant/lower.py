@@ -308,14 +308,14 @@ class ExpandFusedMatMuls:
                 if op.act is not None:
                     y = rw.emit(Unary(op.act), [y], node.loc)
                 rw.map[nid] = y
-                self.notes.append(f"%{nid} {op} -> matmul chain")
+                self.notes.append(f"{node.label} -> matmul chain")
             elif isinstance(op, FusedSwiGLU):
                 gate = rw.emit(
                     Unary(UnaryKind.SILU), [rw.emit(MatMul(), ins[:2], node.loc)], node.loc
                 )
                 up = rw.emit(MatMul(), [ins[0], ins[2]], node.loc)
                 rw.map[nid] = rw.emit(Binary(BinaryKind.MUL), [gate, up], node.loc)
-                self.notes.append(f"%{nid} {op} -> silu(matmul) * matmul")
+                self.notes.append(f"{node.label} -> silu(matmul) * matmul")
             else:
                 rw.copy(node)
         return rw.finish()
