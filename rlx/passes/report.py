@@ -4,8 +4,8 @@ In: entries appended by the fusion passes while they run. Out: a :class:`FusionR
 that tests query (``report.fused_of(FusionPattern.ATTENTION)``) and ``str(report)``
 prints, one line per entry, in the style of Inductor's ``WhyNoFuse``::
 
-    fused   matmul_bias_act     matmul %5 + add %6 + gelu %7 -> fused_matmul_bias_act
-    no fuse matmul_bias_act     matmul %5 + add %6: bias shape [4,8] is not a vector over the last axis
+    fused   matmul_bias_act     %5 matmul (m.py:9) + %6 add (m.py:9) + %7 gelu (m.py:9) -> ...
+    no fuse matmul_bias_act     %5 matmul (m.py:9) + %6 add (m.py:9): bias shape [4,8] is ...
 
 Nodes are named by the user's graph (``%5 matmul (model.py:42)``, :attr:`Node.label`), not
 by the graph the fusion pass received (each pass renumbers): the same name is used by the
