@@ -1,15 +1,17 @@
 """Native low-precision CPU kernels. In: bf16/f16 nodes (Cast, and the MatMul/DotGeneral
 kernels of ``kernels_linalg``) and their arena views. Out: closures calling the C library
-built from ``csrc/lowp_cast.c`` + ``csrc/lowp_gemm.c`` (through ``native.build``).
+built from ``native/csrc/lowp_cast.c`` + ``native/csrc/lowp_gemm.c`` (through
+``native.build``, for the selected native target: ``RLX_ISA``).
 
 * **Cast** f32 <-> bf16 and f32 <-> f16 (and bf16 <-> f16 through an f32 scratch) run
-  natively: vectorised (AVX-512, else AVX2 + F16C, else scalar C) and split over the
-  run's threads for large arrays. The bits equal ``ml_dtypes`` (bf16: round to nearest
-  even, NaN -> canonical quiet NaN) and NumPy (f16) exactly, NaN payloads included.
+  natively: vectorised (AVX-512 on the AVX512 target, AVX2 + F16C on the AVX2 target,
+  scalar C on portable) and split over the run's threads for large arrays. The bits
+  equal ``ml_dtypes`` (bf16: round to nearest even, NaN -> canonical quiet NaN) and
+  NumPy (f16) exactly, NaN payloads included.
   Other casts are NumPy copies (through f32 for bf16/fp8, as the reference).
-* **GEMM** on bf16, three paths (:class:`GemmPath`): ``DPBF16`` on CPUs with
-  avx512_bf16 (``vdpbf16ps``: bf16 products, f32 accumulation, the weight packed into
-  32-column panels: once at compile time when it is a constant, once per param change
+* **GEMM** on bf16, three paths (:class:`GemmPath`): ``DPBF16`` when the native
+  target has BF16 (AVX512 on a CPU with avx512_bf16; ``vdpbf16ps``: bf16 products, f32
+  accumulation, the weight packed into 32-column panels: once at compile time when it is a constant, once per param change
   when it is a param or param-derived (``KernelCtx.stable``), every run otherwise);
   ``CONVERT`` elsewhere and for f16 (native widening of both operands into f32 scratch,
   f32 BLAS sgemm, native rounding of the result: the same f32 products as the
