@@ -11,8 +11,9 @@ built from ``native/csrc/lowp_cast.c`` + ``native/csrc/lowp_gemm.c`` (through
   Other casts are NumPy copies (through f32 for bf16/fp8, as the reference).
 * **GEMM** on bf16, three paths (:class:`GemmPath`): ``DPBF16`` when the native
   target has BF16 (AVX512 on a CPU with avx512_bf16; ``vdpbf16ps``: bf16 products, f32
-  accumulation, the weight packed into 32-column panels: once at compile time when it is a constant, once per param change
-  when it is a param or param-derived (``KernelCtx.stable``), every run otherwise);
+  accumulation, the weight packed into 32-column panels: once at compile time when it
+  is a constant, once per param change when it is a param or param-derived
+  (``KernelCtx.stable``), every run otherwise);
   ``CONVERT`` elsewhere and for f16 (native widening of both operands into f32 scratch,
   f32 BLAS sgemm, native rounding of the result: the same f32 products as the
   reference interpreter); ``NUMPY`` when the library cannot be built (no gcc, failed
