@@ -395,6 +395,29 @@ def test_qconv2d_matches_an_integer_loop(geom, unsigned, per_channel, has_bias, 
         np.testing.assert_allclose(r, want, rtol=1e-6, atol=1e-5)
 
 
+def test_qconv2d_padding_survives_scratch_shared_with_another_conv():
+    """Two qconv2d nodes whose padded inputs have one shape (4x4 padded by 1, 6x6 by 0)
+    share scratch: the padded one's zero border must still be zero on the next run."""
+    rng = np.random.default_rng(6)
+    xa = rng.integers(-128, 128, (1, 2, 4, 4)).astype(np.int8)
+    xb = rng.integers(-128, 128, (1, 2, 6, 6)).astype(np.int8)
+    w = rng.integers(-128, 128, (2, 2, 3, 3)).astype(np.int8)
+    g = rlx.Graph("two")
+    a, b, wq = (
+        g.input("a", (1, 2, 4, 4), "i8"),
+        g.input("b", (1, 2, 6, 6), "i8"),
+        g.input("w", (2, 2, 3, 3), "i8"),
+    )
+    ya = g.qconv2d(a, wq, 0.1, 0.02, 5, padding=1)
+    yb = g.qconv2d(b, wq, 0.1, 0.02, 5, padding=0)
+    g.set_outputs([ya, yb])
+    cg = Session("cpu").compile(g, RAW)
+    want = qconv_oracle(xa, w, 5, 0.1, (0.02,), None, 1, 1, 1, 1)
+    for _ in range(3):
+        got = cg.run({"a": xa, "b": xb, "w": w})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
+
+
 def test_qconv2d_shape_errors():
     g = rlx.Graph("g")
     x, w = g.input("x", (1, 2, 4, 4), "i8"), g.input("w", (3, 2, 2, 2), "i8")

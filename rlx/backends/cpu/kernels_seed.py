@@ -252,8 +252,11 @@ def qconv2d_kernel(
     _, _, ho, wo = out.shape
     f64 = np.dtype(np.float64)
     xp = ctx.scratch((n, c, h + pt + pb, wd + pl + pr), f64, 80)
-    xp.fill(0)  # the border stays 0: a padded x_q equals the zero point
     inner = xp[:, :, pt : pt + h, pl : pl + wd]
+    # the border is 0 (a padded x_q equals the zero point); rewritten every run, since
+    # scratch is shared with other kernels of the schedule
+    border = [xp[:, :, :pt], xp[:, :, pt + h :], xp[:, :, :, :pl], xp[:, :, :, pl + wd :]]
+    border = [b for b in border if b.size]
     win = _window_view(xp, (kh, kw), op.stride, op.dilation)  # [N,C,Ho,Wo,kh,kw]
     src = win.reshape(n, g, cg, ho, wo, kh, kw)
     cols = ctx.scratch((n, g, ho * wo, cg * kh * kw), f64, 81)
@@ -266,6 +269,8 @@ def qconv2d_kernel(
     zp = f64.type(op.x_zero_point)
 
     def run() -> None:
+        for b in border:
+            b.fill(0)
         np.subtract(x, zp, out=inner)
         np.copyto(dst, src)
         np.copyto(wf, w.reshape(g, og, cg * kh * kw))
@@ -296,25 +301,26 @@ def sample_kernel(
     src = logits.reshape(rows, v)
     res = out.reshape(rows)
     f64 = np.float64
-    z = ctx.scratch((rows, v), f64, 85)
-    srt = ctx.scratch((rows, v), f64, 86)
-    mask = ctx.scratch((rows, v), np.bool_, 87)
-    ties = ctx.scratch((rows, v), np.int64, 88)
-    col = ctx.scratch((rows, 1), f64, 89)
-    thr = ctx.scratch((rows, 1), f64, 90)
-    cnt = ctx.scratch((rows, 1), np.int64, 91)
-    flat = ctx.scratch((rows, 1), np.int64, 92)
-    rowbase = (np.arange(rows, dtype=np.int64) * v).reshape(rows, 1)
-    fixed_u = None if op.has_offset else philox_uniform(rows, op.seed).reshape(rows, 1)
     k, p = op.top_k, op.top_p
+    sorts = 0 < k < v or p < 1
+    # [rows, V] scratch: 9 bytes per logit, +8 with top-k or top-p, +10 more with top-p
+    z = ctx.scratch((rows, v), f64, 85)
+    mask = ctx.scratch((rows, v), np.bool_, 86)
+    srt = ctx.scratch((rows, v), f64, 87) if sorts else z
+    cum = ctx.scratch((rows, v), f64, 88) if p < 1 else z
+    ties = cum.view(np.int64)  # the running counts reuse cum once it has been read
+    above = ctx.scratch((rows, v), np.bool_, 89) if p < 1 else mask
+    keep = ctx.scratch((rows, v), np.bool_, 90) if p < 1 else mask
+    col = ctx.scratch((rows, 1), f64, 91)
+    thr = ctx.scratch((rows, 1), f64, 92)
+    cnt = ctx.scratch((rows, 1), np.int64, 93)
+    flat = ctx.scratch((rows, 1), np.int64, 94)
+    ends = (np.arange(1, rows + 1, dtype=np.int64) * v).reshape(rows, 1)  # row r's end
+    fixed_u = None if op.has_offset else philox_uniform(rows, op.seed).reshape(rows, 1)
     if op.has_offset:
         ctx.notes.append(f"draws {rows} Philox uniforms per run (NumPy temporaries)")
-    if (0 < k < v) or p < 1:
+    if sorts:
         ctx.notes.append("top-k / top-p sort a scratch copy in place")
-
-    cum = ctx.scratch((rows, v), f64, 93)
-    above = ctx.scratch((rows, v), np.bool_, 94)
-    keep = ctx.scratch((rows, v), np.bool_, 95)
 
     def top_p() -> None:
         """Keep the ``m`` most probable tokens (ties by index), ``m`` the shortest
@@ -326,7 +332,7 @@ def sample_kernel(
         np.sum(mask, axis=1, keepdims=True, out=cnt)
         np.add(cnt, 1, out=cnt)
         np.minimum(cnt, v, out=cnt)  # m: how many tokens stay
-        np.subtract(rowbase + v, cnt, out=flat)
+        np.subtract(ends, cnt, out=flat)
         np.take(srt.reshape(-1), flat, out=col)  # the m-th largest probability
         np.greater(z, col, out=above)
         np.sum(above, axis=1, keepdims=True, out=flat)
@@ -342,9 +348,7 @@ def sample_kernel(
 
     def run() -> None:
         np.copyto(z, src, casting="unsafe")
-        np.isnan(z, out=mask)
-        np.logical_or(mask, np.equal(z, np.inf, out=above), out=mask)
-        if mask.any():
+        if np.isnan(z, out=mask).any() or np.equal(z, np.inf, out=mask).any():
             check_rows(z)
         np.equal(z, -np.inf, out=mask)
         if np.logical_and.reduce(mask, axis=1).any():
