@@ -392,3 +392,15 @@ def test_cache_dir_removed_while_running_is_recreated(tmp_path, monkeypatch) -> 
     lib = native.build(ANSWER.format(22), native.Isa.PLAIN, "gone")
     assert lib.parent == tmp_path / "c" / "native"
     assert native.load(lib).rlx_answer() == 22
+
+
+def test_cache_dir_that_is_a_file_warns_and_uses_a_private_dir(tmp_path, monkeypatch) -> None:
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path / "afile"))
+    monkeypatch.setattr(tempfile_mod(), "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(cache, "_private", [])
+    with pytest.warns(RuntimeWarning, match=r"afile is not a directory.*private"):
+        lib = native.build(ANSWER.format(31), native.Isa.PLAIN, "afile")
+    assert (tmp_path / "tmp") in lib.parents
+    assert native.load(lib).rlx_answer() == 31
