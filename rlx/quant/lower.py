@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlx.dtype import DType
+from rlx.errors import QuantizationError
 from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.core import Constant, ConstValue, Param
 from rlx.ops.elementwise import Binary, BinaryKind, Unary, UnaryKind
@@ -59,8 +60,15 @@ def quantize_weight(
     w: np.ndarray, per_channel: bool = True
 ) -> tuple[np.ndarray, tuple[float, ...]]:
     """Symmetric i8 quantization of a float weight [K, N] to [-127, 127]; per output
-    channel (one scale per column) or per tensor. Returns (w_q, scales)."""
+    channel (one scale per column) or per tensor. Returns (w_q, scales).
+    QuantizationError when ``w`` holds NaN or Inf (it has no int8 value)."""
     w = np.asarray(w, dtype=np.float32)
+    if not np.isfinite(w).all():
+        bad = np.argwhere(~np.isfinite(w))
+        raise QuantizationError(
+            f"cannot quantize a weight with {len(bad)} non-finite value(s) "
+            f"(first at index {tuple(int(i) for i in bad[0])}: {w[tuple(bad[0])]})"
+        )
     amax = np.abs(w).max(axis=0) if per_channel else np.abs(w).max(keepdims=True)
     amax = np.asarray(amax, dtype=np.float32).reshape(-1)
     scales = np.where(amax > 0, amax / np.float32(127.0), np.float32(1.0)).astype(np.float32)

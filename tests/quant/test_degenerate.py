@@ -150,3 +150,14 @@ def test_error_accumulator_on_non_finite_and_zero_outputs():
     assert not acc.worst().measured  # one output unmeasured: the worst is unknown
     for s in (broken, zero, fine, acc.worst()):
         assert not NAN_IN_A_NUMBER.search(str(s))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_quantize_weight_refuses_non_finite_values(bad):
+    """A NaN weight used to become a finite int8 when quantize_weight was called directly."""
+    from rlx.quant.lower import quantize_weight
+
+    w = np.ones((4, 3), np.float32)
+    w[2, 1] = bad
+    with pytest.raises(QuantizationError, match=r"non-finite value.*index \(2, 1\)"):
+        quantize_weight(w)
