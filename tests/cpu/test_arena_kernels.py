@@ -303,6 +303,14 @@ def test_int_pow_broadcast_and_in_place():
     _check(lambda g, a, b: g.add(g.pow(g.neg(a), b), b), a=a, b=b)
 
 
+def test_int_pow_without_negative_exponents_wraps():
+    a = np.array([3, -3, 7, 0, -1, 2], np.int32)
+    b = np.array([21, 21, 12, 0, 7, 31], np.int32)
+    (got,), _, _ = _check(lambda g, a, b: g.pow(a, b), a=a, b=b)
+    want = [((int(x) ** int(e) + 2**31) % 2**32) - 2**31 for x, e in zip(a, b)]
+    np.testing.assert_array_equal(got, np.array(want, np.int32))
+
+
 def test_float_pow_edge_cases_match_numpy():
     a = np.array([0.0, 0.0, -2.0, -2.0, np.inf, np.nan, 1.0, -0.0], np.float32)
     b = np.array([0.0, -1.0, 3.0, 0.5, -1.0, 0.0, np.nan, -3.0], np.float32)

@@ -274,6 +274,10 @@ def int_pow_kernel(
     def run() -> None:
         with np.errstate(all="ignore"):
             np.less(b, 0, out=neg)
+            if not neg.any():  # the common case: one power
+                np.power(a, b, out=q)
+                np.copyto(out, q)
+                return
             np.copyto(e, b)
             np.copyto(e, 0, where=neg)
             np.power(a, e, out=q)
