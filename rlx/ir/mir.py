@@ -96,7 +96,7 @@ class Graph:
 
     def apply(self, op: Op, inputs: Sequence[NodeId] = (), shape: Shape | None = None) -> NodeId:
         """Append ``op(inputs)``; infer its shape, or check ``shape`` against the rule."""
-        loc = source.capture()
+        loc = source.capture(len(self.nodes), op_name(op))  # the line, and the node's provenance
         for i in inputs:
             if isinstance(i, bool) or not isinstance(i, int | np.integer):
                 raise VerifyError(
@@ -130,8 +130,7 @@ class Graph:
                 node=len(self.nodes),
                 loc=loc,
             )
-        # provenance: the node's id and op in this (the user's) graph travel with its loc
-        return self.add_node(op, ins, inferred, source.stamp(loc, len(self.nodes), op_name(op)))
+        return self.add_node(op, ins, inferred, loc)
 
     def set_outputs(self, outputs: Iterable[NodeId] | NodeId) -> None:
         """Declare the graph outputs (a node id or a sequence of them)."""

@@ -53,7 +53,7 @@ def stamp(loc: SourceLoc | None, node: int, op: str) -> SourceLoc:
     """``loc`` with the provenance ``node`` / ``op`` (a line-less loc when ``loc`` is None)."""
     if loc is None:
         return SourceLoc("", 0, "", node, op)
-    return replace(loc, node=node, op=op)
+    return SourceLoc(loc.file, loc.line, loc.function, node, op, loc.fused)
 
 
 def fuse(anchor: SourceLoc | None, members: list[SourceLoc | None]) -> SourceLoc | None:
@@ -69,12 +69,20 @@ def fuse(anchor: SourceLoc | None, members: list[SourceLoc | None]) -> SourceLoc
     return replace(anchor, fused=tuple(flat))
 
 
-def capture() -> SourceLoc | None:
-    """Return the first stack frame outside the rlx package (the user's line), or None."""
+_OUTSIDE: dict[str, bool] = {}  # code file name -> whether it is outside the rlx package
+
+
+def capture(node: int | None = None, op: str | None = None) -> SourceLoc | None:
+    """Return the first stack frame outside the rlx package (the user's line), or None.
+    With ``node`` / ``op`` the loc carries that provenance (see :func:`stamp`), and a
+    line-less loc is returned when no frame is outside rlx."""
     f: FrameType | None = sys._getframe(1)
     while f is not None:
         fn = f.f_code.co_filename
-        if not os.path.abspath(fn).startswith(_PKG_DIR):
-            return SourceLoc(fn, f.f_lineno, f.f_code.co_name)
+        outside = _OUTSIDE.get(fn)
+        if outside is None:
+            outside = _OUTSIDE[fn] = not os.path.abspath(fn).startswith(_PKG_DIR)
+        if outside:
+            return SourceLoc(fn, f.f_lineno, f.f_code.co_name, node, op)
         f = f.f_back
-    return None
+    return None if node is None else SourceLoc("", 0, "", node, op)
