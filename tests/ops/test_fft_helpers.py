@@ -306,3 +306,21 @@ def test_complex_to_real_cast_keeps_the_real_part_without_a_warning():
         _, ref, got = _both(lambda g, z: g.cast(z, DType.F32), z=z)
     np.testing.assert_array_equal(ref, z.real)
     np.testing.assert_array_equal(got, z.real)
+
+
+def test_symbolic_leading_dims_are_fine():
+    """Only the transformed axis must be static: a symbolic batch runs at any binding."""
+    g = rlx.Graph("s")
+    b = g.sym("b", max=8)
+    x = g.input("x", Shape((b, 40), DType.F32))
+    k = g.input("k", Shape((5,), DType.F32))
+    g.set_outputs([g.stft(x, 16, 4), g.psd_real(x, fs=2.0), g.fft_conv1d(x, k, "same")])
+    cg = SESSION.compile(g)
+    for n in (1, 3):
+        xv = RNG.standard_normal((n, 40)).astype(np.float32)
+        kv = RNG.standard_normal(5).astype(np.float32)
+        s, p, c = cg.run({"x": xv, "k": kv})
+        want_s = _stft_loop(xv, 16, 4, 16, None, True, "reflect", False, True)
+        _close(s, want_s)
+        _close(p, ss.periodogram(xv.astype(np.float64), 2.0)[1], 1e-5)
+        _close(c, ss.fftconvolve(xv, kv[None], "same", axes=-1), 1e-5)
