@@ -77,7 +77,7 @@ def gated_delta_net_kernel(
             np.matmul(k_row, s, out=r)  # S^T k_t
             np.subtract(v_row, r, out=r)
             np.multiply(r, beta_t, out=r)
-            np.multiply(k_col, r, out=upd)  # k_t delta^T
+            np.matmul(k_col, r, out=upd)  # k_t delta^T (a broadcast multiply buffers)
             np.add(s, upd, out=s)
             if not final:
                 np.matmul(q_row, s, out=o_row)
