@@ -117,7 +117,8 @@ def _values(dt, shape):
 @pytest.mark.parametrize("dt", TOPK_DTYPES)
 @pytest.mark.parametrize("largest", [True, False])
 @pytest.mark.parametrize(
-    ("shape", "k", "axis"), [((5, 17), 4, -1), ((9, 3, 2), 9, 0), ((6, 8), 1, 0)]
+    ("shape", "k", "axis"),
+    [((5, 17), 4, -1), ((9, 3, 2), 9, 0), ((6, 8), 1, 0), ((11,), 3, 0), ((3, 7, 4), 2, 1)],
 )
 def test_topk_kernel_matches_the_reference_order(dt, largest, shape, k, axis):
     x = _values(dt, shape)
