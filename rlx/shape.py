@@ -41,6 +41,8 @@ class Sym:
 
     def __post_init__(self) -> None:
         terms, coeff = self.terms, self.coeff
+        if type(coeff) is int and coeff >= 1 and type(terms) is tuple and _canonical(terms):
+            return  # the common case, kept cheap: shape rules build Syms all the time
         if isinstance(terms, str):
             terms = ((terms, 1),)
         object.__setattr__(self, "terms", _check_terms(terms, coeff))
@@ -99,6 +101,21 @@ class Sym:
 
     def __repr__(self) -> str:
         return f"Sym({str(self)!r})"
+
+
+def _canonical(terms: tuple[object, ...]) -> bool:
+    """Whether ``terms`` are already valid and in canonical order (sorted unique names)."""
+    prev = ""
+    for t in terms:
+        if type(t) is not tuple or len(t) != 2:
+            return False
+        n, p = t
+        if type(n) is not str or type(p) is not int or p < 1 or n <= prev:
+            return False
+        if not n.isidentifier():
+            return False
+        prev = n
+    return bool(terms)
 
 
 def _check_int(v: object, what: str) -> int:

@@ -51,9 +51,23 @@ def _is_frozen_dataclass(cls: type) -> bool:
     return dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
 
 
-def known_classes() -> dict[str, list[type]]:
+_KNOWN: tuple[tuple[type, ...], dict[str, list[type]]] | None = None
+
+
+def known_classes(fresh: bool = False) -> dict[str, list[type]]:
     """Qualname -> enum and frozen dataclass classes found in the modules of registered
-    ops (and in the rlx modules those classes are defined in)."""
+    ops (and in the rlx modules those classes are defined in). Cached while the op
+    registry is unchanged; ``fresh`` rescans."""
+    global _KNOWN
+    ops = tuple(OPS.values())
+    if not fresh and _KNOWN is not None and _KNOWN[0] == ops:
+        return _KNOWN[1]
+    found = _scan()
+    _KNOWN = (ops, found)
+    return found
+
+
+def _scan() -> dict[str, list[type]]:
     found: dict[str, list[type]] = {}
     todo = [sys.modules[c.__module__] for c in OPS.values() if c.__module__ in sys.modules]
     seen: set[str] = set()
@@ -84,7 +98,7 @@ def known_classes() -> dict[str, list[type]]:
 
 
 def _lookup(classes: dict[str, list[type]], name: str, where: str) -> type:
-    got = classes.get(name, [])
+    got = classes.get(name) or known_classes(fresh=True).get(name, [])
     if not got:
         raise SerializationError(f"{where}: unknown class {name!r} (not an rlx enum or dataclass)")
     if len(got) > 1:
@@ -166,6 +180,8 @@ class Encoder:
         if isinstance(v, Graph):
             return {"graph": self.graph(v, f"{where} sub-graph {v.name!r}")}
         if isinstance(v, enum.Enum) or _is_frozen_dataclass(t):
+            if t not in self.classes.get(t.__qualname__, []):
+                self.classes = known_classes(fresh=True)
             if t not in self.classes.get(t.__qualname__, []):
                 raise SerializationError(
                     f"{where}: {t.__module__}.{t.__qualname__} is not an enum or frozen "
@@ -275,6 +291,7 @@ class _Decoder:
         self.classes = known_classes()
         self.section = blobs
         self.table = table
+        self._shapes: dict[tuple[Any, ...], Shape] = {}  # a file repeats a few shapes
 
     @staticmethod
     def field(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -327,7 +344,11 @@ class _Decoder:
 
     def shape(self, v: Any, where: str) -> Shape:
         dims = self.dims(self.field(v, "dims", list, where), where)
-        return Shape(dims, self.dtype(self.field(v, "dtype", str, where), where))
+        key = (dims, self.dtype(self.field(v, "dtype", str, where), where))
+        got = self._shapes.get(key)
+        if got is None:
+            got = self._shapes[key] = Shape(*key)
+        return got
 
     def value(self, v: Any, where: str, depth: int) -> Any:
         if v is None or type(v) in (bool, int, str):

@@ -5,11 +5,12 @@ node, the class, the attribute, the type its field declares and the value given.
 A file that passes its checksum may still have been crafted. Dataclasses do not check
 their field types, so without this an ``int`` field given a string, or a ``bytes`` field
 given a tuple, builds an op that fails later with a bare TypeError. Each value is checked
-against the field's annotation (resolved with ``typing.get_type_hints``): ``int``,
-``float`` (an int is accepted), ``bool`` (a bool only), ``str``, ``bytes``, ``None``, unions
-(``X | None``), ``tuple[T, ...]`` and fixed tuples, ``Any``, and classes (enums, DType,
-Shape, Sym, ConstValue, Graph, rlx dataclasses) by ``isinstance``. An annotation that
-cannot be resolved or is of another kind is not checked.
+against the field's annotation (resolved with ``typing.get_type_hints``): ``int`` (not a
+bool), ``float`` (an int is accepted, a bool is not), ``bool`` (not an int), ``str``,
+``bytes``, ``None``, unions (``X | None``), ``tuple[T, ...]`` and fixed tuples, ``Any``,
+and classes (enums, DType, Shape, Sym, ConstValue, Graph, rlx dataclasses) by
+``isinstance``. An annotation that cannot be resolved or is of another kind is not
+checked.
 """
 
 from __future__ import annotations
@@ -102,10 +103,10 @@ def conforms(v: Any, t: Any) -> bool:
         if origin is Callable or origin is getattr(typing, "Callable", None):
             return callable(v)
         return isinstance(origin, type) and isinstance(v, origin)
-    if t is float:  # the numeric tower: an int (or a bool) is a float, a bool an int
-        return isinstance(v, int | float)
+    if t is float:  # the numeric tower: an int is a float (a bool is neither here)
+        return type(v) in (int, float)
     if t is int:
-        return isinstance(v, int)
+        return type(v) is int
     if t is bool:
         return type(v) is bool
     if isinstance(t, type):

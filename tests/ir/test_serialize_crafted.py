@@ -35,7 +35,8 @@ def _graph() -> rlx.Graph:
     b = g.sym("batch", max=8)
     x = g.input("x", (b, 4))
     h = g.layer_norm(g.cast(x, "f32"), g.constant(np.arange(4, dtype=np.float32)))
-    g.set_outputs(g.add(h, g.constant(np.linspace(0, 1, 12, dtype=np.float32)[:4])))
+    h = g.add(h, g.constant(np.linspace(0, 1, 12, dtype=np.float32)[:4]))
+    g.set_outputs(g.softmax(h, axis=-1))
     return g
 
 
@@ -83,7 +84,9 @@ def test_an_inflated_blob_section_is_refused_before_it_is_read(tmp_path):
 
 def test_blob_room_the_table_does_not_account_for_is_refused():
     header, blobs = _frame(dumps(_graph()))
-    with pytest.raises(SerializationError, match="blob section is 1152 bytes but its table accounts for 128"):
+    with pytest.raises(
+        SerializationError, match="blob section is 1152 bytes but its table accounts for 128"
+    ):
         loads(_reframe(header, blobs + bytes(1024)))  # checksum right, 1 KiB of nothing
     header["blobs"][1][0] += 64
     with pytest.raises(SerializationError, match="blob 1 starts at offset 128, expected 64"):
@@ -126,13 +129,14 @@ _SYM = '{"coeff": 1, "sym": [["batch", 1]]}'
     [
         # a symbolic dim with coefficient 0 divided by zero when the graph ran
         (_SYM, _SYM.replace('"coeff": 1', '"coeff": 0'), r"coefficient must be an int >= 1"),
-        (_SYM, _SYM.replace('1]]', "-1]]"), r"power of 'batch' must be an int >= 1, got -1"),
+        (_SYM, _SYM.replace("1]]", "-1]]"), r"power of 'batch' must be an int >= 1, got -1"),
         ('"batch"', '"no good"', r"symbolic dim name must be an identifier, got 'no good'"),
         ('["batch", 1, 8]', '["batch", 9, 8]', r"symbolic dim 'batch': max 8 < min 9"),
         ('["batch", 1, 8]', '["batch", -3, 8]', r"min must be an int >= 0, got -3"),
         # attribute types are checked against the op's dataclass fields
         ('"eps": {"float": "0x1.4f8b588e368f1p-17"}', '"eps": "x"', r"LayerNorm.eps must be float"),
         ('"has_beta": false', '"has_beta": 0', r"LayerNorm.has_beta must be bool, got int 0"),
+        ('"axis": 1', '"axis": true', r"Softmax.axis must be int, got bool True"),
         ('"to": {"dtype": "f32"}', '"to": "f32"', r"Cast.to must be DType, got str 'f32'"),
         (
             '"fn": {"enum": "BinaryKind", "member": "ADD"}',
