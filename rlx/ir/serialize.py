@@ -17,10 +17,10 @@ in :mod:`rlx.ir.serialize_codec`.
 version and that the prelude's lengths add up to exactly that size before it reads
 anything else; then it reads the header (bounded reads, never more than the prelude
 declares) and checks that the blob table accounts for the whole blob section before it
-reads the blobs. A padded, truncated or inflated file is refused without reading its bulk.
-Then the checksum, then the graph is rebuilt, every attribute type-checked and the graph
-verified. Any problem raises SerializationError saying what was wrong; a half-loaded graph
-is never returned.
+reads the blobs. A padded, truncated or inflated file is refused without reading its bulk
+(a pipe, which has no size, is read to its end first). Then the checksum, then the graph is
+rebuilt, every attribute type-checked and the graph verified. Any problem raises
+SerializationError saying what was wrong; a half-loaded graph is never returned.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import struct
 import sys
 from collections.abc import Mapping
@@ -79,6 +80,8 @@ def load(path: str | os.PathLike[str]) -> tuple[Graph, dict[str, np.ndarray]]:
     _check_host()
     try:
         with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # a pipe: no size to check
+                return _load(_BytesSource(memoryview(f.read())))
             return _load(_FileSource(f))
     except OSError as e:
         raise SerializationError(f"cannot read {str(path)!r}: {e.strerror or e}") from e

@@ -179,3 +179,20 @@ def test_loads_takes_bytes_and_names_what_it_got():
         loads("RLXG")
     data = dumps(_graph())
     assert loads(bytearray(data))[0] == loads(memoryview(data))[0] == _graph()
+
+
+def test_a_pipe_is_read_to_its_end(tmp_path):
+    """No size to check before reading: the bytes are read, then framed as from memory."""
+    import os
+    import threading
+
+    fifo = tmp_path / "graph.fifo"
+    os.mkfifo(fifo)
+    data = dumps(_graph())
+    writer = threading.Thread(target=lambda: fifo.write_bytes(data))
+    writer.start()
+    try:
+        g, _ = load(fifo)
+    finally:
+        writer.join()
+    assert g == _graph()
