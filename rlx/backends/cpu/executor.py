@@ -79,10 +79,11 @@ def aligned_arena(nbytes: int, alignment: int = ARENA_ALIGNMENT) -> np.ndarray:
 
 
 def _where(node: Node) -> str:
-    text = f"%{node.id} {node.op}"
-    if node.loc is not None:
-        text += f" (built at {node.loc})"
-    return text
+    """The node as reports name it (the user's graph: ``%19 matmul (model.py:42)``)."""
+    loc = node.loc
+    if loc is not None and loc.file:
+        return f"{node.label} (built at {loc})"
+    return node.label
 
 
 def _after(steps: Sequence[Kernel], fn: Kernel) -> Kernel:
@@ -351,11 +352,13 @@ class Executor:
         return None
 
     def _annotate(self, exc: Exception, nid: NodeId) -> Exception:
-        """An rlx error without a node becomes the same error naming node ``nid`` and the
-        user line that built it; any other exception gets a note naming the node."""
+        """An rlx error without a node becomes the same error naming node ``nid`` (by the
+        user's graph: its id there, op and line) and the user line that built it; any other
+        exception gets a note naming the node."""
         n = self.graph.nodes[nid]
         if isinstance(exc, RlxError) and exc.node is None:
-            return type(exc)(f"%{nid} {n.op}: {exc.bare_message}", node=nid, loc=n.loc)
+            user = n.loc.node if n.loc is not None and n.loc.node is not None else nid
+            return type(exc)(f"{n.label}: {exc.bare_message}", node=user, loc=n.loc)
         exc.add_note(f"while running {_where(n)}")
         return exc
 
