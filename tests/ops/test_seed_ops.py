@@ -214,10 +214,10 @@ def test_singular_matrix_is_an_input_error_on_both_paths():
     a = np.array([[1.0, 2.0], [2.0, 4.0]])
     b = np.array([1.0, 1.0])
     g = build({"a": a, "b": b}, lambda g, a, b: g.dense_solve(a, b))
-    with pytest.raises(InputError, match="dense_solve: A is singular"):
+    with pytest.raises(InputError, match=r"dense_solve\b.*: A is singular"):
         g.evaluate({"a": a, "b": b})
     cg = Session("cpu").compile(g, RAW)
-    with pytest.raises(InputError, match="dense_solve: A is singular"):
+    with pytest.raises(InputError, match=r"dense_solve\b.*: A is singular"):
         cg.run({"a": a, "b": b})
     ok = np.array([[2.0, 0.0], [0.0, 4.0]])
     np.testing.assert_allclose(cg.run({"a": ok, "b": b})[0], [0.5, 0.25])  # still usable
@@ -225,9 +225,9 @@ def test_singular_matrix_is_an_input_error_on_both_paths():
     ab = np.stack([np.eye(2), a, np.eye(2)])
     bb = np.ones((3, 2))
     g = build({"a": ab, "b": bb}, lambda g, a, b: g.dense_solve(a, b))
-    with pytest.raises(InputError, match=r"batched_dense_solve: A\[1\] is singular"):
+    with pytest.raises(InputError, match=r"batched_dense_solve\b.*: A\[1\] is singular"):
         g.evaluate({"a": ab, "b": bb})
-    with pytest.raises(InputError, match=r"batched_dense_solve: A\[1\] is singular"):
+    with pytest.raises(InputError, match=r"batched_dense_solve\b.*: A\[1\] is singular"):
         Session("cpu").compile(g, RAW).run({"a": ab, "b": bb})
 
 
