@@ -84,7 +84,9 @@ def _is_lir(obj: Any) -> bool:
 
 class GraphModule:
     """A model at the HIR, MIR or LIR stage. Build with :meth:`define`, :meth:`hir`,
-    :meth:`mir`, :meth:`from_graph`, :meth:`from_hir` or :meth:`from_lir`."""
+    :meth:`mir`, :meth:`from_graph` / :meth:`from_mir`, :meth:`from_hir` or
+    :meth:`from_lir`. At MIR stage the Graph's own methods are reachable from the module
+    (``mm.matmul(x, w)``; see the module docstring)."""
 
     __slots__ = ("_value",)
 
