@@ -25,6 +25,7 @@ __all__ = [
     "QuantizationError",
     "StageError",
     "ConfigError",
+    "ModelError",
 ]
 
 
@@ -83,3 +84,8 @@ class QuantizationError(RlxError, ValueError):
 
 class ConfigError(RlxError, ValueError):
     """An ``RLX_*`` environment variable (or a configuration value) that does not parse."""
+
+
+class ModelError(RlxError, ValueError):
+    """A model directory rlx cannot load: a missing or malformed file, an unsupported
+    architecture or config value, or a checkpoint tensor missing, extra or misshapen."""

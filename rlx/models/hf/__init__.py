@@ -1,0 +1,179 @@
+"""Hugging Face encoder checkpoints. In: a local model directory (``config.json``,
+``model.safetensors`` or shards with ``model.safetensors.index.json``, ``tokenizer.json``).
+Out: :class:`HFModel`: the encoder as a GraphModule (symbolic batch and seq), its params,
+a tokenizer and the parsed config, with :meth:`HFModel.compile` to get a CompiledGraph.
+
+Everything is read and checked before anything is built (see ``config.py``,
+``weights.py``): an unsupported architecture or config value, a missing file, a missing,
+extra or misshapen tensor is a :class:`~rlx.errors.ModelError` naming it. Needs the
+``hf`` extra (``pip install 'rlx[hf]'``: safetensors and tokenizers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from rlx.errors import ModelError
+from rlx.ir.mir import Graph
+from rlx.ir.module import GraphModule
+from rlx.models.hf.arch import build_encoder, encoder_graph
+from rlx.models.hf.config import (
+    SUPPORTED_ARCHITECTURES,
+    EncoderConfig,
+    Family,
+    read_config,
+    read_json,
+)
+from rlx.models.hf.samples import CALIBRATION_TEXTS
+from rlx.models.hf.tokenizer import Tokenizer, check_texts
+from rlx.models.hf.weights import load_weights
+
+__all__ = [
+    "load",
+    "HFModel",
+    "EncoderConfig",
+    "Family",
+    "Tokenizer",
+    "SUPPORTED_ARCHITECTURES",
+    "PRECISIONS",
+    "CALIBRATION_TEXTS",
+    "build_encoder",
+    "encoder_graph",
+]
+
+#: ``precision=`` values: f32, bf16 (AutoMixedBf16 policy), int8 (rlx.quantize on text).
+PRECISIONS = ("f32", "bf16", "int8")
+
+
+def _max_length(model_dir: Path, cfg: EncoderConfig) -> int:
+    """The token limit: sentence_bert_config.json's max_seq_length, else tokenizer.json's
+    truncation, else tokenizer_config.json's model_max_length, capped by the position
+    table."""
+    limit = None
+    st = model_dir / "sentence_bert_config.json"
+    if st.is_file():
+        limit = read_json(st, "sentence-transformers config").get("max_seq_length")
+    if limit is None and (model_dir / "tokenizer.json").is_file():
+        trunc = read_json(model_dir / "tokenizer.json", "tokenizer").get("truncation")
+        limit = trunc.get("max_length") if isinstance(trunc, dict) else None
+    if limit is None and (model_dir / "tokenizer_config.json").is_file():
+        limit = read_json(model_dir / "tokenizer_config.json", "tokenizer config").get(
+            "model_max_length"
+        )
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        limit = cfg.max_positions
+    return min(limit, cfg.max_positions)
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ModelError(f"precision {precision!r} is not supported; choose one of {PRECISIONS}")
+    return precision
+
+
+@dataclass(frozen=True)
+class HFModel:
+    """A loaded encoder. ``module`` outputs the last hidden state [batch, seq, hidden];
+    ``params`` maps checkpoint tensor names to arrays (read-only views of the file where
+    the dtype allowed); ``max_length`` is the token limit texts are truncated to."""
+
+    path: Path
+    config: EncoderConfig
+    module: GraphModule
+    params: Mapping[str, np.ndarray]
+    tokenizer: Tokenizer
+    max_length: int
+    precision: str = "f32"
+    num_threads: int | None = None
+
+    @property
+    def graph(self) -> Graph:
+        return self.module.into_graph()
+
+    def inputs(self, texts: Sequence[str], pad_to: int | None = None) -> dict[str, np.ndarray]:
+        """Tokenized, padded graph inputs for ``texts`` (see :class:`Tokenizer`)."""
+        return self.tokenizer.encode(check_texts(texts), pad_to)
+
+    def options(self, precision: str | None = None, **kw: Any) -> Any:
+        """The CompileOptions for ``precision`` (default: the model's) and this thread
+        count; ``kw`` overrides other fields."""
+        from rlx.passes.precision import PrecisionPolicy
+        from rlx.runtime.options import CompileOptions
+
+        p = check_precision(precision or self.precision)
+        policy = PrecisionPolicy.AutoMixedBf16 if p == "bf16" else None
+        kw.setdefault("max_shape_plans", 16)
+        return CompileOptions(num_threads=self.num_threads, precision=policy, **kw)
+
+    def compile(self, graph: Graph | None = None, precision: str | None = None) -> Any:
+        """A CompiledGraph of ``graph`` (default: the encoder) at ``precision`` (default:
+        the model's) with the params set. int8 calibrates on the built-in sentences; use
+        :meth:`quantize` for your own text and the accuracy report."""
+        p = check_precision(precision or self.precision)
+        if p == "int8":
+            return self.quantize(graph=graph).compiled
+        from rlx.runtime.session import Session
+
+        g = graph if graph is not None else self.graph
+        return Session("cpu").compile(g, self.options(p), params=dict(self.params))
+
+    def quantize(
+        self,
+        texts: Iterable[str] | None = None,
+        graph: Graph | None = None,
+        batch_size: int = 8,
+        **kw: Any,
+    ) -> Any:
+        """``rlx.quantize`` of ``graph`` (default: the encoder) calibrated on ``texts``
+        (default: :data:`CALIBRATION_TEXTS`) in batches of ``batch_size``; ``kw`` goes to
+        ``rlx.quantize`` (``method=``, ``exclude=``, ...). Returns its QuantizeResult."""
+        from rlx.quant.api import quantize
+
+        sample = check_texts(CALIBRATION_TEXTS if texts is None else texts)
+        if not sample:
+            raise ModelError("quantize: calibration texts are empty; give at least one sentence")
+        batches = [
+            self.inputs(sample[i : i + batch_size]) for i in range(0, len(sample), batch_size)
+        ]
+        kw.setdefault("eval_batches", len(batches))
+        kw.setdefault("rank_layers", False)
+        g = graph if graph is not None else self.graph
+        return quantize(g, batches, params=dict(self.params), options=self.options("f32"), **kw)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"HFModel({c.architecture}, layers={c.num_layers}, hidden={c.hidden_size}, "
+            f"heads={c.num_heads}, max_length={self.max_length}, path={str(self.path)!r})"
+        )
+
+
+def load(path: str | Path, precision: str = "f32", num_threads: int | None = None) -> HFModel:
+    """Load the Hugging Face encoder in directory ``path`` (see the module docstring)."""
+    model_dir = Path(path)
+    if not model_dir.is_dir():
+        raise ModelError(f"model directory {str(model_dir)!r} does not exist or is not a directory")
+    check_precision(precision)
+    cfg = read_config(model_dir)
+    max_len = _max_length(model_dir, cfg)
+    tok = Tokenizer(
+        model_dir / "tokenizer.json", max_len, cfg.pad_token_id, token_types=cfg.type_vocab_size > 0
+    )
+    params = load_weights(model_dir, cfg)
+    module = GraphModule.from_graph(encoder_graph(cfg, cfg.architecture))
+    return HFModel(
+        path=model_dir,
+        config=cfg,
+        module=module,
+        params=MappingProxyType(params),
+        tokenizer=tok,
+        max_length=max_len,
+        precision=precision,
+        num_threads=num_threads,
+    )

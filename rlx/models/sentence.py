@@ -1,0 +1,187 @@
+"""Sentence embeddings. In: a sentence-transformers (or plain Hugging Face) encoder
+directory and texts. Out: float32 vectors ``[n, dim]``, as ``SentenceTransformer.encode``
+gives them.
+
+The pooling runs inside the compiled graph: the encoder's last hidden state is pooled
+over the non-padding tokens (:func:`pool`) and the graph has two outputs, the pooled
+vector and its L2-normalized form, so ``normalize=`` picks one without a second compile.
+
+:class:`SentenceEncoder` batches like sentence-transformers: texts are sorted by token
+count (longest first) to cut padding, and the order is restored at the end. Each batch is
+padded to the next of a few sequence lengths (:data:`BUCKETS`, capped at the model's
+``max_length``), so a corpus needs at most ``len(buckets)`` shape plans per batch size
+(at most two batch sizes: ``batch_size`` and the last, shorter batch). Texts longer than
+``max_length`` tokens are truncated as the tokenizer file says. :meth:`encode_batches`
+is the per-batch core (an iterator in, an iterator out), for a runner that feeds shards.
+
+``precision``: "f32"; "bf16" (``PrecisionPolicy.AutoMixedBf16``); "int8"
+(``rlx.quantize`` calibrated on ``calibration_texts`` or the built-in sample
+:data:`rlx.models.hf.CALIBRATION_TEXTS`, its AccuracyReport on
+``encoder.quantization_report``).
+
+An empty text list gives an empty ``[0, dim]`` array; a non-string text is an InputError
+naming its index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx.errors import InputError
+from rlx.ir.mir import Graph, NodeId
+from rlx.models.hf import HFModel, check_precision, load
+from rlx.models.hf.arch import build_encoder
+from rlx.models.hf.layout import Pooling, StLayout, read_layout
+from rlx.models.hf.tokenizer import check_texts
+
+__all__ = ["SentenceEncoder", "Pooling", "pool", "sentence_graph", "BUCKETS"]
+
+#: Sequence lengths batches are padded to (capped at the model's max_length).
+BUCKETS = (16, 32, 64, 128, 256, 512)
+#: ``progress=None`` shows a bar from this many batches on (when tqdm is installed).
+PROGRESS_MIN_BATCHES = 8
+
+
+def pool(g: Graph, hidden: NodeId, mask: NodeId, kind: Pooling) -> NodeId:
+    """``[batch, hidden]`` from ``hidden [batch, seq, h]`` and the f32 ``mask [batch, seq]``
+    (1 = token): sentence-transformers' Pooling (mean over tokens with the count clamped
+    at 1e-9; the first token; the max with padding at -1e9; the sum over sqrt(count))."""
+    b, s, _ = g.node(hidden).shape.dims
+    m3 = g.reshape(mask, (b, s, 1))
+    if kind is Pooling.CLS:
+        return g.gather(hidden, g.constant(np.int64(0)), 1)
+    if kind is Pooling.MAX:
+        return g.max(g.add(hidden, g.mul(g.sub(m3, 1.0), 1e9)), 1)
+    total = g.sum(g.mul(hidden, m3), 1)
+    count = g.maximum(g.sum(m3, 1), 1e-9)
+    if kind is Pooling.MEAN_SQRT_LEN:
+        return g.div(total, g.sqrt(count))
+    return g.div(total, count)
+
+
+def _l2_normalize(g: Graph, x: NodeId) -> NodeId:
+    """``x / max(||x||, 1e-12)`` over the last axis (torch.nn.functional.normalize)."""
+    norm = g.sqrt(g.sum(g.mul(x, x), -1, keepdims=True))
+    return g.div(x, g.maximum(norm, 1e-12))
+
+
+def sentence_graph(model: HFModel, kind: Pooling) -> Graph:
+    """The encoder of ``model`` with the pooling head; outputs ``[pooled, normalized]``."""
+    g, hidden, mask = build_encoder(model.config, f"{model.config.architecture}_{kind.value}")
+    pooled = pool(g, hidden, mask, kind)
+    g.set_outputs([pooled, _l2_normalize(g, pooled)])
+    return g
+
+
+def _buckets(max_length: int) -> tuple[int, ...]:
+    return tuple(b for b in BUCKETS if b < max_length) + (max_length,)
+
+
+class SentenceEncoder:
+    """Text -> embeddings for the model directory ``path`` (see the module docstring).
+
+    ``precision``: "f32", "bf16" or "int8"; ``num_threads``: threads of the compiled
+    graph (None: rlx's default); ``calibration_texts``: sentences to calibrate INT8 on.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        precision: str = "f32",
+        num_threads: int | None = None,
+        *,
+        calibration_texts: Sequence[str] | None = None,
+    ):
+        check_precision(precision)
+        self.layout: StLayout = read_layout(Path(path))
+        self.model: HFModel = load(self.layout.transformer_dir, precision, num_threads)
+        self.precision = precision
+        self.graph = sentence_graph(self.model, self.layout.pooling)
+        self.quantization_report: Any = None
+        if precision == "int8":
+            result = self.model.quantize(calibration_texts, graph=self.graph)
+            self.compiled = result.compiled
+            self.quantization_report = result.report
+        else:
+            self.compiled = self.model.compile(self.graph)
+        self.buckets = _buckets(self.model.max_length)
+
+    @property
+    def dim(self) -> int:
+        """The embedding size."""
+        return self.model.config.hidden_size
+
+    @property
+    def max_length(self) -> int:
+        """Texts are truncated to this many tokens (special tokens included)."""
+        return self.model.max_length
+
+    @property
+    def normalize_default(self) -> bool:
+        """Whether the model's modules.json ends in a Normalize module."""
+        return self.layout.normalize
+
+    def _pad_len(self, longest: int) -> int:
+        return next(b for b in self.buckets if b >= longest)
+
+    def encode_batches(
+        self, batches: Iterable[Sequence[str]], normalize: bool | None = None
+    ) -> Iterator[np.ndarray]:
+        """For each batch of texts, its embeddings f32 ``[len(batch), dim]`` in the
+        batch's order (padded to a bucket length, no sorting across batches)."""
+        out = 1 if (self.layout.normalize if normalize is None else normalize) else 0
+        for batch in batches:
+            texts = check_texts(batch)
+            if not texts:
+                yield np.zeros((0, self.dim), np.float32)
+                continue
+            tok = self.model.tokenizer
+            encs = tok.tokenize(texts)
+            pad = self._pad_len(max(len(e[0]) for e in encs))
+            yield np.asarray(self.compiled.run(tok.pad(encs, pad))[out], dtype=np.float32)
+
+    def encode(
+        self,
+        texts: Sequence[str],
+        batch_size: int = 32,
+        normalize: bool | None = None,
+        progress: bool | None = None,
+    ) -> np.ndarray:
+        """Embeddings f32 ``[len(texts), dim]`` in the order of ``texts``. ``normalize``
+        None follows the model (a Normalize module); ``progress`` None shows a tqdm bar
+        for more than a few batches when tqdm is installed."""
+        items = check_texts(texts)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InputError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if not items:
+            return np.zeros((0, self.dim), np.float32)
+        lengths = np.array([len(e[0]) for e in self.model.tokenizer.tokenize(items)])
+        order = np.argsort(-lengths, kind="stable")
+        chunks = [
+            [items[j] for j in order[i : i + batch_size]] for i in range(0, len(items), batch_size)
+        ]
+        it: Iterable[np.ndarray] = self.encode_batches(chunks, normalize)
+        if progress or (progress is None and len(chunks) >= PROGRESS_MIN_BATCHES):
+            it = _with_bar(it, len(chunks))
+        out = np.empty((len(items), self.dim), np.float32)
+        out[order] = np.concatenate(list(it), axis=0)
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"SentenceEncoder({self.model.config.architecture}, dim={self.dim}, "
+            f"pooling={self.layout.pooling.value}, normalize={self.layout.normalize}, "
+            f"precision={self.precision!r}, path={str(self.layout.transformer_dir)!r})"
+        )
+
+
+def _with_bar(it: Iterable[np.ndarray], total: int) -> Iterable[np.ndarray]:
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return it
+    return tqdm(it, total=total, desc="encode", unit="batch")
