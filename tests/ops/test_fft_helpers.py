@@ -242,6 +242,12 @@ def test_psd_real_errors():
     w = g.input("w", Shape((16,), DType.F32))
     with pytest.raises(ShapeError, match="window node must be a constant"):
         g.psd_real(x, window=w)
+    # a constant window node is fine: its values set the scale
+    win = np.hanning(16)
+    g.set_outputs([g.psd_real(x, 4.0, window=g.constant(win.astype(np.float32)))])
+    xv = RNG.standard_normal(16).astype(np.float32)
+    (got,) = g.evaluate({"x": xv, "xs": np.zeros((2, 3), np.float32), "w": np.ones(16, np.float32)})
+    _close(got, ss.periodogram(xv.astype(np.float64), 4.0, win)[1], 1e-5)
 
 
 # ---- convolution ---------------------------------------------------------------------
