@@ -50,6 +50,7 @@ with atheris.instrument_imports(include=["rlx"]):
 
 _PRELUDE = struct.Struct("<4sIQQ")
 MAX_ELEMENTS = 1 << 16  # a loaded graph with a larger tensor is not run
+MAX_ITERATIONS = 1000  # nor one with a longer (or unbounded) while loop
 RUN_CPU = False
 
 
@@ -197,6 +198,21 @@ def custom_mutator(data: bytes, max_size: int, seed: int) -> bytes:
 # ---- the property --------------------------------------------------------------------
 
 
+def _bounded(g: rlx.Graph) -> bool:
+    """Whether running ``g`` must end soon: every while loop (in sub-graphs too) has a
+    max_iterations of at most MAX_ITERATIONS (a loop without one may run forever, as its
+    graph says)."""
+    from rlx.ops.control import While
+
+    for n in g.nodes:
+        m = getattr(n.op, "max_iterations", 0)
+        if isinstance(n.op, While) and (m is None or m > MAX_ITERATIONS):
+            return False
+        if not all(_bounded(sub) for sub in n.op.subgraphs()):
+            return False
+    return True
+
+
 def _feeds(g: rlx.Graph) -> dict[str, np.ndarray] | None:
     bindings = {k: min(max(lo, 2), 2 if hi is None else hi) for k, (lo, hi) in g.sym_bounds.items()}
     for n in g.nodes:
@@ -225,7 +241,7 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 - the name atheris looks fo
             raise AssertionError(f"refused only by the catch-all: {e}") from e.__cause__
         return
     g.verify()
-    feeds = _feeds(g)
+    feeds = _feeds(g) if _bounded(g) else None
     if feeds is None:
         return
     full = dict(params)
@@ -254,6 +270,8 @@ def main(argv: list[str]) -> None:
         _write_seeds(d)
     if not any(a.startswith("-max_len=") for a in argv):
         argv = [*argv, "-max_len=65536"]  # the seeds are a few KB; leave room to grow
+    if not any(a.startswith("-timeout=") for a in argv):
+        argv = [*argv, "-timeout=30"]  # an input slower than this is saved as a finding
     atheris.Setup(argv, TestOneInput, custom_mutator=custom_mutator)
     atheris.Fuzz()
 

@@ -25,6 +25,7 @@ from rlx.ir.serialize import FORMAT_VERSION, MAGIC, dumps, loads
 
 N_MUTANTS = 3000
 MAX_ELEMENTS = 1 << 16  # a mutant whose tensors would be larger is loaded but not run
+MAX_ITERATIONS = 1000  # nor one with a longer (or unbounded) while loop
 
 
 def _base() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
@@ -168,6 +169,21 @@ def _mutate_blobs(rng: random.Random, blobs: bytes) -> tuple[str, bytes]:
 # ---- running what loads ----------------------------------------------------------------
 
 
+def _bounded(g: rlx.Graph) -> bool:
+    """Whether running ``g`` must end soon: every while loop (in sub-graphs too) has a
+    max_iterations of at most MAX_ITERATIONS (a loop without one may run forever, as its
+    graph says)."""
+    from rlx.ops.control import While
+
+    for n in g.nodes:
+        m = getattr(n.op, "max_iterations", 0)
+        if isinstance(n.op, While) and (m is None or m > MAX_ITERATIONS):
+            return False
+        if not all(_bounded(sub) for sub in n.op.subgraphs()):
+            return False
+    return True
+
+
 def _feeds(g: rlx.Graph, rng: np.random.Generator) -> dict[str, np.ndarray] | None:
     """Inputs for ``g`` (symbolic dims bound inside their bounds), or None when some tensor
     of the graph would exceed MAX_ELEMENTS."""
@@ -206,7 +222,7 @@ class Stats:
 
 
 def _run(g: rlx.Graph, params: dict, rng: np.random.Generator, stats: Stats, cpu: bool) -> None:
-    feeds = _feeds(g, rng)
+    feeds = _feeds(g, rng) if _bounded(g) else None
     if feeds is None:
         stats.too_big += 1
         return
@@ -247,7 +263,7 @@ def fuzz(n: int, seed: int, cpu_every: int = 1) -> Stats:
         lambda: (lambda w, b: (w, _frame(text, b)))(*_mutate_blobs(rng, blobs)),
     ]
     for k in range(n):
-        what, data = rng.choices(mutators, weights=[8, 3, 1])[0]()
+        what, data = rng.choices(mutators, weights=[8, 3, 1 if blobs else 0])[0]()
         try:
             g, params = loads(data)
         except SerializationError as e:
