@@ -302,7 +302,7 @@ def _add_mask(g: Graph, scores: NodeId, mask: Any, sq: Any, skv: Any) -> NodeId:
     static lengths, built from position counters (expand, cumsum, compare, where) for
     symbolic ones.
     A query row that sees no key (only possible when ``Skv < Sq``) then gives NaN here,
-    where the fused Attention op gives zeros."""
+    as the fused Attention op does."""
     from rlx.ops.nn import MaskType
 
     if mask.type is MaskType.NONE:
