@@ -1,0 +1,151 @@
+"""BERT, RoBERTa and DistilBERT on tiny random checkpoints (tests/models/tiny_checkpoints.py)
+vs transformers' outputs for the same files (tests/data/hf/tiny_*.npz)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import rlx.models.hf as hf
+from rlx.models import SentenceEncoder
+from tests.models import tiny_checkpoints as tc
+from tests.models.conftest import cosines, tiny_ref
+
+
+def _hidden(model_dir, ref):
+    m = hf.load(model_dir, num_threads=1)
+    texts = list(tc.SENTENCES)
+    inp = m.inputs(texts, pad_to=ref["input_ids"].shape[1])
+    return m, inp, m.compile().run(inp)[0]
+
+
+@pytest.mark.parametrize("family", tc.FAMILIES)
+def test_last_hidden_state_matches_transformers(tiny_dirs, family):
+    ref = tiny_ref(family)
+    m, inp, h = _hidden(tiny_dirs[family], ref)
+    np.testing.assert_array_equal(inp["input_ids"], ref["input_ids"])  # incl. truncation
+    np.testing.assert_array_equal(inp["attention_mask"], ref["attention_mask"])
+    assert ("token_type_ids" in inp) == (family != "distilbert")
+    # every position, padding included (RoBERTa's pad positions use position pad_token_id)
+    assert np.abs(h - ref["last_hidden_state"]).max() <= 1e-5
+    assert m.config.family.value == family
+
+
+@pytest.mark.parametrize("family", tc.FAMILIES)
+def test_sentence_encoder_plain_hf_dir_mean_pools(tiny_dirs, family):
+    ref = tiny_ref(family)
+    enc = SentenceEncoder(tiny_dirs[family], num_threads=1)
+    assert not enc.normalize_default  # no modules.json: mean pooling, not normalized
+    got = enc.encode(list(tc.SENTENCES), batch_size=2)
+    assert np.abs(got - ref["mean_pooled"]).max() <= 1e-5
+    assert cosines(got, ref["mean_pooled"]).min() >= 0.99999
+
+
+@pytest.mark.parametrize(
+    ("dtype", "shards"), [("bf16", 1), ("f16", 1), ("f32", 3)], ids=["bf16", "f16", "sharded"]
+)
+def test_checkpoint_storage_variants(tmp_path, dtype, shards):
+    """bf16 / f16 files and a 3-shard checkpoint with its index hold the same numbers
+    (tiny weights are bf16- and f16-exact), so the f32 reference applies unchanged."""
+    d = tc.build("bert", tmp_path / "m", dtype=dtype, shards=shards)
+    if shards > 1:
+        assert not (d / "model.safetensors").exists()
+    m, _, h = _hidden(d, tiny_ref("bert"))
+    assert all(v.dtype == np.float32 for v in m.params.values())
+    assert np.abs(h - tiny_ref("bert")["last_hidden_state"]).max() <= 1e-5
+
+
+def test_f32_weights_are_views_of_the_file(tiny_dirs):
+    m = hf.load(tiny_dirs["bert"])
+    w = m.params["encoder.layer.0.attention.self.query.weight"]
+    assert isinstance(w.base, np.ndarray) and not w.flags.writeable
+    assert w.shape == (tc.HIDDEN, tc.HIDDEN)
+    raw = tc.weights("bert")["encoder.layer.0.attention.self.query.weight"]
+    np.testing.assert_array_equal(w, raw.T)  # stored [out, in], read as [in, out]
+
+
+def _st_layout(src, dst, modes, normalize):
+    """Copy of tiny BERT as a sentence-transformers dir with the given pooling modes."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    mods = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    if normalize:
+        mods.append(
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            }
+        )
+    (dst / "modules.json").write_text(json.dumps(mods))
+    (dst / "1_Pooling").mkdir()
+    keys = ["cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens"]
+    cfg = {f"pooling_mode_{k}": k in modes for k in keys}
+    (dst / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 32, **cfg})
+    )
+    (dst / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 16}))
+    return dst
+
+
+def _numpy_pool(h, mask, mode):
+    m = mask[..., None].astype(np.float64)
+    if mode == "cls_token":
+        return h[:, 0]
+    if mode == "max_tokens":
+        return np.where(m > 0, h, -1e9).max(1)
+    s = (h * m).sum(1)
+    return s / np.sqrt(m.sum(1)) if mode == "mean_sqrt_len_tokens" else s / m.sum(1)
+
+
+@pytest.mark.parametrize("mode", ["cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens"])
+def test_sentence_transformers_pooling_modes(tiny_dirs, tmp_path, mode):
+    """Pooling over transformers' hidden states (NumPy oracle), normalized by the Normalize
+    module; sentence_bert_config.json's max_seq_length (16) truncates the long text."""
+    d = _st_layout(tiny_dirs["bert"], tmp_path / "st", [mode], normalize=True)
+    enc = SentenceEncoder(d, num_threads=1)
+    assert enc.normalize_default and enc.max_length == 16
+    texts = [t for t in tc.SENTENCES if len(t.split()) + 2 <= 16]  # no truncation here
+    ref = tiny_ref("bert")
+    keep = [list(tc.SENTENCES).index(t) for t in texts]
+    want = _numpy_pool(ref["last_hidden_state"][keep], ref["attention_mask"][keep], mode)
+    raw = enc.encode(texts, normalize=False)
+    assert np.abs(raw - want).max() <= 1e-5
+    got = enc.encode(texts)
+    assert np.abs(got - want / np.linalg.norm(want, axis=1, keepdims=True)).max() <= 1e-5
+    long_ids = enc.model.inputs([tc.SENTENCES[3]])["input_ids"]
+    assert long_ids.shape == (1, 16) and long_ids[0, -1] == 3  # truncated, ends in [SEP]
+
+
+def test_encode_batches_and_buckets(tiny_dirs):
+    enc = SentenceEncoder(tiny_dirs["bert"], num_threads=1)
+    ref = tiny_ref("bert")["mean_pooled"]
+    texts = list(tc.SENTENCES)
+    outs = list(enc.encode_batches([texts[:2], [], texts[2:]]))
+    assert [o.shape for o in outs] == [(2, 32), (0, 32), (3, 32)]
+    assert np.abs(np.concatenate(outs) - ref).max() <= 1e-5
+    # buckets (16, 24 = max_length here): a corpus of many lengths needs few plans
+    corpus = [" ".join(["cat"] * n) for n in range(1, 30)]
+    assert enc.buckets == (16, 24)
+    before = {tuple(sorted(p.items())) for p in enc.compiled.shape_plans}
+    enc.encode(corpus, batch_size=4)
+    new = {tuple(sorted(p.items())) for p in enc.compiled.shape_plans} - before
+    # 8 batches, longest first: 4 x 24 tokens, 4 x 16, and the last single text x 16
+    assert {dict(p)["seq"] for p in new} <= {16, 24}
+    assert new == {
+        (("batch", 4), ("seq", 24)),
+        (("batch", 4), ("seq", 16)),
+        (("batch", 1), ("seq", 16)),
+    }
