@@ -149,3 +149,56 @@ def test_encode_batches_and_buckets(tiny_dirs):
         (("batch", 4), ("seq", 16)),
         (("batch", 1), ("seq", 16)),
     }
+
+
+def _patched_copy(src, dst, config=None, rename=None):
+    import shutil
+
+    shutil.copytree(src, dst)
+    if config is not None:
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg.update(config)
+        cfg = {k: v for k, v in cfg.items() if v is not None}
+        (dst / "config.json").write_text(json.dumps(cfg))
+    if rename is not None:
+        fam = json.loads((dst / "config.json").read_text())["model_type"].replace("xlm-", "")
+        w = {rename(k): v for k, v in tc.weights(fam).items()}
+        (dst / "model.safetensors").unlink()
+        tc.write_weights(w, dst)
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("family", "config", "rename"),
+    [
+        ("roberta", {"architectures": ["XLMRobertaModel"], "model_type": "xlm-roberta"}, None),
+        ("distilbert", {"architectures": None}, None),  # read by model_type
+        ("bert", None, lambda k: "bert." + k),  # saved from a BertFor... task model
+        ("roberta", None, lambda k: "roberta." + k),
+        (
+            "bert",
+            None,
+            lambda k: k.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+                "LayerNorm.bias", "LayerNorm.beta"
+            ),
+        ),
+    ],
+    ids=["xlm-roberta", "model-type-only", "bert-prefix", "roberta-prefix", "gamma-beta"],
+)
+def test_checkpoint_naming_variants(tiny_dirs, tmp_path, family, config, rename):
+    d = _patched_copy(tiny_dirs[family], tmp_path / "m", config, rename)
+    ref = tiny_ref(family)
+    _, _, h = _hidden(d, ref)
+    assert np.abs(h - ref["last_hidden_state"]).max() <= 1e-5
+
+
+def test_progress_bar(tiny_dirs, capsys):
+    pytest.importorskip("tqdm", reason="the bar is optional: tqdm is not installed")
+    enc = SentenceEncoder(tiny_dirs["bert"], num_threads=1)
+    texts = list(tc.SENTENCES) * 2
+    enc.encode(texts, batch_size=1, progress=False)
+    assert "encode" not in capsys.readouterr().err
+    enc.encode(texts, batch_size=1, progress=True)
+    assert "10/10" in capsys.readouterr().err
+    enc.encode(texts[:3], batch_size=1)  # 3 batches: below the threshold, no bar
+    assert "encode" not in capsys.readouterr().err
