@@ -42,6 +42,9 @@ __all__ = ["Encoder", "decode", "known_classes", "ALIGN"]
 ALIGN = 64  # blobs (and the blob section) start at multiples of this
 MAX_DEPTH = 64  # nesting of tuples, dataclasses and sub-graphs a file may use
 MAX_DIM = 2**62  # a stored dim (or symbol coefficient) at or above this is refused
+# a symbol's power above this is refused: evaluating ``value ** power`` for a crafted
+# power of 2**60 would never finish (any real dim is < 2**62, so its powers are < 63)
+MAX_POWER = 64
 
 
 # ---- the classes a file may name ----------------------------------------------------
@@ -280,6 +283,18 @@ def _check_params(graph: Graph, params: Mapping[str, np.ndarray]) -> None:
             )
 
 
+def _check_sym(s: Sym, where: str) -> Sym:
+    """``s``, unless its coefficient or a power is beyond what a real dim can have."""
+    if s.coeff >= MAX_DIM:
+        raise SerializationError(f"{where}: symbolic dim {s}: coefficient {s.coeff} >= 2**62")
+    for name, p in s.terms:
+        if p > MAX_POWER:
+            raise SerializationError(
+                f"{where}: symbolic dim {s}: power {p} of {name!r} is above {MAX_POWER}"
+            )
+    return s
+
+
 def _const_class() -> type:
     from rlx.ops.core import ConstValue
 
@@ -330,9 +345,9 @@ class _Decoder:
                 isinstance(t, list) and len(t) == 2 and type(t[0]) is str and type(t[1]) is int
                 for t in terms
             )
-            if ok and type(coeff) is int and coeff < MAX_DIM:
+            if ok and type(coeff) is int:
                 try:
-                    return Sym(tuple((t[0], t[1]) for t in terms), coeff)
+                    return _check_sym(Sym(tuple((t[0], t[1]) for t in terms), coeff), where)
                 except RlxError as e:
                     raise SerializationError(f"{where}: {e.bare_message}") from None
         raise SerializationError(f"{where}: malformed dim {v!r}")
@@ -414,7 +429,10 @@ class _Decoder:
             )
         check_fields(cls, kwargs, where)
         try:
-            return cls(**kwargs)
+            out = cls(**kwargs)
+            return _check_sym(out, where) if type(out) is Sym else out
+        except SerializationError:
+            raise
         except RlxError as e:
             raise SerializationError(f"{where}: {e.bare_message}") from None
         except (TypeError, ValueError) as e:  # a missing attribute, or __post_init__

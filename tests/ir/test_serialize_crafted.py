@@ -36,7 +36,7 @@ def _graph() -> rlx.Graph:
     x = g.input("x", (b, 4))
     h = g.layer_norm(g.cast(x, "f32"), g.constant(np.arange(4, dtype=np.float32)))
     h = g.add(h, g.constant(np.linspace(0, 1, 12, dtype=np.float32)[:4]))
-    g.set_outputs(g.softmax(h, axis=-1))
+    g.set_outputs(g.reshape(g.softmax(h, axis=-1), (b, 2, 2)))
     return g
 
 
@@ -130,6 +130,23 @@ _SYM = '{"coeff": 1, "sym": [["batch", 1]]}'
         # a symbolic dim with coefficient 0 divided by zero when the graph ran
         (_SYM, _SYM.replace('"coeff": 1', '"coeff": 0'), r"coefficient must be an int >= 1"),
         (_SYM, _SYM.replace("1]]", "-1]]"), r"power of 'batch' must be an int >= 1, got -1"),
+        # a crafted power made evaluating the dim (value ** power) run forever
+        (
+            _SYM,
+            _SYM.replace("1]]", "1000000000000]]"),
+            r"power 1000000000000 of 'batch' is above 64",
+        ),
+        (
+            _SYM,
+            _SYM.replace('"coeff": 1', f'"coeff": {2**62}'),
+            r"coefficient 4611686018427387904 >= 2\*\*62",
+        ),
+        (
+            '"dims": {"tuple": [' + _SYM,
+            '"dims": {"tuple": [{"dataclass": "Sym", "fields": {"coeff": 1, "terms": {"tuple":'
+            ' [{"tuple": ["batch", 99]}]}}}',
+            r"power 99 of 'batch' is above 64",
+        ),
         ('"batch"', '"no good"', r"symbolic dim name must be an identifier, got 'no good'"),
         ('["batch", 1, 8]', '["batch", 9, 8]', r"symbolic dim 'batch': max 8 < min 9"),
         ('["batch", 1, 8]', '["batch", -3, 8]', r"min must be an int >= 0, got -3"),
