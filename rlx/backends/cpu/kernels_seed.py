@@ -292,7 +292,7 @@ def sample_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
     """All rows at once in f64 scratch: temperature, top-k (threshold from an in-place
-    sorted copy), softmax, top-p (the kept set from the sorted probabilities, ties by
+    partitioned copy), softmax, top-p (the kept set from the sorted probabilities, ties by
     index as the reference), then the first index whose running sum exceeds ``u``."""
     op: Sample = node.op  # type: ignore[assignment]
     logits = ins[0]
@@ -320,7 +320,7 @@ def sample_kernel(
     if op.has_offset:
         ctx.notes.append(f"draws {rows} Philox uniforms per run (NumPy temporaries)")
     if sorts:
-        ctx.notes.append("top-k / top-p sort a scratch copy in place")
+        ctx.notes.append("top-k / top-p partition / sort a scratch copy in place")
 
     def top_p() -> None:
         """Keep the ``m`` most probable tokens (ties by index), ``m`` the shortest
@@ -359,7 +359,7 @@ def sample_kernel(
         np.divide(z, op.temperature, out=z)
         if 0 < k < v:
             np.copyto(srt, z)
-            srt.sort(axis=1)
+            srt.partition(v - k, axis=1)  # in place: the k-th largest lands at v - k
             np.less(z, srt[:, v - k : v - k + 1], out=mask)
             np.copyto(z, -np.inf, where=mask)
         np.max(z, axis=1, keepdims=True, out=col)
