@@ -133,16 +133,17 @@ class SentenceEncoder:
     ) -> Iterator[np.ndarray]:
         """For each batch of texts, its embeddings f32 ``[len(batch), dim]`` in the
         batch's order (padded to a bucket length, no sorting across batches)."""
-        out = 1 if (self.layout.normalize if normalize is None else normalize) else 0
         for batch in batches:
-            texts = check_texts(batch)
-            if not texts:
-                yield np.zeros((0, self.dim), np.float32)
-                continue
-            tok = self.model.tokenizer
-            encs = tok.tokenize(texts)
-            pad = self._pad_len(max(len(e[0]) for e in encs))
-            yield np.asarray(self.compiled.run(tok.pad(encs, pad))[out], dtype=np.float32)
+            yield self._run(self.model.tokenizer.tokenize(check_texts(batch)), normalize)
+
+    def _run(self, encs: list[tuple[list[int], list[int]]], normalize: bool | None) -> np.ndarray:
+        """Embeddings of one batch of tokenized texts, padded to its bucket."""
+        if not encs:
+            return np.zeros((0, self.dim), np.float32)
+        out = 1 if (self.layout.normalize if normalize is None else normalize) else 0
+        pad = self._pad_len(max(len(ids) for ids, _ in encs))
+        feed = self.model.tokenizer.pad(encs, pad)
+        return np.asarray(self.compiled.run(feed)[out], dtype=np.float32)
 
     def encode(
         self,
@@ -159,12 +160,12 @@ class SentenceEncoder:
             raise InputError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if not items:
             return np.zeros((0, self.dim), np.float32)
-        lengths = np.array([len(e[0]) for e in self.model.tokenizer.tokenize(items)])
-        order = np.argsort(-lengths, kind="stable")
+        encs = self.model.tokenizer.tokenize(items)  # once: lengths, then the batches
+        order = np.argsort(-np.array([len(ids) for ids, _ in encs]), kind="stable")
         chunks = [
-            [items[j] for j in order[i : i + batch_size]] for i in range(0, len(items), batch_size)
+            [encs[j] for j in order[i : i + batch_size]] for i in range(0, len(items), batch_size)
         ]
-        it: Iterable[np.ndarray] = self.encode_batches(chunks, normalize)
+        it: Iterable[np.ndarray] = (self._run(c, normalize) for c in chunks)
         if progress or (progress is None and len(chunks) >= PROGRESS_MIN_BATCHES):
             it = _with_bar(it, len(chunks))
         out = np.empty((len(items), self.dim), np.float32)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import rlx.models.hf as hf
+from rlx.errors import ModelError
 from rlx.models import SentenceEncoder
 from tests.models import tiny_checkpoints as tc
 from tests.models.conftest import cosines, tiny_ref
@@ -202,3 +203,25 @@ def test_progress_bar(tiny_dirs, capsys):
     assert "10/10" in capsys.readouterr().err
     enc.encode(texts[:3], batch_size=1)  # 3 batches: below the threshold, no bar
     assert "encode" not in capsys.readouterr().err
+
+
+def test_int8_with_user_calibration_texts(tiny_dirs):
+    texts = list(tc.SENTENCES)
+    enc = SentenceEncoder(
+        tiny_dirs["bert"], precision="int8", num_threads=1, calibration_texts=texts
+    )
+    rep = enc.quantization_report
+    assert rep.calibration_batches == 1 and len(rep.quantized) == 6 * tc.LAYERS
+    got = enc.encode(texts)
+    assert cosines(got, tiny_ref("bert")["mean_pooled"]).min() >= 0.95
+
+
+def test_bf16_tiny(tiny_dirs):
+    enc = SentenceEncoder(tiny_dirs["roberta"], precision="bf16", num_threads=1)
+    got = enc.encode(list(tc.SENTENCES))
+    assert cosines(got, tiny_ref("roberta")["mean_pooled"]).min() >= 0.999
+
+
+def test_int8_empty_calibration_refused(tiny_dirs):
+    with pytest.raises(ModelError, match="calibration texts are empty"):
+        SentenceEncoder(tiny_dirs["bert"], precision="int8", calibration_texts=[])

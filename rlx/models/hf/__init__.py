@@ -111,9 +111,10 @@ class HFModel:
         kw.setdefault("max_shape_plans", 16)
         return CompileOptions(num_threads=self.num_threads, precision=policy, **kw)
 
-    def compile(self, graph: Graph | None = None, precision: str | None = None) -> Any:
+    def compile(self, graph: Graph | None = None, precision: str | None = None, **kw: Any) -> Any:
         """A CompiledGraph of ``graph`` (default: the encoder) at ``precision`` (default:
-        the model's) with the params set. int8 calibrates on the built-in sentences; use
+        the model's) with the params set; ``kw`` overrides CompileOptions fields
+        (``freeze_params=True``, ...). int8 calibrates on the built-in sentences; use
         :meth:`quantize` for your own text and the accuracy report."""
         p = check_precision(precision or self.precision)
         if p == "int8":
@@ -121,7 +122,7 @@ class HFModel:
         from rlx.runtime.session import Session
 
         g = graph if graph is not None else self.graph
-        return Session("cpu").compile(g, self.options(p), params=dict(self.params))
+        return Session("cpu").compile(g, self.options(p, **kw), params=dict(self.params))
 
     def quantize(
         self,

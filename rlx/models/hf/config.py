@@ -105,10 +105,8 @@ def _family(cfg: dict[str, Any], path: Path) -> tuple[Family, str]:
             f"{path}: model_type {mt!r} (no architectures field) is not supported; "
             f"supported: {', '.join(_MODEL_TYPES)} (architectures {supported})"
         )
-    fam = _MODEL_TYPES[mt]
-    return fam, {Family.BERT: "BertModel", Family.ROBERTA: "RobertaModel"}.get(
-        fam, "DistilBertModel"
-    )
+    names = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel"}
+    return _MODEL_TYPES[mt], names.get(mt, "DistilBertModel")
 
 
 class _Fields:
