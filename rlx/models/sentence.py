@@ -25,7 +25,7 @@ naming its index.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +85,10 @@ class SentenceEncoder:
     """Text -> embeddings for the model directory ``path`` (see the module docstring).
 
     ``precision``: "f32", "bf16" or "int8"; ``num_threads``: threads of the compiled
-    graph (None: rlx's default); ``calibration_texts``: sentences to calibrate INT8 on.
+    graph (None: rlx's default); ``calibration_texts``: sentences to calibrate INT8 on;
+    ``quantize_options``: keyword arguments for ``rlx.quantize`` (``method=``,
+    ``exclude=`` layer weight names such as ``"encoder.layer.0.output.dense.weight"``,
+    ``accuracy_budget=``).
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class SentenceEncoder:
         num_threads: int | None = None,
         *,
         calibration_texts: Sequence[str] | None = None,
+        quantize_options: Mapping[str, Any] | None = None,
     ):
         check_precision(precision)
         self.layout: StLayout = read_layout(Path(path))
@@ -103,7 +107,8 @@ class SentenceEncoder:
         self.graph = sentence_graph(self.model, self.layout.pooling)
         self.quantization_report: Any = None
         if precision == "int8":
-            result = self.model.quantize(calibration_texts, graph=self.graph)
+            opts = dict(quantize_options or {})
+            result = self.model.quantize(calibration_texts, graph=self.graph, **opts)
             self.compiled = result.compiled
             self.quantization_report = result.report
         else:

@@ -225,3 +225,10 @@ def test_bf16_tiny(tiny_dirs):
 def test_int8_empty_calibration_refused(tiny_dirs):
     with pytest.raises(ModelError, match="calibration texts are empty"):
         SentenceEncoder(tiny_dirs["bert"], precision="int8", calibration_texts=[])
+
+
+def test_int8_quantize_options_reach_rlx_quantize(tiny_dirs):
+    keep = "encoder.layer.1.output.dense.weight"
+    enc = SentenceEncoder(tiny_dirs["bert"], precision="int8", quantize_options={"exclude": [keep]})
+    assert keep not in enc.quantization_report.quantized
+    assert len(enc.quantization_report.quantized) == 6 * tc.LAYERS - 1
