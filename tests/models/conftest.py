@@ -53,17 +53,20 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
+class _Encoders(dict):
+    """precision -> SentenceEncoder of all-MiniLM-L6-v2 (one thread), built on first use."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path = path
+
+    def __missing__(self, precision: str) -> object:
+        from rlx.models import SentenceEncoder
+
+        self[precision] = SentenceEncoder(self.path, precision=precision, num_threads=1)
+        return self[precision]
+
+
 @pytest.fixture(scope="session")
-def minilm_encoders(minilm_dir: Path) -> dict[str, object]:
-    """precision -> SentenceEncoder, built on first use (a compile each)."""
-    from rlx.models import SentenceEncoder
-
-    cache: dict[str, object] = {}
-
-    class _Lazy(dict):
-        def __missing__(self, precision: str) -> object:
-            cache[precision] = SentenceEncoder(minilm_dir, precision=precision, num_threads=1)
-            self[precision] = cache[precision]
-            return cache[precision]
-
-    return _Lazy()
+def minilm_encoders(minilm_dir: Path) -> _Encoders:
+    return _Encoders(minilm_dir)

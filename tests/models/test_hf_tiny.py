@@ -232,3 +232,16 @@ def test_int8_quantize_options_reach_rlx_quantize(tiny_dirs):
     enc = SentenceEncoder(tiny_dirs["bert"], precision="int8", quantize_options={"exclude": [keep]})
     assert keep not in enc.quantization_report.quantized
     assert len(enc.quantization_report.quantized) == 6 * tc.LAYERS - 1
+
+
+def test_example_inputs(tiny_dirs):
+    m = hf.load(tiny_dirs["roberta"])
+    inp = m.example_inputs(3, 7, seed=1)
+    assert set(inp) == {"input_ids", "attention_mask", "token_type_ids"}
+    ids = inp["input_ids"]
+    assert ids.shape == (3, 7) and ids.dtype == np.int64
+    assert ids.min() >= 0 and ids.max() < m.config.vocab_size and not (ids == 1).any()  # pad 1
+    assert inp["attention_mask"].all()
+    assert m.compile().run(inp)[0].shape == (3, 7, tc.HIDDEN)
+    with pytest.raises(ModelError, match="2 <= seq <= 40"):
+        m.example_inputs(1, 41)

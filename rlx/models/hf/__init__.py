@@ -100,6 +100,21 @@ class HFModel:
         """Tokenized, padded graph inputs for ``texts`` (see :class:`Tokenizer`)."""
         return self.tokenizer.encode(check_texts(texts), pad_to)
 
+    def example_inputs(self, batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
+        """Random graph inputs of ``batch`` x ``seq`` tokens (``seq`` <= max_length): valid
+        non-pad ids framed like a tokenized text, no padding (for benchmarks)."""
+        if not (1 <= batch and 2 <= seq <= self.config.max_positions):
+            raise ModelError(
+                f"example_inputs: need batch >= 1 and 2 <= seq <= {self.config.max_positions}, "
+                f"got batch={batch}, seq={seq}"
+            )
+        rng = np.random.default_rng(seed)
+        pad = self.tokenizer.pad_id
+        ids = rng.integers(0, self.config.vocab_size - 1, size=(batch, seq), dtype=np.int64)
+        ids[ids >= pad] += 1  # never the pad id
+        encs = [(list(row), [0] * seq) for row in ids]
+        return self.tokenizer.pad(encs, seq)
+
     def options(self, precision: str | None = None, **kw: Any) -> Any:
         """The CompileOptions for ``precision`` (default: the model's) and this thread
         count; ``kw`` overrides other fields."""
