@@ -47,10 +47,16 @@ def _ranking(enc, ref):
 
 @pytest.mark.parametrize("precision", ["f32", "bf16"])
 def test_retrieval_ranking_unchanged(minilm_encoders, minilm_ref, precision):
+    """Nearest neighbours unchanged; f32 keeps the whole order. bf16 keeps the top 3 (it
+    swaps unrelated documents whose reference similarities differ by < 0.002)."""
     ranking, q, d = _ranking(minilm_encoders[precision], minilm_ref)
     np.testing.assert_array_equal(ranking[:, 0], minilm_ref["ranking"][:, 0])
     if precision == "f32":
         np.testing.assert_array_equal(ranking, minilm_ref["ranking"])
+    else:
+        np.testing.assert_array_equal(
+            np.sort(ranking[:, :3], axis=1), np.sort(minilm_ref["ranking"][:, :3], axis=1)
+        )
 
 
 def test_bf16_cosine(minilm_encoders, minilm_ref):
