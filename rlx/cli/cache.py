@@ -4,28 +4,24 @@ size, bound and target (``info``), or how many libraries were removed (``clear``
 
 from __future__ import annotations
 
-import argparse
 import json
-from typing import Any
+
+import click
+
+from rlx.cli.common import CONTEXT
+
+__all__ = ["command"]
 
 
-def register(sub: Any) -> None:
-    """Add the ``cache`` subcommand (with ``info`` and ``clear``) to ``sub``."""
-    p = sub.add_parser(
-        "cache",
-        help="the native kernel cache: info, clear",
-        description="Inspect or empty the cache of compiled native kernels.",
-    )
-    actions = p.add_subparsers(dest="action", metavar="<action>", required=True)
-    i = actions.add_parser("info", help="directory, library count, size, size bound, target")
-    i.add_argument("--json", action="store_true", help="print as JSON")
-    i.set_defaults(func=info)
-    c = actions.add_parser("clear", help="delete every cached library (rebuilt when needed)")
-    c.set_defaults(func=clear)
+@click.group("cache", context_settings=CONTEXT)
+def command() -> None:
+    """The native kernel cache: info, clear."""
 
 
-def info(args: argparse.Namespace) -> int:
-    """Print the cache summary; returns 0."""
+@command.command("info", context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def info(as_json: bool) -> int:
+    """Directory, library count, size, size bound, target."""
     from rlx.backends.cpu import native
 
     ci = native.cache_info()
@@ -37,20 +33,21 @@ def info(args: argparse.Namespace) -> int:
         "target": ci.target,
         "description": ci.description,
     }
-    if args.json:
-        print(json.dumps(fields, indent=2))
+    if as_json:
+        click.echo(json.dumps(fields, indent=2))
     else:
-        print(f"native cache {ci.dir}")
-        print(f"  {ci.libraries} libraries, {ci.bytes} bytes (pruned above {ci.max_bytes})")
-        print(f"  target {ci.target}: {ci.description}")
+        click.echo(f"native cache {ci.dir}")
+        click.echo(f"  {ci.libraries} libraries, {ci.bytes} bytes (pruned above {ci.max_bytes})")
+        click.echo(f"  target {ci.target}: {ci.description}")
     return 0
 
 
-def clear(args: argparse.Namespace) -> int:
-    """Empty the cache; prints and returns 0."""
+@command.command("clear", context_settings=CONTEXT)
+def clear() -> int:
+    """Delete every cached library (rebuilt when needed)."""
     from rlx.backends.cpu import native
 
     root = native.cache_info().dir
     n = native.clear_cache()
-    print(f"removed {n} libraries from {root}")
+    click.echo(f"removed {n} libraries from {root}")
     return 0

@@ -3,26 +3,22 @@ summary as text (or JSON) on stdout."""
 
 from __future__ import annotations
 
-import argparse
 import json
-from typing import Any
+
+import click
+
+from rlx.cli.common import CONTEXT
+
+__all__ = ["command"]
 
 
-def register(sub: Any) -> None:
-    """Add the ``info`` subcommand to ``sub`` (argparse subparsers)."""
-    p = sub.add_parser(
-        "info",
-        help="environment summary: versions, BLAS, CPU flags, native target, cache, settings",
-        description="Print what rlx runs on and which paths it takes (rlx.info()).",
-    )
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Print the summary; returns 0."""
+@click.command("info", context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def command(as_json: bool) -> int:
+    """Environment summary: versions, BLAS, CPU flags, native target and why, cache,
+    RLX_* settings, threads (rlx.info())."""
     from rlx.info import info
 
     summary = info()
-    print(json.dumps(summary.as_dict(), indent=2) if args.json else summary)
+    click.echo(json.dumps(summary.as_dict(), indent=2) if as_json else str(summary))
     return 0
