@@ -13,9 +13,13 @@ from rlx.cli.common import CONTEXT
 __all__ = ["command"]
 
 
-@click.group("cache", context_settings=CONTEXT)
-def command() -> None:
+@click.group("cache", context_settings=CONTEXT, invoke_without_command=True)
+@click.pass_context
+def command(ctx: click.Context) -> None:
     """The native kernel cache: info, clear."""
+    if ctx.invoked_subcommand is None:  # an action is required: the help, exit 2
+        click.echo(ctx.get_help(), err=True)
+        ctx.exit(2)
 
 
 @command.command("info", context_settings=CONTEXT)
