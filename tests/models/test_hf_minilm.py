@@ -20,6 +20,7 @@ def test_tokenization_matches_transformers(minilm_dir, minilm_ref):
     assert m.max_length == 256  # sentence_bert_config.json, not tokenizer.json's 128
 
 
+@pytest.mark.slow
 def test_f32_one_padded_batch_matches_transformers(minilm_encoders, minilm_ref):
     enc = minilm_encoders["f32"]
     texts = [str(t) for t in minilm_ref["texts"]]
@@ -45,6 +46,7 @@ def _ranking(enc, ref):
     return np.argsort(-(q @ d.T), axis=1, kind="stable"), q, d
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["f32", "bf16"])
 def test_retrieval_ranking_unchanged(minilm_encoders, minilm_ref, precision):
     """Nearest neighbours unchanged; f32 keeps the whole order. bf16 keeps the top 3 (it
@@ -59,6 +61,7 @@ def test_retrieval_ranking_unchanged(minilm_encoders, minilm_ref, precision):
         )
 
 
+@pytest.mark.slow
 def test_bf16_cosine(minilm_encoders, minilm_ref):
     texts = [str(t) for t in minilm_ref["texts"]]
     got = minilm_encoders["bf16"].encode(texts, batch_size=len(texts))
