@@ -88,4 +88,5 @@ class ConfigError(RlxError, ValueError):
 
 class ModelError(RlxError, ValueError):
     """A model directory rlx cannot load: a missing or malformed file, an unsupported
-    architecture or config value, or a checkpoint tensor missing, extra or misshapen."""
+    architecture, config value or precision, or a checkpoint tensor missing, extra or
+    misshapen."""

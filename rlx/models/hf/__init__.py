@@ -72,6 +72,7 @@ def _max_length(model_dir: Path, cfg: EncoderConfig) -> int:
 
 
 def check_precision(precision: str) -> str:
+    """``precision`` if it is one of :data:`PRECISIONS`, else ModelError listing them."""
     if precision not in PRECISIONS:
         raise ModelError(f"precision {precision!r} is not supported; choose one of {PRECISIONS}")
     return precision
