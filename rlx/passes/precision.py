@@ -22,7 +22,9 @@ Rules (what the pass changes and what it keeps):
 * Scalar and array constants read at a lower precision are converted at compile time
   (no runtime cast).
 * ``elementwise_region`` bodies are rewritten with the same policy (the region's inputs
-  arrive at its precision, its output leaves at it). Other sub-graph ops (if, while,
+  arrive at its precision, its output leaves at it), except that an input a body node
+  reads at f32 (a comparison, a cast to an integer) arrives as its producer left it, so
+  fusion does not make that node read a rounded value. Other sub-graph ops (if, while,
   scan, custom_fn) keep their precision: their bodies are not rewritten.
 
 Params stay f32, so each run casts the weights a narrow op reads (one cast per weight);
@@ -228,6 +230,8 @@ class _Convert:
         self.feeds = feeds
         self.rw = Rewriter(src)
         self.cache: dict[tuple[NodeId, DType], NodeId] = {}
+        # fed Inputs a node read at f32 although they were fed narrower (regions only)
+        self.upcast: set[str] = set()
 
     def fetch(self, old: NodeId, want: DType) -> NodeId:
         """The new id of ``old``'s value at dtype ``want`` (cast or converted constant)."""
@@ -235,6 +239,9 @@ class _Convert:
         shape = self.rw.new_shape(x)
         if shape.dtype is want:
             return x
+        op = self.src.nodes[old].op
+        if want is DType.F32 and isinstance(op, Input) and op.name in self.feeds:
+            self.upcast.add(op.name)
         key = (x, want)
         hit = self.cache.get(key)
         if hit is not None:
@@ -292,6 +299,8 @@ class _Convert:
         if target is not None:
             keep = node.op.keep_dtype_inputs
             wants = [target if d is DType.F32 and i not in keep else d for i, d in enumerate(orig)]
+            if isinstance(node.op, ElementwiseRegion):
+                wants = self._region_wants(node, target, wants)
             shapes = tuple(
                 self.rw.new_shape(self.rw.map[i]).with_dtype(w)
                 for i, w in zip(node.inputs, wants, strict=True)
@@ -314,6 +323,21 @@ class _Convert:
                 return
         ins = [self.fetch(i, d) for i, d in zip(node.inputs, orig, strict=True)]
         self.rw.map[node.id] = self._emit(node.op, ins, node, node.shape)
+
+    def _region_wants(self, node: Node, target: DType, wants: list[DType]) -> list[DType]:
+        """The dtypes a region's inputs are fed at: ``wants``, except that an input a body
+        node reads at f32 (a comparison, a cast to an integer, an op the policy keeps f32)
+        arrives as its producer left it. The body then casts it for its narrow readers and
+        the f32 reader sees the value it would see unfused, not one rounded to ``target``.
+        Found by converting the body once with a scratch pass (its counts discarded)."""
+        feeds = {f"in{k}": w for k, w in enumerate(wants)}
+        trial = _Convert(AutoMixedPrecision(self.amp.policy), node.op.body, feeds)  # type: ignore[attr-defined]
+        trial.run(target)
+        out = list(wants)
+        for k, i in enumerate(node.inputs):
+            if f"in{k}" in trial.upcast:
+                out[k] = self.rw.new_shape(self.rw.map[i]).dtype
+        return out
 
     def _emit(self, op: Op, ins: list[NodeId], node: Node, shape: Shape) -> NodeId:
         """Emit ``op``; a user's cast shares the pass's cast cache (no duplicates, and a
