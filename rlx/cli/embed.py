@@ -23,7 +23,13 @@ def read_texts(texts: tuple[str, ...], file: IO[str] | None) -> list[str]:
     """The argument texts, then the non-blank lines of ``file`` (newlines stripped)."""
     out = list(texts)
     if file is not None:
-        out += [line.rstrip("\r\n") for line in file if line.strip()]
+        try:
+            out += [line.rstrip("\r\n") for line in file if line.strip()]
+        except UnicodeDecodeError as e:
+            name = getattr(file, "name", "?")
+            raise click.BadParameter(
+                f"{name} is not UTF-8 text ({e.reason} at byte {e.start})", param_hint="--file"
+            ) from None
     return out
 
 

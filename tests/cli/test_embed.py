@@ -123,3 +123,18 @@ def test_debug_shows_the_traceback(tmp_path) -> None:
     assert r.code == 1
     assert "Traceback (most recent call last)" in r.err and "ModelError" in r.err
     assert r.err.strip().splitlines()[-1].startswith("rlx: error: ")
+
+
+def test_embed_file_not_utf8(tiny_bert, tmp_path) -> None:
+    f = tmp_path / "latin1.txt"
+    f.write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    _one_line_error(run(["embed", str(tiny_bert), "-f", str(f)]), 2, "--file", "not UTF-8")
+
+
+def test_progress_without_tqdm(monkeypatch) -> None:
+    import sys
+
+    from rlx.cli.common import progress
+
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # import tqdm.auto fails
+    assert list(progress(iter([1, 2, 3]), 3, "x")) == [1, 2, 3]
