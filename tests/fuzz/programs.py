@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import rlx
 from rlx.ir.mir import Graph, NodeId
 
-__all__ = ["LN_EPS", "MARGIN", "THRESHOLDS", "Leaf", "Program", "Step", "attention_mask",
+__all__ = ["LN_EPS", "NEAR", "THRESHOLDS", "Leaf", "Program", "Step", "attention_mask",
            "build", "programs"]  # fmt: skip
 
 LN_EPS = 0.1  # layer_norm's eps: bounds how much it amplifies rounding on flat rows
@@ -80,12 +80,11 @@ BINARY = ("add", "sub", "mul", "max", "min", "div_safe")
 REDUCE = ("sum", "mean", "max")
 CMP = ("gt", "lt", "ge")
 THRESHOLDS = (-0.5, 0.0, 0.75)
-# Leaf values keep this far from the thresholds. Left out on purpose: under an f16/bf16
-# policy with fuse=True a comparison fused into an elementwise region reads its input
-# rounded to the region's dtype (the precision pass narrows every region input), so
-# x = -0.5000084 < -0.5 is false there: found by this fuzzer, reported to the issue 19
-# lead (AutoMixedBf16, where(lt(x, -0.5), x, p) with x [17, 17], p [17, 1]).
-MARGIN = 0.02
+# Leaf values are drawn next to the thresholds too (one in eight, see NEAR): a value that
+# rounds onto its threshold in f16 / bf16 checks that a comparison reads its operand
+# unrounded wherever fusion puts it (the precision pass once fed a fused comparison its
+# input rounded to the region's dtype: x = -0.5000084 < -0.5 was false there).
+NEAR = (1e-7, 3e-3)  # |leaf - threshold| for those values: log-uniform in this range
 
 
 def _broadcasts(a: tuple[int, ...] | None, b: tuple[int, ...]) -> tuple[int, ...] | None:
