@@ -8,10 +8,10 @@ runs (the encoder with its pooling head; symbols ``batch``, ``seq``); a graph fi
 loaded with ``rlx.load`` (its symbols in the order the inputs first use them). A shape
 such as ``8x128`` binds the symbols in that order.
 
-Inputs are synthetic (the work of a dense encoder does not depend on the values): token
-ids drawn from the vocabulary, an all-ones attention mask and zero token types for a
-model; for a graph file, standard-normal floats, ones for integer and True for boolean
-inputs. INT8 is quantized once per target (a model calibrates on the built-in sentences;
+Inputs are synthetic (the work of a dense encoder does not depend on the values): for a
+model, ``HFModel.example_inputs`` (random non-pad token ids framed like a tokenized text,
+no padding; so a sequence length of at least 2); for a graph file, standard-normal
+floats, ones for integer and True for boolean inputs. INT8 is quantized once per target (a model calibrates on the built-in sentences;
 a graph file on a few random batches, which only suits looking at the graph) and then
 compiled again per thread count.
 """
@@ -70,6 +70,11 @@ class Target:
                 f"{len(self.symbols)} symbolic dims {list(self.symbols)}"
             )
         out = dict(zip(self.symbols, dims))
+        if self.model is not None and out.get("seq", 2) < 2:
+            raise InputError(
+                f"seq={out['seq']}: a model's inputs hold at least 2 tokens (the special "
+                "tokens that frame a text); use a sequence length >= 2"
+            )
         for s, v in out.items():
             lo, hi = self.graph.sym_bounds.get(s, (1, None))
             if v < lo or (hi is not None and v > hi):
@@ -81,18 +86,15 @@ class Target:
 
     def inputs(self, bindings: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
         """Synthetic inputs at ``bindings`` (see the module docstring)."""
+        if self.model is not None:  # token ids framed like a tokenized text, no padding
+            return self.model.example_inputs(bindings["batch"], bindings["seq"], seed)
         rng = np.random.default_rng(seed)
         out: dict[str, np.ndarray] = {}
         for n in self.graph.input_nodes():
             name: str = n.op.name  # type: ignore[attr-defined]
             dims = n.shape.concrete(bindings)
             dt = n.shape.dtype
-            if self.model is not None and name == "input_ids":
-                hi = self.model.config.vocab_size
-                out[name] = rng.integers(min(1000, hi - 1), hi, dims).astype(dt.np)
-            elif self.model is not None and name == "token_type_ids":
-                out[name] = np.zeros(dims, dt.np)
-            elif dt.is_float:
+            if dt.is_float:
                 out[name] = rng.standard_normal(dims).astype(dt.np)
             elif dt.is_bool:
                 out[name] = np.ones(dims, bool)

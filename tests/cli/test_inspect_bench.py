@@ -51,6 +51,7 @@ def test_inspect_and_bench_bad_shapes(tiny_bert) -> None:
         (["inspect", str(tiny_bert), "--shape", "0x8"], 2, "must be >= 1"),
         (["inspect", str(tiny_bert), "--shape", "2x8x3"], 1, "has 2 symbolic dims"),
         (["inspect", str(tiny_bert), "--shape", "1x4096"], 1, "seq=4096 is outside"),
+        (["bench", str(tiny_bert), "--shapes", "1x1"], 1, "seq=1: a model's inputs hold"),
         (["bench", str(tiny_bert), "--shapes", "1x8,oops"], 2, "'oops' is not a shape"),
         (["bench", str(tiny_bert), "--threads", "0"], 2, "--threads"),
         (["bench", str(tiny_bert), "--precision", "f32,fp4"], 2, "fp4"),
