@@ -4,8 +4,9 @@ target's flags), and the paper estimate beside it.
 
 Measured: each thread runs ``CHAINS`` independent FMA accumulator chains on the widest
 vectors the native target has (AVX-512: 16 f32 lanes, AVX2 + FMA: 8, portable C: a scalar
-multiply and add); a multiply-add counts 2 FLOPs. The loop is timed for about 40 ms a
-try, best of a few tries (a busy machine only lowers a try). OpenMP spreads it over the
+multiply and add); a multiply-add counts 2 FLOPs. The loop is timed for about 20 ms a
+try, best of ten tries (a busy machine only lowers a try, so the best is the closest to
+the peak; on a machine shared with other jobs it can still read low). OpenMP spreads it over the
 threads when gcc supports it (otherwise one thread, and the peak is scaled by the thread
 count, which the result says).
 
@@ -158,7 +159,7 @@ def _lib() -> ctypes.CDLL:
 
 
 @functools.cache
-def fma_peak(threads: int, tries: int = 5, seconds: float = 0.04) -> Peak:
+def fma_peak(threads: int, tries: int = 10, seconds: float = 0.02) -> Peak:
     """The measured f32 FMA peak on ``threads`` threads (best of ``tries`` runs of about
     ``seconds``); the estimate when no native build is possible (no gcc)."""
     from rlx.backends.cpu import native
