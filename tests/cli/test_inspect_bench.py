@@ -28,6 +28,16 @@ def test_inspect_model_dir(tiny_bert) -> None:
     assert "fused_matmul_bias_act" in out
 
 
+def test_inspect_int8_adds_the_accuracy_report(tiny_bert) -> None:
+    r = run(["inspect", str(tiny_bert), "--precision", "int8", "--no-graph", "--shape", "2x8"])
+    assert r.code == 0, r.err
+    assert "= input 'input_ids'" not in r.out
+    assert "int8: calibrated on rlx's built-in sample sentences" in r.out
+    assert "qmatmul" in r.out  # the quantized GEMMs are in the schedule
+    acc = r.out.split("== int8 accuracy ==\n", 1)[1]
+    assert acc.startswith("rlx.quantize (") and "cosine" in acc
+
+
 def test_inspect_graph_file_and_no_graph(tmp_path) -> None:
     g = rlx.Graph("mlp")
     x = g.input("x", (g.sym("batch"), 16))
