@@ -74,11 +74,16 @@ def time_runs(fn: object, repeat: int, warmup: int) -> list[float]:
     return out
 
 
-@click.command("bench", context_settings=CONTEXT)
+@click.command(
+    "bench",
+    context_settings=CONTEXT,
+    short_help="Time a model: ms, sentences/s, GFLOP/s, % of the FMA peak.",
+)
 @click.argument("model")
 @click.option(
     "--shapes",
     type=ShapeList(),
+    metavar="BxS[,BxS...]",
     default="1x16,8x128",
     show_default=True,
     help="Shapes to run, batch x seq, comma-separated.",
@@ -97,8 +102,20 @@ def time_runs(fn: object, repeat: int, warmup: int) -> list[float]:
     show_default=True,
     help="Precisions, comma-separated: f32, bf16, int8.",
 )
-@click.option("--repeat", type=click.IntRange(min=1), default=10, show_default=True)
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option(
+    "--repeat",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Timed runs per row (the median is reported).",
+)
+@click.option(
+    "--warmup",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Untimed runs before them.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per row instead.")
 def command(
     model: str,

@@ -53,7 +53,11 @@ def _summary(texts: list[str], emb: np.ndarray, normalized: bool, show: int = 5)
     return "\n".join(lines)
 
 
-@click.command("embed", context_settings=CONTEXT)
+@click.command(
+    "embed",
+    context_settings=CONTEXT,
+    short_help="Sentence embeddings of texts (summary, JSON lines, .npy).",
+)
 @click.argument("model")
 @click.argument("texts", nargs=-1)
 @click.option(

@@ -12,7 +12,11 @@ from rlx.cli.common import CONTEXT
 __all__ = ["command"]
 
 
-@click.command("info", context_settings=CONTEXT)
+@click.command(
+    "info",
+    context_settings=CONTEXT,
+    short_help="Versions, BLAS, CPU flags, native target, settings.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def command(as_json: bool) -> int:
     """Environment summary: versions, BLAS, CPU flags, native target and why, cache,

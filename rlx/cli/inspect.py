@@ -14,11 +14,16 @@ from rlx.cli.common import CONTEXT, ShapeType, precision_option, status, threads
 __all__ = ["command"]
 
 
-@click.command("inspect", context_settings=CONTEXT)
+@click.command(
+    "inspect",
+    context_settings=CONTEXT,
+    short_help="MIR graph, FLOPs, fusion report and memory plan.",
+)
 @click.argument("model")
 @click.option(
     "--shape",
     type=ShapeType(),
+    metavar="BxS",
     default=None,
     help="Bind the symbolic dims, e.g. 8x128 (batch x seq) [default: 1x128 for a model, "
     "the smallest shape for a graph file].",
