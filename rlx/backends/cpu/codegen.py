@@ -19,6 +19,8 @@ glibc libmvec's SIMD variants, so gcc vectorises loops that call them. A body wi
 or more calls on one dependency path is split into stages (:func:`_stages`) that run in
 turn over blocks of ``STAGE_BLOCK`` elements: each call then runs over a whole block
 (throughput-bound) instead of a chain of dependent calls per element (latency-bound).
+The ``rlx_*`` helpers the expressions call are the prelude's
+(:mod:`rlx.backends.cpu.codegen_prelude`, re-exported here).
 
 The text depends on the body's structure only, so regions that differ in their values
 share one library: a scalar Constant is read from an int64 slot of the function's first
@@ -53,6 +55,7 @@ from rlx.backends.cpu.codegen_loop import (
     operand_strides,
     render_loop,
 )
+from rlx.backends.cpu.codegen_prelude import PRELUDE, VECTOR_MATH, vector_math_decls
 from rlx.dtype import DType
 from rlx.ir.mir import Graph, Node
 from rlx.ops.core import Constant, Input
@@ -137,121 +140,6 @@ C_TYPES: dict[DType, CType] = {
     DType.U32: CType("uint32_t", "uint32_t"),
     DType.BOOL: CType("uint8_t", "bool", "({} != 0)", "(uint8_t){}"),
 }
-
-# The sigmoid / softplus helpers are branch-free: gcc turns ``x >= 0 ? 1 / (1 + e) : e /
-# (1 + e)`` (and ``(x >= 0 ? 1 : e) / (1 + e)``) into a division in each arm, which it
-# cannot if-convert under -ftrapping-math, so a loop calling them ran scalar with a
-# mispredicted branch per element (silu over [128,1536] f32, one thread: 1.75 ms, 85 us
-# vectorised). The select is done on the bits (``rlx_self`` / ``rlx_sel``), which gcc
-# leaves alone; results are those of the stable form (the reference's). softplus needs
-# no NaN test: a NaN gives NaN through log1p(exp(-|x|)). ``rlx_expneg`` is the row
-# softmax's exp(x - max) (codegen_rows): libmvec computes lanes outside its fast range
-# (x < -87.3 for f32: masked -inf scores) with scalar calls, which made a causal
-# attention's native softmax no faster than NumPy's; below -87 (f32) / -708 (f64) it
-# returns 0, where exp would give at most 1.7e-38 / 3.3e-308 (subnormals included).
-#
-# ``rlx_f64_to_bf16`` rounds an f64 once to the nearest bf16 (ties to even). Going through
-# ``(float)d`` would round twice: f32 rounds 13.90625 + 2**-30 onto the bf16 tie 13.90625,
-# which then goes to the even 13.875 where 13.9375 is nearest. So it rounds to odd into
-# f32 instead (truncate toward zero, set the last bit when inexact; NaN keeps NaN, a value
-# beyond the f32 range becomes FLT_MAX, which rounds to inf): f32 keeps 16 more bits than
-# bf16 at every exponent, subnormals included, so the final round to nearest even sees
-# every tie and sticky bit of the f64. f64 -> f16 needs nothing: gcc converts a double to
-# ``_Float16`` directly (vcvtsd2sh, or libgcc's __truncdfhf2), rounding once. ``rlx_f64``
-# reads an f64 constant from its int64 slot (``c[k]``, see render_region).
-#
-# gcc 12.2 miscompiles the SLP-vectorised tail of a fully unrolled loop that rounds f64
-# through f32 ((double)(float)x becomes a plain copy of x: the last 4 of 60 elements of
-# tests/cpu/test_codegen.py's f64 round trip); loop vectorisation is unaffected, so the
-# generated code turns SLP off.
-PRELUDE = r"""#pragma GCC optimize("no-tree-slp-vectorize")
-#include <math.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-static inline float rlx_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f;
-}
-static inline uint16_t rlx_f32_to_bf16(float f) {
-    uint32_t u; memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static inline float rlx_round_bf16(float f) { return rlx_bf16_to_f32(rlx_f32_to_bf16(f)); }
-static inline uint16_t rlx_f64_to_bf16(double d) {
-    const double a = fabs(d);
-    const float f = (float)a;
-    uint32_t u; memcpy(&u, &f, 4);
-    u -= (uint32_t)((double)f > a);
-    u |= (uint32_t)((double)f != a);
-    u |= (uint32_t)(signbit(d) != 0) << 31;
-    float r; memcpy(&r, &u, 4);
-    return rlx_f32_to_bf16(r);
-}
-static inline double rlx_f64(long bits) { double d; memcpy(&d, &bits, 8); return d; }
-static inline float rlx_self(bool c, float a, float b) {
-    uint32_t ua, ub, m = -(uint32_t)c; float r;
-    memcpy(&ua, &a, 4); memcpy(&ub, &b, 4); ua = (ua & m) | (ub & ~m); memcpy(&r, &ua, 4);
-    return r;
-}
-static inline double rlx_sel(bool c, double a, double b) {
-    uint64_t ua, ub, m = -(uint64_t)c; double r;
-    memcpy(&ua, &a, 8); memcpy(&ub, &b, 8); ua = (ua & m) | (ub & ~m); memcpy(&r, &ua, 8);
-    return r;
-}
-static inline float rlx_sigmoidf(float x) {
-    const float e = expf(-fabsf(x)); return rlx_self(x >= 0, 1.0f, e) / (1.0f + e);
-}
-static inline double rlx_sigmoid(double x) {
-    const double e = exp(-fabs(x)); return rlx_sel(x >= 0, 1.0, e) / (1.0 + e);
-}
-static inline float rlx_softplusf(float x) {
-    return rlx_self(x > 0, x, 0.0f) + log1pf(expf(-fabsf(x)));
-}
-static inline double rlx_softplus(double x) {
-    return rlx_sel(x > 0, x, 0.0) + log1p(exp(-fabs(x)));
-}
-static inline float rlx_expnegf(float d) {
-    const bool under = d < -87.0f;
-    return rlx_self(under, 0.0f, expf(rlx_self(under, -87.0f, d)));
-}
-static inline double rlx_expneg(double d) {
-    const bool under = d < -708.0;
-    return rlx_sel(under, 0.0, exp(rlx_sel(under, -708.0, d)));
-}
-static inline int64_t rlx_ipow(int64_t a, int64_t b) {
-    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
-    uint64_t r = 1, x = (uint64_t)a;
-    while (b) { if (b & 1) r *= x; x *= x; b >>= 1; }
-    return (int64_t)r;
-}
-static inline uint64_t rlx_upow(uint64_t a, uint64_t b) {
-    uint64_t r = 1;
-    while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
-    return r;
-}
-"""
-
-# libm functions that glibc's libmvec also provides as SIMD variants (AVX-512/AVX2/SSE,
-# at most 4 ulp): declared ``simd`` so gcc vectorises loops calling them
-VECTOR_MATH = ("exp", "log", "log1p", "tanh", "erf", "sin", "cos", "pow")
-
-
-def vector_math_decls() -> str:
-    """Declarations marking :data:`VECTOR_MATH` (f32 and f64) as having SIMD variants."""
-    lines = ['#define RLX_SIMD __attribute__((__simd__("notinbranch")))']
-    for f in VECTOR_MATH:
-        arity = 2 if f == "pow" else 1
-        for t, suffix in (("float", "f"), ("double", "")):
-            params = ", ".join([t] * arity)
-            lines.append(f"RLX_SIMD {t} {f}{suffix}({params});")
-    return "\n".join(lines) + "\n"
-
 
 Render = Callable[[Sequence[str], CType], str]
 
