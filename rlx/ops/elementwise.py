@@ -309,6 +309,24 @@ def f64_to_bf16(x: np.ndarray) -> np.ndarray:
     return u.view(np.float32).astype(DType.BF16.np).reshape(shape)
 
 
+def int_to_bf16(x: np.ndarray) -> np.ndarray:
+    """Integer ``x`` (any width, signed or not) rounded once to the nearest bfloat16 (ties
+    to even). ml_dtypes' conversion goes through float32 and rounds twice (16842753 gives
+    16777216 where 16908288 is nearest); this keeps the top 24 bits of ``|x|`` and ORs
+    the dropped ones into the last (round to odd: exact in f32, and every tie and sticky
+    bit survives, as bf16 keeps 8), then rounds to nearest even once."""
+    x = np.asarray(x)
+    m = x.astype(np.uint64)
+    neg = x < 0
+    m = np.where(neg, ~m + np.uint64(1), m)  # |x| (two's complement; |INT64_MIN| = 2**63)
+    # 2**(e-1) <= |x| < 2**e (e one too large when the f64 rounds up to a power of two)
+    e = np.frexp(m.astype(np.float64))[1].astype(np.int64)
+    k = np.maximum(e - 24, 0).astype(np.uint64)
+    keep = (m >> k) | ((m & ((np.uint64(1) << k) - np.uint64(1))) != 0).astype(np.uint64)
+    f = np.ldexp(keep.astype(np.float32), k.astype(np.int32))  # exact: keep < 2**24
+    return np.where(neg, -f, f).astype(np.float32).astype(DType.BF16.np)
+
+
 @register
 class Cast(Op):
     """Convert to ``to`` (float->int truncates toward zero, saturates nothing: as NumPy;
@@ -329,6 +347,8 @@ class Cast(Op):
             x = x.real  # complex -> real keeps the real part (NumPy would warn each time)
         if self.to is DType.BF16 and x.dtype == np.float64:
             return f64_to_bf16(x)  # once, not through f32 as ml_dtypes does
+        if self.to is DType.BF16 and x.dtype.kind in "iu":
+            return int_to_bf16(x)  # once, as above
         if self.to.is_fp8 or x.dtype.name.startswith("float8") or x.dtype.name == "bfloat16":
             x = x.astype(np.float32) if self.to is not DType.F64 else x.astype(np.float64)
         with np.errstate(all="ignore"):

@@ -333,6 +333,11 @@ def render_node(node: Node, args: Sequence[str], in_dtypes: Sequence[DType]) -> 
             expr = f"({args[0]} != 0)"
         elif op.to is DType.BF16 and in_dtypes[0] is DType.F64:  # once, not through f32
             return f"rlx_bf16_to_f32(rlx_f64_to_bf16({args[0]}))"
+        elif op.to is DType.BF16 and in_dtypes[0] in (DType.I32, DType.I64, DType.U32):
+            helper = (
+                "rlx_i64_to_bf16((int64_t)" if in_t[0].signed_int else "rlx_u64_to_bf16((uint64_t)"
+            )
+            return f"rlx_bf16_to_f32({helper}{args[0]}))"  # once, as above
         elif out_t.round is not None:  # one rounding from the source type (f64 -> f16)
             return out_t.round.format(args[0])
         else:

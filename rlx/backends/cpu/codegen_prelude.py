@@ -35,6 +35,14 @@ __all__ = ["PRELUDE", "VECTOR_MATH", "vector_math_decls"]
 # ``_Float16`` directly (vcvtsd2sh, or libgcc's __truncdfhf2), rounding once. ``rlx_f64``
 # reads an f64 constant from its int64 slot (``c[k]``, see render_region).
 #
+# ``rlx_u64_to_bf16`` / ``rlx_i64_to_bf16`` round an integer once the same way: ``(float)i``
+# would round above 2**24 (16842753 becomes the bf16 tie 16842752, then the even 16777216
+# where 16908288 is nearest). They keep the top 24 bits of |i| and OR the dropped bits
+# into the last (round to odd, exact in f32), so the one round to nearest even sees them.
+# Integers of up to 16 bits are exact in f32 and need no helper; int -> f16 needs none
+# either: f32 rounds only integers beyond 2**24, far above f16's overflow threshold 65520,
+# so they become inf whichever way gcc converts.
+#
 # gcc 12.2 miscompiles the SLP-vectorised tail of a fully unrolled loop that rounds f64
 # through f32 ((double)(float)x becomes a plain copy of x: the last 4 of 60 elements of
 # tests/cpu/test_codegen.py's f64 round trip); loop vectorisation is unaffected, so the
@@ -67,6 +75,15 @@ static inline uint16_t rlx_f64_to_bf16(double d) {
     u |= (uint32_t)(signbit(d) != 0) << 31;
     float r; memcpy(&r, &u, 4);
     return rlx_f32_to_bf16(r);
+}
+static inline uint16_t rlx_u64_to_bf16(uint64_t m) {
+    const int k = (m >> 24) ? 40 - __builtin_clzll(m) : 0;
+    const uint64_t keep = (m >> k) | (uint64_t)((m & ((1ull << k) - 1u)) != 0);
+    return rlx_f32_to_bf16((float)keep * (float)(1ull << k));
+}
+static inline uint16_t rlx_i64_to_bf16(int64_t v) {
+    const uint64_t m = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+    return (uint16_t)(rlx_u64_to_bf16(m) | (v < 0 ? 0x8000u : 0u));
 }
 static inline double rlx_f64(long bits) { double d; memcpy(&d, &bits, 8); return d; }
 static inline float rlx_self(bool c, float a, float b) {

@@ -49,7 +49,7 @@ from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
 from rlx.errors import CompileError, InputError
 from rlx.ops.base import RefCtx
 from rlx.ops.core import Constant
-from rlx.ops.elementwise import Cast, Unary, UnaryKind, f64_to_bf16
+from rlx.ops.elementwise import Cast, Unary, UnaryKind, f64_to_bf16, int_to_bf16
 
 if TYPE_CHECKING:
     from rlx.ir.mir import Node
@@ -333,9 +333,9 @@ def _native_cast(x: np.ndarray, out: np.ndarray, ctx: KernelCtx, lib: LowpLib) -
 
 @kernel(Cast)
 def cast_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
-    """A converting copy: native between f32/bf16/f16; f64 -> bf16 rounded once
-    (``f64_to_bf16``, as the reference); otherwise NumPy, bf16/fp8 sources or fp8 targets
-    through f32 as the reference."""
+    """A converting copy: native between f32/bf16/f16; f64 and integers -> bf16 rounded
+    once (``f64_to_bf16`` / ``int_to_bf16``, as the reference); otherwise NumPy, bf16/fp8
+    sources or fp8 targets through f32 as the reference."""
     (x,) = ins
     if x.dtype.kind == "c" and out.dtype.kind != "c":
         x = x.real  # a view: complex -> real keeps the real part, without NumPy's warning
@@ -348,6 +348,8 @@ def cast_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelC
                 return fn
     if x.dtype == np.float64 and out.dtype == BF16:  # rounded once (ml_dtypes: twice)
         return lambda: np.copyto(out, f64_to_bf16(x))  # type: ignore[return-value]
+    if x.dtype.kind in "iu" and out.dtype == BF16:  # rounded once (ml_dtypes: twice)
+        return lambda: np.copyto(out, int_to_bf16(x))  # type: ignore[return-value]
     via_f32 = x.dtype.name in (
         "bfloat16",
         "float8_e4m3fn",
