@@ -261,8 +261,7 @@ class StreamingHistogram:
         top = float(v.max())
         if not (math.isfinite(top) and float(v.min()) >= 0.0):
             raise QuantizationError(
-                f"histogram values must be finite and >= 0, given range "
-                f"[{float(v.min())}, {top}]"
+                f"histogram values must be finite and >= 0, given range [{float(v.min())}, {top}]"
             )
         if top == 0.0 and self._exp is None:
             self._zeros += v.size
