@@ -20,9 +20,9 @@ import numpy as np
 from rlx.dtype import DType
 from rlx.errors import ShapeError
 from rlx.ir.mir import Graph, NodeId
-from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
+from rlx.ops.base import OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.nn import Conv, _pads, _per_dim, _window_view
-from rlx.ops.quant import QUANT_RANGES
+from rlx.ops.quant import IntEpilogueOp
 from rlx.shape import Shape
 
 __all__ = ["QConv2d", "qconv2d_accumulate"]
@@ -47,7 +47,7 @@ def qconv2d_accumulate(op: QConv2d, x: np.ndarray, w: np.ndarray, acc_dtype: Any
 
 
 @register
-class QConv2d(Op):
+class QConv2d(IntEpilogueOp):
     """Integer 2-D convolution with an f32 epilogue (see the module docstring)::
 
         acc[n, o, i, j] = sum (x_q - x_zero_point) * w_q   over the window (exact int)
@@ -68,19 +68,6 @@ class QConv2d(Op):
     groups: int = 1
     has_bias: bool = False
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "x_scale", float(self.x_scale))
-        object.__setattr__(self, "x_zero_point", int(self.x_zero_point))
-        object.__setattr__(self, "w_scales", tuple(float(s) for s in self.w_scales))
-
-    def num_inputs(self) -> int:
-        return 3 if self.has_bias else 2
-
-    def combined_scales(self, o: int) -> np.ndarray:
-        """``f32(x_scale) * f32(w_scales)`` broadcast to ``o`` output channels."""
-        ws = np.asarray(self.w_scales, dtype=np.float32)
-        return np.broadcast_to(np.float32(self.x_scale) * ws, (o,)).astype(np.float32)
-
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
         x, w = ins[:2]
         expect(
@@ -91,17 +78,7 @@ class QConv2d(Op):
         expect(
             w.dtype is DType.I8 and w.rank == 4, self, f"w_q must be i8 [O, C/g, kH, kW], got {w}"
         )
-        qmin, qmax = QUANT_RANGES[x.dtype]
-        expect(
-            qmin <= self.x_zero_point <= qmax,
-            self,
-            f"x_zero_point {self.x_zero_point} outside [{qmin}, {qmax}] of {x.dtype}",
-        )
-        expect(
-            math.isfinite(self.x_scale) and self.x_scale > 0,
-            self,
-            f"x_scale must be finite and > 0, got {self.x_scale}",
-        )
+        self.check_x_quant(x.dtype)
         o = w.dims[0]
         expect(
             all(math.isfinite(s) and s > 0 for s in self.w_scales) and len(self.w_scales) in (1, o),

@@ -13,7 +13,10 @@ quantizes to the zero point and +-inf saturate.
 Weight-only quantized matmuls (:class:`DequantMatMul`) describe the packed weight with a
 :class:`QuantScheme` (the variants live in ``rlx.quant.schemes`` and are re-exported
 here); :class:`QMatMul` is the integer GEMM that the quantization
-lowering (``rlx.quant.lower``) produces from Q/DQ-bracketed matmuls.
+lowering (``rlx.quant.lower``) produces from Q/DQ-bracketed matmuls. It and
+``qconv2d``'s :class:`~rlx.ops.qconv.QConv2d` share the unregistered base
+:class:`IntEpilogueOp` (activation/weight scale attributes, their checks, the f32 epilogue
+scales).
 
 Q/DQ are deliberately not ``elementwise``: region fusion must not swallow them, since
 the quantization lowering matches the ``dequantize(quantize(x))`` pattern.
@@ -61,6 +64,7 @@ __all__ = [
     "GgufQ6K",
     "GgufQ8K",
     "DequantMatMul",
+    "IntEpilogueOp",
     "QMatMul",
     "QUANT_RANGES",
     "quantize_array",
@@ -358,8 +362,51 @@ class DequantMatMul(Op):
         return np.matmul(x, w.T)
 
 
+class IntEpilogueOp(Op):
+    """Base of the integer ops with an f32 epilogue (:class:`QMatMul`,
+    :class:`~rlx.ops.qconv.QConv2d`): activation quantization ``x_scale`` and
+    ``x_zero_point``, weight scales ``w_scales`` (1 or one per output channel) and
+    ``has_bias`` (an optional third input). Not registered itself: each subclass declares
+    these fields again, where ``@register`` makes them dataclass fields in the
+    subclass's own order (its constructor's order and its serialized attributes)."""
+
+    __slots__ = ()
+    x_scale: float
+    x_zero_point: int
+    w_scales: tuple[float, ...]
+    has_bias: bool
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "x_scale", float(self.x_scale))
+        object.__setattr__(self, "x_zero_point", int(self.x_zero_point))
+        object.__setattr__(self, "w_scales", tuple(float(s) for s in self.w_scales))
+
+    def num_inputs(self) -> int:
+        return 3 if self.has_bias else 2
+
+    def combined_scales(self, n: int) -> np.ndarray:
+        """``f32(x_scale) * f32(w_scales)`` broadcast to ``n`` output channels."""
+        ws = np.asarray(self.w_scales, dtype=np.float32)
+        return np.broadcast_to(np.float32(self.x_scale) * ws, (n,)).astype(np.float32)
+
+    def check_x_quant(self, x_dtype: DType) -> None:
+        """ShapeError unless ``x_zero_point`` fits ``x_dtype`` and ``x_scale`` is finite
+        and > 0."""
+        qmin, qmax = QUANT_RANGES[x_dtype]
+        expect(
+            qmin <= self.x_zero_point <= qmax,
+            self,
+            f"x_zero_point {self.x_zero_point} outside [{qmin}, {qmax}] of {x_dtype}",
+        )
+        expect(
+            math.isfinite(self.x_scale) and self.x_scale > 0,
+            self,
+            f"x_scale must be finite and > 0, got {self.x_scale}",
+        )
+
+
 @register
-class QMatMul(Op):
+class QMatMul(IntEpilogueOp):
     """Integer GEMM with an f32 epilogue (``linear`` semantics, weight ``[K, N]``)::
 
         acc[..., n] = sum_k (x_q[..., k] - x_zero_point) * w_q[k, n]        (exact int)
@@ -379,19 +426,6 @@ class QMatMul(Op):
     w_scales: tuple[float, ...]
     has_bias: bool = False
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "x_scale", float(self.x_scale))
-        object.__setattr__(self, "x_zero_point", int(self.x_zero_point))
-        object.__setattr__(self, "w_scales", tuple(float(s) for s in self.w_scales))
-
-    def num_inputs(self) -> int:
-        return 3 if self.has_bias else 2
-
-    def combined_scales(self, n: int) -> np.ndarray:
-        """``f32(x_scale) * f32(w_scales)`` broadcast to ``n`` output channels."""
-        ws = np.asarray(self.w_scales, dtype=np.float32)
-        return np.broadcast_to(np.float32(self.x_scale) * ws, (n,)).astype(np.float32)
-
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
         x, w = ins[0], ins[1]
         expect(
@@ -402,17 +436,7 @@ class QMatMul(Op):
         expect(w.dtype is DType.I8 and w.rank == 2, self, f"w_q must be i8 [K, N], got {w}")
         expect(x.dims[-1] == w.dims[0], self, f"contraction dims differ: x_q {x} vs w_q {w}")
         n = w.dims[1]
-        qmin, qmax = QUANT_RANGES[x.dtype]
-        expect(
-            qmin <= self.x_zero_point <= qmax,
-            self,
-            f"x_zero_point {self.x_zero_point} outside [{qmin}, {qmax}] of {x.dtype}",
-        )
-        expect(
-            math.isfinite(self.x_scale) and self.x_scale > 0,
-            self,
-            f"x_scale must be finite and > 0, got {self.x_scale}",
-        )
+        self.check_x_quant(x.dtype)
         expect(
             all(math.isfinite(s) and s > 0 for s in self.w_scales),
             self,
