@@ -21,7 +21,7 @@ import numpy as np
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel
 from rlx.backends.cpu.kernels_elementwise import unary_kernel, where_kernel
 from rlx.backends.cpu.kernels_misc import exclusive_cumsum_kernel
-from rlx.backends.cpu.kernels_quant import quantize_kernel
+from rlx.backends.cpu.kernels_quant import quantize_kernel, quantize_to_int64
 from rlx.backends.cpu.kernels_tensor import reduce_kernel
 from rlx.errors import UnsupportedOpError
 from rlx.ops.elementwise import Unary, UnaryKind, Where
@@ -189,19 +189,10 @@ def wide_quantize_kernel(
     t = ctx.scratch(x.shape, ct, 703)
     q = ctx.scratch(x.shape, np.int64, 704)
     nan = ctx.scratch(x.shape, np.bool_, 705)
-    big = 2.0**40
 
     def run() -> None:
         np.copyto(t, x, casting="unsafe")
-        with np.errstate(all="ignore"):
-            np.divide(t, s, out=t)
-        np.rint(t, out=t)
-        np.isnan(t, out=nan)
-        np.copyto(t, 0.0, where=nan)
-        np.clip(t, -big, big, out=t)
-        np.copyto(q, t, casting="unsafe")
-        np.add(q, z, out=q)
-        np.clip(q, qmin, qmax, out=q)
+        quantize_to_int64(t, s, z, qmin, qmax, t, q, nan)
         np.copyto(out, q, casting="unsafe")
 
     return run

@@ -17,6 +17,7 @@ import numpy as np
 
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel, lowp
 from rlx.backends.cpu.kernels_elementwise import binary_kernel
+from rlx.backends.cpu.kernels_quant import quantize_to_int64
 from rlx.backends.cpu.kernels_tensor import cumsum_kernel
 from rlx.ops.elementwise import Binary, BinaryKind
 from rlx.ops.movement import ScatterAdd
@@ -136,20 +137,11 @@ def fake_quantize_kernel(
     q = ctx.scratch(x.shape, np.int64, 61)
     nan = ctx.scratch(x.shape, np.bool_, 62)
     qmin, qmax = op.qmin, op.qmax  # type: ignore[attr-defined]
-    big = 2.0**40
     direct = out.dtype == ct
 
     def run() -> None:
         np.copyto(t, x, casting="unsafe")
-        with np.errstate(all="ignore"):
-            np.divide(t, s, out=t)
-        np.rint(t, out=t)
-        np.isnan(t, out=nan)
-        np.copyto(t, 0.0, where=nan)
-        np.clip(t, -big, big, out=t)
-        np.copyto(q, t, casting="unsafe")
-        np.add(q, z, out=q)
-        np.clip(q, qmin, qmax, out=q)
+        quantize_to_int64(t, s, z, qmin, qmax, t, q, nan)
         np.subtract(q, z, out=q)
         np.copyto(t, q, casting="unsafe")
         if direct:

@@ -191,6 +191,31 @@ def _channel(op: Quantize | Dequantize, x: np.ndarray, dtype: Any) -> tuple[np.n
     return s, z
 
 
+def quantize_to_int64(
+    src: np.ndarray,
+    s: np.ndarray,
+    z: np.ndarray,
+    qmin: int,
+    qmax: int,
+    t: np.ndarray,
+    q: np.ndarray,
+    nan: np.ndarray,
+) -> None:
+    """``q = clip(int64(clip(rint(src / s), +-2**40)) + z, qmin, qmax)``, NaN quotients
+    to 0, in the steps of ``quantize_array``; called inside a kernel's ``run``. ``t`` (float,
+    ``src`` may be ``t`` itself), ``q`` (int64) and ``nan`` (bool) are scratch of ``src``'s
+    shape; ``z`` is int64."""
+    with np.errstate(all="ignore"):
+        np.divide(src, s, out=t)
+    np.rint(t, out=t)
+    np.isnan(t, out=nan)
+    np.copyto(t, 0.0, where=nan)
+    np.clip(t, -(2.0**40), 2.0**40, out=t)
+    np.copyto(q, t, casting="unsafe")
+    np.add(q, z, out=q)
+    np.clip(q, qmin, qmax, out=q)
+
+
 @kernel(Quantize, KernelKind.NUMPY)
 def quantize_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
@@ -243,18 +268,11 @@ def _quantize_wide(
     the result saturated in an int64 scratch, after clipping the f32 quotient to +-2**40
     (exactly as ``quantize_array``)."""
     q = ctx.scratch(x.shape, np.int64, tag=tag + 1)
+    nan = ctx.scratch(x.shape, np.bool_, tag=tag + 2)
     z64 = z.astype(np.int64)
-    big = np.float32(2.0**40)
 
     def run() -> None:
-        with np.errstate(all="ignore"):
-            np.divide(x, s, out=t)
-        np.rint(t, out=t)
-        np.nan_to_num(t, copy=False, nan=0.0)
-        np.clip(t, -big, big, out=t)
-        np.copyto(q, t, casting="unsafe")
-        np.add(q, z64, out=q)
-        np.clip(q, qmin, qmax, out=q)
+        quantize_to_int64(x, s, z64, qmin, qmax, t, q, nan)
         np.copyto(out, q, casting="unsafe")
 
     return run
