@@ -33,7 +33,6 @@ import hashlib
 import json
 import os
 import random
-import struct
 import sys
 
 import atheris
@@ -41,16 +40,17 @@ import atheris
 with atheris.instrument_imports(include=["rlx"]):
     import numpy as np
 
+    # framing and running what loads, shared with tests/ir/test_serialize_fuzz.py (this
+    # script's folder is on sys.path; the rlx it imports is instrumented too, in this block)
+    from loads_common import PRELUDE, frame, json_paths, run, split
+
     import rlx
     import rlx.backends.reference  # noqa: F401  (imported here to be instrumented)
     import rlx.ir.verify  # noqa: F401
     import rlx.runtime.session  # noqa: F401
-    from rlx.errors import RlxError, SerializationError
-    from rlx.ir.serialize import FORMAT_VERSION, MAGIC, dumps, loads
+    from rlx.errors import SerializationError
+    from rlx.ir.serialize import dumps, loads
 
-_PRELUDE = struct.Struct("<4sIQQ")
-MAX_ELEMENTS = 1 << 16  # a loaded graph with a larger tensor is not run
-MAX_ITERATIONS = 1000  # nor one with a longer (or unbounded) while loop
 RUN_CPU = False
 
 
@@ -107,41 +107,12 @@ def _write_seeds(corpus: str) -> None:
 # ---- the structure-aware mutator ---------------------------------------------------
 
 
-def _frame(text: bytes, blobs: bytes) -> bytes:
-    body = _PRELUDE.pack(MAGIC, FORMAT_VERSION, len(text), len(blobs)) + text + blobs
-    return body + hashlib.sha256(body).digest()
-
-
-def _split(data: bytes) -> tuple[bytes, bytes]:
-    """Header text and blobs of a framed file; the whole input as the header otherwise."""
-    if len(data) >= _PRELUDE.size + 32 and data[:4] == MAGIC:
-        _, _, hl, bl = _PRELUDE.unpack_from(data)
-        if _PRELUDE.size + hl + bl + 32 == len(data):
-            start = _PRELUDE.size
-            return data[start : start + hl], data[start + hl : start + hl + bl]
-    return data, b""
-
-
 _WORDS = [
     "", "x", "batch", "f32", "f16", "i32", "bool", "input", "param", "constant", "matmul",
     "tuple", "float", "graph", "const", "sym", "coeff", "enum", "member", "dataclass",
     "fields", "ADD", "EXP", "DType", "BinaryKind", "ConstValue", "Shape", "Sym", "nan",
 ]  # fmt: skip
 _VALUES = [0, 1, -1, 2, 3, 8, 2**31, 2**63, 10**30, None, True, False, [], {}, 0.5, -0.0]
-
-
-def _json_paths(tree: object, at: tuple = ()) -> list[tuple]:
-    if isinstance(tree, dict):
-        items = list(tree.items())
-    elif isinstance(tree, list):
-        items = list(enumerate(tree))
-    else:
-        return []
-    out = []
-    for k, v in items:
-        out.append((*at, k))
-        out.extend(_json_paths(v, (*at, k)))
-    return out
 
 
 def _mutate_json(text: bytes, rng: random.Random) -> bytes | None:
@@ -151,7 +122,7 @@ def _mutate_json(text: bytes, rng: random.Random) -> bytes | None:
         header = json.loads(text)
     except ValueError:
         return None
-    paths = _json_paths(header)
+    paths = json_paths(header)
     if not isinstance(header, dict) or not paths:
         return None
     path = rng.choice(paths)
@@ -182,8 +153,8 @@ def custom_mutator(data: bytes, max_size: int, seed: int) -> bytes:
     roll = rng.random()
     if roll < 0.05:  # the framing too: prelude, lengths, checksum, trailing bytes
         return atheris.Mutate(data, max_size)
-    text, blobs = _split(data)
-    room = max_size - _PRELUDE.size - 32  # what header and blobs may take
+    text, blobs = split(data)
+    room = max_size - PRELUDE.size - 32  # what header and blobs may take
     mutated = _mutate_json(text, rng) if roll < 0.5 else None
     if mutated is not None:  # structure-aware: one JSON value
         text = mutated
@@ -191,46 +162,11 @@ def custom_mutator(data: bytes, max_size: int, seed: int) -> bytes:
         blobs = atheris.Mutate(blobs, len(blobs))
     else:  # libFuzzer's byte-level mutations of the header text
         text = atheris.Mutate(text, max(room - len(blobs), 0))
-    out = _frame(text, blobs)
+    out = frame(text, blobs)
     return out if len(out) <= max_size else out[:max_size]
 
 
 # ---- the property --------------------------------------------------------------------
-
-
-def _bounded(g: rlx.Graph) -> bool:
-    """Whether running ``g`` must end soon: every while loop (in sub-graphs too) has a
-    max_iterations of at most MAX_ITERATIONS (a loop without one may run forever, as its
-    graph says)."""
-    from rlx.ops.control import While
-
-    for n in g.nodes:
-        m = getattr(n.op, "max_iterations", 0)
-        if isinstance(n.op, While) and (m is None or m > MAX_ITERATIONS):
-            return False
-        if not all(_bounded(sub) for sub in n.op.subgraphs()):
-            return False
-    return True
-
-
-def _feeds(g: rlx.Graph) -> dict[str, np.ndarray] | None:
-    bindings = {k: min(max(lo, 2), 2 if hi is None else hi) for k, (lo, hi) in g.sym_bounds.items()}
-    for n in g.nodes:
-        try:
-            dims = n.shape.concrete(bindings)
-        except RlxError:
-            return None
-        if int(np.prod(dims, dtype=object)) > MAX_ELEMENTS:
-            return None
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for n in g.input_nodes():
-        dims, dt = n.shape.concrete(bindings), n.shape.dtype
-        if dt.is_float:
-            feeds[n.op.name] = rng.standard_normal(dims).astype(dt.np)
-        else:
-            feeds[n.op.name] = rng.integers(0, 2, dims).astype(dt.np)
-    return feeds
 
 
 def TestOneInput(data: bytes) -> None:  # noqa: N802 - the name atheris looks for
@@ -241,23 +177,7 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 - the name atheris looks fo
             raise AssertionError(f"refused only by the catch-all: {e}") from e.__cause__
         return
     g.verify()
-    feeds = _feeds(g) if _bounded(g) else None
-    if feeds is None:
-        return
-    full = dict(params)
-    for n in g.param_nodes():
-        if n.op.name not in full:
-            full[n.op.name] = np.zeros(n.shape.concrete({}), n.shape.dtype.np)
-    with np.errstate(all="ignore"):
-        try:
-            g.evaluate(feeds, full)
-        except RlxError:
-            pass
-        if RUN_CPU:
-            try:
-                rlx.Session("cpu").compile(g, params=full).run(feeds)
-            except RlxError:
-                pass
+    run(g, params, np.random.default_rng(0), RUN_CPU)
 
 
 def main(argv: list[str]) -> None:

@@ -8,24 +8,26 @@ but rlx errors. Seeded, so a failure reproduces; it prints the mutation that bro
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
-import struct
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 import rlx
-from rlx.errors import RlxError, SerializationError
-from rlx.ir.serialize import FORMAT_VERSION, MAGIC, dumps, loads
+from rlx.errors import SerializationError
+from rlx.ir.serialize import dumps, loads
+
+# framing and running what loads, shared with the atheris harness fuzz/fuzz_loads.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fuzz"))
+from loads_common import frame, json_paths, run, split  # noqa: E402
 
 N_MUTANTS = 3000
-MAX_ELEMENTS = 1 << 16  # a mutant whose tensors would be larger is loaded but not run
-MAX_ITERATIONS = 1000  # nor one with a longer (or unbounded) while loop
 
 
 def _base() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
@@ -52,19 +54,6 @@ def _base() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
     return g, params
 
 
-# ---- framing ---------------------------------------------------------------------------
-
-
-def _split(data: bytes) -> tuple[bytes, bytes]:
-    _, _, hl, bl = struct.unpack_from("<4sIQQ", data)
-    return data[24 : 24 + hl], data[24 + hl : 24 + hl + bl]
-
-
-def _frame(text: bytes, blobs: bytes) -> bytes:
-    body = struct.pack("<4sIQQ", MAGIC, FORMAT_VERSION, len(text), len(blobs)) + text + blobs
-    return body + hashlib.sha256(body).digest()
-
-
 # ---- mutations -------------------------------------------------------------------------
 
 _WORDS = [
@@ -73,22 +62,6 @@ _WORDS = [
     "BinaryKind", "ConstValue", "Shape", "Sym", "Graph", "0x1p+0", "nan", "-inf", "1 b",
 ]  # fmt: skip
 _NUMBERS = [0, 1, -1, 2, 3, 7, 8, 9, 64, 255, -(2**31), 2**31, 2**62, 2**63, 2**64, 10**30]
-
-
-def _paths(tree: Any, at: tuple = ()) -> list[tuple]:
-    """Every path (keys / indices) to a node of the JSON tree, the root excluded."""
-    out = []
-    items = (
-        tree.items()
-        if isinstance(tree, dict)
-        else enumerate(tree)
-        if isinstance(tree, list)
-        else []
-    )
-    for k, v in items:
-        out.append((*at, k))
-        out.extend(_paths(v, (*at, k)))
-    return out
 
 
 def _get(tree: Any, path: tuple) -> Any:
@@ -166,51 +139,6 @@ def _mutate_blobs(rng: random.Random, blobs: bytes) -> tuple[str, bytes]:
     return f"blob byte {pos} changed", bytes(b)
 
 
-# ---- running what loads ----------------------------------------------------------------
-
-
-def _bounded(g: rlx.Graph) -> bool:
-    """Whether running ``g`` must end soon: every while loop (in sub-graphs too) has a
-    max_iterations of at most MAX_ITERATIONS (a loop without one may run forever, as its
-    graph says)."""
-    from rlx.ops.control import While
-
-    for n in g.nodes:
-        m = getattr(n.op, "max_iterations", 0)
-        if isinstance(n.op, While) and (m is None or m > MAX_ITERATIONS):
-            return False
-        if not all(_bounded(sub) for sub in n.op.subgraphs()):
-            return False
-    return True
-
-
-def _feeds(g: rlx.Graph, rng: np.random.Generator) -> dict[str, np.ndarray] | None:
-    """Inputs for ``g`` (symbolic dims bound inside their bounds), or None when some tensor
-    of the graph would exceed MAX_ELEMENTS."""
-    bindings = {
-        k: min(max(lo, 2), hi if hi is not None else 2) for k, (lo, hi) in g.sym_bounds.items()
-    }
-    for n in g.nodes:
-        try:
-            dims = n.shape.concrete(bindings)
-        except RlxError:
-            return None
-        if int(np.prod(dims, dtype=object)) > MAX_ELEMENTS:
-            return None
-    feeds = {}
-    for n in g.input_nodes():
-        dims = n.shape.concrete(bindings)
-        dt = n.shape.dtype
-        if dt.is_float:
-            a = rng.standard_normal(dims).astype(dt.np)
-        elif dt.np == np.bool_:
-            a = rng.integers(0, 2, dims).astype(bool)
-        else:
-            a = rng.integers(-3, 4, dims).astype(dt.np)
-        feeds[n.op.name] = a
-    return feeds
-
-
 @dataclass
 class Stats:
     refused: int = 0
@@ -221,46 +149,22 @@ class Stats:
     failures: list[str] = field(default_factory=list)
 
 
-def _run(g: rlx.Graph, params: dict, rng: np.random.Generator, stats: Stats, cpu: bool) -> None:
-    feeds = _feeds(g, rng) if _bounded(g) else None
-    if feeds is None:
-        stats.too_big += 1
-        return
-    full = {n.op.name: params.get(n.op.name) for n in g.param_nodes()}
-    for name, a in full.items():
-        if a is None:
-            shape = g.shape(next(n.id for n in g.param_nodes() if n.op.name == name))
-            full[name] = np.zeros(shape.concrete({}), shape.dtype.np)
-    with np.errstate(all="ignore"):
-        try:
-            g.evaluate(feeds, full)
-            stats.ran += 1
-        except RlxError:
-            pass
-        if cpu:
-            try:
-                rlx.Session("cpu").compile(g, params=full).run(feeds)
-                stats.compiled += 1
-            except RlxError:
-                pass
-
-
 def fuzz(n: int, seed: int, cpu_every: int = 1) -> Stats:
     """Run ``n`` mutants of the base file; collect every failure (see the module doc)."""
     rng = random.Random(seed)
     nprng = np.random.default_rng(seed)
     good = dumps(*_base())
-    text, blobs = _split(good)
+    text, blobs = split(good)
     header = json.loads(text)
-    paths = _paths(header)
+    paths = json_paths(header)
     stats = Stats()
     seen: set[str] = set()
     mutators: list[Callable[[], tuple[str, bytes]]] = [
-        lambda: (lambda w, h: (w, _frame(json.dumps(h).encode(), blobs)))(
+        lambda: (lambda w, h: (w, frame(json.dumps(h).encode(), blobs)))(
             *_mutate_json(rng, header, text, paths)
         ),
-        lambda: (lambda w, t: (w, _frame(t, blobs)))(*_mutate_bytes(rng, text)),
-        lambda: (lambda w, b: (w, _frame(text, b)))(*_mutate_blobs(rng, blobs)),
+        lambda: (lambda w, t: (w, frame(t, blobs)))(*_mutate_bytes(rng, text)),
+        lambda: (lambda w, b: (w, frame(text, b)))(*_mutate_blobs(rng, blobs)),
     ]
     for k in range(n):
         what, data = rng.choices(mutators, weights=[8, 3, 1 if blobs else 0])[0]()
@@ -276,10 +180,17 @@ def fuzz(n: int, seed: int, cpu_every: int = 1) -> Stats:
             continue
         stats.loaded += 1
         fp = g.fingerprint()
+        cpu = fp not in seen and stats.loaded % cpu_every == 0
         try:
-            _run(g, params, nprng, stats, cpu=fp not in seen and stats.loaded % cpu_every == 0)
+            outcome = run(g, params, nprng, cpu)
         except Exception as e:  # noqa: BLE001
             stats.failures.append(f"#{k} {what}: running raised {type(e).__name__}: {e}")
+            outcome = (False, False)
+        if outcome is None:
+            stats.too_big += 1
+        else:
+            stats.ran += outcome[0]
+            stats.compiled += outcome[1]
         seen.add(fp)
     return stats
 
