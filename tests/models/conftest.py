@@ -5,6 +5,8 @@ checkpoints (tests/models/tiny_checkpoints.py)."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +53,41 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Row-wise cosine similarity (float64)."""
     a, b = a.astype(np.float64), b.astype(np.float64)
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def st_layout(src: Path, dst: Path, modes: list[str], normalize: bool) -> Path:
+    """Copy of the checkpoint ``src`` at ``dst`` as a sentence-transformers directory:
+    modules.json (Transformer, Pooling, and Normalize when ``normalize``), a pooling config
+    with ``pooling_mode_<m>`` true for each ``m`` of ``modes`` (``mean_tokens``, ...) and
+    max_seq_length 16. Out: ``dst``."""
+    shutil.copytree(src, dst)
+    mods = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    if normalize:
+        mods.append(
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            }
+        )
+    (dst / "modules.json").write_text(json.dumps(mods))
+    (dst / "1_Pooling").mkdir()
+    keys = ["cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens"]
+    cfg = {f"pooling_mode_{k}": k in modes for k in keys}
+    (dst / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 32, **cfg})
+    )
+    (dst / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 16}))
+    return dst
 
 
 class _Encoders(dict):

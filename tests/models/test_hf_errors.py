@@ -14,6 +14,7 @@ import rlx.models.hf as hf
 from rlx.errors import InputError, ModelError
 from rlx.models import SentenceEncoder
 from tests.models import tiny_checkpoints as tc
+from tests.models.conftest import st_layout
 
 
 @pytest.fixture
@@ -167,24 +168,12 @@ def test_unsupported_sentence_transformers_module(bert_dir):
         SentenceEncoder(bert_dir)
 
 
-def test_two_pooling_modes_refused(bert_dir):
-    mods = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-    ]
-    (bert_dir / "modules.json").write_text(json.dumps(mods))
-    (bert_dir / "1_Pooling").mkdir()
-    cfg = {"pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": True}
-    (bert_dir / "1_Pooling" / "config.json").write_text(json.dumps(cfg))
+def test_two_pooling_modes_refused(tiny_dirs, tmp_path):
+    d = st_layout(tiny_dirs["bert"], tmp_path / "st", ["mean_tokens", "max_tokens"], False)
     with pytest.raises(
         ModelError, match=r"pooling modes \['pooling_mode_mean_tokens', 'pooling_mode_max_tokens'\]"
     ):
-        SentenceEncoder(bert_dir)
+        SentenceEncoder(d)
 
 
 @pytest.fixture(scope="module")

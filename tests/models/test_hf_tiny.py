@@ -12,7 +12,7 @@ import rlx.models.hf as hf
 from rlx.errors import ModelError
 from rlx.models import SentenceEncoder
 from tests.models import tiny_checkpoints as tc
-from tests.models.conftest import cosines, tiny_ref
+from tests.models.conftest import cosines, st_layout, tiny_ref
 
 
 def _hidden(model_dir, ref):
@@ -67,40 +67,6 @@ def test_f32_weights_are_views_of_the_file(tiny_dirs):
     np.testing.assert_array_equal(w, raw.T)  # stored [out, in], read as [in, out]
 
 
-def _st_layout(src, dst, modes, normalize):
-    """Copy of tiny BERT as a sentence-transformers dir with the given pooling modes."""
-    import shutil
-
-    shutil.copytree(src, dst)
-    mods = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-    ]
-    if normalize:
-        mods.append(
-            {
-                "idx": 2,
-                "name": "2",
-                "path": "2_Normalize",
-                "type": "sentence_transformers.models.Normalize",
-            }
-        )
-    (dst / "modules.json").write_text(json.dumps(mods))
-    (dst / "1_Pooling").mkdir()
-    keys = ["cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens"]
-    cfg = {f"pooling_mode_{k}": k in modes for k in keys}
-    (dst / "1_Pooling" / "config.json").write_text(
-        json.dumps({"word_embedding_dimension": 32, **cfg})
-    )
-    (dst / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 16}))
-    return dst
-
-
 def _numpy_pool(h, mask, mode):
     m = mask[..., None].astype(np.float64)
     if mode == "cls_token":
@@ -115,7 +81,7 @@ def _numpy_pool(h, mask, mode):
 def test_sentence_transformers_pooling_modes(tiny_dirs, tmp_path, mode):
     """Pooling over transformers' hidden states (NumPy oracle), normalized by the Normalize
     module; sentence_bert_config.json's max_seq_length (16) truncates the long text."""
-    d = _st_layout(tiny_dirs["bert"], tmp_path / "st", [mode], normalize=True)
+    d = st_layout(tiny_dirs["bert"], tmp_path / "st", [mode], normalize=True)
     enc = SentenceEncoder(d, num_threads=1)
     assert enc.normalize_default and enc.max_length == 16
     texts = [t for t in tc.SENTENCES if len(t.split()) + 2 <= 16]  # no truncation here
