@@ -20,7 +20,7 @@ import numpy as np
 
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel
 from rlx.backends.cpu.kernels_elementwise import unary_kernel, where_kernel
-from rlx.backends.cpu.kernels_misc import exclusive_cumsum_kernel
+from rlx.backends.cpu.kernels_misc import cumsum_into, exclusive_cumsum_kernel
 from rlx.backends.cpu.kernels_quant import quantize_kernel, quantize_to_int64
 from rlx.backends.cpu.kernels_tensor import reduce_kernel
 from rlx.errors import UnsupportedOpError
@@ -124,28 +124,7 @@ def complex_cumsum_kernel(
     (x,) = ins
     if x.dtype.kind != "c" or x.ndim == 0:
         return exclusive_cumsum_kernel(node, ins, out, ctx)
-    op: Cumsum = node.op  # type: ignore[assignment]
-    ax = op.axis % x.ndim
-    tmp = ctx.scratch(out.shape, out.dtype, 701) if np.may_share_memory(x, out) else None
-    target = out if tmp is None else tmp
-    src, dst = (np.flip(x, ax), np.flip(target, ax)) if op.reverse else (x, target)
-    n = x.shape[ax]
-    lead = (slice(None),) * ax
-    if op.exclusive:
-        head = dst[(*lead, slice(0, 1))]
-        rest = dst[(*lead, slice(1, n))]
-        body = src[(*lead, slice(0, max(n - 1, 0)))]
-    else:
-        head, rest, body = None, dst, src
-
-    def run() -> None:
-        if head is not None:
-            head.fill(0)
-        np.cumsum(body, axis=ax, out=rest)
-        if tmp is not None:
-            np.copyto(out, tmp)
-
-    return run
+    return cumsum_into(x, out, node.op, ctx, 701)  # type: ignore[arg-type]
 
 
 @kernel(Where, supersedes=where_kernel)

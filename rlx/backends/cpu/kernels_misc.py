@@ -33,6 +33,7 @@ __all__ = [
     "scatter_add_kernel",
     "fake_quantize_kernel",
     "exclusive_cumsum_kernel",
+    "cumsum_into",
     "int_div_kernel",
     "int_pow_kernel",
 ]
@@ -162,27 +163,36 @@ def exclusive_cumsum_kernel(
     the last element into the rest of ``out`` (flipped views for ``reverse``). Inclusive
     sums go to ``cumsum_kernel``."""
     (x,) = ins
-    op = node.op
-    if not op.exclusive:  # type: ignore[attr-defined]
+    op: Cumsum = node.op  # type: ignore[assignment]
+    if not op.exclusive:
         return cumsum_kernel(node, ins, out, ctx)
     if x.dtype.kind not in "fiu" or x.ndim == 0:
         return None
-    ax = op.axis % x.ndim  # type: ignore[attr-defined]
+    return cumsum_into(x, out, op, ctx, 70)
+
+
+def cumsum_into(x: np.ndarray, out: np.ndarray, op: Cumsum, ctx: KernelCtx, tag: int) -> Kernel:
+    """``op``'s cumsum of ``x`` (rank >= 1) into ``out``: ``np.cumsum(out=)`` over flipped
+    views for ``reverse``, a zero first and all but the last element for ``exclusive``
+    (integers accumulate in their own dtype, wrapping); through a scratch (``tag``) when
+    ``out`` shares ``x``'s bytes."""
+    ax = op.axis % x.ndim
     acc = x.dtype if x.dtype.kind in "iu" else None
-    src, dst = (np.flip(x, ax), np.flip(out, ax)) if op.reverse else (x, out)  # type: ignore[attr-defined]
-    if np.may_share_memory(x, out):  # sum into scratch, then one copy into out
-        tmp = ctx.scratch(out.shape, out.dtype, 70)
-        dst = np.flip(tmp, ax) if op.reverse else tmp  # type: ignore[attr-defined]
-    else:
-        tmp = None
+    tmp = ctx.scratch(out.shape, out.dtype, tag) if np.may_share_memory(x, out) else None
+    target = out if tmp is None else tmp
+    src, dst = (np.flip(x, ax), np.flip(target, ax)) if op.reverse else (x, target)
     n = x.shape[ax]
     lead = (slice(None),) * ax
-    head = dst[(*lead, slice(0, 1))]
-    rest = dst[(*lead, slice(1, n))]
-    body = src[(*lead, slice(0, max(n - 1, 0)))]
+    if op.exclusive:
+        head = dst[(*lead, slice(0, 1))]
+        rest = dst[(*lead, slice(1, n))]
+        body = src[(*lead, slice(0, max(n - 1, 0)))]
+    else:
+        head, rest, body = None, dst, src
 
     def run() -> None:
-        head.fill(0)
+        if head is not None:
+            head.fill(0)
         with np.errstate(all="ignore"):
             np.cumsum(body, axis=ax, dtype=acc, out=rest)
         if tmp is not None:
