@@ -37,21 +37,11 @@ import numpy as np  # noqa: E402
 from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
 
 from rlx.backends.cpu import native  # noqa: E402
+from rlx.info import cpu_model  # noqa: E402
 
 
 def _best_time(fn, reps: int) -> float:  # noqa: ANN001
     return best_time(fn, reps, warmup=True)
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _blas_desc() -> str:
@@ -130,7 +120,7 @@ def main() -> int:
         "",
         f"- command: `{cmd}`",
         f"- date: {_dt.datetime.now(_dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- machine: {_cpu_model()}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}",
+        f"- machine: {cpu_model()}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}",
         f"- int8 path: {lib.isa.name} (OpenMP: {lib.openmp}), {native.gcc_version()}",
         f"- f32 path: numpy {np.__version__} matmul -> {_blas_desc()}",
         f"- BLAS env removed before loading BLAS: {removed or 'none were set'}",

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Info", "info", "RELEVANT_FLAGS"]
+__all__ = ["Info", "info", "cpu_model", "RELEVANT_FLAGS"]
 
 #: /proc/cpuinfo flags that decide the native paths (AVX2 target, AVX-512 target, the
 #: VNNI int8 GEMM and the BF16 dot products).
@@ -111,7 +111,8 @@ def _numpy_blas() -> tuple[tuple[str, str], ...]:
     return tuple(lines)
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows of it."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -129,7 +130,7 @@ def _cpu() -> tuple[tuple[str, str], ...]:
     have = [f for f in RELEVANT_FLAGS if f in flags]
     lack = [f for f in RELEVANT_FLAGS if f not in flags]
     return (
-        ("model", _cpu_model()),
+        ("model", cpu_model()),
         ("machine", platform.machine()),
         ("flags", " ".join(have) or "none of the relevant ones"),
         ("missing", " ".join(lack) or "none"),
