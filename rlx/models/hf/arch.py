@@ -22,38 +22,12 @@ import numpy as np
 from rlx.dtype import DType
 from rlx.ir.mir import Graph, NodeId
 from rlx.models.hf.config import EncoderConfig, Family
+from rlx.models.hf.weights import layer_names
 
 __all__ = ["build_encoder", "encoder_graph", "MASK_FILL"]
 
 #: What a padded key adds to the attention scores (exp() of it is exactly 0 in f32).
 MASK_FILL = 1e30
-
-
-def _names(cfg: EncoderConfig, i: int) -> dict[str, str]:
-    """rlx role -> checkpoint name prefix for layer ``i``."""
-    if cfg.family is Family.DISTILBERT:
-        p = f"transformer.layer.{i}"
-        return {
-            "q": f"{p}.attention.q_lin",
-            "k": f"{p}.attention.k_lin",
-            "v": f"{p}.attention.v_lin",
-            "o": f"{p}.attention.out_lin",
-            "ln1": f"{p}.sa_layer_norm",
-            "up": f"{p}.ffn.lin1",
-            "down": f"{p}.ffn.lin2",
-            "ln2": f"{p}.output_layer_norm",
-        }
-    p = f"encoder.layer.{i}"
-    return {
-        "q": f"{p}.attention.self.query",
-        "k": f"{p}.attention.self.key",
-        "v": f"{p}.attention.self.value",
-        "o": f"{p}.attention.output.dense",
-        "ln1": f"{p}.attention.output.LayerNorm",
-        "up": f"{p}.intermediate.dense",
-        "down": f"{p}.output.dense",
-        "ln2": f"{p}.output.LayerNorm",
-    }
 
 
 def _positions(g: Graph, cfg: EncoderConfig, ids: NodeId) -> NodeId:
@@ -95,7 +69,7 @@ def build_encoder(cfg: EncoderConfig, name: str = "encoder") -> tuple[Graph, Nod
     mask = g.cast(mask_i, DType.F32)
     additive = g.mul(g.sub(g.reshape(mask, (batch, 1, 1, seq)), 1.0), MASK_FILL)
     for i in range(cfg.num_layers):
-        n = _names(cfg, i)
+        n = layer_names(cfg, i)
         q, k, v = (lin(x, n[r], h, h) for r in "qkv")
         a = g.attention(q, k, v, cfg.num_heads, cfg.head_dim, mask_input=additive)
         x = ln(g.add(lin(a, n["o"], h, h), x), n["ln1"])

@@ -25,7 +25,7 @@ import numpy as np
 from rlx.errors import ModelError
 from rlx.models.hf.config import EncoderConfig, Family
 
-__all__ = ["expected_tensors", "load_weights", "IGNORED_TENSORS", "extra_import"]
+__all__ = ["expected_tensors", "layer_names", "load_weights", "IGNORED_TENSORS", "extra_import"]
 
 #: Checkpoint tensors rlx reads but does not use (the pooler head; registered buffers).
 IGNORED_TENSORS = (
@@ -67,6 +67,35 @@ def _dtype(code: str) -> np.dtype:
     return _DTYPES[code]
 
 
+def layer_names(cfg: EncoderConfig, i: int) -> dict[str, str]:
+    """Role -> checkpoint name prefix (``<prefix>.weight`` / ``.bias``) of layer ``i``'s
+    tensors: ``q``, ``k``, ``v``, ``o`` (attention projections), ``ln1`` (after attention),
+    ``up``, ``down`` (FFN) and ``ln2``."""
+    if cfg.family is Family.DISTILBERT:
+        p = f"transformer.layer.{i}"
+        return {
+            "q": f"{p}.attention.q_lin",
+            "k": f"{p}.attention.k_lin",
+            "v": f"{p}.attention.v_lin",
+            "o": f"{p}.attention.out_lin",
+            "ln1": f"{p}.sa_layer_norm",
+            "up": f"{p}.ffn.lin1",
+            "down": f"{p}.ffn.lin2",
+            "ln2": f"{p}.output_layer_norm",
+        }
+    p = f"encoder.layer.{i}"
+    return {
+        "q": f"{p}.attention.self.query",
+        "k": f"{p}.attention.self.key",
+        "v": f"{p}.attention.self.value",
+        "o": f"{p}.attention.output.dense",
+        "ln1": f"{p}.attention.output.LayerNorm",
+        "up": f"{p}.intermediate.dense",
+        "down": f"{p}.output.dense",
+        "ln2": f"{p}.output.LayerNorm",
+    }
+
+
 def expected_tensors(cfg: EncoderConfig) -> dict[str, tuple[tuple[int, ...], bool]]:
     """Checkpoint name -> (shape as stored, whether it is a linear weight to transpose)."""
     h, f = cfg.hidden_size, cfg.intermediate_size
@@ -86,23 +115,13 @@ def expected_tensors(cfg: EncoderConfig) -> dict[str, tuple[tuple[int, ...], boo
         out["embeddings.token_type_embeddings.weight"] = ((cfg.type_vocab_size, h), False)
     ln("embeddings.LayerNorm")
     for i in range(cfg.num_layers):
-        if cfg.family is Family.DISTILBERT:
-            p = f"transformer.layer.{i}"
-            for n in ("q_lin", "k_lin", "v_lin", "out_lin"):
-                lin(f"{p}.attention.{n}", h, h)
-            ln(f"{p}.sa_layer_norm")
-            lin(f"{p}.ffn.lin1", h, f)
-            lin(f"{p}.ffn.lin2", f, h)
-            ln(f"{p}.output_layer_norm")
-        else:
-            p = f"encoder.layer.{i}"
-            for n in ("query", "key", "value"):
-                lin(f"{p}.attention.self.{n}", h, h)
-            lin(f"{p}.attention.output.dense", h, h)
-            ln(f"{p}.attention.output.LayerNorm")
-            lin(f"{p}.intermediate.dense", h, f)
-            lin(f"{p}.output.dense", f, h)
-            ln(f"{p}.output.LayerNorm")
+        n = layer_names(cfg, i)
+        for role in ("q", "k", "v", "o"):
+            lin(n[role], h, h)
+        ln(n["ln1"])
+        lin(n["up"], h, f)
+        lin(n["down"], f, h)
+        ln(n["ln2"])
     return out
 
 
