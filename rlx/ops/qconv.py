@@ -22,7 +22,7 @@ from rlx.errors import ShapeError
 from rlx.ir.mir import Graph, NodeId
 from rlx.ops.base import OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.nn import Conv, _pads, _per_dim, _window_view
-from rlx.ops.quant import IntEpilogueOp
+from rlx.ops.quant import IntEpilogueOp, _scales
 from rlx.shape import Shape
 
 __all__ = ["QConv2d", "qconv2d_accumulate"]
@@ -127,14 +127,13 @@ def qconv2d(
     groups: int = 1,
 ) -> NodeId:
     """Integer conv2d rescaled to f32 (see :class:`QConv2d`)."""
-    ws = (float(w_scales),) if isinstance(w_scales, int | float) else tuple(w_scales)
     op = QConv2d(
         _per_dim(stride, 2, "qconv2d", "stride"),
         _pads(padding, 2, "qconv2d"),
         _per_dim(dilation, 2, "qconv2d", "dilation"),
         x_scale,
         x_zero_point,
-        ws,
+        _scales(w_scales),
         int(groups),
         bias is not None,
     )
