@@ -529,7 +529,8 @@ def _machine(stats: dict[str, Any]) -> list[str]:
         versions |= st.get("versions", {})
         for p in st.get("pools", []):
             kernel = f", kernel {p['architecture']}" if p.get("architecture") else ""
-            desc = f"{p['internal_api']} {p['version'] or ''}{kernel} ({p['file']})"
+            version = f" {p['version']}" if p.get("version") else ""
+            desc = f"{p['internal_api']}{version}{kernel} ({p['file']})"
             pools.setdefault(desc, []).append(e)
     loaded = "; ".join(f"{d}: {', '.join(es)}" for d, es in pools.items())
     return [
@@ -586,7 +587,10 @@ def report(data: dict[str, Any]) -> str:
         "Real (non-padding) tokens per latency input: "
         + ", ".join(f"{k} {v}" for k, v in facts.items() if k != "corpus_tokens")
         + ". `min cos` compares with torch eager's last hidden state (per real token, and "
-        "mean-pooled per sentence).",
+        "mean-pooled per sentence). The machine is shared with other jobs: with a load "
+        f"average above its {os.cpu_count()} CPUs, a multi-threaded engine waits at each "
+        "barrier for a thread that was preempted, so 2-thread medians carry that noise; "
+        "the p25-p75 and min columns show how much.",
         "",
     ]
     if data.get("latency"):
