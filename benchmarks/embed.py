@@ -182,20 +182,20 @@ class Worker:
     """One engine's process; :meth:`ask` sends a command and waits for its reply."""
 
     engine: str
-    proc: subprocess.Popen[str]
+    proc: subprocess.Popen[str] | None
     error: str | None = None
     replies: list[dict[str, Any]] = field(default_factory=list)
 
     def send(self, cmd: dict[str, Any]) -> None:
         if self.error is None:
-            assert self.proc.stdin is not None
+            assert self.proc is not None and self.proc.stdin is not None
             self.proc.stdin.write(json.dumps(cmd) + "\n")
             self.proc.stdin.flush()
 
     def recv(self) -> dict[str, Any]:
         if self.error is not None:
             return {"ok": False, "error": self.error}
-        assert self.proc.stdout is not None
+        assert self.proc is not None and self.proc.stdout is not None
         line = self.proc.stdout.readline()
         reply = json.loads(line) if line else {"ok": False, "error": "worker exited"}
         if not reply["ok"]:
@@ -207,9 +207,11 @@ class Worker:
         return self.recv()
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.ask({"op": "quit"})
+        if self.proc is not None and self.proc.poll() is None:
+            try:  # also after an error: the worker still reads its commands
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.proc.stdin.close()
                 self.proc.wait(timeout=60)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
@@ -235,10 +237,13 @@ def start(engine: str, threads: int, a: argparse.Namespace, work: Path) -> Worke
     cmd = [py, str(WORKER), "serve", "--engine", engine, "--threads", str(threads)]
     cmd += ["--model-dir", str(a.model_dir), "--work", str(work)]
     log = open(work / f"log_{engine.replace(' ', '_')}_{threads}t.txt", "w")  # noqa: SIM115
-    proc = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-        env=child_env(threads), cwd=str(ROOT),
-    )  # fmt: skip
+    try:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+            env=child_env(threads), cwd=str(ROOT),
+        )  # fmt: skip
+    except OSError as e:  # e.g. a --peer-python that does not exist: reported as not run
+        return Worker(engine, None, error=f"cannot start {py}: {e}")
     return Worker(engine, proc)
 
 
@@ -649,14 +654,20 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         data["inputs"] = write_inputs(work, a.model_dir, a.shapes, a.sentences)
         print("== preparing the ONNX models", flush=True)
-        prep = subprocess.run(
-            [a.peer_python, str(WORKER), "prepare", "--model-dir", str(a.model_dir), "--work", tmp],
-            env=child_env(2), stdout=subprocess.DEVNULL, stderr=open(work / "log_prepare.txt", "w"),
-        )  # fmt: skip
-        if prep.returncode == 0:
+        log = work / "log_prepare.txt"
+        try:
+            with open(log, "w") as err:
+                rc = subprocess.run(
+                    [a.peer_python, str(WORKER), "prepare", "--model-dir", str(a.model_dir), "--work", tmp],
+                    env=child_env(2), stdout=subprocess.DEVNULL, stderr=err,
+                ).returncode  # fmt: skip
+        except OSError as e:
+            log.write_text(f"cannot start {a.peer_python}: {e}")
+            rc = -1
+        if rc == 0:
             data["prepare"] = json.loads((work / "prepare.json").read_text())
-        else:
-            print((work / "log_prepare.txt").read_text()[-3000:], file=sys.stderr)
+        else:  # the ORT engines then fail to build and are reported as not run
+            print(log.read_text()[-3000:], file=sys.stderr)
         pick = (lambda es: [e for e in es if e in a.engines]) if a.engines else list
         if a.what in ("all", "latency"):
             data["latency"] = run_latency(a, work, pick(LATENCY_ENGINES))
