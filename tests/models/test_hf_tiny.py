@@ -211,3 +211,11 @@ def test_example_inputs(tiny_dirs):
     assert m.compile().run(inp)[0].shape == (3, 7, tc.HIDDEN)
     with pytest.raises(ModelError, match="2 <= seq <= 40"):
         m.example_inputs(1, 41)
+
+
+def test_compile_overrides_any_option_including_the_thread_count(tiny_dirs):
+    """``HFModel.compile(num_threads=...)`` used to raise a TypeError (the thread count
+    was passed twice to CompileOptions)."""
+    m = hf.load(tiny_dirs["bert"], num_threads=2)
+    c = m.compile(num_threads=1, use_cache=False)
+    assert c.num_threads == 1 and m.options().num_threads == 2

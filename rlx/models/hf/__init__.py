@@ -118,14 +118,16 @@ class HFModel:
 
     def options(self, precision: str | None = None, **kw: Any) -> Any:
         """The CompileOptions for ``precision`` (default: the model's) and this thread
-        count; ``kw`` overrides other fields."""
+        count; ``kw`` overrides any field (``num_threads=2`` included)."""
         from rlx.passes.precision import PrecisionPolicy
         from rlx.runtime.options import CompileOptions
 
         p = check_precision(precision or self.precision)
         policy = PrecisionPolicy.AutoMixedBf16 if p == "bf16" else None
         kw.setdefault("max_shape_plans", 16)
-        return CompileOptions(num_threads=self.num_threads, precision=policy, **kw)
+        kw.setdefault("num_threads", self.num_threads)
+        kw.setdefault("precision", policy)
+        return CompileOptions(**kw)
 
     def compile(self, graph: Graph | None = None, precision: str | None = None, **kw: Any) -> Any:
         """A CompiledGraph of ``graph`` (default: the encoder) at ``precision`` (default:
