@@ -10,7 +10,9 @@ built from ``native/csrc/lowp_cast.c`` + ``native/csrc/lowp_gemm.c`` (through
   NumPy (f16) exactly, NaN payloads included.
   Other casts are NumPy copies (through f32 for bf16/fp8, as the reference).
 * **GEMM** on bf16, three paths (:class:`GemmPath`): ``DPBF16`` when the native
-  target has BF16 (AVX512 on a CPU with avx512_bf16; ``vdpbf16ps``: bf16 products, f32
+  target has BF16 (AVX512 on a CPU with avx512_bf16; ``vdpbf16ps``, or AMX tiles
+  (``tdpbf16ps``) for the rows of M rounded down to 16 when K is a multiple of 32 and
+  the CPU has amx_bf16: bf16 products, f32
   accumulation, the weight packed into 32-column panels: once at compile time when it
   is a constant, once per param change when it is a param or param-derived
   (``KernelCtx.stable``), every run otherwise);
@@ -23,7 +25,8 @@ built from ``native/csrc/lowp_cast.c`` + ``native/csrc/lowp_gemm.c`` (through
   FusedMatMulBiasAct kernel of ``kernels_rows``): the GEMM above, the bias added in f32,
   and the activation looked up in a 2^16-entry table of the op's reference
   (``activation_table``): the reference applies it to a rounded 16-bit value, so the
-  table is exact.
+  table is exact. On the ``DPBF16`` path with a bias of N values, both are applied as
+  the GEMM writes its output tile (one pass); elsewhere by passes over the output.
 
 Kernels use ``KernelCtx.num_threads`` OpenMP threads. ``lowp_override`` forces a path or
 SIMD level (tests run every path on one machine; benchmarks compare them); it is read
@@ -149,6 +152,9 @@ class LowpLib:
         lib.rlx_bf16_pack_b.argtypes = [_P, _L, _L, _L, _P, _I]
         lib.rlx_bf16_gemm.restype = _I
         lib.rlx_bf16_gemm.argtypes = [_L, _L, _L, _P, _L, _P, _P, _L, _I, _I]
+        lib.rlx_bf16_gemm_ep.restype = _I
+        lib.rlx_bf16_gemm_ep.argtypes = [_L, _L, _L, _P, _L, _P, _P, _L, _I, _I, _P, _P]
+        lib.rlx_bf16_has_amx.restype = _I
         self.max_level = SimdLevel(int(lib.rlx_lowp_max_level()))
         self.has_dpbf16 = bool(lib.rlx_lowp_has_dpbf16())
         self.openmp = bool(lib.rlx_lowp_openmp())
@@ -211,11 +217,36 @@ class LowpLib:
             b.ctypes.data, b.strides[0] // 2, k, n, out.ctypes.data, max(1, threads)
         )
 
-    def gemm(self, a: np.ndarray, packed: np.ndarray, out: np.ndarray, threads: int = 1) -> None:
+    @functools.cached_property
+    def has_amx(self) -> bool:
+        """Whether :meth:`gemm` runs on AMX tiles (CPU with amx_bf16 whose kernel grants
+        this process the tile state): the rows ``[0, M // 16 * 16)`` of GEMMs whose K is
+        a multiple of 32; the vdpbf16ps kernel does the rest."""
+        return bool(self.lib.rlx_bf16_has_amx())
+
+    def gemm(
+        self,
+        a: np.ndarray,
+        packed: np.ndarray,
+        out: np.ndarray,
+        threads: int = 1,
+        bias: np.ndarray | None = None,
+        act_table: np.ndarray | None = None,
+    ) -> None:
         """``out = a @ b`` for bf16 ``a`` [M, K] and ``b`` packed by :meth:`pack_b`;
-        ``out`` [M, N] is f32 or bf16 (rounded once)."""
+        ``out`` [M, N] is f32 or bf16 (rounded once). For a bf16 ``out``, ``bias`` (f32
+        [N]) is added to the rounded product and rounded again, then ``act_table`` (uint16
+        [65536], as :func:`activation_table`) maps each code."""
         m, k = a.shape
         n = out.shape[1]
+        if (bias is not None or act_table is not None) and out.dtype != BF16:
+            raise InputError(f"lowp gemm: bias/act_table need a bf16 out, given {out.dtype}")
+        if bias is not None and (bias.dtype != F32 or bias.shape != (n,)):
+            raise InputError(f"lowp gemm: bias f32 [{n}] needed, given {bias.dtype} {bias.shape}")
+        if act_table is not None and (act_table.dtype != np.uint16 or act_table.shape != (2**16,)):
+            raise InputError(
+                f"lowp gemm: act_table uint16 [65536] needed, given {act_table.dtype} {act_table.shape}"
+            )
         _check_rows("gemm", "a", a)
         _check_rows("gemm", "out", out)
         if a.dtype != BF16 or out.dtype not in (F32, BF16) or out.shape[0] != m:
@@ -226,13 +257,22 @@ class LowpLib:
             raise InputError(f"lowp gemm: the packed weight is not a packed [{k}, {n}] matrix")
         if not self.has_dpbf16 or "avx512_bf16" not in native.cpu_flags():
             raise CompileError("lowp gemm: this CPU or library has no avx512_bf16")
-        rc = self.lib.rlx_bf16_gemm(
+        bias = None if bias is None else np.ascontiguousarray(bias)
+        lut = None if act_table is None else _padded_table(act_table)
+        rc = self.lib.rlx_bf16_gemm_ep(
             m, n, k, a.ctypes.data, a.strides[0] // 2, packed.ctypes.data,
             out.ctypes.data, out.strides[0] // out.itemsize, int(out.dtype == BF16),
-            max(1, threads),
+            max(1, threads), None if bias is None else bias.ctypes.data,
+            None if lut is None else lut.ctypes.data,
         )  # fmt: skip
         if rc != 0:
             raise MemoryError(f"lowp gemm: could not allocate the packed activations ({m}x{k})")
+
+
+def _padded_table(table: np.ndarray) -> np.ndarray:
+    """``table`` (uint16 [65536]) plus one zero entry: the GEMM epilogue gathers 32 bits at
+    each code's offset."""
+    return np.append(np.ascontiguousarray(table, np.uint16), np.uint16(0))
 
 
 def _check_rows(fn: str, name: str, x: np.ndarray) -> None:
@@ -389,6 +429,7 @@ def lowp_matmul(
     b_constant: bool | None = None,
     preps: tuple[Kernel, ...] = (),
     b_prep: Kernel | None = None,
+    epilogue: _Epilogue | None = None,
 ) -> Kernel | None:
     """``out = matmul(a, b)`` (NumPy semantics) for bf16/f16 ``a``, ``b``, ``out``, or None
     when the native library is unavailable (the caller keeps its NumPy path).
@@ -398,7 +439,8 @@ def lowp_matmul(
     defaults to whether input 1 of ``node`` is a Constant. A ``b`` that changes only
     with the params (``KernelCtx.stable``, no ``b_prep``) is prepared (packed or
     widened, into private buffers) in a ``KernelCtx.prologue`` step: once per param
-    change."""
+    change. ``epilogue`` (bf16 only) is applied by the vdpbf16ps/AMX GEMM as it writes
+    ``out`` when that path is taken (then ``epilogue.fused`` is set)."""
     if a.dtype != b.dtype or a.dtype != out.dtype or a.dtype not in (BF16, F16):
         return None
     lib = _lib_or_none(ctx)
@@ -412,7 +454,7 @@ def lowp_matmul(
         [] if not const and b_prep is None and _is_stable(ctx, node, 1) else None
     )
     path = gemm_path(a.dtype, lib)
-    fn = _dpbf16(a, b, out, ctx, lib, const, defer) if path is GemmPath.DPBF16 else None
+    fn = _dpbf16(a, b, out, ctx, lib, const, defer, epilogue) if path is GemmPath.DPBF16 else None
     if fn is None:
         fn = _convert(a, b, out, ctx, lib, const, defer)
         path = GemmPath.CONVERT
@@ -514,10 +556,12 @@ def _dpbf16(
     lib: LowpLib,
     const: bool,
     defer: list[Kernel] | None = None,
+    epilogue: _Epilogue | None = None,
 ) -> Kernel | None:
-    """vdpbf16ps GEMMs, one per batch of the broadcast, or None for shapes it does not
+    """vdpbf16ps/AMX GEMMs, one per batch of the broadcast, or None for shapes it does not
     take (1-D operands, empty dims, rows that are not contiguous). With ``defer`` (a
-    list), ``b`` is packed into private buffers by a step appended there."""
+    list), ``b`` is packed into private buffers by a step appended there. ``epilogue``
+    (bias and activation) is applied as the GEMM writes ``out``; it is marked fused."""
     if a.ndim < 2 or b.ndim < 2 or out.ndim < 2 or 0 in a.shape or 0 in b.shape:
         return None
     k, n = b.shape[-2], b.shape[-1]
@@ -560,8 +604,9 @@ def _dpbf16(
     calls = [
         (am, packs[bm.ctypes.data], om) for am, bm, om in zip(a_list, b_list, o_list, strict=True)
     ]
-    raw = lib.lib.rlx_bf16_gemm
+    raw = lib.lib.rlx_bf16_gemm_ep
     pack = lib.lib.rlx_bf16_pack_b
+    ep = (None, None) if epilogue is None else (epilogue.bias_ptr, epilogue.lut_ptr)
     args = [
         (am.shape[0], n, k, am.ctypes.data, am.strides[0] // 2, pm.ctypes.data, om.ctypes.data,
          om.strides[0] // om.itemsize, 1)
@@ -582,12 +627,15 @@ def _dpbf16(
         for p in pargs:
             pack(*p, nt)
         for g in args:
-            if raw(*g, nt) != 0:
+            if raw(*g, nt, *ep) != 0:
                 raise MemoryError(
                     f"bf16 gemm: could not allocate the packed activations ({g[0]}x{k})"
                 )
 
     run.packed = list(packs.values())  # type: ignore[attr-defined]  # args hold only pointers
+    if epilogue is not None:
+        epilogue.fused = True
+        run.epilogue = epilogue  # type: ignore[attr-defined]  # ep holds only pointers
     return run
 
 
@@ -628,42 +676,57 @@ def lowp_fused_matmul(
     lib = _lib_or_none(ctx)
     if lib is None:
         return None
-    mm = lowp_matmul(node, x, w, out, ctx)
-    if mm is None:
-        return None
     act = node.op.act  # type: ignore[attr-defined]
-    if bias is None and act is None:
-        return mm
     level, nt = int(lib.level()), ctx.num_threads
     up, down = lib.cast_fn(dt, F32), lib.cast_fn(F32, dt)
-    po, n = out.ctypes.data, out.size
-    steps: list[Kernel] = [mm]
+    b32: np.ndarray | None = None
+    preps: list[Kernel] = []
     if bias is not None:
-        y = ctx.scratch(out.shape, F32, 330)
-        py = y.ctypes.data
-        steps.append(lambda: up(po, py, n, level, nt))  # type: ignore[arg-type, return-value]
         if _is_constant(ctx, node, 2):
             b32 = np.empty(bias.shape, F32)
             lib.cast(bias, b32)
-            steps.append(lambda: np.add(y, b32, out=y))  # type: ignore[arg-type, return-value]
         elif _is_stable(ctx, node, 2):  # widened once per param change, kept private
             b32 = np.empty(bias.shape, F32)
             pb, pb32, nb = bias.ctypes.data, b32.ctypes.data, bias.size
             ctx.prologue.append(lambda: up(pb, pb32, nb, level, 1))  # type: ignore[arg-type, return-value]
-            steps.append(lambda: np.add(y, b32, out=y))  # type: ignore[arg-type, return-value]
         else:
             b32 = ctx.scratch(bias.shape, F32, 331)
             pb, pb32, nb = bias.ctypes.data, b32.ctypes.data, bias.size
+            preps.append(lambda: up(pb, pb32, nb, level, 1))  # type: ignore[arg-type, return-value]
+    table = activation_table(act, dt) if act is not None else None
+    ep: _Epilogue | None = None
+    if (
+        (bias is not None or act is not None)
+        and dt == BF16
+        and (bias is None or bias.shape[-1:] == (out.shape[-1],) and bias.size == out.shape[-1])
+    ):
+        ep = _Epilogue(b32, None if table is None else _padded_table(table))
+    mm = lowp_matmul(node, x, w, out, ctx, epilogue=ep)
+    if mm is None:
+        return None
+    if ep is not None and ep.fused:  # bias and act applied as the GEMM writes out
+        if not preps:
+            return mm
+        pre = preps[0]
 
-            def add_bias() -> None:
-                up(pb, pb32, nb, level, 1)
-                np.add(y, b32, out=y)
+        def run_fused() -> None:
+            pre()
+            mm()
 
-            steps.append(add_bias)
+        return run_fused
+    if bias is None and act is None:
+        return mm
+    po, n = out.ctypes.data, out.size
+    steps: list[Kernel] = [*preps, mm]
+    if b32 is not None:
+        y = ctx.scratch(out.shape, F32, 330)
+        py = y.ctypes.data
+        bb = b32
+        steps.append(lambda: up(po, py, n, level, nt))  # type: ignore[arg-type, return-value]
+        steps.append(lambda: np.add(y, bb, out=y))  # type: ignore[arg-type, return-value]
         steps.append(lambda: down(py, po, n, level, nt))  # type: ignore[arg-type, return-value]
-    if act is not None:
+    if table is not None:
         # the reference applies act to the rounded (biased) product: one of 2^16 values
-        table = activation_table(act, dt)
         lut, pt = lib.lib.rlx_lut16, table.ctypes.data
         steps.append(lambda: lut(po, pt, po, n, nt))  # type: ignore[arg-type, return-value]
 
@@ -672,3 +735,21 @@ def lowp_fused_matmul(
             f()
 
     return run
+
+
+@dataclass
+class _Epilogue:
+    """Bias (f32 [N], or None) and activation table (uint16 [65537] padded, or None) for
+    the bf16 GEMM to apply as it writes its output; ``fused`` once a GEMM took them."""
+
+    bias: np.ndarray | None
+    table: np.ndarray | None
+    fused: bool = False
+
+    @property
+    def bias_ptr(self) -> int | None:
+        return None if self.bias is None else self.bias.ctypes.data
+
+    @property
+    def lut_ptr(self) -> int | None:
+        return None if self.table is None else self.table.ctypes.data
