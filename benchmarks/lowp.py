@@ -7,8 +7,8 @@ Part 0, casts f32 <-> bf16 / f16 on 16 Mi elements: native vs NumPy / ml_dtypes.
 
 Part 1, GEMM (square M = K = N in 256..2048): f32 ``np.matmul`` (OpenBLAS sgemm) against
 the native bf16 GEMM of ``rlx/backends/cpu/kernels_lowp.py`` with its weight packed
-beforehand (``vdpbf16ps`` where the CPU has avx512_bf16), the same including the weight
-packing, and the widening path CPUs without avx512_bf16 use (native bf16 -> f32 of both
+beforehand (``vdpbf16ps`` where the CPU has avx512_bf16, AMX tiles where it has
+amx_bf16), the same including the weight packing, and the widening path CPUs without avx512_bf16 use (native bf16 -> f32 of both
 operands, sgemm, native rounding), at each of ``--gemm-threads``. Minimum over
 ``--repeat`` calls after one warm-up.
 
@@ -202,7 +202,7 @@ def main() -> None:
         f"date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; python {platform.python_version()}; "
         f"{platform.machine()}; numpy {np.__version__}; {native.gcc_version()}; threads {args.threads}; "
         f"avx512_bf16 {'avx512_bf16' in native.cpu_flags()}; library: SIMD level {lib.max_level.name}, "
-        f"vdpbf16ps {lib.has_dpbf16}, OpenMP {lib.openmp}; load average before the run "
+        f"vdpbf16ps {lib.has_dpbf16}, AMX tiles {lib.has_amx}, OpenMP {lib.openmp}; load average before the run "
         f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (shared with other jobs)"
     )
     print(head)
