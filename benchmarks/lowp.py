@@ -8,8 +8,9 @@ Part 0, casts f32 <-> bf16 / f16 on 16 Mi elements: native vs NumPy / ml_dtypes.
 Part 1, GEMM (square M = K = N in 256..2048): f32 ``np.matmul`` (OpenBLAS sgemm) against
 the native bf16 GEMM of ``rlx/backends/cpu/kernels_lowp.py`` with its weight packed
 beforehand (``vdpbf16ps`` where the CPU has avx512_bf16, AMX tiles where it has
-amx_bf16), the same including the weight packing, and the widening path CPUs without avx512_bf16 use (native bf16 -> f32 of both
-operands, sgemm, native rounding), at each of ``--gemm-threads``. Minimum over
+amx_bf16), the same including the weight packing, and the widening path CPUs without
+avx512_bf16 use (native bf16 -> f32 of both operands, sgemm, native rounding), at each
+of ``--gemm-threads``. Minimum over
 ``--repeat`` calls after one warm-up.
 
 Part 2, end to end through ``rlx.Session``: the AMP benchmark's MLP (batch 64,
