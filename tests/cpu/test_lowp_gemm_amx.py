@@ -183,3 +183,27 @@ def test_amp_mlp_with_gelu_matches_reference_on_exact_inputs() -> None:
     ref = g.evaluate({"x": xv}, {})[0]
     assert np.max(np.abs(got - ref)) <= 2.0**-7 * np.max(np.abs(ref)) + 2.0**-8
     assert any(e.op == "fused_matmul_bias_act" and e.dtype == "bf16" for e in cg.report().kernels)
+
+
+@needs_dpbf16
+@pytest.mark.parametrize("k", [64, 40])
+def test_report_names_the_bf16_instructions_that_ran(k):
+    """The kernel note and the report's native summary say AMX or vdpbf16ps, as run."""
+    g = Graph("amx_note")
+    x = g.input("x", (32, k))
+    w = g.param("w", (k, 48))
+    g.set_outputs([g.matmul(x, w)])
+    opts = CompileOptions(precision=PrecisionPolicy.AutoMixedBf16, use_cache=False)
+    c = Session("cpu").compile(g, opts, params={"w": np.ones((k, 48), np.float32)})
+    c.run({"x": np.ones((32, k), np.float32)})
+    text = str(c.report())
+    lib = kl.lowp_lib()
+    if lib.has_amx and k % 32 == 0:
+        want = "AMX tiles"
+    elif lib.has_amx:
+        want = f"vdpbf16ps: K={k} is not a multiple of 32 for AMX"
+    else:
+        want = "(vdpbf16ps)"
+    (summary,) = [line for line in text.splitlines() if "bfloat16 GEMM:" in line]
+    assert want in summary  # the native summary line
+    assert sum(want in line for line in text.splitlines()) >= 2  # and the kernel's note

@@ -89,7 +89,7 @@ class SimdLevel(enum.IntEnum):
 class GemmPath(enum.Enum):
     """How a bf16/f16 matmul is computed (see the module docstring)."""
 
-    DPBF16 = "native bf16 dot products (vdpbf16ps), f32 accumulation"
+    DPBF16 = "native bf16 dot products, f32 accumulation"
     CONVERT = "native widening to f32 + f32 BLAS sgemm + native rounding"
     NUMPY = "NumPy widening to f32 + f32 BLAS sgemm + NumPy rounding"
 
@@ -466,7 +466,16 @@ def lowp_matmul(
         ctx.prologue.extend(defer)
     else:
         when = "every run"
-    ctx.notes.append(f"{a.dtype.name} matmul: {path.value}, weight prepared {when}")
+    how = path.value
+    if path is GemmPath.DPBF16 and lib is not None:
+        k = a.shape[-1]
+        if not lib.has_amx:
+            how += " (vdpbf16ps)"
+        elif k % 32 == 0:
+            how += " (AMX tiles; vdpbf16ps for the last M % 16 rows)"
+        else:
+            how += f" (vdpbf16ps: K={k} is not a multiple of 32 for AMX)"
+    ctx.notes.append(f"{a.dtype.name} matmul: {how}, weight prepared {when}")
     if not per_call:
         return fn
 

@@ -32,8 +32,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Report", "KernelRecord", "native_summary"]
 
-# what kernels_lowp notes about a bf16/f16 matmul: "<dtype> matmul: <path>, weight ..."
-_LOWP_NOTE = re.compile(r"(b?float16|b?f16) matmul: ([^,]+)")
+# what kernels_lowp notes about a bf16/f16 matmul:
+# "<dtype> matmul: <path>[, f32 accumulation][ (<instructions>)], weight ..."
+_LOWP_NOTE = re.compile(r"(b?float16|b?f16) matmul: ([^,]+)(?:, f32 accumulation)?( \([^)]*\))?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +297,7 @@ def native_summary(
         if len(nat) < len(q):
             lines.append(f"int8 GEMM: exact f64 BLAS for {len(q) - len(nat)} of {len(q)} qmatmul")
     paths = Counter(
-        (m.group(1), m.group(2).strip())
+        (m.group(1), (m.group(2) + (m.group(3) or "")).strip())
         for k in kernels
         for note in k.notes
         if (m := _LOWP_NOTE.match(note)) is not None
