@@ -17,7 +17,7 @@ Part 2, end to end through ``rlx.Session``: the AMP benchmark's MLP (batch 64,
 512-2048-2048-512, gelu) and 2-layer encoder (hidden 256, seq 128) under
 ``PrecisionPolicy.AlwaysF32`` (precision=None) and ``AutoMixedBf16``, params given at run
 time or frozen, in two modes: ``fused`` (the default fusion: bf16 FusedMatMulBiasAct
-nodes run ``kernels_lowp.lowp_fused_matmul`` through ``kernels_rows``) and ``fuse=False``
+nodes run ``kernels_lowp_gemm.lowp_fused_matmul`` through ``kernels_rows``) and ``fuse=False``
 (plain matmul nodes run by ``kernels_linalg`` / ``kernels_lowp``; the bf16 bias and gelu
 nodes by the elementwise kernels). Variants are interleaved round by round; median and
 minimum latency.

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlx.backends.cpu import kernels_lowp as kl
+from rlx.backends.cpu import kernels_lowp_gemm as klg
 from rlx.backends.cpu import native
 from rlx.backends.cpu.kernels import KernelCtx, KernelKind
 from rlx.dtype import DType
@@ -374,7 +375,7 @@ def test_fused_matmul_helper_rounds_like_the_reference(path, act, bias) -> None:
     out = ex.views[node.id]
     ctx = KernelCtx(node, cg.graph, ex.bindings, {}, ins, ex.pool, KernelKind.BLAS)
     with kl.lowp_override(gemm=path):
-        fn = kl.lowp_fused_matmul(node, [ex.views[i] for i in node.inputs], out, ctx)
+        fn = klg.lowp_fused_matmul(node, [ex.views[i] for i in node.inputs], out, ctx)
     assert fn is not None and ctx.kind is KernelKind.NATIVE
     out[...] = 0
     fn()
@@ -396,7 +397,7 @@ def test_fused_matmul_helper_declines_f32() -> None:
     node = cg.graph.nodes[cg.graph.outputs[0]]
     ctx = KernelCtx(node, cg.graph, ex.bindings, {}, {}, ex.pool, KernelKind.BLAS)
     assert (
-        kl.lowp_fused_matmul(node, [ex.views[i] for i in node.inputs], ex.views[node.id], ctx)
+        klg.lowp_fused_matmul(node, [ex.views[i] for i in node.inputs], ex.views[node.id], ctx)
         is None
     )
 
@@ -429,7 +430,7 @@ def test_activation_table_equals_the_interpreter(act: UnaryKind, dt: DType) -> N
     g = Graph("act")
     g.set_outputs([g.unary(act, g.input("x", (2**16,), dt))])
     want = g.evaluate({"x": codes.view(dt.np)}, {})[0]
-    table = kl.activation_table(act, dt.np)
+    table = klg.activation_table(act, dt.np)
     np.testing.assert_array_equal(table[codes], _bits(want))
 
 
@@ -437,7 +438,7 @@ def test_activation_table_equals_the_interpreter(act: UnaryKind, dt: DType) -> N
 def test_lookup_applies_a_table_in_place() -> None:
     lib = kl.lowp_lib()
     x = (np.random.default_rng(12).standard_normal(100_003) * 4).astype(BF16)
-    table = kl.activation_table(UnaryKind.SILU, BF16)
+    table = klg.activation_table(UnaryKind.SILU, BF16)
     want = table[x.view(np.uint16)]
     out = np.empty_like(x)
     lib.lookup(x, table, out, threads=2)

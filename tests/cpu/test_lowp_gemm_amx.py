@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlx.backends.cpu import kernels_lowp as kl
+from rlx.backends.cpu import kernels_lowp_gemm as klg
 from rlx.backends.cpu import native
 from rlx.dtype import DType
 from rlx.errors import InputError
@@ -105,7 +106,7 @@ def test_gemm_epilogue_rounds_like_numpy(k: int, act: UnaryKind | None, with_bia
     want = prod.astype(BF16)
     if with_bias:
         want = (want.astype(np.float32) + bias).astype(BF16)
-    table = kl.activation_table(act, BF16) if act is not None else None
+    table = klg.activation_table(act, BF16) if act is not None else None
     if table is not None:
         want = table[want.view(np.uint16)].view(BF16)
     for threads in (1, 2):

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
-from rlx.backends.cpu.kernels_lowp import BF16, F16, lowp_matmul
+from rlx.backends.cpu.kernels_lowp import BF16, F16
+from rlx.backends.cpu.kernels_lowp_gemm import lowp_matmul
 from rlx.ops.linalg import DotGeneral, MatMul
 
 if TYPE_CHECKING:

@@ -40,7 +40,8 @@ from rlx.backends.cpu.kernels_fused import (
     fused_swiglu_kernel,
 )
 from rlx.backends.cpu.kernels_linalg import matmul_into
-from rlx.backends.cpu.kernels_lowp import BF16, F16, lowp_fused_matmul
+from rlx.backends.cpu.kernels_lowp import BF16, F16
+from rlx.backends.cpu.kernels_lowp_gemm import lowp_fused_matmul
 from rlx.backends.cpu.kernels_region import (
     CALL_WEIGHT,
     PARALLEL_MIN_WORK,
@@ -250,7 +251,7 @@ def native_fused_matmul_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
     """BLAS matmul into ``out``, then one native pass ``out = act(out + bias)`` (f32/f64);
-    bf16/f16 through ``kernels_lowp.lowp_fused_matmul``; the NumPy kernel otherwise."""
+    bf16/f16 through ``kernels_lowp_gemm.lowp_fused_matmul``; the NumPy kernel otherwise."""
     x, w = ins[:2]
     bias = ins[2] if len(ins) == 3 else None
     act = node.op.act  # type: ignore[attr-defined]
