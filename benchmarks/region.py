@@ -34,7 +34,9 @@ import numpy as np  # noqa: E402
 from _common import best_time, chain  # noqa: E402
 
 import rlx  # noqa: E402
-from rlx.backends.cpu import codegen, kernels_region, native  # noqa: E402
+from rlx.backends.cpu import native
+from rlx.backends.cpu.codegen import elementwise as codegen
+from rlx.backends.cpu.kernels import region as kernels_region  # noqa: E402
 from rlx.runtime.options import CompileOptions  # noqa: E402
 from rlx.runtime.session import Session  # noqa: E402
 
@@ -299,7 +301,7 @@ def main() -> None:
         "  reference, itself NumPy's or SciPy's), bodies with two or more math calls on one path run in",
         f"  stages over blocks of {codegen.STAGE_BLOCK} elements (each call then runs over a",
         "  whole block, not as one latency-bound chain per element). NumPy region: the",
-        "  body's NumPy kernels one after the other over scratch buffers (kernels_fused.py).",
+        "  body's NumPy kernels one after the other over scratch buffers (kernels/fused.py).",
         "  Unfused: one kernel per op (CompileOptions(fuse=False)).",
         "* `run()` includes the fixed per-run cost (input checks and copies, output copies);",
         "  at f32[4] that cost dominates the native figure.",

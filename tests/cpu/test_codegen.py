@@ -18,9 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rlx
-from rlx.backends.cpu import codegen, kernels_region, native
-from rlx.backends.cpu.codegen import BINARY_C, COMPARE_C, UNARY_C, CFunction, CModule
+from rlx.backends.cpu import native
+from rlx.backends.cpu.codegen import elementwise as codegen
+from rlx.backends.cpu.codegen.elementwise import BINARY_C, COMPARE_C, UNARY_C, CFunction, CModule
 from rlx.backends.cpu.kernels import KERNELS, KernelKind, load_kernels
+from rlx.backends.cpu.kernels import region as kernels_region
 from rlx.backends.reference import evaluate
 from rlx.dtype import DType
 from rlx.ops.elementwise import BinaryKind, Compare, CompareKind, UnaryKind

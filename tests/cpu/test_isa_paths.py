@@ -109,7 +109,8 @@ PROBE = textwrap.dedent(
     import json
     import numpy as np
     import rlx
-    from rlx.backends.cpu import native, kernels_lowp as kl
+    from rlx.backends.cpu import native
+    from rlx.backends.cpu.kernels import lowp_lib as kl
     from rlx.runtime.options import CompileOptions
     g = rlx.Graph("p")
     x = g.input("x", (8, 64))

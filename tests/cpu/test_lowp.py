@@ -1,4 +1,4 @@
-"""Native low-precision kernels (rlx/backends/cpu/kernels_lowp.py): casts bit-for-bit
+"""Native low-precision kernels (rlx/backends/cpu/kernels/lowp.py): casts bit-for-bit
 against ml_dtypes / NumPy at every SIMD level, the bf16 GEMM against float64 within the
 f32-accumulation bound, every matmul path (vdpbf16ps, native widening + sgemm, the NumPy
 fallback) through Session against the reference interpreter, weight repacking after
@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlx.backends.cpu import kernels_lowp as kl
-from rlx.backends.cpu import kernels_lowp_gemm as klg
 from rlx.backends.cpu import native
 from rlx.backends.cpu.kernels import KernelCtx, KernelKind
+from rlx.backends.cpu.kernels import lowp_gemm as klg
+from rlx.backends.cpu.kernels import lowp_lib as kl
 from rlx.dtype import DType
 from rlx.errors import CompileError, InputError
 from rlx.ir.mir import Graph

@@ -1,5 +1,5 @@
 """The bf16 GEMM's AMX tiles and its fused bias + activation write-out
-(rlx/backends/cpu/native/csrc/lowp_gemm.c through kernels_lowp): shapes whose K is a
+(rlx/backends/cpu/native/csrc/lowp_gemm.c through kernels.lowp_lib): shapes whose K is a
 multiple of 32 (AMX rows, when the CPU has amx_bf16, plus the vdpbf16ps tail rows) against
 float64 within the f32-accumulation bound; the epilogue against NumPy rounding of the same
 product; FusedMatMulBiasAct through Session bit for bit against the reference interpreter
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlx.backends.cpu import kernels_lowp as kl
-from rlx.backends.cpu import kernels_lowp_gemm as klg
 from rlx.backends.cpu import native
+from rlx.backends.cpu.kernels import lowp_gemm as klg
+from rlx.backends.cpu.kernels import lowp_lib as kl
 from rlx.dtype import DType
 from rlx.errors import InputError
 from rlx.ir.mir import Graph

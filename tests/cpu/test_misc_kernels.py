@@ -1,4 +1,4 @@
-"""kernels_misc: group norm, scatter-add, fake quantize, exclusive cumsum and integer
+"""kernels.misc: group norm, scatter-add, fake quantize, exclusive cumsum and integer
 division kernels vs the reference interpreter, and their kind in the report."""
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ def _while(g: rlx.Graph) -> object:
 
 
 def _seed_cases() -> list[Case]:
-    """The seed's ops of ``tests/ops/test_seed_ops.py`` (kernels in kernels_seed.py)."""
+    """The seed's ops of ``tests/ops/test_seed_ops.py`` (kernels in kernels/seed.py)."""
 
     def scan(g: rlx.Graph) -> object:
         x, dt, z = (g.input(n, (2, 4, 3)) for n in ("x", "dt", "z"))
@@ -671,14 +671,14 @@ def test_every_registered_op_has_a_parity_case() -> None:
 
 FAST = {
     "unary_gelu_f32": KernelKind.NUMPY,
-    # native row kernels (kernels_rows.py) where gcc is installed
+    # native row kernels (kernels/rows.py) where gcc is installed
     "softmax": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
     "layer_norm": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
     "matmul": KernelKind.BLAS,
     "attention_causal_2_f32_False": KernelKind.BLAS,
     "fused_swiglu": KernelKind.NATIVE if native.available() else KernelKind.BLAS,
     "gather": KernelKind.NUMPY,
-    # one generated C loop (kernels_region.py) where gcc is installed
+    # one generated C loop (kernels/region.py) where gcc is installed
     "elementwise_region": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
     "matmul_i32": KernelKind.BLAS,  # exact f64 products of 16-bit halves
     "cumsum": KernelKind.NUMPY,

@@ -23,10 +23,12 @@ import numpy as np
 import pytest
 
 import rlx
-from rlx.backends.cpu import codegen, kernels_region, native
-from rlx.backends.cpu.codegen import C_TYPES, CModule
-from rlx.backends.cpu.codegen_rows import RowKind, RowSpec, render_rows
+from rlx.backends.cpu import native
+from rlx.backends.cpu.codegen import elementwise as codegen
+from rlx.backends.cpu.codegen.elementwise import C_TYPES, CModule
+from rlx.backends.cpu.codegen.rows import RowKind, RowSpec, render_rows
 from rlx.backends.cpu.kernels import KernelKind
+from rlx.backends.cpu.kernels import region as kernels_region
 from rlx.backends.reference import evaluate
 from rlx.dtype import DType
 from rlx.errors import CompileError

@@ -1,4 +1,4 @@
-"""Native row kernels (codegen_rows.py + kernels_rows.py) vs the reference interpreter.
+"""Native row kernels (codegen/rows.py + kernels/rows.py) vs the reference interpreter.
 
 Softmax / log-softmax / layer norm / RMS norm / residual norms go through Session.compile
 (fusion off, so each node is the op under test) and are compared with ``evaluate``.
@@ -18,11 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rlx
-from rlx.backends.cpu import kernels_region, native
-from rlx.backends.cpu.codegen import C_TYPES, UNARY_C, CModule
-from rlx.backends.cpu.codegen_rows import RowKind, RowSpec, render_rows
+from rlx.backends.cpu import native
+from rlx.backends.cpu.codegen.elementwise import C_TYPES, UNARY_C, CModule
+from rlx.backends.cpu.codegen.rows import RowKind, RowSpec, render_rows
 from rlx.backends.cpu.kernels import KernelCtx, KernelKind, ScratchPool, load_kernels
-from rlx.backends.cpu.kernels_rows import row_kernel
+from rlx.backends.cpu.kernels import region as kernels_region
+from rlx.backends.cpu.kernels.rows import row_kernel
 from rlx.dtype import DType
 from rlx.ir.mir import Node
 from rlx.ops.base import RefCtx

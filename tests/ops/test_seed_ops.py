@@ -1,7 +1,7 @@
 """The seed's ops rlx lacked: SelectiveScan, DenseSolve / BatchedDenseSolve, GroupedMatMul,
 LoraMatMul, QConv2d, Sample and CustomFn. Each against an oracle written here (Python
 loops, SciPy), on the reference interpreter and the compiled CPU path (whose kernels,
-in ``kernels_seed``, must not be the reference kernel), plus shape and run-time errors.
+in ``kernels.seed``, must not be the reference kernel), plus shape and run-time errors.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Report", "KernelRecord", "native_summary"]
 
-# what kernels_lowp notes about a bf16/f16 matmul:
+# what kernels.lowp_lib notes about a bf16/f16 matmul:
 # "<dtype> matmul: <path>[, f32 accumulation][ (<instructions>)], weight ..."
 _LOWP_NOTE = re.compile(r"(b?float16|b?f16) matmul: ([^,]+)(?:, f32 accumulation)?( \([^)]*\))?")
 

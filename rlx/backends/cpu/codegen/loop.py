@@ -1,7 +1,7 @@
 """Loop nests for generated elementwise C code. In: the output dims and, per pointer
 operand, its C type and element strides along them. Out: the text of a C function
 ``void name(const long* m, T0* p0, ..., long nthreads)`` whose per-element statements
-come from a callback (see :func:`rlx.backends.cpu.codegen.render_region`), and the
+come from a callback (see :func:`rlx.backends.cpu.codegen.elementwise.render_region`), and the
 extents and strides ``m`` it reads: the text depends only on the collapsed pattern
 (how many dims, which operands are broadcast along the innermost one), so a new
 symbolic-shape binding of the same region reuses the built library. The body's own
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from rlx.backends.cpu.codegen import CType
+    from rlx.backends.cpu.codegen.elementwise import CType
 
 __all__ = [
     "CodegenUnsupported",

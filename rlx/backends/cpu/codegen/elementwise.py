@@ -20,7 +20,7 @@ or more calls on one dependency path is split into stages (:func:`_stages`) that
 turn over blocks of ``STAGE_BLOCK`` elements: each call then runs over a whole block
 (throughput-bound) instead of a chain of dependent calls per element (latency-bound).
 The ``rlx_*`` helpers the expressions call are the prelude's
-(:mod:`rlx.backends.cpu.codegen_prelude`, re-exported here).
+(:mod:`rlx.backends.cpu.codegen.prelude`, re-exported here).
 
 The text depends on the body's structure only, so regions that differ in their values
 share one library: a scalar Constant is read from an int64 slot of the function's first
@@ -30,7 +30,7 @@ integer division by a constant), which stay C literals. Each function is named a
 text (:func:`content_symbol`: ``rlx_region_<hex>``), so a library holding other code
 lacks the symbol and fails to load.
 
-The loop nest around the per-element code is :mod:`rlx.backends.cpu.codegen_loop`.
+The loop nest around the per-element code is :mod:`rlx.backends.cpu.codegen.loop`.
 Everything that is not in the tables raises :class:`CodegenUnsupported` with the reason;
 callers then use their NumPy kernel. Semantics follow the reference ops exactly where C
 allows: NaN-propagating max/min, truncating integer division (x / 0 = 0), C ``fmod``,
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlx.backends.cpu.codegen_loop import (
+from rlx.backends.cpu.codegen.loop import (
     STAGE_BLOCK,
     CodegenUnsupported,
     LoopBody,
@@ -55,7 +55,7 @@ from rlx.backends.cpu.codegen_loop import (
     operand_strides,
     render_loop,
 )
-from rlx.backends.cpu.codegen_prelude import PRELUDE, VECTOR_MATH, vector_math_decls
+from rlx.backends.cpu.codegen.prelude import PRELUDE, VECTOR_MATH, vector_math_decls
 from rlx.dtype import DType
 from rlx.ir.mir import Graph, Node
 from rlx.ops.core import Constant, Input
@@ -434,7 +434,7 @@ class CFunction:
 class CModule:
     """A translation unit: the prelude and some functions (one gcc run builds them all).
     ``vector_math``: declare libmvec's SIMD math (the loader must make libmvec's symbols
-    visible, see ``kernels_region.vector_math_available``)."""
+    visible, see ``kernels.region.vector_math_available``)."""
 
     functions: tuple[CFunction, ...]
     vector_math: bool = False

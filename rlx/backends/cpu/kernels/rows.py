@@ -1,23 +1,23 @@
 """Native row-wise kernels. In: Softmax / LogSoftmax (last axis), LayerNorm, RmsNorm,
 FusedResidualLN, FusedResidualRmsNorm, FusedMatMulBiasAct and FusedSwiGLU nodes with
-their arena views. Out: closures calling one generated C function each (``codegen_rows``), built
-and loaded like the elementwise regions (``kernels_region.load_function``: cached by
+their arena views. Out: closures calling one generated C function each (``codegen.rows``), built
+and loaded like the elementwise regions (``kernels.region.load_function``: cached by
 content, libmvec SIMD math) with their pointers bound at schedule-build time.
 
 * softmax / log-softmax / norms: one C call walks each row two or three times (max,
   sum of exp, write; or sum, sum of squares, write) in f32 registers (f64 for f64),
   vectorised, rows split over an OpenMP team of ``KernelCtx.num_threads`` when the work
-  estimate reaches ``kernels_region.PARALLEL_MIN_WORK`` (same rule as the regions).
+  estimate reaches ``kernels.region.PARALLEL_MIN_WORK`` (same rule as the regions).
   f16/bf16 load into f32 and round once into the output, as their references do.
 * FusedMatMulBiasAct: the BLAS matmul into ``out`` as before, then ONE native pass
   adding the bias and applying the activation in place (f32/f64). bf16/f16 nodes take
-  the low-precision native GEMM of ``kernels_lowp`` (``lowp_fused_matmul``), which rounds
+  the low-precision native GEMM of ``kernels.lowp_lib`` (``lowp_fused_matmul``), which rounds
   where the reference rounds.
 * FusedSwiGLU: the two BLAS matmuls, then one native pass ``out = silu(gate) * up``
   (f32/f64; bf16/f16 keep the NumPy kernel, which rounds the gate as the reference).
 
-Each factory supersedes the NumPy factory of its op (``kernels_tensor``,
-``kernels_fused``) and falls back to it, with a note saying why, when native kernels are
+Each factory supersedes the NumPy factory of its op (``kernels.tensor``,
+``kernels.fused``) and falls back to it, with a note saying why, when native kernels are
 off (``CompileOptions.native=False``), gcc is missing or the build fails, or the layout
 is not one it handles (softmax over another axis, non-contiguous views, broadcast
 residuals, integer dtypes); the report's kind is then the NumPy kernel's.
@@ -30,25 +30,25 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlx.backends.cpu.codegen import C_TYPES, CodegenUnsupported
-from rlx.backends.cpu.codegen_rows import RowKind, RowSpec, render_rows
+from rlx.backends.cpu.codegen.elementwise import C_TYPES, CodegenUnsupported
+from rlx.backends.cpu.codegen.rows import RowKind, RowSpec, render_rows
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelFactory, KernelKind, kernel
-from rlx.backends.cpu.kernels_fused import (
+from rlx.backends.cpu.kernels.fused import (
     fused_matmul_kernel,
     fused_residual_ln_kernel,
     fused_residual_rms_norm_kernel,
     fused_swiglu_kernel,
 )
-from rlx.backends.cpu.kernels_linalg import matmul_into
-from rlx.backends.cpu.kernels_lowp import BF16, F16
-from rlx.backends.cpu.kernels_lowp_gemm import lowp_fused_matmul
-from rlx.backends.cpu.kernels_region import (
+from rlx.backends.cpu.kernels.linalg import matmul_into
+from rlx.backends.cpu.kernels.lowp_gemm import lowp_fused_matmul
+from rlx.backends.cpu.kernels.lowp_lib import BF16, F16
+from rlx.backends.cpu.kernels.region import (
     CALL_WEIGHT,
     PARALLEL_MIN_WORK,
     bind,
     load_function,
 )
-from rlx.backends.cpu.kernels_tensor import (
+from rlx.backends.cpu.kernels.tensor import (
     layer_norm_kernel,
     log_softmax_kernel,
     rms_norm_kernel,
@@ -251,7 +251,7 @@ def native_fused_matmul_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
     """BLAS matmul into ``out``, then one native pass ``out = act(out + bias)`` (f32/f64);
-    bf16/f16 through ``kernels_lowp_gemm.lowp_fused_matmul``; the NumPy kernel otherwise."""
+    bf16/f16 through ``kernels.lowp_gemm.lowp_fused_matmul``; the NumPy kernel otherwise."""
     x, w = ins[:2]
     bias = ins[2] if len(ins) == 3 else None
     act = node.op.act  # type: ignore[attr-defined]
@@ -261,7 +261,7 @@ def native_fused_matmul_kernel(
             fn = lowp_fused_matmul(node, ins, out, ctx)
             if fn is None:
                 raise _Decline(f"the {out.dtype} matmul has no native low-precision path here")
-            ctx.notes.append("native low-precision GEMM and epilogue (kernels_lowp)")
+            ctx.notes.append("native low-precision GEMM and epilogue (kernels.lowp_lib)")
             return fn
         if out.dtype not in (np.float32, np.float64):
             raise _Decline(f"dtype {out.dtype} has no native epilogue")

@@ -25,8 +25,8 @@ from rlx.backends.cpu.kernels import (
     kernel,
     reference_kernel,
 )
-from rlx.backends.cpu.kernels_linalg import matmul_into
-from rlx.backends.cpu.kernels_tensor import norm_into
+from rlx.backends.cpu.kernels.linalg import matmul_into
+from rlx.backends.cpu.kernels.tensor import norm_into
 from rlx.ir.mir import Node
 from rlx.ops.core import Constant, Input
 from rlx.ops.elementwise import Unary, UnaryKind

@@ -1,5 +1,5 @@
 """CPU kernels for the elementwise ops: unary, binary, compare, where (Cast lives in
-``kernels_lowp``, native). Each is one ufunc call with ``out=`` into the arena, or
+``kernels.lowp_lib``, native). Each is one ufunc call with ``out=`` into the arena, or
 (composite activations such as gelu and sigmoid) a few calls through scratch buffers that
 write ``out`` last, so they stay correct when the planner runs them in place. f16/bf16 go
 through f32 (``lowp``).

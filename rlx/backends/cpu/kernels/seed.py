@@ -385,10 +385,10 @@ def sample_kernel(
 def custom_fn_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
-    """``fwd_body`` as a compiled sub-program (``kernels_control.SubProgram``: planned
+    """``fwd_body`` as a compiled sub-program (``kernels.control.SubProgram``: planned
     once on its own arena with the node's symbol bindings); a run copies the operands in,
     runs the body's kernels and copies its output into ``out``."""
-    from rlx.backends.cpu.kernels_control import SubProgram
+    from rlx.backends.cpu.kernels.control import SubProgram
 
     sub = SubProgram(node.op.fwd_body, ctx.bindings, ctx)  # type: ignore[attr-defined]
     kinds = sub.kinds()

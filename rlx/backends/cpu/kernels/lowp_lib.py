@@ -1,5 +1,5 @@
 """Native low-precision CPU kernels. In: bf16/f16 nodes (Cast, and the MatMul/DotGeneral
-kernels of ``kernels_linalg``) and their arena views. Out: closures calling the C library
+kernels of ``kernels.linalg``) and their arena views. Out: closures calling the C library
 built from ``native/csrc/lowp_cast.c`` + ``native/csrc/lowp_gemm.c`` (through
 ``native.build``, for the selected native target: ``RLX_ISA``).
 
@@ -21,11 +21,11 @@ built from ``native/csrc/lowp_cast.c`` + ``native/csrc/lowp_gemm.c`` (through
   reference interpreter); ``NUMPY`` when the library cannot be built (no gcc, failed
   build) or ``CompileOptions.native`` is False: the ``lowp`` NumPy widening of
   ``kernels.py``.
-The matmul kernels live in :mod:`rlx.backends.cpu.kernels_lowp_gemm`; this module holds
+The matmul kernels live in :mod:`rlx.backends.cpu.kernels.lowp_gemm`; this module holds
 the library, the path choice and the casts.
 
 * **matmul + bias + activation** (``lowp_fused_matmul``, called by the
-  FusedMatMulBiasAct kernel of ``kernels_rows``): the GEMM above, the bias added in f32,
+  FusedMatMulBiasAct kernel of ``kernels.rows``): the GEMM above, the bias added in f32,
   and the activation looked up in a 2^16-entry table of the op's reference
   (``activation_table``): the reference applies it to a rounded 16-bit value, so the
   table is exact. On the ``DPBF16`` path with a bias of N values, both are applied as

@@ -1,7 +1,7 @@
 """CPU kernels for linear algebra: matmul and dot_general through BLAS (``np.matmul``
 with ``out=``, no allocation). Integer products keep the reference kernel (they
 accumulate in i64 and wrap, which BLAS does not do). bf16/f16 products run the native
-low-precision GEMMs of ``kernels_lowp`` (bf16 dot products with f32 accumulation on
+low-precision GEMMs of ``kernels.lowp_lib`` (bf16 dot products with f32 accumulation on
 avx512_bf16 CPUs, else native widening + f32 sgemm); without the native library they are
 widened to f32 by NumPy (``lowp``).
 """
@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
-from rlx.backends.cpu.kernels_lowp import BF16, F16
-from rlx.backends.cpu.kernels_lowp_gemm import lowp_matmul
+from rlx.backends.cpu.kernels.lowp_gemm import lowp_matmul
+from rlx.backends.cpu.kernels.lowp_lib import BF16, F16
 from rlx.ops.linalg import DotGeneral, MatMul
 
 if TYPE_CHECKING:

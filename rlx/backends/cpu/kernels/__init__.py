@@ -18,20 +18,20 @@ Aliasing: the planner may give an elementwise node its input's slot (in place). 
 made of several NumPy calls therefore write ``out`` only in their last call, or read the
 aliased input only in the same elementwise call that writes ``out``.
 
-The kernels themselves live in ``kernels_<family>.py`` modules next to this one
-(``kernels_elementwise``: unary, binary, compare, where; ``kernels_lowp``: cast and the
-native bf16/f16 paths; ``kernels_tensor``: reductions, norms, movement; ``kernels_linalg``:
-matmul, dot_general; ``kernels_nn``: attention, rope; ``kernels_conv``: conv, pool;
-``kernels_fused``: fused ops and elementwise regions; ``kernels_region``: native
-generated elementwise regions; ``kernels_rows``: native row kernels and matmul
-epilogues; ``kernels_quant``: quantized matmuls; ``kernels_misc``: group_norm,
+The kernels themselves live in one module per op family in this package
+(``kernels.elementwise``: unary, binary, compare, where; ``kernels.lowp_lib``: cast and the
+native bf16/f16 paths; ``kernels.tensor``: reductions, norms, movement; ``kernels.linalg``:
+matmul, dot_general; ``kernels.nn``: attention, rope; ``kernels.conv``: conv, pool;
+``kernels.fused``: fused ops and elementwise regions; ``kernels.region``: native
+generated elementwise regions; ``kernels.rows``: native row kernels and matmul
+epilogues; ``kernels.quant``: quantized matmuls; ``kernels.misc``: group_norm,
 scatter_add, fake_quantize, exclusive cumsum, integer division and power;
-``kernels_fft``: fft; ``kernels_select``: topk; ``kernels_recurrent``: gated_delta_net;
-``kernels_intmath``: integer matmul and dot_general; ``kernels_control``: If / While /
-Scan as compiled sub-programs; ``kernels_corners``: complex, bool and non-f32 quantize
-corners; ``kernels_seed``: selective_scan, the dense solves, grouped / LoRA matmuls,
-qconv2d, sample, custom_fn); ``load_kernels`` imports every ``kernels_*`` module it
-finds. Every built-in op has a factory here (``tests/cpu/test_kernel_coverage.py``):
+``kernels.fft``: fft; ``kernels.select``: topk; ``kernels.recurrent``: gated_delta_net;
+``kernels.intmath``: integer matmul and dot_general; ``kernels.control``: If / While /
+Scan as compiled sub-programs; ``kernels.corners``: complex, bool and non-f32 quantize
+corners; ``kernels.seed``: selective_scan, the dense solves, grouped / LoRA matmuls,
+qconv2d, sample, custom_fn); ``load_kernels`` imports every module of
+the package. Every built-in op has a factory here (``tests/cpu/test_kernel_coverage.py``):
 the reference kernel is for custom ops.
 """
 
@@ -195,14 +195,12 @@ _loaded = False
 
 
 def load_kernels() -> dict[type[Op], KernelFactory]:
-    """Import every ``kernels_*`` module of this package (each registers its factories
-    on import) and return KERNELS."""
+    """Import every module of this package (each registers its factories on import) and
+    return KERNELS."""
     global _loaded
     if not _loaded:
-        pkg = importlib.import_module("rlx.backends.cpu")
-        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-            if info.name.startswith("kernels_"):
-                importlib.import_module(f"rlx.backends.cpu.{info.name}")
+        for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+            importlib.import_module(f"{__name__}.{info.name}")
         _loaded = True
     return KERNELS
 

@@ -1,11 +1,11 @@
 """Low-precision matmul kernels. In: bf16/f16 MatMul / DotGeneral nodes (called by
-``kernels_linalg``) and FusedMatMulBiasAct nodes (called by ``kernels_rows``) with their
+``kernels.linalg``) and FusedMatMulBiasAct nodes (called by ``kernels.rows``) with their
 arena views. Out: closures running the native bf16 GEMM (vdpbf16ps or AMX tiles), the
 widen + sgemm path, and the fused bias + activation epilogue.
 
 The paths, the weight-packing schedule and the epilogue's exactness are described in the
-docstring of :mod:`rlx.backends.cpu.kernels_lowp`, which owns the native library
-(:class:`~rlx.backends.cpu.kernels_lowp.LowpLib`), the path choice (``gemm_path``) and the
+docstring of :mod:`rlx.backends.cpu.kernels.lowp_lib`, which owns the native library
+(:class:`~rlx.backends.cpu.kernels.lowp_lib.LowpLib`), the path choice (``gemm_path``) and the
 casts.
 """
 
@@ -26,7 +26,7 @@ from rlx.ops.elementwise import Unary, UnaryKind
 if TYPE_CHECKING:
     from rlx.ir.mir import Node
 
-from rlx.backends.cpu.kernels_lowp import (
+from rlx.backends.cpu.kernels.lowp_lib import (
     BF16,
     F16,
     F32,
@@ -131,7 +131,7 @@ def _convert(
 ) -> Kernel:
     """Widen natively, f32 BLAS matmul into scratch, round natively into ``out``. With
     ``defer`` (a list), ``b`` is widened into a private buffer by a step appended there."""
-    from rlx.backends.cpu.kernels_linalg import matmul_into
+    from rlx.backends.cpu.kernels.linalg import matmul_into
 
     level, nt = int(lib.level()), ctx.num_threads
     up = lib.cast_fn(a.dtype, F32)
@@ -307,7 +307,7 @@ def lowp_fused_matmul(
     value). None when the node is not bf16/f16 throughout or the library is unavailable
     (the caller keeps its own path).
 
-    ``kernels_fused`` may call this first from its FusedMatMulBiasAct factory."""
+    ``kernels.fused`` may call this first from its FusedMatMulBiasAct factory."""
     x, w = ins[:2]
     bias = ins[2] if len(ins) == 3 else None
     dt = out.dtype

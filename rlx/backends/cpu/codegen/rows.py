@@ -1,9 +1,9 @@
 """C renderer for row-wise kernels. In: a :class:`RowKind` (softmax, log-softmax, layer
-norm, RMS norm, matmul epilogue), the dtype's :class:`~rlx.backends.cpu.codegen.CType`
+norm, RMS norm, matmul epilogue), the dtype's :class:`~rlx.backends.cpu.codegen.elementwise.CType`
 and the variant flags (residual input, beta, activation). Out: a
-:class:`~rlx.backends.cpu.codegen.CFunction` for one translation unit of
-:class:`~rlx.backends.cpu.codegen.CModule` (same prelude, libmvec declarations and
-loader as the elementwise regions: ``kernels_region.load_function`` / ``bind``).
+:class:`~rlx.backends.cpu.codegen.elementwise.CFunction` for one translation unit of
+:class:`~rlx.backends.cpu.codegen.elementwise.CModule` (same prelude, libmvec declarations and
+loader as the elementwise regions: ``kernels.region.load_function`` / ``bind``).
 
 Every function has the signature ``void name(const long* m, P0* p0, ..., const double*
 c, long nthreads)``: ``m = [rows, n]`` (a C-contiguous ``[rows, n]`` view of every
@@ -24,7 +24,7 @@ norm [128,384]: 18 us per call row by row, 11 us in blocks of 4, on this machine
 The arithmetic follows the references op for op: ``exp(x - max) / sum``,
 ``(x - max) - log(sum)``, ``c / sqrt(mean(c*c) + eps) * gamma (+ beta)``,
 ``act(y + bias)``, ``act(gate) * up`` with the activation rendered by
-:data:`~rlx.backends.cpu.codegen.UNARY_C` (the prelude's sigmoid / silu / softplus
+:data:`~rlx.backends.cpu.codegen.elementwise.UNARY_C` (the prelude's sigmoid / silu / softplus
 helpers are branch-free, so these loops vectorise; softmax's exp is the prelude's
 ``rlx_expneg``); f16/bf16 load into f32 and round once on store (``x + residual`` is
 rounded through the dtype first, as the fused reference stores it). Output pointers are not ``restrict``:
@@ -36,7 +36,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from rlx.backends.cpu.codegen import (
+from rlx.backends.cpu.codegen.elementwise import (
     NAME_PLACEHOLDER,
     UNARY_C,
     CFunction,

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel
-from rlx.backends.cpu.kernels_elementwise import unary_kernel, where_kernel
-from rlx.backends.cpu.kernels_misc import cumsum_into, exclusive_cumsum_kernel
-from rlx.backends.cpu.kernels_quant import quantize_kernel, quantize_to_int64
-from rlx.backends.cpu.kernels_tensor import reduce_kernel
+from rlx.backends.cpu.kernels.elementwise import unary_kernel, where_kernel
+from rlx.backends.cpu.kernels.misc import cumsum_into, exclusive_cumsum_kernel
+from rlx.backends.cpu.kernels.quant import quantize_kernel, quantize_to_int64
+from rlx.backends.cpu.kernels.tensor import reduce_kernel
 from rlx.errors import UnsupportedOpError
 from rlx.ops.elementwise import Unary, UnaryKind, Where
 from rlx.ops.quant import QUANT_RANGES, Quantize

@@ -20,7 +20,7 @@ __all__ = ["PRELUDE", "VECTOR_MATH", "vector_math_decls"]
 # vectorised). The select is done on the bits (``rlx_self`` / ``rlx_sel``), which gcc
 # leaves alone; results are those of the stable form (the reference's). softplus needs
 # no NaN test: a NaN gives NaN through log1p(exp(-|x|)). ``rlx_expneg`` is the row
-# softmax's exp(x - max) (codegen_rows): libmvec computes lanes outside its fast range
+# softmax's exp(x - max) (codegen.rows): libmvec computes lanes outside its fast range
 # (x < -87.3 for f32: masked -inf scores) with scalar calls, which made a causal
 # attention's native softmax no faster than NumPy's; below -87 (f32) / -708 (f64) it
 # returns 0, where exp would give at most 1.7e-38 / 3.3e-308 (subnormals included).

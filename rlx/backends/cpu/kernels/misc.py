@@ -3,10 +3,10 @@ quantization, exclusive cumsums, integer division and integer powers. Each write
 NumPy calls taking ``out=`` (temporaries in build-time scratch); f16/bf16 go through f32
 (``lowp``).
 
-Cumsum and Binary already have factories (``kernels_tensor``, ``kernels_elementwise``)
+Cumsum and Binary already have factories (``kernels.tensor``, ``kernels.elementwise``)
 that decline exclusive sums and integer division / power; the factories here supersede
 them, handle only those cases and hand every other node back to them. (TopK's kernel is
-in ``kernels_select``.)
+in ``kernels.select``.)
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel, lowp
-from rlx.backends.cpu.kernels_elementwise import binary_kernel
-from rlx.backends.cpu.kernels_quant import quantize_to_int64
-from rlx.backends.cpu.kernels_tensor import cumsum_kernel
+from rlx.backends.cpu.kernels.elementwise import binary_kernel
+from rlx.backends.cpu.kernels.quant import quantize_to_int64
+from rlx.backends.cpu.kernels.tensor import cumsum_kernel
 from rlx.ops.elementwise import Binary, BinaryKind
 from rlx.ops.movement import ScatterAdd
 from rlx.ops.norm import GroupNorm

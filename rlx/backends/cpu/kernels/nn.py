@@ -7,7 +7,7 @@ grouped-query attention is one matmul per kv head), k to [B, Hkv, D, Skv], v to
 exactly as the unfused ``softmax`` (max subtracted; a row of only ``-inf`` gives NaN, as
 the reference), multiplied by v, and the heads are copied back into the packed
 [B, Sq, H*D] output. f16/bf16 compute in f32 (an f32 mask is added in f32). With native
-kernels on, the scale and the softmax are one native row pass (``kernels_rows``; the
+kernels on, the scale and the softmax are one native row pass (``kernels.rows``; the
 scale is applied by NumPy first when a mask is added); the NumPy passes otherwise.
 
 Rotary embedding writes both halves of each rotated pair with ufuncs into strided views
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlx.backends.cpu.codegen import C_TYPES, CodegenUnsupported
-from rlx.backends.cpu.codegen_rows import RowKind, RowSpec
+from rlx.backends.cpu.codegen.elementwise import C_TYPES, CodegenUnsupported
+from rlx.backends.cpu.codegen.rows import RowKind, RowSpec
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
-from rlx.backends.cpu.kernels_rows import row_kernel
+from rlx.backends.cpu.kernels.rows import row_kernel
 from rlx.dtype import DType
 from rlx.errors import CompileError
 from rlx.ops.nn import Attention, Rope

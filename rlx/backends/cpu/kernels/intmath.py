@@ -10,7 +10,7 @@ and take four such exact products, recombined with wrapping int64 shifts and add
 otherwise (64-bit operands) the operands are widened into i64 scratch and
 ``np.matmul(..., out=)`` (NumPy's integer loop, wrapping like the reference) writes an
 i64 scratch that wraps into ``out``. Operands already i64 multiply straight into ``out``.
-Float products go to the BLAS kernels of ``kernels_linalg`` unchanged.
+Float products go to the BLAS kernels of ``kernels.linalg`` unchanged.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
-from rlx.backends.cpu.kernels_linalg import as_3d, dot_general_kernel, matmul_into, matmul_kernel
+from rlx.backends.cpu.kernels.linalg import as_3d, dot_general_kernel, matmul_into, matmul_kernel
 from rlx.ops.linalg import DotGeneral, MatMul
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@ its input and output arena slots. Out: a closure calling ONE generated C functio
 computes the whole body per output element in registers (no intermediate in memory).
 
 At schedule-build time (never in a run) the body is rendered to C by
-:mod:`rlx.backends.cpu.codegen`, built by :func:`rlx.backends.cpu.native.build` (cached by
+:mod:`rlx.backends.cpu.codegen.elementwise`, built by :func:`rlx.backends.cpu.native.build` (cached by
 sha256 of source + gcc command + gcc version; extents, strides and scalar constants are
 arguments, so equal regions over layouts of one pattern, in this graph or any other, at
 any symbolic-shape binding and whatever their constants, share one library) and loaded
@@ -16,7 +16,7 @@ arguments precomputed. Regions whose work estimate (:func:`region_work`) reaches
 
 When native kernels are off (``CompileOptions.native=False``), gcc is missing, the build
 fails, or the body has something the C tables cannot render, the node gets the NumPy
-region kernel of ``kernels_fused`` instead: its report kind is then ``numpy`` and its
+region kernel of ``kernels.fused`` instead: its report kind is then ``numpy`` and its
 notes say why.
 """
 
@@ -31,9 +31,14 @@ from typing import Any
 import numpy as np
 
 from rlx.backends.cpu import native
-from rlx.backends.cpu.codegen import CFunction, CModule, CodegenUnsupported, render_region
+from rlx.backends.cpu.codegen.elementwise import (
+    CFunction,
+    CModule,
+    CodegenUnsupported,
+    render_region,
+)
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
-from rlx.backends.cpu.kernels_fused import region_kernel
+from rlx.backends.cpu.kernels.fused import region_kernel
 from rlx.errors import CompileError
 from rlx.ir.mir import Node
 from rlx.ops.fused import ElementwiseRegion
