@@ -87,7 +87,7 @@ def test_measured_peak_bookkeeping() -> None:
     assert np.isfinite(p.gflops) and p.gflops > 0 and p.threads == 1
     assert p.measured == native.available()
     if p.measured:  # the loop's vector width follows the native target
-        lanes = {"avx512": "AVX-512 FMA", "avx2": "AVX2 FMA", "portable": "scalar"}
+        lanes = {"avx512": "AVX-512 FMA", "avx2": "AVX2 FMA", "portable": "4-lane mul+add"}
         assert lanes[native.selected_target().value] in p.how
 
 

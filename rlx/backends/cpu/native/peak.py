@@ -1,0 +1,134 @@
+"""The f32 FMA peak of this CPU, measured. In: a thread count (and optionally a build
+target). Out: GFLOP/s (:func:`fma_peak_gflops`) or the full :class:`PeakMeasurement`
+(:func:`measure_peak`).
+
+The probe is ``csrc/fma_peak.c`` built by :func:`rlx.backends.cpu.native.build` for the
+selected target (so it runs at the vector width rlx's own kernels use: AVX-512 zmm, AVX2
+ymm, or the portable target's 4-lane SSE mul + add): each thread runs 12 independent
+multiply-add chains, a multiply-add counting 2 FLOPs. One try is calibrated to about
+``seconds / tries``; the best of ``tries`` tries is kept (a busy machine only lowers a
+try, so the best is the closest to the peak). Threads: OpenMP ``num_threads(threads)``;
+without OpenMP one thread runs and the figure is scaled by the thread count (the
+measurement says so). Results are cached per (threads, target) for the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import time
+from dataclasses import dataclass
+
+from rlx.backends.cpu.native.cpu import Target
+from rlx.errors import CompileError
+
+__all__ = ["PeakMeasurement", "measure_peak", "fma_peak_gflops", "peak_source"]
+
+
+@dataclass(frozen=True)
+class PeakMeasurement:
+    """``gflops`` on ``threads`` threads (``ran`` of them really ran), the loop's shape
+    (``lanes`` per vector, ``chains``, ``fused`` FMA or mul + add) and the best try."""
+
+    gflops: float
+    threads: int
+    ran: int
+    target: Target
+    lanes: int
+    chains: int
+    fused: bool
+    best_seconds: float
+    tries: int
+
+    @property
+    def vector(self) -> str:
+        """``AVX-512 FMA`` / ``AVX2 FMA`` / ``4-lane mul+add``."""
+        if self.fused:
+            return {16: "AVX-512 FMA", 8: "AVX2 FMA"}.get(self.lanes, f"{self.lanes}-lane FMA")
+        return f"{self.lanes}-lane mul+add"
+
+    def describe(self) -> str:
+        """One line: how the figure was obtained."""
+        how = (
+            f"measured: {self.chains} independent {self.vector} chains per thread on "
+            f"{self.ran} thread(s), best of {self.tries} x {self.best_seconds * 1e3:.1f} ms"
+        )
+        if self.ran != self.threads:
+            how += f", scaled to {self.threads} threads (no OpenMP)"
+        return how
+
+
+def peak_source() -> str:
+    """The probe's C source (``csrc/fma_peak.c``)."""
+    from rlx.backends.cpu import native
+
+    return (native.CSRC / "fma_peak.c").read_text()
+
+
+@functools.cache
+def _lib(target: Target) -> ctypes.CDLL:
+    from rlx.backends.cpu import native
+
+    lib = native.load(native.build(peak_source(), target, name="fma_peak"))
+    lib.rlx_peak_run.restype = ctypes.c_double
+    lib.rlx_peak_run.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    for f in ("rlx_peak_lanes", "rlx_peak_chains", "rlx_peak_fused"):
+        getattr(lib, f).restype = ctypes.c_int
+        getattr(lib, f).argtypes = []
+    return lib
+
+
+def measure_peak(
+    threads: int = 1, target: Target | None = None, seconds: float = 0.08, tries: int = 5
+) -> PeakMeasurement:
+    """Run the probe on ``threads`` threads for about ``seconds`` in all (``tries`` tries,
+    the best kept). CompileError when it cannot be built (no gcc, no usable cache) or
+    ``threads`` / ``tries`` is not >= 1."""
+    from rlx.backends.cpu import native
+
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise CompileError(f"FMA peak probe: threads must be an int >= 1, given {threads!r}")
+    if tries < 1:
+        raise CompileError(f"FMA peak probe: tries must be >= 1, given {tries!r}")
+    if not native.available():
+        raise CompileError("FMA peak probe: gcc is not on PATH, nothing to measure with")
+    target = native.selected_target() if target is None else target
+    lib = _lib(target)
+    used = ctypes.c_int(0)
+    per_try = seconds / tries
+    iters = 1000
+    lib.rlx_peak_run(iters, threads, ctypes.byref(used))  # start the threads
+    while True:  # calibrate: a quarter of a try at least
+        t0 = time.perf_counter()
+        lib.rlx_peak_run(iters, threads, ctypes.byref(used))
+        dt = time.perf_counter() - t0
+        if dt >= per_try / 4 or iters >= 1 << 34:
+            break
+        iters *= 4
+    iters = max(1, int(iters * per_try / max(dt, 1e-7)))
+    best = float("inf")
+    for _ in range(tries):
+        t0 = time.perf_counter()
+        lib.rlx_peak_run(iters, threads, ctypes.byref(used))
+        best = min(best, time.perf_counter() - t0)
+    ran = max(1, used.value)
+    lanes, chains = lib.rlx_peak_lanes(), lib.rlx_peak_chains()
+    flops = ran * iters * chains * lanes * 2
+    gflops = flops / best / 1e9 * (threads / ran)
+    return PeakMeasurement(
+        gflops, threads, ran, target, lanes, chains, bool(lib.rlx_peak_fused()), best, tries
+    )
+
+
+@functools.cache
+def _cached(threads: int, target: Target) -> float:
+    return measure_peak(threads, target).gflops
+
+
+def fma_peak_gflops(threads: int = 1, target: Target | None = None) -> float:
+    """The f32 FMA peak in GFLOP/s on ``threads`` threads for ``target`` (default: the
+    selected one), measured once per process (about 0.1 s). CompileError when the probe
+    cannot be built."""
+    from rlx.backends.cpu import native
+
+    return _cached(threads, native.selected_target() if target is None else target)
