@@ -289,7 +289,8 @@ class FakeQuantize(Op):
 class DequantMatMul(Op):
     """``y[..., N] = x[..., K] @ dequant(w).T`` with a weight packed as ``scheme`` says
     (rows = output channels). Inputs: ``(x, w_q, scale, zp)``, or ``(x, packed)`` for the
-    GGUF schemes (packed U8 [N, K/256 * block_bytes]). Output f32."""
+    GGUF schemes (packed U8 [N, K/qk * block_bytes]; qk = 32 for the legacy types, 256
+    for the K-quants). Output f32."""
 
     mnemonic: ClassVar[str] = "dequant_matmul"
     kind: ClassVar[OpKind] = OpKind.COMPUTE
@@ -310,12 +311,13 @@ class DequantMatMul(Op):
         s = self.scheme
         if s.is_gguf:
             expect(w.dtype is DType.U8, self, f"{s} packed bytes must be u8, got {w}")
-            bb = type(s).block_bytes  # type: ignore[attr-defined]
-            expect(k % 256 == 0, self, f"{s} needs K divisible by 256, x is {x}")
+            bb, qk = type(s).block_bytes, s.block_size  # type: ignore[attr-defined]
+            expect(k % qk == 0, self, f"{s} needs K divisible by {qk}, x is {x}")
             expect(
-                cols == k // 256 * bb,
+                cols == k // qk * bb,
                 self,
-                f"{s} with K={k} needs packed [N, {k // 256 * bb}], got {w}",
+                f"{s} with K={k} needs packed [N, {k // qk * bb}] ({bb} bytes per {qk} "
+                f"weights), got {w}",
             )
         else:
             sc, zp = ins[2], ins[3]

@@ -4,7 +4,10 @@ block scales and zero points. Out: the f32 weight it stands for (``dequantize_we
 A :class:`QuantScheme` variant is a frozen dataclass saying how ``DequantMatMul``'s weight
 inputs are laid out; every scheme stores the weight **row-major by output channel** (row
 ``n`` holds the ``K`` input weights of output ``n``, as llama.cpp and GPTQ do) and blocks
-run along K. The GGUF K-quant layouts are decoded by :mod:`rlx.quant.gguf`.
+run along K. The GGUF layouts (the legacy 32-element blocks Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+and the 256-element K-quants Q2_K..Q8_K) are decoded by :mod:`rlx.quant.gguf`; each GGUF
+variant names its ggml type (``ggml_type``, ``gguf_name``) and ``GGUF_SCHEMES`` maps the
+type names to the variants.
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ __all__ = [
     "GgufQ5K",
     "GgufQ6K",
     "GgufQ8K",
+    "GgufQ4_0",
+    "GgufQ4_1",
+    "GgufQ5_0",
+    "GgufQ5_1",
+    "GgufQ8_0",
+    "GgufQ2K",
+    "GgufQ3K",
+    "GGUF_SCHEMES",
     "WEIGHT_DTYPES",
     "dequantize_weight",
 ]
@@ -93,13 +104,99 @@ class Fp8E5m2(QuantScheme):
 
 
 class _Gguf(QuantScheme):
+    """A llama.cpp block layout: packed U8 ``[N, K / qk * block_bytes]`` (scales inside)."""
+
     __slots__ = ()
     is_gguf: ClassVar[bool] = True
     block_bytes: ClassVar[int] = 0
+    qk: ClassVar[int] = 256  # elements per block (32 for the legacy types)
+    ggml_type: ClassVar[int] = -1  # the GGMLQuantizationType value
+    gguf_name: ClassVar[str] = ""  # the GGMLQuantizationType name
 
     @property
     def block_size(self) -> int:
-        return 256
+        return self.qk
+
+    def row_bytes(self, k: int) -> int:
+        """Packed bytes of one row of ``k`` elements (``k`` a multiple of ``qk``)."""
+        return k // self.qk * self.block_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GgufQ4_0(_Gguf):  # noqa: N801 (the ggml type name)
+    """llama.cpp block_q4_0 (18 bytes per 32): half d; u8 qs[16]; ``y = d * (q - 8)``."""
+
+    bits_per_elem_x10: ClassVar[int] = 45
+    block_bytes: ClassVar[int] = 18
+    qk: ClassVar[int] = 32
+    ggml_type: ClassVar[int] = 2
+    gguf_name: ClassVar[str] = "Q4_0"
+
+
+@dataclass(frozen=True, slots=True)
+class GgufQ4_1(_Gguf):  # noqa: N801
+    """llama.cpp block_q4_1 (20 bytes per 32): half d, m; u8 qs[16]; ``y = d * q + m``."""
+
+    bits_per_elem_x10: ClassVar[int] = 50
+    block_bytes: ClassVar[int] = 20
+    qk: ClassVar[int] = 32
+    ggml_type: ClassVar[int] = 3
+    gguf_name: ClassVar[str] = "Q4_1"
+
+
+@dataclass(frozen=True, slots=True)
+class GgufQ5_0(_Gguf):  # noqa: N801
+    """llama.cpp block_q5_0 (22 bytes per 32): half d; u32 qh; u8 qs[16];
+    ``y = d * (q - 16)``."""
+
+    bits_per_elem_x10: ClassVar[int] = 55
+    block_bytes: ClassVar[int] = 22
+    qk: ClassVar[int] = 32
+    ggml_type: ClassVar[int] = 6
+    gguf_name: ClassVar[str] = "Q5_0"
+
+
+@dataclass(frozen=True, slots=True)
+class GgufQ5_1(_Gguf):  # noqa: N801
+    """llama.cpp block_q5_1 (24 bytes per 32): half d, m; u32 qh; u8 qs[16];
+    ``y = d * q + m``."""
+
+    bits_per_elem_x10: ClassVar[int] = 60
+    block_bytes: ClassVar[int] = 24
+    qk: ClassVar[int] = 32
+    ggml_type: ClassVar[int] = 7
+    gguf_name: ClassVar[str] = "Q5_1"
+
+
+@dataclass(frozen=True, slots=True)
+class GgufQ8_0(_Gguf):  # noqa: N801
+    """llama.cpp block_q8_0 (34 bytes per 32): half d; i8 qs[32]; ``y = d * q``."""
+
+    bits_per_elem_x10: ClassVar[int] = 85
+    block_bytes: ClassVar[int] = 34
+    qk: ClassVar[int] = 32
+    ggml_type: ClassVar[int] = 8
+    gguf_name: ClassVar[str] = "Q8_0"
+
+
+@dataclass(frozen=True, slots=True)
+class GgufQ2K(_Gguf):
+    """llama.cpp block_q2_K (84 bytes per 256): packed U8 [N, K/256*84]."""
+
+    bits_per_elem_x10: ClassVar[int] = 26
+    block_bytes: ClassVar[int] = 84
+    ggml_type: ClassVar[int] = 10
+    gguf_name: ClassVar[str] = "Q2_K"
+
+
+@dataclass(frozen=True, slots=True)
+class GgufQ3K(_Gguf):
+    """llama.cpp block_q3_K (110 bytes per 256): packed U8 [N, K/256*110]."""
+
+    bits_per_elem_x10: ClassVar[int] = 34
+    block_bytes: ClassVar[int] = 110
+    ggml_type: ClassVar[int] = 11
+    gguf_name: ClassVar[str] = "Q3_K"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +205,8 @@ class GgufQ4K(_Gguf):
 
     bits_per_elem_x10: ClassVar[int] = 45
     block_bytes: ClassVar[int] = 144
+    ggml_type: ClassVar[int] = 12
+    gguf_name: ClassVar[str] = "Q4_K"
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +215,8 @@ class GgufQ5K(_Gguf):
 
     bits_per_elem_x10: ClassVar[int] = 55
     block_bytes: ClassVar[int] = 176
+    ggml_type: ClassVar[int] = 13
+    gguf_name: ClassVar[str] = "Q5_K"
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +225,8 @@ class GgufQ6K(_Gguf):
 
     bits_per_elem_x10: ClassVar[int] = 66
     block_bytes: ClassVar[int] = 210
+    ggml_type: ClassVar[int] = 14
+    gguf_name: ClassVar[str] = "Q6_K"
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +235,18 @@ class GgufQ8K(_Gguf):
 
     bits_per_elem_x10: ClassVar[int] = 91
     block_bytes: ClassVar[int] = 292
+    ggml_type: ClassVar[int] = 15
+    gguf_name: ClassVar[str] = "Q8_K"
+
+
+#: ggml type name (``"Q4_K"``) -> the GGUF scheme variant
+GGUF_SCHEMES: dict[str, type[QuantScheme]] = {
+    c.gguf_name: c
+    for c in (
+        GgufQ4_0, GgufQ4_1, GgufQ5_0, GgufQ5_1, GgufQ8_0,
+        GgufQ2K, GgufQ3K, GgufQ4K, GgufQ5K, GgufQ6K, GgufQ8K,
+    )
+}  # fmt: skip
 
 
 WEIGHT_DTYPES: dict[type, tuple[DType, ...]] = {
