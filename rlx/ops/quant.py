@@ -1,4 +1,5 @@
-"""Quantization ops: quantize, dequantize, fake_quantize, dequant_matmul, qmatmul.
+"""Quantization ops: quantize, dequantize, fake_quantize, dequant_matmul (qmatmul and
+dynamic_qmatmul: :mod:`rlx.ops.qmatmul`).
 
 Affine quantization, as in ONNX QuantizeLinear / DequantizeLinear::
 
@@ -12,11 +13,12 @@ quantizes to the zero point and +-inf saturate.
 
 Weight-only quantized matmuls (:class:`DequantMatMul`) describe the packed weight with a
 :class:`QuantScheme` (the variants live in ``rlx.quant.schemes`` and are re-exported
-here); :class:`QMatMul` is the integer GEMM that the quantization
-lowering (``rlx.quant.lower``) produces from Q/DQ-bracketed matmuls. It and
-``qconv2d``'s :class:`~rlx.ops.qconv.QConv2d` share the unregistered base
-:class:`IntEpilogueOp` (activation/weight scale attributes, their checks, the f32 epilogue
-scales).
+here). The integer matmuls live in :mod:`rlx.ops.qmatmul` and are re-exported here:
+:class:`QMatMul` (the integer GEMM that the quantization lowering, ``rlx.quant.lower``,
+produces from Q/DQ-bracketed matmuls) and :class:`DynamicQMatMul` (activations quantized
+per row at run time); they and ``qconv2d``'s :class:`~rlx.ops.qconv.QConv2d` share the
+unregistered base :class:`IntEpilogueOp` (scale attributes, their checks, the f32
+epilogue).
 
 Q/DQ are deliberately not ``elementwise``: region fusion must not swallow them, since
 the quantization lowering matches the ``dequantize(quantize(x))`` pattern.
@@ -66,6 +68,8 @@ __all__ = [
     "DequantMatMul",
     "IntEpilogueOp",
     "QMatMul",
+    "DynamicQMatMul",
+    "ActQuant",
     "QUANT_RANGES",
     "quantize_array",
     "dequantize_array",
@@ -364,108 +368,6 @@ class DequantMatMul(Op):
         return np.matmul(x, w.T)
 
 
-class IntEpilogueOp(Op):
-    """Base of the integer ops with an f32 epilogue (:class:`QMatMul`,
-    :class:`~rlx.ops.qconv.QConv2d`): activation quantization ``x_scale`` and
-    ``x_zero_point``, weight scales ``w_scales`` (1 or one per output channel) and
-    ``has_bias`` (an optional third input). Not registered itself: each subclass declares
-    these fields again, where ``@register`` makes them dataclass fields in the
-    subclass's own order (its constructor's order and its serialized attributes)."""
-
-    __slots__ = ()
-    x_scale: float
-    x_zero_point: int
-    w_scales: tuple[float, ...]
-    has_bias: bool
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "x_scale", float(self.x_scale))
-        object.__setattr__(self, "x_zero_point", int(self.x_zero_point))
-        object.__setattr__(self, "w_scales", tuple(float(s) for s in self.w_scales))
-
-    def num_inputs(self) -> int:
-        return 3 if self.has_bias else 2
-
-    def combined_scales(self, n: int) -> np.ndarray:
-        """``f32(x_scale) * f32(w_scales)`` broadcast to ``n`` output channels."""
-        ws = np.asarray(self.w_scales, dtype=np.float32)
-        return np.broadcast_to(np.float32(self.x_scale) * ws, (n,)).astype(np.float32)
-
-    def check_x_quant(self, x_dtype: DType) -> None:
-        """ShapeError unless ``x_zero_point`` fits ``x_dtype`` and ``x_scale`` is finite
-        and > 0."""
-        qmin, qmax = QUANT_RANGES[x_dtype]
-        expect(
-            qmin <= self.x_zero_point <= qmax,
-            self,
-            f"x_zero_point {self.x_zero_point} outside [{qmin}, {qmax}] of {x_dtype}",
-        )
-        expect(
-            math.isfinite(self.x_scale) and self.x_scale > 0,
-            self,
-            f"x_scale must be finite and > 0, got {self.x_scale}",
-        )
-
-
-@register
-class QMatMul(IntEpilogueOp):
-    """Integer GEMM with an f32 epilogue (``linear`` semantics, weight ``[K, N]``)::
-
-        acc[..., n] = sum_k (x_q[..., k] - x_zero_point) * w_q[k, n]        (exact int)
-        y[..., n]   = f32(acc) * (f32(x_scale) * f32(w_scales[n])) (+ bias[n])
-
-    Inputs: ``x_q`` I8 or U8 ``[..., K]`` (per-tensor activation quantization),
-    ``w_q`` I8 ``[K, N]`` (symmetric weights, zero point 0) and, when ``has_bias``, a
-    float ``bias [N]``. Attributes: ``x_scale``, ``x_zero_point`` (activation params),
-    ``w_scales`` (1 value: per-tensor, N values: per output channel). Output f32.
-    The CPU kernel accumulates in int32 (exact while ``K * 255 * 128 < 2**31``).
-    """
-
-    mnemonic: ClassVar[str] = "qmatmul"
-    kind: ClassVar[OpKind] = OpKind.COMPUTE
-    x_scale: float
-    x_zero_point: int
-    w_scales: tuple[float, ...]
-    has_bias: bool = False
-
-    def infer(self, ins: tuple[Shape, ...]) -> Shape:
-        x, w = ins[0], ins[1]
-        expect(
-            x.dtype in (DType.I8, DType.U8) and x.rank >= 1,
-            self,
-            f"x_q must be i8 or u8 of rank >= 1, got {x}",
-        )
-        expect(w.dtype is DType.I8 and w.rank == 2, self, f"w_q must be i8 [K, N], got {w}")
-        expect(x.dims[-1] == w.dims[0], self, f"contraction dims differ: x_q {x} vs w_q {w}")
-        n = w.dims[1]
-        self.check_x_quant(x.dtype)
-        expect(
-            all(math.isfinite(s) and s > 0 for s in self.w_scales),
-            self,
-            f"w_scales must be finite and > 0, got {_short(self.w_scales)}",
-        )
-        expect(
-            len(self.w_scales) == 1 or len(self.w_scales) == n,
-            self,
-            f"w_scales needs 1 or N={n} values, got {len(self.w_scales)}",
-        )
-        if self.has_bias:
-            b = ins[2]
-            expect(b.dtype.is_float and b.dims == (n,), self, f"bias must be float [{n}], got {b}")
-        return Shape((*x.dims[:-1], n), DType.F32)
-
-    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
-        x, w = xs[0], xs[1]
-        acc = np.matmul(x.astype(np.int64) - self.x_zero_point, w.astype(np.int64))
-        y = acc.astype(np.float32) * self.combined_scales(w.shape[1])
-        if self.has_bias:
-            y = y + xs[2].astype(np.float32)
-        return y
-
-    def attrs_str(self) -> str:
-        return f"x_scale={self.x_scale:g}, x_zero_point={self.x_zero_point}, w_scales={_short(tuple(f'{s:g}' for s in self.w_scales))}, has_bias={self.has_bias}"
-
-
 # ---- builder conveniences ---------------------------------------------------------
 
 
@@ -525,16 +427,11 @@ def dequant_matmul(g: Graph, x: NodeId, scheme: QuantScheme, *weights: NodeId) -
     return g.apply(DequantMatMul(scheme), [x, *weights])
 
 
-@graph_method
-def qmatmul(
-    g: Graph,
-    x_q: NodeId,
-    w_q: NodeId,
-    x_scale: float,
-    w_scales: float | Sequence[float],
-    x_zero_point: int = 0,
-    bias: NodeId | None = None,
-) -> NodeId:
-    """Integer matmul ``x_q @ w_q`` rescaled to f32 (see :class:`QMatMul`)."""
-    op = QMatMul(x_scale, x_zero_point, _scales(w_scales), bias is not None)
-    return g.apply(op, [x_q, w_q] + ([bias] if bias is not None else []))
+# the integer matmuls live in rlx.ops.qmatmul (imported here so that ``rlx.ops.quant``
+# keeps exporting them; that module needs the helpers above, hence the import at the end)
+from rlx.ops.qmatmul import (  # noqa: E402
+    ActQuant,
+    DynamicQMatMul,
+    IntEpilogueOp,
+    QMatMul,
+)

@@ -220,6 +220,12 @@ def _qmatmul(g: rlx.Graph) -> object:
     return g.qmatmul(xq, wq, 0.05, 0.02)
 
 
+def _dynamic_qmatmul(g: rlx.Graph, mode: str) -> object:
+    x, b, r = g.input("x", (3, 16)), g.input("b", (4,)), g.input("r", (3, 4))
+    wq = g.constant(np.random.default_rng(2).integers(-128, 128, (16, 4)).astype(np.int8))
+    return g.dynamic_qmatmul(x, wq, 0.02, bias=b, act=UnaryKind.GELU, residual=r, mode=mode)
+
+
 def _while(g: rlx.Graph) -> object:
     x = g.input("x", (3,))
 
@@ -548,6 +554,10 @@ CASES: list[Case] = [
     ),
     Case("dequant_matmul", _dequant_matmul, loose=True),
     Case("qmatmul", _qmatmul, loose=True),
+    *(
+        Case(f"dynamic_qmatmul_{m}", lambda g, m=m: _dynamic_qmatmul(g, m), loose=True)
+        for m in ("s8", "u8")
+    ),
     *(
         Case(
             f"fused_matmul_{a}",

@@ -29,10 +29,12 @@ from rlx.dtype import DType
 from rlx.errors import CompileError
 from rlx.ir.mir import Node
 from rlx.ops.core import Constant
+from rlx.ops.qmatmul import apply_epilogue
 from rlx.ops.quant import (
     QUANT_RANGES,
     Dequantize,
     DequantMatMul,
+    DynamicQMatMul,
     QMatMul,
     Quantize,
     dequantize_weight,
@@ -101,6 +103,7 @@ def qmatmul_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: Kern
     bias_f32 = ctx.scratch((n,), np.float32, tag=node.id) if op.has_bias else None
     m = int(np.prod(x.shape[:-1], dtype=np.int64))
     y = out.reshape(m, n)
+    post = _numpy_epilogue(op, ins, y)
     lib: native.QGemmLib | None = None
     if not ctx.native:
         ctx.notes.append(
@@ -139,6 +142,7 @@ def qmatmul_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: Kern
                 bias=bias_f32,
                 num_threads=threads,
             )
+            post()
 
         return run
 
@@ -150,8 +154,37 @@ def qmatmul_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: Kern
         np.multiply(acc.astype(np.float32), scale, out=y)
         if op.has_bias:
             np.add(y, ins[2].astype(np.float32), out=y)
+        post()
 
     return run_fallback
+
+
+def _numpy_epilogue(op: QMatMul, ins: list[np.ndarray], y: np.ndarray) -> Kernel:
+    """The activation and residual of ``op``'s epilogue on the biased product ``y``."""
+    act = op.epilogue_act
+    res = ins[-1] if op.residual_input else None
+    n = y.shape[-1]
+
+    def post() -> None:
+        if act is not None:
+            y[...] = apply_epilogue(y, act, None, None)
+        if res is not None:
+            np.add(y, res.reshape(-1, n), out=y, casting="unsafe")
+
+    return post
+
+
+@kernel(DynamicQMatMul, KernelKind.NUMPY)
+def dynamic_qmatmul_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """Per-row quantization and the integer product in NumPy (exact int64)."""
+    op: DynamicQMatMul = node.op  # type: ignore[assignment]
+
+    def run() -> None:
+        out[...] = op.reference(ins, None)  # type: ignore[arg-type]
+
+    return run
 
 
 @kernel(DequantMatMul, KernelKind.BLAS)
