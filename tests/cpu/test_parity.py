@@ -685,7 +685,7 @@ FAST = {
     "softmax": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
     "layer_norm": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
     "matmul": KernelKind.BLAS,
-    "attention_causal_2_f32_False": KernelKind.BLAS,
+    "attention_causal_2_f32_False": KernelKind.NATIVE if native.available() else KernelKind.BLAS,
     "fused_swiglu": KernelKind.NATIVE if native.available() else KernelKind.BLAS,
     "gather": KernelKind.NUMPY,
     # one generated C loop (kernels/region.py) where gcc is installed

@@ -1,5 +1,17 @@
-"""CPU kernel for multi-head attention: two batched BLAS matmuls per call into scratch
-allocated when the schedule is built (no allocation per run).
+"""CPU kernels for multi-head attention and rotary embedding.
+
+Attention, native (``native/attention.py``, ``csrc/attention.c``): one fused kernel per
+node, flash style (per batch, head and block of query rows: scores against blocks of
+keys, an online softmax in f32 and the value product, so no [B, H, Sq, Skv] score matrix
+exists), OpenMP over the blocks with ``KernelCtx.num_threads``, the AVX-512 / AVX2 / plain
+C path of the selected build target; every mask kind and grouped-query heads. f16/bf16
+q, k, v are widened to f32 first (``lowp``); a non-f32 custom mask is cast to f32 scratch
+before each run (the reference adds it in f32). Reported as ``native attention
+(avx512|avx2|c)``. It declines (noted; the BLAS kernel below runs) for f64, without
+native kernels or gcc, for non-contiguous views and for an empty sequence.
+
+Attention, BLAS: two batched BLAS matmuls per call into scratch allocated when the
+schedule is built (no allocation per run).
 
 Layout: q is copied to [B, Hkv, G*Sq, D] (G = H / Hkv query heads share one kv head, so
 grouped-query attention is one matmul per kv head), k to [B, Hkv, D, Skv], v to
@@ -24,6 +36,7 @@ from rlx.backends.cpu.codegen.elementwise import C_TYPES, CodegenUnsupported
 from rlx.backends.cpu.codegen.rows import RowKind, RowSpec
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
 from rlx.backends.cpu.kernels.rows import row_kernel
+from rlx.backends.cpu.native.attention import attention_lib
 from rlx.dtype import DType
 from rlx.errors import CompileError
 from rlx.ops.nn import Attention, Rope
@@ -31,12 +44,88 @@ from rlx.ops.nn import Attention, Rope
 if TYPE_CHECKING:
     from rlx.ir.mir import Node
 
-__all__ = ["attention_kernel", "rope_kernel"]
+__all__ = ["attention_kernel", "blas_attention", "native_attention", "rope_kernel"]
+
+F32 = np.dtype(np.float32)
+#: below this many score-times-head-dim products a native call runs on one thread (an
+#: OpenMP fork costs more than the work; measured by benchmarks/attention.py)
+_MIN_PARALLEL_WORK = 1 << 18
 
 
 @kernel(Attention, KernelKind.BLAS)
 @lowp
 def attention_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """Scaled dot-product attention: the native fused kernel, else BLAS (module docstring)."""
+    fused = native_attention(node, ins, out, ctx)
+    if fused is not None:
+        return fused
+    return blas_attention(node, ins, out, ctx)
+
+
+def native_attention(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """The fused native kernel for f32 views (module docstring); None, with a note in
+    ``ctx.notes``, when it does not apply."""
+    op: Attention = node.op  # type: ignore[assignment]
+    q, k, v = ins[:3]
+    mask = ins[3] if len(ins) == 4 else None
+    why = _native_declines(q, k, v, out, ctx)
+    if why is not None:
+        if why:
+            ctx.notes.append(f"BLAS attention ({why})")
+        return None
+    try:
+        lib = attention_lib()
+    except CompileError as e:
+        ctx.notes.append(f"BLAS attention (native build: {str(e).splitlines()[0]})")
+        return None
+    b, sq, _ = q.shape
+    skv = k.shape[1]
+    h, d, hkv = op.num_heads, op.head_dim, op.kv_heads
+    work = b * h * sq * skv * d
+    threads = ctx.num_threads if lib.openmp and work >= _MIN_PARALLEL_WORK else 1
+    ws = ctx.scratch((lib.workspace_floats(d, threads),), F32, 59)
+    mtype = op.mask.type
+    m32 = mask
+    fill = None
+    if mask is not None and (mask.dtype != F32 or any(s % 4 for s in mask.strides)):
+        m32 = ctx.scratch(mask.shape, F32, 60)
+        fill = (m32, mask)
+    args = dict(num_heads=h, num_kv_heads=hkv, head_dim=d, scale=op.effective_scale)
+    args |= dict(mask_type=mtype, window=op.mask.window, workspace=ws, num_threads=threads)
+    call = lib.prepare(q, k, v, out, mask=m32, **args)
+    ctx.kind = KernelKind.NATIVE
+    ctx.notes.append(f"native attention ({lib.path})")
+    if fill is None:
+        return call
+
+    def run() -> None:
+        np.copyto(*fill, casting="unsafe")
+        call()
+
+    return run
+
+
+def _native_declines(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, ctx: KernelCtx
+) -> str | None:
+    """Why the native kernel does not take these views ('' when silently: native
+    kernels are off), or None when it does."""
+    if not ctx.native:
+        return ""
+    if q.dtype != F32:
+        return f"native kernel is f32 only, given {q.dtype}"
+    if not all(x.flags.c_contiguous for x in (q, k, v, out)):
+        return "a non-contiguous q, k, v or output view"
+    if q.size == 0 or k.shape[1] == 0:
+        return "an empty sequence"
+    return None
+
+
+def blas_attention(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
     """Scaled dot-product attention with BLAS batched matmuls (see module docstring)."""

@@ -1,0 +1,146 @@
+"""The fused attention library (``csrc/attention.c``). In: f32 q, k, v (packed heads),
+a mask kind and an optional additive f32 mask. Out: ``softmax(q kᵀ scale + mask) v``
+written into the output, through :class:`AttentionLib`.
+
+:func:`attention_lib` builds the library for a build target (default: the selected one,
+``RLX_ISA``): the AVX-512 or AVX2 intrinsics path or plain C, as the target's flags
+define; :attr:`AttentionLib.path` names it (``avx512`` / ``avx2`` / ``c``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable
+
+import numpy as np
+
+from rlx.backends.cpu.native import cpu
+from rlx.errors import InputError
+from rlx.ops.nn import MaskType
+
+__all__ = ["AttentionLib", "attention_lib", "MASK_CODES"]
+
+_P = ctypes.c_void_p
+_L = ctypes.c_long
+
+#: the C kernel's mask codes
+MASK_CODES = {MaskType.NONE: 0, MaskType.CAUSAL: 1, MaskType.SLIDING_WINDOW: 2, MaskType.CUSTOM: 3}
+_PATHS = {0: "c", 1: "avx2", 2: "avx512"}
+
+
+class AttentionLib:
+    """Typed wrapper over ``csrc/attention.c``."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        lib.rlx_attention_isa.restype = ctypes.c_int
+        lib.rlx_attention_openmp.restype = ctypes.c_int
+        lib.rlx_attention_block_rows.restype = ctypes.c_int
+        lib.rlx_attention_ws_floats.restype = _L
+        lib.rlx_attention_ws_floats.argtypes = [_L]
+        lib.rlx_attention.restype = ctypes.c_int
+        lib.rlx_attention.argtypes = [
+            _P, _P, _P, _P, _L, _L, _L, _L, _L, _L, ctypes.c_float, ctypes.c_int, _L,
+            _P, _L, _L, _L, _L, _P, _L, ctypes.c_int,
+        ]  # fmt: skip
+        self.path: str = _PATHS[int(lib.rlx_attention_isa())]
+        self.openmp = bool(lib.rlx_attention_openmp())
+        self.block_rows = int(lib.rlx_attention_block_rows())
+
+    def workspace_floats(self, head_dim: int, threads: int) -> int:
+        """f32 elements of workspace ``threads`` threads need at ``head_dim``."""
+        return int(self.lib.rlx_attention_ws_floats(head_dim)) * max(1, threads)
+
+    def run(self, *args: np.ndarray, **kw: object) -> None:
+        """:meth:`prepare` the call and run it once."""
+        self.prepare(*args, **kw)()  # type: ignore[arg-type]
+
+    def prepare(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        out: np.ndarray,
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        mask_type: MaskType = MaskType.NONE,
+        window: int = 0,
+        mask: np.ndarray | None = None,
+        workspace: np.ndarray | None = None,
+        num_threads: int = 1,
+    ) -> Callable[[], None]:
+        """A call computing ``out[B,Sq,H*D] = attention(q, k, v)`` from these arrays (their
+        addresses are taken now: the call reads their contents when run). Every array
+        C-contiguous f32, ``mask`` f32 broadcastable to [B,H,Sq,Skv] (custom masks only);
+        InputError otherwise. ``workspace``: f32 of :meth:`workspace_floats` elements
+        (allocated here when None)."""
+        b, sq, hd = q.shape
+        skv = k.shape[1]
+        h, hkv, d = num_heads, num_kv_heads, head_dim
+        want = {"q": (q, (b, sq, h * d)), "k": (k, (b, skv, hkv * d))}
+        want |= {"v": (v, (b, skv, hkv * d)), "out": (out, (b, sq, h * d))}
+        for name, (x, dims) in want.items():
+            if x.dtype != np.float32 or x.shape != dims or not x.flags.c_contiguous:
+                raise InputError(
+                    f"attention: {name} must be C-contiguous f32 {list(dims)}, "
+                    f"given {x.dtype} {list(x.shape)}"
+                )
+        if h % hkv:
+            raise InputError(f"attention: num_kv_heads={hkv} must divide num_heads={h}")
+        strides = (0, 0, 0, 0)
+        if mask_type is MaskType.CUSTOM:
+            if mask is None or mask.dtype != np.float32:
+                raise InputError("attention: a custom mask must be an f32 array")
+            try:
+                full = np.broadcast_to(mask, (b, h, sq, skv))
+            except ValueError as e:
+                raise InputError(
+                    f"attention: mask {list(mask.shape)} does not broadcast to "
+                    f"[B,H,Sq,Skv]=[{b},{h},{sq},{skv}]"
+                ) from e
+            strides = tuple(s // 4 for s in full.strides)  # type: ignore[assignment]
+        threads = max(1, int(num_threads))
+        need = self.workspace_floats(d, threads)
+        if workspace is None:
+            workspace = np.empty(need, np.float32)
+        elif workspace.dtype != np.float32 or workspace.size < need:
+            raise InputError(f"attention: workspace must be f32 with >= {need} elements")
+        args = (
+            q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data, b, sq, skv, h, hkv,
+            d, float(scale), MASK_CODES[mask_type], int(window),
+            None if mask is None else mask.ctypes.data, *strides,
+            workspace.ctypes.data, workspace.size, threads,
+        )  # fmt: skip
+        return _Prepared(self.lib.rlx_attention, args, (q, k, v, out, mask, workspace))
+
+
+class _Prepared:
+    """A bound ``rlx_attention`` call; holds the arrays whose addresses it passes."""
+
+    __slots__ = ("fn", "args", "arrays")
+
+    def __init__(self, fn: Callable[..., int], args: tuple, arrays: tuple) -> None:
+        self.fn, self.args, self.arrays = fn, args, arrays
+
+    def __call__(self) -> None:
+        if self.fn(*self.args) != 0:
+            raise InputError("attention: the workspace is smaller than the kernel needs")
+
+
+def attention_lib(target: cpu.Target | None = None) -> AttentionLib:
+    """Build (cached on disk by content) and load the attention library for ``target``
+    (default: :func:`~rlx.backends.cpu.native.cpu.selected_target`). CompileError
+    without gcc or when the build fails."""
+    return _attention_lib(cpu.selected_target() if target is None else target)
+
+
+@functools.cache
+def _attention_lib(target: cpu.Target) -> AttentionLib:
+    from rlx.backends.cpu import native
+
+    source = (native.CSRC / "attention.c").read_text()
+    return AttentionLib(native.load(native.build(source, target, "attention")))

@@ -1,0 +1,377 @@
+/* Fused multi-head attention, flash style, f32.
+ *
+ * In: q[B,Sq,H*D], k[B,Skv,Hkv*D], v[B,Skv,Hkv*D] (C-contiguous f32), a mask kind
+ * (none / causal / sliding window, end-aligned) and an optional additive f32 mask given by
+ * element strides over [B,H,Sq,Skv] (0 on broadcast dims). Out: out[B,Sq,H*D] =
+ * softmax(q k^T * scale + mask) v per head; query head h reads kv head h / (H / Hkv).
+ *
+ * One task is (batch, head, block of MB query rows); tasks run in an OpenMP loop. A task
+ * keeps its queries transposed (qt[d][i]), so every vector holds MB consecutive query
+ * rows of one column: scores, the running max / sum of the online softmax and the
+ * output accumulator ot[d][i] are all lane-wise, with no horizontal reductions. Keys
+ * come in blocks of NB: scores st[j][i] = (sum_d k[j,d] * qt[d][i]) * scale (+ mask,
+ * hidden keys -inf), the block max updates the running max m (the accumulator and the
+ * running sum are rescaled by exp(m_old - m_new)), p = exp(s - m) overwrites st and
+ * ot[d][i] += sum_j v[j,d] * p[j][i]. Only an NB x MB block of scores exists at a time.
+ *
+ * Edge rows as the unfused softmax: a row whose every key is hidden (-inf) keeps a sum
+ * of 0 and gives 0/0 = NaN; while a row has seen only hidden keys its max is -inf and
+ * exp is taken against 0 instead (so no NaN leaks into rows that see keys later).
+ *
+ * Paths: AVX-512 (16 lanes) or AVX2+FMA (8 lanes) intrinsics when the build target
+ * defines __AVX512F__ / __AVX2__, else GCC vector extensions of 4 lanes (plain C).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define RLX_ATT_ISA 2
+#define W 16
+typedef __m512 vf;
+typedef __m512i vi;
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VSTORE(p, x) _mm512_storeu_ps((p), (x))
+#define VSET1(x) _mm512_set1_ps(x)
+#define VZERO() _mm512_setzero_ps()
+#define VADD(a, b) _mm512_add_ps((a), (b))
+#define VSUB(a, b) _mm512_sub_ps((a), (b))
+#define VMUL(a, b) _mm512_mul_ps((a), (b))
+#define VDIV(a, b) _mm512_div_ps((a), (b))
+#define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define VMAX(a, b) _mm512_max_ps((a), (b))
+#define VMIN(a, b) _mm512_min_ps((a), (b))
+/* lanes where a < b (ordered) take y, the others x */
+#define VSEL_LT(a, b, x, y) _mm512_mask_blend_ps(_mm512_cmp_ps_mask((a), (b), _CMP_LT_OQ), (x), (y))
+#define VSEL_EQ(a, b, x, y) _mm512_mask_blend_ps(_mm512_cmp_ps_mask((a), (b), _CMP_EQ_OQ), (x), (y))
+#define VROUND(x) _mm512_roundscale_ps((x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define VPOW2I(n) /* 2^n for integral float n in [-126, 127] */ \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
+#define QK_J 6 /* keys per QK register tile (x R row vectors) */
+#define PV_D 6 /* output columns per PV register tile */
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define RLX_ATT_ISA 1
+#define W 8
+typedef __m256 vf;
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VSTORE(p, x) _mm256_storeu_ps((p), (x))
+#define VSET1(x) _mm256_set1_ps(x)
+#define VZERO() _mm256_setzero_ps()
+#define VADD(a, b) _mm256_add_ps((a), (b))
+#define VSUB(a, b) _mm256_sub_ps((a), (b))
+#define VMUL(a, b) _mm256_mul_ps((a), (b))
+#define VDIV(a, b) _mm256_div_ps((a), (b))
+#define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define VMAX(a, b) _mm256_max_ps((a), (b))
+#define VMIN(a, b) _mm256_min_ps((a), (b))
+#define VSEL_LT(a, b, x, y) _mm256_blendv_ps((x), (y), _mm256_cmp_ps((a), (b), _CMP_LT_OQ))
+#define VSEL_EQ(a, b, x, y) _mm256_blendv_ps((x), (y), _mm256_cmp_ps((a), (b), _CMP_EQ_OQ))
+#define VROUND(x) _mm256_round_ps((x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define VPOW2I(n) \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
+#define QK_J 3
+#define PV_D 3
+#else
+#define RLX_ATT_ISA 0
+#define W 4
+typedef float vf __attribute__((vector_size(16)));
+typedef int32_t vi32 __attribute__((vector_size(16)));
+static inline vf vload(const float *p) { vf x; memcpy(&x, p, sizeof x); return x; }
+static inline void vstore(float *p, vf x) { memcpy(p, &x, sizeof x); }
+static inline vf vsel(vi32 m, vf x, vf y) { return (vf)(((vi32)y & m) | ((vi32)x & ~m)); }
+static inline vf vround(vf x) { /* to nearest even, exact for |x| < 2^22 */
+    const vf magic = {12582912.0f, 12582912.0f, 12582912.0f, 12582912.0f};
+    return (x + magic) - magic;
+}
+static inline vf vpow2i(vf n) {
+    vi32 e = (__builtin_convertvector(n, vi32) + 127) << 23;
+    return (vf)e;
+}
+#define VLOAD(p) vload(p)
+#define VSTORE(p, x) vstore((p), (x))
+#define VSET1(x) ((vf){0, 0, 0, 0} + (x))
+#define VZERO() ((vf){0, 0, 0, 0})
+#define VADD(a, b) ((a) + (b))
+#define VSUB(a, b) ((a) - (b))
+#define VMUL(a, b) ((a) * (b))
+#define VDIV(a, b) ((a) / (b))
+#define VFMA(a, b, c) ((a) * (b) + (c))
+/* max / min as x86's: the second operand when either is NaN */
+#define VMAX(a, b) vsel((a) > (b), (b), (a))
+#define VMIN(a, b) vsel((a) < (b), (b), (a))
+#define VSEL_LT(a, b, x, y) vsel((a) < (b), (x), (y))
+#define VSEL_EQ(a, b, x, y) vsel((a) == (b), (x), (y))
+#define VROUND(x) vround(x)
+#define VPOW2I(n) vpow2i(n)
+#define QK_J 2
+#define PV_D 2
+#endif
+
+#define RMAX 4           /* row vectors per task: MB = RMAX * W query rows */
+#define MB (RMAX * W)
+#define NB 64            /* keys per block */
+
+enum { MASK_NONE = 0, MASK_CAUSAL = 1, MASK_SLIDING = 2, MASK_CUSTOM = 3 };
+
+int rlx_attention_isa(void) { return RLX_ATT_ISA; }
+
+int rlx_attention_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int rlx_attention_block_rows(void) { return MB; }
+
+/* exp(x) for x <= 0 (the softmax's arguments): Cody-Waite reduction by ln 2, a degree-6
+ * polynomial (about 1 ulp), 0 below -87.3 (and for -inf), NaN stays NaN. */
+static inline vf vexp(vf x) {
+    const vf lo = VSET1(-87.33654f);
+    vf xc = VMAX(lo, x); /* NaN in x stays (second operand) */
+    xc = VMIN(VSET1(88.37626f), xc);
+    vf n = VROUND(VMUL(xc, VSET1(1.44269504088896341f)));
+    vf r = VSUB(xc, VMUL(n, VSET1(0.693359375f)));
+    r = VSUB(r, VMUL(n, VSET1(-2.12194440e-4f)));
+    vf p = VSET1(1.9875691500e-4f);
+    p = VFMA(p, r, VSET1(1.3981999507e-3f));
+    p = VFMA(p, r, VSET1(8.3334519073e-3f));
+    p = VFMA(p, r, VSET1(4.1665795894e-2f));
+    p = VFMA(p, r, VSET1(1.6666665459e-1f));
+    p = VFMA(p, r, VSET1(5.0000001201e-1f));
+    p = VFMA(p, VMUL(r, r), VADD(r, VSET1(1.0f)));
+    vf y = VMUL(p, VPOW2I(n));
+    return VSEL_LT(x, lo, y, VZERO());
+}
+
+typedef struct {
+    const float *q, *k, *v, *mask;
+    float *out;
+    long B, Sq, Skv, H, Hkv, D;
+    float scale;
+    int mtype;
+    long window;
+    long msb, msh, msq, msk;
+} att_args;
+
+/* scores of keys j0..j0+nb for R row vectors into st[j][i] (scaled, masked); returns
+ * the block max per row vector in bmax. */
+static inline __attribute__((always_inline)) void qk_block(
+    const att_args *a, const float *qt, float *st, const float *kbase, long kstride, long j0,
+    long nb, long i0, int R, int need_causal, const float *mrow, long msq, long msk,
+    vf *bmax) {
+    const long D = a->D;
+    const long off = a->Skv - a->Sq;
+    const vf scale = VSET1(a->scale);
+    const vf ninf = VSET1(-INFINITY);
+    vf iv[RMAX];
+    for (int r = 0; r < R; r++) {
+        float tmp[W];
+        for (int l = 0; l < W; l++) tmp[l] = (float)(i0 + r * W + l);
+        iv[r] = VLOAD(tmp);
+        bmax[r] = ninf;
+    }
+    long jj = 0;
+    for (; jj < nb; jj += QK_J) {
+        int nj = nb - jj < QK_J ? (int)(nb - jj) : QK_J;
+        const float *kp[QK_J];
+        for (int t = 0; t < QK_J; t++) kp[t] = kbase + (j0 + jj + (t < nj ? t : 0)) * kstride;
+        vf acc[QK_J][RMAX];
+        for (int t = 0; t < QK_J; t++)
+            for (int r = 0; r < R; r++) acc[t][r] = VZERO();
+        for (long d = 0; d < D; d++) {
+            vf qv[RMAX];
+            for (int r = 0; r < R; r++) qv[r] = VLOAD(qt + d * MB + r * W);
+            for (int t = 0; t < QK_J; t++) {
+                vf kb = VSET1(kp[t][d]);
+                for (int r = 0; r < R; r++) acc[t][r] = VFMA(kb, qv[r], acc[t][r]);
+            }
+        }
+        for (int t = 0; t < nj; t++) {
+            long j = j0 + jj + t;
+            for (int r = 0; r < R; r++) {
+                vf s = VMUL(acc[t][r], scale);
+                if (mrow != NULL) {
+                    if (msq == 0) {
+                        s = VADD(s, VSET1(mrow[j * msk]));
+                    } else {
+                        float tmp[W];
+                        for (int l = 0; l < W; l++) {
+                            long i = i0 + r * W + l;
+                            tmp[l] = i < a->Sq ? mrow[i * msq + j * msk] : 0.0f;
+                        }
+                        s = VADD(s, VLOAD(tmp));
+                    }
+                }
+                if (need_causal) {
+                    /* hidden when i < j - off, or (sliding) i > j - off + window - 1 */
+                    s = VSEL_LT(iv[r], VSET1((float)(j - off)), s, ninf);
+                    if (a->mtype == MASK_SLIDING)
+                        s = VSEL_LT(VSET1((float)(j - off + a->window - 1)), iv[r], s, ninf);
+                }
+                VSTORE(st + (jj + t) * MB + r * W, s);
+                bmax[r] = VMAX(bmax[r], s);
+            }
+        }
+    }
+}
+
+/* ot[d][i] += sum_j v[j,d] * st[j][i] for nb keys */
+static inline __attribute__((always_inline)) void pv_block(
+    float *ot, const float *st, const float *vbase, long vstride, long j0, long nb, long D,
+    int R) {
+    long d = 0;
+    for (; d < D; d += PV_D) {
+        int nd = D - d < PV_D ? (int)(D - d) : PV_D;
+        vf acc[PV_D][RMAX];
+        for (int t = 0; t < PV_D; t++)
+            for (int r = 0; r < R; r++)
+                acc[t][r] = t < nd ? VLOAD(ot + (d + t) * MB + r * W) : VZERO();
+        for (long jj = 0; jj < nb; jj++) {
+            const float *vp = vbase + (j0 + jj) * vstride + d;
+            vf pv[RMAX];
+            for (int r = 0; r < R; r++) pv[r] = VLOAD(st + jj * MB + r * W);
+            for (int t = 0; t < PV_D; t++) {
+                vf vb = VSET1(vp[t < nd ? t : 0]);
+                for (int r = 0; r < R; r++) acc[t][r] = VFMA(vb, pv[r], acc[t][r]);
+            }
+        }
+        for (int t = 0; t < nd; t++)
+            for (int r = 0; r < R; r++) VSTORE(ot + (d + t) * MB + r * W, acc[t][r]);
+    }
+}
+
+static inline __attribute__((always_inline)) void task_r(
+    const att_args *a, long b, long h, long i0, long m, int R, float *ws) {
+    const long D = a->D, Sq = a->Sq, Skv = a->Skv, H = a->H, Hkv = a->Hkv;
+    const long hk = h / (H / Hkv);
+    const long qstride = H * D, kstride = Hkv * D;
+    float *qt = ws, *ot = qt + D * MB, *st = ot + D * MB;
+    const long off = Skv - Sq;
+    const float *qrow = a->q + (b * Sq + i0) * qstride + h * D;
+    float *orow = a->out + (b * Sq + i0) * qstride + h * D;
+    const float *kbase = a->k + b * Skv * kstride + hk * D;
+    const float *vbase = a->v + b * Skv * kstride + hk * D;
+    const int causal = a->mtype == MASK_CAUSAL || a->mtype == MASK_SLIDING;
+
+    /* keys any row of the block sees: [jlo, jhi] */
+    long jlo = 0, jhi = Skv - 1;
+    if (causal) {
+        jhi = i0 + m - 1 + off;
+        if (jhi > Skv - 1) jhi = Skv - 1;
+        if (a->mtype == MASK_SLIDING) {
+            jlo = i0 + off - a->window + 1;
+            if (jlo < 0) jlo = 0;
+        }
+    }
+    if (jhi < jlo) { /* every row sees no key: NaN, as softmax of only -inf */
+        for (long ii = 0; ii < m; ii++)
+            for (long d = 0; d < D; d++) orow[ii * qstride + d] = NAN;
+        return;
+    }
+    for (long d = 0; d < D; d++) {
+        for (long ii = 0; ii < m; ii++) qt[d * MB + ii] = qrow[ii * qstride + d];
+        for (long ii = m; ii < R * W; ii++) qt[d * MB + ii] = 0.0f;
+    }
+    memset(ot, 0, sizeof(float) * D * MB);
+    const float *mrow = NULL;
+    if (a->mtype == MASK_CUSTOM) mrow = a->mask + b * a->msb + h * a->msh;
+    vf mx[RMAX], sum[RMAX];
+    for (int r = 0; r < R; r++) {
+        mx[r] = VSET1(-INFINITY);
+        sum[r] = VZERO();
+    }
+    const vf ninf = VSET1(-INFINITY);
+    int first = 1;
+    for (long j0 = jlo; j0 <= jhi; j0 += NB) {
+        long nb = jhi + 1 - j0 < NB ? jhi + 1 - j0 : NB;
+        /* a causal block needs per-lane hiding only where a row's range cuts it */
+        int need = causal && (j0 + nb - 1 > i0 + off ||
+                              (a->mtype == MASK_SLIDING && j0 < i0 + m - 1 + off - a->window + 1));
+        vf bmax[RMAX];
+        qk_block(a, qt, st, kbase, kstride, j0, nb, i0, R, need, mrow,
+                 mrow ? a->msq : 0, mrow ? a->msk : 0, bmax);
+        vf msafe[RMAX];
+        for (int r = 0; r < R; r++) {
+            vf mnew = VMAX(mx[r], bmax[r]);
+            msafe[r] = VSEL_EQ(mnew, ninf, mnew, VZERO());
+            if (!first) {
+                vf alpha = vexp(VSUB(mx[r], msafe[r]));
+                sum[r] = VMUL(sum[r], alpha);
+                for (long d = 0; d < D; d++) {
+                    float *o = ot + d * MB + r * W;
+                    VSTORE(o, VMUL(VLOAD(o), alpha));
+                }
+            }
+            mx[r] = mnew;
+        }
+        first = 0;
+        for (long jj = 0; jj < nb; jj++) {
+            for (int r = 0; r < R; r++) {
+                float *s = st + jj * MB + r * W;
+                vf p = vexp(VSUB(VLOAD(s), msafe[r]));
+                sum[r] = VADD(sum[r], p);
+                VSTORE(s, p);
+            }
+        }
+        pv_block(ot, st, vbase, kstride, j0, nb, D, R);
+    }
+    for (long d = 0; d < D; d++)
+        for (int r = 0; r < R; r++) {
+            float *o = ot + d * MB + r * W;
+            VSTORE(o, VDIV(VLOAD(o), sum[r]));
+        }
+    for (long ii = 0; ii < m; ii++)
+        for (long d = 0; d < D; d++) orow[ii * qstride + d] = ot[d * MB + ii];
+}
+
+static void task(const att_args *a, long b, long h, long i0, long m, float *ws) {
+    int R = (int)((m + W - 1) / W);
+    switch (R) {
+    case 1: task_r(a, b, h, i0, m, 1, ws); break;
+    case 2: task_r(a, b, h, i0, m, 2, ws); break;
+    case 3: task_r(a, b, h, i0, m, 3, ws); break;
+    default: task_r(a, b, h, i0, m, 4, ws); break;
+    }
+}
+
+/* floats of workspace one thread needs for head dim D (64-byte aligned inside) */
+long rlx_attention_ws_floats(long D) { return 2 * D * MB + NB * MB + 16; }
+
+/* Returns 0, or -1 when the workspace is too small. */
+int rlx_attention(const float *q, const float *k, const float *v, float *out, long B, long Sq,
+                  long Skv, long H, long Hkv, long D, float scale, int mtype, long window,
+                  const float *mask, long msb, long msh, long msq, long msk, float *ws,
+                  long ws_floats, int threads) {
+    att_args a = {q, k, v, mask, out, B, Sq, Skv, H, Hkv, D, scale, mtype, window,
+                  msb, msh, msq, msk};
+    const long per = rlx_attention_ws_floats(D);
+    const long nblk = (Sq + MB - 1) / MB;
+    const long ntask = B * H * nblk;
+    if (threads < 1) threads = 1;
+    if (threads > ntask) threads = (int)ntask;
+    if ((long)threads * per > ws_floats) return -1;
+    if (ntask == 0) return 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+    for (long t = 0; t < ntask; t++) {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *w = ws + (long)tid * per;
+        w = (float *)(((uintptr_t)w + 63) & ~(uintptr_t)63);
+        /* later query blocks (more keys under a causal mask) first */
+        long blk = nblk - 1 - t % nblk;
+        long bh = t / nblk;
+        long i0 = blk * MB;
+        long m = Sq - i0 < MB ? Sq - i0 : MB;
+        task(&a, bh / H, bh % H, i0, m, w);
+    }
+    return 0;
+}
