@@ -24,7 +24,8 @@ native bf16/f16 paths; ``kernels.tensor``: reductions, norms, movement; ``kernel
 matmul, dot_general; ``kernels.nn``: attention, rope; ``kernels.conv``: conv, pool;
 ``kernels.fused``: fused ops and elementwise regions; ``kernels.region``: native
 generated elementwise regions; ``kernels.rows``: native row kernels and matmul
-epilogues; ``kernels.quant``: quantized matmuls; ``kernels.misc``: group_norm,
+epilogues; ``kernels.quant``: quantized matmuls; ``kernels.dequant``: the
+weight-only DequantMatMul on packed bytes; ``kernels.misc``: group_norm,
 scatter_add, fake_quantize, exclusive cumsum, integer division and power;
 ``kernels.fft``: fft; ``kernels.select``: topk; ``kernels.recurrent``: gated_delta_net;
 ``kernels.intmath``: integer matmul and dot_general; ``kernels.control``: If / While /
@@ -115,6 +116,13 @@ class KernelCtx:
     change only when a param does (params, the executor's prologue nodes); a factory may
     prepare such an input (e.g. pack a weight) in a step it appends to ``prologue``,
     which the executor runs once per param change, after the prologue nodes.
+
+    One CompiledGraph builds a schedule per shape of its symbolic dims. What does not
+    depend on the shape (a weight packed into panels) should be made once for all of
+    them: ``keep(key, make)`` returns the object every schedule of the compiled graph
+    shares, and ``prologue_once(key, step)`` appends a step that runs once per param
+    change for the whole compiled graph instead of once per schedule. ``store``: the
+    executor's ParamStore (None outside an executor: each ctx keeps its own objects).
     """
 
     node: Node
@@ -129,6 +137,41 @@ class KernelCtx:
     native: bool = True
     stable: frozenset[int] = frozenset()
     prologue: list[Kernel] = field(default_factory=list)
+    store: Any = None
+
+    def keep(self, key: Any, make: Callable[[], Any]) -> Any:
+        """The object ``make()`` returns, made once per compiled graph for ``key`` and
+        shared by the schedules of every shape: ``key`` must name everything the object
+        depends on (e.g. ``("sgemm.pack", node.id, k, n, isa)``), none of it a view of
+        the working arena (its bytes move between shapes)."""
+        shared = self.store.shared if self.store is not None else self._own
+        if key not in shared:
+            shared[key] = make()
+        return shared[key]
+
+    def prologue_once(self, key: Any, step: Kernel) -> None:
+        """Append ``step`` to ``prologue``, to run once per param change for the whole
+        compiled graph (the first schedule to run after the change runs it): a step
+        filling a :meth:`keep` object from params or prologue values."""
+        store = self.store
+        if store is None:
+            self.prologue.append(step)
+            return
+        done = store.once_done
+
+        def once() -> None:
+            if done.get(key) != store.version:
+                step()
+                done[key] = store.version
+
+        self.prologue.append(once)
+
+    @property
+    def _own(self) -> dict[Any, Any]:
+        own = self.__dict__.get("_own_objects")
+        if own is None:
+            own = self.__dict__["_own_objects"] = {}
+        return own
 
     def scratch(self, dims: Sequence[int], dtype: Any, tag: int = 0) -> np.ndarray:
         """A reusable scratch array (allocated now, at schedule-build time)."""

@@ -1,4 +1,4 @@
-"""CPU kernels of the quantized ops. In: a QMatMul / DequantMatMul / Quantize / Dequantize
+"""CPU kernels of the quantized ops. In: a QMatMul / Quantize / Dequantize
 node and its arena views. Out: closures computing the node into its output view.
 
 ``QMatMul`` runs the native int8 GEMM (``native.qgemm_lib``: the best path the selected
@@ -10,9 +10,8 @@ bytes change (``set_param``): each run compares the param with the copy it packe
 (``KernelCtx.native``), the kernel computes the same exact integer result with a float64
 BLAS matmul (exact while ``K * 255 * 128 < 2**53``) and says so in the kernel notes.
 
-``DequantMatMul`` decodes the packed weight to f32 once (same caching rule) and runs an
-f32 BLAS matmul. ``Quantize`` of f32 runs natively when per-tensor to 8 bits (and
-``native`` is on), otherwise as a few NumPy calls into a scratch buffer; ``Dequantize`` is NumPy. All four round
+``DequantMatMul``'s kernel is in ``kernels.dequant``. ``Quantize`` of f32 runs natively when per-tensor to 8 bits (and
+``native`` is on), otherwise as a few NumPy calls into a scratch buffer; ``Dequantize`` is NumPy. They all round
 exactly as the ops' reference implementations.
 """
 
@@ -33,17 +32,14 @@ from rlx.ops.qmatmul import apply_epilogue
 from rlx.ops.quant import (
     QUANT_RANGES,
     Dequantize,
-    DequantMatMul,
     DynamicQMatMul,
     QMatMul,
     Quantize,
-    dequantize_weight,
 )
 
 __all__ = [
     "WeightCache",
     "qmatmul_kernel",
-    "dequant_matmul_kernel",
     "quantize_kernel",
     "dequantize_kernel",
 ]
@@ -183,33 +179,6 @@ def dynamic_qmatmul_kernel(
 
     def run() -> None:
         out[...] = op.reference(ins, None)  # type: ignore[arg-type]
-
-    return run
-
-
-@kernel(DequantMatMul, KernelKind.BLAS)
-def dequant_matmul_kernel(
-    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
-) -> Kernel:
-    """Decode the packed weight to f32 [K, N] once, then one BLAS matmul per run."""
-    op: DequantMatMul = node.op  # type: ignore[assignment]
-    x = ins[0]
-    k = x.shape[-1]
-    n = out.shape[-1]
-    weights = ins[1:]
-    const = _all_constant(ctx, node, range(1, len(node.inputs)))
-    decoded = WeightCache(
-        weights, const, lambda *ws: np.ascontiguousarray(dequantize_weight(op.scheme, *ws).T)
-    )
-    y = out.reshape(-1, n)
-    x_f32 = ctx.scratch(x.shape, np.float32, tag=node.id) if x.dtype != np.float32 else None
-
-    def run() -> None:
-        xa = x
-        if x_f32 is not None:
-            np.copyto(x_f32, x, casting="unsafe")
-            xa = x_f32
-        np.matmul(xa.reshape(-1, k), decoded.get(), out=y)
 
     return run
 

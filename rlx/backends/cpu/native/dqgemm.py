@@ -1,0 +1,224 @@
+"""The weight-only quantized matmul library (``csrc/dqgemm.c``). In: f32 activations
+``[M, K]`` and a weight packed in a :class:`~rlx.quant.schemes.QuantScheme` layout
+(``[N, ...]``, rows = output channels). Out: ``y = x @ dequant(w).T`` f32 ``[M, N]``
+computed from the packed bytes (:meth:`DqGemmLib.gemm`), the decoded weight
+(:meth:`DqGemmLib.decode`) and a streaming-read bandwidth probe
+(:meth:`DqGemmLib.stream_read`).
+
+:func:`dqgemm_lib` builds the library for the selected target (``RLX_ISA``): AVX-512 or
+AVX2 FMA vectors, or SSE2 mul + add on the portable target. Every packed tensor is checked
+against its scheme before the C code reads it (:func:`check_weights`: a wrong dtype,
+shape or byte count is a QuantizationError naming the tensor).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from rlx.backends.cpu.native import cpu
+from rlx.errors import CompileError, InputError, QuantizationError
+from rlx.quant import schemes as S
+from rlx.quant.gguf import check_packed
+
+__all__ = ["DqGemmLib", "DqLayout", "dqgemm_lib", "layout", "check_weights", "SUPPORTED"]
+
+_P = ctypes.c_void_p
+_L = ctypes.c_long
+
+_GGUF_CODES: dict[type, int] = {
+    S.GgufQ4_0: 10,
+    S.GgufQ4_1: 11,
+    S.GgufQ5_0: 12,
+    S.GgufQ5_1: 13,
+    S.GgufQ8_0: 14,
+    S.GgufQ2K: 20,
+    S.GgufQ3K: 21,
+    S.GgufQ4K: 22,
+    S.GgufQ5K: 23,
+    S.GgufQ6K: 24,
+    S.GgufQ8K: 25,
+}
+#: every scheme class the native kernel reads
+SUPPORTED: tuple[type, ...] = (
+    S.Int8Block,
+    S.Int8BlockAsym,
+    S.Int4Block,
+    S.Fp8E4m3,
+    S.Fp8E5m2,
+    *_GGUF_CODES,
+)
+
+
+@dataclass(frozen=True)
+class DqLayout:
+    """How the C code walks a packed ``[N, K]`` weight: scheme ``code``, ``qk`` weights
+    per block, ``bb`` bytes per block, ``row_bytes`` per output row."""
+
+    code: int
+    qk: int
+    bb: int
+    row_bytes: int
+
+
+def layout(scheme: S.QuantScheme, k: int) -> DqLayout:
+    """The packed layout of a weight with ``k`` inputs per row in ``scheme``."""
+    t = type(scheme)
+    if t in _GGUF_CODES:
+        bb = t.block_bytes  # type: ignore[attr-defined]
+        qk = scheme.block_size
+        return DqLayout(_GGUF_CODES[t], qk, bb, k // qk * bb)  # type: ignore[operator]
+    if t in (S.Int8Block, S.Int8BlockAsym):
+        bs = scheme.block_size
+        return DqLayout(0, bs, bs, k)  # type: ignore[arg-type]
+    if t is S.Int4Block:
+        bs = scheme.block_size
+        return DqLayout(1, bs, bs // 2, k // 2)  # type: ignore[arg-type, operator]
+    if t in (S.Fp8E4m3, S.Fp8E5m2):
+        qk = next(q for q in (32, 16, 8, 4, 2, 1) if k % q == 0)
+        return DqLayout(2, qk, qk, k)
+    raise QuantizationError(f"{scheme}: no native dequant-matmul kernel for this scheme")
+
+
+def check_weights(
+    scheme: S.QuantScheme,
+    ws: tuple[np.ndarray, ...],
+    n: int,
+    k: int,
+    names: tuple[str, ...] = ("w_q", "scale", "zp"),
+) -> None:
+    """QuantizationError naming the tensor unless ``ws`` (``(packed,)`` for GGUF, else
+    ``(w_q, scale, zp)``) is an ``[n, k]`` weight laid out as ``scheme`` says."""
+    if scheme.is_gguf:
+        check_packed(scheme, ws[0], n, k, names[0])
+        return
+    w, sc, zp = ws
+    want_dt = {S.Int4Block: np.uint8, S.Fp8E4m3: ml_dtypes.float8_e4m3fn}
+    want_dt[S.Fp8E5m2] = ml_dtypes.float8_e5m2
+    dt = np.dtype(want_dt.get(type(scheme), np.int8))
+    lay = layout(scheme, k)
+    cols = k // 2 if isinstance(scheme, S.Int4Block) else k
+    if w.dtype != dt or w.shape != (n, cols):
+        raise QuantizationError(
+            f"tensor {names[0]!r}: {scheme} of a [{n}, {k}] weight needs {dt} [{n}, {cols}] "
+            f"({n * lay.row_bytes} bytes), given {w.dtype} {list(w.shape)} ({w.nbytes} bytes)"
+        )
+    per = (1,) if scheme.block_size is None else (n, k // lay.qk)
+    for nm, a, adt in ((names[1], sc, np.float32), (names[2], zp, np.int32)):
+        if a.dtype != adt or a.shape != per:
+            raise QuantizationError(
+                f"tensor {nm!r}: {scheme} of a [{n}, {k}] weight needs {np.dtype(adt)} "
+                f"{list(per)}, given {a.dtype} {list(a.shape)}"
+            )
+
+
+def _fp8_lut(scheme: S.QuantScheme) -> np.ndarray:
+    dt = ml_dtypes.float8_e4m3fn if isinstance(scheme, S.Fp8E4m3) else ml_dtypes.float8_e5m2
+    return np.arange(256, dtype=np.uint8).view(dt).astype(np.float32)
+
+
+def _ptr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
+
+
+class DqGemmLib:
+    """Typed wrapper over ``csrc/dqgemm.c`` built for one target."""
+
+    def __init__(self, lib: ctypes.CDLL, target: cpu.Target):
+        self.lib = lib
+        self.target = target
+        lib.rlx_dq_gemm.restype = ctypes.c_int
+        lib.rlx_dq_gemm.argtypes = [ctypes.c_int, _L, _L, _L, _L, _L, _P, _L, _P, _L]
+        lib.rlx_dq_gemm.argtypes += [_P, _P, _P, _P, _L, ctypes.c_int]
+        lib.rlx_dq_decode.restype = ctypes.c_int
+        lib.rlx_dq_decode.argtypes = [ctypes.c_int, _L, _L, _L, _P, _L, _P, _P, _P, _L, _L, _P]
+        lib.rlx_dq_stream_read.restype = ctypes.c_double
+        lib.rlx_dq_stream_read.argtypes = [_P, _L, ctypes.c_int]
+        lib.rlx_dq_lanes.restype = ctypes.c_int
+        self.openmp = bool(lib.rlx_dq_openmp())
+        self.lanes = int(lib.rlx_dq_lanes())
+        self._luts: dict[type, np.ndarray] = {}
+
+    def _aux(self, scheme: S.QuantScheme, ws: tuple[np.ndarray, ...]) -> tuple:
+        if scheme.is_gguf:
+            return ws[0], None, None, None
+        w, sc, zp = ws
+        lut = None
+        if isinstance(scheme, (S.Fp8E4m3, S.Fp8E5m2)):
+            lut = self._luts.setdefault(type(scheme), _fp8_lut(scheme))
+        return w, sc, zp, lut
+
+    def gemm(
+        self,
+        scheme: S.QuantScheme,
+        x: np.ndarray,
+        ws: tuple[np.ndarray, ...],
+        out: np.ndarray,
+        *,
+        num_threads: int = 1,
+        check: bool = True,
+        names: tuple[str, ...] = ("w_q", "scale", "zp"),
+    ) -> None:
+        """``out = x @ dequant(ws).T`` for C-contiguous f32 ``x`` [M, K] and ``out``
+        [M, N]; ``ws`` as :func:`check_weights` (checked unless ``check=False``)."""
+        m, k = x.shape
+        n = out.shape[1]
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            raise InputError(f"dqgemm: x must be C-contiguous f32, given {x.dtype} {x.shape}")
+        if out.dtype != np.float32 or out.shape != (m, n) or not out.flags.c_contiguous:
+            raise InputError(
+                f"dqgemm: out must be C-contiguous f32 [{m}, {n}], given {out.dtype} {out.shape}"
+            )
+        if check:
+            check_weights(scheme, ws, n, k, names)
+        lay = layout(scheme, k)
+        w, sc, zp, lut = self._aux(scheme, ws)
+        rc = self.lib.rlx_dq_gemm(
+            lay.code, lay.qk, lay.bb, m, n, k, _ptr(x), k, _ptr(w), lay.row_bytes,
+            _ptr(sc), _ptr(zp), _ptr(lut), _ptr(out), n, int(num_threads),
+        )  # fmt: skip
+        if rc == 1:
+            raise MemoryError("dqgemm: could not allocate a decode buffer")
+        if rc != 0:
+            raise InputError(f"dqgemm: rejected {scheme} with K={k} (code {rc})")
+
+    def decode(
+        self, scheme: S.QuantScheme, ws: tuple[np.ndarray, ...], n: int, k: int
+    ) -> np.ndarray:
+        """The f32 ``[n, k]`` weight ``ws`` stands for, decoded by the C code."""
+        check_weights(scheme, ws, n, k)
+        lay = layout(scheme, k)
+        w, sc, zp, lut = self._aux(scheme, ws)
+        out = np.empty((n, k), np.float32)
+        self.lib.rlx_dq_decode(
+            lay.code, lay.qk, lay.bb, k, _ptr(w), lay.row_bytes, _ptr(sc), _ptr(zp), _ptr(lut),
+            0, n, _ptr(out),
+        )  # fmt: skip
+        return out
+
+    def stream_read(self, a: np.ndarray, num_threads: int = 1) -> float:
+        """Sum of C-contiguous f32 ``a``, read once with vector loads on ``num_threads``
+        threads (time it for the streaming read bandwidth)."""
+        if a.dtype != np.float32 or not a.flags.c_contiguous:
+            raise InputError("stream_read: a must be C-contiguous f32")
+        return float(self.lib.rlx_dq_stream_read(_ptr(a), a.size, int(num_threads)))
+
+
+def dqgemm_lib(target: cpu.Target | None = None) -> DqGemmLib:
+    """Build (cached) and load ``csrc/dqgemm.c`` for ``target`` (default: the selected
+    one). CompileError without gcc or when the build fails."""
+    return _lib(cpu.selected_target() if target is None else target)
+
+
+@functools.cache
+def _lib(target: cpu.Target) -> DqGemmLib:
+    from rlx.backends.cpu import native
+
+    if not native.available():
+        raise CompileError("the dequant-matmul kernel needs gcc, which is not on PATH")
+    source = (native.CSRC / "dqgemm.c").read_text()
+    return DqGemmLib(native.load(native.build(source, target, "dqgemm")), target)
