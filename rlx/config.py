@@ -14,6 +14,10 @@ RLX_ISA=auto|avx512|avx2|portable
                          path (a test and debugging aid); asking for one the CPU lacks
                          is an error
 RLX_CACHE_MAX_MB=n       size bound of the native cache, pruned oldest-first (default 512)
+RLX_SGEMM=auto|native|blas
+                         f32 matmuls: auto (the default) times rlx's packed sgemm against
+                         BLAS once per shape class and records the winner; native / blas
+                         force one (benchmarks, tests)
 
 A value that does not parse raises :class:`rlx.errors.ConfigError` naming the variable,
 the value given and what is accepted.
@@ -34,6 +38,7 @@ __all__ = [
     "verify_mode",
     "isa",
     "cache_max_bytes",
+    "sgemm",
     "physical_cores",
     "available_cpus",
     "clamp_threads",
@@ -112,6 +117,20 @@ def isa() -> str:
     v = raw.strip().lower()
     if v not in ISA_CHOICES:
         raise ConfigError(f"RLX_ISA={raw!r} is not one of {', '.join(ISA_CHOICES)}")
+    return v
+
+
+SGEMM_CHOICES = ("auto", "native", "blas")
+
+
+def sgemm() -> str:
+    """RLX_SGEMM: 'auto' (default), 'native' or 'blas'."""
+    raw = os.environ.get("RLX_SGEMM")
+    if raw is None or raw.strip() == "":
+        return "auto"
+    v = raw.strip().lower()
+    if v not in SGEMM_CHOICES:
+        raise ConfigError(f"RLX_SGEMM={raw!r} is not one of {', '.join(SGEMM_CHOICES)}")
     return v
 
 

@@ -9,8 +9,10 @@ content, libmvec SIMD math) with their pointers bound at schedule-build time.
   vectorised, rows split over an OpenMP team of ``KernelCtx.num_threads`` when the work
   estimate reaches ``kernels.region.PARALLEL_MIN_WORK`` (same rule as the regions).
   f16/bf16 load into f32 and round once into the output, as their references do.
-* FusedMatMulBiasAct: the BLAS matmul into ``out`` as before, then ONE native pass
-  adding the bias and applying the activation in place (f32/f64). bf16/f16 nodes take
+* FusedMatMulBiasAct: f32 on rlx's packed sgemm (``kernels.sgemm``) with the bias and
+  activation applied as each output tile is finished, when it beat BLAS on the shape
+  class; otherwise the BLAS matmul into ``out``, then ONE native pass adding the bias
+  and applying the activation in place (f32/f64). bf16/f16 nodes take
   the low-precision native GEMM of ``kernels.lowp_lib`` (``lowp_fused_matmul``), which rounds
   where the reference rounds.
 * FusedSwiGLU: the two BLAS matmuls, then one native pass ``out = silu(gate) * up``
@@ -48,6 +50,7 @@ from rlx.backends.cpu.kernels.region import (
     bind,
     load_function,
 )
+from rlx.backends.cpu.kernels.sgemm import EPILOGUE_ACTS, weight_matmul
 from rlx.backends.cpu.kernels.tensor import (
     layer_norm_kernel,
     log_softmax_kernel,
@@ -250,8 +253,11 @@ native_residual_rms_norm_kernel = kernel(
 def native_fused_matmul_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
-    """BLAS matmul into ``out``, then one native pass ``out = act(out + bias)`` (f32/f64);
-    bf16/f16 through ``kernels.lowp_gemm.lowp_fused_matmul``; the NumPy kernel otherwise."""
+    """f32: rlx's packed sgemm with the bias and activation applied in its output tiles
+    (``kernels.sgemm``; an activation the tile epilogue lacks runs as one native pass
+    after it) when it beat BLAS on the shape class; else the BLAS matmul into ``out``,
+    then one native pass ``out = act(out + bias)`` (f32/f64); bf16/f16 through
+    ``kernels.lowp_gemm.lowp_fused_matmul``; the NumPy kernel otherwise."""
     x, w = ins[:2]
     bias = ins[2] if len(ins) == 3 else None
     act = node.op.act  # type: ignore[attr-defined]
@@ -272,6 +278,9 @@ def native_fused_matmul_kernel(
             raise _Decline(f"output {out.shape} is empty or not C-contiguous")
         n = out.shape[-1]
         cols = [] if bias is None else [_col(bias, n, f"bias of %{node.id}")]
+        fn = _sgemm_fused(node, x, w, cols, act, out, t, ctx)
+        if fn is not None:
+            return fn
         mm = matmul_into(x, w, out)
         epi = row_kernel(
             RowSpec(RowKind.BIAS_ACT, t, beta=bias is not None, act=act), [out], cols, 0.0, ctx
@@ -285,6 +294,35 @@ def native_fused_matmul_kernel(
         return run
 
     return _native(fused_matmul_kernel, KernelKind.BLAS, build, node, ins, out, ctx)
+
+
+def _sgemm_fused(
+    node: Node,
+    x: np.ndarray,
+    w: np.ndarray,
+    cols: list[np.ndarray],
+    act: UnaryKind | None,
+    out: np.ndarray,
+    t: Any,
+    ctx: KernelCtx,
+) -> Kernel | None:
+    """The f32 product on rlx's sgemm with the bias (and the activation when the tile
+    epilogue has it) fused, or None for the BLAS path."""
+    if out.dtype != np.float32:
+        return None
+    bias = cols[0] if cols else None
+    in_tile = act is None or act.value in EPILOGUE_ACTS
+    fn = weight_matmul(node, x, w, out, ctx, bias=bias, act=act.value if in_tile and act else None)
+    if fn is None or in_tile:
+        return fn
+    epi = row_kernel(RowSpec(RowKind.BIAS_ACT, t, beta=False, act=act), [out], [], 0.0, ctx)
+    ctx.notes.append(f"then the native {act.value} pass")  # type: ignore[union-attr]
+
+    def run() -> None:
+        fn()
+        epi()
+
+    return run
 
 
 @kernel(FusedSwiGLU, KernelKind.NATIVE, supersedes=fused_swiglu_kernel)

@@ -1,0 +1,435 @@
+/* Packed f32 GEMM for rlx: C[M,N] = epilogue(A[M,K] @ B[K,N]), Goto/BLIS style.
+ *
+ * Compiled after the codegen prelude (native/sgemm.py prepends it: rlx_f32_to_bf16,
+ * rlx_sigmoidf and, when glibc's libmvec is loaded, the SIMD declarations of erf/tanh/exp
+ * so the epilogue loops vectorise).
+ *
+ * Micro-kernel, chosen by the build target's macros (native/cpu.py Target):
+ *   AVX-512  MR = 14 rows x NR = 32 columns: 28 zmm accumulators, 2 zmm of B, A broadcast
+ *            from memory (the FMA's embedded broadcast);
+ *   AVX2+FMA MR = 6 x NR = 16: 12 ymm accumulators, 2 ymm of B, 1 broadcast;
+ *   portable MR = 4 x NR = 16 plain C (gcc vectorises it for the baseline SSE2).
+ * B: packed by rlx_sgemm_pack_b (from any strides) into panels of NR columns, panel p
+ *    holding B[k, p*NR .. p*NR+NR) for k = 0..K-1 contiguously (NR floats per k; the last
+ *    panel zero-padded). Weights are packed once (param prologue); activations per call.
+ * A: packed per (row block, K block) into micro-panels of MR rows (MR floats per k, rows
+ *    past M zero), in a per-thread buffer kept between calls.
+ * Blocking: KC (B micro-panel KC x NR in L1), MC (A block MC x KC in L2), NC (B block in
+ *    L3) set by rlx_sgemm_set_blocking from the CPU's cache sizes (sgemm.py reads sysfs).
+ * Epilogue, applied to each tile on its last K block while it is in L1:
+ *    out = act(alpha * acc + bias[j]) + res[i, j], stored f32 or rounded once to bf16
+ *    (round to nearest even, as ml_dtypes). act: 0 none, 1 relu, 2 gelu (erf, in f64 as
+ *    the reference), 3 gelu_tanh, 4 silu: the formulas of codegen/elementwise.py.
+ *    A bf16 output takes the whole K in one block (no f32 partial sums in the output).
+ * Threads: the M x N output is split into a tm x tn grid of rectangles (rows first; the
+ *    columns when M has too few micro-panels), one per OpenMP thread.
+ */
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__)
+#define MR 14
+#define NR 32
+#define RLX_SGEMM_LEVEL 2
+#elif defined(__AVX2__) && defined(__FMA__)
+#define MR 6
+#define NR 16
+#define RLX_SGEMM_LEVEL 1
+#else
+#define MR 4
+#define NR 16
+#define RLX_SGEMM_LEVEL 0
+#endif
+
+static long g_kc = 256, g_mc = 14 * 36, g_nc = 4096;
+
+int rlx_sgemm_level(void) { return RLX_SGEMM_LEVEL; }
+int rlx_sgemm_mr(void) { return MR; }
+int rlx_sgemm_nr(void) { return NR; }
+int rlx_sgemm_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+void rlx_sgemm_set_blocking(long kc, long mc, long nc) {
+    if (kc >= 16) g_kc = kc;
+    if (mc >= MR) g_mc = (mc / MR) * MR;
+    if (nc >= NR) g_nc = (nc / NR) * NR;
+}
+
+long rlx_sgemm_packed_size(long k, long n) { return ((n + NR - 1) / NR) * NR * (k > 0 ? k : 0); }
+
+/* ---- packing ------------------------------------------------------------------------ */
+
+static void pack_b_panels(const float *b, long rsb, long csb, long k, long n, float *out,
+                          long p0, long p1) {
+    for (long p = p0; p < p1; p++) {
+        long j0 = p * NR, w = n - j0 < NR ? n - j0 : NR;
+        float *d = out + p * k * NR;
+        if (csb == 1 && w == NR) {
+            for (long q = 0; q < k; q++) memcpy(d + q * NR, b + q * rsb + j0, NR * sizeof(float));
+        } else if (rsb == 1) {  /* transposed source: walk each column along k */
+            for (long j = 0; j < NR; j++) {
+                if (j < w) {
+                    const float *s = b + (j0 + j) * csb;
+                    for (long q = 0; q < k; q++) d[q * NR + j] = s[q];
+                } else {
+                    for (long q = 0; q < k; q++) d[q * NR + j] = 0.0f;
+                }
+            }
+        } else {
+            for (long q = 0; q < k; q++)
+                for (long j = 0; j < NR; j++)
+                    d[q * NR + j] = j < w ? b[q * rsb + (j0 + j) * csb] : 0.0f;
+        }
+    }
+}
+
+void rlx_sgemm_pack_b(const float *b, long rsb, long csb, long k, long n, float *out, int threads) {
+    long np = (n + NR - 1) / NR;
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && k * n >= (1L << 16))
+    for (long p = 0; p < np; p++) pack_b_panels(b, rsb, csb, k, n, out, p, p + 1);
+}
+
+static void pack_a(const float *a, long rsa, long csa, long mc, long kc, float *out) {
+    for (long i0 = 0; i0 < mc; i0 += MR) {
+        long h = mc - i0 < MR ? mc - i0 : MR;
+        float *d = out + i0 * kc;
+        if (h == MR && csa == 1) {
+            const float *r[MR];
+            for (int i = 0; i < MR; i++) r[i] = a + (i0 + i) * rsa;
+            for (long q = 0; q < kc; q++)
+                for (int i = 0; i < MR; i++) d[q * MR + i] = r[i][q];
+        } else {
+            for (long q = 0; q < kc; q++)
+                for (int i = 0; i < MR; i++)
+                    d[q * MR + i] = i < h ? a[(i0 + i) * rsa + q * csa] : 0.0f;
+        }
+    }
+}
+
+/* ---- micro-kernels: c[MR x NR] (row stride ldc) = (accum ? c : 0) + a_panel @ b_panel ---- */
+
+#if RLX_SGEMM_LEVEL == 2
+static void ukernel(long kc, const float *restrict a, const float *restrict b, float *restrict c,
+                    long ldc, int accum) {
+    __m512 c0[MR], c1[MR];
+#pragma GCC unroll 14
+    for (int i = 0; i < MR; i++) c0[i] = c1[i] = _mm512_setzero_ps();
+    for (long q = 0; q < kc; q++) {
+        const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+        _mm_prefetch((const char *)(b + 8 * NR), _MM_HINT_T0);
+#pragma GCC unroll 14
+        for (int i = 0; i < MR; i++) {
+            const __m512 x = _mm512_set1_ps(a[i]);
+            c0[i] = _mm512_fmadd_ps(x, b0, c0[i]);
+            c1[i] = _mm512_fmadd_ps(x, b1, c1[i]);
+        }
+        a += MR;
+        b += NR;
+    }
+#pragma GCC unroll 14
+    for (int i = 0; i < MR; i++) {
+        float *r = c + i * ldc;
+        if (accum) {
+            c0[i] = _mm512_add_ps(c0[i], _mm512_loadu_ps(r));
+            c1[i] = _mm512_add_ps(c1[i], _mm512_loadu_ps(r + 16));
+        }
+        _mm512_storeu_ps(r, c0[i]);
+        _mm512_storeu_ps(r + 16, c1[i]);
+    }
+}
+#elif RLX_SGEMM_LEVEL == 1
+static void ukernel(long kc, const float *restrict a, const float *restrict b, float *restrict c,
+                    long ldc, int accum) {
+    __m256 c0[MR], c1[MR];
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; i++) c0[i] = c1[i] = _mm256_setzero_ps();
+    for (long q = 0; q < kc; q++) {
+        const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+        _mm_prefetch((const char *)(b + 8 * NR), _MM_HINT_T0);
+#pragma GCC unroll 6
+        for (int i = 0; i < MR; i++) {
+            const __m256 x = _mm256_broadcast_ss(a + i);
+            c0[i] = _mm256_fmadd_ps(x, b0, c0[i]);
+            c1[i] = _mm256_fmadd_ps(x, b1, c1[i]);
+        }
+        a += MR;
+        b += NR;
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; i++) {
+        float *r = c + i * ldc;
+        if (accum) {
+            c0[i] = _mm256_add_ps(c0[i], _mm256_loadu_ps(r));
+            c1[i] = _mm256_add_ps(c1[i], _mm256_loadu_ps(r + 8));
+        }
+        _mm256_storeu_ps(r, c0[i]);
+        _mm256_storeu_ps(r + 8, c1[i]);
+    }
+}
+#else
+static void ukernel(long kc, const float *restrict a, const float *restrict b, float *restrict c,
+                    long ldc, int accum) {
+    float acc[MR][NR];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) acc[i][j] = 0.0f;
+    for (long q = 0; q < kc; q++) {
+        for (int i = 0; i < MR; i++) {
+            const float x = a[i];
+            for (int j = 0; j < NR; j++) acc[i][j] += x * b[j];
+        }
+        a += MR;
+        b += NR;
+    }
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) c[i * ldc + j] = (accum ? c[i * ldc + j] : 0.0f) + acc[i][j];
+}
+#endif
+
+/* ---- epilogue ----------------------------------------------------------------------- */
+
+typedef struct {
+    void *c;           /* output (f32 or bf16 bits) */
+    long ldc;          /* output row stride, elements */
+    int c_bf16;
+    const float *bias; /* [N] or NULL */
+    const float *res;  /* residual [M, N] f32 or NULL */
+    long ldr;
+    float alpha;
+    int act;
+} epi_t;
+
+/* dst row (i, j0..j0+n) of the output = epilogue(src[0..n)) */
+static void epi_row(const epi_t *e, const float *src, long i, long j0, long n,
+                    float *restrict tmp) {
+    const float al = e->alpha;
+    const float *bias = e->bias ? e->bias + j0 : NULL;
+    const float *res = e->res ? e->res + i * e->ldr + j0 : NULL;
+    float *v = e->c_bf16 ? tmp : (float *)e->c + i * e->ldc + j0;
+    if (bias) {
+#pragma omp simd
+        for (long j = 0; j < n; j++) v[j] = al * src[j] + bias[j];
+    } else {
+#pragma omp simd
+        for (long j = 0; j < n; j++) v[j] = al * src[j];
+    }
+    switch (e->act) {
+    case 1:
+#pragma omp simd
+        for (long j = 0; j < n; j++) v[j] = v[j] > 0.0f ? v[j] : 0.0f;
+        break;
+    case 2:
+#pragma omp simd
+        for (long j = 0; j < n; j++) {
+            const float x = v[j];
+            v[j] = (0.5f * x) * (1.0f + (float)erf((double)x / 1.4142135623730951));
+        }
+        break;
+    case 3:
+#pragma omp simd
+        for (long j = 0; j < n; j++) {
+            const float x = v[j];
+            const float inner = 0.7978845834732056f * (x + ((0.044714998453855515f * x) * x) * x);
+            v[j] = (0.5f * x) * (1.0f + tanhf(inner));
+        }
+        break;
+    case 4:
+#pragma omp simd
+        for (long j = 0; j < n; j++) v[j] = v[j] * rlx_sigmoidf(v[j]);
+        break;
+    default:
+        break;
+    }
+    if (res) {
+#pragma omp simd
+        for (long j = 0; j < n; j++) v[j] += res[j];
+    }
+    if (e->c_bf16) {
+        uint16_t *o = (uint16_t *)e->c + i * e->ldc + j0;
+#pragma omp simd
+        for (long j = 0; j < n; j++) o[j] = rlx_f32_to_bf16(v[j]);
+    }
+}
+
+static int epi_trivial(const epi_t *e) {
+    return !e->c_bf16 && !e->bias && !e->res && e->alpha == 1.0f && e->act == 0;
+}
+
+/* ---- driver ------------------------------------------------------------------------- */
+
+typedef struct {
+    float *buf;
+    size_t cap;
+} tbuf_t;
+
+static __thread tbuf_t t_apack, t_bpack;
+
+static float *grow(tbuf_t *t, size_t n) {
+    if (t->cap < n) {
+        free(t->buf);
+        size_t bytes = ((n * sizeof(float)) + 63) & ~(size_t)63;
+        t->buf = (float *)aligned_alloc(64, bytes);
+        t->cap = t->buf ? n : 0;
+    }
+    return t->buf;
+}
+
+/* one thread: rows [m0, m1) x columns [n0, n1) (n0 a multiple of NR) */
+static int gemm_rect(long m0, long m1, long n0, long n1, long k, const float *a, long rsa,
+                     long csa, const float *bp, const epi_t *e) {
+    if (m0 >= m1 || n0 >= n1) return 0;
+    const int trivial = epi_trivial(e);
+    float tile[MR * NR] __attribute__((aligned(64)));
+    float tmp[NR] __attribute__((aligned(64)));
+    if (k == 0) {
+        memset(tile, 0, sizeof(tile));
+        for (long i = m0; i < m1; i++)
+            for (long j = n0; j < n1; j += NR) epi_row(e, tile, i, j, n1 - j < NR ? n1 - j : NR, tmp);
+        return 0;
+    }
+    const long kcb = e->c_bf16 ? k : g_kc;
+    const long mcb = e->c_bf16 ? (g_mc * g_kc / (k > g_kc ? k : g_kc) / MR) * MR : g_mc;
+    const long mcs = mcb < MR ? MR : mcb;
+    float *ap = grow(&t_apack, (size_t)((mcs + MR) * (kcb < k ? kcb : k)));
+    if (!ap) return -1;
+    for (long jc = n0; jc < n1; jc += g_nc) {
+        const long jend = jc + g_nc < n1 ? jc + g_nc : n1;
+        for (long pc = 0; pc < k; pc += kcb) {
+            const long kc = k - pc < kcb ? k - pc : kcb;
+            const int first = pc == 0, last = pc + kc == k;
+            for (long ic = m0; ic < m1; ic += mcs) {
+                const long mc = m1 - ic < mcs ? m1 - ic : mcs;
+                pack_a(a + ic * rsa + pc * csa, rsa, csa, mc, kc, ap);
+                for (long jr = jc; jr < jend; jr += NR) {
+                    const long nr = jend - jr < NR ? jend - jr : NR;
+                    const float *bpan = bp + (jr / NR) * k * NR + pc * NR;
+                    for (long ir = 0; ir < mc; ir += MR) {
+                        const long mr = mc - ir < MR ? mc - ir : MR;
+                        const float *apan = ap + ir * kc;
+                        const long i0 = ic + ir;
+                        if (!e->c_bf16 && mr == MR && nr == NR) {
+                            float *c = (float *)e->c + i0 * e->ldc + jr;
+                            ukernel(kc, apan, bpan, c, e->ldc, !first);
+                            if (last && !trivial)
+                                for (long i = 0; i < MR; i++)
+                                    epi_row(e, c + i * e->ldc, i0 + i, jr, NR, tmp);
+                        } else {
+                            ukernel(kc, apan, bpan, tile, NR, 0);
+                            for (long i = 0; i < mr; i++) {
+                                float *t = tile + i * NR;
+                                if (e->c_bf16) {
+                                    epi_row(e, t, i0 + i, jr, nr, tmp);
+                                    continue;
+                                }
+                                float *c = (float *)e->c + (i0 + i) * e->ldc + jr;
+                                if (!first)
+                                    for (long j = 0; j < nr; j++) t[j] += c[j];
+                                if (last && !trivial)
+                                    epi_row(e, t, i0 + i, jr, nr, tmp);
+                                else
+                                    memcpy(c, t, nr * sizeof(float));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+static void grid(long m, long n, int threads, int *tm, int *tn) {
+    long mp = (m + MR - 1) / MR, np = (n + NR - 1) / NR;
+    int a = threads, b = 1;
+    if (mp < 2L * threads) { /* few rows: split the columns too */
+        a = (int)(mp / 2 > 0 ? mp / 2 : 1);
+        if (a > threads) a = threads;
+        b = threads / a;
+        if (b > np) b = (int)np;
+    }
+    *tm = a;
+    *tn = b > 0 ? b : 1;
+}
+
+static void span(long total, long unit, int parts, int idx, long *lo, long *hi) {
+    long units = (total + unit - 1) / unit;
+    long s = units * idx / parts, t = units * (idx + 1) / parts;
+    *lo = s * unit;
+    *hi = t * unit < total ? t * unit : total;
+}
+
+static int gemm_packed(long m, long n, long k, const float *a, long rsa, long csa, const float *bp,
+                       const epi_t *e, int threads) {
+    int tm, tn;
+    if (m <= 0 || n <= 0) return 0;
+    grid(m, n, threads, &tm, &tn);
+    const int nt = tm * tn;
+    if (nt <= 1) return gemm_rect(0, m, 0, n, k, a, rsa, csa, bp, e);
+    int rc = 0;
+#pragma omp parallel num_threads(nt) reduction(| : rc)
+    {
+#ifdef _OPENMP
+        const int t = omp_get_thread_num(), got = omp_get_num_threads();
+#else
+        const int t = 0, got = 1;
+#endif
+        for (int w = t; w < nt; w += got) {
+            long m0, m1, n0, n1;
+            span(m, MR, tm, w / tn, &m0, &m1);
+            span(n, NR, tn, w % tn, &n0, &n1);
+            rc |= gemm_rect(m0, m1, n0, n1, k, a, rsa, csa, bp, e);
+        }
+    }
+    return rc;
+}
+
+/* C = act(alpha * A @ B + bias) + res with B packed by rlx_sgemm_pack_b. 0, or -1 when a
+ * packing buffer could not be allocated. */
+int rlx_sgemm(long m, long n, long k, const float *a, long rsa, long csa, const float *bp,
+              void *c, long ldc, int c_bf16, const float *bias, const float *res, long ldr,
+              float alpha, int act, int threads) {
+    epi_t e = {c, ldc, c_bf16, bias, res, ldr, alpha, act};
+    return gemm_packed(m, n, k, a, rsa, csa, bp, &e, threads < 1 ? 1 : threads);
+}
+
+/* batch products C[b] = alpha * A[b] @ B[b] (f32 output, any strides of A and B, rows of
+ * C unit-stride), packing each B per call: batches over threads when there are enough of
+ * them, else one batch at a time with all threads. */
+int rlx_sgemm_batched(long batch, long m, long n, long k, const float *a, long sa, long rsa,
+                      long csa, const float *b, long sb, long rsb, long csb, float *c, long sc,
+                      long ldc, float alpha, int threads) {
+    if (threads < 1) threads = 1;
+    const size_t psize = (size_t)rlx_sgemm_packed_size(k, n);
+    if (batch >= threads && threads > 1) {
+        int rc = 0;
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : rc)
+        for (long q = 0; q < batch; q++) {
+            float *bp = grow(&t_bpack, psize ? psize : 1);
+            if (!bp) {
+                rc |= -1;
+                continue;
+            }
+            pack_b_panels(b + q * sb, rsb, csb, k, n, bp, 0, (n + NR - 1) / NR);
+            epi_t e = {c + q * sc, ldc, 0, NULL, NULL, 0, alpha, 0};
+            rc |= gemm_rect(0, m, 0, n, k, a + q * sa, rsa, csa, bp, &e);
+        }
+        return rc;
+    }
+    float *bp = grow(&t_bpack, psize ? psize : 1);
+    if (!bp) return -1;
+    for (long q = 0; q < batch; q++) {
+        rlx_sgemm_pack_b(b + q * sb, rsb, csb, k, n, bp, threads);
+        epi_t e = {c + q * sc, ldc, 0, NULL, NULL, 0, alpha, 0};
+        if (gemm_packed(m, n, k, a + q * sa, rsa, csa, bp, &e, threads)) return -1;
+    }
+    return 0;
+}

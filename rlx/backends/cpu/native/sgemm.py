@@ -1,0 +1,276 @@
+"""rlx's packed f32 GEMM (``csrc/sgemm.c``). In: f32 operands (any strides), a weight packed
+once into NR-wide panels, an epilogue (scale, bias, activation, residual, bf16 output).
+Out: the product written into an output array, through :class:`SgemmLib`.
+
+:func:`sgemm_lib` builds the library for the selected build target (``RLX_ISA``): an
+AVX-512 micro-kernel (14 x 32) on AVX512, AVX2 + FMA (6 x 16) on AVX2, plain C (4 x 16) on
+portable; ``SgemmLib.isa`` names it (``avx512`` / ``avx2`` / ``c``). Cache blocking (KC,
+MC, NC) comes from the CPU's cache sizes in sysfs (:func:`cache_sizes`), with defaults
+when they cannot be read.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from rlx import config
+from rlx.backends.cpu.native import cpu
+from rlx.errors import CompileError, InputError
+
+__all__ = [
+    "Act",
+    "SgemmLib",
+    "sgemm_lib",
+    "cache_sizes",
+    "blocking",
+    "aligned_empty",
+    "ACT_CODES",
+]
+
+_P = ctypes.c_void_p
+_L = ctypes.c_long
+_I = ctypes.c_int
+_F = ctypes.c_float
+
+# activation name -> the C epilogue's code
+ACT_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+Act = str | None
+
+_ISA_NAMES = {0: "c", 1: "avx2", 2: "avx512"}
+_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+@functools.cache
+def cache_sizes(root: Path = _SYSFS) -> tuple[int, int, int]:
+    """(L1d, L2, L3) bytes of cpu0 from sysfs; 32 KiB / 1 MiB / 8 MiB for what is missing."""
+    sizes = {1: 32 << 10, 2: 1 << 20, 3: 8 << 20}
+    try:
+        for d in sorted(root.glob("index*")):
+            kind = (d / "type").read_text().strip()
+            if kind not in ("Data", "Unified"):
+                continue
+            level = int((d / "level").read_text())
+            raw = (d / "size").read_text().strip().upper()
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(raw[-1:], 1)
+            value = int(raw.rstrip("KMG")) * mult
+            if level in sizes and value > 0:
+                sizes[level] = value
+    except (OSError, ValueError):
+        pass
+    return sizes[1], sizes[2], sizes[3]
+
+
+def blocking(mr: int, nr: int, sizes: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
+    """(KC, MC, NC) for an MR x NR micro-kernel: the B micro-panel (KC x NR) fills half of
+    L1, the A block (MC x KC) half of L2, the B block (KC x NC) a quarter of L3 (at most
+    8192 columns)."""
+    l1, l2, l3 = cache_sizes() if sizes is None else sizes
+    kc = max(64, min(1024, (l1 // 2) // (nr * 4) // 8 * 8))
+    mc = max(mr, min(4096, (l2 // 2) // (kc * 4) // mr * mr))
+    nc = max(nr, min(8192, (l3 // 4) // (kc * 4) // nr * nr))
+    return kc, mc, nc
+
+
+class SgemmLib:
+    """Typed wrapper over ``csrc/sgemm.c``: pack a weight, then run GEMMs with epilogues."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        for name in ("rlx_sgemm_level", "rlx_sgemm_mr", "rlx_sgemm_nr", "rlx_sgemm_openmp"):
+            getattr(lib, name).restype = _I
+        lib.rlx_sgemm_set_blocking.restype = None
+        lib.rlx_sgemm_set_blocking.argtypes = [_L, _L, _L]
+        lib.rlx_sgemm_packed_size.restype = _L
+        lib.rlx_sgemm_packed_size.argtypes = [_L, _L]
+        lib.rlx_sgemm_pack_b.restype = None
+        lib.rlx_sgemm_pack_b.argtypes = [_P, _L, _L, _L, _L, _P, _I]
+        lib.rlx_sgemm.restype = _I
+        lib.rlx_sgemm.argtypes = [_L, _L, _L, _P, _L, _L, _P, _P, _L, _I, _P, _P, _L, _F, _I, _I]
+        lib.rlx_sgemm_batched.restype = _I
+        lib.rlx_sgemm_batched.argtypes = [_L] * 4 + [_P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L]
+        lib.rlx_sgemm_batched.argtypes += [_F, _I]
+        self.isa = _ISA_NAMES[int(lib.rlx_sgemm_level())]
+        self.mr = int(lib.rlx_sgemm_mr())
+        self.nr = int(lib.rlx_sgemm_nr())
+        self.openmp = bool(lib.rlx_sgemm_openmp())
+        self.kc, self.mc, self.nc = blocking(self.mr, self.nr)
+        lib.rlx_sgemm_set_blocking(self.kc, self.mc, self.nc)
+
+    @property
+    def label(self) -> str:
+        """``rlx sgemm (avx512|avx2|c)``: the name the report shows."""
+        return f"rlx sgemm ({self.isa})"
+
+    def packed_size(self, k: int, n: int) -> int:
+        """f32 elements of a packed [k, n] matrix."""
+        return int(self.lib.rlx_sgemm_packed_size(k, n))
+
+    def pack_b(self, b: np.ndarray, out: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
+        """Pack f32 ``b`` [K, N] (any strides) into ``out`` (f32, :meth:`packed_size`
+        elements; a new array when None); returns it."""
+        if b.dtype != np.float32 or b.ndim != 2:
+            raise InputError(f"sgemm pack_b: b must be a 2-D f32 matrix, given {b.dtype} {b.shape}")
+        k, n = b.shape
+        size = self.packed_size(k, n)
+        if out is None:
+            out = aligned_empty(size)
+        elif out.dtype != np.float32 or out.size < size or not out.flags.c_contiguous:
+            raise InputError(
+                f"sgemm pack_b: out must be C-contiguous f32 of {size} elements, "
+                f"given {out.dtype} {out.shape}"
+            )
+        s0, s1 = (s // 4 for s in b.strides)
+        self.lib.rlx_sgemm_pack_b(b.ctypes.data, s0, s1, k, n, out.ctypes.data, max(1, threads))
+        return out
+
+    def gemm(
+        self,
+        a: np.ndarray,
+        packed: np.ndarray,
+        out: np.ndarray,
+        *,
+        bias: np.ndarray | None = None,
+        act: Act = None,
+        residual: np.ndarray | None = None,
+        scale: float = 1.0,
+        threads: int = 1,
+    ) -> None:
+        """``out = act(scale * a @ b + bias) + residual`` for f32 ``a`` [M, K] (any
+        strides) and ``b`` packed by :meth:`pack_b`; ``out`` [M, N] f32 or bf16 (rounded
+        once) with unit column stride; ``bias`` f32 [N]; ``residual`` f32 [M, N] with unit
+        column stride. ``act``: None, relu, gelu, gelu_tanh, silu."""
+        args = self.gemm_args(a, packed, out, bias=bias, act=act, residual=residual, scale=scale)
+        if self.lib.rlx_sgemm(*args, max(1, threads)) != 0:
+            raise MemoryError(f"sgemm: could not allocate the packing buffers ({a.shape})")
+
+    def gemm_args(
+        self,
+        a: np.ndarray,
+        packed: np.ndarray,
+        out: np.ndarray,
+        *,
+        bias: np.ndarray | None = None,
+        act: Act = None,
+        residual: np.ndarray | None = None,
+        scale: float = 1.0,
+    ) -> tuple:
+        """The checked argument tuple of ``rlx_sgemm`` without the thread count (kernels
+        bind it once at schedule-build time)."""
+        if a.dtype != np.float32 or a.ndim != 2:
+            raise InputError(f"sgemm: a must be a 2-D f32 matrix, given {a.dtype} {a.shape}")
+        m, k = a.shape
+        if out.ndim != 2 or out.shape[0] != m or out.dtype.name not in ("float32", "bfloat16"):
+            raise InputError(f"sgemm: out must be f32/bf16 [{m}, N], given {out.dtype} {out.shape}")
+        n = out.shape[1]
+        if not _rows_ok(out):
+            raise InputError(f"sgemm: out rows must be contiguous, given strides {out.strides}")
+        if packed.dtype != np.float32 or packed.size < self.packed_size(k, n):
+            raise InputError(f"sgemm: the packed weight is not a packed [{k}, {n}] f32 matrix")
+        if bias is not None and (bias.dtype != np.float32 or bias.shape != (n,)):
+            raise InputError(f"sgemm: bias must be f32 [{n}], given {bias.dtype} {bias.shape}")
+        if residual is not None and (
+            residual.dtype != np.float32 or residual.shape != (m, n) or not _rows_ok(residual)
+        ):
+            raise InputError(
+                f"sgemm: residual must be f32 [{m}, {n}] with contiguous rows, "
+                f"given {residual.dtype} {residual.shape}"
+            )
+        if act not in ACT_CODES:
+            raise InputError(
+                f"sgemm: act must be one of {sorted(map(str, ACT_CODES))}, given {act}"
+            )
+        bias = None if bias is None else np.ascontiguousarray(bias)
+        return (
+            m, n, k, a.ctypes.data, a.strides[0] // 4, a.strides[1] // 4, packed.ctypes.data,
+            out.ctypes.data, _ld(out), int(out.dtype != np.float32),
+            None if bias is None else bias.ctypes.data,
+            None if residual is None else residual.ctypes.data,
+            0 if residual is None else _ld(residual), float(scale), ACT_CODES[act],
+        )  # fmt: skip
+
+    def batched(
+        self, a: np.ndarray, b: np.ndarray, out: np.ndarray, *, scale: float = 1.0, threads: int = 1
+    ) -> None:
+        """``out[i] = scale * a[i] @ b[i]`` for f32 ``a`` [B, M, K], ``b`` [B, K, N] (any
+        strides; B packed per call) into f32 ``out`` [B, M, N] with contiguous rows."""
+        args = self.batched_args(a, b, out, scale=scale)
+        if self.lib.rlx_sgemm_batched(*args, max(1, threads)) != 0:
+            raise MemoryError(f"sgemm: could not allocate the packing buffers ({b.shape})")
+
+    def batched_args(
+        self, a: np.ndarray, b: np.ndarray, out: np.ndarray, *, scale: float = 1.0
+    ) -> tuple:
+        """The checked argument tuple of ``rlx_sgemm_batched`` without the thread count."""
+        ok = (
+            a.ndim == b.ndim == out.ndim == 3
+            and a.dtype == b.dtype == out.dtype == np.float32
+            and a.shape[0] == b.shape[0] == out.shape[0]
+            and a.shape[2] == b.shape[1]
+            and out.shape[1:] == (a.shape[1], b.shape[2])
+            and (out.shape[2] <= 1 or out.strides[2] == 4)
+        )
+        if not ok:
+            raise InputError(
+                f"sgemm batched: f32 [B,M,K] @ [B,K,N] -> [B,M,N] with contiguous output rows "
+                f"needed, given {a.dtype} {a.shape} @ {b.dtype} {b.shape} -> {out.dtype} {out.shape}"
+            )
+        nb, m, k = a.shape
+        n = b.shape[2]
+        sa, sb, so = (tuple(s // 4 for s in x.strides) for x in (a, b, out))
+        return (
+            nb, m, n, k, a.ctypes.data, sa[0], sa[1], sa[2], b.ctypes.data, sb[0], sb[1], sb[2],
+            out.ctypes.data, so[0], so[1], float(scale),
+        )  # fmt: skip
+
+
+def aligned_empty(n: int) -> np.ndarray:
+    """An uninitialised f32 array of ``n`` (at least 1) elements starting on 64 bytes."""
+    raw = np.empty(max(n, 1) + 16, np.float32)
+    off = (-raw.ctypes.data % 64) // 4
+    return raw[off : off + max(n, 1)]
+
+
+def _rows_ok(x: np.ndarray) -> bool:
+    """Unit column stride (where it matters) and a row stride of whole elements."""
+    if x.size == 0:
+        return True
+    return (x.shape[1] <= 1 or x.strides[1] == x.itemsize) and x.strides[0] % x.itemsize == 0
+
+
+def _ld(x: np.ndarray) -> int:
+    """Row stride in elements (the row length for a single row)."""
+    return x.strides[0] // x.itemsize if x.shape[0] > 1 else x.shape[1]
+
+
+def sgemm_lib(target: cpu.Target | None = None) -> SgemmLib:
+    """Build (cached on disk by content) and load the library for ``target`` (default: the
+    selected one, ``RLX_ISA``). CompileError without gcc or when the build fails."""
+    t = cpu.selected_target() if target is None else target
+    if t not in cpu.runnable_targets():
+        raise CompileError(f"this CPU cannot run the {t.name} sgemm")
+    return _sgemm_lib(t)
+
+
+@functools.cache
+def _sgemm_lib(target: cpu.Target) -> SgemmLib:
+    from rlx.backends.cpu import native
+    from rlx.backends.cpu.codegen.prelude import PRELUDE, vector_math_decls
+    from rlx.backends.cpu.kernels.region import vector_math_available
+
+    if not native.available():
+        raise CompileError("the native sgemm needs gcc, which is not on PATH")
+    head = PRELUDE
+    if vector_math_available():
+        head = PRELUDE.replace("#include <math.h>\n", "#include <math.h>\n" + vector_math_decls())
+    source = head + (native.CSRC / "sgemm.c").read_text()
+    try:
+        return SgemmLib(native.load(native.build(source, target, "sgemm")))
+    except OSError as e:
+        raise CompileError(f"native sgemm: {e} (cache dir {config.cache_dir()})") from e
+
+
+sgemm_lib.cache_clear = _sgemm_lib.cache_clear  # type: ignore[attr-defined]
