@@ -75,6 +75,10 @@ __all__ = ["DType", "Graph", "Node", "RlxError", "Shape", "Sym", "promote", "sym
 
 
 def __getattr__(name: str) -> Any:
+    if name == "onnx":  # the ONNX importer package (raises ModelError without the onnx extra)
+        value = importlib.import_module("rlx.frontends.onnx")
+        globals()[name] = value
+        return value
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'rlx' has no attribute {name!r}")

@@ -1,0 +1,146 @@
+"""The ONNX backend conformance suite through rlx. In: the node test cases that the
+installed onnx generates (``onnx.backend.test.loader.load_node_model_tests()``). Out: one
+:class:`Outcome` per case: ``pass``, ``fail`` (with the reason) or ``unsupported`` (an
+OnnxUnsupportedError at import: an op, dtype or form rlx does not import, named).
+
+A case runs as a user would run it: ``load`` (inputs that carry shapes, such as a Reshape's
+shape, are folded as constants when the importer asks for them: rlx compiles static
+shapes), compile for the CPU (or evaluate with the reference interpreter), run each data
+set and compare with onnx's own rule: equal dtypes, then ``assert_allclose`` with the
+case's rtol / atol (1e-3 / 1e-7 unless the case says otherwise)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from onnx import GraphProto, ModelProto, TensorProto, numpy_helper
+
+from rlx.frontends.onnx.errors import NeedsConstantError, OnnxUnsupportedError
+from rlx.frontends.onnx.loader import load
+
+__all__ = ["Outcome", "node_cases", "op_types", "run_case", "primary_op"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one case: ``status`` is pass / fail / unsupported."""
+
+    name: str
+    op: str
+    status: str
+    reason: str = ""
+    folded: tuple[str, ...] = ()
+    unsupported: str = ""  # what rlx does not import: an op type, 'dtype:X', 'opset', ...
+
+
+def node_cases() -> list[Any]:
+    """The onnx node test cases (in memory), sorted by name."""
+    from onnx.backend.test.loader import load_node_model_tests
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return sorted(load_node_model_tests(), key=lambda c: c.name)
+
+
+def _walk(g: GraphProto) -> Iterator[str]:
+    for n in g.node:
+        yield n.op_type
+        for a in n.attribute:
+            if a.g.node:
+                yield from _walk(a.g)
+            for sub in a.graphs:
+                yield from _walk(sub)
+
+
+def op_types(m: ModelProto) -> set[str]:
+    """Every op type in ``m``, sub-graphs included."""
+    return set(_walk(m.graph))
+
+
+def primary_op(case: Any) -> str:
+    """The op a case tests: its single op type, else the one its name starts with."""
+    ops = op_types(case.model)
+    if len(ops) == 1:
+        return next(iter(ops))
+    stem = case.name.removeprefix("test_").replace("_", "").lower()
+    best = max((o for o in ops if stem.startswith(o.lower())), key=len, default=None)
+    return best or ",".join(sorted(ops))
+
+
+def _compare(want: Any, got: np.ndarray, rtol: float, atol: float) -> str | None:
+    if isinstance(want, np.generic):
+        want = np.asarray(want)
+    if not isinstance(want, np.ndarray):
+        return f"expected a {type(want).__name__} output (sequence/optional), got a tensor"
+    if want.dtype == object:
+        return None if np.array_equal(want, got) else "object outputs differ"
+    if want.dtype != got.dtype:
+        return f"dtype {got.dtype}, expected {want.dtype}"
+    if want.shape != got.shape:
+        return f"shape {got.shape}, expected {want.shape}"
+    try:
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    except AssertionError as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        return " ".join(lines[1:4])[:300]
+    return None
+
+
+def _arr(v: Any) -> Any:
+    if isinstance(v, TensorProto):
+        return numpy_helper.to_array(v)
+    return v
+
+
+def run_case(case: Any, engine: str = "cpu") -> Outcome:
+    """Import, compile (``engine`` 'cpu', or 'reference' for the NumPy interpreter), run
+    and compare one case."""
+    op = primary_op(case)
+    folded: dict[str, np.ndarray] = {}
+    inits = {t.name for t in case.model.graph.initializer}
+    in_names = [i.name for i in case.model.graph.input if i.name not in inits]
+    first_inputs = [_arr(v) for v in case.data_sets[0][0]] if case.data_sets else []
+    try:
+        for _ in range(len(in_names) + 1):
+            try:
+                model = load(case.model, constant_inputs=folded)
+                break
+            except NeedsConstantError as e:
+                if e.input_name in folded or e.input_name not in in_names:
+                    raise
+                folded[e.input_name] = first_inputs[in_names.index(e.input_name)]
+    except OnnxUnsupportedError as e:
+        what = f"{e.domain}::{e.op_type}" if e.domain else e.op_type
+        return Outcome(case.name, op, "unsupported", str(e), unsupported=what or "?")
+    except Exception as e:  # noqa: BLE001 - a failure is reported, not raised
+        return Outcome(case.name, op, "fail", f"import: {type(e).__name__}: {e}"[:400])
+    fold = tuple(sorted(folded))
+    try:
+        if engine == "cpu":
+            compiled = model.compile()
+            run = compiled.run
+        else:
+            graph, params = model.graph, dict(model.params)
+
+            def run(feeds: dict) -> list:  # noqa: E306
+                return graph.evaluate(feeds, params)
+
+        for ins, outs in case.data_sets:
+            ins, outs = [_arr(v) for v in ins], [_arr(v) for v in outs]
+            feeds = model.feeds(dict(zip(in_names, ins, strict=False)))
+            got = run(feeds)
+            if len(got) != len(outs):
+                return Outcome(
+                    case.name, op, "fail", f"{len(got)} outputs, expected {len(outs)}", fold
+                )
+            for i, (w, o) in enumerate(zip(outs, got, strict=True)):
+                why = _compare(w, np.asarray(o), case.rtol, case.atol)
+                if why:
+                    return Outcome(case.name, op, "fail", f"output {i}: {why}", fold)
+    except Exception as e:  # noqa: BLE001
+        return Outcome(case.name, op, "fail", f"{engine}: {type(e).__name__}: {e}"[:400], fold)
+    return Outcome(case.name, op, "pass", "", fold)
