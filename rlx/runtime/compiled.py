@@ -1,4 +1,4 @@
-"""CompiledGraph: a compiled program plus its own params and arenas, run many times.
+"""CompiledGraph: a compiled program plus its own params and arena, run many times.
 
 In: a :class:`~rlx.backends.cpu.program.CpuProgram` (shared, possibly by several
 CompiledGraphs through the compile cache) and params. Out: ``run(inputs)`` returns one
@@ -10,8 +10,17 @@ Contract of ``run``:
   converted only where lossless (see :mod:`rlx.runtime.inputs`); they are never modified;
 * the returned arrays are fresh copies: a later run does not overwrite them;
 * a run that raises leaves the CompiledGraph usable;
-* a new binding of the symbolic dims plans and builds a new arena and schedule, kept in a
-  small LRU (``options.max_shape_plans``); a binding seen before costs nothing extra.
+* a new binding of the symbolic dims plans and builds a new schedule (a few ms: no
+  arena is allocated and no weight copied), kept in an LRU (``options.max_shape_plans``);
+  a binding seen before costs nothing extra, one evicted costs what a new one does.
+
+Memory (:mod:`rlx.backends.cpu.memory`): the schedules of every shape share one
+:class:`~rlx.backends.cpu.memory.ParamStore` (params, constants, prologue values) and
+one :class:`~rlx.backends.cpu.memory.Workspace` (activations and kernel scratch, grown
+to the largest plan in use; runs never overlap, see the lock below). A param is stored
+as given when it is safe to read in place (a read-only, aligned, C-ordered array of its
+dtype that no writable array shares: a memory-mapped safetensors file) and copied once
+otherwise; kernels get read-only views of it.
 
 Nodes that depend only on params and constants (e.g. the bf16 cast of an f32 weight that
 auto mixed precision inserts) form each executor's prologue: ``set_param`` marks every
@@ -19,7 +28,7 @@ executor stale and the next run on it computes them (and lets kernels repack suc
 weights) before the main schedule; runs without a param change skip them.
 
 Params are per CompiledGraph: compiling the same graph twice shares the optimized graph
-and plans but gives each CompiledGraph its own params and arena. One CompiledGraph runs
+and plans but gives each CompiledGraph its own params and workspace. One CompiledGraph runs
 one call at a time (its arena is reused by every run). Thread safety: ``run``,
 ``set_param(s)`` and ``report`` hold a per-CompiledGraph lock, so calls from several
 threads are serialised and each gets its own correct result. A lock rather than one arena
@@ -42,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlx.backends.cpu.executor import Executor
+from rlx.backends.cpu.memory import ParamStore, Workspace, check_param_dims
 from rlx.backends.cpu.program import BindingKey, CpuProgram, binding_key
 from rlx.errors import InputError
 from rlx.ir.lir import BufferPlan, LirModule
@@ -78,7 +88,6 @@ class CompiledGraph:
         self.options = opts = options or program.options
         self.num_threads: int = threads.resolve_threads(opts.num_threads)
         self._lock = threading.RLock()
-        self._params: dict[str, np.ndarray] = {}
         self._live_inputs: dict[str, np.ndarray] = {}
         self._executors: OrderedDict[BindingKey, Executor] = OrderedDict()
         self._last: Executor | None = None
@@ -89,11 +98,16 @@ class CompiledGraph:
         self._source_params = _named(program.source, Param)
         self._unset: set[str] = set(self._param_nodes)  # read by the running graph, not set yet
         probe = program.take_probe()
-        if probe is not None:
-            ex, live_params, live_inputs = probe
-            self._params, self._live_inputs = live_params, live_inputs
+        if probe is not None and probe[0].workspace.shared:
+            ex, _, live_inputs = probe
+            self._store, self._workspace = ex.store, ex.workspace
+            self._live_inputs = live_inputs
             self._executors[binding_key(ex.bindings)] = ex
             self._last = ex
+        else:
+            self._store = ParamStore(program.graph)
+            self._workspace = Workspace()
+        self._params = self._store.params
         if params:  # params frozen into constants by the compile are already in the graph
             self.set_params({k: v for k, v in params.items() if k not in program.frozen_params})
 
@@ -163,13 +177,20 @@ class CompiledGraph:
         check_dims("param", name, arr, node.shape, node)
         if self.options.check_finite:
             check_finite("param", name, arr, node)
-        arr = np.array(arr, copy=True, order="C")
-        arr.flags.writeable = False
-        self._params[name] = arr
-        self._unset.discard(name)
         if name in self._param_nodes:
-            for ex in self._executors.values():
-                self._load_param(ex, name, arr)
+            # an array to_array made (a conversion) is ours: stored without a copy
+            self._store.set(name, arr, fresh=arr is not value and arr.base is None)
+        self._unset.discard(name)
+        self._prune()
+
+    def _prune(self) -> None:
+        """Drop executors whose views point at moved bytes (rebuilt when next needed)."""
+        for key in [k for k, ex in self._executors.items() if not ex.is_current()]:
+            del self._executors[key]
+        if self._last is not None and not self._last.is_current():
+            self._last = None
+        if self._profile is not None and not self._profile[0].is_current():
+            self._profile = None
 
     def set_params(self, params: Mapping[str, Any]) -> None:
         """``set_param`` for each item (all names are checked before any is stored)."""
@@ -181,17 +202,6 @@ class CompiledGraph:
         with self._lock:
             for k, v in params.items():
                 self._set_param(k, v)
-
-    def _load_param(self, ex: Executor, name: str, arr: np.ndarray) -> None:
-        node = self._param_nodes[name]
-        want = node.shape.concrete(ex.bindings)
-        if tuple(arr.shape) != want:
-            raise InputError(
-                f"param {name!r}: expected {node.shape} = {want} with {dict(ex.bindings)}, given shape {tuple(arr.shape)}",
-                node=node.id,
-                loc=node.loc,
-            )
-        ex.load_param(name, arr)
 
     # ---- running --------------------------------------------------------------------
 
@@ -233,9 +243,19 @@ class CompiledGraph:
     def _executor(self, bindings: Mapping[str, int]) -> Executor:
         key = binding_key(bindings)
         ex = self._executors.get(key)
-        if ex is not None:
+        if ex is not None and ex.is_current():
             self._executors.move_to_end(key)
             return ex
+        bad = check_param_dims(self._store, bindings)
+        if bad:
+            name, want, given = bad[0]
+            node = self._param_nodes[name]
+            raise InputError(
+                f"param {name!r}: expected {node.shape} = {want} with {dict(bindings)}, "
+                f"given shape {given}",
+                node=node.id,
+                loc=node.loc,
+            )
         plan = self.program.plan(bindings)
         ex = Executor(
             self.program.graph,
@@ -244,11 +264,12 @@ class CompiledGraph:
             self._live_inputs,
             num_threads=self.num_threads,
             native=self.options.native,
+            store=self._store,
+            workspace=self._workspace,
         )
-        for k, arr in self._params.items():
-            if k in self._param_nodes:
-                self._load_param(ex, k, arr)
         self._executors[key] = ex
+        self._executors.move_to_end(key)
+        self._prune()  # the workspace may have grown
         while len(self._executors) > max(1, self.options.max_shape_plans):
             self._executors.popitem(last=False)
         return ex
@@ -271,7 +292,7 @@ class CompiledGraph:
         live = self._live_inputs
         live.clear()
         live.update(arrays)
-        threads.ensure_blas_threads(self.num_threads)
+        threads.ensure_blas_threads(threads.blas_threads_for(self.num_threads, ex))
         with np.errstate(all="ignore"):
             if profile:
                 outs, times = ex.run_profiled(arrays)

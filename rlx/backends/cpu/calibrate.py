@@ -128,7 +128,7 @@ class Calibrator:
         cg = self.compiled
         with cg._lock:
             ex = cg._executor_any()
-            threads.ensure_blas_threads(cg.num_threads)
+            threads.ensure_blas_threads(threads.blas_threads_for(cg.num_threads, ex))
             with np.errstate(all="ignore"):
                 if ex.stale:
                     ex.run_prologue()
@@ -203,7 +203,7 @@ class CalibrationArena:
 
     def byte_offset(self, node: NodeId | str) -> int:
         """Offset in :attr:`buffer` of ``node``'s value (see the class docstring)."""
-        return self._ex.plan.slot(self._node(node)).offset
+        return self._ex.arena_offset(self._node(node))
 
     def view(self, node: NodeId | str) -> np.ndarray:
         """``node``'s value in the arena, typed and shaped (read-only unless writable)."""

@@ -1,18 +1,28 @@
 """The arena executor. In: a MIR graph and its BufferPlan (one binding of the symbols).
-Out: an :class:`Executor` holding one 64-byte-aligned uint8 arena, a typed NumPy view per
-node at its planned offset, and the schedule: a flat list of zero-argument closures.
+Out: an :class:`Executor` holding a typed NumPy view per node and the schedule: a flat
+list of zero-argument closures.
+
+Where the views live (:mod:`rlx.backends.cpu.memory`): the plan's working region (and
+the kernels' scratch above it) in a :class:`~rlx.backends.cpu.memory.Workspace` buffer,
+at the planned offsets; params, constants and prologue values (the plan's persistent
+region) in a :class:`~rlx.backends.cpu.memory.ParamStore`. A CompiledGraph gives every
+executor of its shapes the same two objects, so a new shape allocates no arena and
+copies no weight; an executor built without them gets private ones (what a control-flow
+sub-program does). Params and constants are read-only views.
 
 A run copies the inputs into their slots, calls every closure in order
-(``for f in schedule: f()``) and copies the outputs out. Params and constants live in the
-arena's persistent region: constants are written once here, params whenever they are set.
-View nodes (reshape) and boundary nodes (input, param, constant) have no kernel: their
-view already is their value.
+(``for f in schedule: f()``) and copies the outputs out. View nodes (reshape) and
+boundary nodes (input, param, constant) have no kernel: their view already is their
+value.
 
 The prologue: when the plan put param-derived nodes (see
 :func:`rlx.backends.cpu.planner.param_derived_nodes`, e.g. the bf16 cast of an f32
 weight) in its persistent region, their kernels form a separate list, ``prologue``, that
 runs on the first run after a param is loaded (``stale``) and is skipped otherwise: their
-values only change when a param does. Their entries say ``prologue=True``. Kernels may
+values only change when a param does. Their entries say ``prologue=True``. Executors
+sharing a store share these values: once one executor computed them for the store's
+current params, another skips the kernels whose output lives in the store (a kernel
+with steps of its own, or with a private output, always runs). Kernels may
 add steps on such inputs (``KernelCtx.prologue``: the bf16 GEMM packs a param-derived
 weight there); ``prepare`` holds them and they run right after the prologue kernels. A
 prologue kernel's own steps run inside it, just before it: their inputs are prologue
@@ -38,20 +48,27 @@ from rlx.backends.cpu.kernels import (
     Kernel,
     KernelCtx,
     KernelKind,
-    ScratchPool,
     kernel_kind,
     load_kernels,
     reference_kernel,
 )
+from rlx.backends.cpu.memory import (
+    ARENA_ALIGNMENT,
+    ArenaScratch,
+    ParamStore,
+    Workspace,
+    aligned_arena,
+)
 from rlx.errors import RlxError, UnsupportedOpError
-from rlx.ir.lir import BufferPlan
+from rlx.ir.lir import BufferPlan, BufferSlot
 from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.core import Constant, Input, Param
 from rlx.runtime.threads import resolve_threads
 
-__all__ = ["Executor", "ScheduleEntry", "ARENA_ALIGNMENT"]
+__all__ = ["Executor", "ScheduleEntry", "ARENA_ALIGNMENT", "aligned_arena"]
 
-ARENA_ALIGNMENT = 64
+#: Scratch a shared workspace could not hold beyond this many bytes: grow it and rebuild.
+SPILL_REBUILD_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +86,6 @@ class ScheduleEntry:
     inplace_of: NodeId | None = None
     notes: tuple[str, ...] = ()
     prologue: bool = False
-
-
-def aligned_arena(nbytes: int, alignment: int = ARENA_ALIGNMENT) -> np.ndarray:
-    """A zeroed uint8 array of ``nbytes`` whose first byte is ``alignment``-aligned."""
-    raw = np.zeros(nbytes + alignment, dtype=np.uint8)
-    skip = (-raw.ctypes.data) % alignment
-    return raw[skip : skip + nbytes]
 
 
 def _where(node: Node) -> str:
@@ -98,9 +108,11 @@ def _after(steps: Sequence[Kernel], fn: Kernel) -> Kernel:
 
 
 class Executor:
-    """One arena and kernel schedule for ``graph`` under ``plan`` (see module docstring).
+    """Views and kernel schedule for ``graph`` under ``plan`` (see module docstring).
     ``num_threads`` and ``native`` are ``CompileOptions.num_threads`` / ``.native``: they
-    reach every kernel factory as ``KernelCtx.num_threads`` / ``KernelCtx.native``."""
+    reach every kernel factory as ``KernelCtx.num_threads`` / ``KernelCtx.native``.
+    ``store`` / ``workspace``: shared with the other executors of one CompiledGraph
+    (None: private ones; ``params`` then becomes the private store's live mapping)."""
 
     def __init__(
         self,
@@ -111,6 +123,8 @@ class Executor:
         *,
         num_threads: int | None = None,
         native: bool = True,
+        store: ParamStore | None = None,
+        workspace: Workspace | None = None,
     ):
         load_kernels()
         self.num_threads = resolve_threads(num_threads)
@@ -118,8 +132,36 @@ class Executor:
         self.graph = graph
         self.plan = plan
         self.bindings = dict(plan.bindings)
-        self.arena = aligned_arena(plan.arena_bytes, max(plan.alignment, ARENA_ALIGNMENT))
-        self.pool = ScratchPool()
+        if store is None:
+            live = params if isinstance(params, dict) else dict(params)
+            store = ParamStore(graph, live)
+        self.store = store
+        self.workspace = workspace if workspace is not None else Workspace(shared=False)
+        self.hoisted = self._hoisted()
+        self.stable = self.hoisted | frozenset(n.id for n in graph.nodes if isinstance(n.op, Param))
+        self.prologue_runs = 0
+        self._prologue_at = -1  # the store version the prologue last ran at
+        self._private: dict[NodeId, np.ndarray] = {}  # prologue values of symbolic shape
+        working = plan.arena_bytes - plan.persistent_bytes
+        ws = self.workspace
+        for attempt in range(2):
+            ws.ensure(working + (ws.scratch_hint if ws.shared else 0))
+            self._layout()
+            self._build(store.params, inputs)
+            pool = self.pool
+            ws.scratch_hint = max(ws.scratch_hint, pool.scratch_bytes)
+            if attempt or not ws.shared or pool.spilled <= SPILL_REBUILD_BYTES:
+                break
+            ws.ensure(pool.needed)  # grows: this schedule is rebuilt on the bigger buffer
+        self._generations = (ws.generation, store.generation)
+
+    # ---- views ----------------------------------------------------------------------
+
+    def _layout(self) -> None:
+        """Views of every node, the scratch pool and empty schedules."""
+        graph = self.graph
+        self.arena = self.workspace.buffer
+        self.pool = ArenaScratch(self.arena, self.plan.arena_bytes - self.plan.persistent_bytes)
         self.views: dict[NodeId, np.ndarray] = {}
         for n in graph.nodes:
             self.views[n.id] = self._view(n)
@@ -130,18 +172,12 @@ class Executor:
                 self.input_views.append((n.op.name, self.views[n.id]))
             elif isinstance(n.op, Param):
                 self.param_views[n.op.name] = self.views[n.id]
-            elif isinstance(n.op, Constant):
-                np.copyto(self.views[n.id], n.op.value.array(), casting="unsafe")
         self.output_views = [self.views[o] for o in graph.outputs]
-        self.hoisted = self._hoisted()
         self.prologue: list[Kernel] = []
+        self._skippable: list[bool] = []  # prologue kernel whose value lives in the store
         self.prepare: list[Kernel] = []  # kernels' steps on stable inputs (KernelCtx.prologue)
-        self.stable = self.hoisted | frozenset(n.id for n in graph.nodes if isinstance(n.op, Param))
         self.schedule: list[Kernel] = []
         self.entries: list[ScheduleEntry] = []
-        self.stale = True  # the prologue's values are out of date
-        self.prologue_runs = 0
-        self._build(params, inputs)
 
     def _view(self, n: Node) -> np.ndarray:
         slot = self.plan.slot(n.id)
@@ -150,7 +186,29 @@ class Executor:
         want = math.prod(dims) * dt.itemsize
         if slot.nbytes < want:
             raise AssertionError(f"plan gives %{n.id} {slot.nbytes} bytes, it needs {want}")
-        return self.arena[slot.offset : slot.offset + want].view(dt).reshape(dims)
+        base = self._persistent_bytes(n, slot)
+        if base is None:
+            off = slot.offset - self.plan.persistent_bytes
+            base = self.arena[off : off + want]
+        return base[:want].view(dt).reshape(dims)
+
+    def _persistent_bytes(self, n: Node, slot: BufferSlot) -> np.ndarray | None:
+        """The bytes of a node of the persistent region (None for a working node)."""
+        owner = n.id if slot.view_of is None else slot.view_of
+        if slot.offset >= self.plan.persistent_bytes and owner not in self.hoisted:
+            if not isinstance(self.graph.nodes[owner].op, (Param, Constant)):
+                return None
+        node = self.graph.nodes[owner]
+        if isinstance(node.op, Param):
+            return self.store.param_bytes(node.op.name, node.shape.concrete(self.bindings))
+        if isinstance(node.op, Constant):
+            return self.store.constant_bytes(owner)
+        nbytes = self.plan.slot(owner).nbytes
+        if node.shape.is_static:
+            return self.store.hoisted_bytes(owner, nbytes)
+        if owner not in self._private:
+            self._private[owner] = aligned_arena(nbytes)
+        return self._private[owner]
 
     def _hoisted(self) -> frozenset[NodeId]:
         """Param-derived nodes the plan keeps in its persistent region (the prologue)."""
@@ -163,6 +221,18 @@ class Executor:
             for nid in param_derived_nodes(self.graph)
             if nid in keep and self.plan.slot(nid).offset + self.plan.slot(nid).nbytes <= top
         )
+
+    def is_current(self) -> bool:
+        """False once bytes this executor's views point into moved (the workspace grew,
+        a param's array was replaced): it must be rebuilt."""
+        return self._generations == (self.workspace.generation, self.store.generation)
+
+    def arena_offset(self, nid: NodeId) -> int:
+        """Byte offset of working node ``nid``'s value in :attr:`arena` (the workspace)."""
+        off = self.plan.slot(nid).offset - self.plan.persistent_bytes
+        if off < 0:
+            raise KeyError(f"%{nid} lives in the persistent region, not in the arena")
+        return off
 
     def _build(self, params: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> None:
         unsupported: list[str] = []
@@ -199,6 +269,7 @@ class Executor:
                 num_threads=self.num_threads,
                 native=self.native,
                 stable=self.stable,
+                store=self.store,
             )
             factory = KERNELS.get(type(n.op))
             try:
@@ -216,7 +287,12 @@ class Executor:
                 fn = _after(ctx.prologue, fn)
             else:
                 self.prepare += ctx.prologue
-            (self.prologue if pro else self.schedule).append(fn)
+            if pro:
+                self.prologue.append(fn)
+                owner = nid if slot.view_of is None else slot.view_of
+                self._skippable.append(not ctx.prologue and owner not in self._private)
+            else:
+                self.schedule.append(fn)
             self._record(
                 n,
                 ctx.kind,
@@ -273,27 +349,45 @@ class Executor:
         return [e for e in self.entries if e.view_of is None and e.prologue]
 
     def load_param(self, name: str, value: np.ndarray) -> None:
-        """Write a (checked, converted) param into its persistent slot; the prologue
-        runs again before the next run."""
+        """Copy a (checked, converted) param into its storage; the prologue runs again
+        before the next run."""
         view = self.param_views.get(name)
         if view is not None:
-            np.copyto(view, value, casting="unsafe")
-            self.stale = True
+            arr = np.broadcast_to(np.asarray(value).astype(view.dtype, copy=False), view.shape)
+            self.store.set(name, arr, share=False)
 
-    def run_prologue(self) -> list[float]:
-        """Compute the param-derived nodes now; returns each prologue kernel's seconds."""
-        self.stale = True  # until every kernel has run
-        times = self._run_timed(self.prologue, self.prologue_entries)
+    @property
+    def stale(self) -> bool:
+        """Whether the prologue's values are out of date for this executor."""
+        return self._prologue_at != self.store.version
+
+    @stale.setter
+    def stale(self, value: bool) -> None:
+        self._prologue_at = -1 if value else self.store.version
+
+    def _prologue_skip(self, full: bool) -> list[bool]:
+        """Which prologue kernels may be skipped now: their value lives in the store and
+        another executor computed it for the current params."""
+        if full or self.store.hoisted_version != self.store.version:
+            return [False] * len(self.prologue)
+        return self._skippable
+
+    def run_prologue(self, *, full: bool = False) -> list[float]:
+        """Compute the param-derived nodes now (``full``: even those another executor
+        computed); returns each prologue kernel's seconds (0 when skipped)."""
+        self._prologue_at = -1  # until every kernel has run
+        version = self.store.version
+        times = self._run_timed(self.prologue, self.prologue_entries, self._prologue_skip(full))
         for f in self.prepare:
             f()
-        self.stale = False
+        self._prologue_at = self.store.hoisted_version = version
         self.prologue_runs += 1
         return times
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Run once on checked inputs (the prologue first when a param changed since the
         last run); returns fresh copies of the outputs."""
-        if self.stale:
+        if self._prologue_at != self.store.version:
             self.run_prologue()
         for name, view in self.input_views:
             np.copyto(view, inputs[name], casting="unsafe")
@@ -314,18 +408,24 @@ class Executor:
         """Like :meth:`run`, also returning each kernel's wall time in seconds, in the
         order of ``entries`` without views: prologue kernels are run (and timed) too, so
         a profile shows every kernel's cost."""
-        pro = iter(self.run_prologue())
+        pro = iter(self.run_prologue(full=True))
         for name, view in self.input_views:
             np.copyto(view, inputs[name], casting="unsafe")
         it = iter(self._run_timed(self.schedule, self.kernel_entries))
         times = [next(pro) if e.prologue else next(it) for e in self.entries if e.view_of is None]
         return [v.copy() for v in self.output_views], times
 
-    def _run_timed(self, kernels: Sequence[Kernel], entries: Sequence[Any]) -> list[float]:
-        """Call each kernel, timing it; an exception is annotated with its node."""
+    def _run_timed(
+        self, kernels: Sequence[Kernel], entries: Sequence[Any], skip: Sequence[bool] = ()
+    ) -> list[float]:
+        """Call each kernel (but those ``skip`` marks), timing it; an exception is
+        annotated with its node."""
         times: list[float] = []
         clock = time.perf_counter
         for i, f in enumerate(kernels):
+            if skip and skip[i]:
+                times.append(0.0)
+                continue
             t0 = clock()
             try:
                 f()
@@ -367,4 +467,5 @@ class Executor:
 
     @property
     def scratch_bytes(self) -> int:
+        """Bytes of the kernels' scratch arrays of this schedule."""
         return self.pool.nbytes

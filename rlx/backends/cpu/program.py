@@ -3,7 +3,9 @@ and optional params. Out: a :class:`CpuProgram`: the optimized MIR graph, the pa
 records, and the buffer plans per symbol binding (an LRU of ``options.max_shape_plans``).
 
 A program holds no arena and no params: those belong to each CompiledGraph, so the
-compile cache can hand one program to several CompiledGraphs. Compiling builds one
+compile cache can hand one program to several CompiledGraphs. The executor built at
+compile time (the probe) comes with its own ParamStore and Workspace, which the first
+CompiledGraph made from the program adopts. Compiling builds one
 schedule (the static shape, or every symbol at its lower bound) so an op the backend
 cannot run fails here, at compile time, listing every such node.
 
@@ -24,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from rlx.backends.cpu.executor import Executor
+from rlx.backends.cpu.memory import ParamStore, Workspace
 from rlx.backends.cpu.planner import param_derived_nodes, plan_memory
 from rlx.ir.lir import BufferPlan
 from rlx.ir.mir import Graph
@@ -134,16 +137,18 @@ def compile_program(
         is_static=all(n.shape.is_static for n in graph.nodes),
         hoisted=param_derived_nodes(graph),
     )
-    live_params: dict[str, np.ndarray] = {}
     live_inputs: dict[str, np.ndarray] = {}
+    store = ParamStore(graph)
     probe = Executor(
         graph,
         prog.plan(prog.probe_bindings()),
-        live_params,
+        store.params,
         live_inputs,
         num_threads=options.num_threads,
         native=options.native,
+        store=store,
+        workspace=Workspace(),
     )
-    prog._probe = (probe, live_params, live_inputs)
+    prog._probe = (probe, store.params, live_inputs)
     prog.compile_seconds = time.perf_counter() - t0
     return prog
