@@ -5,9 +5,10 @@
  * element strides over [B,H,Sq,Skv] (0 on broadcast dims). Out: out[B,Sq,H*D] =
  * softmax(q k^T * scale + mask) v per head; query head h reads kv head h / (H / Hkv).
  *
- * One task is (batch, head, block of MB query rows); tasks run in an OpenMP loop. A task
- * keeps its queries transposed (qt[d][i]), so every vector holds MB consecutive query
- * rows of one column: scores, the running max / sum of the online softmax and the
+ * One task is (batch, kv head, block of MB query rows): the G = H / Hkv query heads that
+ * share a kv head are stacked into G * Sq rows (so a decode step of grouped-query
+ * attention still fills vectors). Tasks run in an OpenMP loop. A task keeps its queries
+ * transposed (qt[d][i]), so every vector holds MB consecutive query rows of one column: scores, the running max / sum of the online softmax and the
  * output accumulator ot[d][i] are all lane-wise, with no horizontal reductions. Keys
  * come in blocks of NB: scores st[j][i] = (sum_d k[j,d] * qt[d][i]) * scale (+ mask,
  * hidden keys -inf), the block max updates the running max m (the accumulator and the
@@ -160,21 +161,28 @@ typedef struct {
     long msb, msh, msq, msk;
 } att_args;
 
+/* One block of rows: the query index of each row as a float (causal masks) and the
+ * offset of its mask row (custom masks with a per-head or per-query mask). */
+typedef struct {
+    float iq[MB];
+    long moff[MB];
+    const float *mbase; /* mask + b * msb (NULL: no custom mask) */
+    int mrow_scalar;    /* the mask is one value per key for every row */
+} rows_t;
+
 /* scores of keys j0..j0+nb for R row vectors into st[j][i] (scaled, masked); returns
  * the block max per row vector in bmax. */
 static inline __attribute__((always_inline)) void qk_block(
-    const att_args *a, const float *qt, float *st, const float *kbase, long kstride, long j0,
-    long nb, long i0, int R, int need_causal, const float *mrow, long msq, long msk,
-    vf *bmax) {
+    const att_args *a, const rows_t *rw, const float *qt, float *st, const float *kbase,
+    long kstride, long j0, long nb, long m, int R, int need_causal, vf *bmax) {
     const long D = a->D;
     const long off = a->Skv - a->Sq;
+    const long msk = a->msk;
     const vf scale = VSET1(a->scale);
     const vf ninf = VSET1(-INFINITY);
     vf iv[RMAX];
     for (int r = 0; r < R; r++) {
-        float tmp[W];
-        for (int l = 0; l < W; l++) tmp[l] = (float)(i0 + r * W + l);
-        iv[r] = VLOAD(tmp);
+        iv[r] = VLOAD(rw->iq + r * W);
         bmax[r] = ninf;
     }
     long jj = 0;
@@ -197,14 +205,14 @@ static inline __attribute__((always_inline)) void qk_block(
             long j = j0 + jj + t;
             for (int r = 0; r < R; r++) {
                 vf s = VMUL(acc[t][r], scale);
-                if (mrow != NULL) {
-                    if (msq == 0) {
-                        s = VADD(s, VSET1(mrow[j * msk]));
+                if (rw->mbase != NULL) {
+                    if (rw->mrow_scalar) {
+                        s = VADD(s, VSET1(rw->mbase[j * msk]));
                     } else {
                         float tmp[W];
                         for (int l = 0; l < W; l++) {
-                            long i = i0 + r * W + l;
-                            tmp[l] = i < a->Sq ? mrow[i * msq + j * msk] : 0.0f;
+                            long ii = r * W + l;
+                            tmp[l] = ii < m ? rw->mbase[rw->moff[ii] + j * msk] : 0.0f;
                         }
                         s = VADD(s, VLOAD(tmp));
                     }
@@ -247,41 +255,56 @@ static inline __attribute__((always_inline)) void pv_block(
     }
 }
 
+/* rows r0..r0+m-1 of the G*Sq rows (query head hk*G + r / Sq, query r % Sq) that share
+ * kv head hk of batch b */
 static inline __attribute__((always_inline)) void task_r(
-    const att_args *a, long b, long h, long i0, long m, int R, float *ws) {
+    const att_args *a, long b, long hk, long r0, long m, int R, float *ws) {
     const long D = a->D, Sq = a->Sq, Skv = a->Skv, H = a->H, Hkv = a->Hkv;
-    const long hk = h / (H / Hkv);
+    const long G = H / Hkv;
     const long qstride = H * D, kstride = Hkv * D;
     float *qt = ws, *ot = qt + D * MB, *st = ot + D * MB;
     const long off = Skv - Sq;
-    const float *qrow = a->q + (b * Sq + i0) * qstride + h * D;
-    float *orow = a->out + (b * Sq + i0) * qstride + h * D;
     const float *kbase = a->k + b * Skv * kstride + hk * D;
     const float *vbase = a->v + b * Skv * kstride + hk * D;
     const int causal = a->mtype == MASK_CAUSAL || a->mtype == MASK_SLIDING;
+    long qoff[MB];
+    rows_t rw;
+    long imin = Sq, imax = -1;
+    for (long ii = 0; ii < R * W; ii++) {
+        long r = r0 + (ii < m ? ii : 0);
+        long h = hk * G + r / Sq, i = r % Sq;
+        if (ii < m) {
+            imin = i < imin ? i : imin;
+            imax = i > imax ? i : imax;
+        }
+        qoff[ii] = (b * Sq + i) * qstride + h * D;
+        rw.iq[ii] = ii < m ? (float)i : (float)Sq; /* a padded lane acts as a late row */
+        rw.moff[ii] = h * a->msh + i * a->msq;
+    }
+    rw.mbase = a->mtype == MASK_CUSTOM ? a->mask + b * a->msb : NULL;
+    rw.mrow_scalar = a->msq == 0 && (a->msh == 0 || r0 / Sq == (r0 + m - 1) / Sq);
+    if (rw.mbase != NULL && rw.mrow_scalar) rw.mbase += rw.moff[0];
 
     /* keys any row of the block sees: [jlo, jhi] */
     long jlo = 0, jhi = Skv - 1;
     if (causal) {
-        jhi = i0 + m - 1 + off;
+        jhi = imax + off;
         if (jhi > Skv - 1) jhi = Skv - 1;
         if (a->mtype == MASK_SLIDING) {
-            jlo = i0 + off - a->window + 1;
+            jlo = imin + off - a->window + 1;
             if (jlo < 0) jlo = 0;
         }
     }
     if (jhi < jlo) { /* every row sees no key: NaN, as softmax of only -inf */
         for (long ii = 0; ii < m; ii++)
-            for (long d = 0; d < D; d++) orow[ii * qstride + d] = NAN;
+            for (long d = 0; d < D; d++) a->out[qoff[ii] + d] = NAN;
         return;
     }
     for (long d = 0; d < D; d++) {
-        for (long ii = 0; ii < m; ii++) qt[d * MB + ii] = qrow[ii * qstride + d];
+        for (long ii = 0; ii < m; ii++) qt[d * MB + ii] = a->q[qoff[ii] + d];
         for (long ii = m; ii < R * W; ii++) qt[d * MB + ii] = 0.0f;
     }
     memset(ot, 0, sizeof(float) * D * MB);
-    const float *mrow = NULL;
-    if (a->mtype == MASK_CUSTOM) mrow = a->mask + b * a->msb + h * a->msh;
     vf mx[RMAX], sum[RMAX];
     for (int r = 0; r < R; r++) {
         mx[r] = VSET1(-INFINITY);
@@ -291,12 +314,11 @@ static inline __attribute__((always_inline)) void task_r(
     int first = 1;
     for (long j0 = jlo; j0 <= jhi; j0 += NB) {
         long nb = jhi + 1 - j0 < NB ? jhi + 1 - j0 : NB;
-        /* a causal block needs per-lane hiding only where a row's range cuts it */
-        int need = causal && (j0 + nb - 1 > i0 + off ||
-                              (a->mtype == MASK_SLIDING && j0 < i0 + m - 1 + off - a->window + 1));
+        /* a causal block needs per-lane hiding only where some row's range cuts it */
+        int need = causal && (j0 + nb - 1 > imin + off ||
+                              (a->mtype == MASK_SLIDING && j0 < imax + off - a->window + 1));
         vf bmax[RMAX];
-        qk_block(a, qt, st, kbase, kstride, j0, nb, i0, R, need, mrow,
-                 mrow ? a->msq : 0, mrow ? a->msk : 0, bmax);
+        qk_block(a, &rw, qt, st, kbase, kstride, j0, nb, m, R, need, bmax);
         vf msafe[RMAX];
         for (int r = 0; r < R; r++) {
             vf mnew = VMAX(mx[r], bmax[r]);
@@ -328,16 +350,16 @@ static inline __attribute__((always_inline)) void task_r(
             VSTORE(o, VDIV(VLOAD(o), sum[r]));
         }
     for (long ii = 0; ii < m; ii++)
-        for (long d = 0; d < D; d++) orow[ii * qstride + d] = ot[d * MB + ii];
+        for (long d = 0; d < D; d++) a->out[qoff[ii] + d] = ot[d * MB + ii];
 }
 
-static void task(const att_args *a, long b, long h, long i0, long m, float *ws) {
+static void task(const att_args *a, long b, long hk, long r0, long m, float *ws) {
     int R = (int)((m + W - 1) / W);
     switch (R) {
-    case 1: task_r(a, b, h, i0, m, 1, ws); break;
-    case 2: task_r(a, b, h, i0, m, 2, ws); break;
-    case 3: task_r(a, b, h, i0, m, 3, ws); break;
-    default: task_r(a, b, h, i0, m, 4, ws); break;
+    case 1: task_r(a, b, hk, r0, m, 1, ws); break;
+    case 2: task_r(a, b, hk, r0, m, 2, ws); break;
+    case 3: task_r(a, b, hk, r0, m, 3, ws); break;
+    default: task_r(a, b, hk, r0, m, 4, ws); break;
     }
 }
 
@@ -352,8 +374,9 @@ int rlx_attention(const float *q, const float *k, const float *v, float *out, lo
     att_args a = {q, k, v, mask, out, B, Sq, Skv, H, Hkv, D, scale, mtype, window,
                   msb, msh, msq, msk};
     const long per = rlx_attention_ws_floats(D);
-    const long nblk = (Sq + MB - 1) / MB;
-    const long ntask = B * H * nblk;
+    const long rows = (H / Hkv) * Sq; /* query rows per kv head */
+    const long nblk = (rows + MB - 1) / MB;
+    const long ntask = B * Hkv * nblk;
     if (threads < 1) threads = 1;
     if (threads > ntask) threads = (int)ntask;
     if ((long)threads * per > ws_floats) return -1;
@@ -369,9 +392,9 @@ int rlx_attention(const float *q, const float *k, const float *v, float *out, lo
         /* later query blocks (more keys under a causal mask) first */
         long blk = nblk - 1 - t % nblk;
         long bh = t / nblk;
-        long i0 = blk * MB;
-        long m = Sq - i0 < MB ? Sq - i0 : MB;
-        task(&a, bh / H, bh % H, i0, m, w);
+        long r0 = blk * MB;
+        long m = rows - r0 < MB ? rows - r0 : MB;
+        task(&a, bh / Hkv, bh % Hkv, r0, m, w);
     }
     return 0;
 }
