@@ -1,14 +1,6 @@
-"""CPU kernels of the quantized ops. In: a QMatMul / Quantize / Dequantize
-node and its arena views. Out: closures computing the node into its output view.
-
-``QMatMul`` runs the native int8 GEMM (``native.qgemm_lib``: the best path the selected
-native target holds, ``RLX_ISA``: AVX-512 VNNI, AVX2 or plain C) with the f32 rescale and bias fused into its
-epilogue, on ``KernelCtx.num_threads`` threads (``CompileOptions.num_threads``). The weight is packed once: at compile time for a constant weight (what the
-quantization lowering produces); a param weight at its first run and again only when its
-bytes change (``set_param``): each run compares the param with the copy it packed from
-(one read of K*N bytes). Without gcc, when the build fails, or with ``CompileOptions(native=False)``
-(``KernelCtx.native``), the kernel computes the same exact integer result with a float64
-BLAS matmul (exact while ``K * 255 * 128 < 2**53``) and says so in the kernel notes.
+"""CPU kernels of the quantized ops. In: a Quantize / Dequantize node and its arena views.
+Out: closures computing the node into its output view. (The integer GEMMs ``qmatmul`` and
+``dynamic_qmatmul`` are in ``kernels.qgemm``.)
 
 ``DequantMatMul``'s kernel is in ``kernels.dequant``. ``Quantize`` of f32 runs natively when per-tensor to 8 bits (and
 ``native`` is on), otherwise as a few NumPy calls into a scratch buffer; ``Dequantize`` is NumPy. They all round
@@ -28,18 +20,14 @@ from rlx.dtype import DType
 from rlx.errors import CompileError
 from rlx.ir.mir import Node
 from rlx.ops.core import Constant
-from rlx.ops.qmatmul import apply_epilogue
 from rlx.ops.quant import (
     QUANT_RANGES,
     Dequantize,
-    DynamicQMatMul,
-    QMatMul,
     Quantize,
 )
 
 __all__ = [
     "WeightCache",
-    "qmatmul_kernel",
     "quantize_kernel",
     "dequantize_kernel",
 ]
@@ -79,108 +67,6 @@ def _native_or_none() -> native.QGemmLib | None:
         return native.qgemm_lib()
     except CompileError:
         return None
-
-
-def _rows(a: np.ndarray, k: int) -> np.ndarray:
-    """[..., K] -> [M, K] without a copy when ``a`` is contiguous."""
-    return a.reshape(-1, k)
-
-
-@kernel(QMatMul, KernelKind.NATIVE)
-def qmatmul_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
-    """int8 x int8 -> int32 -> f32 (native GEMM, or the exact f64 BLAS fallback)."""
-    op: QMatMul = node.op  # type: ignore[assignment]
-    x, w = ins[0], ins[1]
-    k, n = w.shape
-    scale = op.combined_scales(n)
-    unsigned = x.dtype == np.uint8
-    zp = op.x_zero_point - 128 if unsigned else op.x_zero_point
-    const_w = _all_constant(ctx, node, range(1, 2))
-    bias_f32 = ctx.scratch((n,), np.float32, tag=node.id) if op.has_bias else None
-    m = int(np.prod(x.shape[:-1], dtype=np.int64))
-    y = out.reshape(m, n)
-    post = _numpy_epilogue(op, ins, y)
-    lib: native.QGemmLib | None = None
-    if not ctx.native:
-        ctx.notes.append(
-            f"qmatmul %{node.id}: native kernels off (CompileOptions.native=False), exact f64 BLAS"
-        )
-    else:
-        try:
-            lib = native.qgemm_lib()
-        except CompileError as e:
-            ctx.notes.append(
-                f"qmatmul %{node.id}: native int8 GEMM unavailable, exact f64 BLAS fallback ({e.bare_message.splitlines()[0]})"
-            )
-    if lib is None:
-        ctx.kind = KernelKind.BLAS
-    else:
-        threads, gemm = ctx.num_threads, lib.gemm
-        packed = WeightCache([w], const_w, lib.pack)
-        x_s8 = ctx.scratch((m, k), np.int8, tag=node.id) if unsigned else None
-
-        def run() -> None:
-            xa = _rows(x, k)
-            if x_s8 is not None:  # u8 - zp == (u8 ^ 0x80 as i8) - (zp - 128)
-                np.bitwise_xor(xa.view(np.uint8), np.uint8(0x80), out=x_s8.view(np.uint8))
-                xa = x_s8
-            elif not xa.flags.c_contiguous:
-                xa = np.ascontiguousarray(xa)
-            if bias_f32 is not None:
-                np.copyto(bias_f32, ins[2], casting="unsafe")
-            gemm(
-                xa,
-                packed.get(),
-                n,
-                a_zero_point=zp,
-                out_f32=y,
-                scale=scale,
-                bias=bias_f32,
-                num_threads=threads,
-            )
-            post()
-
-        return run
-
-    w64 = WeightCache([w], const_w, lambda a: a.astype(np.float64))
-
-    def run_fallback() -> None:
-        xa = _rows(x, k).astype(np.float64) - float(op.x_zero_point)
-        acc = xa @ w64.get()
-        np.multiply(acc.astype(np.float32), scale, out=y)
-        if op.has_bias:
-            np.add(y, ins[2].astype(np.float32), out=y)
-        post()
-
-    return run_fallback
-
-
-def _numpy_epilogue(op: QMatMul, ins: list[np.ndarray], y: np.ndarray) -> Kernel:
-    """The activation and residual of ``op``'s epilogue on the biased product ``y``."""
-    act = op.epilogue_act
-    res = ins[-1] if op.residual_input else None
-    n = y.shape[-1]
-
-    def post() -> None:
-        if act is not None:
-            y[...] = apply_epilogue(y, act, None, None)
-        if res is not None:
-            np.add(y, res.reshape(-1, n), out=y, casting="unsafe")
-
-    return post
-
-
-@kernel(DynamicQMatMul, KernelKind.NUMPY)
-def dynamic_qmatmul_kernel(
-    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
-) -> Kernel:
-    """Per-row quantization and the integer product in NumPy (exact int64)."""
-    op: DynamicQMatMul = node.op  # type: ignore[assignment]
-
-    def run() -> None:
-        out[...] = op.reference(ins, None)  # type: ignore[arg-type]
-
-    return run
 
 
 def _channel(op: Quantize | Dequantize, x: np.ndarray, dtype: Any) -> tuple[np.ndarray, np.ndarray]:

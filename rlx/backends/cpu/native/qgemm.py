@@ -1,5 +1,7 @@
-"""The int8 GEMM library (``csrc/qgemm.c``). In: int8 activations and weights. Out: int32
-or scaled f32 results, through :class:`QGemmLib` (pack a weight once, then run GEMMs).
+"""The int8 GEMM library (``csrc/qgemm.c``). In: int8 / uint8 activations (or f32 / bf16
+rows it quantizes per row itself) and int8 weights. Out: int32 accumulators and / or f32
+results through the fused epilogue (row x channel scale, bias, activation, residual), via
+:class:`QGemmLib` (pack a weight once, then run GEMMs).
 
 :func:`qgemm_lib` builds the GEMM for an :class:`~rlx.backends.cpu.native.cpu.Isa` the
 selected target holds (``RLX_ISA``): VNNI512 only on the AVX512 target of a CPU with
@@ -17,10 +19,16 @@ from rlx.backends.cpu.native import cpu
 from rlx.backends.cpu.native.cpu import Isa
 from rlx.errors import CompileError, InputError
 
-__all__ = ["QGemmLib", "qgemm_lib"]
+__all__ = ["QGemmLib", "qgemm_lib", "ACT_CODES", "A_KINDS"]
 
 _P = ctypes.c_void_p
 _L = ctypes.c_long
+_I = ctypes.c_int
+
+#: Epilogue activation -> the C ``act`` code (``UnaryKind`` values of EPILOGUE_ACTS).
+ACT_CODES: dict[str | None, int] = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+#: Activation dtype -> the C ``a_kind`` code (int8 / uint8 static, f32 / bf16 dynamic).
+A_KINDS: dict[str, int] = {"int8": 0, "uint8": 1, "float32": 2, "bfloat16": 3}
 
 
 def _ptr(a: np.ndarray | None) -> int | None:
@@ -54,6 +62,13 @@ class QGemmLib:
             _P,
             ctypes.c_int,
         ]
+        lib.rlx_qgemm_pack_b_strided.restype = None
+        lib.rlx_qgemm_pack_b_strided.argtypes = [_P, _L, _L, _L, _L, _P, _P]
+        lib.rlx_qgemm_run.restype = _I
+        lib.rlx_qgemm_run.argtypes = [
+            _L, _L, _L, _I, _P, _L, ctypes.c_int32, ctypes.c_float, _I, _P, _P, _P, _P, _I,
+            _P, _L, _P, _L, _P, _L, _P, _P, _I,
+        ]  # fmt: skip
         lib.rlx_quantize_f32_q8.restype = None
         lib.rlx_quantize_f32_q8.argtypes = [
             _P,
@@ -92,6 +107,81 @@ class QGemmLib:
         colsum = np.empty(n, np.int32)
         self.lib.rlx_qgemm_pack_b(_ptr(w), n, k, n, _ptr(packed), _ptr(colsum))
         return packed, colsum
+
+    def pack_strided(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Pack an int8 ``[K, N]`` view with any strides (e.g. a transposed activation)."""
+        if w.dtype != np.int8 or w.ndim != 2:
+            raise InputError(f"qgemm: the weight must be int8 [K, N], given {w.dtype} {w.shape}")
+        k, n = w.shape
+        sk, sn = (s // w.itemsize for s in w.strides)
+        packed = np.empty(int(self.lib.rlx_qgemm_packed_size(k, n)), np.uint8)
+        colsum = np.empty(n, np.int32)
+        self.lib.rlx_qgemm_pack_b_strided(_ptr(w), sk, sn, k, n, _ptr(packed), _ptr(colsum))
+        return packed, colsum
+
+    def run(
+        self,
+        a: np.ndarray,
+        packed: tuple[np.ndarray, np.ndarray],
+        n: int,
+        *,
+        a_zero_point: int = 0,
+        a_scale: float = 1.0,
+        mode: int = 0,
+        w_scales: np.ndarray | None = None,
+        bias: np.ndarray | None = None,
+        act: str | None = None,
+        residual: np.ndarray | None = None,
+        out_f32: np.ndarray | None = None,
+        out_i32: np.ndarray | None = None,
+        row_scale: np.ndarray | None = None,
+        row_zp: np.ndarray | None = None,
+        num_threads: int = 1,
+    ) -> None:
+        """The fused op on ``a`` [M, K] (rows C-contiguous; int8 / uint8 with
+        ``a_zero_point`` and ``a_scale``, or f32 / bf16 quantized per row, ``mode`` 0: s8,
+        1: u8): ``out_f32 = act(f32(acc) * (row_scale[m] * w_scales[n]) + bias) +
+        residual`` and / or ``out_i32 = acc``. Every array is checked here (dtype, shape,
+        contiguity) since the C code trusts them."""
+        if a.ndim != 2 or a.dtype.name not in A_KINDS or a.strides[1] != a.itemsize:
+            raise InputError(
+                f"qgemm: activations must be int8/uint8/f32/bf16 [M, K] with contiguous rows, "
+                f"given {a.dtype} {a.shape}"
+            )
+        m, k = a.shape
+        bp, colsum = packed
+        if colsum.shape != (n,) or bp.nbytes != self.lib.rlx_qgemm_packed_size(k, n):
+            raise InputError(
+                f"qgemm: the packed weight is not a [{k}, {n}] weight packed by this library"
+            )
+        if act not in ACT_CODES:
+            raise InputError(f"qgemm: act must be one of {list(ACT_CODES)}, given {act!r}")
+        checks = (
+            ("out_f32", out_f32, np.float32, (m, n)),
+            ("out_i32", out_i32, np.int32, (m, n)),
+            ("w_scales", w_scales, np.float32, (n,)),
+            ("bias", bias, np.float32, (n,)),
+            ("residual", residual, np.float32, (m, n)),
+            ("row_scale", row_scale, np.float32, (m,)),
+            ("row_zp", row_zp, np.int32, (m,)),
+        )
+        for name, o, dt, shape in checks:
+            if o is not None and (o.dtype != dt or o.shape != shape or not o.flags.c_contiguous):
+                raise InputError(
+                    f"qgemm: {name} must be C-contiguous {np.dtype(dt)} {list(shape)}, "
+                    f"given {o.dtype} {o.shape}"
+                )
+        if out_f32 is not None and w_scales is None:
+            raise InputError(f"qgemm: out_f32 needs w_scales f32 [{n}]")
+        rc = self.lib.rlx_qgemm_run(
+            m, n, k, A_KINDS[a.dtype.name], _ptr(a), a.strides[0] // a.itemsize,
+            int(a_zero_point), float(a_scale), int(mode), _ptr(bp), _ptr(colsum),
+            _ptr(w_scales), _ptr(bias), ACT_CODES[act], _ptr(residual), n,
+            _ptr(out_f32), n, _ptr(out_i32), n, _ptr(row_scale), _ptr(row_zp),
+            int(num_threads),
+        )  # fmt: skip
+        if rc != 0:
+            raise MemoryError(f"qgemm: could not allocate the packed activations ({m}x{k})")
 
     def gemm(
         self,

@@ -1,25 +1,37 @@
-/* INT8 GEMM for rlx: C[M,N] = (A[M,K] - a_zp) @ B[K,N], exact int32 accumulation.
+/* INT8 GEMM for rlx with a fused f32 epilogue.
  *
- * A: int8 row-major (activations, per-tensor zero point a_zp).
+ *   acc[m, n] = sum_k (q[m, k] - zp[m]) * B[k, n]                        (exact int32)
+ *   Y[m, n]   = act((float)acc * (rs[m] * ws[n]) + bias[n]) + R[m, n]
+ *
+ * Activations (a_kind): int8 or uint8 with one zero point and scale (static), or f32 /
+ * bf16 rows quantized here, per row, at run time (dynamic: mode 0 = s8 symmetric, scale =
+ * max|x| / 127; mode 1 = u8 asymmetric, scale = (max(0, max x) - min(0, min x)) / 255,
+ * zp = clip(rint(-min / scale), 0, 255)); q = clip(rint(x / scale) + zp, qmin, qmax), a
+ * zero row takes scale 1, a row with NaN / inf scale NaN (NaN outputs). Every step is the
+ * f32 operation of rlx.ops.qmatmul.dynamic_quantize_rows, so q is bit for bit the same.
+ *
  * B: int8, packed once by rlx_qgemm_pack_b into NR-column panels of KG-deep k groups:
  *      Bp[panel][k / KG][NR][KG]   (KG consecutive k of one column side by side)
- *    plus colsum[n] = sum_k B[k, n].
+ *    plus colsum[n] = sum_k B[k, n] (the zero-point / shift correction).
  *
  * Three paths, chosen at compile time by RLX_ISA (the loader picks the best one the selected
  * build target holds; a path the target's -march flags lack is a compile error):
  *
- *   2  AVX-512 VNNI: vpdpbusd (u8 x s8 -> s32, groups of KG = 4). A is shifted to u8 by
- *      adding 128 (xor 0x80), so the raw sum is sum_k (a + 128) * b and the exact result
- *      is raw - (128 + a_zp) * colsum[n]. Tile MR x NR = 12 x 32 in 24 zmm accumulators.
+ *   2  AVX-512 VNNI: vpdpbusd (u8 x s8 -> s32, groups of KG = 4). Signed activations are
+ *      shifted to u8 by adding 128, so the raw sum is sum_k (q + 128) * b and the exact
+ *      result is raw - (128 + zp) * colsum[n]. Tile MR x NR = 12 x 32 in 24 zmm.
  *   1  AVX2: vpmaddwd on int16 (s16 x s16 -> s32, pairs: KG = 2; B is packed as int16).
- *      No shift: the result is raw - a_zp * colsum[n]. Tile 6 x 16 in 12 ymm.
+ *      Exact for every 8-bit operand (a pair sums to at most 2 * 255 * 128 < 2**31, where
+ *      vpmaddubsw's int16 pair sum would saturate at 32767 for u8 255 x s8 -128 pairs).
+ *      No shift: the result is raw - zp * colsum[n]. Tile 6 x 16 in 12 ymm.
  *   0  plain C: the VNNI data layout with scalar code (auto-vectorised by gcc).
  *
- * Blocking: register blocking in the microkernel (one MR x NR tile over the whole K: the
- * A micro-panel MR x K stays in L1); cache blocking over N (blocks of packed B sized to
- * stay in L2 while every row tile of A passes over them); the tiles of a block are
- * distributed over OpenMP threads. A is packed (shifted, K padded to KG, rows padded to
- * MR) once per call, in parallel.
+ * The epilogue runs on each MR x NR tile while it is in L1, in SIMD registers (16 lanes on
+ * path 2, 8 on path 1; exp / erf by polynomials, see vexp), scalar libm on path 0.
+ * Blocking: one MR x NR tile over the whole K in the microkernel (the A micro-panel stays in
+ * L1); N in blocks of packed B sized to stay in L2 while every row tile passes over them.
+ * Threads (OpenMP, num_threads from the caller): the row tiles are quantized / packed in
+ * parallel, then the tiles of each N block are shared out.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -46,18 +58,21 @@
 #define MR 6
 #define NR 16
 #define KG 2
-#define A_SHIFT 0
+#define S_SHIFT 0 /* what is added to a signed activation */
 typedef int16_t a_t; /* packed activation element */
 typedef int16_t b_t; /* packed weight element */
 #else
 #define MR 12
 #define NR 32
 #define KG 4
-#define A_SHIFT 128
+#define S_SHIFT 128
 typedef uint8_t a_t;
 typedef int8_t b_t;
 #endif
 #define L2_BYTES (512L * 1024L) /* B block budget: half a 1 MiB L2 */
+
+enum { A_S8 = 0, A_U8 = 1, A_F32 = 2, A_BF16 = 3 };
+enum { ACT_NONE = 0, ACT_RELU = 1, ACT_GELU = 2, ACT_GELU_TANH = 3, ACT_SILU = 4 };
 
 static inline long round_up(long v, long m) { return (v + m - 1) / m * m; }
 
@@ -78,38 +93,169 @@ long rlx_qgemm_packed_size(long K, long N) {
     return round_up(K, KG) * round_up(N, NR) * (long)sizeof(b_t);
 }
 
-/* Pack B [K, N] (row stride ldb) into Bp and fill colsum[N]. */
-void rlx_qgemm_pack_b(const int8_t *B, long ldb, long K, long N, void *Bp_, int32_t *colsum) {
+/* Pack B (element [k, n] at B[k * sk + n * sn]) into Bp and fill colsum[N]. */
+void rlx_qgemm_pack_b_strided(const int8_t *B, long sk, long sn, long K, long N, void *Bp_,
+                              int32_t *colsum) {
     b_t *Bp = (b_t *)Bp_;
     long kp = round_up(K, KG), np_ = round_up(N, NR);
-    long panels = np_ / NR;
     memset(Bp, 0, (size_t)(kp * np_) * sizeof(b_t));
-    for (long n = 0; n < N; ++n) colsum[n] = 0;
-    for (long p = 0; p < panels; ++p) {
-        b_t *dst = Bp + p * kp * NR;
+    for (long n = 0; n < N; ++n) {
+        b_t *dst = Bp + (n / NR) * kp * NR + (n % NR) * KG;
+        int32_t s = 0;
         for (long k = 0; k < K; ++k) {
-            const int8_t *src = B + k * ldb;
-            for (long c = 0; c < NR; ++c) {
-                long n = p * NR + c;
-                if (n < N) {
-                    dst[(k / KG) * NR * KG + c * KG + (k % KG)] = (b_t)src[n];
-                    colsum[n] += src[n];
-                }
-            }
+            int8_t v = B[k * sk + n * sn];
+            dst[(k / KG) * NR * KG + (k % KG)] = (b_t)v;
+            s += v;
         }
+        colsum[n] = s;
     }
 }
 
-/* Pack MR rows of A starting at row m0 (shifted by A_SHIFT): Ap[k / KG][MR][KG]. */
-static void pack_a(const int8_t *A, long lda, long M, long K, long m0, a_t *Ap) {
+/* Pack B [K, N] (row stride ldb). */
+void rlx_qgemm_pack_b(const int8_t *B, long ldb, long K, long N, void *Bp_, int32_t *colsum) {
+    rlx_qgemm_pack_b_strided(B, ldb, 1, K, N, Bp_, colsum);
+}
+
+/* ---- dynamic row quantization ------------------------------------------------------ */
+
+/* lo = min, hi = max of x[0..K); returns 1 when the row holds NaN or +-inf. */
+static int row_stats(const float *x, long K, float *lo_, float *hi_) {
+    long k = 0;
+    float lo = INFINITY, hi = -INFINITY, bad = 0.0f;
+#if RLX_ISA == 1 || RLX_ISA == 2
+    __m256 vlo = _mm256_set1_ps(INFINITY), vhi = _mm256_set1_ps(-INFINITY);
+    __m256 vbad = _mm256_setzero_ps(), zero = _mm256_setzero_ps();
+    for (; k + 8 <= K; k += 8) {
+        __m256 v = _mm256_loadu_ps(x + k);
+        vlo = _mm256_min_ps(vlo, v);
+        vhi = _mm256_max_ps(vhi, v);
+        vbad = _mm256_add_ps(vbad, _mm256_mul_ps(v, zero)); /* inf * 0 and NaN give NaN */
+    }
+    float t[8];
+    _mm256_storeu_ps(t, vlo);
+    for (int i = 0; i < 8; ++i) lo = t[i] < lo ? t[i] : lo;
+    _mm256_storeu_ps(t, vhi);
+    for (int i = 0; i < 8; ++i) hi = t[i] > hi ? t[i] : hi;
+    _mm256_storeu_ps(t, vbad);
+    for (int i = 0; i < 8; ++i) bad += t[i];
+#endif
+    for (; k < K; ++k) {
+        float v = x[k];
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+        bad += v * 0.0f;
+    }
+    if (K == 0) lo = hi = 0.0f;
+    *lo_ = lo;
+    *hi_ = hi;
+    return bad != 0.0f;
+}
+
+/* Scale and zero point of one row (mode 0: s8, 1: u8); returns the scale (NaN: bad row). */
+static float row_params(const float *x, long K, int mode, int32_t *zp) {
+    float lo, hi, scale;
+    int bad = row_stats(x, K, &lo, &hi);
+    *zp = 0;
+    if (mode == 0) {
+        float amax = -lo > hi ? -lo : hi;
+        scale = amax / 127.0f;
+    } else {
+        lo = lo < 0.0f ? lo : 0.0f;
+        hi = hi > 0.0f ? hi : 0.0f;
+        scale = (hi - lo) / 255.0f;
+    }
+    if (bad || !isfinite(scale)) return NAN;
+    if (scale == 0.0f) scale = 1.0f;
+    if (mode == 1) {
+        float z = nearbyintf(-lo / scale);
+        *zp = z < 0.0f ? 0 : z > 255.0f ? 255 : (int32_t)z;
+    }
+    return scale;
+}
+
+/* out[k] = clip(rint(x[k] / scale) + zp, qmin, qmax) + shift as a_t (k < K). */
+static void quantize_row(const float *x, long K, float scale, int32_t zp, int32_t qmin,
+                         int32_t qmax, int32_t shift, a_t *out) {
+    long k = 0;
+#if RLX_ISA == 1 || RLX_ISA == 2
+    const __m256 vs = _mm256_set1_ps(scale), vz = _mm256_set1_ps((float)zp);
+    const __m256 vlo = _mm256_set1_ps((float)qmin), vhi = _mm256_set1_ps((float)qmax);
+    const __m256 vsh = _mm256_set1_ps((float)shift);
+    for (; k + 8 <= K; k += 8) {
+        __m256 t = _mm256_div_ps(_mm256_loadu_ps(x + k), vs);
+        t = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        t = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(t, vz), vlo), vhi);
+        __m256i v = _mm256_cvtps_epi32(_mm256_add_ps(t, vsh));
+        __m128i l = _mm256_castsi256_si128(v), h = _mm256_extracti128_si256(v, 1);
+#if RLX_ISA == 1
+        _mm_storeu_si128((__m128i *)(out + k), _mm_packs_epi32(l, h));
+#else
+        __m128i w = _mm_packus_epi32(l, h);
+        _mm_storel_epi64((__m128i *)(out + k), _mm_packus_epi16(w, w));
+#endif
+    }
+#endif
+    for (; k < K; ++k) {
+        float t = nearbyintf(x[k] / scale) + (float)zp;
+        t = t < (float)qmin ? (float)qmin : t > (float)qmax ? (float)qmax : t;
+        out[k] = (a_t)((int32_t)t + shift);
+    }
+}
+
+static void bf16_row(const uint16_t *x, long K, float *out) {
+    for (long k = 0; k < K; ++k) {
+        uint32_t u = (uint32_t)x[k] << 16;
+        memcpy(out + k, &u, 4);
+    }
+}
+
+/* Quantize / shift rows m0 .. m0+MR of A into the packed tile Ap[k / KG][MR][KG] and set
+ * rs[r] (row scale) and corr[r] (raw - corr * colsum is the exact result). */
+static void prepare_tile(int a_kind, const void *A, long lda, long M, long K, long m0,
+                         int32_t a_zp, float a_scale, int mode, a_t *Ap, float *rs,
+                         int32_t *corr, float *fbuf, a_t *qbuf) {
     long kp = round_up(K, KG);
     memset(Ap, 0, (size_t)(kp * MR) * sizeof(a_t));
     for (long r = 0; r < MR; ++r) {
         long m = m0 + r;
-        if (m >= M) break;
-        const int8_t *src = A + m * lda;
-        for (long k = 0; k < K; ++k)
-            Ap[(k / KG) * MR * KG + r * KG + (k % KG)] = (a_t)((int32_t)src[k] + A_SHIFT);
+        rs[r] = 0.0f;
+        corr[r] = 0;
+        if (m >= M) continue;
+        if (a_kind == A_S8 || a_kind == A_U8) {
+            int32_t shift = a_kind == A_S8 ? S_SHIFT : 0;
+            if (a_kind == A_S8) {
+                const int8_t *src = (const int8_t *)A + m * lda;
+                for (long k = 0; k < K; ++k) qbuf[k] = (a_t)((int32_t)src[k] + shift);
+            } else {
+                const uint8_t *src = (const uint8_t *)A + m * lda;
+                for (long k = 0; k < K; ++k) qbuf[k] = (a_t)src[k];
+            }
+            rs[r] = a_scale;
+            corr[r] = shift + a_zp;
+        } else {
+            const float *x;
+            if (a_kind == A_F32) {
+                x = (const float *)A + m * lda;
+            } else {
+                bf16_row((const uint16_t *)A + m * lda, K, fbuf);
+                x = fbuf;
+            }
+            int32_t zp;
+            float scale = row_params(x, K, mode, &zp);
+            int32_t shift = mode == 0 ? S_SHIFT : 0;
+            rs[r] = scale;
+            corr[r] = shift;
+            if (isnan(scale)) continue; /* the tile row stays 0; its outputs are NaN */
+            if (mode == 0)
+                quantize_row(x, K, scale, 0, -128, 127, shift, qbuf);
+            else
+                quantize_row(x, K, scale, zp, 0, 255, 0, qbuf);
+            corr[r] = shift + zp;
+        }
+        for (long g = 0; g < kp / KG; ++g) {
+            long k0 = g * KG, cnt = K - k0 < KG ? K - k0 : KG;
+            memcpy(Ap + g * MR * KG + r * KG, qbuf + k0, (size_t)cnt * sizeof(a_t));
+        }
     }
 }
 
@@ -118,6 +264,8 @@ static inline int32_t load4(const void *p) {
     memcpy(&v, p, 4);
     return v;
 }
+
+/* ---- microkernels: ct[MR][NR] = raw sums over kg groups of KG k --------------------- */
 
 #if RLX_ISA == 2
 #define ROW(r)                                                  \
@@ -132,7 +280,6 @@ static inline int32_t load4(const void *p) {
         _mm512_storeu_si512((void *)(ct + (r) * NR + 16), c##r##1); \
     } while (0)
 
-/* ct[MR][NR] = raw u8 x s8 sums over kg groups of four k. */
 static void ukernel(long kg, const a_t *ap, const b_t *bp, int32_t *ct) {
     __m512i c00 = _mm512_setzero_si512(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
             c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00,
@@ -162,7 +309,6 @@ static void ukernel(long kg, const a_t *ap, const b_t *bp, int32_t *ct) {
         _mm256_storeu_si256((__m256i *)(ct + (r) * NR + 8), c##r##1);    \
     } while (0)
 
-/* ct[MR][NR] = raw s16 x s16 sums over kg pairs of k. */
 static void ukernel(long kg, const a_t *ap, const b_t *bp, int32_t *ct) {
     __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
             c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
@@ -194,59 +340,292 @@ static void ukernel(long kg, const a_t *ap, const b_t *bp, int32_t *ct) {
 }
 #endif
 
-/* C (int32, optional) and/or Y (f32, optional) = (A - a_zp) @ B.
- * Y[m, n] = (float)acc * scale[n] + (bias ? bias[n] : 0). Returns 0, or -1 when out of
- * memory. */
-int rlx_qgemm(long M, long N, long K, const int8_t *A, long lda, int32_t a_zp,
-              const void *Bp_, const int32_t *colsum, int32_t *C, float *Y, long ldc,
-              const float *scale, const float *bias, int nthreads) {
+/* ---- the epilogue ------------------------------------------------------------------ */
+
+#if RLX_ISA == 2
+#define VL 16
+typedef __m512 vf;
+typedef __m512i vi;
+#define VLOADI(p) _mm512_loadu_si512((const void *)(p))
+#define VSTOREI(p, v) _mm512_storeu_si512((void *)(p), v)
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VSTORE(p, v) _mm512_storeu_ps(p, v)
+#define VSET(x) _mm512_set1_ps(x)
+#define VSETI(x) _mm512_set1_epi32(x)
+#define VADD _mm512_add_ps
+#define VSUB _mm512_sub_ps
+#define VMUL _mm512_mul_ps
+#define VDIV _mm512_div_ps
+#define VMAX _mm512_max_ps
+#define VMIN _mm512_min_ps
+#define VFMA _mm512_fmadd_ps
+#define VFNMA _mm512_fnmadd_ps
+#define VABS(x) _mm512_abs_ps(x)
+#define VROUND(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define VCVTI(x) _mm512_cvtepi32_ps(x)
+#define VTOI(x) _mm512_cvtps_epi32(x)
+#define VASF(x) _mm512_castsi512_ps(x)
+#define VIADD _mm512_add_epi32
+#define VISUB _mm512_sub_epi32
+#define VIMUL _mm512_mullo_epi32
+#define VISLL(x, s) _mm512_slli_epi32(x, s)
+#define VSIGN_OF(x, s) /* |x| with the sign of s */ \
+    _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(x), \
+        _mm512_castps_si512(s), _mm512_set1_epi32(0x7fffffff), 0xe4))
+#elif RLX_ISA == 1
+#define VL 8
+typedef __m256 vf;
+typedef __m256i vi;
+#define VLOADI(p) _mm256_loadu_si256((const __m256i *)(p))
+#define VSTOREI(p, v) _mm256_storeu_si256((__m256i *)(p), v)
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VSTORE(p, v) _mm256_storeu_ps(p, v)
+#define VSET(x) _mm256_set1_ps(x)
+#define VSETI(x) _mm256_set1_epi32(x)
+#define VADD _mm256_add_ps
+#define VSUB _mm256_sub_ps
+#define VMUL _mm256_mul_ps
+#define VDIV _mm256_div_ps
+#define VMAX _mm256_max_ps
+#define VMIN _mm256_min_ps
+#define VFMA _mm256_fmadd_ps
+#define VFNMA _mm256_fnmadd_ps
+#define VABS(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x)
+#define VROUND(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define VCVTI(x) _mm256_cvtepi32_ps(x)
+#define VTOI(x) _mm256_cvtps_epi32(x)
+#define VASF(x) _mm256_castsi256_ps(x)
+#define VIADD _mm256_add_epi32
+#define VISUB _mm256_sub_epi32
+#define VIMUL _mm256_mullo_epi32
+#define VISLL(x, s) _mm256_slli_epi32(x, s)
+#define VSIGN_OF(x, s) \
+    _mm256_or_ps(VABS(x), _mm256_and_ps(_mm256_set1_ps(-0.0f), s))
+#endif
+
+#ifdef VL
+/* exp(x) (Cephes expf: range reduction by ln 2, degree-5 polynomial; ~1 ulp), with x
+ * clamped to [-87.3, 88.4] (so exp of a very negative x is ~1e-38, not 0). */
+static inline vf vexp(vf x) {
+    x = VMIN(VMAX(x, VSET(-87.3365f)), VSET(88.3762626647949f));
+    vf fx = VROUND(VMUL(x, VSET(1.44269504088896341f)));
+    vf r = VFNMA(fx, VSET(0.693359375f), x);
+    r = VFNMA(fx, VSET(-2.12194440e-4f), r);
+    vf p = VSET(1.9875691500e-4f);
+    p = VFMA(p, r, VSET(1.3981999507e-3f));
+    p = VFMA(p, r, VSET(8.3334519073e-3f));
+    p = VFMA(p, r, VSET(4.1665795894e-2f));
+    p = VFMA(p, r, VSET(1.6666665459e-1f));
+    p = VFMA(p, r, VSET(5.0000001201e-1f));
+    p = VFMA(p, VMUL(r, r), VADD(r, VSET(1.0f)));
+    vi e = VISLL(VIADD(VTOI(fx), VSETI(127)), 23);
+    return VMUL(p, VASF(e));
+}
+
+/* erf(z) by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), odd extension. */
+static inline vf verf(vf z) {
+    vf a = VABS(z);
+    vf t = VDIV(VSET(1.0f), VFMA(a, VSET(0.3275911f), VSET(1.0f)));
+    vf p = VSET(1.061405429f);
+    p = VFMA(p, t, VSET(-1.453152027f));
+    p = VFMA(p, t, VSET(1.421413741f));
+    p = VFMA(p, t, VSET(-0.284496736f));
+    p = VFMA(p, t, VSET(0.254829592f));
+    p = VMUL(p, t);
+    vf e = VSUB(VSET(1.0f), VMUL(p, vexp(VMUL(VSUB(VSET(0.0f), a), a))));
+    return VSIGN_OF(e, z);
+}
+
+static inline vf vact(vf y, int act) {
+    switch (act) {
+    case ACT_RELU:
+        return VMAX(VSET(0.0f), y); /* NaN in y stays NaN (max returns its 2nd operand) */
+    case ACT_GELU:
+        return VMUL(VMUL(VSET(0.5f), y), VADD(VSET(1.0f), verf(VMUL(y, VSET(0.70710678118654752f)))));
+    case ACT_GELU_TANH: {
+        /* 0.5 y (1 + tanh(u)) == y / (1 + exp(-2u)), u = sqrt(2/pi) (y + 0.044715 y^3) */
+        vf u = VMUL(VSET(0.7978845608028654f), VFMA(VMUL(VMUL(y, y), y), VSET(0.044715f), y));
+        return VDIV(y, VADD(VSET(1.0f), vexp(VMUL(VSET(-2.0f), u))));
+    }
+    case ACT_SILU:
+        return VDIV(y, VADD(VSET(1.0f), vexp(VSUB(VSET(0.0f), y))));
+    default:
+        return y;
+    }
+}
+#endif
+
+static inline float sact(float y, int act) {
+    switch (act) {
+    case ACT_RELU:
+        return y < 0.0f ? 0.0f : y;
+    case ACT_GELU:
+        return 0.5f * y * (1.0f + erff(y * 0.70710678118654752f));
+    case ACT_GELU_TANH: {
+        float u = 0.7978845608028654f * (y + 0.044715f * y * y * y);
+        return 0.5f * y * (1.0f + tanhf(u));
+    }
+    case ACT_SILU:
+        return y / (1.0f + expf(-y));
+    default:
+        return y;
+    }
+}
+
+typedef struct {
+    const int32_t *colsum;
+    const float *ws, *bias, *res;
+    long ldr;
+    float *Y;
+    long ldy;
+    int32_t *C;
+    long ldc;
+    int act;
+} epi_t;
+
+/* cnt (<= NR) columns n0.. of row m: ct -> C and / or Y. */
+static void epilogue_row(const epi_t *e, const int32_t *ct, long m, long n0, long cnt,
+                         float rs, int32_t corr) {
+    long c = 0;
+#ifdef VL
+    if (e->Y && !e->C) {
+        const vf vrs = VSET(rs);
+        const vi vcorr = VSETI(corr);
+        for (; c < cnt; c += VL) {
+            long w = cnt - c < VL ? cnt - c : VL;
+            int32_t cs[VL];
+            float ws[VL], b[VL], r[VL], out[VL];
+            const int32_t *pcs = e->colsum + n0 + c;
+            const float *pws = e->ws + n0 + c, *pb = e->bias ? e->bias + n0 + c : NULL;
+            const float *pr = e->res ? e->res + m * e->ldr + n0 + c : NULL;
+            float *py = e->Y + m * e->ldy + n0 + c;
+            if (w < VL) { /* a ragged edge: through zero-padded copies */
+                memset(cs, 0, sizeof(cs));
+                memset(ws, 0, sizeof(ws));
+                memset(b, 0, sizeof(b));
+                memset(r, 0, sizeof(r));
+                memcpy(cs, pcs, (size_t)w * 4);
+                memcpy(ws, pws, (size_t)w * 4);
+                if (pb) memcpy(b, pb, (size_t)w * 4);
+                if (pr) memcpy(r, pr, (size_t)w * 4);
+                pcs = cs, pws = ws, pb = pb ? b : NULL, pr = pr ? r : NULL;
+            }
+            vi v = VISUB(VLOADI(ct + c), VIMUL(vcorr, VLOADI(pcs)));
+            vf y = VMUL(VCVTI(v), VMUL(vrs, VLOAD(pws)));
+            if (pb) y = VADD(y, VLOAD(pb));
+            y = vact(y, e->act);
+            if (pr) y = VADD(y, VLOAD(pr));
+            if (w < VL) {
+                VSTORE(out, y);
+                memcpy(py, out, (size_t)w * 4);
+            } else {
+                VSTORE(py, y);
+            }
+        }
+        return;
+    }
+#endif
+    for (; c < cnt; ++c) {
+        long n = n0 + c;
+        int32_t v = (int32_t)((uint32_t)ct[c] - (uint32_t)corr * (uint32_t)e->colsum[n]);
+        if (e->C) e->C[m * e->ldc + n] = v;
+        if (e->Y) {
+            float y = (float)v * (rs * e->ws[n]);
+            if (e->bias) y += e->bias[n];
+            y = sact(y, e->act);
+            if (e->res) y += e->res[m * e->ldr + n];
+            e->Y[m * e->ldy + n] = y;
+        }
+    }
+}
+
+/* The whole operation (see the header). A: int8 / uint8 (a_kind 0 / 1, zero point a_zp,
+ * scale a_scale) or f32 / bf16 rows (2 / 3, quantized per row by mode). Outputs: Y (f32,
+ * optional) and / or C (int32 acc, optional); row_scale / row_zp (optional, [M]) receive
+ * each row's activation scale and zero point. ws: [N] weight scales (needed for Y).
+ * Returns 0, or -1 when out of memory. */
+int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, int32_t a_zp,
+                  float a_scale, int mode, const void *Bp_, const int32_t *colsum,
+                  const float *ws, const float *bias, int act, const float *res, long ldr,
+                  float *Y, long ldy, int32_t *C, long ldc, float *row_scale, int32_t *row_zp,
+                  int nthreads) {
     const b_t *Bp = (const b_t *)Bp_;
     long kp = round_up(K, KG), kg = kp / KG;
     long mb = (M + MR - 1) / MR, nb = (N + NR - 1) / NR;
     if (M <= 0 || N <= 0) return 0;
     size_t ap_bytes = (size_t)round_up(mb * kp * MR * (long)sizeof(a_t), 64);
     a_t *Ap = (a_t *)aligned_alloc(64, ap_bytes ? ap_bytes : 64);
-    if (!Ap) return -1;
-    const int64_t corr_base = A_SHIFT + (int64_t)a_zp;
+    float *rs = (float *)malloc((size_t)(mb * MR) * sizeof(float));
+    int32_t *corr = (int32_t *)malloc((size_t)(mb * MR) * sizeof(int32_t));
+    if (!Ap || !rs || !corr) {
+        free(Ap), free(rs), free(corr);
+        return -1;
+    }
     if (nthreads < 1) nthreads = 1;
     /* below ~32M multiply-adds (256^3 is 16.8M) waking a second thread costs more than
      * it saves: measured on a 2-core Zen 4, 256^3 took 0.17 ms on 1 thread, 0.20 ms on 2 */
     if ((double)M * (double)N * (double)K < 3.2e7) nthreads = 1;
-
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (mb > 1 && nthreads > 1)
-    for (long i = 0; i < mb; ++i) pack_a(A, lda, M, K, i * MR, Ap + i * kp * MR);
-
+    epi_t e = {colsum, ws, bias, res, ldr, Y, ldy, C, ldc, act};
     /* cache blocking: N is walked in blocks of nbc panels whose packed B (K x nbc*NR
      * bytes) fits in L2 (L2_BYTES), so every row tile of A reuses it from L2 */
     long nbc = kp > 0 ? L2_BYTES / (kp * NR * (long)sizeof(b_t)) : nb;
     if (nbc < 1) nbc = 1;
-    for (long j0 = 0; j0 < nb; j0 += nbc) {
-        long j1 = j0 + nbc < nb ? j0 + nbc : nb;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(nthreads) if (mb * (j1 - j0) > 1 && nthreads > 1)
-        for (long i = 0; i < mb; ++i) {
-            for (long j = j0; j < j1; ++j) {
-                int32_t ct[MR * NR] __attribute__((aligned(64)));
-                ukernel(kg, Ap + i * kp * MR, Bp + j * kp * NR, ct);
-                long mr = M - i * MR < MR ? M - i * MR : MR;
-                long nr = N - j * NR < NR ? N - j * NR : NR;
-                for (long r = 0; r < mr; ++r) {
-                    long m = i * MR + r;
-                    for (long c = 0; c < nr; ++c) {
-                        long n = j * NR + c;
-                        int32_t v = (int32_t)((int64_t)ct[r * NR + c] - corr_base * colsum[n]);
-                        if (C) C[m * ldc + n] = v;
-                        if (Y) {
-                            float y = (float)v * scale[n];
-                            if (bias) y += bias[n];
-                            Y[m * ldc + n] = y;
-                        }
+    int oom = 0;
+
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+    {
+        float *fbuf = (float *)malloc((size_t)(K + 16) * sizeof(float));
+        a_t *qbuf = (a_t *)malloc((size_t)(kp + 64) * sizeof(a_t));
+        if (!fbuf || !qbuf) {
+#pragma omp atomic write
+            oom = 1;
+        }
+#pragma omp barrier
+        if (!oom) {
+#pragma omp for schedule(static)
+            for (long i = 0; i < mb; ++i)
+                prepare_tile(a_kind, A, lda, M, K, i * MR, a_zp, a_scale, mode,
+                             Ap + i * kp * MR, rs + i * MR, corr + i * MR, fbuf, qbuf);
+            for (long j0 = 0; j0 < nb; j0 += nbc) {
+                long j1 = j0 + nbc < nb ? j0 + nbc : nb;
+#pragma omp for collapse(2) schedule(static)
+                for (long i = 0; i < mb; ++i) {
+                    for (long j = j0; j < j1; ++j) {
+                        int32_t ct[MR * NR] __attribute__((aligned(64)));
+                        ukernel(kg, Ap + i * kp * MR, Bp + j * kp * NR, ct);
+                        long mr = M - i * MR < MR ? M - i * MR : MR;
+                        long nr = N - j * NR < NR ? N - j * NR : NR;
+                        for (long r = 0; r < mr; ++r)
+                            epilogue_row(&e, ct + r * NR, i * MR + r, j * NR, nr,
+                                         rs[i * MR + r], corr[i * MR + r]);
                     }
                 }
             }
         }
+        free(fbuf);
+        free(qbuf);
+    }
+    if (!oom) {
+        int unsigned_a = a_kind == A_U8 || (a_kind >= A_F32 && mode == 1);
+        for (long m = 0; m < M; ++m) {
+            if (row_scale) row_scale[m] = rs[m];
+            if (row_zp) row_zp[m] = corr[m] - (unsigned_a ? 0 : S_SHIFT);
+        }
     }
     free(Ap);
-    return 0;
+    free(rs);
+    free(corr);
+    return oom ? -1 : 0;
+}
+
+/* C (int32, optional) and/or Y (f32, optional) = (A - a_zp) @ B for int8 A.
+ * Y[m, n] = (float)acc * scale[n] + (bias ? bias[n] : 0). Returns 0, or -1 when out of
+ * memory. */
+int rlx_qgemm(long M, long N, long K, const int8_t *A, long lda, int32_t a_zp,
+              const void *Bp_, const int32_t *colsum, int32_t *C, float *Y, long ldc,
+              const float *scale, const float *bias, int nthreads) {
+    return rlx_qgemm_run(M, N, K, A_S8, A, lda, a_zp, 1.0f, 0, Bp_, colsum, scale, bias,
+                         ACT_NONE, NULL, 0, Y, ldc, C, ldc, NULL, NULL, nthreads);
 }
 
 /* Per-tensor affine quantization of f32 to 8 bits (int8 or uint8 by [qmin, qmax]):

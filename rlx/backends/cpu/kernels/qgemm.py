@@ -1,0 +1,213 @@
+"""CPU kernels of the integer GEMMs with a fused epilogue: ``qmatmul`` (int8 / uint8
+activations, static scale) and ``dynamic_qmatmul`` (f32 / bf16 activations quantized per row
+inside the GEMM). In: the node and its arena views. Out: a closure writing the f32 result.
+
+Both run ``native.qgemm_lib`` (the best path the selected target holds, ``RLX_ISA``:
+AVX-512 VNNI, AVX2 or plain C) on ``KernelCtx.num_threads`` threads, with the whole
+epilogue (row scale x channel scale, bias, activation, residual) applied to each tile in
+registers. The int8 weight is packed once: at compile time when it is a constant (what the
+quantization lowering produces), in a prologue step once per param change when it only
+changes with the params (``KernelCtx.stable``), otherwise at the first run and again only
+when its bytes change (compared with the copy it was packed from). Without gcc, when the
+build fails, or with ``CompileOptions(native=False)``, the kernels compute the same exact
+integer accumulator with a float64 BLAS matmul (exact while ``K * 255 * 128 < 2**53``)
+and the epilogue in NumPy, and say so in the kernel notes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from rlx.backends.cpu import native
+from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
+from rlx.errors import CompileError
+from rlx.ir.mir import Node
+from rlx.ops.core import Constant
+from rlx.ops.qmatmul import (
+    ActQuant,
+    DynamicQMatMul,
+    IntEpilogueOp,
+    QMatMul,
+    dynamic_quantize_rows,
+)
+
+__all__ = ["qmatmul_kernel", "dynamic_qmatmul_kernel", "packed_weight"]
+
+_F32 = np.dtype(np.float32)
+
+
+def _lib(ctx: KernelCtx, node: Node) -> native.QGemmLib | None:
+    """The native library, or None (with a note saying why)."""
+    name = f"{node.op.mnemonic} %{node.id}"
+    if not ctx.native:
+        ctx.notes.append(f"{name}: native kernels off (CompileOptions.native=False), f64 BLAS")
+        return None
+    try:
+        return native.qgemm_lib()
+    except CompileError as e:
+        first = e.bare_message.splitlines()[0]
+        ctx.notes.append(f"{name}: native int8 GEMM unavailable, exact f64 BLAS fallback ({first})")
+        return None
+
+
+def packed_weight(
+    ctx: KernelCtx, node: Node, i: int, w: np.ndarray, derive: Callable[[np.ndarray], object]
+) -> Callable[[], object]:
+    """A getter of ``derive(w)`` for input ``i`` of ``node``, derived as rarely as the
+    input allows (see the module docstring)."""
+    src = ctx.graph.nodes[node.inputs[i]]
+    if isinstance(src.op, Constant):
+        value = derive(w)
+        return lambda: value
+    if node.inputs[i] in ctx.stable:
+        box: list[object] = [None]
+
+        def prep() -> None:
+            box[0] = derive(w)
+
+        ctx.prologue.append(prep)
+        return lambda: box[0]
+    seen: list[np.ndarray | None] = [None]
+    box2: list[object] = [None]
+
+    def get() -> object:
+        if seen[0] is None or not np.array_equal(seen[0], w):
+            box2[0] = derive(w)
+            seen[0] = w.copy()
+        return box2[0]
+
+    return get
+
+
+def _as_f32(a: np.ndarray, shape: tuple[int, ...], ctx: KernelCtx, tag: int) -> tuple:
+    """``a`` reshaped to ``shape`` when it is C-contiguous f32, else an f32 scratch filled
+    by the returned step (None when no copy is needed)."""
+    if a.dtype == _F32 and a.flags.c_contiguous:
+        return a.reshape(shape), None
+    buf = ctx.scratch(shape, _F32, tag)
+    src = a.reshape(shape) if a.size == buf.size else a
+    return buf, lambda: np.copyto(buf, src, casting="unsafe")
+
+
+def _fused(
+    node: Node,
+    ins: list[np.ndarray],
+    out: np.ndarray,
+    ctx: KernelCtx,
+    x_rows: np.ndarray,
+    x_prep: Callable[[], None] | None,
+    call: dict,
+) -> Kernel | None:
+    """The native kernel: ``lib.run`` on ``x_rows`` [M, K] with the epilogue of ``node``;
+    None without the native library."""
+    op: IntEpilogueOp = node.op  # type: ignore[assignment]
+    lib = _lib(ctx, node)
+    if lib is None:
+        return None
+    w = ins[1]
+    k, n = w.shape
+    m = x_rows.shape[0]
+    packed = packed_weight(ctx, node, 1, w, lib.pack)
+    preps = [x_prep] if x_prep is not None else []
+    j = 2
+    bias = residual = None
+    if op.has_bias:
+        bias, p = _as_f32(ins[j], (n,), ctx, node.id * 8 + 1)
+        preps += [p] if p is not None else []
+        j += 1
+    if op.residual_input:
+        residual, p = _as_f32(ins[j], (m, n), ctx, node.id * 8 + 2)
+        preps += [p] if p is not None else []
+    act = op.epilogue_act
+    ws = op.w_scale_vector(n)
+    y = out.reshape(m, n)
+    threads, run_ = ctx.num_threads, lib.run
+    ctx.kind = KernelKind.NATIVE
+    kw = dict(call, w_scales=ws, bias=bias, residual=residual, out_f32=y)
+    kw["act"] = act.value if act is not None else None
+
+    def run() -> None:
+        for p in preps:
+            p()
+        run_(x_rows, packed(), n, num_threads=threads, **kw)  # type: ignore[arg-type]
+
+    return run
+
+
+def _fallback(
+    node: Node,
+    ins: list[np.ndarray],
+    out: np.ndarray,
+    ctx: KernelCtx,
+    quantize: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray]],
+) -> Kernel:
+    """The exact f64 BLAS path: ``quantize()`` gives ``(q - zp as f64 [M, K], row
+    scales f32 [M] or [1], None)``; the epilogue in NumPy."""
+    op: IntEpilogueOp = node.op  # type: ignore[assignment]
+    w = ins[1]
+    n = w.shape[1]
+    w64 = packed_weight(ctx, node, 1, w, lambda a: a.astype(np.float64))
+    ctx.kind = KernelKind.BLAS
+    ws = op.w_scale_vector(n)
+    y = out.reshape(-1, n)
+
+    def run() -> None:
+        xq, rs, _ = quantize()
+        acc = xq @ w64()
+        with np.errstate(all="ignore"):
+            v = acc.astype(np.float32) * (rs[:, None] * ws[None, :])
+        y[...] = op.epilogue(v.reshape(out.shape), ins).reshape(y.shape)
+
+    return run
+
+
+@kernel(QMatMul, KernelKind.NATIVE)
+def qmatmul_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
+    """int8 / uint8 x int8 -> int32 -> fused f32 epilogue."""
+    op: QMatMul = node.op  # type: ignore[assignment]
+    x = ins[0]
+    k = x.shape[-1]
+    m = out.size // max(out.shape[-1], 1) if out.ndim else 1
+    rows = x.reshape(m, k) if x.flags.c_contiguous else None
+    prep = None
+    if rows is None:
+        buf = ctx.scratch((m, k), x.dtype, node.id * 8 + 3)
+        rows, prep = buf, (lambda: np.copyto(buf, x.reshape(m, k)))
+    call = {"a_zero_point": op.x_zero_point, "a_scale": op.x_scale}
+    fn = _fused(node, ins, out, ctx, rows, prep, call)
+    if fn is not None:
+        return fn
+    rs = np.asarray([op.x_scale], np.float32)
+
+    def quantize() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        q = x.reshape(m, k).astype(np.float64) - float(op.x_zero_point)
+        return q, np.broadcast_to(rs, (m,)), None  # type: ignore[return-value]
+
+    return _fallback(node, ins, out, ctx, quantize)
+
+
+@kernel(DynamicQMatMul, KernelKind.NATIVE)
+def dynamic_qmatmul_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """Float rows quantized per row inside the int8 GEMM, fused f32 epilogue."""
+    op: DynamicQMatMul = node.op  # type: ignore[assignment]
+    x = ins[0]
+    k = x.shape[-1]
+    m = out.size // max(out.shape[-1], 1) if out.ndim else 1
+    if x.dtype.name in ("float32", "bfloat16") and x.flags.c_contiguous:
+        rows, prep = x.reshape(m, k), None
+    else:
+        rows, prep = _as_f32(x, (m, k), ctx, node.id * 8 + 3)
+    call = {"mode": 0 if op.mode is ActQuant.S8 else 1}
+    fn = _fused(node, ins, out, ctx, rows, prep, call)
+    if fn is not None:
+        return fn
+
+    def quantize() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        q, rs, zp = dynamic_quantize_rows(x.reshape(m, k), op.mode)
+        return (q - zp[:, None]).astype(np.float64), rs, None  # type: ignore[return-value]
+
+    return _fallback(node, ins, out, ctx, quantize)
