@@ -1,27 +1,51 @@
-"""Thread counts. In: the thread count a CompiledGraph wants. Out: the process's BLAS
-libraries (found by threadpoolctl) set to it; :func:`resolve_threads` turns
-``CompileOptions.num_threads`` (None: the default) into a count, the one native kernels
-get through ``KernelCtx.num_threads``.
+"""Thread counts. In: the thread count a CompiledGraph wants and the kernels of the
+schedule it runs. Out: the process's BLAS libraries (found by threadpoolctl) set to the
+count that schedule needs; :func:`resolve_threads` turns ``CompileOptions.num_threads``
+(None: the default) into a count, the one native kernels get through
+``KernelCtx.num_threads``.
+
+One pool. rlx's native kernels (GEMM, regions, rows, attention, int8, bf16) all run
+their threads on libgomp's team (``#pragma omp parallel num_threads(n)``), whose idle
+workers spin briefly and then sleep (``GOMP_SPINCOUNT``, set by
+:func:`rlx.backends.cpu.native.set_wait_policy`; the figures are in
+``rlx/backends/cpu/native/__init__.py``). OpenBLAS has a pool of its own (pthreads whose
+idle workers keep spinning for a long time), which takes the cores libgomp's workers need
+when both run in turn. So :func:`blas_threads_for` gives BLAS ``num_threads`` only when
+the schedule calls BLAS (a kernel of kind ``blas``, or one whose notes say ``BLAS``,
+e.g. a BLAS matmul with a native epilogue); a schedule that runs only rlx's own kernels
+pins BLAS to one thread, so OpenBLAS's workers never run beside libgomp's.
 
 The count is set once and re-set only when a graph wanting a different count runs: a
 ``threadpool_limits`` context around every run rescans the loaded libraries each time,
 which costs far more than a tiny graph's run (see benchmarks/dispatch.py). The setting
-stays in effect after the run (it is the process's BLAS setting); code that changes the
-BLAS thread count itself between runs should call ``ensure_blas_threads`` again with
-``force=True``.
+stays in effect after the run (it is the process's BLAS setting: NumPy matmuls in the
+user's code use it too); code that changes the BLAS thread count itself between runs
+should call ``ensure_blas_threads`` again with ``force=True``.
 """
 
 from __future__ import annotations
 
+import re
+import weakref
+from collections.abc import Iterable
 from typing import Any
 
 from rlx import config
 from rlx.errors import CompileError
 
-__all__ = ["ensure_blas_threads", "blas_info", "resolve_threads"]
+__all__ = [
+    "ensure_blas_threads",
+    "blas_info",
+    "resolve_threads",
+    "calls_blas",
+    "blas_threads_for",
+    "pool_info",
+]
 
 _controller: Any = None
 _current: int | None = None
+_BLAS_NOTE = re.compile(r"\bblas\b", re.IGNORECASE)
+_PER_SCHEDULE: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 def _blas_libs() -> list[Any]:
@@ -49,6 +73,32 @@ def resolve_threads(requested: int | None) -> int:
     return config.num_threads() or config.physical_cores()
 
 
+def calls_blas(entries: Iterable[Any]) -> bool:
+    """Whether schedule entries (``kind`` and ``notes`` attributes, as
+    ``Executor.kernel_entries``) hold a kernel that calls BLAS when it runs."""
+    for e in entries:
+        if getattr(e.kind, "value", e.kind) == "blas":
+            return True
+        if any(_BLAS_NOTE.search(n) for n in e.notes):
+            return True
+    return False
+
+
+def blas_threads_for(num_threads: int, executor: Any) -> int:
+    """The BLAS thread count a run of ``executor`` (its ``kernel_entries`` and
+    ``prologue_entries``) at ``num_threads`` wants: ``num_threads`` when it calls BLAS,
+    else 1 (see the module docstring). Worked out once per executor."""
+    uses = _PER_SCHEDULE.get(executor)
+    if uses is None:
+        entries = [*executor.kernel_entries, *getattr(executor, "prologue_entries", ())]
+        uses = calls_blas(entries)
+        try:
+            _PER_SCHEDULE[executor] = uses
+        except TypeError:  # not weak-referenceable: work it out each time
+            pass
+    return num_threads if uses else 1
+
+
 def ensure_blas_threads(n: int, force: bool = False) -> None:
     """Make every BLAS library use ``n`` threads (no-op when this module already set
     ``n``, unless ``force``)."""
@@ -63,3 +113,20 @@ def ensure_blas_threads(n: int, force: bool = False) -> None:
 def blas_info() -> list[dict[str, Any]]:
     """threadpoolctl's description of each BLAS library (kernel, version, threads)."""
     return [lc.info() for lc in _blas_libs()]
+
+
+def pool_info() -> dict[str, Any]:
+    """The thread pools as this process has them: the OpenMP wait policy rlx found and
+    set (:func:`rlx.backends.cpu.native.set_wait_policy`'s record, empty before the first
+    native library loads), the OpenMP libraries threadpoolctl sees, and the BLAS ones
+    with their thread counts."""
+    from threadpoolctl import threadpool_info
+
+    from rlx.backends.cpu import native
+
+    libs = threadpool_info()  # a fresh scan: libraries loaded since the first one count
+    return {
+        "wait_policy": native.wait_policy(),
+        "openmp": [i for i in libs if i.get("user_api") == "openmp"],
+        "blas": [i for i in libs if i.get("user_api") == "blas"],
+    }

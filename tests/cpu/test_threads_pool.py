@@ -1,18 +1,30 @@
 """Threads (issue 13): the FMA-peak probe on every runnable target (its instructions
-checked with objdump), and the thread-pool policy."""
+checked with objdump); the OpenMP wait policy as libgomp itself reports it
+(``omp_display_env``) in fresh processes, the user's variables winning; BLAS threads as
+threadpoolctl reports them (num_threads only for a schedule that calls BLAS); and the
+regions / rows that now get a team at MiniLM sizes giving the one-thread bits (the
+reference interpreter as the oracle)."""
 
 from __future__ import annotations
 
 import math
 import shutil
 import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
+import rlx
 from rlx.backends.cpu import native
+from rlx.backends.cpu.kernels import KernelKind
 from rlx.backends.cpu.native import peak
 from rlx.backends.cpu.native.cpu import Target
 from rlx.errors import CompileError
+from rlx.runtime import threads
+from rlx.runtime.options import CompileOptions
+from rlx.runtime.session import Session
 
 needs_gcc = pytest.mark.skipif(not native.available(), reason="gcc is not installed")
 
@@ -64,3 +76,173 @@ def test_fma_peak_probe_instructions(target: Target) -> None:
 def test_fma_peak_rejects_bad_thread_counts(bad: object) -> None:
     with pytest.raises(CompileError, match="threads must be an int >= 1"):
         peak.measure_peak(bad)  # type: ignore[arg-type]
+
+
+# ---- the OpenMP wait policy (a fresh process each: libgomp reads it once) -----------------
+
+_POLICY_SCRIPT = (
+    "import ctypes, json\n"
+    "from rlx.backends.cpu import native\n"
+    "native.load(native.build('int f(void){return 1;}', native.Isa.PLAIN, 'policy_probe'))\n"
+    "print(json.dumps(native.wait_policy()), flush=True)\n"
+    "ctypes.CDLL('libgomp.so.1').omp_display_env(1)\n"
+)
+
+
+def _policy_run(env_extra: dict[str, str], first: str = "") -> tuple[dict, str]:
+    import json
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(env_extra)
+    r = subprocess.run(
+        [sys.executable, "-c", first + _POLICY_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(r.stdout.splitlines()[0]), r.stdout + r.stderr
+
+
+needs_openmp = pytest.mark.skipif(
+    not native.available() or not native.openmp_supported(), reason="no OpenMP gcc here"
+)
+
+
+@needs_openmp
+def test_wait_policy_short_spin_by_default() -> None:
+    rec, text = _policy_run({})
+    assert rec == {
+        "libgomp_preloaded": False,
+        "set_by_rlx": True,
+        "OMP_WAIT_POLICY": None,
+        "GOMP_SPINCOUNT": str(native.SPIN_COUNT),
+    }
+    assert f"GOMP_SPINCOUNT = '{native.SPIN_COUNT}'" in text  # what libgomp itself uses
+
+
+@needs_openmp
+@pytest.mark.parametrize(
+    ("env", "shown"),
+    [
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, "OMP_WAIT_POLICY = 'ACTIVE'"),
+        ({"OMP_WAIT_POLICY": "PASSIVE"}, "GOMP_SPINCOUNT = '0'"),
+        ({"GOMP_SPINCOUNT": "123"}, "GOMP_SPINCOUNT = '123'"),
+    ],
+)
+def test_wait_policy_the_users_setting_wins(env: dict[str, str], shown: str) -> None:
+    rec, text = _policy_run(env)
+    assert rec["set_by_rlx"] is False
+    assert shown in text
+    for k, v in env.items():
+        assert rec[k] == v
+
+
+@needs_openmp
+def test_wait_policy_records_a_libgomp_loaded_before_rlx() -> None:
+    rec, text = _policy_run({}, first="import ctypes; ctypes.CDLL('libgomp.so.1')\n")
+    assert rec["libgomp_preloaded"] is True
+    assert "GOMP_SPINCOUNT = '300000'" in text  # libgomp's default: it read the env first
+
+
+# ---- BLAS threads: num_threads only for schedules that call BLAS --------------------------
+
+
+def _blas_threads() -> set[int]:
+    from threadpoolctl import threadpool_info
+
+    return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+
+@dataclass
+class _Entry:
+    kind: KernelKind
+    notes: tuple[str, ...] = ()
+
+
+def test_calls_blas_from_kind_and_notes() -> None:
+    assert not threads.calls_blas([_Entry(KernelKind.NATIVE, ("native: 3 ops in one C loop",))])
+    assert threads.calls_blas([_Entry(KernelKind.BLAS)])
+    assert threads.calls_blas(
+        [_Entry(KernelKind.NATIVE, ("BLAS matmul, then the native bias/activation pass",))]
+    )
+    assert threads.calls_blas([_Entry(KernelKind.NATIVE, ("blas (not rlx sgemm (avx2): x)",))])
+    assert not threads.calls_blas([_Entry(KernelKind.NATIVE, ("rlx sgemm 8x8x8",))])
+
+
+@pytest.fixture
+def _restore_blas() -> Iterator[None]:
+    before = threads._current
+    yield
+    threads.ensure_blas_threads(before or threads.resolve_threads(None), force=True)
+
+
+@pytest.mark.usefixtures("_restore_blas")
+def test_blas_threads_follow_the_schedule() -> None:
+    n = threads.resolve_threads(None)
+    if not _blas_threads():
+        pytest.skip("threadpoolctl finds no BLAS library")
+    g = rlx.Graph("mm")
+    x = g.input("x", (16, 32))
+    w = g.param("w", (32, 8))
+    g.set_outputs([g.matmul(x, w)])
+    wv = np.random.default_rng(0).standard_normal((32, 8)).astype(np.float32)
+    xv = np.random.default_rng(1).standard_normal((16, 32)).astype(np.float32)
+    blas = Session("cpu").compile(
+        g, params={"w": wv}, options=CompileOptions(num_threads=n, native=False)
+    )
+    blas.run({"x": xv})
+    assert _blas_threads() == {n}
+    e = rlx.Graph("ew")
+    y = e.input("y", (64,))
+    e.set_outputs([e.tanh(e.add(y, 1.0))])
+    own = Session("cpu").compile(e, options=CompileOptions(num_threads=n))
+    (got,) = own.run({"y": np.ones(64, np.float32)})
+    np.testing.assert_allclose(got, np.tanh(np.full(64, 2.0, np.float32)), rtol=1e-6)
+    assert _blas_threads() == {1}  # no BLAS kernel: OpenBLAS's workers stay asleep
+    blas.run({"x": xv})
+    assert _blas_threads() == {n}
+
+
+# ---- 1 vs 2 threads: the parallel regions and rows give the one-thread bits ---------------
+
+
+def _encoder_tail(ln: bool) -> tuple[rlx.Graph, dict[str, np.ndarray]]:
+    """gelu(x + b) + r (a region) or layer_norm(x + r) (a row kernel), MiniLM 8x128 sized."""
+    rng = np.random.default_rng(5)
+    g = rlx.Graph("tail")
+    width = 384 if ln else 1536
+    x, r = g.input("x", (8, 128, width)), g.input("r", (8, 128, width))
+    b = g.input("b", (width,))
+    if ln:
+        out = g.layer_norm(g.add(x, r), b, g.input("beta", (width,)), 1e-12)
+    else:
+        out = g.add(g.gelu(g.add(x, b)), r)
+    g.set_outputs([out])
+    feed = {
+        k: rng.standard_normal(d).astype(np.float32)
+        for k, d in (("x", (8, 128, width)), ("r", (8, 128, width)), ("b", (width,)))
+    }
+    if ln:
+        feed["beta"] = rng.standard_normal(width).astype(np.float32)
+    return g, feed
+
+
+@needs_gcc
+@pytest.mark.parametrize("ln", [False, True], ids=["gelu_region", "residual_layer_norm"])
+def test_two_threads_give_the_one_thread_bits(ln: bool) -> None:
+    from rlx.backends.reference import evaluate
+
+    g, feed = _encoder_tail(ln)
+    outs, notes = {}, {}
+    for n in (1, 2):
+        cg = Session("cpu").compile(g, options=CompileOptions(num_threads=n))
+        outs[n] = cg.run(feed)[0]
+        notes[n] = " ".join(x for k in cg.report().kernels for x in k.notes)
+    if threads.resolve_threads(2) == 2:
+        assert "OpenMP x2" in notes[2]
+    assert "OpenMP" not in notes[1]
+    np.testing.assert_array_equal(outs[1], outs[2])
+    np.testing.assert_allclose(outs[2], evaluate(g, feed)[0], rtol=2e-5, atol=2e-5)

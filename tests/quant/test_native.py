@@ -179,31 +179,3 @@ def test_threaded_path_exact(isa):
     c = np.empty((m, n), np.int32)
     lib.gemm(a, lib.pack(w), n, a_zero_point=-7, out_i32=c, num_threads=2)
     np.testing.assert_array_equal(c, (a.astype(np.int64) + 7) @ w.astype(np.int64))
-
-
-@pytest.mark.parametrize(("preset", "effective"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_openmp_wait_policy_is_passive_unless_the_user_chose(preset, effective):
-    """In a fresh process, loading the GEMM makes libgomp wait passively (see native.py's
-    docstring for the measurements); a policy the user set is left alone."""
-    import os
-    import subprocess
-    import sys
-
-    if not native.openmp_supported():
-        pytest.skip("gcc cannot build OpenMP libraries here")
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if preset is not None:
-        env["OMP_WAIT_POLICY"] = preset
-    script = (
-        "import ctypes, os\n"
-        "from rlx.backends.cpu import native\n"
-        "native.qgemm_lib()\n"
-        "print('env', os.environ['OMP_WAIT_POLICY'], flush=True)\n"
-        "ctypes.CDLL('libgomp.so.1').omp_display_env(0)\n"
-    )
-    r = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
-    )
-    text = r.stdout + r.stderr
-    assert f"env {effective}" in text
-    assert f"OMP_WAIT_POLICY = '{effective}'" in text  # what libgomp itself uses

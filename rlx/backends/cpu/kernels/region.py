@@ -53,14 +53,19 @@ __all__ = [
     "native_region_kernel",
 ]
 
-# Waking an OpenMP team costs 10-50 us here (benchmarks/region.py: a 16384-element add
-# takes 1.8 us on one thread, 10-43 us on two), so a team only pays for regions with far
-# more work than that. Work = output elements * (1 + CALL_WEIGHT * math calls per
-# element). In runs where the second core was free, two threads first won at 1-2M
-# elements for an add (memory-bound) and at 64K-128K for bias+gelu+residual (one erf
-# per element). See BENCHMARKS_region.md.
+# A team pays when the region's one-thread time is well above what starting it costs.
+# With libgomp's workers spinning briefly between regions (GOMP_SPINCOUNT, see
+# native/__init__.py) a team of 2 costs ~0.5-1 us over one thread when the second core is
+# free (16384-element add: 1.6-2.0 us on 2 threads, 1.8 us on one); with PASSIVE
+# workers it cost 3 us (16K) to 11-30 us (262K), hence the old 1 << 20. Work = output
+# elements * (1 + CALL_WEIGHT * math calls per element). At 1 << 18 one thread takes
+# (benchmarks/threads.py --thresholds): add of 262144 elements 42 us, gelu (one erf) of
+# 32768 elements 40 us, layer norm of 262144 (rows of 384) 66 us, softmax (one exp) of
+# 32768 (rows of 128) 15 us. Lower would gain < 15 us a region and, when another job
+# holds the second core, a team waits for its worker to be scheduled (measured: ~200 us
+# a region at load average 5 on 2 cores), so small regions stay on one thread.
 CALL_WEIGHT = 7
-PARALLEL_MIN_WORK = 1 << 20
+PARALLEL_MIN_WORK = 1 << 18
 
 
 @functools.cache

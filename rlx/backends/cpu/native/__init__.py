@@ -27,30 +27,46 @@ it is loaded, and a damaged entry is rebuilt. The cache is pruned by age and siz
 (``RLX_CACHE_MAX_MB``) once per process; :func:`cache_info` and :func:`clear_cache`
 (``rlx.native_cache_info`` / ``rlx.clear_native_cache``) inspect and empty it.
 
-OpenMP wait policy. :func:`load` sets ``OMP_WAIT_POLICY=PASSIVE`` in the process
-environment before the first native library (and so libgomp) is loaded, unless the
-variable is already set; ``OMP_WAIT_POLICY=ACTIVE`` (or any value) set by the user wins.
-libgomp reads the variable once, when it initialises: if another module loaded libgomp
-first, the setting has no effect, and it also applies to OpenMP libraries loaded later
-in the process. Kept because it was measured to matter: an int8 GEMM (libgomp, 2
-threads) followed by an f32 sgemm (NumPy's OpenBLAS, pthreads, 2 threads), alternating,
-median of 200 pairs per process, 4 interleaved rounds per setting, on this project's
-2-core VM (AVX-512 VNNI; shared with other jobs, load average 4-6). Pair time, min /
-median / max of the rounds, in ms:
+One thread pool. Every native kernel (regions, rows, GEMMs, attention, int8, bf16)
+runs its threads as an OpenMP team (``#pragma omp parallel num_threads(n)``, ``n`` from
+``KernelCtx.num_threads``), so libgomp's workers are rlx's one pool; BLAS gets threads
+only for schedules that call it (``rlx/runtime/threads.py``), so OpenBLAS's pthreads do
+not run beside them.
 
-==================  =====================  ==================
-shape (M x K x N)   libgomp default spin   PASSIVE
-==================  =====================  ==================
-64 x 768 x 768      64.0 / 72.0 / 84.0     0.80 / 1.02 / 1.17
-256 x 1024 x 1024   90.0 / 109.5 / 176.0   8.3 / 23.8 / 56.4
-==================  =====================  ==================
+OpenMP wait policy. :func:`load` calls :func:`set_wait_policy` before the first native
+library (and so libgomp) loads: it sets ``GOMP_SPINCOUNT=<SPIN_COUNT>`` (10000) in the
+process environment unless the user set ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` (theirs
+wins). An idle worker then spins 10000 ``pause`` iterations (~0.1-0.2 ms: libgomp's
+default 300000 burned 3.7-4.7 ms of a core after each team here) and sleeps on a futex.
+libgomp reads the variables once, when it initialises: if another module loaded a
+``libgomp.so.1`` first (torch ships one with that soname, and rlx's libraries then bind
+to it), its settings apply and :func:`wait_policy` records ``libgomp_preloaded``. The
+variable stays in the environment, so child processes and OpenMP libraries loaded later
+in the process inherit it.
 
-(A single earlier run at load average 2: 12.6 ms default vs 2.3 ms PASSIVE for the
-small shape; ``ACTIVE``: 72 ms.) With the default policy a finished GEMM's OpenMP
-workers spin for a while and take the cores OpenBLAS's threads (and the next GEMM's
-OpenMP barrier) need, so on a core-starved machine each kernel waits for scheduler time
-slices; PASSIVE workers sleep at once. The cost of PASSIVE is a futex wake-up per
-parallel region (microseconds), invisible at these sizes.
+Measured (2-core VM, AVX-512, shared with other jobs: load average 4.5-6.7; a
+``parallel for`` over an f32 array on 2 threads called back to back, best of 7 x 200
+calls; an OpenBLAS sgemm 64x768x768 on 2 threads alternating with that region, median of
+200 pairs; the CPU the process used in the 100 ms after its last team; a fresh process
+per setting, 3 interleaved rounds, min-max of the rounds):
+
+=========================  ============  =============  ==============  ==============
+setting                    16K elements  262K elements  sgemm + region  idle CPU after
+=========================  ============  =============  ==============  ==============
+libgomp default (300000)   1.8-2.1 us    10.2-10.6 us   44-68 ms        0.07-4.7 ms
+GOMP_SPINCOUNT=10000       1.6-558 us    9.7-10.1 us    0.65-36 ms      0.06-0.25 ms
+OMP_WAIT_POLICY=PASSIVE    4.7-121 us    21-41 us       0.38-0.51 ms    0.06-0.07 ms
+=========================  ============  =============  ==============  ==============
+
+The large maxima are rounds where other jobs held the second core (a team then waits
+for its worker to be scheduled). With libgomp's default a finished team's workers spin
+for milliseconds and take the cores OpenBLAS's threads need: the sgemm + region pair
+takes 100x longer. PASSIVE avoids that but pays a futex wake-up per team (+3 us at 16K
+elements, +11-30 us at 262K), which a small model with dozens of teams per run feels.
+The short spin keeps teams as cheap as the default while a run dispatches its kernels
+back to back and frees the core within ~0.2 ms after it; OpenBLAS's workers spinning
+after a BLAS call still conflict with it (the 36 ms round), which is why BLAS gets one
+thread when rlx's own kernels do the work.
 """
 
 from __future__ import annotations
@@ -103,6 +119,9 @@ __all__ = [
     "compile_command",
     "build",
     "load",
+    "SPIN_COUNT",
+    "set_wait_policy",
+    "wait_policy",
     "cache_info",
     "clear_cache",
     "native_cache_info",
@@ -243,13 +262,56 @@ def _build_entry(
     cache.record_digest(lib, key)
 
 
+#: libgomp spin iterations (one ``pause`` each) before an idle worker sleeps on a futex.
+SPIN_COUNT = 10000
+_POLICY: dict[str, object] = {}
+
+
+def _libgomp_loaded() -> bool:
+    """Whether a ``libgomp.so.1`` is mapped in this process already (then it has read its
+    environment and a variable set now changes nothing)."""
+    try:
+        ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
+    except OSError:
+        return False
+    return True
+
+
+def set_wait_policy() -> dict[str, object]:
+    """Before the first native library loads: set ``GOMP_SPINCOUNT`` to
+    :data:`SPIN_COUNT` in the process environment unless ``GOMP_SPINCOUNT`` or
+    ``OMP_WAIT_POLICY`` is set (the user's choice wins). Returns what was found and done
+    (the first call's record): ``libgomp_preloaded`` (another module loaded libgomp first,
+    so its own settings apply), ``set_by_rlx``, and the two variables."""
+    with _LOCK:
+        if not _POLICY:
+            user = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+            preloaded = _libgomp_loaded()
+            ours = all(v is None for v in user.values())
+            if ours:
+                os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+            _POLICY.update(
+                libgomp_preloaded=preloaded,
+                set_by_rlx=ours,
+                OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY"),
+                GOMP_SPINCOUNT=os.environ.get("GOMP_SPINCOUNT"),
+            )
+        return dict(_POLICY)
+
+
+def wait_policy() -> dict[str, object]:
+    """:func:`set_wait_policy`'s record; empty before the first native library loads."""
+    with _LOCK:
+        return dict(_POLICY)
+
+
 def load(path: Path) -> ctypes.CDLL:
     """Load (once per process) a library made by :func:`build`, after checking it
     against its recorded digest. CompileError when it does not match or cannot load.
 
-    Sets ``OMP_WAIT_POLICY=PASSIVE`` first unless the variable is set (see the module
-    docstring for why and the measurements)."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    Sets the OpenMP wait policy first (:func:`set_wait_policy`: ``GOMP_SPINCOUNT``
+    unless the user set it or ``OMP_WAIT_POLICY``; see the module docstring)."""
+    set_wait_policy()
     path = Path(path)
     with _LOCK:
         if path not in _LOADED:
