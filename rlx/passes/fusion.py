@@ -10,7 +10,8 @@ users are inside the match and it is not a graph output (:meth:`FusionView.why_n
 says why otherwise), so a fusion never duplicates work or hides a value someone reads.
 
 The passes, in pipeline order (pattern fusions first, then elementwise regions):
-attention, SwiGLU, residual + norm, matmul + bias + activation, elementwise regions.
+attention, SwiGLU, residual + norm, integer matmul epilogues (``fusion_quant``), matmul +
+bias + activation, elementwise regions.
 SwiGLU runs before matmul + activation so ``silu(x @ w_gate)`` is not taken first.
 """
 
@@ -180,11 +181,13 @@ def fusion_passes(report: FusionReport) -> list[PatternFusion]:
     from rlx.passes.fusion_attention import AttentionFusion
     from rlx.passes.fusion_elementwise import ElementwiseFusion
     from rlx.passes.fusion_patterns import MatMulBiasActFusion, ResidualNormFusion, SwiGLUFusion
+    from rlx.passes.fusion_quant import QuantEpilogueFusion
 
     return [
         AttentionFusion(report),
         SwiGLUFusion(report),
         ResidualNormFusion(report),
+        QuantEpilogueFusion(report),
         MatMulBiasActFusion(report),
         ElementwiseFusion(report),
     ]

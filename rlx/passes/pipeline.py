@@ -10,7 +10,7 @@ The default pass list (:func:`default_passes`), in order:
    ``freeze_params``, params given at compile time become constants first), ``simplify``;
 2. ``broadcast_legalization`` (always: it is what the elementwise kernels expect);
 3. fusion (``options.fuse``): ``fuse_attention``, ``fuse_swiglu``, ``fuse_residual_norm``,
-   ``fuse_matmul_bias_act``, then ``fuse_elementwise`` (pattern fusions before regions);
+   ``fuse_quant_epilogue``, ``fuse_matmul_bias_act``, then ``fuse_elementwise`` (pattern fusions before regions);
 4. precision (a non-f32 ``options.precision``): ``auto_mixed_precision`` then
    ``cast_elimination``;
 5. ``dce`` again.
@@ -57,6 +57,7 @@ PASS_NAMES: tuple[str, ...] = (
     "fuse_attention",
     "fuse_swiglu",
     "fuse_residual_norm",
+    "fuse_quant_epilogue",
     "fuse_matmul_bias_act",
     "fuse_elementwise",
     "auto_mixed_precision",

@@ -45,6 +45,7 @@ class FusionPattern(enum.Enum):
     ATTENTION = "attention"
     SWIGLU = "swiglu"
     RESIDUAL_NORM = "residual_norm"
+    QUANT_EPILOGUE = "quant_epilogue"
     MATMUL_BIAS_ACT = "matmul_bias_act"
     ELEMENTWISE_REGION = "elementwise_region"
 

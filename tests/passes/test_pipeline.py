@@ -43,6 +43,7 @@ def test_default_pass_order():
         "fuse_attention",
         "fuse_swiglu",
         "fuse_residual_norm",
+        "fuse_quant_epilogue",
         "fuse_matmul_bias_act",
         "fuse_elementwise",
     ]
