@@ -305,6 +305,8 @@ def quantize(
     eval_data: Iterable[Mapping[str, Any]] | None = None,
     eval_batches: int = 4,
     rank_layers: bool = True,
+    weights_only: bool = False,
+    scheme: Any = None,
 ) -> QuantizeResult:
     """Post-training INT8 quantization of every matmul with a known 2-D weight.
 
@@ -319,7 +321,22 @@ def quantize(
     Raises QuantizationError naming the tensor for a NaN / Inf weight of a quantized
     layer and for an activation that saw only non-finite values; an activation that saw
     only zeros keeps its layers in float with a RuntimeWarning (see the module docstring).
+
+    ``weights_only=True`` with ``scheme=`` a QuantScheme (Int8Block(32), Int4Block(32),
+    Fp8E4m3(), a GGUF scheme...) packs the weights instead and emits DequantMatMul
+    (activations stay f32, no calibration: ``calibration_data`` only feeds the accuracy
+    measurement); see :mod:`rlx.quant.weight_only`.
     """
+    if weights_only or scheme is not None:
+        from rlx.quant.weight_only import quantize_weights_only
+
+        if not weights_only:
+            raise QuantizationError("scheme= applies to weights_only=True quantization")
+        return quantize_weights_only(
+            graph_or_module, calibration_data, params=params, scheme=scheme, exclude=exclude,
+            options=options, eval_data=eval_data, eval_batches=eval_batches,
+            rank_layers=rank_layers, accuracy_budget=accuracy_budget,
+        )  # fmt: skip
     meth = _METHODS.get(method) if isinstance(method, str) else method
     if not isinstance(meth, CalibrationMethod):
         raise QuantizationError(
