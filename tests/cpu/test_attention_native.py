@@ -7,6 +7,7 @@ f16/bf16 and f64-mask inputs, and the encoders' attention nodes take it."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +18,7 @@ from rlx.backends.cpu import native
 from rlx.backends.cpu.kernels import KernelKind
 from rlx.backends.cpu.native.attention import attention_lib
 from rlx.dtype import DType
+from rlx.errors import CompileError
 from rlx.models import synthetic
 from rlx.ops.nn import MaskKind, MaskType
 from rlx.runtime.options import CompileOptions
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not insta
 TARGETS = native.runnable_targets()
 PATHS = {native.Target.PORTABLE: "c", native.Target.AVX2: "avx2", native.Target.AVX512: "avx512"}
 LOWEST = np.finfo(np.float32).min
+BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def oracle(
@@ -167,6 +170,30 @@ def test_each_target_reports_its_path(target) -> None:
     assert attention_lib(target).path == PATHS[target]
 
 
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.value)
+@pytest.mark.parametrize(("dtype", "tol"), [(BF16, 8e-3), (np.dtype(np.float16), 1e-3)], ids=str)
+def test_low_precision_inputs(target, dtype, tol) -> None:
+    """bf16 / f16 q, k, v read directly (keys and values widened a block at a time), f32
+    arithmetic, the output rounded once: within an output ulp of the oracle on the same
+    rounded inputs; NaN rows stay NaN. f16 needs F16C: no portable library."""
+    if dtype == np.float16 and target is native.Target.PORTABLE:
+        with pytest.raises(CompileError, match="F16C"):
+            attention_lib(target, dtype)
+        return
+    rng = np.random.default_rng(11)
+    for kind, sq, skv in ((MaskKind.causal(), 90, 70), (MaskKind.custom(), 33, 140)):
+        q, k, v = (x.astype(dtype) for x in _qkv(rng, 2, sq, skv, 4, 2, 24))
+        mask = None
+        if kind.type is MaskType.CUSTOM:
+            mask = np.where(rng.random((2, 4, sq, skv)) < 0.2, -np.inf, 0.0).astype(np.float32)
+        out = np.zeros_like(q)
+        attention_lib(target, dtype).run(
+            q, k, v, out, num_heads=4, num_kv_heads=2, head_dim=24, scale=0.2,
+            mask_type=kind.type, mask=mask, num_threads=2,
+        )  # fmt: skip
+        _check(out.astype(np.float32), oracle(q, k, v, 4, 2, 24, 0.2, kind, mask), tol)
+
+
 def test_long_causal_sequence() -> None:
     """Many query and key blocks, sliding window cutting blocks, 2 threads."""
     rng = np.random.default_rng(3)
@@ -192,18 +219,27 @@ def _attention_records(cg):
 
 @pytest.mark.parametrize(
     ("dtype", "mask_dt", "tol"),
-    [(DType.F32, DType.F32, 2e-5), (DType.F32, DType.F64, 2e-5), (DType.BF16, DType.BF16, 1e-5)],
+    [
+        (DType.F32, DType.F32, 2e-5),
+        (DType.F32, DType.F64, 2e-5),
+        (DType.BF16, DType.BF16, 8e-3),
+        (DType.F16, DType.F32, 1e-3),
+    ],
 )
 def test_compiled_node_takes_the_native_kernel(dtype, mask_dt, tol) -> None:
-    """bf16 inputs are widened first; an f64 mask is cast to f32 scratch (as the
-    reference adds it in f32). The oracle sees the same (rounded) inputs."""
+    """bf16 / f16 are read by the kernel (f32 arithmetic, output rounded once); an f64 or
+    bf16 mask is cast to f32 scratch (the reference adds it in f32). The oracle sees the
+    same (rounded) inputs; the tolerance is about one ulp of the output dtype."""
     rng = np.random.default_rng(5)
     b, sq, skv, h, hkv, d = 2, 9, 70, 4, 2, 16
     g = _attention_graph(b, sq, skv, h, hkv, d, MaskKind.custom(), dtype, (b, 1, 1, skv), mask_dt)
     cg = rlx.Session("cpu").compile(g, CompileOptions(use_cache=False, num_threads=2))
     (rec,) = _attention_records(cg)
-    assert rec.kind is KernelKind.NATIVE
-    assert rec.notes == (f"native attention ({attention_lib().path})",)
+    if dtype is DType.F16 and native.selected_target() is native.Target.PORTABLE:
+        assert rec.kind is KernelKind.BLAS and "F16C" in rec.notes[0]
+    else:
+        assert rec.kind is KernelKind.NATIVE
+        assert rec.notes == (f"native attention ({attention_lib().path})",)
     npdt, mdt = dtype.np, mask_dt.np
     feed = {n: x.astype(npdt) for n, x in zip("qkv", _qkv(rng, b, sq, skv, h, hkv, d), strict=True)}
     feed["m"] = np.where(rng.random((b, 1, 1, skv)) < 0.3, -1e30, 0.0).astype(mdt)
@@ -215,7 +251,7 @@ def test_compiled_node_takes_the_native_kernel(dtype, mask_dt, tol) -> None:
 def test_f64_and_non_native_take_the_blas_kernel() -> None:
     g = _attention_graph(1, 4, 4, 2, 2, 8, MaskKind.causal(), DType.F64)
     (rec,) = _attention_records(rlx.Session("cpu").compile(g, CompileOptions(use_cache=False)))
-    assert rec.kind is KernelKind.BLAS and "f32 only" in rec.notes[0]
+    assert rec.kind is KernelKind.BLAS and "takes f32, bf16 or f16" in rec.notes[0]
     g = _attention_graph(1, 4, 4, 2, 2, 8, MaskKind.causal())
     opts = CompileOptions(use_cache=False, native=False)
     (rec,) = _attention_records(rlx.Session("cpu").compile(g, opts))

@@ -4,11 +4,12 @@ Attention, native (``native/attention.py``, ``csrc/attention.c``): one fused ker
 node, flash style (per batch, head and block of query rows: scores against blocks of
 keys, an online softmax in f32 and the value product, so no [B, H, Sq, Skv] score matrix
 exists), OpenMP over the blocks with ``KernelCtx.num_threads``, the AVX-512 / AVX2 / plain
-C path of the selected build target; every mask kind and grouped-query heads. f16/bf16
-q, k, v are widened to f32 first (``lowp``); a non-f32 custom mask is cast to f32 scratch
-before each run (the reference adds it in f32). Reported as ``native attention
-(avx512|avx2|c)``. It declines (noted; the BLAS kernel below runs) for f64, without
-native kernels or gcc, for non-contiguous views and for an empty sequence.
+C path of the selected build target; every mask kind and grouped-query heads. f32, bf16
+and f16 q, k, v (f16 not on the portable target) are read directly, the arithmetic is
+f32 and the output is rounded once; a non-f32 custom mask is cast to f32 scratch before
+each run (the reference adds it in f32). Reported as ``native attention (avx512|avx2|c)``.
+It declines (noted; the BLAS kernel below runs) for f64 and fp8, without native kernels
+or gcc, for non-contiguous views and for an empty sequence.
 
 Attention, BLAS: two batched BLAS matmuls per call into scratch allocated when the
 schedule is built (no allocation per run).
@@ -36,7 +37,7 @@ from rlx.backends.cpu.codegen.elementwise import C_TYPES, CodegenUnsupported
 from rlx.backends.cpu.codegen.rows import RowKind, RowSpec
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
 from rlx.backends.cpu.kernels.rows import row_kernel
-from rlx.backends.cpu.native.attention import attention_lib
+from rlx.backends.cpu.native.attention import DTYPES, attention_lib
 from rlx.dtype import DType
 from rlx.errors import CompileError
 from rlx.ops.nn import Attention, Rope
@@ -53,7 +54,6 @@ _MIN_PARALLEL_WORK = 1 << 18
 
 
 @kernel(Attention, KernelKind.BLAS)
-@lowp
 def attention_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
@@ -78,7 +78,7 @@ def native_attention(
             ctx.notes.append(f"BLAS attention ({why})")
         return None
     try:
-        lib = attention_lib()
+        lib = attention_lib(dtype=q.dtype)
     except CompileError as e:
         ctx.notes.append(f"BLAS attention (native build: {str(e).splitlines()[0]})")
         return None
@@ -116,8 +116,8 @@ def _native_declines(
     kernels are off), or None when it does."""
     if not ctx.native:
         return ""
-    if q.dtype != F32:
-        return f"native kernel is f32 only, given {q.dtype}"
+    if q.dtype not in DTYPES:
+        return f"the native kernel takes f32, bf16 or f16, given {q.dtype}"
     if not all(x.flags.c_contiguous for x in (q, k, v, out)):
         return "a non-contiguous q, k, v or output view"
     if q.size == 0 or k.shape[1] == 0:
@@ -125,6 +125,7 @@ def _native_declines(
     return None
 
 
+@lowp
 def blas_attention(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:

@@ -1,10 +1,12 @@
-"""The fused attention library (``csrc/attention.c``). In: f32 q, k, v (packed heads),
-a mask kind and an optional additive f32 mask. Out: ``softmax(q kᵀ scale + mask) v``
-written into the output, through :class:`AttentionLib`.
+"""The fused attention library (``csrc/attention.c``). In: q, k, v (packed heads; f32,
+bf16 or f16, one library per dtype), a mask kind and an optional additive f32 mask.
+Out: ``softmax(q kᵀ scale + mask) v`` (f32 arithmetic) written into the output (q's
+dtype), through :class:`AttentionLib`.
 
 :func:`attention_lib` builds the library for a build target (default: the selected one,
-``RLX_ISA``): the AVX-512 or AVX2 intrinsics path or plain C, as the target's flags
-define; :attr:`AttentionLib.path` names it (``avx512`` / ``avx2`` / ``c``).
+``RLX_ISA``) and a dtype: the AVX-512 or AVX2 intrinsics path or plain C, as the
+target's flags define; :attr:`AttentionLib.path` names it (``avx512`` / ``avx2`` /
+``c``). f16 needs F16C, so the portable target has no f16 library (CompileError).
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import ctypes
 import functools
 from collections.abc import Callable
 
+import ml_dtypes
 import numpy as np
 
 from rlx.backends.cpu.native import cpu
-from rlx.errors import InputError
+from rlx.errors import CompileError, InputError
 from rlx.ops.nn import MaskType
 
 __all__ = ["AttentionLib", "attention_lib", "MASK_CODES"]
@@ -27,16 +30,22 @@ _L = ctypes.c_long
 #: the C kernel's mask codes
 MASK_CODES = {MaskType.NONE: 0, MaskType.CAUSAL: 1, MaskType.SLIDING_WINDOW: 2, MaskType.CUSTOM: 3}
 _PATHS = {0: "c", 1: "avx2", 2: "avx512"}
+#: element dtype -> the C ``RLX_ATT_DT`` code
+DTYPES = {np.dtype(np.float32): 0, np.dtype(ml_dtypes.bfloat16): 1, np.dtype(np.float16): 2}
 
 
 class AttentionLib:
     """Typed wrapper over ``csrc/attention.c``."""
 
-    def __init__(self, lib: ctypes.CDLL):
+    def __init__(self, lib: ctypes.CDLL, dtype: np.dtype):
         self.lib = lib
+        self.dtype = np.dtype(dtype)
         lib.rlx_attention_isa.restype = ctypes.c_int
         lib.rlx_attention_openmp.restype = ctypes.c_int
         lib.rlx_attention_block_rows.restype = ctypes.c_int
+        lib.rlx_attention_dtype.restype = ctypes.c_int
+        if lib.rlx_attention_dtype() != DTYPES[self.dtype]:
+            raise CompileError(f"attention library {lib} is not the {self.dtype} one")
         lib.rlx_attention_ws_floats.restype = _L
         lib.rlx_attention_ws_floats.argtypes = [_L]
         lib.rlx_attention.restype = ctypes.c_int
@@ -74,8 +83,8 @@ class AttentionLib:
         num_threads: int = 1,
     ) -> Callable[[], None]:
         """A call computing ``out[B,Sq,H*D] = attention(q, k, v)`` from these arrays (their
-        addresses are taken now: the call reads their contents when run). Every array
-        C-contiguous f32, ``mask`` f32 broadcastable to [B,H,Sq,Skv] (custom masks only);
+        addresses are taken now: the call reads their contents when run). q, k, v, out
+        C-contiguous of this library's dtype, ``mask`` f32 broadcastable to [B,H,Sq,Skv] (custom masks only);
         InputError otherwise. ``workspace``: f32 of :meth:`workspace_floats` elements
         (allocated here when None)."""
         b, sq, hd = q.shape
@@ -84,9 +93,9 @@ class AttentionLib:
         want = {"q": (q, (b, sq, h * d)), "k": (k, (b, skv, hkv * d))}
         want |= {"v": (v, (b, skv, hkv * d)), "out": (out, (b, sq, h * d))}
         for name, (x, dims) in want.items():
-            if x.dtype != np.float32 or x.shape != dims or not x.flags.c_contiguous:
+            if x.dtype != self.dtype or x.shape != dims or not x.flags.c_contiguous:
                 raise InputError(
-                    f"attention: {name} must be C-contiguous f32 {list(dims)}, "
+                    f"attention: {name} must be C-contiguous {self.dtype} {list(dims)}, "
                     f"given {x.dtype} {list(x.shape)}"
                 )
         if h % hkv:
@@ -131,16 +140,26 @@ class _Prepared:
             raise InputError("attention: the workspace is smaller than the kernel needs")
 
 
-def attention_lib(target: cpu.Target | None = None) -> AttentionLib:
+def attention_lib(
+    target: cpu.Target | None = None, dtype: np.dtype | type = np.float32
+) -> AttentionLib:
     """Build (cached on disk by content) and load the attention library for ``target``
-    (default: :func:`~rlx.backends.cpu.native.cpu.selected_target`). CompileError
-    without gcc or when the build fails."""
-    return _attention_lib(cpu.selected_target() if target is None else target)
+    (default: :func:`~rlx.backends.cpu.native.cpu.selected_target`) and element
+    ``dtype`` (f32, bf16, f16). CompileError without gcc, when the build fails, for
+    another dtype, or f16 on the portable target."""
+    dt = np.dtype(dtype)
+    if dt not in DTYPES:
+        raise CompileError(f"native attention takes f32, bf16 or f16, not {dt}")
+    return _attention_lib(cpu.selected_target() if target is None else target, dt)
 
 
 @functools.cache
-def _attention_lib(target: cpu.Target) -> AttentionLib:
+def _attention_lib(target: cpu.Target, dtype: np.dtype) -> AttentionLib:
     from rlx.backends.cpu import native
 
-    source = (native.CSRC / "attention.c").read_text()
-    return AttentionLib(native.load(native.build(source, target, "attention")))
+    code = DTYPES[dtype]
+    if code == 2 and target is cpu.Target.PORTABLE:
+        raise CompileError("native f16 attention needs F16C: not on the portable target")
+    source = f"#define RLX_ATT_DT {code}\n" + (native.CSRC / "attention.c").read_text()
+    name = "attention" if code == 0 else f"attention_{dtype.name}"
+    return AttentionLib(native.load(native.build(source, target, name)), dtype)

@@ -1,6 +1,7 @@
-/* Fused multi-head attention, flash style, f32.
+/* Fused multi-head attention, flash style, f32 arithmetic.
  *
- * In: q[B,Sq,H*D], k[B,Skv,Hkv*D], v[B,Skv,Hkv*D] (C-contiguous f32), a mask kind
+ * In: q[B,Sq,H*D], k[B,Skv,Hkv*D], v[B,Skv,Hkv*D] (C-contiguous, all f32, bf16 or f16 as
+ * RLX_ATT_DT says), a mask kind
  * (none / causal / sliding window, end-aligned) and an optional additive f32 mask given by
  * element strides over [B,H,Sq,Skv] (0 on broadcast dims). Out: out[B,Sq,H*D] =
  * softmax(q k^T * scale + mask) v per head; query head h reads kv head h / (H / Hkv).
@@ -113,6 +114,44 @@ static inline vf vpow2i(vf n) {
 #define PV_D 2
 #endif
 
+/* element type of q, k, v and out (RLX_ATT_DT, defined by the loader): 0 f32, 1 bf16,
+ * 2 f16 (F16C, AVX2 and AVX-512 targets only). Arithmetic is f32 throughout; bf16/f16
+ * keys and values are widened one block at a time into the workspace, the output is
+ * rounded to nearest even once. */
+#ifndef RLX_ATT_DT
+#define RLX_ATT_DT 0
+#endif
+#if RLX_ATT_DT == 0
+typedef float elt;
+static inline float ld(const elt *p) { return *p; }
+static inline void st1(elt *p, float x) { *p = x; }
+#elif RLX_ATT_DT == 1
+typedef uint16_t elt;
+static inline float ld(const elt *p) {
+    uint32_t u = (uint32_t)*p << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline void st1(elt *p, float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) { /* NaN stays a (quiet) NaN */
+        *p = (uint16_t)((u >> 16) | 0x40);
+        return;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    *p = (uint16_t)(u >> 16);
+}
+#elif RLX_ATT_DT == 2 && defined(__F16C__)
+#include <immintrin.h>
+typedef uint16_t elt;
+static inline float ld(const elt *p) { return _cvtsh_ss(*p); }
+static inline void st1(elt *p, float x) { *p = _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT); }
+#else
+#error "RLX_ATT_DT: f16 needs F16C (the AVX2 or AVX-512 target)"
+#endif
+
 #define RMAX 4           /* row vectors per task: MB = RMAX * W query rows */
 #define MB (RMAX * W)
 #define NB 64            /* keys per block */
@@ -152,8 +191,9 @@ static inline vf vexp(vf x) {
 }
 
 typedef struct {
-    const float *q, *k, *v, *mask;
-    float *out;
+    const elt *q, *k, *v;
+    const float *mask;
+    elt *out;
     long B, Sq, Skv, H, Hkv, D;
     float scale;
     int mtype;
@@ -170,8 +210,8 @@ typedef struct {
     int mrow_scalar;    /* the mask is one value per key for every row */
 } rows_t;
 
-/* scores of keys j0..j0+nb for R row vectors into st[j][i] (scaled, masked); returns
- * the block max per row vector in bmax. */
+/* scores of keys j0..j0+nb (their rows at kbase, kstride apart) for R row vectors into
+ * st[j][i] (scaled, masked); returns the block max per row vector in bmax. */
 static inline __attribute__((always_inline)) void qk_block(
     const att_args *a, const rows_t *rw, const float *qt, float *st, const float *kbase,
     long kstride, long j0, long nb, long m, int R, int need_causal, vf *bmax) {
@@ -189,7 +229,7 @@ static inline __attribute__((always_inline)) void qk_block(
     for (; jj < nb; jj += QK_J) {
         int nj = nb - jj < QK_J ? (int)(nb - jj) : QK_J;
         const float *kp[QK_J];
-        for (int t = 0; t < QK_J; t++) kp[t] = kbase + (j0 + jj + (t < nj ? t : 0)) * kstride;
+        for (int t = 0; t < QK_J; t++) kp[t] = kbase + (jj + (t < nj ? t : 0)) * kstride;
         vf acc[QK_J][RMAX];
         for (int t = 0; t < QK_J; t++)
             for (int r = 0; r < R; r++) acc[t][r] = VZERO();
@@ -230,10 +270,9 @@ static inline __attribute__((always_inline)) void qk_block(
     }
 }
 
-/* ot[d][i] += sum_j v[j,d] * st[j][i] for nb keys */
+/* ot[d][i] += sum_j v[j,d] * st[j][i] for the nb keys of the block at vbase */
 static inline __attribute__((always_inline)) void pv_block(
-    float *ot, const float *st, const float *vbase, long vstride, long j0, long nb, long D,
-    int R) {
+    float *ot, const float *st, const float *vbase, long vstride, long nb, long D, int R) {
     long d = 0;
     for (; d < D; d += PV_D) {
         int nd = D - d < PV_D ? (int)(D - d) : PV_D;
@@ -242,7 +281,7 @@ static inline __attribute__((always_inline)) void pv_block(
             for (int r = 0; r < R; r++)
                 acc[t][r] = t < nd ? VLOAD(ot + (d + t) * MB + r * W) : VZERO();
         for (long jj = 0; jj < nb; jj++) {
-            const float *vp = vbase + (j0 + jj) * vstride + d;
+            const float *vp = vbase + jj * vstride + d;
             vf pv[RMAX];
             for (int r = 0; r < R; r++) pv[r] = VLOAD(st + jj * MB + r * W);
             for (int t = 0; t < PV_D; t++) {
@@ -264,8 +303,11 @@ static inline __attribute__((always_inline)) void task_r(
     const long qstride = H * D, kstride = Hkv * D;
     float *qt = ws, *ot = qt + D * MB, *st = ot + D * MB;
     const long off = Skv - Sq;
-    const float *kbase = a->k + b * Skv * kstride + hk * D;
-    const float *vbase = a->v + b * Skv * kstride + hk * D;
+    const elt *kbase = a->k + b * Skv * kstride + hk * D;
+    const elt *vbase = a->v + b * Skv * kstride + hk * D;
+#if RLX_ATT_DT != 0
+    float *kc = st + NB * MB, *vc = kc + NB * D; /* widened key / value blocks */
+#endif
     const int causal = a->mtype == MASK_CAUSAL || a->mtype == MASK_SLIDING;
     long qoff[MB];
     rows_t rw;
@@ -297,11 +339,11 @@ static inline __attribute__((always_inline)) void task_r(
     }
     if (jhi < jlo) { /* every row sees no key: NaN, as softmax of only -inf */
         for (long ii = 0; ii < m; ii++)
-            for (long d = 0; d < D; d++) a->out[qoff[ii] + d] = NAN;
+            for (long d = 0; d < D; d++) st1(a->out + qoff[ii] + d, NAN);
         return;
     }
     for (long d = 0; d < D; d++) {
-        for (long ii = 0; ii < m; ii++) qt[d * MB + ii] = a->q[qoff[ii] + d];
+        for (long ii = 0; ii < m; ii++) qt[d * MB + ii] = ld(a->q + qoff[ii] + d);
         for (long ii = m; ii < R * W; ii++) qt[d * MB + ii] = 0.0f;
     }
     memset(ot, 0, sizeof(float) * D * MB);
@@ -318,7 +360,19 @@ static inline __attribute__((always_inline)) void task_r(
         int need = causal && (j0 + nb - 1 > imin + off ||
                               (a->mtype == MASK_SLIDING && j0 < imax + off - a->window + 1));
         vf bmax[RMAX];
-        qk_block(a, &rw, qt, st, kbase, kstride, j0, nb, m, R, need, bmax);
+#if RLX_ATT_DT == 0
+        const float *kb = kbase + j0 * kstride, *vb = vbase + j0 * kstride;
+        const long kvs = kstride;
+#else
+        for (long jj = 0; jj < nb; jj++)
+            for (long d = 0; d < D; d++) {
+                kc[jj * D + d] = ld(kbase + (j0 + jj) * kstride + d);
+                vc[jj * D + d] = ld(vbase + (j0 + jj) * kstride + d);
+            }
+        const float *kb = kc, *vb = vc;
+        const long kvs = D;
+#endif
+        qk_block(a, &rw, qt, st, kb, kvs, j0, nb, m, R, need, bmax);
         vf msafe[RMAX];
         for (int r = 0; r < R; r++) {
             vf mnew = VMAX(mx[r], bmax[r]);
@@ -342,7 +396,7 @@ static inline __attribute__((always_inline)) void task_r(
                 VSTORE(s, p);
             }
         }
-        pv_block(ot, st, vbase, kstride, j0, nb, D, R);
+        pv_block(ot, st, vb, kvs, nb, D, R);
     }
     for (long d = 0; d < D; d++)
         for (int r = 0; r < R; r++) {
@@ -350,7 +404,7 @@ static inline __attribute__((always_inline)) void task_r(
             VSTORE(o, VDIV(VLOAD(o), sum[r]));
         }
     for (long ii = 0; ii < m; ii++)
-        for (long d = 0; d < D; d++) a->out[qoff[ii] + d] = ot[d * MB + ii];
+        for (long d = 0; d < D; d++) st1(a->out + qoff[ii] + d, ot[d * MB + ii]);
 }
 
 static void task(const att_args *a, long b, long hk, long r0, long m, float *ws) {
@@ -364,10 +418,14 @@ static void task(const att_args *a, long b, long hk, long r0, long m, float *ws)
 }
 
 /* floats of workspace one thread needs for head dim D (64-byte aligned inside) */
-long rlx_attention_ws_floats(long D) { return 2 * D * MB + NB * MB + 16; }
+long rlx_attention_ws_floats(long D) {
+    return 2 * D * MB + NB * MB + (RLX_ATT_DT != 0 ? 2 * NB * D : 0) + 16;
+}
+
+int rlx_attention_dtype(void) { return RLX_ATT_DT; }
 
 /* Returns 0, or -1 when the workspace is too small. */
-int rlx_attention(const float *q, const float *k, const float *v, float *out, long B, long Sq,
+int rlx_attention(const elt *q, const elt *k, const elt *v, elt *out, long B, long Sq,
                   long Skv, long H, long Hkv, long D, float scale, int mtype, long window,
                   const float *mask, long msb, long msh, long msq, long msk, float *ws,
                   long ws_floats, int threads) {
