@@ -75,27 +75,24 @@ def dequant_matmul_kernel(
     x_f32 = ctx.scratch(x.shape, np.float32, tag=node.id) if needs_copy else None
     lib = _native_lib(ctx, node, op) if out.flags.c_contiguous else None
     if lib is not None:
-        from rlx.backends.cpu.native.dqgemm import check_weights
-
         names = tuple(_input_name(ctx, node, i) for i in range(1, len(node.inputs)))
+        threads = ctx.num_threads
+        path = "GEMV" if m < 4 else "tiled GEMM"
         try:
-            check_weights(op.scheme, weights, n, k, names)
+            xa = (x if x_f32 is None else x_f32).reshape(m, k)
+            call = lib.bind(op.scheme, xa, weights, y, num_threads=threads, names=names)
         except QuantizationError as e:
             raise QuantizationError(f"dequant_matmul %{node.id}: {e.bare_message}") from None
-        threads = ctx.num_threads
-        scheme = op.scheme
-        path = "GEMV" if m < 4 else "tiled GEMM"
         ctx.notes.append(
-            f"dequant_matmul %{node.id}: native {scheme} {path} on the packed bytes "
+            f"dequant_matmul %{node.id}: native {op.scheme} {path} on the packed bytes "
             f"({lib.target.value}, {threads} thread(s))"
         )
+        if x_f32 is None:
+            return call
 
         def run() -> None:
-            xa = x
-            if x_f32 is not None:
-                np.copyto(x_f32, x, casting="unsafe")
-                xa = x_f32
-            lib.gemm(scheme, xa.reshape(m, k), weights, y, num_threads=threads, check=False)
+            np.copyto(x_f32, x, casting="unsafe")
+            call()
 
         return run
 

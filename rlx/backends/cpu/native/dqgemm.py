@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -185,6 +186,36 @@ class DqGemmLib:
             raise MemoryError("dqgemm: could not allocate a decode buffer")
         if rc != 0:
             raise InputError(f"dqgemm: rejected {scheme} with K={k} (code {rc})")
+
+    def bind(
+        self,
+        scheme: S.QuantScheme,
+        x: np.ndarray,
+        ws: tuple[np.ndarray, ...],
+        out: np.ndarray,
+        *,
+        num_threads: int = 1,
+        names: tuple[str, ...] = ("w_q", "scale", "zp"),
+    ) -> Callable[[], None]:
+        """:meth:`gemm` with every argument checked and converted once: returns a
+        zero-argument call (for a kernel whose arrays never move, e.g. arena views)."""
+        m, k = x.shape
+        n = out.shape[1]
+        self.gemm(scheme, x[:0], ws, out[:0], check=True, names=names)  # checks only
+        lay = layout(scheme, k)
+        w, sc, zp, lut = self._aux(scheme, ws)
+        args = (
+            lay.code, lay.qk, lay.bb, m, n, k, _ptr(x), k, _ptr(w), lay.row_bytes,
+            _ptr(sc), _ptr(zp), _ptr(lut), _ptr(out), n, int(num_threads),
+        )  # fmt: skip
+        fn = self.lib.rlx_dq_gemm
+        keep = (x, ws, out, lut)  # the arrays must outlive the call
+
+        def call() -> None:
+            if fn(*args) != 0:
+                raise MemoryError(f"dqgemm: could not allocate a decode buffer ({len(keep)})")
+
+        return call
 
     def decode(
         self, scheme: S.QuantScheme, ws: tuple[np.ndarray, ...], n: int, k: int
