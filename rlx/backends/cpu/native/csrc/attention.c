@@ -133,15 +133,11 @@ static inline float ld(const elt *p) {
     memcpy(&f, &u, sizeof f);
     return f;
 }
-static inline void st1(elt *p, float x) {
+static inline void st1(elt *p, float x) { /* to nearest even; NaN stays a quiet NaN */
     uint32_t u;
     memcpy(&u, &x, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) { /* NaN stays a (quiet) NaN */
-        *p = (uint16_t)((u >> 16) | 0x40);
-        return;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    *p = (uint16_t)(u >> 16);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    *p = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r);
 }
 #elif RLX_ATT_DT == 2 && defined(__F16C__)
 #include <immintrin.h>
@@ -151,6 +147,26 @@ static inline void st1(elt *p, float x) { *p = _cvtss_sh(x, _MM_FROUND_TO_NEARES
 #else
 #error "RLX_ATT_DT: f16 needs F16C (the AVX2 or AVX-512 target)"
 #endif
+
+/* n elements widened to f32 / rounded from f32 (loops gcc vectorises; F16C for f16) */
+static inline void load_row(float *dst, const elt *src, long n) {
+    long i = 0;
+#if RLX_ATT_DT == 2
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+#endif
+    for (; i < n; i++) dst[i] = ld(src + i);
+}
+
+static inline void store_row(elt *dst, const float *src, long n) {
+    long i = 0;
+#if RLX_ATT_DT == 2
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; i++) st1(dst + i, src[i]);
+}
 
 #define RMAX 4           /* row vectors per task: MB = RMAX * W query rows */
 #define MB (RMAX * W)
@@ -342,10 +358,17 @@ static inline __attribute__((always_inline)) void task_r(
             for (long d = 0; d < D; d++) st1(a->out + qoff[ii] + d, NAN);
         return;
     }
+#if RLX_ATT_DT == 0
     for (long d = 0; d < D; d++) {
-        for (long ii = 0; ii < m; ii++) qt[d * MB + ii] = ld(a->q + qoff[ii] + d);
+        for (long ii = 0; ii < m; ii++) qt[d * MB + ii] = a->q[qoff[ii] + d];
         for (long ii = m; ii < R * W; ii++) qt[d * MB + ii] = 0.0f;
     }
+#else
+    for (long ii = 0; ii < R * W; ii++) {
+        if (ii < m) load_row(kc, a->q + qoff[ii], D);
+        for (long d = 0; d < D; d++) qt[d * MB + ii] = ii < m ? kc[d] : 0.0f;
+    }
+#endif
     memset(ot, 0, sizeof(float) * D * MB);
     vf mx[RMAX], sum[RMAX];
     for (int r = 0; r < R; r++) {
@@ -364,11 +387,10 @@ static inline __attribute__((always_inline)) void task_r(
         const float *kb = kbase + j0 * kstride, *vb = vbase + j0 * kstride;
         const long kvs = kstride;
 #else
-        for (long jj = 0; jj < nb; jj++)
-            for (long d = 0; d < D; d++) {
-                kc[jj * D + d] = ld(kbase + (j0 + jj) * kstride + d);
-                vc[jj * D + d] = ld(vbase + (j0 + jj) * kstride + d);
-            }
+        for (long jj = 0; jj < nb; jj++) {
+            load_row(kc + jj * D, kbase + (j0 + jj) * kstride, D);
+            load_row(vc + jj * D, vbase + (j0 + jj) * kstride, D);
+        }
         const float *kb = kc, *vb = vc;
         const long kvs = D;
 #endif
@@ -403,8 +425,15 @@ static inline __attribute__((always_inline)) void task_r(
             float *o = ot + d * MB + r * W;
             VSTORE(o, VDIV(VLOAD(o), sum[r]));
         }
+#if RLX_ATT_DT == 0
     for (long ii = 0; ii < m; ii++)
-        for (long d = 0; d < D; d++) st1(a->out + qoff[ii] + d, ot[d * MB + ii]);
+        for (long d = 0; d < D; d++) a->out[qoff[ii] + d] = ot[d * MB + ii];
+#else
+    for (long ii = 0; ii < m; ii++) {
+        for (long d = 0; d < D; d++) kc[d] = ot[d * MB + ii];
+        store_row(a->out + qoff[ii], kc, D);
+    }
+#endif
 }
 
 static void task(const att_args *a, long b, long hk, long r0, long m, float *ws) {
