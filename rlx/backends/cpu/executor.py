@@ -212,14 +212,13 @@ class Executor:
 
     def _hoisted(self) -> frozenset[NodeId]:
         """Param-derived nodes the plan keeps in its persistent region (the prologue)."""
-        from rlx.backends.cpu.planner import param_derived_nodes
-
         top = self.plan.persistent_bytes
         keep = set(self.plan.keep_alive)
+        slots = self.plan.slots
         return frozenset(
             nid
-            for nid in param_derived_nodes(self.graph)
-            if nid in keep and self.plan.slot(nid).offset + self.plan.slot(nid).nbytes <= top
+            for nid in self.store.derived
+            if nid in keep and slots[nid].offset + slots[nid].nbytes <= top
         )
 
     def is_current(self) -> bool:
@@ -235,6 +234,9 @@ class Executor:
         return off
 
     def _build(self, params: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> None:
+        from rlx.backends.cpu.kernels.sgemm import prebuild
+
+        prebuild(self.graph, self.native)  # gcc in the background while other kernels build
         unsupported: list[str] = []
         for nid in self.plan.schedule:
             n = self.graph.nodes[nid]

@@ -108,6 +108,16 @@ class ParamStore:
         self.version = 0  # param values changed this many times
         self.generation = 0  # param storage moved this many times
         self.hoisted_version = -1  # the version the shared prologue values were computed at
+        self._derived: frozenset[NodeId] | None = None
+
+    @property
+    def derived(self) -> frozenset[NodeId]:
+        """The graph's param-derived nodes (:func:`~rlx.backends.cpu.planner.param_derived_nodes`)."""
+        if self._derived is None:
+            from rlx.backends.cpu.planner import param_derived_nodes
+
+            self._derived = param_derived_nodes(self.graph)
+        return self._derived
 
     # ---- params -------------------------------------------------------------------------
 

@@ -49,14 +49,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from rlx.errors import CompileError, InputError, RlxError, ShapeError, VerifyError
+from rlx.errors import CompileError, InputError, ShapeError, VerifyError
 from rlx.ir.lir import BufferPlan, BufferSlot, LirModule, PlanStrategy
 from rlx.ir.mir import Graph, Node, NodeId
+from rlx.ops.core import Constant, Input, Param
 
-__all__ = ["plan_memory", "plan_module", "param_derived_nodes", "DEFAULT_ALIGNMENT"]
+__all__ = [
+    "plan_memory",
+    "plan_module",
+    "PlanTemplate",
+    "param_derived_nodes",
+    "DEFAULT_ALIGNMENT",
+]
 
 DEFAULT_ALIGNMENT = 64
 
@@ -88,58 +96,146 @@ def plan_memory(
 
     ``keep_alive`` nodes (like the outputs) keep their bytes intact to the end of the
     run; ``persistent`` nodes get a slot in the persistent region (never shared, kept
-    between runs; they are added to the plan's ``keep_alive``); ``inplace=False`` disables in-place reuse (views stay views); ``strategies``
-    are the offset heuristics to try (the smallest peak wins; ties go to the first).
-    Returns the BufferPlan; ShapeError when a symbolic size has no binding, InputError
-    when a binding is outside the graph's declared bounds.
+    between runs; they are added to the plan's ``keep_alive``); ``inplace=False`` disables
+    in-place reuse (views stay views); ``strategies`` are the offset heuristics to try
+    (the smallest peak wins; ties go to the first). Returns the BufferPlan; ShapeError
+    when a symbolic size has no binding, InputError when a binding is outside the graph's
+    declared bounds. Planning many bindings of one graph: build a :class:`PlanTemplate`
+    once and call its ``plan``.
     """
-    if alignment <= 0 or alignment & (alignment - 1):
-        raise CompileError(f"plan_memory: alignment must be a power of two, got {alignment}")
-    if not strategies:
-        raise CompileError("plan_memory: strategies is empty; give at least one PlanStrategy")
-    binds = _check_bindings(graph, dict(bindings or {}))
-    hoisted = _check_keep_alive(graph, persistent)
-    keep = _check_keep_alive(graph, keep_alive) | hoisted
-    schedule = tuple(graph.topo_order())
-    pos = {nid: i for i, nid in enumerate(schedule)}
-    nbytes = _node_bytes(graph, binds)
+    template = PlanTemplate(graph, keep_alive, inplace, alignment, persistent)
+    return template.plan(bindings, strategies)
 
-    parent, view_of = _join_views(graph, schedule, nbytes)
-    persistent = {_find(parent, nid) for nid in _persistent_nodes(graph) | hoisted}
-    end = len(schedule)  # "alive to the end": past the last step
-    last = _last_uses(graph, schedule, pos, parent, keep, end)
-    inplace_of: dict[NodeId, NodeId] = {}
-    if inplace:
-        inplace_of = _join_inplace(graph, schedule, pos, parent, last, persistent, binds, view_of)
 
-    buffers = _buffers(graph, schedule, pos, parent, persistent, nbytes, last, alignment)
-    fixed, persistent_bytes = _place_persistent(graph, parent, persistent, nbytes, alignment)
-    lower_bound = _lower_bound(buffers)
-    offsets, peak, strategy = _place_working(buffers, strategies, lower_bound)
-    slots: dict[NodeId, BufferSlot] = {}
-    for node in graph.nodes:
-        root = _find(parent, node.id)
-        off = fixed[root] if root in fixed else persistent_bytes + offsets.get(root, 0)
-        slots[node.id] = BufferSlot(
-            node.id, off, nbytes[node.id], view_of.get(node.id), inplace_of.get(node.id)
+class PlanTemplate:
+    """The part of a plan that does not depend on the symbol bindings, computed once:
+    the schedule, the aliases (views and in-place reuse, decided on the symbolic sizes,
+    so they hold for every binding), each buffer's members and lifetime, the persistent
+    set, and each node's byte size as a monomial ``coef * prod(sym**power)``.
+    :meth:`plan` then only evaluates the sizes and places the buffers (steps 4-5)."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        keep_alive: Iterable[NodeId] = (),
+        inplace: bool = True,
+        alignment: int = DEFAULT_ALIGNMENT,
+        persistent: Iterable[NodeId] = (),
+    ):
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise CompileError(f"plan_memory: alignment must be a power of two, got {alignment}")
+        self.graph = graph
+        self.alignment = alignment
+        hoisted = _check_keep_alive(graph, persistent)
+        self.keep = _check_keep_alive(graph, keep_alive) | hoisted
+        self.schedule = schedule = tuple(graph.topo_order())
+        pos = {nid: i for i, nid in enumerate(schedule)}
+        self.sizes = [_sym_bytes(n) for n in graph.nodes]
+        parent, self.view_of = _join_views(graph, schedule, self.sizes)
+        roots = {_find(parent, nid) for nid in _persistent_nodes(graph) | hoisted}
+        last = _last_uses(graph, schedule, pos, parent, self.keep, len(schedule))
+        self.inplace_of: dict[NodeId, NodeId] = {}
+        if inplace:
+            self.inplace_of = _join_inplace(graph, schedule, pos, parent, last, roots, self.view_of)
+        self.root = [_find(parent, n.id) for n in graph.nodes]
+        self.persistent_roots = [
+            n.id for n in graph.nodes if n.id in roots and self.root[n.id] == n.id
+        ]
+        # working buffers: root -> (members, first step, last step)
+        members: dict[NodeId, list[NodeId]] = {}
+        first: dict[NodeId, int] = {}
+        for nid in schedule:
+            r = self.root[nid]
+            if r in roots:
+                continue
+            step = 0 if isinstance(graph.nodes[nid].op, Input) else pos[nid]
+            first[r] = min(first.get(r, step), step)
+            members.setdefault(r, []).append(nid)
+        self.buffers = [(r, tuple(members[r]), first[r], last[r]) for r in first]
+        self.persistent = roots
+        self.terms = sorted({t for _, t in self.sizes if t})
+
+    def plan(
+        self,
+        bindings: Mapping[str, int] | None = None,
+        strategies: Sequence[PlanStrategy] = tuple(PlanStrategy),
+    ) -> BufferPlan:
+        """The BufferPlan for ``bindings`` (see :func:`plan_memory`)."""
+        if not strategies:
+            raise CompileError("plan_memory: strategies is empty; give at least one PlanStrategy")
+        graph, align = self.graph, self.alignment
+        binds = _check_bindings(graph, dict(bindings or {}))
+        nbytes = self._nbytes(binds)
+        buffers = [
+            _Buffer(r, max(_align(nbytes[m], align) for m in ms), f, la)
+            for r, ms, f, la in self.buffers
+        ]
+        fixed: dict[NodeId, int] = {}
+        top = 0
+        for r in self.persistent_roots:
+            fixed[r] = top
+            top += _align(nbytes[r], align)
+        lower_bound = _lower_bound(buffers)
+        offsets, peak, strategy = _place_working(buffers, strategies, lower_bound)
+        slots: dict[NodeId, BufferSlot] = {}
+        view_of, inplace_of = self.view_of, self.inplace_of
+        for nid, root in enumerate(self.root):
+            off = fixed[root] if root in fixed else top + offsets.get(root, 0)
+            slots[nid] = BufferSlot(nid, off, nbytes[nid], view_of.get(nid), inplace_of.get(nid))
+        naive = sum(
+            _align(nbytes[nid], align)
+            for nid, root in enumerate(self.root)
+            if nid not in view_of and root not in self.persistent
         )
-    naive = sum(
-        _align(nbytes[n.id], alignment)
-        for n in graph.nodes
-        if n.id not in view_of and _find(parent, n.id) not in persistent
-    )
-    return BufferPlan(
-        arena_bytes=persistent_bytes + peak,
-        slots=slots,
-        schedule=schedule,
-        alignment=alignment,
-        naive_bytes=naive,
-        lower_bound_bytes=lower_bound,
-        bindings=binds,
-        persistent_bytes=persistent_bytes,
-        strategy=strategy,
-        keep_alive=tuple(sorted(keep)),
-    )
+        return BufferPlan(
+            arena_bytes=top + peak,
+            slots=slots,
+            schedule=self.schedule,
+            alignment=align,
+            naive_bytes=naive,
+            lower_bound_bytes=lower_bound,
+            bindings=binds,
+            persistent_bytes=top,
+            strategy=strategy,
+            keep_alive=tuple(sorted(self.keep)),
+        )
+
+    def _nbytes(self, binds: Mapping[str, int]) -> list[int]:
+        """Every node's byte size under ``binds`` (ShapeError naming the first node whose
+        size needs a symbol that has no value)."""
+        value: dict[tuple[tuple[str, int], ...], int] = {}
+        for terms in self.terms:
+            v = 1
+            for name, power in terms:
+                if name not in binds:
+                    n = next(n for n in self.graph.nodes if name in n.shape.symbols)
+                    missing = sorted(n.shape.symbols - set(binds))
+                    raise ShapeError(
+                        f"plan_memory: node %{n.id} ({n.op.mnemonic}) has shape {n.shape}; "
+                        f"no value bound for {missing} (bindings given: {dict(binds)})",
+                        node=n.id,
+                        loc=n.loc,
+                    )
+                v *= binds[name] ** power
+            value[terms] = v
+        return [c * value[t] if t else c for c, t in self.sizes]
+
+
+def _sym_bytes(node: Node) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """A node's byte size as ``(coef, terms)``: ``coef * prod(sym**power)``; equal pairs
+    are equal sizes under every binding."""
+    coef = node.shape.dtype.itemsize
+    powers: dict[str, int] = {}
+    for d in node.shape.dims:
+        if isinstance(d, int):
+            coef *= d
+        else:
+            coef *= d.coeff
+            for name, p in d.terms:
+                powers[name] = powers.get(name, 0) + p
+    if coef == 0:
+        return 0, ()
+    return coef, tuple(sorted(powers.items()))
 
 
 def plan_module(
@@ -180,29 +276,11 @@ def _check_keep_alive(graph: Graph, keep_alive: Iterable[NodeId]) -> set[NodeId]
     return keep
 
 
-def _node_bytes(graph: Graph, binds: Mapping[str, int]) -> dict[NodeId, int]:
-    out: dict[NodeId, int] = {}
-    for n in graph.nodes:
-        try:
-            out[n.id] = n.shape.nbytes(binds)
-        except RlxError as e:
-            missing = sorted(n.shape.symbols - set(binds))
-            raise ShapeError(
-                f"plan_memory: node %{n.id} ({n.op.mnemonic}) has shape {n.shape}; "
-                f"no value bound for {missing} (bindings given: {dict(binds)})",
-                node=n.id,
-                loc=n.loc,
-            ) from e
-    return out
-
-
 def param_derived_nodes(graph: Graph) -> frozenset[NodeId]:
     """The computed nodes whose value depends only on params and constants: every
     transitive input is a Param or Constant (never an Input) and every op on the way is
     pure. Their values change only when a param does, so an executor may compute them
     once per param change (its prologue) instead of once per run."""
-    from rlx.ops.core import Constant, Input, Param
-
     derived: set[NodeId] = set()
     stable: set[NodeId] = set()
     for nid in graph.topo_order():
@@ -218,8 +296,6 @@ def param_derived_nodes(graph: Graph) -> frozenset[NodeId]:
 
 
 def _persistent_nodes(graph: Graph) -> set[NodeId]:
-    from rlx.ops.core import Constant, Param
-
     return {n.id for n in graph.nodes if isinstance(n.op, (Param, Constant))}
 
 
@@ -234,15 +310,15 @@ def _find(parent: dict[NodeId, NodeId], x: NodeId) -> NodeId:
 
 
 def _join_views(
-    graph: Graph, schedule: Sequence[NodeId], nbytes: Mapping[NodeId, int]
+    graph: Graph, schedule: Sequence[NodeId], sizes: Sequence[tuple[int, tuple[Any, ...]]]
 ) -> tuple[dict[NodeId, NodeId], dict[NodeId, NodeId]]:
-    """Union-find parents with every view in its source's set, and view -> the node
-    that owns its bytes."""
+    """Union-find parents with every view in its source's set (when its symbolic byte
+    size equals its source's), and view -> the node that owns its bytes."""
     parent = {n.id: n.id for n in graph.nodes}
     view_of: dict[NodeId, NodeId] = {}
     for nid in schedule:
         node = graph.nodes[nid]
-        if node.op.view and node.inputs and nbytes[nid] == nbytes[node.inputs[0]]:
+        if node.op.view and node.inputs and sizes[nid] == sizes[node.inputs[0]]:
             src = node.inputs[0]
             view_of[nid] = view_of.get(src, src)
             parent[nid] = _find(parent, src)
@@ -256,7 +332,6 @@ def _join_inplace(
     parent: dict[NodeId, NodeId],
     last: dict[NodeId, int],
     persistent: set[NodeId],
-    binds: Mapping[str, int],
     view_of: Mapping[NodeId, NodeId],
 ) -> dict[NodeId, NodeId]:
     """Let each elementwise node take over an input buffer that dies at it; merges the
@@ -266,7 +341,7 @@ def _join_inplace(
         node = graph.nodes[nid]
         if not node.op.elementwise or nid in view_of:
             continue
-        src = _inplace_source(graph, node, pos[nid], parent, last, persistent, binds)
+        src = _inplace_source(graph, node, pos[nid], parent, last, persistent)
         if src is None:
             continue
         inplace_of[nid] = src
@@ -307,10 +382,10 @@ def _inplace_source(
     parent: dict[NodeId, NodeId],
     last: Mapping[NodeId, int],
     persistent: set[NodeId],
-    binds: Mapping[str, int],
 ) -> NodeId | None:
-    """The first input whose buffer dies at ``step`` and has the output's exact layout."""
-    out_dims = node.shape.concrete(binds)
+    """The first input whose buffer dies at ``step`` and has the output's exact layout
+    (the same dims, symbolically: then under every binding)."""
+    out_dims = node.shape.dims
     for i in node.inputs:
         src = graph.nodes[i]
         r = _find(parent, i)
@@ -318,35 +393,10 @@ def _inplace_source(
             continue
         if src.shape.dtype.itemsize != node.shape.dtype.itemsize:
             continue
-        if src.shape.concrete(binds) != out_dims:
+        if src.shape.dims != out_dims:
             continue  # a broadcast input: it has fewer elements than the output
         return i
     return None
-
-
-def _buffers(
-    graph: Graph,
-    schedule: Sequence[NodeId],
-    pos: Mapping[NodeId, int],
-    parent: dict[NodeId, NodeId],
-    persistent: set[NodeId],
-    nbytes: Mapping[NodeId, int],
-    last: Mapping[NodeId, int],
-    alignment: int,
-) -> list[_Buffer]:
-    """The working-region buffers with their aligned sizes and lifetimes."""
-    from rlx.ops.core import Input
-
-    first: dict[NodeId, int] = {}
-    size: dict[NodeId, int] = {}
-    for nid in schedule:
-        r = _find(parent, nid)
-        if r in persistent:
-            continue
-        step = 0 if isinstance(graph.nodes[nid].op, Input) else pos[nid]
-        first[r] = min(first.get(r, step), step)
-        size[r] = max(size.get(r, 0), _align(nbytes[nid], alignment))
-    return [_Buffer(r, size[r], first[r], last[r]) for r in first]
 
 
 def _live_bytes(buffers: Sequence[_Buffer]) -> np.ndarray:
@@ -365,22 +415,6 @@ def _lower_bound(buffers: Sequence[_Buffer]) -> int:
 
 
 # ---- offsets ----------------------------------------------------------------------
-
-
-def _place_persistent(
-    graph: Graph,
-    parent: dict[NodeId, NodeId],
-    persistent: set[NodeId],
-    nbytes: Mapping[NodeId, int],
-    alignment: int,
-) -> tuple[dict[NodeId, int], int]:
-    offsets: dict[NodeId, int] = {}
-    top = 0
-    for n in graph.nodes:
-        if n.id in persistent and _find(parent, n.id) == n.id:
-            offsets[n.id] = top
-            top += _align(nbytes[n.id], alignment)
-    return offsets, top
 
 
 def _by_size(buffers: Sequence[_Buffer]) -> list[_Buffer]:
@@ -422,9 +456,42 @@ def _place_working(
     return best
 
 
+#: Up to this many buffers the placement loops in Python (cheaper than NumPy calls).
+_SMALL = 160
+
+
 def _best_gap_placement(order: Sequence[_Buffer]) -> tuple[dict[NodeId, int], int]:
     """Place buffers in ``order``, each in the smallest gap between placed buffers whose
     lifetimes overlap its own (or on top of them). Returns (root -> offset, peak)."""
+    if len(order) > _SMALL:
+        return _best_gap_placement_np(order)
+    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
+    out: dict[NodeId, int] = {}
+    peak = 0
+    for b in order:
+        if b.size == 0:
+            out[b.root] = 0
+            continue
+        lo, hi = b.first, b.last
+        live = sorted(
+            [(o, e) for o, e, f, la in placed if f <= hi and la >= lo], key=lambda p: p[0]
+        )
+        reach, best, best_gap = 0, -1, -1
+        for o, e in live:
+            gap = o - reach
+            if gap >= b.size and (best_gap < 0 or gap < best_gap):
+                best, best_gap = reach, gap
+            if e > reach:
+                reach = e
+        offset = best if best >= 0 else reach
+        placed.append((offset, offset + b.size, lo, hi))
+        out[b.root] = offset
+        peak = max(peak, offset + b.size)
+    return out, peak
+
+
+def _best_gap_placement_np(order: Sequence[_Buffer]) -> tuple[dict[NodeId, int], int]:
+    """:func:`_best_gap_placement` with NumPy (the same result, for many buffers)."""
     n = len(order)
     offs = np.zeros(n, dtype=np.int64)
     ends = np.zeros(n, dtype=np.int64)

@@ -9,7 +9,9 @@ CompiledGraph made from the program adopts. Compiling builds one
 schedule (the static shape, or every symbol at its lower bound) so an op the backend
 cannot run fails here, at compile time, listing every such node.
 
-Every plan puts the graph's param-derived nodes (``hoisted``: see
+The binding-independent part of planning (schedule, aliases, lifetimes) is done once
+(:class:`~rlx.backends.cpu.planner.PlanTemplate`); a new binding only sizes and places
+the buffers. Every plan puts the graph's param-derived nodes (``hoisted``: see
 :func:`~rlx.backends.cpu.planner.param_derived_nodes`) in its persistent region, so each
 executor computes them in its prologue, once per param change, not once per run.
 """
@@ -27,7 +29,7 @@ import numpy as np
 
 from rlx.backends.cpu.executor import Executor
 from rlx.backends.cpu.memory import ParamStore, Workspace
-from rlx.backends.cpu.planner import param_derived_nodes, plan_memory
+from rlx.backends.cpu.planner import PlanTemplate, param_derived_nodes
 from rlx.ir.lir import BufferPlan
 from rlx.ir.mir import Graph
 from rlx.ops.core import Input, Param
@@ -69,6 +71,7 @@ class CpuProgram:
     hoisted: frozenset[int] = frozenset()
     _plans: OrderedDict[BindingKey, BufferPlan] = field(default_factory=OrderedDict)
     _probe: tuple[Executor, dict[str, np.ndarray], dict[str, np.ndarray]] | None = None
+    _template: PlanTemplate | None = None
     plan_builds: int = 0
     # CompiledGraphs on several threads share one program: plan() and take_probe() lock.
     _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -84,7 +87,9 @@ class CpuProgram:
         if plan is not None:
             self._plans.move_to_end(key)
             return plan
-        plan = plan_memory(self.graph, dict(bindings), persistent=self.hoisted)
+        if self._template is None:
+            self._template = PlanTemplate(self.graph, persistent=self.hoisted)
+        plan = self._template.plan(bindings)
         self.plan_builds += 1
         self._plans[key] = plan
         while len(self._plans) > max(1, self.options.max_shape_plans):
