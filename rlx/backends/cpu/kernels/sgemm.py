@@ -15,7 +15,7 @@ should run the node (the caller keeps its BLAS path).
 * **Choice** (``choose``): BLAS stays the fallback. Per shape class (the kind of product,
   the row count rounded up to a power of two, N, K, the batch count, threads and the
   micro-kernel) both are timed once, a few interleaved reps on random operands of at
-  most 512 rows, the first time the class is seen; the winner is recorded in
+  most 256 rows, the first time the class is seen; the winner is recorded in
   ``<native cache>/sgemm_choice.json`` (written atomically; a file that does not parse or
   validate is ignored and rewritten) and reused by later compiles and processes.
   ``RLX_SGEMM=native|blas`` forces one. ``CompileOptions(native=False)``, no gcc or a
@@ -34,15 +34,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlx import config
+from rlx.backends.cpu import native
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind
 from rlx.backends.cpu.native.sgemm import ACT_CODES, SgemmLib, aligned_empty, sgemm_lib
-from rlx.errors import CompileError
+from rlx.dtype import DType
+from rlx.errors import CompileError, RlxError
 from rlx.ops.core import Constant
+from rlx.ops.fused import FusedMatMulBiasAct
+from rlx.ops.linalg import DotGeneral, MatMul
 
 if TYPE_CHECKING:
-    from rlx.ir.mir import Node
+    from rlx.ir.mir import Graph, Node
 
 __all__ = [
+    "prebuild",
     "weight_matmul",
     "batched_matmul",
     "choose",
@@ -56,7 +61,40 @@ F32 = np.dtype(np.float32)
 EPILOGUE_ACTS = frozenset(k for k in ACT_CODES if k is not None)
 _CHOICE_FILE = "sgemm_choice.json"
 _VERSION = 1
-_MEASURE_ROWS = 512
+_MEASURE_ROWS = 256
+
+
+_lock = threading.Lock()
+_builds: dict[Any, threading.Thread] = {}
+_GEMM_OPS = (MatMul, DotGeneral, FusedMatMulBiasAct)
+
+
+def prebuild(graph: Graph, native_on: bool = True) -> None:
+    """Start building the library for the selected target in a background thread when
+    ``graph`` has an f32 product and it may be used: gcc then runs while the schedule's
+    other kernels are built (a cold native cache), not in front of the first matmul.
+    Cheap when the library is already loaded."""
+    if not native_on or config.sgemm() == "blas" or not native.available():
+        return
+    try:
+        target = native.selected_target()
+    except RlxError:
+        return
+    with _lock:
+        if target in _builds:
+            return
+        if not any(isinstance(n.op, _GEMM_OPS) and n.shape.dtype is DType.F32 for n in graph.nodes):
+            return
+        t = threading.Thread(target=_build_quietly, args=(target,), daemon=True)
+        _builds[target] = t
+    t.start()
+
+
+def _build_quietly(target: Any) -> None:
+    try:
+        sgemm_lib(target)
+    except CompileError:
+        pass  # the kernel factory builds again and notes the error
 
 
 def native_sgemm(ctx: KernelCtx) -> SgemmLib | None:
@@ -65,6 +103,9 @@ def native_sgemm(ctx: KernelCtx) -> SgemmLib | None:
     if not ctx.native or config.sgemm() == "blas":
         return None
     try:
+        pending = _builds.get(native.selected_target())
+        if pending is not None and pending.is_alive():
+            pending.join()
         return sgemm_lib()
     except CompileError as e:
         ctx.notes.append(f"rlx sgemm unavailable, BLAS ({e.bare_message.splitlines()[0]})")
@@ -73,7 +114,6 @@ def native_sgemm(ctx: KernelCtx) -> SgemmLib | None:
 
 # ---- the recorded choice -------------------------------------------------------------------
 
-_lock = threading.Lock()
 _choices: dict[str, dict[str, str]] = {}  # choice file path -> its choices
 
 
@@ -157,8 +197,8 @@ def choose(
     native()
     blas()  # warm both (page faults, the packing buffers)
     tn = tb = math.inf
-    budget = time.perf_counter() + 0.05
-    for _ in range(5):
+    budget = time.perf_counter() + 0.03
+    for _ in range(4):
         tn = min(tn, _best(native, 1))
         tb = min(tb, _best(blas, 1))
         if time.perf_counter() > budget:
@@ -240,15 +280,19 @@ def weight_matmul(
         ctx.notes.append(f"blas (not rlx sgemm ({lib.isa}): {why})")
         return None
     kind = _stable_or_const(ctx, node, 1)
-    packed = aligned_empty(lib.packed_size(k, n))
+    # a weight that does not change with the shape is packed once for the schedules of
+    # every shape of the compiled graph (KernelCtx.keep / prologue_once)
+    key = ("sgemm.pack_b", node.inputs[1], k, n, b2.strides, lib.isa)  # w and w.T pack apart
+    size = lib.packed_size(k, n)
+    packed = aligned_empty(size) if kind == "call" else ctx.keep(key, lambda: aligned_empty(size))
     pb_args = (b2.ctypes.data, b2.strides[0] // 4, b2.strides[1] // 4, k, n, packed.ctypes.data)
     pack = lib.lib.rlx_sgemm_pack_b
     steps: list[Kernel] = []
     if kind == "const":
-        pack(*pb_args, nt)
+        ctx.keep((*key, "packed"), lambda: pack(*pb_args, nt))
         when = "at compile time"
     elif kind == "stable":
-        ctx.prologue.append(lambda: pack(*pb_args, nt))  # type: ignore[arg-type, return-value]
+        ctx.prologue_once(key, lambda: pack(*pb_args, nt))  # type: ignore[arg-type, return-value]
         when = "once per param change"
     else:
         steps.append(lambda: pack(*pb_args, nt))  # type: ignore[arg-type, return-value]
@@ -309,7 +353,7 @@ def batched_matmul(
     nb, m, k = a3.shape
     n = b3.shape[2]
     nt = ctx.num_threads
-    tb = min(nb, 8 * nt)
+    tb = min(nb, 4 * nt)
     bt = k > 1 and n > 1 and b3.strides[1] < b3.strides[2]  # k-contiguous (a transpose)
     key = f"bmm|{lib.isa}|t{nt}|b{_bucket(nb)}|m{_bucket(m)}|n{n}|k{k}|{'bt' if bt else 'b'}"
 

@@ -126,7 +126,7 @@ static void ukernel(long kc, const float *restrict a, const float *restrict b, f
     for (int i = 0; i < MR; i++) c0[i] = c1[i] = _mm512_setzero_ps();
     for (long q = 0; q < kc; q++) {
         const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
-        _mm_prefetch((const char *)(b + 8 * NR), _MM_HINT_T0);
+        _mm_prefetch((const char *)(a + 16 * MR), _MM_HINT_T0);
 #pragma GCC unroll 14
         for (int i = 0; i < MR; i++) {
             const __m512 x = _mm512_set1_ps(a[i]);

@@ -1,0 +1,223 @@
+"""f32 GEMM: rlx's packed sgemm against NumPy (OpenBLAS) and PyTorch (MKL), in one run.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/sgemm.py \\
+        [--threads 1 2] [--rounds 5] [--inner 5] [--peer-python /tmp/rlx/peers/bin/python] \\
+        [--shapes 1024x1024x1024 ...] [--out BENCHMARKS_sgemm.md]
+
+Shapes are M x N x K: 1024 and 2048 square and the MiniLM encoder's 1024x384x384,
+1024x1536x384 and 1024x384x1536 by default. Engines, each in its own long-lived worker
+process per thread count (OMP/MKL/OpenBLAS thread variables set to it): ``rlx`` (the
+selected target, AVX-512 here), ``rlx-avx2`` (RLX_ISA=avx2: the AVX2 + FMA micro-kernel),
+``numpy`` (``np.matmul(a, b, out=c)``: OpenBLAS) and ``torch`` (``torch.mm(a, b, out=c)``
+in ``--peer-python``: MKL). rlx's weight is packed once beforehand (as the compiled graph
+does in its param prologue); the activations are packed inside the timed call. Rounds
+are interleaved: each round visits every (shape, engine) once, in an order rotating with
+the round; a visit is one untimed call and ``--inner`` timed calls. Reported: GFLOP/s of
+the median call over all rounds (and of the best call), and % of the FMA peak measured by
+``rlx.backends.cpu.native.peak`` in the same run (on the selected target for rlx, numpy
+and torch; on AVX2 for rlx-avx2), before and after the rounds, the higher kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+WORKER = "--worker"
+
+
+def _worker(engine: str, threads: int) -> None:
+    """Serve ``{"shape": [m, n, k], "inner": i}`` lines with ``{"times": [...]}``."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    cache: dict = {}
+    if engine == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+    elif engine.startswith("rlx"):
+        from rlx.backends.cpu.native.sgemm import sgemm_lib
+
+        lib = sgemm_lib()
+    print(json.dumps({"ready": engine}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        m, n, k = req["shape"]
+        if (m, n, k) not in cache:
+            a = rng.standard_normal((m, k), dtype=np.float32)
+            b = rng.standard_normal((k, n), dtype=np.float32)
+            c = np.empty((m, n), np.float32)
+            if engine == "torch":
+                ta, tb, tc = (torch.from_numpy(x) for x in (a, b, c))
+                fn = lambda ta=ta, tb=tb, tc=tc: torch.mm(ta, tb, out=tc)  # noqa: E731
+            elif engine == "numpy":
+                fn = lambda a=a, b=b, c=c: np.matmul(a, b, out=c)  # noqa: E731
+            else:
+                p = lib.pack_b(b)
+                args = lib.gemm_args(a, p, c)
+                fn = lambda args=args, keep=(a, p, c): lib.lib.rlx_sgemm(*args, threads)  # noqa: E731
+            cache[(m, n, k)] = fn
+        fn = cache[(m, n, k)]
+        fn()
+        times = []
+        for _ in range(req["inner"]):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        print(json.dumps({"times": times}), flush=True)
+
+
+if __name__ == "__main__" and WORKER in sys.argv:
+    i = sys.argv.index(WORKER)
+    _worker(sys.argv[i + 1], int(sys.argv[i + 2]))
+    sys.exit(0)
+
+import argparse  # noqa: E402
+import datetime as _dt  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from _common import reexec_without_blas_pins, removed_blas_pins  # noqa: E402
+
+reexec_without_blas_pins()
+
+from threadpoolctl import threadpool_info  # noqa: E402
+
+from rlx.backends.cpu.native import cpu  # noqa: E402
+from rlx.backends.cpu.native.peak import measure_peak  # noqa: E402
+from rlx.info import cpu_model  # noqa: E402
+
+HERE = Path(__file__).resolve()
+DEFAULT_SHAPES = [
+    "1024x1024x1024",
+    "2048x2048x2048",
+    "1024x384x384",
+    "1024x1536x384",
+    "1024x384x1536",
+]
+
+
+class Worker:
+    def __init__(self, engine: str, threads: int, python: str):
+        env = dict(os.environ)
+        for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[v] = str(threads)
+        env["RLX_NUM_THREADS"] = str(threads)
+        if engine == "rlx-avx2":
+            env["RLX_ISA"] = "avx2"
+        env["PYTHONPATH"] = str(HERE.parents[1])
+        self.p = subprocess.Popen(
+            [python, str(HERE), WORKER, engine, str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        json.loads(self.p.stdout.readline())  # type: ignore[union-attr]
+
+    def run(self, shape: tuple[int, int, int], inner: int) -> list[float]:
+        self.p.stdin.write(json.dumps({"shape": shape, "inner": inner}) + "\n")  # type: ignore[union-attr]
+        self.p.stdin.flush()  # type: ignore[union-attr]
+        return json.loads(self.p.stdout.readline())["times"]  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        self.p.stdin.close()  # type: ignore[union-attr]
+        self.p.wait()
+
+
+def _blas_desc(blas: list[dict]) -> str:
+    return "; ".join(
+        f"{b.get('internal_api')} {b.get('version')} {b.get('architecture')}" for b in blas
+    )
+
+
+def _peaks(threads: list[int], targets: list[cpu.Target]) -> dict[tuple[int, cpu.Target], float]:
+    return {
+        (t, tg): measure_peak(t, tg, seconds=0.3, tries=10).gflops
+        for t in threads
+        for tg in targets
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--inner", type=int, default=5)
+    ap.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES)
+    ap.add_argument("--engines", nargs="+", default=["rlx", "rlx-avx2", "numpy", "torch"])
+    ap.add_argument("--peer-python", default="/tmp/rlx/peers/bin/python")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes]
+    best_t = cpu.selected_target()
+    targets = [best_t] + ([cpu.Target.AVX2] if "rlx-avx2" in args.engines else [])
+    peak0 = _peaks(args.threads, targets)
+    workers = {}
+    for t in args.threads:
+        for e in args.engines:
+            py = args.peer_python if e == "torch" else sys.executable
+            workers[(e, t)] = Worker(e, t, py)
+    times: dict[tuple, list[float]] = {}
+    visits = [(s, e, t) for t in args.threads for s in shapes for e in args.engines]
+    for r in range(args.rounds):
+        rot = r % len(args.engines)
+        order = sorted(
+            visits, key=lambda v: (v[2], v[0], (args.engines.index(v[1]) + rot) % len(args.engines))
+        )
+        for s, e, t in order:
+            times.setdefault((s, e, t), []).extend(workers[(e, t)].run(s, args.inner))
+    for w in workers.values():
+        w.close()
+    peak1 = _peaks(args.threads, targets)
+    peak = {k: max(peak0[k], peak1[k]) for k in peak0}
+    blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    lines = [
+        f"## f32 GEMM: rlx sgemm vs OpenBLAS (NumPy) vs MKL (PyTorch), {_dt.date.today()}",
+        "",
+        "Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/sgemm.py "
+        + " ".join(sys.argv[1:])
+        + "`",
+        "",
+        f"CPU: {cpu_model()} ({platform.machine()}), {cpu.target_description()}; "
+        f"flags: {' '.join(sorted(f for f in cpu.cpu_flags() if f.startswith(('avx', 'fma', 'amx'))))}",
+        f"NumPy BLAS: {_blas_desc(blas)}; removed pins: {removed_blas_pins() or 'none'}",
+        "FMA peak (GFLOP/s, best of before/after): "
+        + ", ".join(f"{tg.value} x{t}: {v:.1f}" for (t, tg), v in sorted(peak.items(), key=str)),
+        f"Rounds {args.rounds} x inner {args.inner}; GFLOP/s of the median call (best call in brackets).",
+        "",
+        "| M x N x K | threads | "
+        + " | ".join(args.engines)
+        + " | rlx / best peer | rlx % peak | rlx-avx2 % AVX2 peak |",
+        "|---|---|" + "---|" * len(args.engines) + "---|---|---|",
+    ]
+    for t in args.threads:
+        for s in shapes:
+            flops = 2.0 * s[0] * s[1] * s[2]
+            med = {e: flops / statistics.median(times[(s, e, t)]) / 1e9 for e in args.engines}
+            top = {e: flops / min(times[(s, e, t)]) / 1e9 for e in args.engines}
+            peers = [med[e] for e in ("numpy", "torch") if e in med]
+            ratio = med["rlx"] / max(peers) if peers and "rlx" in med else float("nan")
+            pct = 100 * med.get("rlx", float("nan")) / peak[(t, best_t)]
+            pct2 = (
+                f"{100 * med['rlx-avx2'] / peak[(t, cpu.Target.AVX2)]:.0f} %"
+                if "rlx-avx2" in med
+                else "-"
+            )
+            cells = " | ".join(f"{med[e]:.1f} ({top[e]:.1f})" for e in args.engines)
+            lines.append(
+                f"| {'x'.join(map(str, s))} | {t} | {cells} | {ratio:.2f} | {pct:.0f} % | {pct2} |"
+            )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
