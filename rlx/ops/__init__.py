@@ -24,6 +24,7 @@ _MODULES = (
     "qconv",  # qconv2d (integer conv, f32 epilogue)
     "sample",  # sample (temperature / top-k / top-p token sampling, Philox stream)
     "custom",  # user-registered custom ops, custom_fn (a sub-graph as one op)
+    "indexing",  # gather_elements, scatter_elements, gather_nd, scatter_nd
 )
 for _m in _MODULES:
     importlib.import_module(f"rlx.ops.{_m}")

@@ -16,6 +16,7 @@ from onnx import AttributeProto, NodeProto, helper, numpy_helper
 from rlx.dtype import DType
 from rlx.frontends.onnx.errors import NeedsConstantError, OnnxImportError, OnnxUnsupportedError
 from rlx.ir.mir import Graph
+from rlx.ops.core import Input, Param
 from rlx.shape import Shape
 
 __all__ = ["ImportState", "NodeCtx", "node_label"]
@@ -67,6 +68,34 @@ class ImportState:
         if name not in self.ids and self.outer is not None:
             return self.outer.const(name)
         return None
+
+    def fold(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` when it depends on constants only (evaluated once with the
+        reference interpreter on a copy of its ancestors), else None."""
+        c = self.const(name)
+        if c is not None or name not in self.ids:
+            return c
+        nid = self.ids[name]
+        order, seen, stack = [], set(), [nid]
+        while stack:
+            i = stack.pop()
+            if i in seen:
+                continue
+            seen.add(i)
+            node = self.g.nodes[i]
+            if isinstance(node.op, Input | Param) or node.op.subgraphs():
+                return None
+            order.append(i)
+            stack.extend(node.inputs)
+        sub = Graph("fold")
+        remap: dict[int, int] = {}
+        for i in sorted(order):
+            n = self.g.nodes[i]
+            remap[i] = sub.add_node(n.op, [remap[j] for j in n.inputs], n.shape)
+        sub.set_outputs([remap[nid]])
+        value = sub.evaluate()[0]
+        self.consts[name] = value
+        return value
 
     def is_graph_input(self, name: str) -> bool:
         if name in self.graph_inputs:
@@ -131,7 +160,7 @@ class NodeCtx:
     def value(self, i: int, what: str = "") -> np.ndarray:
         """The array of input ``i``, which this op needs at import time."""
         name = self.node.input[i]
-        v = self.st.const(name)
+        v = self.st.fold(name)
         if v is not None:
             return v
         what = what or f"input {i}"

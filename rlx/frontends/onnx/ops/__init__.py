@@ -65,6 +65,17 @@ def supported_op_types(domain: str = "") -> set[str]:
     return {op for (d, op) in TABLE if d == domain}
 
 
-_MODULES = ("elementwise", "reduce", "shape", "gather", "nn", "norm", "quant", "misc")
+_MODULES = (
+    "elementwise",
+    "reduce",
+    "shape",
+    "gather",
+    "nn",
+    "norm",
+    "quant",
+    "misc",
+    "attention",
+    "loss",
+)
 for _m in _MODULES:
     importlib.import_module(f"rlx.frontends.onnx.ops.{_m}")
