@@ -85,6 +85,19 @@ def test_saturation_corners_are_exact(isa, k, n):
 
 
 @pytest.mark.parametrize("isa", ISAS, ids=lambda i: i.name)
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 1100, 33), (61, 2050, 70), (300, 520, 9)])
+def test_long_k_and_many_row_blocks_are_exact(isa, m, k, n):
+    """K over several L1 slices (K = 1100, 2050 > 512) and M over several L2 blocks."""
+    lib = native.qgemm_lib(isa)
+    rng = np.random.default_rng(k)
+    a = rng.integers(0, 256, (m, k), dtype=np.uint8)
+    w = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    c = np.empty((m, n), np.int32)
+    lib.run(a, lib.pack(w), n, a_zero_point=77, out_i32=c, num_threads=2)
+    np.testing.assert_array_equal(c, acc64(a, 77, w))
+
+
+@pytest.mark.parametrize("isa", ISAS, ids=lambda i: i.name)
 def test_strided_packing_equals_packing_a_copy(isa):
     lib = native.qgemm_lib(isa)
     rng = np.random.default_rng(3)

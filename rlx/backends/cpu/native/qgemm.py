@@ -35,6 +35,14 @@ def _ptr(a: np.ndarray | None) -> int | None:
     return None if a is None else a.ctypes.data
 
 
+def _aligned_bytes(nbytes: int, align: int = 64) -> np.ndarray:
+    """``nbytes`` uint8 starting on an ``align``-byte boundary (packed panels are read with
+    full-vector loads: a misaligned start makes every other one a cache-line split)."""
+    raw = np.empty(nbytes + align, np.uint8)
+    off = -raw.ctypes.data % align
+    return raw[off : off + nbytes]
+
+
 class QGemmLib:
     """Typed wrapper over ``csrc/qgemm.c``: pack a weight once, then run GEMMs."""
 
@@ -103,7 +111,7 @@ class QGemmLib:
         """Pack an int8 weight [K, N]; returns (packed bytes, column sums int32 [N])."""
         w = np.ascontiguousarray(w, dtype=np.int8)
         k, n = w.shape
-        packed = np.empty(int(self.lib.rlx_qgemm_packed_size(k, n)), np.uint8)
+        packed = _aligned_bytes(int(self.lib.rlx_qgemm_packed_size(k, n)))
         colsum = np.empty(n, np.int32)
         self.lib.rlx_qgemm_pack_b(_ptr(w), n, k, n, _ptr(packed), _ptr(colsum))
         return packed, colsum
@@ -114,7 +122,7 @@ class QGemmLib:
             raise InputError(f"qgemm: the weight must be int8 [K, N], given {w.dtype} {w.shape}")
         k, n = w.shape
         sk, sn = (s // w.itemsize for s in w.strides)
-        packed = np.empty(int(self.lib.rlx_qgemm_packed_size(k, n)), np.uint8)
+        packed = _aligned_bytes(int(self.lib.rlx_qgemm_packed_size(k, n)))
         colsum = np.empty(n, np.int32)
         self.lib.rlx_qgemm_pack_b_strided(_ptr(w), sk, sn, k, n, _ptr(packed), _ptr(colsum))
         return packed, colsum
