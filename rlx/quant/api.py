@@ -1,31 +1,43 @@
 """``rlx.quantize``: post-training INT8 quantization in one call.
 
-In: a float graph (or GraphModule), its params, and an iterable of calibration input
-dicts. Out: a :class:`QuantizeResult` with the compiled INT8 graph, the compiled float
-graph and an :class:`~rlx.quant.report.AccuracyReport`.
+In: a float graph (or GraphModule), its params, and (for static activations or
+SmoothQuant) an iterable of calibration input dicts. Out: a :class:`QuantizeResult` with
+the compiled INT8 graph, the compiled float graph and an
+:class:`~rlx.quant.report.AccuracyReport`.
 
 Steps:
 
 1. *Layers*: fused matmul ops are expanded first (``ExpandFusedMatMuls``); then every
-   ``matmul`` whose right operand is a 2-D float weight known now (a param
-   in ``params`` or a constant) is a layer, named by its weight (``exclude`` takes these
-   names or matmul node ids).
-2. *Calibration*: the layers' input activations are tapped and run through ``rlx.Session``
-   batch by batch with the chosen calibrator of ``rlx.backends.cpu.calibrate``
-   (max-abs, percentile or entropy histograms). Memory stays bounded: batches are
-   consumed one at a time and only running statistics are kept, plus the first
-   ``eval_batches`` batches (reused to measure accuracy).
-3. *Q/DQ*: each quantized layer gets ``dequantize(quantize(.))`` on its activation
-   (symmetric per-tensor int8) and on its weight (symmetric per output channel, or per
-   tensor with ``per_channel=False``), on that layer's edges only, so a float layer
-   that reads the same activation keeps reading it unquantized.
-4. *Lowering*: :class:`~rlx.quant.lower.QuantLowering` turns each bracketed matmul into a
-   ``qmatmul`` (int8 GEMM) with its weight quantized into an i8 constant (the f32 weight
-   param leaves the graph); then compile. Compiles bypass the in-process compile cache:
-   each per-layer variant is compiled once and thrown away.
+   ``matmul`` whose right operand is a 2-D float weight known now (a param in ``params``
+   or a constant) is a layer, named by its weight (``exclude`` takes these names or node
+   ids), and so is every 2-D ``conv`` with a known weight (lowered to ``qconv2d``;
+   always with static activation scales: there is no dynamic integer conv).
+2. *SmoothQuant* (``smooth_alpha``): one calibration pass collects each layer input's
+   per-channel max ``|x|``; :func:`~rlx.quant.smooth.smooth_graph` moves the outliers into
+   the weights (``X/s``, ``s*W``, ``1/s`` folded into the preceding layer norm or linear
+   where one exists). The calibration data is then read a second time, so it is kept in
+   memory (a list) when it is not one already.
+3. *Activations*: ``activations="dynamic"`` lowers each matmul to ``dynamic_qmatmul``
+   (per-row scales at run time, ``dynamic_mode`` "u8" asymmetric or "s8" symmetric; no
+   calibration). ``"static"`` calibrates: the layers' inputs are tapped and run through
+   ``rlx.Session`` batch by batch with the calibrator of ``method`` (max-abs, percentile
+   or entropy; running statistics only, plus the first ``eval_batches`` batches kept to
+   measure accuracy). Each activation gets one per-tensor scale: symmetric int8, or
+   asymmetric uint8 with a zero point where that lowers the error (``asymmetric``, see
+   :mod:`rlx.quant.static`); weights are symmetric per output channel (or per tensor with
+   ``per_channel=False``).
+4. *Lowering* (:mod:`rlx.quant.mix`): ``dynamic_qmatmul`` for dynamic layers, Q/DQ then
+   ``qmatmul`` / ``qconv2d`` for static ones, weights quantized into i8 constants (the f32
+   weight params leave the graph); then compile (the compile pipeline fuses bias,
+   activation and residual into the integer GEMM's epilogue). Compiles bypass the
+   in-process compile cache: each variant is compiled once and thrown away.
 5. *Accuracy*: outputs vs the float graph (max abs, relative L2, cosine); a per-layer
    ranking (each layer quantized alone); with ``accuracy_budget`` (a relative error) the
-   worst layers are kept in float, one at a time, until the budget is met.
+   cheapest mix that meets it: all layers in the requested mode first, then the worst
+   layers one at a time move static -> dynamic -> float (dynamic only when
+   ``activations="static"``: it needs no calibrated range and holds outlier rows).
+   The report says per layer which method it got (:attr:`AccuracyReport.methods`) and why
+   a layer stayed float.
 
 Degenerate data is refused or worked around, never quantized silently: a weight holding
 NaN / Inf, or an activation that saw only non-finite values during calibration, raises
@@ -39,7 +51,6 @@ of printing 0 or nan.
 
 from __future__ import annotations
 
-import itertools
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
@@ -48,43 +59,45 @@ from typing import Any
 import numpy as np
 
 from rlx.backends.cpu.calibrate import CalibrationMethod
-from rlx.dtype import DType
 from rlx.errors import QuantizationError
-from rlx.ir.mir import Graph, NodeId
-from rlx.ops.core import Constant, Input, Param
-from rlx.ops.linalg import MatMul
-from rlx.ops.quant import Dequantize, Quantize
-from rlx.passes.base import Rewriter
+from rlx.ir.mir import Graph
+from rlx.ops.qmatmul import ActQuant
 from rlx.passes.pipeline import to_mir
-from rlx.quant.lower import ExpandFusedMatMuls, QuantLowering, quantize_weight
+from rlx.quant.layers import (
+    Layer,
+    check_weights,
+    find_conv_layers,
+    find_layers,
+    weight_value,
+)
+from rlx.quant.lower import ExpandFusedMatMuls, quantize_weight
+from rlx.quant.mix import VariantBuilder, fake_quant_graph
 from rlx.quant.record import CalibrationEntry
 from rlx.quant.report import AccuracyReport, ErrorAccumulator, LayerError
+from rlx.quant.static import act_entry, calibrate_taps, degenerate_taps, session
 from rlx.runtime.options import CompileOptions
 
 __all__ = ["quantize", "QuantizeResult", "Layer", "find_layers", "fake_quant_graph"]
 
-
-@dataclass(frozen=True, slots=True)
-class Layer:
-    """A quantizable matmul: ``node`` = matmul(``act``, ``weight``)."""
-
-    name: str
-    node: NodeId
-    act: NodeId
-    weight: NodeId
+# names other modules of rlx.quant import from here
+_weight_value = weight_value
+_session = session
 
 
 @dataclass
 class QuantizeResult:
     """The compiled INT8 graph, the compiled float graph and the accuracy report.
     ``graph`` is the quantized MIR (before the compile pipeline); ``record`` maps each
-    quantized layer name to its (activation, weight) calibration entries."""
+    statically quantized layer name to its (activation, weight) calibration entries;
+    ``params``: the params ``graph`` reads (smoothed values where SmoothQuant changed
+    them)."""
 
     compiled: Any
     float_compiled: Any
     report: AccuracyReport
     graph: Graph
     record: dict[str, tuple[CalibrationEntry, CalibrationEntry]] = field(default_factory=dict)
+    params: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 #: ``method=`` strings accepted by :func:`quantize`.
@@ -94,165 +107,7 @@ _METHODS: dict[str, CalibrationMethod] = {
     "percentile": CalibrationMethod.PERCENTILE,
     "entropy": CalibrationMethod.ENTROPY,
 }
-
-
-def find_layers(
-    graph: Graph, params: Mapping[str, np.ndarray]
-) -> tuple[list[Layer], dict[str, str]]:
-    """The quantizable matmuls of ``graph``, and the skipped ones with the reason."""
-    layers: list[Layer] = []
-    skipped: dict[str, str] = {}
-    for node in graph.find(MatMul):
-        a, w = node.inputs
-        wn = graph.nodes[w]
-        # reports name the matmul by the user's graph: "%19 matmul (model.py:42)"
-        mm = node.label
-        ref = mm.split(" ", 1)[0] if mm.startswith("%") else f"#{node.id}"
-        name = wn.op.name if isinstance(wn.op, Param) else ref  # type: ignore[attr-defined]
-        if wn.shape.rank != 2 or not wn.shape.is_static:
-            skipped[name] = f"{mm}: rhs {wn.shape} is not a static 2-D weight"
-        elif node.dtype is not DType.F32 or graph.nodes[a].dtype is not DType.F32:
-            skipped[name] = f"{mm}: not f32 ({graph.nodes[a].shape} @ {wn.shape})"
-        elif isinstance(wn.op, Param) and wn.op.name not in params:
-            skipped[name] = f"{mm}: weight param {wn.op.name!r} was not given in params"
-        elif not isinstance(wn.op, (Param, Constant)):
-            skipped[name] = f"{mm}: rhs is computed ({wn.op.mnemonic}), not a weight"
-        else:
-            layers.append(Layer(name, node.id, a, w))
-    return layers, skipped
-
-
-def _weight_value(graph: Graph, layer: Layer, params: Mapping[str, np.ndarray]) -> np.ndarray:
-    op = graph.nodes[layer.weight].op
-    if isinstance(op, Constant):
-        return op.value.array().astype(np.float32)
-    return np.asarray(params[op.name], dtype=np.float32)  # type: ignore[attr-defined]
-
-
-def fake_quant_graph(
-    graph: Graph, entries: Mapping[NodeId, tuple[CalibrationEntry, CalibrationEntry]]
-) -> Graph:
-    """Q/DQ on the activation and weight edges of the matmuls in ``entries`` (matmul id ->
-    (activation entry, weight entry)); other readers of those tensors are untouched.
-    Matmuls with equal activation entries share one Q/DQ pair."""
-    rw = Rewriter(graph)
-    shared: dict[tuple[NodeId, CalibrationEntry], NodeId] = {}
-
-    def qdq(old: NodeId, e: CalibrationEntry) -> NodeId:
-        key = (old, e)
-        if key not in shared:
-            src, loc = rw.map[old], graph.nodes[old].loc  # reports: "quantize for %5 add"
-            q = rw.emit(Quantize(e.axis, e.scales, e.zero_points, e.dtype), [src], loc)
-            shared[key] = rw.emit(Dequantize(e.axis, e.scales, e.zero_points), [q], loc)
-        return shared[key]
-
-    for nid in graph.topo_order():
-        node = graph.nodes[nid]
-        pair = entries.get(nid)
-        if pair is None:
-            rw.copy(node)
-            continue
-        a, w = node.inputs
-        rw.map[nid] = rw.dst.add_node(
-            node.op, [qdq(a, pair[0]), qdq(w, pair[1])], node.shape, node.loc
-        )
-    return rw.finish()
-
-
-@dataclass(frozen=True, slots=True)
-class _TapStats:
-    """What calibration saw of one tapped activation: its int8 scale, max |x| and how
-    many finite and non-finite values."""
-
-    scale: float
-    max_abs: float
-    finite: int
-    nonfinite: int
-
-
-def _calibrate(
-    graph: Graph,
-    taps: Sequence[NodeId],
-    batches: Iterable[Mapping[str, Any]],
-    params: Mapping[str, np.ndarray],
-    method: CalibrationMethod,
-    options: CompileOptions,
-) -> tuple[list[_TapStats], int]:
-    """Per-tap symmetric int8 scales from the calibrator of ``method``, run through
-    ``rlx.Session`` on a copy of ``graph`` whose outputs are the taps; returns
-    (statistics aligned with ``taps``, number of batches seen)."""
-    from rlx.backends.cpu.calibrate import calibrate
-
-    it = iter(batches)
-    first = next(it, None)
-    if first is None:
-        raise QuantizationError(
-            f"quantize: calibration_data has no batches; expected at least one input dict "
-            f"with the inputs of graph {graph.name!r}: {graph.input_names}"
-        )
-    # The copy keeps the user's graph name: input errors during calibration name it.
-    tapped = graph.copy(graph.name)
-    tapped.outputs = list(taps)
-    compiled = _session().compile(tapped, options, params=params)
-    cal = calibrate(compiled, itertools.chain([first], it), method, taps=list(taps), progress=False)
-    finite, nonfinite = cal.value_counts()
-    stats = [
-        _TapStats(float(s), float(m), int(f), int(n))
-        for s, m, f, n in zip(cal.scales(), cal.max_abs(), finite, nonfinite, strict=True)
-    ]
-    return stats, cal.batches
-
-
-def _tensor_name(graph: Graph, nid: NodeId) -> str:
-    """How errors and the report name a tensor: input / param by name, else id and op."""
-    node = graph.nodes[nid]
-    op = node.op
-    if isinstance(op, (Input, Param)):
-        return f"{op.mnemonic} {op.name!r}"
-    fn = getattr(getattr(op, "fn", None), "value", None)  # relu rather than unary
-    where = f" built at {node.loc}" if node.loc is not None and node.loc.file else ""
-    return f"%{nid} {fn if isinstance(fn, str) else op.mnemonic}{where}"
-
-
-def _check_weights(graph: Graph, layers: Sequence[Layer], params: Mapping[str, np.ndarray]) -> None:
-    """QuantizationError naming the first weight that holds NaN or +-inf: int8 has no
-    code for them (a NaN weight would silently become a finite int8)."""
-    for ly in layers:
-        w = _weight_value(graph, ly, params)
-        bad = ~np.isfinite(w)
-        if bad.any():
-            first = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise QuantizationError(
-                f"quantize: the weight of layer {ly.name!r} ({_tensor_name(graph, ly.weight)}, "
-                f"shape {w.shape}) holds {int(bad.sum())} NaN/Inf values (first at {first}: "
-                f"{w[first]}); int8 cannot represent them. Fix the weight, or keep the layer "
-                f"in float with exclude=[{ly.name!r}]"
-            )
-
-
-def _degenerate_taps(
-    graph: Graph, layers: Sequence[Layer], taps: Sequence[NodeId], stats: Sequence[_TapStats]
-) -> dict[NodeId, str]:
-    """Taps whose calibration gives no usable int8 range, with the reason. Raises
-    QuantizationError for a tap that saw only non-finite values (the data is broken);
-    a tap that saw only zeros (or nothing) is returned: its layers stay in float."""
-    out: dict[NodeId, str] = {}
-    for t, st in zip(taps, stats, strict=True):
-        users = [ly.name for ly in layers if ly.act == t]
-        what = f"activation {_tensor_name(graph, t)} (the input of layer(s) {users})"
-        if st.finite == 0 and st.nonfinite > 0:
-            raise QuantizationError(
-                f"quantize: {what} saw only non-finite values during calibration "
-                f"({st.nonfinite} NaN/Inf, no finite value), so its int8 range cannot be "
-                f"calibrated; check the calibration data, or exclude={users}"
-            )
-        if st.max_abs == 0.0:
-            seen = "no value at all" if st.finite == 0 else f"only zeros ({st.finite} values)"
-            out[t] = (
-                f"{what} saw {seen} during calibration: no range to calibrate (scale 0), "
-                "so int8 would saturate every real input"
-            )
-    return out
+_ACTIVATIONS = ("static", "dynamic")
 
 
 class _Tee:
@@ -274,12 +129,6 @@ class _Tee:
             yield batch
 
 
-def _session() -> Any:
-    from rlx.runtime.session import Session
-
-    return Session("cpu")
-
-
 def _measure(
     compiled: Any,
     float_outs: list[list[np.ndarray]],
@@ -292,13 +141,129 @@ def _measure(
     return acc
 
 
+def _check_args(
+    method: CalibrationMethod | str,
+    activations: str,
+    accuracy_budget: float | None,
+    smooth_alpha: float | None,
+    dynamic_mode: str,
+) -> tuple[CalibrationMethod, ActQuant]:
+    meth = _METHODS.get(method) if isinstance(method, str) else method
+    if not isinstance(meth, CalibrationMethod):
+        raise QuantizationError(
+            f"unknown calibration method {method!r}; expected one of {sorted(_METHODS)} or a CalibrationMethod"
+        )
+    if activations not in _ACTIVATIONS:
+        raise QuantizationError(
+            f"activations must be one of {list(_ACTIVATIONS)}, got {activations!r}"
+        )
+    if accuracy_budget is not None and not accuracy_budget > 0:
+        raise QuantizationError(
+            f"accuracy_budget must be > 0 (a relative error), got {accuracy_budget}"
+        )
+    if smooth_alpha is not None and not (
+        isinstance(smooth_alpha, (int, float)) and 0.0 <= smooth_alpha <= 1.0
+    ):
+        raise QuantizationError(f"smooth_alpha must be a number in [0, 1], got {smooth_alpha!r}")
+    try:
+        mode = ActQuant.parse(dynamic_mode)
+    except ValueError:
+        raise QuantizationError(
+            f"dynamic_mode must be 's8' or 'u8', got {dynamic_mode!r}"
+        ) from None
+    return meth, mode
+
+
+def _no_data(graph: Graph, why: str) -> QuantizationError:
+    return QuantizationError(
+        f"quantize: {why} needs calibration_data (an iterable of input dicts with the "
+        f"inputs of graph {graph.name!r}: {graph.input_names})"
+    )
+
+
+def _method_text(
+    mode: str, entry: CalibrationEntry | None, method: str, dyn: ActQuant, smooth: str | None
+) -> str:
+    if mode == "dynamic":
+        text = f"dynamic {dyn.value} per-row activations"
+    else:
+        assert entry is not None
+        if entry.dtype.name == "U8":
+            kind = f"u8 asymmetric (zero point {entry.zero_points[0]})"
+        else:
+            kind = "s8 symmetric"
+        text = f"static {method} {kind}, scale {entry.scales[0]:.4g}"
+    if smooth is not None and smooth.startswith("smooth"):
+        text += f"; {smooth}"
+    return text
+
+
+def _meet_budget(
+    modes: dict[str, str],
+    order: list[str],
+    activations: str,
+    budget: float,
+    kept_float: dict[str, str],
+    builder: VariantBuilder,
+    build: Any,
+    acc: ErrorAccumulator,
+    measure: Any,
+    float_variant: tuple[Graph, Any, dict[str, np.ndarray]],
+) -> tuple[Graph, Any, dict[str, np.ndarray], ErrorAccumulator] | None:
+    """The cheapest mix meeting ``budget`` (relative error), found greedily over the
+    layers in ``order`` (worst first), ``modes`` updated in place: (A) static -> dynamic
+    one layer at a time (static activations only; convs stay static); (B) if still over,
+    layers go float one at a time; (C) the dynamic layers, best first, go back to static
+    when the budget still holds. None when the first variant met it already."""
+    if acc.worst().relative <= budget:
+        return None
+    variant: tuple[Graph, Any, dict[str, np.ndarray]] | None = None
+
+    def rebuild() -> tuple[tuple[Graph, Any, dict[str, np.ndarray]], ErrorAccumulator]:
+        v = build(modes) if modes else float_variant
+        return v, measure(v[1])
+
+    if activations == "static":
+        for name in order:
+            if modes.get(name) != "static" or builder.layers[name].kind == "conv2d":
+                continue
+            modes[name] = "dynamic"
+            variant, acc = rebuild()
+            if acc.worst().relative <= budget:
+                break
+    for name in order:
+        if acc.worst().relative <= budget:
+            break
+        if name not in modes:
+            continue
+        del modes[name]
+        kept_float[name] = f"kept in float to meet the accuracy budget {budget:g}"
+        variant, acc = rebuild()
+    if activations == "static":
+        for name in reversed(order):
+            if modes.get(name) != "dynamic":
+                continue
+            modes[name] = "static"
+            trial, trial_acc = rebuild()
+            if trial_acc.worst().relative <= budget:
+                variant, acc = trial, trial_acc
+            else:
+                modes[name] = "dynamic"
+    assert variant is not None
+    return (*variant, acc)
+
+
 def quantize(
     graph_or_module: Any,
-    calibration_data: Iterable[Mapping[str, Any]],
+    calibration_data: Iterable[Mapping[str, Any]] | None = None,
     *,
     params: Mapping[str, Any],
+    activations: str = "static",
     method: CalibrationMethod | str = "minmax",
     per_channel: bool = True,
+    asymmetric: bool | None = None,
+    smooth_alpha: float | None = None,
+    dynamic_mode: str = "u8",
     exclude: Iterable[str | int] = (),
     accuracy_budget: float | None = None,
     options: CompileOptions | None = None,
@@ -308,15 +273,21 @@ def quantize(
     weights_only: bool = False,
     scheme: Any = None,
 ) -> QuantizeResult:
-    """Post-training INT8 quantization of every matmul with a known 2-D weight.
+    """Post-training INT8 quantization of every matmul with a known 2-D weight (and every
+    2-D conv with a known weight); see the module docstring for the steps.
 
-    ``calibration_data``: iterable of input dicts (consumed once, streamed). ``params``:
-    the float weights. ``method``: "minmax", "percentile" or "entropy". ``exclude``:
-    layer (weight) names or matmul node ids to keep in float. ``accuracy_budget``: the
-    largest acceptable relative output error; the worst layers are kept in float until it
-    holds. Accuracy is measured on ``eval_data`` (default: the first ``eval_batches``
-    calibration batches). ``rank_layers`` computes the one-layer-at-a-time ranking (one
-    compile per layer). Returns a :class:`QuantizeResult`.
+    ``calibration_data``: iterable of input dicts (streamed; needed for static
+    activations and SmoothQuant, optional for dynamic). ``params``: the float weights.
+    ``activations``: "static" (calibrated per-tensor scales) or "dynamic" (per-row scales
+    at run time, ``dynamic_mode`` "u8" or "s8"). ``method``: "minmax", "percentile" or
+    "entropy" (static). ``asymmetric``: None picks u8 with a zero point per tensor where it
+    lowers the error, True / False force it. ``smooth_alpha``: SmoothQuant's migration
+    strength (0.5 is the paper's default). ``exclude``: layer (weight) names or node ids to
+    keep in float. ``accuracy_budget``: the largest acceptable relative output error (the
+    cheapest mix that meets it is picked). Accuracy is measured on ``eval_data`` (default:
+    the first ``eval_batches`` calibration batches). ``rank_layers`` computes the
+    one-layer-at-a-time ranking (one compile per layer). Returns a
+    :class:`QuantizeResult`.
 
     Raises QuantizationError naming the tensor for a NaN / Inf weight of a quantized
     layer and for an activation that saw only non-finite values; an activation that saw
@@ -337,15 +308,7 @@ def quantize(
             options=options, eval_data=eval_data, eval_batches=eval_batches,
             rank_layers=rank_layers, accuracy_budget=accuracy_budget,
         )  # fmt: skip
-    meth = _METHODS.get(method) if isinstance(method, str) else method
-    if not isinstance(meth, CalibrationMethod):
-        raise QuantizationError(
-            f"unknown calibration method {method!r}; expected one of {sorted(_METHODS)} or a CalibrationMethod"
-        )
-    if accuracy_budget is not None and not accuracy_budget > 0:
-        raise QuantizationError(
-            f"accuracy_budget must be > 0 (a relative error), got {accuracy_budget}"
-        )
+    meth, dyn_mode = _check_args(method, activations, accuracy_budget, smooth_alpha, dynamic_mode)
     graph = ExpandFusedMatMuls().run(to_mir(graph_or_module))
     graph.verify()
     if isinstance(calibration_data, Sized) and len(calibration_data) == 0:
@@ -353,88 +316,149 @@ def quantize(
             f"quantize: calibration_data has no batches; expected at least one input dict with "
             f"the inputs of graph {graph.name!r}: {graph.input_names}"
         )
+    if calibration_data is None and (activations == "static" or smooth_alpha is not None):
+        raise _no_data(graph, "static activations" if smooth_alpha is None else "smooth_alpha")
     np_params = {k: np.asarray(v) for k, v in params.items()}
     opts = (options or CompileOptions()).replace(use_cache=False)
     layers, kept_float = find_layers(graph, np_params)
-    names = {ly.name for ly in layers} | {ly.node for ly in layers}
+    convs, conv_skipped = find_conv_layers(graph, np_params)
+    if convs:
+        kept_float.update(conv_skipped)
+    all_layers = layers + convs
+    names = {ly.name for ly in all_layers} | {ly.node for ly in all_layers}
     excl = list(exclude)
     unknown = [e for e in excl if e not in names]
     if unknown:
         raise QuantizationError(
-            f"exclude names unknown layers {unknown}; layers of graph {graph.name!r}: {[ly.name for ly in layers]}"
+            f"exclude names unknown layers {unknown}; layers of graph {graph.name!r}: {[ly.name for ly in all_layers]}"
         )
-    for ly in layers:
+    for ly in all_layers:
         if ly.name in excl or ly.node in excl:
             kept_float[ly.name] = "excluded by the caller"
-    active = [ly for ly in layers if ly.name not in kept_float]
+    active = [ly for ly in all_layers if ly.name not in kept_float]
     if not active:
         raise QuantizationError(
             f"graph {graph.name!r} has no quantizable matmul (need a 2-D f32 weight given in "
             f"params or as a constant); skipped: {kept_float or 'no matmul at all'}"
         )
-
-    _check_weights(graph, active, np_params)
-
-    # calibration (one streamed pass) -> per-layer (activation, weight) entries
-    taps = sorted({ly.act for ly in active})
-    tee = _Tee(calibration_data, 0 if eval_data is not None else eval_batches)
-    tap_stats, n_cal = _calibrate(graph, taps, tee, np_params, meth, opts)
-    degenerate = _degenerate_taps(graph, active, taps, tap_stats)
-    for ly in active:
-        if ly.act in degenerate:
-            why = degenerate[ly.act]
-            warnings.warn(
-                f"rlx.quantize: layer {ly.name!r} is kept in float: {why}",
-                RuntimeWarning,
-                stacklevel=2,
+    check_weights(graph, active, np_params)
+    if calibration_data is None:
+        for ly in [ly for ly in active if ly.kind == "conv2d"]:
+            kept_float[ly.name] = (
+                "a conv needs calibrated (static) activation scales: give calibration_data"
             )
-            kept_float[ly.name] = why
-    active = [ly for ly in active if ly.act not in degenerate]
-    act_entry = {
-        t: CalibrationEntry.per_tensor(max(st.scale, 1e-12))
-        for t, st in zip(taps, tap_stats, strict=True)
-    }
-    entries: dict[NodeId, tuple[CalibrationEntry, CalibrationEntry]] = {}
-    for ly in active:
-        _, ws = quantize_weight(_weight_value(graph, ly, np_params), per_channel)
-        w_entry = (
-            CalibrationEntry.per_channel(1, ws)
-            if per_channel
-            else CalibrationEntry.per_tensor(ws[0])
+        active = [ly for ly in active if ly.name not in kept_float]
+
+    # ---- SmoothQuant, then static calibration --------------------------------------
+    keep = 0 if eval_data is not None else eval_batches
+    data: Iterable[Mapping[str, Any]] | None = calibration_data
+    if smooth_alpha is not None and data is not None and not isinstance(data, Sequence):
+        data = list(data)  # read twice: per-channel statistics, then the smoothed ranges
+    tee = _Tee(data, keep) if data is not None else None
+    qgraph, qparams = graph, np_params
+    smooth_info: dict[str, str] = {}
+    n_cal = 0
+    if smooth_alpha is not None:
+        from rlx.quant.smooth import smooth_graph
+
+        mm = [ly for ly in active if ly.kind == "matmul"]
+        taps = sorted({ly.act for ly in mm})
+        assert tee is not None
+        stats, n_cal = calibrate_taps(graph, taps, tee, np_params, meth, opts, channel_stats=True)
+        degenerate_taps(graph, mm, taps, stats)  # raises on non-finite-only data
+        sm = smooth_graph(
+            graph,
+            mm,
+            np_params,
+            {t: st.channel_max_abs for t, st in zip(taps, stats, strict=True)},
+            float(smooth_alpha),
         )
-        entries[ly.node] = (act_entry[ly.act], w_entry)
-    evals = [dict(b) for b in eval_data] if eval_data is not None else tee.kept
+        qgraph, qparams, smooth_info = sm.graph, sm.params, sm.info
+        by_name = {
+            ly.name: ly
+            for ly in find_layers(qgraph, qparams)[0] + find_conv_layers(qgraph, qparams)[0]
+        }
+        active = [by_name[ly.name] for ly in active]
+        tee = _Tee(data, 0) if data is not None else None  # type: ignore[arg-type]
+
+    static_layers = [ly for ly in active if activations == "static" or ly.kind == "conv2d"]
+    entries: dict[str, tuple[CalibrationEntry, CalibrationEntry]] = {}
+    if static_layers:
+        cal_layers = static_layers
+        taps = sorted({ly.act for ly in cal_layers})
+        assert tee is not None
+        stats, n2 = calibrate_taps(qgraph, taps, tee, qparams, meth, opts)
+        n_cal = max(n_cal, n2)
+        degenerate = degenerate_taps(qgraph, cal_layers, taps, stats)
+        static_names = {ly.name for ly in static_layers}
+        for ly in cal_layers:
+            if ly.act in degenerate and ly.name in static_names:
+                why = degenerate[ly.act]
+                warnings.warn(
+                    f"rlx.quantize: layer {ly.name!r} is kept in float: {why}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                kept_float[ly.name] = why
+        active = [ly for ly in active if ly.name not in kept_float]
+        by_tap = {t: act_entry(st, asymmetric) for t, st in zip(taps, stats, strict=True)}
+        for ly in active:
+            if ly.act not in by_tap or ly.act in degenerate:
+                continue
+            axis = 0 if ly.kind == "conv2d" else 1
+            _, ws = quantize_weight(weight_value(qgraph, ly, qparams), per_channel, axis)
+            w_entry = (
+                CalibrationEntry.per_channel(axis, ws)
+                if per_channel
+                else CalibrationEntry.per_tensor(ws[0])
+            )
+            entries[ly.name] = (by_tap[ly.act], w_entry)
+    elif tee is not None:
+        for _ in tee:  # dynamic: the data only feeds the accuracy measurement
+            if len(tee.kept) >= keep:
+                break
+
+    # ---- evaluation ------------------------------------------------------------------
+    if eval_data is not None:
+        evals = [dict(b) for b in eval_data]
+    elif smooth_alpha is not None and isinstance(data, Sequence):
+        evals = [dict(b) for b in list(data)[:eval_batches]]
+    else:
+        evals = tee.kept if tee is not None else []
     if not evals and accuracy_budget is not None:
         raise QuantizationError(
             "accuracy_budget needs evaluation batches (eval_data or eval_batches >= 1)"
         )
     n_out = len(graph.outputs)
-
-    session = _session()
-    float_compiled = session.compile(graph, opts, params=np_params)
+    sess = session()
+    float_compiled = sess.compile(graph, opts, params=np_params)
     float_outs = [float_compiled.run(b) for b in evals]
+    builder = VariantBuilder(
+        qgraph, qparams, {ly.name: ly for ly in active}, entries, dyn_mode, per_channel
+    )
 
-    def build(chosen: Sequence[Layer]) -> tuple[Graph, Any]:
-        fake = fake_quant_graph(graph, {ly.node: entries[ly.node] for ly in chosen})
-        low = QuantLowering(np_params, per_channel).run(fake)
-        kept = {k: v for k, v in np_params.items() if k in set(low.param_names)}
-        return low, session.compile(low, opts, params=kept)
+    def build(modes: Mapping[str, str]) -> tuple[Graph, Any, dict[str, np.ndarray]]:
+        low, kept = builder.lower(modes)
+        return low, sess.compile(low, opts, params=kept), kept
 
+    def start_mode(ly: Layer) -> str:
+        return "static" if ly.kind == "conv2d" or activations == "static" else "dynamic"
+
+    modes = {ly.name: start_mode(ly) for ly in active}
     ranking: list[LayerError] = []
     if rank_layers or accuracy_budget is not None:
         for ly in active:
-            _, comp = build([ly])
+            _, comp, _ = build({ly.name: modes[ly.name]})
             ranking.append(
                 LayerError(ly.name, ly.node, _measure(comp, float_outs, evals, n_out).worst())
             )
         # worst first; an unmeasured error (NaN) sorts last
         ranking.sort(key=lambda le: le.error.relative if le.error.measured else -1.0, reverse=True)
 
-    chosen = list(active)
-    if chosen:
-        low, compiled = build(chosen)
+    if modes:
+        low, compiled, low_params = build(modes)
     else:  # every layer kept in float (degenerate calibration data)
-        low, compiled = graph, float_compiled
+        low, compiled, low_params = graph, float_compiled, np_params
     acc = _measure(compiled, float_outs, evals, n_out)
     if accuracy_budget is not None and not acc.worst().measured:
         raise QuantizationError(
@@ -442,31 +466,39 @@ def quantize(
             f"{acc.worst().note}. Pass eval_data with inputs whose float outputs are finite "
             "and not all zero"
         )
-    if accuracy_budget is not None and chosen:
-        for name in [le.layer for le in ranking]:
-            if acc.worst().relative <= accuracy_budget:
-                break
-            chosen = [ly for ly in chosen if ly.name != name]
-            kept_float[name] = f"kept in float to meet the accuracy budget {accuracy_budget:g}"
-            if not chosen:
-                low, compiled = graph, float_compiled
-                acc = _measure(compiled, float_outs, evals, n_out)
-                break
-            low, compiled = build(chosen)
-            acc = _measure(compiled, float_outs, evals, n_out)
+    if accuracy_budget is not None and modes:
+        low, compiled, low_params, acc = _meet_budget(
+            modes, [le.layer for le in ranking], activations, accuracy_budget, kept_float,
+            builder, build, acc, lambda c: _measure(c, float_outs, evals, n_out),
+            (graph, float_compiled, np_params),
+        ) or (low, compiled, low_params, acc)  # fmt: skip
 
+    methods = {
+        n: _method_text(
+            m,
+            entries.get(n, (None,))[0],
+            str(method if isinstance(method, str) else meth.value),
+            dyn_mode,
+            smooth_info.get(n),
+        )
+        for n, m in modes.items()
+    }
     out_names = [graph.nodes[o].label for o in graph.outputs]
     report = AccuracyReport(
         method=method if isinstance(method, str) else meth.value,  # as the user spelled it
-        labels={ly.name: graph.nodes[ly.node].label for ly in layers},
+        labels={ly.name: graph.nodes[ly.node].label for ly in all_layers},
         outputs=acc.stats(),
         output_names=out_names,
         layers=ranking,
-        quantized=[ly.name for ly in chosen],
+        quantized=[ly.name for ly in active if ly.name in modes],
         kept_float=kept_float,
         accuracy_budget=accuracy_budget,
         eval_batches=len(evals),
         calibration_batches=n_cal,
+        activations=activations,
+        methods=methods,
+        smooth_alpha=smooth_alpha,
+        smoothing={n: t for n, t in smooth_info.items() if n in modes},
     )
-    record = {ly.name: entries[ly.node] for ly in chosen}
-    return QuantizeResult(compiled, float_compiled, report, low, record)
+    record = {n: entries[n] for n, m in modes.items() if m == "static"}
+    return QuantizeResult(compiled, float_compiled, report, low, record, low_params)

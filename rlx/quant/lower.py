@@ -1,5 +1,7 @@
 """Quantization lowering. In: a graph in Q/DQ canonical form (``rlx.quant.record``).
-Out: the graph with every Q/DQ-bracketed matmul replaced by an integer :class:`QMatMul`.
+Out: the graph with every Q/DQ-bracketed matmul replaced by an integer :class:`QMatMul`
+and every Q/DQ-bracketed 2-D ``conv`` by a :class:`~rlx.ops.qconv.QConv2d` (activation per
+tensor, weight i8 per output channel along axis 0, the conv's bias kept as its bias).
 
 Matched pattern (``linear`` shape: a 2-D weight ``[K, N]`` on the right)::
 
@@ -34,12 +36,20 @@ from rlx.ops.core import Constant, ConstValue, Param
 from rlx.ops.elementwise import Binary, BinaryKind, Unary, UnaryKind
 from rlx.ops.fused import FusedMatMulBiasAct, FusedSwiGLU
 from rlx.ops.linalg import MatMul
+from rlx.ops.nn import Conv
+from rlx.ops.qconv import QConv2d
 from rlx.ops.quant import Dequantize, QMatMul, Quantize, quantize_array
 from rlx.passes.base import Rewriter, use_counts
 from rlx.passes.dce import DeadCodeElimination
 from rlx.shape import Shape
 
-__all__ = ["QuantLowering", "LoweringDecision", "ExpandFusedMatMuls", "quantize_weight"]
+__all__ = [
+    "QuantLowering",
+    "LoweringDecision",
+    "ExpandFusedMatMuls",
+    "quantize_weight",
+    "drop_params",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,16 +61,19 @@ class LoweringDecision:
     lowered: bool
     reason: str
 
+    op: str = "qmatmul"
+
     def __str__(self) -> str:
-        verb = "lowered to qmatmul" if self.lowered else "kept in float"
-        return f"matmul %{self.node} ({self.weight}): {verb}: {self.reason}"
+        verb = f"lowered to {self.op}" if self.lowered else "kept in float"
+        return f"%{self.node} ({self.weight}): {verb}: {self.reason}"
 
 
 def quantize_weight(
-    w: np.ndarray, per_channel: bool = True
+    w: np.ndarray, per_channel: bool = True, axis: int = 1
 ) -> tuple[np.ndarray, tuple[float, ...]]:
-    """Symmetric i8 quantization of a float weight [K, N] to [-127, 127]; per output
-    channel (one scale per column) or per tensor. Returns (w_q, scales).
+    """Symmetric i8 quantization of a float weight to [-127, 127]; per output channel
+    (one scale per index of ``axis``: 1 for a matmul weight [K, N], 0 for a conv weight
+    [O, C, kH, kW]) or per tensor. Returns (w_q, scales).
     QuantizationError when ``w`` holds NaN or Inf (it has no int8 value)."""
     w = np.asarray(w, dtype=np.float32)
     if not np.isfinite(w).all():
@@ -69,11 +82,13 @@ def quantize_weight(
             f"cannot quantize a weight with {len(bad)} non-finite value(s) "
             f"(first at index {tuple(int(i) for i in bad[0])}: {w[tuple(bad[0])]})"
         )
-    amax = np.abs(w).max(axis=0) if per_channel else np.abs(w).max(keepdims=True)
+    other = tuple(d for d in range(w.ndim) if d != axis)
+    amax = np.abs(w).max(axis=other) if per_channel else np.abs(w).max(keepdims=True)
     amax = np.asarray(amax, dtype=np.float32).reshape(-1)
     scales = np.where(amax > 0, amax / np.float32(127.0), np.float32(1.0)).astype(np.float32)
-    axis = 1 if per_channel else None
-    q = quantize_array(w, scales.tolist(), [0] * scales.size, axis, -127, 127)
+    q = quantize_array(
+        w, scales.tolist(), [0] * scales.size, axis if per_channel else None, -127, 127
+    )
     return q.astype(np.int8), tuple(float(s) for s in scales)
 
 
@@ -98,8 +113,17 @@ class _Plan:
     add: NodeId | None
 
 
+@dataclass(frozen=True, slots=True)
+class _ConvPlan:
+    q_act: NodeId
+    w_value: np.ndarray
+    w_scales: tuple[float, ...]
+    folded: str | None
+
+
 class QuantLowering:
-    """Pass: Q/DQ-bracketed matmuls -> :class:`QMatMul` (see the module docstring)."""
+    """Pass: Q/DQ-bracketed matmuls -> :class:`QMatMul`, conv2d -> :class:`QConv2d` (see
+    the module docstring)."""
 
     name = "quant_lowering"
 
@@ -200,6 +224,39 @@ class QuantLowering:
             return None
         return other, add.id
 
+    def _match_conv(self, g: Graph, node: Node) -> _ConvPlan | str:
+        """A conv2d whose input is per-tensor Q/DQ and whose weight is i8 per output
+        channel (axis 0) Q/DQ or a float value known now."""
+        op: Conv = node.op  # type: ignore[assignment]
+        if len(op.stride) != 2:
+            return f"conv of {len(op.stride)} spatial dims; qconv2d is 2-D"
+        if node.dtype is not DType.F32:
+            return f"conv result is {node.dtype}; qconv2d produces f32"
+        act = self._match_act(g, node.inputs[0])
+        if isinstance(act, str):
+            return act
+        wn = g.nodes[node.inputs[1]]
+        if isinstance(wn.op, Dequantize):
+            q = g.nodes[wn.inputs[0]]
+            if not isinstance(q.op, Quantize) or q.op.dtype is not DType.I8:
+                return f"weight dequantize %{wn.id} does not read an i8 quantize"
+            if not _same_qparams(q.op, wn.op) or any(q.op.zero_points):
+                return f"weight quantize %{q.id} is not symmetric or disagrees with %{wn.id}"
+            axis = None if q.op.axis is None else q.op.axis % 4
+            if axis not in (None, 0):
+                return f"conv weight quantized along axis {axis}; qconv2d needs axis 0"
+            src = g.nodes[q.inputs[0]]
+            w = self._float_value(src)
+            if w is None:
+                return f"conv weight %{src.id} has no value at compile time"
+            wq = quantize_array(w, q.op.scales, q.op.zero_points, axis, -128, 127)
+            return _ConvPlan(act, wq.astype(np.int8), q.op.scales, _param_name(src))
+        w = self._float_value(wn)
+        if w is None or not wn.dtype.is_float:
+            return f"conv weight %{wn.id} has no float value at compile time"
+        wq, scales = quantize_weight(w, self.per_channel, axis=0)
+        return _ConvPlan(act, wq, scales, _param_name(wn))
+
     # ---- rewriting --------------------------------------------------------------
 
     def run(self, graph: Graph) -> Graph:
@@ -208,7 +265,20 @@ class QuantLowering:
         uses = use_counts(graph)
         readers = graph.consumers()
         plans: dict[NodeId, _Plan] = {}
+        convs: dict[NodeId, _ConvPlan] = {}
         for node in graph.nodes:
+            if isinstance(node.op, Conv):
+                cp = self._match_conv(graph, node)
+                wname = self._weight_name(graph, node.inputs[1])
+                if isinstance(cp, str):
+                    self.decisions.append(LoweringDecision(node.id, wname, False, cp, "qconv2d"))
+                else:
+                    convs[node.id] = cp
+                    chan = "per-channel" if len(cp.w_scales) > 1 else "per-tensor"
+                    self.decisions.append(
+                        LoweringDecision(node.id, wname, True, f"{chan} weight", "qconv2d")
+                    )
+                continue
             if not isinstance(node.op, MatMul):
                 continue
             a, b = node.inputs
@@ -233,7 +303,7 @@ class QuantLowering:
                 LoweringDecision(node.id, wname, True, f"{chan} weight, {how}{extra}")
             )
         self.notes = [str(d) for d in self.decisions] or ["no matmul in the graph"]
-        if not plans:
+        if not plans and not convs:
             return graph
         skip = {p.mm for p in plans.values() if p.add is not None}
         rw = Rewriter(graph)
@@ -241,6 +311,10 @@ class QuantLowering:
         for nid in graph.topo_order():
             node = graph.nodes[nid]
             if nid in skip:
+                continue
+            cplan = convs.get(nid)
+            if cplan is not None:
+                rw.map[nid] = self._emit_conv(rw, node, cplan)
                 continue
             plan = plans.get(nid)
             if plan is None:
@@ -263,30 +337,57 @@ class QuantLowering:
             rw.map[nid] = rw.emit(op, ins, node.loc)
         out = DeadCodeElimination().run(rw.finish())
         folded_params = {p.folded for p in plans.values() if p.folded is not None}
+        folded_params |= {c.folded for c in convs.values() if c.folded is not None}
         if self.drop_folded_params and folded_params:
             out = self._drop_params(out, folded_params)
         return out
 
+    @staticmethod
+    def _emit_conv(rw: Rewriter, node: Node, plan: _ConvPlan) -> NodeId:
+        op: Conv = node.op  # type: ignore[assignment]
+        cv = ConstValue.of(plan.w_value, DType.I8)
+        w_id = rw.emit(Constant(cv), [], node.loc, Shape(cv.dims, DType.I8))
+        q_act: Quantize = rw.src.nodes[plan.q_act].op  # type: ignore[assignment]
+        ins = [rw.map[plan.q_act], w_id]
+        if op.has_bias:
+            ins.append(rw.map[node.inputs[2]])
+        qop = QConv2d(
+            op.stride,
+            op.padding,
+            op.dilation,
+            q_act.scales[0],
+            q_act.zero_points[0],
+            plan.w_scales,
+            op.groups,
+            op.has_bias,
+        )
+        return rw.emit(qop, ins, node.loc)
+
     def _drop_params(self, graph: Graph, names: set[str]) -> Graph:
         """Remove the (now unread) params whose values were folded into i8 constants."""
-        readers = graph.consumers()
-        rw = Rewriter(graph)
-        dropped = []
-        for nid in graph.topo_order():
-            node = graph.nodes[nid]
-            op = node.op
-            if (
-                isinstance(op, Param)
-                and op.name in names
-                and not readers[nid]
-                and nid not in graph.outputs
-            ):
-                dropped.append(op.name)
-                continue
-            rw.copy(node)
+        out, dropped = drop_params(graph, names)
         if dropped:
             self.notes.append(f"dropped params folded into i8 constants: {sorted(dropped)}")
-        return rw.finish()
+        return out
+
+
+def drop_params(graph: Graph, names: set[str]) -> tuple[Graph, list[str]]:
+    """``graph`` without the params named in ``names`` that nothing reads (their values
+    were folded into i8 constants); returns (graph, dropped names)."""
+    readers = graph.consumers()
+    rw = Rewriter(graph)
+    dropped = []
+    for nid in graph.topo_order():
+        node = graph.nodes[nid]
+        op = node.op
+        if isinstance(op, Param) and op.name in names and not readers[nid]:
+            if nid not in graph.outputs:
+                dropped.append(op.name)
+                continue
+        rw.copy(node)
+    if not dropped:
+        return graph, []
+    return rw.finish(), dropped
 
 
 class ExpandFusedMatMuls:

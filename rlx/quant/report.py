@@ -148,6 +148,10 @@ class AccuracyReport:
     ``labels``: layer name -> its matmul named by the user's graph (``'%19 matmul
     (model.py:42)'``, the name the fusion report and the kernel schedule use too).
     ``method``: the calibration method as the caller spelled it (``'minmax'``).
+    ``activations``: "static" or "dynamic" as asked; ``methods``: quantized layer name ->
+    how it was quantized (``'static minmax u8 asymmetric (zero point 12), scale 0.01'``,
+    ``'dynamic u8 per-row activations'``, with the SmoothQuant step when one applied);
+    ``smoothing``: layer -> what SmoothQuant did or why it did not (``smooth_alpha`` set).
     """
 
     method: str
@@ -160,6 +164,22 @@ class AccuracyReport:
     eval_batches: int = 0
     calibration_batches: int = 0
     labels: dict[str, str] = field(default_factory=dict)
+    activations: str = "static"
+    methods: dict[str, str] = field(default_factory=dict)
+    smooth_alpha: float | None = None
+    smoothing: dict[str, str] = field(default_factory=dict)
+
+    def method_counts(self) -> dict[str, int]:
+        """How many layers got each kind of quantization ("static s8", "static u8",
+        "dynamic u8", "smooth", ...)."""
+        out: dict[str, int] = {}
+        for text in self.methods.values():
+            parts = text.split()
+            key = f"{parts[0]} {parts[2] if parts[0] == 'static' else parts[1]}"
+            out[key] = out.get(key, 0) + 1
+            if "smooth alpha" in text:
+                out["smooth"] = out.get("smooth", 0) + 1
+        return out
 
     @property
     def worst(self) -> ErrorStats:
@@ -179,11 +199,17 @@ class AccuracyReport:
         return [le.layer for le in self.layers[:n]]
 
     def __str__(self) -> str:
+        how = self.method if self.activations == "static" else f"{self.activations}"
+        if self.smooth_alpha is not None:
+            how += f", smooth_alpha={self.smooth_alpha:g}"
         lines = [
-            f"rlx.quantize ({self.method}): {len(self.quantized)} layers int8, "
+            f"rlx.quantize ({how}): {len(self.quantized)} layers int8, "
             f"{len(self.kept_float)} kept in float; {self.calibration_batches} calibration "
             f"batches, accuracy over {self.eval_batches}",
         ]
+        if self.methods:
+            counts = ", ".join(f"{k}: {v}" for k, v in self.method_counts().items())
+            lines.append(f"  methods: {counts}")
         for name, s in zip(self.output_names, self.outputs, strict=True):
             lines.append(f"  output {name}: {s}")
         if self.accuracy_budget is not None:
@@ -194,6 +220,10 @@ class AccuracyReport:
             for le in self.layers:
                 where = self.labels.get(le.layer, f"%{le.node}")
                 lines.append(f"    {le.layer:<16} {where:<32} {le.error}")
+        if self.methods:
+            lines.append("  per-layer method:")
+            for name, text in self.methods.items():
+                lines.append(f"    {name:<16} {text}")
         for name, why in self.kept_float.items():
             where = self.labels.get(name)
             if why.startswith(f"{name} "):  # the reason names the node already

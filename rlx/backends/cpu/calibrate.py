@@ -2,7 +2,9 @@
 
 In: a CompiledGraph whose outputs include the *taps* (the tensors to calibrate), and
 batches of inputs. Out: per tap, a clipping threshold ``amax`` and the symmetric INT8
-scale ``max(amax / 127, 1e-6)`` (the floor avoids a zero scale on a flat tensor).
+scale ``max(amax / 127, 1e-6)`` (the floor avoids a zero scale on a flat tensor); also the
+signed min / max of each tap (asymmetric u8 ranges) and, on request, the max ``|x|`` of
+each channel of the last axis (SmoothQuant's per-channel statistics).
 
 Three calibrators share one interface (``step(inputs)``, ``amax()``, ``scales()``, and
 the seed's arena access: ``arena()`` / ``arena_mut()`` give the compiled graph's arena,
@@ -67,10 +69,15 @@ class CalibrationMethod(enum.Enum):
 
 
 class Calibrator:
-    """Running max-abs per tap. ``taps`` are node ids of the compiled graph's source graph
-    and must be among its outputs (their values are what ``run`` returns)."""
+    """Running max-abs per tap, and the signed min / max of its finite values (for
+    asymmetric u8 ranges). ``taps`` are node ids of the compiled graph's source graph and
+    must be among its outputs (their values are what ``run`` returns). With
+    ``channel_stats`` the max ``|x|`` of every index of the last axis is kept too
+    (:meth:`channel_max_abs`, what SmoothQuant's per-channel scales are made of)."""
 
-    def __init__(self, compiled: CompiledGraph, taps: Sequence[NodeId]):
+    def __init__(
+        self, compiled: CompiledGraph, taps: Sequence[NodeId], *, channel_stats: bool = False
+    ):
         outputs = list(compiled.program.source.outputs)
         bad = [t for t in taps if t not in outputs]
         if bad:
@@ -86,6 +93,10 @@ class Calibrator:
         self._max_abs = np.zeros(len(self.taps), np.float32)
         self._finite = np.zeros(len(self.taps), np.int64)
         self._nonfinite = np.zeros(len(self.taps), np.int64)
+        self._min = np.full(len(self.taps), np.inf, np.float64)
+        self._max = np.full(len(self.taps), -np.inf, np.float64)
+        self.channel_stats = channel_stats
+        self._channel: list[np.ndarray | None] = [None] * len(self.taps)
         self.batches = 0
 
     def step(self, inputs: Mapping[str, Any] | None = None) -> None:
@@ -94,12 +105,20 @@ class Calibrator:
         through :meth:`arena_mut`, the seed's way)."""
         outs = self.compiled.run(inputs) if inputs is not None else self._run_arena()
         for i, pos in enumerate(self._positions):
-            a = np.abs(np.asarray(outs[pos], dtype=np.float32))
-            finite = a[np.isfinite(a)]
+            x = np.asarray(outs[pos], dtype=np.float32)
+            ok = np.isfinite(x)
+            signed = x[ok]
+            finite = np.abs(signed)
             self._finite[i] += finite.size
-            self._nonfinite[i] += a.size - finite.size
+            self._nonfinite[i] += x.size - finite.size
             if finite.size:
                 self._max_abs[i] = max(self._max_abs[i], float(finite.max()))
+                self._min[i] = min(self._min[i], float(signed.min()))
+                self._max[i] = max(self._max[i], float(signed.max()))
+            if self.channel_stats and x.ndim >= 1 and x.size:
+                a = np.where(ok, np.abs(x), np.float32(0)).reshape(-1, x.shape[-1]).max(axis=0)
+                prev = self._channel[i]
+                self._channel[i] = a if prev is None else np.maximum(prev, a)
             self._observe(i, finite)
         self.batches += 1
 
@@ -145,6 +164,16 @@ class Calibrator:
     def max_abs(self) -> np.ndarray:
         """Per-tap max ``|x|`` seen so far (f32, in tap order)."""
         return self._max_abs.copy()
+
+    def min_max(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per tap, the smallest and largest finite value seen (f64; +inf / -inf for a tap
+        that saw no finite value)."""
+        return self._min.copy(), self._max.copy()
+
+    def channel_max_abs(self) -> list[np.ndarray | None]:
+        """Per tap, max ``|x|`` of each index of the last axis (f32 ``[C]``; non-finite
+        values count as 0). None for a tap without values, or without ``channel_stats``."""
+        return [None if c is None else c.copy() for c in self._channel]
 
     def amax(self) -> np.ndarray:
         """Per-tap clipping threshold (here: the max-abs)."""
@@ -365,8 +394,15 @@ def kl_threshold(
 
 
 class _HistogramCalibrator(Calibrator):
-    def __init__(self, compiled: CompiledGraph, taps: Sequence[NodeId], bins: int):
-        super().__init__(compiled, taps)
+    def __init__(
+        self,
+        compiled: CompiledGraph,
+        taps: Sequence[NodeId],
+        bins: int,
+        *,
+        channel_stats: bool = False,
+    ):
+        super().__init__(compiled, taps, channel_stats=channel_stats)
         self.histograms = [StreamingHistogram(bins) for _ in self.taps]
 
     def _observe(self, i: int, abs_values: np.ndarray) -> None:
@@ -383,10 +419,12 @@ class PercentileCalibrator(_HistogramCalibrator):
         taps: Sequence[NodeId],
         percentile: float = 99.99,
         bins: int = 2048,
+        *,
+        channel_stats: bool = False,
     ):
         if not 0.0 < percentile <= 100.0:
             raise QuantizationError(f"percentile must be in (0, 100], got {percentile}")
-        super().__init__(compiled, taps, bins)
+        super().__init__(compiled, taps, bins, channel_stats=channel_stats)
         self.percentile = percentile
 
     def amax(self) -> np.ndarray:
@@ -404,12 +442,14 @@ class EntropyCalibrator(_HistogramCalibrator):
         taps: Sequence[NodeId],
         bins: int = 2048,
         num_quant_bins: int = 128,
+        *,
+        channel_stats: bool = False,
     ):
         if num_quant_bins < 2 or num_quant_bins > bins:
             raise QuantizationError(
                 f"num_quant_bins must be in [2, bins={bins}], got {num_quant_bins}"
             )
-        super().__init__(compiled, taps, bins)
+        super().__init__(compiled, taps, bins, channel_stats=channel_stats)
         self.num_quant_bins = num_quant_bins
 
     def amax(self) -> np.ndarray:
@@ -437,19 +477,24 @@ def calibrate(
     progress: bool = True,
     percentile: float = 99.99,
     bins: int = 2048,
+    channel_stats: bool = False,
 ) -> Calibrator:
     """Run ``method``'s calibrator over ``batches`` (input dicts); ``taps`` default to
-    every output. Returns the calibrator (``amax()``, ``scales()``, ``scale_map()``)."""
+    every output; ``channel_stats`` also keeps each tap's per-channel max ``|x|``.
+    Returns the calibrator (``amax()``, ``scales()``, ``scale_map()``, ``min_max()``,
+    ``channel_max_abs()``)."""
     if not isinstance(method, CalibrationMethod):
         raise QuantizationError(f"method must be a CalibrationMethod, got {method!r}")
     tap_ids = list(compiled.program.source.outputs) if taps is None else list(taps)
     cal: Calibrator
     if method is CalibrationMethod.MAX_ABS:
-        cal = Calibrator(compiled, tap_ids)
+        cal = Calibrator(compiled, tap_ids, channel_stats=channel_stats)
     elif method is CalibrationMethod.PERCENTILE:
-        cal = PercentileCalibrator(compiled, tap_ids, percentile=percentile, bins=bins)
+        cal = PercentileCalibrator(
+            compiled, tap_ids, percentile=percentile, bins=bins, channel_stats=channel_stats
+        )
     else:
-        cal = EntropyCalibrator(compiled, tap_ids, bins=bins)
+        cal = EntropyCalibrator(compiled, tap_ids, bins=bins, channel_stats=channel_stats)
     for batch in _progress(batches, progress):
         cal.step(batch)
     if cal.batches == 0:

@@ -1,0 +1,93 @@
+"""Build one quantized variant of a graph from a per-layer choice. In: the (possibly
+smoothed) float graph, its params, the layers, their static calibration entries and a
+mode per layer name: ``"static"`` (Q/DQ on the activation with calibrated parameters, then
+``qmatmul`` / ``qconv2d``), ``"dynamic"`` (``dynamic_qmatmul``: per-row activation scales
+at run time) or ``"float"``. Out: the lowered MIR and the params it still reads.
+
+The dynamic matmuls are lowered first (:class:`~rlx.quant.dynamic.DynamicLowering`,
+which keeps the old -> new id map), then the static ones get their Q/DQ pairs
+(:func:`fake_quant_graph`) and :class:`~rlx.quant.lower.QuantLowering` turns the bracketed
+matmuls and convs into integer ops; weight params folded into i8 constants leave the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlx.ir.mir import Graph, NodeId
+from rlx.ops.qmatmul import ActQuant
+from rlx.ops.quant import Dequantize, Quantize
+from rlx.passes.base import Rewriter
+from rlx.quant.dynamic import DynamicLowering
+from rlx.quant.layers import Layer
+from rlx.quant.lower import QuantLowering, drop_params
+from rlx.quant.record import CalibrationEntry
+
+__all__ = ["fake_quant_graph", "VariantBuilder", "MODES"]
+
+#: Per-layer modes, cheapest first (what ``accuracy_budget`` tries in turn).
+MODES = ("static", "dynamic", "float")
+
+
+def fake_quant_graph(
+    graph: Graph, entries: Mapping[NodeId, tuple[CalibrationEntry, CalibrationEntry]]
+) -> Graph:
+    """Q/DQ on the activation and weight edges of the matmuls / convs in ``entries``
+    (node id -> (activation entry, weight entry)); other readers of those tensors are
+    untouched, a conv's bias input is kept. Nodes with equal activation entries share one
+    Q/DQ pair."""
+    rw = Rewriter(graph)
+    shared: dict[tuple[NodeId, CalibrationEntry], NodeId] = {}
+
+    def qdq(old: NodeId, e: CalibrationEntry) -> NodeId:
+        key = (old, e)
+        if key not in shared:
+            src, loc = rw.map[old], graph.nodes[old].loc  # reports: "quantize for %5 add"
+            q = rw.emit(Quantize(e.axis, e.scales, e.zero_points, e.dtype), [src], loc)
+            shared[key] = rw.emit(Dequantize(e.axis, e.scales, e.zero_points), [q], loc)
+        return shared[key]
+
+    for nid in graph.topo_order():
+        node = graph.nodes[nid]
+        pair = entries.get(nid)
+        if pair is None:
+            rw.copy(node)
+            continue
+        a, w, *rest = node.inputs
+        ins = [qdq(a, pair[0]), qdq(w, pair[1]), *(rw.map[i] for i in rest)]
+        rw.map[nid] = rw.dst.add_node(node.op, ins, node.shape, node.loc)
+    return rw.finish()
+
+
+@dataclass
+class VariantBuilder:
+    """Lowers ``graph`` for a per-layer mode choice (see the module docstring)."""
+
+    graph: Graph
+    params: Mapping[str, np.ndarray]
+    layers: Mapping[str, Layer]
+    entries: Mapping[str, tuple[CalibrationEntry, CalibrationEntry]]
+    dynamic_mode: ActQuant = ActQuant.U8
+    per_channel: bool = True
+
+    def lower(self, modes: Mapping[str, str]) -> tuple[Graph, dict[str, np.ndarray]]:
+        """The lowered graph for ``modes`` (layer name -> "static" / "dynamic" / "float";
+        layers not named stay float) and the params it reads."""
+        dyn = {self.layers[n].node: self.dynamic_mode for n, m in modes.items() if m == "dynamic"}
+        g, folded = self.graph, set()
+        idmap: dict[NodeId, NodeId] = {n.id: n.id for n in g.nodes}
+        if dyn:
+            dl = DynamicLowering(self.params, dyn, self.per_channel)
+            g, idmap, folded = dl.run(g), dl.map, dl.folded
+        static = {
+            idmap[self.layers[n].node]: self.entries[n] for n, m in modes.items() if m == "static"
+        }
+        if static:
+            g = QuantLowering(self.params, self.per_channel).run(fake_quant_graph(g, static))
+        if folded:
+            g, _ = drop_params(g, folded)
+        names = set(g.param_names)
+        return g, {k: np.asarray(v) for k, v in self.params.items() if k in names}
