@@ -77,7 +77,8 @@ def test_gemm_matches_float64(target, m, n, k, threads, seed) -> None:
 def test_blocking_edges_and_large_k(lib) -> None:
     """Shapes crossing several KC / MC blocks and ragged tiles, 1 and 2 threads."""
     rng = np.random.default_rng(1)
-    for m, n, k in [(lib.mc + 3, 2 * lib.nr + 5, 2 * lib.kc + 7), (2, 3 * lib.nr, 700), (1, 1, 1)]:
+    mc = lib.a_bytes // (4 * lib.kc)  # rows of an A block at the largest K block
+    for m, n, k in [(mc + 3, 2 * lib.nr + 5, 2 * lib.kc + 7), (2, 3 * lib.nr, 700), (1, 1, 1)]:
         a, b = _rand(rng, m, k), _rand(rng, k, n)
         for threads in (1, 2):
             out = np.empty((m, n), np.float32)
@@ -178,8 +179,8 @@ def test_bad_arguments_are_input_errors(lib) -> None:
 
 
 def test_blocking_follows_cache_sizes(tmp_path) -> None:
-    kc, mc, nc = blocking(14, 32, (48 << 10, 2 << 20, 32 << 20))
-    assert kc * 32 * 4 <= 24 << 10 and mc % 14 == 0 and mc * kc * 4 <= 1 << 20 and nc % 32 == 0
+    kc, a_bytes, nc = blocking(14, 32, (48 << 10, 2 << 20, 32 << 20))
+    assert kc * 32 * 4 <= (2 << 20) // 16 and a_bytes == 1 << 20 and nc % 32 == 0
     d = tmp_path / "index0"
     d.mkdir()
     (d / "type").write_text("Data\n")

@@ -5,8 +5,8 @@ Out: the product written into an output array, through :class:`SgemmLib`.
 :func:`sgemm_lib` builds the library for the selected build target (``RLX_ISA``): an
 AVX-512 micro-kernel (14 x 32) on AVX512, AVX2 + FMA (6 x 16) on AVX2, plain C (4 x 16) on
 portable; ``SgemmLib.isa`` names it (``avx512`` / ``avx2`` / ``c``). Cache blocking (KC,
-MC, NC) comes from the CPU's cache sizes in sysfs (:func:`cache_sizes`), with defaults
-when they cannot be read.
+the A block's bytes, NC: :func:`blocking`) comes from the CPU's cache sizes in sysfs
+(:func:`cache_sizes`), with defaults when they cannot be read.
 """
 
 from __future__ import annotations
@@ -65,14 +65,16 @@ def cache_sizes(root: Path = _SYSFS) -> tuple[int, int, int]:
 
 
 def blocking(mr: int, nr: int, sizes: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
-    """(KC, MC, NC) for an MR x NR micro-kernel: the B micro-panel (KC x NR) fills half of
-    L1, the A block (MC x KC) half of L2, the B block (KC x NC) a quarter of L3 (at most
-    8192 columns)."""
+    """(KC, L2 bytes for the A block, NC) for an MR x NR micro-kernel: K is split into
+    equal blocks of at most KC, so the B micro-panel (KC x NR) takes at most 1/16 of L2
+    (it streams from L2 with the A micro-panel: measured faster here than a KC sized for
+    L1, which makes more passes over the output); the A block (MC x KC) half of L2;
+    the B block (KC x NC) a quarter of L3 (at most 8192 columns)."""
     l1, l2, l3 = cache_sizes() if sizes is None else sizes
-    kc = max(64, min(1024, (l1 // 2) // (nr * 4) // 8 * 8))
-    mc = max(mr, min(4096, (l2 // 2) // (kc * 4) // mr * mr))
+    kc = max(128, min(1024, (l2 // 16) // (nr * 4) // 8 * 8))
+    a_bytes = max(l2 // 2, mr * kc * 4)
     nc = max(nr, min(8192, (l3 // 4) // (kc * 4) // nr * nr))
-    return kc, mc, nc
+    return kc, a_bytes, nc
 
 
 class SgemmLib:
@@ -97,8 +99,8 @@ class SgemmLib:
         self.mr = int(lib.rlx_sgemm_mr())
         self.nr = int(lib.rlx_sgemm_nr())
         self.openmp = bool(lib.rlx_sgemm_openmp())
-        self.kc, self.mc, self.nc = blocking(self.mr, self.nr)
-        lib.rlx_sgemm_set_blocking(self.kc, self.mc, self.nc)
+        self.kc, self.a_bytes, self.nc = blocking(self.mr, self.nr)
+        lib.rlx_sgemm_set_blocking(self.kc, self.a_bytes, self.nc)
 
     @property
     def label(self) -> str:

@@ -14,8 +14,11 @@
  *    panel zero-padded). Weights are packed once (param prologue); activations per call.
  * A: packed per (row block, K block) into micro-panels of MR rows (MR floats per k, rows
  *    past M zero), in a per-thread buffer kept between calls.
- * Blocking: KC (B micro-panel KC x NR in L1), MC (A block MC x KC in L2), NC (B block in
- *    L3) set by rlx_sgemm_set_blocking from the CPU's cache sizes (sgemm.py reads sysfs).
+ * Blocking: K in equal blocks of at most KC (the B micro-panel KC x NR and an A
+ *    micro-panel stream from L2: measured faster than a KC-in-L1 block, which makes
+ *    more passes over C), MC rows so the A block (MC x KC) takes half of L2, NC columns
+ *    per B block; rlx_sgemm_set_blocking gets them from the CPU's cache sizes
+ *    (sgemm.py reads sysfs).
  * Epilogue, applied to each tile on its last K block while it is in L1:
  *    out = act(alpha * acc + bias[j]) + res[i, j], stored f32 or rounded once to bf16
  *    (round to nearest even, as ml_dtypes). act: 0 none, 1 relu, 2 gelu (erf, in f64 as
@@ -45,7 +48,7 @@
 #define RLX_SGEMM_LEVEL 0
 #endif
 
-static long g_kc = 256, g_mc = 14 * 36, g_nc = 4096;
+static long g_kc = 1024, g_l2 = 1L << 20, g_nc = 4096;
 
 int rlx_sgemm_level(void) { return RLX_SGEMM_LEVEL; }
 int rlx_sgemm_mr(void) { return MR; }
@@ -58,9 +61,11 @@ int rlx_sgemm_openmp(void) {
 #endif
 }
 
-void rlx_sgemm_set_blocking(long kc, long mc, long nc) {
+/* kc: the largest K block (K is split into equal blocks of at most kc); l2: the bytes
+ * the A block (MC x KC) may take; nc: the columns of a B block */
+void rlx_sgemm_set_blocking(long kc, long l2, long nc) {
     if (kc >= 16) g_kc = kc;
-    if (mc >= MR) g_mc = (mc / MR) * MR;
+    if (l2 >= 4096) g_l2 = l2;
     if (nc >= NR) g_nc = (nc / NR) * NR;
 }
 
@@ -123,7 +128,11 @@ static void ukernel(long kc, const float *restrict a, const float *restrict b, f
                     long ldc, int accum) {
     __m512 c0[MR], c1[MR];
 #pragma GCC unroll 14
-    for (int i = 0; i < MR; i++) c0[i] = c1[i] = _mm512_setzero_ps();
+    for (int i = 0; i < MR; i++) {
+        c0[i] = c1[i] = _mm512_setzero_ps();
+        _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
+    }
     for (long q = 0; q < kc; q++) {
         const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
         _mm_prefetch((const char *)(a + 16 * MR), _MM_HINT_T0);
@@ -296,8 +305,11 @@ static int gemm_rect(long m0, long m1, long n0, long n1, long k, const float *a,
             for (long j = n0; j < n1; j += NR) epi_row(e, tile, i, j, n1 - j < NR ? n1 - j : NR, tmp);
         return 0;
     }
-    const long kcb = e->c_bf16 ? k : g_kc;
-    const long mcb = e->c_bf16 ? (g_mc * g_kc / (k > g_kc ? k : g_kc) / MR) * MR : g_mc;
+    /* K in equal blocks of at most g_kc (all of K for a bf16 output); the A block of
+     * MC rows x KC takes g_l2 bytes */
+    const long nkb = e->c_bf16 ? 1 : (k + g_kc - 1) / g_kc;
+    const long kcb = ((k + nkb - 1) / nkb + 7) / 8 * 8;
+    const long mcb = g_l2 / (4 * kcb) / MR * MR;
     const long mcs = mcb < MR ? MR : mcb;
     float *ap = grow(&t_apack, (size_t)((mcs + MR) * (kcb < k ? kcb : k)));
     if (!ap) return -1;
