@@ -70,8 +70,8 @@ def attention_kernel(
 def native_attention(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
-    """The fused native kernel for f32 views (module docstring); None, with a note in
-    ``ctx.notes``, when it does not apply."""
+    """The fused native kernel for contiguous f32 / bf16 / f16 views (module docstring);
+    None, with a note in ``ctx.notes``, when it does not apply."""
     op: Attention = node.op  # type: ignore[assignment]
     q, k, v = ins[:3]
     mask = ins[3] if len(ins) == 4 else None

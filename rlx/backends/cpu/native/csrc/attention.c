@@ -171,6 +171,7 @@ static inline void store_row(elt *dst, const float *src, long n) {
 #define RMAX 4           /* row vectors per task: MB = RMAX * W query rows */
 #define MB (RMAX * W)
 #define NB 64            /* keys per block */
+_Static_assert(NB >= MB, "the widened key block also holds a block of query rows");
 
 enum { MASK_NONE = 0, MASK_CAUSAL = 1, MASK_SLIDING = 2, MASK_CUSTOM = 3 };
 
@@ -204,6 +205,106 @@ static inline vf vexp(vf x) {
     p = VFMA(p, VMUL(r, r), VADD(r, VSET1(1.0f)));
     vf y = VMUL(p, VPOW2I(n));
     return VSEL_LT(x, lo, y, VZERO());
+}
+
+/* In-register transpose of a W x W block (r[i] = row i -> r[i] = column i). */
+#if RLX_ATT_ISA == 2
+static inline void transpose_w(vf *r) {
+    vf t[16], u[16], v[16];
+    for (int k = 0; k < 8; k++) {
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    /* u[4g + c], 128-bit lane L: column 4L + c of rows 4g..4g+3 */
+    for (int g = 0; g < 4; g++) {
+        u[4 * g] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+        u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) {
+        v[c] = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
+        v[4 + c] = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+        v[8 + c] = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+        v[12 + c] = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm512_shuffle_f32x4(v[c], v[8 + c], 0x88);
+        r[4 + c] = _mm512_shuffle_f32x4(v[4 + c], v[12 + c], 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(v[c], v[8 + c], 0xDD);
+        r[12 + c] = _mm512_shuffle_f32x4(v[4 + c], v[12 + c], 0xDD);
+    }
+}
+#elif RLX_ATT_ISA == 1
+static inline void transpose_w(vf *r) {
+    vf t[8], u[8];
+    for (int k = 0; k < 4; k++) {
+        t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int g = 0; g < 2; g++) {
+        u[4 * g] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+        u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+        r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+    }
+}
+#else
+static inline void transpose_w(vf *r) {
+    float m[W][W];
+    for (int i = 0; i < W; i++) VSTORE(m[i], r[i]);
+    for (int i = 0; i < W; i++) {
+        float c[W];
+        for (int j = 0; j < W; j++) c[j] = m[j][i];
+        r[i] = VLOAD(c);
+    }
+}
+#endif
+
+/* qt[d][ii] = rows[ii][d] for ii < m (0 for m <= ii < nv * W), d < D */
+static inline void pack_rows_t(float *qt, const float *const *rows, long m, int nv, long D) {
+    for (int g = 0; g < nv; g++) {
+        long d0 = 0;
+        for (; d0 + W <= D; d0 += W) {
+            vf r[W];
+            for (int l = 0; l < W; l++) {
+                long ii = g * W + l;
+                r[l] = ii < m ? VLOAD(rows[ii] + d0) : VZERO();
+            }
+            transpose_w(r);
+            for (int c = 0; c < W; c++) VSTORE(qt + (d0 + c) * MB + g * W, r[c]);
+        }
+        for (long d = d0; d < D; d++)
+            for (int l = 0; l < W; l++) {
+                long ii = g * W + l;
+                qt[d * MB + ii] = ii < m ? rows[ii][d] : 0.0f;
+            }
+    }
+}
+
+/* rows[ii][d] = ot[d][ii] for ii < m, d < D */
+static inline void unpack_rows_t(float *const *rows, const float *ot, long m, int nv, long D) {
+    for (int g = 0; g < nv; g++) {
+        long d0 = 0;
+        for (; d0 + W <= D; d0 += W) {
+            vf r[W];
+            for (int c = 0; c < W; c++) r[c] = VLOAD(ot + (d0 + c) * MB + g * W);
+            transpose_w(r);
+            for (int l = 0; l < W; l++) {
+                long ii = g * W + l;
+                if (ii < m) VSTORE(rows[ii] + d0, r[l]);
+            }
+        }
+        for (long d = d0; d < D; d++)
+            for (int l = 0; l < W; l++) {
+                long ii = g * W + l;
+                if (ii < m) rows[ii][d] = ot[d * MB + ii];
+            }
+    }
 }
 
 typedef struct {
@@ -358,17 +459,16 @@ static inline __attribute__((always_inline)) void task_r(
             for (long d = 0; d < D; d++) st1(a->out + qoff[ii] + d, NAN);
         return;
     }
+    const float *qrows[MB];
+    for (long ii = 0; ii < m; ii++) {
 #if RLX_ATT_DT == 0
-    for (long d = 0; d < D; d++) {
-        for (long ii = 0; ii < m; ii++) qt[d * MB + ii] = a->q[qoff[ii] + d];
-        for (long ii = m; ii < R * W; ii++) qt[d * MB + ii] = 0.0f;
-    }
+        qrows[ii] = a->q + qoff[ii];
 #else
-    for (long ii = 0; ii < R * W; ii++) {
-        if (ii < m) load_row(kc, a->q + qoff[ii], D);
-        for (long d = 0; d < D; d++) qt[d * MB + ii] = ii < m ? kc[d] : 0.0f;
-    }
+        load_row(kc + ii * D, a->q + qoff[ii], D); /* kc holds NB >= MB rows of D */
+        qrows[ii] = kc + ii * D;
 #endif
+    }
+    pack_rows_t(qt, qrows, m, R, D);
     memset(ot, 0, sizeof(float) * D * MB);
     vf mx[RMAX], sum[RMAX];
     for (int r = 0; r < R; r++) {
@@ -425,14 +525,17 @@ static inline __attribute__((always_inline)) void task_r(
             float *o = ot + d * MB + r * W;
             VSTORE(o, VDIV(VLOAD(o), sum[r]));
         }
-#if RLX_ATT_DT == 0
-    for (long ii = 0; ii < m; ii++)
-        for (long d = 0; d < D; d++) a->out[qoff[ii] + d] = ot[d * MB + ii];
-#else
+    float *orows[MB];
     for (long ii = 0; ii < m; ii++) {
-        for (long d = 0; d < D; d++) kc[d] = ot[d * MB + ii];
-        store_row(a->out + qoff[ii], kc, D);
+#if RLX_ATT_DT == 0
+        orows[ii] = a->out + qoff[ii];
+#else
+        orows[ii] = kc + ii * D;
+#endif
     }
+    unpack_rows_t(orows, ot, m, R, D);
+#if RLX_ATT_DT != 0
+    for (long ii = 0; ii < m; ii++) store_row(a->out + qoff[ii], kc + ii * D, D);
 #endif
 }
 
