@@ -56,18 +56,21 @@ def packed_weight(
     ctx: KernelCtx, node: Node, i: int, w: np.ndarray, derive: Callable[[np.ndarray], object]
 ) -> Callable[[], object]:
     """A getter of ``derive(w)`` for input ``i`` of ``node``, derived as rarely as the
-    input allows (see the module docstring)."""
+    input allows (see the module docstring). Constant and param-only weights are kept once
+    per compiled graph (``KernelCtx.keep``), shared by the schedules of every shape."""
     src = ctx.graph.nodes[node.inputs[i]]
+    isa = getattr(getattr(derive, "__self__", None), "isa", None)
+    key = ("qgemm.pack", node.id, node.inputs[i], w.shape, getattr(derive, "__qualname__", ""), isa)
     if isinstance(src.op, Constant):
-        value = derive(w)
+        value = ctx.keep(key, lambda: derive(w))
         return lambda: value
     if node.inputs[i] in ctx.stable:
-        box: list[object] = [None]
+        box: list[object] = ctx.keep(key, lambda: [None])
 
         def prep() -> None:
             box[0] = derive(w)
 
-        ctx.prologue.append(prep)
+        ctx.prologue_once(key, prep)
         return lambda: box[0]
     seen: list[np.ndarray | None] = [None]
     box2: list[object] = [None]
