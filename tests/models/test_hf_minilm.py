@@ -69,16 +69,18 @@ def test_bf16_cosine(minilm_encoders, minilm_ref):
 
 
 @pytest.mark.slow
-def test_int8_calibrated_on_builtin_sample(minilm_encoders, minilm_ref):
-    """Static per-tensor INT8 (rlx.quantize, minmax): measured min cosine 0.965 against
-    transformers on these texts, below the issue's 0.99 target, which needs the dynamic
-    per-token activation scales of the quantization issue. Tested here: what holds."""
+def test_int8_dynamic_by_default(minilm_encoders, minilm_ref):
+    """precision="int8" quantizes activations per token at run time (dynamic u8, rlx.quantize
+    activations="dynamic"): min cosine 0.996 against transformers on these texts (static
+    per-tensor minmax: 0.98). The built-in sample (32 sentences, batches of 8) measures
+    the report; nothing is calibrated. tests/quant/test_minilm_int8.py holds the 0.99 bar."""
     enc = minilm_encoders["int8"]
     rep = enc.quantization_report
     assert len(rep.quantized) == 36 and not rep.kept_float  # 6 layers x 6 matmuls
-    assert rep.calibration_batches == 4  # 32 built-in sentences in batches of 8
+    assert rep.activations == "dynamic" and rep.calibration_batches == 0
+    assert rep.eval_batches == 4
     texts = [str(t) for t in minilm_ref["texts"]]
     got = enc.encode(texts, batch_size=len(texts))
-    assert cosines(got, minilm_ref["st_embeddings"]).min() >= 0.95
+    assert cosines(got, minilm_ref["st_embeddings"]).min() >= 0.99
     ranking, _, _ = _ranking(enc, minilm_ref)
     np.testing.assert_array_equal(ranking[:, 0], minilm_ref["ranking"][:, 0])
