@@ -211,17 +211,9 @@ def smooth_graph(
     for nid in graph.topo_order():
         node = graph.nodes[nid]
         ly = layer_of.get(nid)
-        if ly is not None and ly.act in direct:
-            rw.map[nid] = rw.dst.add_node(
-                node.op, [direct[ly.act], rw.map[ly.weight]], node.shape, node.loc
-            )
-            continue
         plan = plans.get(nid)
-        if plan is None:
-            rw.copy(node)
-            continue
-        s, how = plan
-        if how == "ln":
+        if plan is not None and plan[1] == "ln":
+            s, _ = plan
             gamma = _value(graph, node.inputs[1], params)
             beta = _value(graph, node.inputs[2], params)
             assert gamma is not None and beta is not None
@@ -229,19 +221,27 @@ def smooth_graph(
             ins.append(_const(rw, beta / s, node.loc))
             t = rw.dst.add_node(node.op, ins, node.shape, node.loc)
             direct[nid] = t
-            others = [r for r in readers[nid] if r not in {g.node for g in groups[nid]}]
+            group = {x.node for x in groups[nid]}
+            others = [r for r in readers[nid] if r not in group]
             if others or nid in graph.outputs:
-                rw.map[nid] = rw.emit(
-                    Binary(BinaryKind.MUL), [t, _const(rw, s, node.loc)], node.loc
-                )
+                comp = _const(rw, s, node.loc)
+                rw.map[nid] = rw.emit(Binary(BinaryKind.MUL), [t, comp], node.loc)
             else:
                 rw.map[nid] = t
-        elif how == "linear":
-            direct[nid] = rw.copy(node)
-        else:
-            t = rw.copy(node)
-            direct[nid] = rw.emit(
-                Binary(BinaryKind.MUL), [t, _const(rw, 1.0 / s, node.loc)], node.loc
+            continue
+        if ly is not None and ly.act in direct:
+            new = rw.dst.add_node(
+                node.op, [direct[ly.act], rw.map[ly.weight]], node.shape, node.loc
             )
+            rw.map[nid] = new
+        else:
+            new = rw.copy(node)
+        if plan is None:
+            continue
+        if plan[1] == "linear":
+            direct[nid] = new
+        else:  # an inserted per-channel 1/s in front of the group
+            inv = _const(rw, 1.0 / plan[0], node.loc)
+            direct[nid] = rw.emit(Binary(BinaryKind.MUL), [new, inv], node.loc)
     res.graph = rw.finish()
     return res
