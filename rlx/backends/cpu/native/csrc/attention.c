@@ -187,15 +187,21 @@ int rlx_attention_openmp(void) {
 
 int rlx_attention_block_rows(void) { return MB; }
 
-/* exp(x) for x <= 0 (the softmax's arguments): Cody-Waite reduction by ln 2, a degree-6
- * polynomial (about 1 ulp), 0 below -87.3 (and for -inf), NaN stays NaN. */
+/* exp(x) for x <= 0 or NaN (the softmax's arguments: a score minus its row's max, so
+ * never positive): Cody-Waite reduction by ln 2 (fused), a degree-6 polynomial (about 1
+ * ulp), NaN stays NaN, -inf gives exactly 0. AVX-512 scales by 2^n with vscalefps, which
+ * rounds the tiny results (x < -87.3) to denormals or 0 as exp does; the other paths
+ * build 2^n in the exponent bits and give 0 below -87.3. */
 static inline vf vexp(vf x) {
+#if RLX_ATT_ISA == 2
+    const vf lo = VSET1(-150.0f); /* 2^-216 * p rounds to 0 */
+#else
     const vf lo = VSET1(-87.33654f);
+#endif
     vf xc = VMAX(lo, x); /* NaN in x stays (second operand) */
-    xc = VMIN(VSET1(88.37626f), xc);
     vf n = VROUND(VMUL(xc, VSET1(1.44269504088896341f)));
-    vf r = VSUB(xc, VMUL(n, VSET1(0.693359375f)));
-    r = VSUB(r, VMUL(n, VSET1(-2.12194440e-4f)));
+    vf r = VFMA(n, VSET1(-0.693359375f), xc);
+    r = VFMA(n, VSET1(2.12194440e-4f), r);
     vf p = VSET1(1.9875691500e-4f);
     p = VFMA(p, r, VSET1(1.3981999507e-3f));
     p = VFMA(p, r, VSET1(8.3334519073e-3f));
@@ -203,8 +209,11 @@ static inline vf vexp(vf x) {
     p = VFMA(p, r, VSET1(1.6666665459e-1f));
     p = VFMA(p, r, VSET1(5.0000001201e-1f));
     p = VFMA(p, VMUL(r, r), VADD(r, VSET1(1.0f)));
-    vf y = VMUL(p, VPOW2I(n));
-    return VSEL_LT(x, lo, y, VZERO());
+#if RLX_ATT_ISA == 2
+    return _mm512_scalef_ps(p, n);
+#else
+    return VSEL_LT(x, lo, VMUL(p, VPOW2I(n)), VZERO());
+#endif
 }
 
 /* In-register transpose of a W x W block (r[i] = row i -> r[i] = column i). */
