@@ -3,6 +3,7 @@
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/sgemm.py \\
         [--threads 1 2] [--rounds 5] [--inner 5] [--peer-python /tmp/rlx/peers/bin/python] \\
         [--shapes 1024x1024x1024 ...] [--out BENCHMARKS_sgemm.md]
+    ... benchmarks/sgemm.py --encoder [--encoder-shapes 1x16 8x128 32x128] [--threads 1 2]
 
 Shapes are M x N x K: 1024 and 2048 square and the MiniLM encoder's 1024x384x384,
 1024x1536x384 and 1024x384x1536 by default. Engines, each in its own long-lived worker
@@ -16,6 +17,11 @@ the round; a visit is one untimed call and ``--inner`` timed calls. Reported: GF
 the median call over all rounds (and of the best call), and % of the FMA peak measured by
 ``rlx.backends.cpu.native.peak`` in the same run (on the selected target for rlx, numpy
 and torch; on AVX2 for rlx-avx2), before and after the rounds, the higher kept.
+
+``--encoder``: the MiniLM-sized encoder of rlx.models.synthetic (6 layers, hidden 384,
+ffn 1536) at each batch x seq, compiled once per shape in two worker processes per thread
+count, RLX_SGEMM=blas (every f32 matmul on OpenBLAS, as before rlx's sgemm) and auto (the
+recorded per-shape-class choice), rounds interleaved; ms per run.
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ def _worker(engine: str, threads: int) -> None:
 
     rng = np.random.default_rng(0)
     cache: dict = {}
+    if engine.startswith("encoder"):
+        _encoder_worker(threads)
+        return
     if engine == "torch":
         import torch
 
@@ -67,6 +76,33 @@ def _worker(engine: str, threads: int) -> None:
         for _ in range(req["inner"]):
             t0 = time.perf_counter()
             fn()
+            times.append(time.perf_counter() - t0)
+        print(json.dumps({"times": times}), flush=True)
+
+
+def _encoder_worker(threads: int) -> None:
+    """Serve ``{"shape": [batch, seq], "inner": i}`` lines: the MiniLM-sized encoder of
+    rlx.models.synthetic at that shape (compiled at its first request)."""
+    import rlx
+    from rlx.models import synthetic
+
+    compiled: dict = {}
+    print(json.dumps({"ready": "encoder"}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        b, s = req["shape"][:2]
+        if (b, s) not in compiled:
+            g = synthetic.encoder(batch=b, seq=s)
+            cg = rlx.Session("cpu").compile(
+                g, rlx.CompileOptions(num_threads=threads), params=synthetic.random_params(g)
+            )
+            compiled[(b, s)] = (cg, synthetic.random_inputs(g))
+        cg, feeds = compiled[(b, s)]
+        cg.run(feeds)
+        times = []
+        for _ in range(req["inner"]):
+            t0 = time.perf_counter()
+            cg.run(feeds)
             times.append(time.perf_counter() - t0)
         print(json.dumps({"times": times}), flush=True)
 
@@ -110,6 +146,8 @@ class Worker:
         env["RLX_NUM_THREADS"] = str(threads)
         if engine == "rlx-avx2":
             env["RLX_ISA"] = "avx2"
+        if engine.startswith("encoder"):  # encoder-blas / encoder-rlx: f32 matmuls on each
+            env["RLX_SGEMM"] = "blas" if engine.endswith("blas") else "auto"
         env["PYTHONPATH"] = str(HERE.parents[1])
         self.p = subprocess.Popen(
             [python, str(HERE), WORKER, engine, str(threads)],
@@ -144,6 +182,45 @@ def _peaks(threads: list[int], targets: list[cpu.Target]) -> dict[tuple[int, cpu
     }
 
 
+def encoder_main(args: argparse.Namespace) -> None:
+    """The MiniLM-sized encoder with its f32 matmuls on BLAS vs on rlx's sgemm (auto)."""
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.encoder_shapes]
+    engines = ["encoder-blas", "encoder-rlx"]
+    workers = {(e, t): Worker(e, t, sys.executable) for t in args.threads for e in engines}
+    times: dict[tuple, list[float]] = {}
+    for r in range(args.rounds):
+        for t in args.threads:
+            for s in shapes:
+                for e in engines[r % 2 :] + engines[: r % 2]:
+                    times.setdefault((s, e, t), []).extend(workers[(e, t)].run(s, args.inner))
+    for w in workers.values():
+        w.close()
+    lines = [
+        f"## MiniLM-sized encoder (rlx.models.synthetic): BLAS vs rlx sgemm, {_dt.date.today()}",
+        "",
+        "Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python "
+        f"benchmarks/sgemm.py {' '.join(sys.argv[1:])}`",
+        "",
+        f"CPU: {cpu_model()}, {cpu.target_description()}; rounds {args.rounds} x inner "
+        f"{args.inner}; ms per run, median (min); RLX_SGEMM=blas vs auto.",
+        "",
+        "| batch x seq | threads | BLAS | rlx sgemm | rlx / BLAS |",
+        "|---|---|---|---|---|",
+    ]
+    for t in args.threads:
+        for s in shapes:
+            med = {e: 1e3 * statistics.median(times[(s, e, t)]) for e in engines}
+            low = {e: 1e3 * min(times[(s, e, t)]) for e in engines}
+            cells = " | ".join(f"{med[e]:.2f} ({low[e]:.2f})" for e in engines)
+            ratio = med["encoder-rlx"] / med["encoder-blas"]
+            lines.append(f"| {s[0]}x{s[1]} | {t} | {cells} | {ratio:.2f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n" + text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -153,7 +230,12 @@ def main() -> None:
     ap.add_argument("--engines", nargs="+", default=["rlx", "rlx-avx2", "numpy", "torch"])
     ap.add_argument("--peer-python", default="/tmp/rlx/peers/bin/python")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--encoder", action="store_true", help="the encoder instead of GEMMs")
+    ap.add_argument("--encoder-shapes", nargs="+", default=["1x16", "8x128", "32x128"])
     args = ap.parse_args()
+    if args.encoder:
+        encoder_main(args)
+        return
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes]
     best_t = cpu.selected_target()
     targets = [best_t] + ([cpu.Target.AVX2] if "rlx-avx2" in args.engines else [])

@@ -25,7 +25,8 @@
  *    the reference), 3 gelu_tanh, 4 silu: the formulas of codegen/elementwise.py.
  *    A bf16 output takes the whole K in one block (no f32 partial sums in the output).
  * Threads: the M x N output is split into a tm x tn grid of rectangles (rows first; the
- *    columns when M has too few micro-panels), one per OpenMP thread.
+ *    columns when M has too few micro-panels), one per OpenMP thread; products under
+ *    2^20 multiply-adds run on one thread (waking a team costs more).
  */
 #include <stdlib.h>
 #include <stdint.h>
@@ -383,6 +384,8 @@ static int gemm_packed(long m, long n, long k, const float *a, long rsa, long cs
                        const epi_t *e, int threads) {
     int tm, tn;
     if (m <= 0 || n <= 0) return 0;
+    if ((double)m * n * (k > 0 ? k : 1) < (double)(1L << 20)) /* ~20 us: waking a team costs more */
+        threads = 1;
     grid(m, n, threads, &tm, &tn);
     const int nt = tm * tn;
     if (nt <= 1) return gemm_rect(0, m, 0, n, k, a, rsa, csa, bp, e);
