@@ -144,3 +144,30 @@ def test_bad_arguments_are_input_errors_naming_the_array():
     with pytest.raises(InputError, match="activations must be"):
         lib.run(np.zeros((3, 8), np.float64), packed, 4)
     assert (y == 7.0).all()  # nothing was written
+
+
+@pytest.mark.parametrize("isa", ISAS, ids=lambda i: i.name)
+@pytest.mark.parametrize(
+    ("m", "k", "n"), [(1, 64, 5), (16, 128, 32), (17, 384, 33), (47, 1536, 70)]
+)
+def test_amx_tiles_equal_the_vector_path(isa, m, k, n):
+    """K a multiple of 64 takes AMX-INT8 tiles where the CPU grants them (``has_amx``):
+    exact against int64, and the fused f32 epilogue bit for bit the vector path's."""
+    lib = native.qgemm_lib(isa)
+    rng = np.random.default_rng(m * k)
+    a = rng.integers(0, 256, (m, k), dtype=np.uint8)
+    w = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    packed = lib.pack(w)
+    x = (rng.standard_normal((m, k)) * 4).astype(np.float32)
+    ws = rng.uniform(1e-3, 1e-2, n).astype(np.float32)
+    got = {}
+    for amx in (True, False):
+        c = np.empty((m, n), np.int32)
+        lib.run(a, packed, n, a_zero_point=200, out_i32=c, num_threads=2, amx=amx)
+        np.testing.assert_array_equal(c, acc64(a, 200, w))
+        y = np.empty((m, n), np.float32)
+        lib.run(x, packed, n, mode=1, w_scales=ws, act="gelu", out_f32=y, num_threads=2, amx=amx)
+        got[amx] = y
+    np.testing.assert_array_equal(got[True], got[False])
+    if isa is not native.Isa.VNNI512:
+        assert not lib.has_amx

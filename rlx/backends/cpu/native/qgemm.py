@@ -5,7 +5,8 @@ results through the fused epilogue (row x channel scale, bias, activation, resid
 
 :func:`qgemm_lib` builds the GEMM for an :class:`~rlx.backends.cpu.native.cpu.Isa` the
 selected target holds (``RLX_ISA``): VNNI512 only on the AVX512 target of a CPU with
-VNNI, AVX2 from the AVX2 target, PLAIN always.
+VNNI (which also takes AMX-INT8 tiles when the CPU and kernel allow them and K is a
+multiple of 64, :attr:`QGemmLib.has_amx`), AVX2 from the AVX2 target, PLAIN always.
 """
 
 from __future__ import annotations
@@ -75,8 +76,10 @@ class QGemmLib:
         lib.rlx_qgemm_run.restype = _I
         lib.rlx_qgemm_run.argtypes = [
             _L, _L, _L, _I, _P, _L, ctypes.c_int32, ctypes.c_float, _I, _P, _P, _P, _P, _I,
-            _P, _L, _P, _L, _P, _L, _P, _P, _I,
+            _P, _L, _P, _L, _P, _L, _P, _P, _I, _I,
         ]  # fmt: skip
+        lib.rlx_qgemm_has_amx.restype = _I
+        lib.rlx_qgemm_has_amx.argtypes = []
         lib.rlx_quantize_f32_q8.restype = None
         lib.rlx_quantize_f32_q8.argtypes = [
             _P,
@@ -145,12 +148,14 @@ class QGemmLib:
         row_scale: np.ndarray | None = None,
         row_zp: np.ndarray | None = None,
         num_threads: int = 1,
+        amx: bool = True,
     ) -> None:
         """The fused op on ``a`` [M, K] (rows C-contiguous; int8 / uint8 with
         ``a_zero_point`` and ``a_scale``, or f32 / bf16 quantized per row, ``mode`` 0: s8,
         1: u8): ``out_f32 = act(f32(acc) * (row_scale[m] * w_scales[n]) + bias) +
-        residual`` and / or ``out_i32 = acc``. Every array is checked here (dtype, shape,
-        contiguity) since the C code trusts them."""
+        residual`` and / or ``out_i32 = acc``; ``amx=False`` keeps a VNNI512 build off its
+        AMX tiles. Every array is checked here (dtype, shape, contiguity) since the C code
+        trusts them."""
         if a.ndim != 2 or a.dtype.name not in A_KINDS or a.strides[1] != a.itemsize:
             raise InputError(
                 f"qgemm: activations must be int8/uint8/f32/bf16 [M, K] with contiguous rows, "
@@ -186,10 +191,16 @@ class QGemmLib:
             int(a_zero_point), float(a_scale), int(mode), _ptr(bp), _ptr(colsum),
             _ptr(w_scales), _ptr(bias), ACT_CODES[act], _ptr(residual), n,
             _ptr(out_f32), n, _ptr(out_i32), n, _ptr(row_scale), _ptr(row_zp),
-            int(num_threads),
+            int(num_threads), 0 if amx else 1,
         )  # fmt: skip
         if rc != 0:
             raise MemoryError(f"qgemm: could not allocate the packed activations ({m}x{k})")
+
+    @property
+    def has_amx(self) -> bool:
+        """Whether :meth:`run` takes AMX-INT8 tiles for K a multiple of 64 (VNNI512 build on
+        a CPU with amx_int8 whose kernel grants the tile state)."""
+        return bool(self.lib.rlx_qgemm_has_amx())
 
     def gemm(
         self,
