@@ -1,0 +1,136 @@
+"""rlx.quantize(activations="dynamic"): every eligible matmul becomes one dynamic_qmatmul
+(per-row activation scales at run time, per-channel symmetric weights), no calibration
+runs, and the result equals a NumPy re-implementation of the method (ONNX
+DynamicQuantizeLinear per row for u8, max-abs / 127 per row for s8)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rlx
+import rlx.backends.cpu.calibrate as calibrate_mod
+from rlx.errors import QuantizationError
+from rlx.ops.linalg import MatMul
+from rlx.ops.qmatmul import DynamicQMatMul
+from rlx.ops.quant import QMatMul, Quantize
+from rlx.quant.api import quantize
+
+RNG = np.random.default_rng(3)
+DIMS = [24, 40, 16]
+P = {
+    "w0": (RNG.standard_normal((24, 40)) / 5).astype(np.float32),
+    "b0": (0.1 * RNG.standard_normal(40)).astype(np.float32),
+    "w1": (RNG.standard_normal((40, 16)) / 6).astype(np.float32),
+    "w_side": (RNG.standard_normal((24, 16)) / 5).astype(np.float32),
+}
+
+
+def model() -> rlx.Graph:
+    """gelu(x @ w0 + b0) @ w1 + x @ w_side, plus one activation x activation matmul
+    (not a layer: stays float)."""
+    g = rlx.Graph("dyn")
+    x = g.input("x", (2, 6, 24))
+    h = g.gelu(g.linear(x, g.param("w0", (24, 40)), g.param("b0", (40,))))
+    y = g.add(g.matmul(h, g.param("w1", (40, 16))), g.matmul(x, g.param("w_side", (24, 16))))
+    gram = g.matmul(y, g.transpose(y, (0, 2, 1)))
+    g.set_outputs([y, gram])
+    return g
+
+
+def batch(seed: int) -> dict[str, np.ndarray]:
+    x = np.random.default_rng(seed).standard_normal((2, 6, 24)).astype(np.float32)
+    x[0, 1] *= 30.0  # one loud token: per-row scales keep the others' precision
+    return {"x": x}
+
+
+def np_rows(x: np.ndarray, mode: str) -> np.ndarray:
+    """Dequantized per-row quantization of x [M, K], written from the published rules."""
+    x = x.astype(np.float32)
+    if mode == "s8":
+        s = np.abs(x).max(1, keepdims=True) / np.float32(127)
+        s[s == 0] = 1
+        return np.clip(np.rint(x / s), -128, 127) * s
+    lo = np.minimum(x.min(1, keepdims=True), 0)
+    hi = np.maximum(x.max(1, keepdims=True), 0)
+    s = (hi - lo) / np.float32(255)
+    s[s == 0] = 1
+    z = np.clip(np.rint(-lo / s), 0, 255)
+    return (np.clip(np.rint(x / s) + z, 0, 255) - z) * s
+
+
+def np_weight(w: np.ndarray) -> np.ndarray:
+    s = np.abs(w).max(0, keepdims=True) / np.float32(127)
+    return np.clip(np.rint(w / s), -127, 127) * s
+
+
+def np_model(x: np.ndarray, mode: str) -> np.ndarray:
+    from scipy.special import erf
+
+    def lin(a, w):
+        a2 = a.reshape(-1, a.shape[-1])
+        return (np_rows(a2, mode).astype(np.float64) @ np_weight(w)).reshape(*a.shape[:-1], -1)
+
+    z = lin(x, P["w0"]) + P["b0"]
+    h = 0.5 * z * (1 + erf(z / np.sqrt(2)))
+    return lin(h, P["w1"]) + lin(x, P["w_side"])
+
+
+@pytest.fixture
+def no_calibration(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("dynamic quantization must not calibrate")
+
+    monkeypatch.setattr(calibrate_mod, "calibrate", refuse)
+
+
+@pytest.mark.parametrize("mode", ["u8", "s8"])
+def test_every_layer_becomes_one_dynamic_op(mode, no_calibration):
+    r = quantize(model(), None, params=P, activations="dynamic", dynamic_mode=mode)
+    g = r.graph
+    ops = g.find(DynamicQMatMul)
+    assert len(ops) == 3 and {op.op.mode.value for op in ops} == {mode}
+    assert not g.find(Quantize) and not g.find(QMatMul)
+    assert len(g.find(MatMul)) == 1  # the activation x activation gram matrix stays float
+    assert sorted(g.param_names) == ["b0"]  # f32 weights live on as i8 constants only
+    rep = r.report
+    assert rep.activations == "dynamic" and rep.calibration_batches == 0
+    assert set(rep.methods.values()) == {f"dynamic {mode} per-row activations"}
+    by_shape = {w.shape: w for k, w in P.items() if k.startswith("w")}  # distinct shapes
+    for node in ops:  # per-channel symmetric weights: scale max |W[:, n]| / 127
+        wq = g.nodes[node.inputs[1]].op.value.array()
+        w = by_shape[wq.shape]
+        np.testing.assert_allclose(node.op.w_scales, np.abs(w).max(0) / 127, rtol=1e-6)
+        np.testing.assert_array_equal(wq, np.clip(np.rint(w / (np.abs(w).max(0) / 127)), -127, 127))
+
+
+@pytest.mark.parametrize("mode", ["u8", "s8"])
+def test_matches_numpy_reimplementation(mode, no_calibration):
+    r = quantize(model(), None, params=P, activations="dynamic", dynamic_mode=mode)
+    for seed in (1, 2):
+        b = batch(seed)
+        got = r.compiled.run(b)[0]
+        want = np_model(b["x"], mode)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_dynamic_beats_static_on_outlier_tokens():
+    cal = [batch(s) for s in range(3)]
+    dyn = quantize(model(), cal, params=P, activations="dynamic", rank_layers=False)
+    sta = quantize(model(), cal, params=P, rank_layers=False)
+    assert dyn.report.eval_batches == 3 and dyn.report.calibration_batches == 0
+    assert dyn.report.worst.relative < 0.5 * sta.report.worst.relative
+
+
+def test_without_data_the_error_is_unmeasured_and_budget_refused():
+    r = quantize(model(), None, params=P, activations="dynamic")
+    assert r.report.eval_batches == 0 and not r.report.worst.measured
+    assert "unmeasured" in str(r.report)
+    with pytest.raises(QuantizationError, match="accuracy_budget needs evaluation batches"):
+        quantize(model(), None, params=P, activations="dynamic", accuracy_budget=0.1)
+    with pytest.raises(QuantizationError, match="static activations needs calibration_data"):
+        quantize(model(), None, params=P)
+    with pytest.raises(QuantizationError, match="activations must be one of"):
+        quantize(model(), None, params=P, activations="per_token")
+    with pytest.raises(QuantizationError, match="dynamic_mode must be 's8' or 'u8'"):
+        quantize(model(), None, params=P, activations="dynamic", dynamic_mode="u4")
