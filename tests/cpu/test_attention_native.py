@@ -7,6 +7,10 @@ f16/bf16 and f64-mask inputs, and the encoders' attention nodes take it."""
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -168,6 +172,22 @@ def test_fully_hidden_rows_nan_or_mean(target) -> None:
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.value)
 def test_each_target_reports_its_path(target) -> None:
     assert attention_lib(target).path == PATHS[target]
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump is not installed")
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.value)
+def test_built_code_uses_the_targets_registers(target) -> None:
+    """objdump (an independent oracle) of each target's library: zmm on AVX-512, ymm and
+    no zmm on AVX2, neither on the portable build."""
+    lib = attention_lib(target).lib
+    text = subprocess.run(["objdump", "-d", lib._name], capture_output=True, text=True).stdout
+    regs = set(re.findall(r"%([xyz]mm)\d+", text))
+    want, never = {
+        "avx512": ({"zmm"}, set()),
+        "avx2": ({"ymm"}, {"zmm"}),
+        "portable": (set(), {"ymm", "zmm"}),
+    }[target.value]
+    assert want <= regs and not never & regs, regs
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.value)

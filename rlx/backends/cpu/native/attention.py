@@ -1,7 +1,8 @@
-"""The fused attention library (``csrc/attention.c``). In: q, k, v (packed heads; f32,
-bf16 or f16, one library per dtype), a mask kind and an optional additive f32 mask.
-Out: ``softmax(q kᵀ scale + mask) v`` (f32 arithmetic) written into the output (q's
-dtype), through :class:`AttentionLib`.
+"""The fused attention library (``csrc/attention_vec.c``, the vector layer, then
+``csrc/attention.c``, the kernel). In: q, k, v (packed heads; f32, bf16 or f16, one
+library per dtype), a mask kind and an optional additive f32 mask. Out:
+``softmax(q kᵀ scale + mask) v`` (f32 arithmetic) written into the output (q's dtype),
+through :class:`AttentionLib`.
 
 :func:`attention_lib` builds the library for a build target (default: the selected one,
 ``RLX_ISA``) and a dtype: the AVX-512 or AVX2 intrinsics path or plain C, as the
@@ -160,6 +161,7 @@ def _attention_lib(target: cpu.Target, dtype: np.dtype) -> AttentionLib:
     code = DTYPES[dtype]
     if code == 2 and target is cpu.Target.PORTABLE:
         raise CompileError("native f16 attention needs F16C: not on the portable target")
-    source = f"#define RLX_ATT_DT {code}\n" + (native.CSRC / "attention.c").read_text()
+    parts = [(native.CSRC / f).read_text() for f in ("attention_vec.c", "attention.c")]
+    source = f"#define RLX_ATT_DT {code}\n" + "".join(parts)
     name = "attention" if code == 0 else f"attention_{dtype.name}"
     return AttentionLib(native.load(native.build(source, target, name)), dtype)
