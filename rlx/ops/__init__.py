@@ -25,6 +25,8 @@ _MODULES = (
     "sample",  # sample (temperature / top-k / top-p token sampling, Philox stream)
     "custom",  # user-registered custom ops, custom_fn (a sub-graph as one op)
     "indexing",  # gather_elements, scatter_elements, gather_nd, scatter_nd
+    "bitwise",  # bitwise and / or / xor / shifts, bitwise_not
+    "trig",  # tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh
 )
 for _m in _MODULES:
     importlib.import_module(f"rlx.ops.{_m}")

@@ -76,6 +76,7 @@ _MODULES = (
     "misc",
     "attention",
     "loss",
+    "resize",
 )
 for _m in _MODULES:
     importlib.import_module(f"rlx.frontends.onnx.ops.{_m}")

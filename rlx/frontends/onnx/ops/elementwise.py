@@ -15,9 +15,11 @@ from rlx.frontends.onnx.context import NodeCtx
 from rlx.frontends.onnx.dtypes import to_dtype
 from rlx.frontends.onnx.ops import converter
 from rlx.frontends.onnx.ops.util import bin_, cast, cmp, dtype_of, scalar, un, where
+from rlx.ops.bitwise import Bitwise, BitwiseKind, BitwiseNot
 from rlx.ops.elementwise import BinaryKind as B
 from rlx.ops.elementwise import CompareKind as C
 from rlx.ops.elementwise import UnaryKind as U
+from rlx.ops.trig import Trig, TrigKind
 
 _UNARY = {
     "Abs": U.ABS, "Neg": U.NEG, "Exp": U.EXP, "Log": U.LOG, "Sqrt": U.SQRT, "Relu": U.RELU,
@@ -287,3 +289,52 @@ def shrink(ctx: NodeCtx) -> int:
         g, lo, bin_(g, B.ADD, x, scalar(g, bias, x)),
         where(g, hi, bin_(g, B.SUB, x, scalar(g, bias, x)), scalar(g, 0, x)),
     )  # fmt: skip
+
+
+_BITWISE = {"BitwiseAnd": BitwiseKind.AND, "BitwiseOr": BitwiseKind.OR,
+            "BitwiseXor": BitwiseKind.XOR}  # fmt: skip
+
+
+@converter(*_BITWISE, since=18)
+def bitwise_binary(ctx: NodeCtx) -> int:
+    return ctx.g.apply(Bitwise(_BITWISE[ctx.node.op_type]), [ctx.x(0), ctx.x(1)])
+
+
+@converter("BitwiseNot", since=18)
+def bitwise_not(ctx: NodeCtx) -> int:
+    return ctx.g.apply(BitwiseNot(), [ctx.x(0)])
+
+
+@converter("BitShift", since=11)
+def bit_shift(ctx: NodeCtx) -> int:
+    d = ctx.attr("direction")
+    kind = BitwiseKind.SHL if d == "LEFT" else BitwiseKind.SHR
+    return ctx.g.apply(Bitwise(kind), [ctx.x(0), ctx.x(1)])
+
+
+_TRIG = {"Tan": TrigKind.TAN, "Asin": TrigKind.ASIN, "Acos": TrigKind.ACOS,
+         "Atan": TrigKind.ATAN, "Sinh": TrigKind.SINH, "Cosh": TrigKind.COSH,
+         "Asinh": TrigKind.ASINH, "Acosh": TrigKind.ACOSH, "Atanh": TrigKind.ATANH}  # fmt: skip
+
+
+@converter(*_TRIG, since=7)
+def trig(ctx: NodeCtx) -> int:
+    return ctx.g.apply(Trig(_TRIG[ctx.node.op_type]), [ctx.x(0)])
+
+
+@converter("IsNaN", since=9)
+def is_nan(ctx: NodeCtx) -> int:
+    x = ctx.x(0)
+    return cmp(ctx.g, C.NE, x, x)
+
+
+@converter("IsInf", since=10)
+def is_inf(ctx: NodeCtx) -> int:
+    g, x = ctx.g, ctx.x(0)
+    pos = cmp(g, C.EQ, x, scalar(g, np.inf, x))
+    neg = cmp(g, C.EQ, x, scalar(g, -np.inf, x))
+    if not ctx.attr("detect_negative", 1):
+        return pos
+    if not ctx.attr("detect_positive", 1):
+        return neg
+    return bin_(g, B.OR, pos, neg)

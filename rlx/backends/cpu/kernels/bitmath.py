@@ -1,0 +1,62 @@
+"""Kernels of the bitwise ops (``Bitwise``, ``BitwiseNot``) and ``Trig``: NumPy ufuncs
+writing into the arena view (16-bit float trig computed in f32 and rounded once)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel
+from rlx.ops.bitwise import Bitwise, BitwiseKind, BitwiseNot, bitwise
+from rlx.ops.trig import TRIG_FNS, Trig
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Node
+
+__all__ = ["bitwise_kernel", "bitwise_not_kernel", "trig_kernel"]
+
+_UFUNC = {BitwiseKind.AND: np.bitwise_and, BitwiseKind.OR: np.bitwise_or,
+          BitwiseKind.XOR: np.bitwise_xor}  # fmt: skip
+
+
+@kernel(Bitwise)
+def bitwise_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
+    """and / or / xor as one ufunc into ``out``; shifts through the op's checked twin."""
+    a, b = ins
+    fn = node.op.fn  # type: ignore[attr-defined]
+    uf = _UFUNC.get(fn)
+    if uf is not None:
+        return lambda: uf(a, b, out=out)
+
+    def run() -> None:
+        np.copyto(out, bitwise(fn, a, b))
+
+    return run
+
+
+@kernel(BitwiseNot)
+def bitwise_not_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    (x,) = ins
+    return lambda: np.invert(x, out=out)
+
+
+@kernel(Trig)
+def trig_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
+    (x,) = ins
+    f = TRIG_FNS[node.op.fn]  # type: ignore[attr-defined]
+    if out.dtype in (np.float32, np.float64):
+
+        def run() -> None:
+            with np.errstate(all="ignore"):
+                f(x, out=out)
+
+        return run
+
+    def run_lowp() -> None:
+        with np.errstate(all="ignore"):
+            np.copyto(out, f(x.astype(np.float32)), casting="unsafe")
+
+    return run_lowp
