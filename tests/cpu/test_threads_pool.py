@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rlx
 from rlx.backends.cpu import native
@@ -246,3 +248,32 @@ def test_two_threads_give_the_one_thread_bits(ln: bool) -> None:
     assert "OpenMP" not in notes[1]
     np.testing.assert_array_equal(outs[1], outs[2])
     np.testing.assert_allclose(outs[2], evaluate(g, feed)[0], rtol=2e-5, atol=2e-5)
+
+
+@needs_gcc
+@given(
+    rows=st.integers(1, 40),
+    width=st.sampled_from([1, 7, 384, 4097]),
+    threads_=st.integers(2, 5),
+)
+@settings(max_examples=25, deadline=None)
+def test_team_chunks_cover_every_row_once(rows: int, width: int, threads_: int) -> None:
+    """The team loop's chunking (codegen.loop.team_loop), called directly at any size and
+    team size: every element computed once, as on one thread and as NumPy computes it."""
+    from rlx.backends.cpu.codegen import elementwise as codegen
+    from rlx.backends.cpu.kernels import region as kernels_region
+
+    g = rlx.Graph("team")
+    a, b = g.input("in0", (rows, width)), g.input("in1", (width,))
+    g.set_outputs([g.add(g.mul(a, 3.0), b)])
+    rng = np.random.default_rng(rows * 31 + width)
+    x = rng.standard_normal((rows, width)).astype(np.float32)
+    bias = rng.standard_normal(width).astype(np.float32)
+    outs = []
+    for t in (1, threads_):
+        out = np.full_like(x, np.nan)
+        fn, arrays = codegen.render_region(g, [x, bias], out)
+        kernels_region.bind(kernels_region.load_function(fn), arrays, t)()
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[1], x * np.float32(3.0) + bias)

@@ -12,7 +12,8 @@ The nest collapses the output dims the operands traverse alike, so a same-shape 
 is one flat ``#pragma omp simd`` loop and a bias over rows is a row loop around a
 contiguous inner loop. Long inner loops are split into blocks of :data:`ROW_BLOCK`;
 an OpenMP team shares the (row, block) pairs when the function is called with
-``nthreads > 1``, else one thread runs them with no OpenMP call at all.
+``nthreads > 1`` (claimed in chunks, :func:`team_loop`), else one thread runs them with
+no OpenMP call at all.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ __all__ = [
     "render_loop",
     "Loop",
     "ROW_BLOCK",
+    "TEAM_CHUNKS",
+    "team_loop",
 ]
 
 
@@ -127,6 +130,30 @@ def _meta(cdims: tuple[int, ...], cstrides: list[tuple[int, ...]]) -> np.ndarray
     return np.array(vals, dtype=np.int64)
 
 
+#: chunks per thread of a team (claimed one at a time, see :func:`team_loop`)
+TEAM_CHUNKS = 8
+
+
+def team_loop(rows_fn: str, args: str) -> list[str]:
+    """C lines (inside ``#ifdef _OPENMP``, with ``rows`` and ``nthreads`` in scope) that
+    run ``rows_fn(r0, r1, args)`` over ``[0, rows)`` on a team of ``nthreads`` and return.
+    The rows are cut into up to :data:`TEAM_CHUNKS` chunks per thread that the team claims
+    one at a time (``schedule(dynamic)``): when a worker starts late (another job holds
+    its core) the others take its chunks instead of waiting for it to do a fixed share.
+    Each row is computed by one thread whatever the split, so results do not depend on
+    the thread count."""
+    return [
+        "    if (nthreads > 1 && rows > 1) {",
+        f"        const long chunks = rows < {TEAM_CHUNKS} * nthreads ? rows : "
+        f"{TEAM_CHUNKS} * nthreads;",
+        "        #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)",
+        "        for (long q = 0; q < chunks; ++q)",
+        f"            {rows_fn}(rows * q / chunks, rows * (q + 1) / chunks, {args});",
+        "        return;",
+        "    }",
+    ]
+
+
 def render_loop(
     name: str,
     operands: Sequence[Operand],
@@ -197,14 +224,7 @@ def render_loop(
     lines.append(f"void {name}({', '.join(params)}, long nthreads) {{")
     lines.append("    const long rows = m[3];")
     lines.append("#ifdef _OPENMP")
-    lines.append("    if (nthreads > 1 && rows > 1) {")
-    lines.append("        #pragma omp parallel num_threads(nthreads)")
-    lines.append("        {")
-    lines.append("            const long t = omp_get_thread_num(), n = omp_get_num_threads();")
-    lines.append(f"            {name}_rows(rows * t / n, rows * (t + 1) / n, {args});")
-    lines.append("        }")
-    lines.append("        return;")
-    lines.append("    }")
+    lines += team_loop(f"{name}_rows", args)
     lines.append("#endif")
     lines.append(f"    {name}_rows(0, rows, {args});")
     lines.append("}")

@@ -11,8 +11,8 @@ row operand; per-column operands gamma/beta/bias have ``n`` elements), ``c`` the
 run-time constants (``eps``, the attention ``scale``). Extents, eps and scale are
 arguments, so one library serves every shape, eps and scale. The function is named
 ``<RowSpec.name>_<hex>`` after its text (``codegen.content_symbol``), so a library holding
-other code lacks the symbol. Rows are split evenly over an OpenMP team when
-``nthreads > 1``.
+other code lacks the symbol. Rows are shared by an OpenMP team when ``nthreads > 1``,
+claimed in chunks (``codegen.loop.team_loop``).
 
 Each row is walked two or three times (a row of a transformer, 1.5-6 KB, stays in L1
 between the walks) with ``#pragma omp simd`` loops; reductions accumulate in the
@@ -43,6 +43,7 @@ from rlx.backends.cpu.codegen.elementwise import (
     CType,
     content_symbol,
 )
+from rlx.backends.cpu.codegen.loop import team_loop
 from rlx.ops.elementwise import UnaryKind
 
 __all__ = ["RowKind", "RowSpec", "render_rows", "ACT_CALLS"]
@@ -277,14 +278,7 @@ def render_rows(spec: RowSpec) -> CFunction:
     lines.append(f"void {name}({', '.join(params)}, long nthreads) {{")
     lines.append("    const long rows = m[0];")
     lines.append("#ifdef _OPENMP")
-    lines.append("    if (nthreads > 1 && rows > 1) {")
-    lines.append("        #pragma omp parallel num_threads(nthreads)")
-    lines.append("        {")
-    lines.append("            const long t = omp_get_thread_num(), nt = omp_get_num_threads();")
-    lines.append(f"            {name}_rows(rows * t / nt, rows * (t + 1) / nt, {args});")
-    lines.append("        }")
-    lines.append("        return;")
-    lines.append("    }")
+    lines += team_loop(f"{name}_rows", args)
     lines.append("#endif")
     lines.append("    (void)nthreads;")
     lines.append(f"    {name}_rows(0, rows, {args});")
