@@ -696,6 +696,10 @@ static int gemv(const dq_t *s, long M, long N, long K, const float *x, long ldx,
     long cb = chunk_blocks(s), clen = cb * s->qk;
     int fail = 0;
     (void)K;
+    /* grain: waking a second thread costs tens of microseconds (OMP_WAIT_POLICY=PASSIVE),
+     * more than streaming a small weight takes, so below ~256 KB per thread fewer run */
+    long per = 262144, want = (N * s->row_bytes + per - 1) / per;
+    if (want < threads) threads = want < 1 ? 1 : (int)want;
 #if FUSED
     if (fused_ok(s)) {
         float *px = alloc_f(M * K + 1);
