@@ -299,8 +299,23 @@ def _compare(op: str) -> Render:
 COMPARE_C: dict[CompareKind, Render] = {k: _compare(op) for k, op in _CMP.items()}
 
 
-def ctype(dt: DType, what: str) -> CType:
-    """The C type of ``dt``; CodegenUnsupported naming ``what`` when there is none."""
+class NodeLabel:
+    """``%id op`` of a node, formatted only when shown (an error message): building a
+    schedule renders regions for every shape, and formatting an op's attributes (its
+    constants' arrays) each time cost more than the rendering."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: Node):
+        self.node = node
+
+    def __str__(self) -> str:
+        return f"%{self.node.id} {self.node.op}"
+
+
+def ctype(dt: DType, what: object) -> CType:
+    """The C type of ``dt``; CodegenUnsupported naming ``what`` (its ``str``) when there
+    is none."""
     t = C_TYPES.get(dt)
     if t is None:
         raise CodegenUnsupported(f"{what} has dtype {dt}, which has no C rendering")
@@ -311,7 +326,7 @@ def render_node(node: Node, args: Sequence[str], in_dtypes: Sequence[DType]) -> 
     """The C expression of one elementwise node over register values ``args`` (already
     rounded to their dtypes), in the register type of ``node.dtype`` (rounded)."""
     op = node.op
-    what = f"%{node.id} {op}"
+    what = NodeLabel(node)
     out_t = ctype(node.dtype, what)
     in_t = [ctype(d, what) for d in in_dtypes]
     table: dict | None = None
@@ -502,7 +517,7 @@ def render_region(
             raise CodegenUnsupported(f"%{n.id} {n.op}: array dtype {a.dtype}, node {n.dtype}")
         arg_of[n.id] = len(arrays)
         arrays.append(a)
-        operands.append(Operand(ctype(n.dtype, f"%{n.id} {n.op}"), operand_strides(a, dims)))
+        operands.append(Operand(ctype(n.dtype, NodeLabel(n)), operand_strides(a, dims)))
     slot_of: dict[int, int] = {}
     slots: list[int] = []
     for n in nodes:
@@ -576,7 +591,7 @@ def _body(
     hoisted_ids: set[int] = set()
     stages: list[list[str]] = [[] for _ in range(last + 1)]
     temps: list[str] = []
-    ct = {n.id: ctype(n.dtype, f"%{n.id} {n.op}") for n in nodes}
+    ct = {n.id: ctype(n.dtype, NodeLabel(n)) for n in nodes}
     for n in nodes:
         t = ct[n.id]
         if isinstance(n.op, Constant) and n.id not in arg_of:

@@ -136,9 +136,20 @@ _LOADED: dict[Path, ctypes.CDLL] = {}
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
+_WHICH: dict[str | None, str | None] = {}
+# build() calls whose library this process loaded: (source, isa, target, name, gcc,
+# cache dir) -> its path. Such a call returns at once (schedules of new shapes rebuild
+# their kernels; the code that runs is the one verified when it was loaded).
+_BUILT: dict[tuple[object, ...], Path] = {}
+
+
 def gcc_path() -> str | None:
-    """Path of gcc (``CC`` is not consulted: the flags are gcc's)."""
-    return shutil.which("gcc")
+    """Path of gcc (``CC`` is not consulted: the flags are gcc's); looked up once per
+    value of ``PATH``."""
+    path = os.environ.get("PATH")
+    if path not in _WHICH:
+        _WHICH[path] = shutil.which("gcc")
+    return _WHICH[path]
 
 
 @functools.cache
@@ -217,6 +228,19 @@ def build(
             f"the {target.name} target cannot hold the {gemm_isa.name} int8 GEMM "
             f"(it holds {[i.name for i in isas_for(target)]})"
         )
+    memo = (source, gemm_isa, target, name, gcc_path(), str(config.cache_dir()))
+    with _LOCK:
+        done = _BUILT.get(memo)
+        if done is not None and done in _LOADED and done.exists():
+            return done
+    lib = _build(source, gemm_isa, target, name)
+    with _LOCK:
+        _BUILT[memo] = lib
+    return lib
+
+
+def _build(source: str, gemm_isa: Isa | None, target: Target, name: str) -> Path:
+    """:func:`build` without the in-process memo."""
     key_cmd = compile_command(Path("SRC.c"), Path("OUT.so"), gemm_isa, target)
     key = hashlib.sha256("\0".join([source, " ".join(key_cmd), gcc_version()]).encode()).hexdigest()
     for attempt in range(2):
