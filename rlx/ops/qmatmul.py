@@ -51,6 +51,7 @@ __all__ = [
     "IntEpilogueOp",
     "QMatMul",
     "DynamicQMatMul",
+    "DynamicQBatchMatMul",
     "dynamic_quantize_rows",
     "apply_epilogue",
 ]
@@ -329,6 +330,66 @@ class DynamicQMatMul(IntEpilogueOp):
         )
 
 
+@register
+class DynamicQBatchMatMul(Op):
+    """Batched product of two float activations, both quantized at run time (attention's
+    ``Q @ K^T`` and ``P @ V``)::
+
+        qa, sa[m], za[m] = quantize_row(a[b, m, :], a_mode)                 (rows of a)
+        qb, sb[n], 0     = quantize_row(bT[b, n, :], S8)     (columns of b: rows of b^T)
+        acc[b, m, n]     = sum_k (qa[m, k] - za[m]) * qb[n, k]               (exact int)
+        y[b, m, n]       = f32(acc) * (sa[m] * (sb[n] * alpha))
+
+    Inputs: float ``a [..., M, K]`` and ``b [..., K, N]`` (``[..., N, K]`` with
+    ``transpose_b``), the same leading dims. Output f32 ``[..., M, N]``. ``alpha`` (e.g.
+    attention's ``1/sqrt(d)``) is folded into b's scales.
+    """
+
+    mnemonic: ClassVar[str] = "dynamic_qbatch_matmul"
+    arity: ClassVar[int] = 2
+    kind: ClassVar[OpKind] = OpKind.COMPUTE
+    a_mode: ActQuant = ActQuant.S8
+    transpose_b: bool = False
+    alpha: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "a_mode", ActQuant.parse(self.a_mode))
+        object.__setattr__(self, "alpha", float(self.alpha))
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        a, b = ins
+        expect(a.dtype.is_float and a.rank >= 2, self, f"a must be float [..., M, K], got {a}")
+        expect(b.dtype.is_float and b.rank == a.rank, self, f"b must be float of a's rank, got {b}")
+        expect(a.dims[:-2] == b.dims[:-2], self, f"leading dims differ: a {a} vs b {b}")
+        k_b, n = (b.dims[-1], b.dims[-2]) if self.transpose_b else (b.dims[-2], b.dims[-1])
+        expect(a.dims[-1] == k_b, self, f"contraction dims differ: a {a} vs b {b}")
+        expect(
+            math.isfinite(self.alpha) and self.alpha != 0,
+            self,
+            f"alpha must be finite and non-zero, got {self.alpha}",
+        )
+        return Shape((*a.dims[:-1], n), DType.F32)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        a, b = xs
+        m, k = a.shape[-2:]
+        bt = b if self.transpose_b else np.swapaxes(b, -1, -2)
+        n = bt.shape[-2]
+        a3, b3 = a.reshape(-1, m, k), bt.reshape(-1, n, k)
+        out = np.empty((a3.shape[0], m, n), np.float32)
+        for i in range(a3.shape[0]):
+            qa, sa, za = dynamic_quantize_rows(a3[i], self.a_mode)
+            qb, sb, _ = dynamic_quantize_rows(b3[i], ActQuant.S8)
+            acc = (qa - za[:, None]) @ qb.T
+            with np.errstate(all="ignore"):
+                sbn = (sb * np.float32(self.alpha)).astype(np.float32)
+                out[i] = acc.astype(np.float32) * (sa[:, None] * sbn[None, :])
+        return out.reshape(*a.shape[:-1], n)
+
+    def attrs_str(self) -> str:
+        return f"a_mode={self.a_mode.value}, transpose_b={self.transpose_b}, alpha={self.alpha:g}"
+
+
 # ---- builder conveniences ---------------------------------------------------------
 
 
@@ -372,3 +433,18 @@ def dynamic_qmatmul(
         _scales(w_scales), bias is not None, act, residual is not None, ActQuant.parse(mode)
     )
     return g.apply(op, [x, w_q, *_extra(bias, residual)])
+
+
+@graph_method
+def dynamic_qbatch_matmul(
+    g: Graph,
+    a: NodeId,
+    b: NodeId,
+    transpose_b: bool = False,
+    alpha: float = 1.0,
+    a_mode: ActQuant | str = ActQuant.S8,
+) -> NodeId:
+    """``alpha * a @ b`` (``b^T`` with ``transpose_b``) with both operands quantized per
+    row / column at run time (see :class:`DynamicQBatchMatMul`)."""
+    op = DynamicQBatchMatMul(ActQuant.parse(a_mode), bool(transpose_b), float(alpha))
+    return g.apply(op, [a, b])

@@ -69,6 +69,7 @@ __all__ = [
     "IntEpilogueOp",
     "QMatMul",
     "DynamicQMatMul",
+    "DynamicQBatchMatMul",
     "ActQuant",
     "QUANT_RANGES",
     "quantize_array",
@@ -431,6 +432,7 @@ def dequant_matmul(g: Graph, x: NodeId, scheme: QuantScheme, *weights: NodeId) -
 # keeps exporting them; that module needs the helpers above, hence the import at the end)
 from rlx.ops.qmatmul import (  # noqa: E402
     ActQuant,
+    DynamicQBatchMatMul,
     DynamicQMatMul,
     IntEpilogueOp,
     QMatMul,

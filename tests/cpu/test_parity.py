@@ -558,6 +558,13 @@ CASES: list[Case] = [
         Case(f"dynamic_qmatmul_{m}", lambda g, m=m: _dynamic_qmatmul(g, m), loose=True)
         for m in ("s8", "u8")
     ),
+    Case(
+        "dynamic_qbatch_matmul",
+        lambda g: g.dynamic_qbatch_matmul(
+            g.input("a", (2, 5, 16)), g.input("b", (2, 7, 16)), transpose_b=True, alpha=0.5
+        ),
+        loose=True,
+    ),
     *(
         Case(
             f"fused_matmul_{a}",

@@ -167,3 +167,19 @@ def test_activation_tails_stay_finite_and_accurate(isa):
         y, c, rs, _ = run(lib, x, w, False, act=act, w_scales=ws)
         pre = c.astype(F) * (rs[:, None] * ws)
         np.testing.assert_allclose(y, act_ref(pre, act), rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("isa", ISAS, ids=lambda i: i.name)
+@pytest.mark.parametrize("unsigned", [False, True], ids=["s8", "u8"])
+def test_quantize_rows_is_the_method(isa, unsigned):
+    lib = native.qgemm_lib(isa)
+    rng = np.random.default_rng(10)
+    x = (rng.standard_normal((9, 83)) * 5).astype(F)
+    x[2] = 0.0
+    x[5, 1] = np.inf
+    q, s, z = lib.quantize_rows(x, int(unsigned))
+    wq, ws, wz = method(x, unsigned)
+    assert q.dtype == (np.uint8 if unsigned else np.int8)
+    np.testing.assert_array_equal(q.astype(np.int64), wq)
+    np.testing.assert_array_equal(s, ws)
+    np.testing.assert_array_equal(z, wz)

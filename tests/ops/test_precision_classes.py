@@ -116,6 +116,7 @@ RLX_ONLY: dict[str, tuple[OpKind, str]] = {
     "argmax": (R, "an index reduction; integer output, never retyped"),
     "argmin": (R, "an index reduction; integer output, never retyped"),
     "dynamic_qmatmul": (C, "an integer GEMM (activations quantized per row), like QMatMul"),
+    "dynamic_qbatch_matmul": (C, "a batched integer GEMM of two activations, like QMatMul"),
     "log_softmax": (R, "softmax's log form: the seed's Softmax is a reduction"),
     "pad": (D, "copies values into a larger buffer, like Concat"),
     "slice": (D, "a strided Narrow"),

@@ -20,7 +20,7 @@ from rlx.backends.cpu.native import cpu
 from rlx.errors import ShapeError
 from rlx.ir import serialize
 from rlx.ops.elementwise import UnaryKind
-from rlx.ops.quant import ActQuant, DynamicQMatMul, QMatMul
+from rlx.ops.quant import ActQuant, DynamicQBatchMatMul, DynamicQMatMul, QMatMul
 from rlx.runtime.options import CompileOptions
 
 F = np.float32
@@ -244,3 +244,56 @@ def test_new_attributes_round_trip():
     (node,) = g2.find(DynamicQMatMul)
     assert node.op.mode is ActQuant.U8 and node.op.act is UnaryKind.SILU
     assert node.op.has_residual and node.op.w_scales == tuple(float(s) for s in WS)
+
+
+def batch_oracle(a, b, transpose_b, alpha, unsigned):
+    """Per batch: rows of a by the method, columns of b (rows of b^T) s8, int64 product."""
+    bt = b if transpose_b else np.swapaxes(b, -1, -2)
+    m, n = a.shape[-2], bt.shape[-2]
+    a3, b3 = a.reshape(-1, m, a.shape[-1]), bt.reshape(-1, n, a.shape[-1])
+    out = []
+    for ai, bi in zip(a3, b3, strict=True):
+        qa, sa, za = method(ai, unsigned)
+        qb, sb, _ = method(bi, False)
+        acc = (qa - za[:, None]) @ qb.T
+        out.append(acc.astype(F) * (sa[:, None] * (sb * F(alpha))[None, :]))
+    return np.array(out).reshape(*a.shape[:-1], n)
+
+
+@pytest.mark.skipif(not TARGETS, reason="gcc is not installed")
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("transpose_b", [True, False])
+@pytest.mark.parametrize("unsigned", [False, True], ids=["s8", "u8"])
+def test_batched_product_on_every_target(monkeypatch, target, transpose_b, unsigned):
+    """Attention-shaped Q @ K^T (transpose_b) and P @ V (u8 rows of P >= 0)."""
+    monkeypatch.setenv("RLX_ISA", target)
+    a = RNG.standard_normal((2, 3, 17, 64)).astype(F)
+    if unsigned:
+        a = np.abs(a)
+    a[0, 1, 4] = 0.0  # a zero row
+    b = RNG.standard_normal((2, 3, 19, 64) if transpose_b else (2, 3, 64, 19)).astype(F)
+    g = rlx.Graph("qbmm")
+    ai, bi = g.input("a", a.shape), g.input("b", b.shape)
+    mode = "u8" if unsigned else "s8"
+    g.set_outputs([g.dynamic_qbatch_matmul(ai, bi, transpose_b, 0.125, a_mode=mode)])
+    c = rlx.Session("cpu").compile(g, CompileOptions(use_cache=False, num_threads=2))
+    got = c.run({"a": a, "b": b})[0]
+    want = batch_oracle(a, b, transpose_b, 0.125, unsigned)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    exact = 0.125 * (a @ (np.swapaxes(b, -1, -2) if transpose_b else b))
+    assert np.abs(got - exact).max() < 0.02 * np.abs(exact).max()
+    assert [k.kind.value for k in c.report().kernels] == ["native"]
+
+
+def test_batched_product_shape_errors():
+    g = rlx.Graph("bad")
+    a = g.input("a", (2, 5, 8))
+    with pytest.raises(ShapeError, match="leading dims differ"):
+        g.dynamic_qbatch_matmul(a, g.input("b", (3, 8, 4)))
+    with pytest.raises(ShapeError, match="contraction dims differ"):
+        g.dynamic_qbatch_matmul(a, g.input("b2", (2, 4, 9)), transpose_b=True)
+    with pytest.raises(ShapeError, match="alpha must be finite"):
+        g.dynamic_qbatch_matmul(a, g.input("b3", (2, 8, 4)), alpha=0.0)
+    with pytest.raises(ShapeError, match="a must be float"):
+        g.dynamic_qbatch_matmul(g.input("i", (2, 5, 8), "i8"), g.input("b4", (2, 8, 4)))
+    assert DynamicQBatchMatMul("u8").a_mode is ActQuant.U8

@@ -27,13 +27,19 @@ from rlx.ir.mir import Node
 from rlx.ops.core import Constant
 from rlx.ops.qmatmul import (
     ActQuant,
+    DynamicQBatchMatMul,
     DynamicQMatMul,
     IntEpilogueOp,
     QMatMul,
     dynamic_quantize_rows,
 )
 
-__all__ = ["qmatmul_kernel", "dynamic_qmatmul_kernel", "packed_weight"]
+__all__ = [
+    "qmatmul_kernel",
+    "dynamic_qmatmul_kernel",
+    "dynamic_qbatch_matmul_kernel",
+    "packed_weight",
+]
 
 _F32 = np.dtype(np.float32)
 
@@ -214,3 +220,43 @@ def dynamic_qmatmul_kernel(
         return (q - zp[:, None]).astype(np.float64), rs, None  # type: ignore[return-value]
 
     return _fallback(node, ins, out, ctx, quantize)
+
+
+@kernel(DynamicQBatchMatMul, KernelKind.NATIVE)
+def dynamic_qbatch_matmul_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """Both operands quantized per row inside the native batched int8 GEMM (batches in
+    parallel); b's columns are copied to rows first unless ``transpose_b``."""
+    op: DynamicQBatchMatMul = node.op  # type: ignore[assignment]
+    a, b = ins
+    m, k = a.shape[-2:]
+    n = out.shape[-1]
+    nb = out.size // max(m * n, 1)
+    lib = _lib(ctx, node)
+    if lib is None or nb == 0:
+        ctx.kind = KernelKind.NUMPY
+        rctx = ctx.ref_ctx(out)
+        return lambda: np.copyto(out, op.reference(ins, rctx))
+    preps: list[Callable[[], None]] = []
+    if a.dtype.name in ("float32", "bfloat16") and a.flags.c_contiguous:
+        a3 = a.reshape(nb, m, k)
+    else:
+        a3 = ctx.scratch((nb, m, k), _F32, node.id * 8 + 4)
+        preps.append(lambda: np.copyto(a3, a.reshape(nb, m, k), casting="unsafe"))
+    if op.transpose_b and b.dtype == _F32 and b.flags.c_contiguous:
+        bt = b.reshape(nb, n, k)
+    else:
+        bt = ctx.scratch((nb, n, k), _F32, node.id * 8 + 5)
+        src = b.reshape(nb, n, k) if op.transpose_b else np.swapaxes(b.reshape(nb, k, n), 1, 2)
+        preps.append(lambda: np.copyto(bt, src, casting="unsafe"))
+    y = out.reshape(nb, m, n)
+    mode = 0 if op.a_mode is ActQuant.S8 else 1
+    threads, alpha, run_ = ctx.num_threads, op.alpha, lib.batch_run
+
+    def run() -> None:
+        for p in preps:
+            p()
+        run_(a3, bt, y, a_mode=mode, alpha=alpha, num_threads=threads)
+
+    return run

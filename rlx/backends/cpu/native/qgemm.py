@@ -78,6 +78,12 @@ class QGemmLib:
             _L, _L, _L, _I, _P, _L, ctypes.c_int32, ctypes.c_float, _I, _P, _P, _P, _P, _I,
             _P, _L, _P, _L, _P, _L, _P, _P, _I, _I,
         ]  # fmt: skip
+        lib.rlx_qgemm_quantize_rows.restype = _I
+        lib.rlx_qgemm_quantize_rows.argtypes = [_P, _L, _L, _L, _I, _P, _L, _P, _P]
+        lib.rlx_qbatch_run.restype = _I
+        lib.rlx_qbatch_run.argtypes = [
+            _L, _L, _L, _L, _I, _P, _L, _L, _I, _P, _L, _L, ctypes.c_float, _P, _L, _L, _I,
+        ]  # fmt: skip
         lib.rlx_qgemm_has_amx.restype = _I
         lib.rlx_qgemm_has_amx.argtypes = []
         lib.rlx_quantize_f32_q8.restype = None
@@ -195,6 +201,61 @@ class QGemmLib:
         )  # fmt: skip
         if rc != 0:
             raise MemoryError(f"qgemm: could not allocate the packed activations ({m}x{k})")
+
+    def quantize_rows(
+        self, x: np.ndarray, mode: int = 0
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows of f32 ``x`` [M, K] (contiguous rows) quantized as the dynamic GEMM does
+        (``mode`` 0: s8, 1: u8): ``(q int8 / uint8 [M, K], scales f32 [M], zps int32 [M])``."""
+        if x.dtype != np.float32 or x.ndim != 2 or x.strides[1] != 4:
+            raise InputError(f"quantize_rows: x must be f32 [M, K] rows, given {x.dtype} {x.shape}")
+        m, k = x.shape
+        q = np.empty((m, k), np.int8 if mode == 0 else np.uint8)
+        scales, zps = np.empty(m, np.float32), np.empty(m, np.int32)
+        rc = self.lib.rlx_qgemm_quantize_rows(
+            _ptr(x), m, k, x.strides[0] // 4, int(mode), _ptr(q), k, _ptr(scales), _ptr(zps)
+        )
+        if rc != 0:
+            raise MemoryError("quantize_rows: out of memory")
+        return q, scales, zps
+
+    def batch_run(
+        self,
+        a: np.ndarray,
+        bt: np.ndarray,
+        out: np.ndarray,
+        *,
+        a_mode: int = 0,
+        alpha: float = 1.0,
+        num_threads: int = 1,
+    ) -> None:
+        """``out[b] = (a[b] @ bt[b]^T)`` with both operands quantized per row at run time
+        (``a`` rows by ``a_mode``, ``bt`` rows s8), scaled by the row scales and ``alpha``:
+        ``a`` f32 / bf16 [B, M, K], ``bt`` f32 [B, N, K], ``out`` f32 [B, M, N], each with
+        contiguous rows and a uniform batch stride."""
+        if a.ndim != 3 or bt.ndim != 3 or out.ndim != 3:
+            raise InputError("batch_run: a, bt and out must be 3-D")
+        nb, m, k = a.shape
+        n = bt.shape[1]
+        if bt.shape != (nb, n, k) or out.shape != (nb, m, n):
+            raise InputError(
+                f"batch_run: shapes a {a.shape}, bt {bt.shape}, out {out.shape} do not agree"
+            )
+        for name, arr, dts in (
+            ("a", a, ("float32", "bfloat16")),
+            ("bt", bt, ("float32",)),
+            ("out", out, ("float32",)),
+        ):
+            if arr.dtype.name not in dts or arr.strides[2] != arr.itemsize:
+                raise InputError(f"batch_run: {name} must be {dts} with contiguous rows")
+        e = a.itemsize
+        rc = self.lib.rlx_qbatch_run(
+            nb, m, n, k, A_KINDS[a.dtype.name], _ptr(a), a.strides[0] // e, a.strides[1] // e,
+            int(a_mode), _ptr(bt), bt.strides[0] // 4, bt.strides[1] // 4, float(alpha),
+            _ptr(out), out.strides[0] // 4, out.strides[1] // 4, int(num_threads),
+        )  # fmt: skip
+        if rc != 0:
+            raise MemoryError("batch_run: out of memory")
 
     @property
     def has_amx(self) -> bool:

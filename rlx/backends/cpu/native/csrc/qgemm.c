@@ -823,6 +823,77 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
     return oom ? -1 : 0;
 }
 
+/* Rows of x (f32, [M, K], row stride ldx) quantized as the dynamic path does (mode 0: s8,
+ * 1: u8), without any shift: out (int8 / uint8, row stride ldo), scales[m], zps[m]. A row
+ * holding NaN / inf gets q = 0 and scale NaN. Returns 0, or -1 when out of memory. */
+int rlx_qgemm_quantize_rows(const float *x, long M, long K, long ldx, int mode, void *out,
+                            long ldo, float *scales, int32_t *zps) {
+    a_t *tmp = (a_t *)malloc((size_t)(K + 16) * sizeof(a_t));
+    if (!tmp) return -1;
+    for (long m = 0; m < M; ++m) {
+        const float *row = x + m * ldx;
+        int32_t zp;
+        float scale = row_params(row, K, mode, &zp);
+        scales[m] = scale;
+        zps[m] = zp;
+        if (isnan(scale)) {
+            for (long k = 0; k < K; ++k) tmp[k] = 0;
+        } else if (mode == 0) { /* shifted as the packed activations are (a_t may be u8) */
+            quantize_row(row, K, scale, 0, -128, 127, S_SHIFT, tmp);
+        } else {
+            quantize_row(row, K, scale, zp, 0, 255, 0, tmp);
+        }
+        if (mode == 0)
+            for (long k = 0; k < K; ++k)
+                ((int8_t *)out)[m * ldo + k] = isnan(scale) ? 0 : (int8_t)(tmp[k] - S_SHIFT);
+        else
+            for (long k = 0; k < K; ++k) ((uint8_t *)out)[m * ldo + k] = (uint8_t)tmp[k];
+    }
+    free(tmp);
+    return 0;
+}
+
+/* Batched product of two float operands, both quantized per row at run time:
+ * Y[b] = f32((qa - za) @ qbt^T) * (sa[m] * (sb[n] * alpha)) for b < nb, where a[b] is
+ * [M, K] (a_kind f32 / bf16, batch stride sab, row stride lda, rows quantized by a_mode)
+ * and bt[b] is [N, K] f32 (batch stride sbb, row stride ldb; its rows are b's columns,
+ * quantized s8). Batches run in parallel (each GEMM on one thread). Returns 0 or -1. */
+int rlx_qbatch_run(long nb, long M, long N, long K, int a_kind, const void *A, long sab,
+                   long lda, int a_mode, const float *Bt, long sbb, long ldb, float alpha,
+                   float *Y, long syb, long ldy, int nthreads) {
+    long es = a_kind == A_BF16 ? 2 : 4;
+    int failed = 0;
+    if (nthreads < 1) nthreads = 1;
+    if (nb < 2 || (double)nb * M * N * K < 4e6) nthreads = 1;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+    {
+        int8_t *qb = (int8_t *)malloc((size_t)(N * K) + 64);
+        float *sb = (float *)malloc((size_t)N * sizeof(float));
+        int32_t *zb = (int32_t *)malloc((size_t)N * sizeof(int32_t));
+        int32_t *colsum = (int32_t *)malloc((size_t)N * sizeof(int32_t));
+        void *bp = aligned_alloc(64, (size_t)round_up(rlx_qgemm_packed_size(K, N), 64) + 64);
+        int ok = qb && sb && zb && colsum && bp;
+#pragma omp for schedule(dynamic, 1)
+        for (long b = 0; b < nb; ++b) {
+            if (!ok || rlx_qgemm_quantize_rows(Bt + b * sbb, N, K, ldb, 0, qb, K, sb, zb) != 0) {
+#pragma omp atomic write
+                failed = 1;
+                continue;
+            }
+            for (long n = 0; n < N; ++n) sb[n] = sb[n] * alpha;
+            rlx_qgemm_pack_b_strided(qb, 1, K, K, N, bp, colsum);
+            if (rlx_qgemm_run(M, N, K, a_kind, (const char *)A + b * sab * es, lda, 0, 1.0f,
+                              a_mode, bp, colsum, sb, NULL, ACT_NONE, NULL, 0, Y + b * syb, ldy,
+                              NULL, 0, NULL, NULL, 1, 0) != 0) {
+#pragma omp atomic write
+                failed = 1;
+            }
+        }
+        free(qb), free(sb), free(zb), free(colsum), free(bp);
+    }
+    return failed ? -1 : 0;
+}
+
 /* C (int32, optional) and/or Y (f32, optional) = (A - a_zp) @ B for int8 A.
  * Y[m, n] = (float)acc * scale[n] + (bias ? bias[n] : 0). Returns 0, or -1 when out of
  * memory. */
