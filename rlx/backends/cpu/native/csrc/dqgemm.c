@@ -769,36 +769,43 @@ static int gemm_tiled(const dq_t *s, long M, long N, long K, const float *x, lon
     long panels = (N + NB - 1) / NB;
     int fail = 0;
     (void)K;
+    /* K chunks outermost: the chunk of X is copied once into a contiguous [M][kc] panel
+     * (rows a few KB apart instead of K floats) that every weight panel then reuses */
+    float *xc = alloc_f(M * clen);
+    if (!xc) return 1;
 #pragma omp parallel num_threads(threads) reduction(| : fail)
     {
         float *buf = alloc_f(clen);
         float *tile = alloc_f(clen * NB);
-        if (!buf || !tile) fail = 1;
-        else {
+        int ok = buf && tile;
+        if (!ok) fail = 1;
+        for (long b0 = 0; b0 < s->nb; b0 += cb) {
+            long nblk = s->nb - b0 < cb ? s->nb - b0 : cb, kc = nblk * s->qk;
+#pragma omp for schedule(static)
+            for (long m = 0; m < M; m++)
+                memcpy(xc + m * kc, x + m * ldx + b0 * s->qk, (size_t)kc * sizeof(float));
 #pragma omp for schedule(dynamic, 1)
             for (long p = 0; p < panels; p++) {
+                if (!ok) continue;
                 long n0 = p * NB, ncols = N - n0 < NB ? N - n0 : NB;
-                for (long b0 = 0; b0 < s->nb; b0 += cb) {
-                    long nblk = s->nb - b0 < cb ? s->nb - b0 : cb, kc = nblk * s->qk;
-                    for (long r = 0; r < NB; r++) {
-                        if (r < ncols) {
-                            decode_blocks(s, n0 + r, b0, nblk, buf);
-                            for (long t = 0; t < kc; t++) tile[t * NB + r] = buf[t];
-                        } else {
-                            for (long t = 0; t < kc; t++) tile[t * NB + r] = 0.0f;
-                        }
+                for (long r = 0; r < NB; r++) {
+                    if (r < ncols) {
+                        decode_blocks(s, n0 + r, b0, nblk, buf);
+                        for (long t = 0; t < kc; t++) tile[t * NB + r] = buf[t];
+                    } else {
+                        for (long t = 0; t < kc; t++) tile[t * NB + r] = 0.0f;
                     }
-                    for (long m0 = 0; m0 < M; m0 += MR) {
-                        long mr = M - m0 < MR ? M - m0 : MR;
-                        micro(tile, kc, x + m0 * ldx + b0 * s->qk, ldx, mr, y + m0 * ldy + n0,
-                              ldy, ncols, b0 == 0);
-                    }
+                }
+                for (long m0 = 0; m0 < M; m0 += MR) {
+                    long mr = M - m0 < MR ? M - m0 : MR;
+                    micro(tile, kc, xc + m0 * kc, kc, mr, y + m0 * ldy + n0, ldy, ncols, b0 == 0);
                 }
             }
         }
         free(buf);
         free(tile);
     }
+    free(xc);
     return fail;
 }
 
