@@ -1,1 +1,159 @@
-"""placeholder"""
+"""Quantized ONNX ops (as ONNX Runtime's quantizer writes them) -> rlx quantize /
+dequantize (constant scales and zero points, per tensor or per axis), integer matmul
+(MatMulInteger, QLinearMatMul: int32 accumulation of zero-point-shifted operands, then a
+float rescale and requantization), and DynamicQuantizeLinear (min/max reductions).
+FP8 outputs go through a saturating cast; blocked quantization is named unsupported."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlx.dtype import DType
+from rlx.frontends.onnx.context import NodeCtx
+from rlx.frontends.onnx.dtypes import to_dtype
+from rlx.frontends.onnx.ops import converter
+from rlx.frontends.onnx.ops.elementwise import _cast
+from rlx.frontends.onnx.ops.util import axis_of, bin_, cast, scalar, un
+from rlx.ops.elementwise import BinaryKind as B
+from rlx.ops.elementwise import UnaryKind as U
+from rlx.ops.linalg import MatMul
+from rlx.ops.quant import QUANT_RANGES, Dequantize, Quantize
+from rlx.ops.reduce import Reduce, ReduceKind
+
+
+def _params(ctx: NodeCtx, x_rank: int) -> tuple[np.ndarray, np.ndarray | None, int | None]:
+    if ctx.attr("block_size", 0):
+        raise ctx.unsupported("blocked quantization (block_size)")
+    scale = np.asarray(ctx.value(1, "scale"))
+    zp = np.asarray(ctx.value(2, "zero_point")) if ctx.has(2) else None
+    axis = None if scale.size == 1 and scale.ndim <= 1 else axis_of(ctx.attr("axis", 1), x_rank)
+    return scale.reshape(-1), None if zp is None else zp.reshape(-1), axis
+
+
+def _runtime(ctx: NodeCtx) -> bool:
+    """Scale or zero point computed in the graph (DynamicQuantizeLinear's expansion)."""
+    return any(
+        ctx.has(i) and ctx.st.fold(ctx.node.input[i]) is None
+        and not ctx.st.is_graph_input(ctx.node.input[i]) for i in (1, 2)
+    )  # fmt: skip
+
+
+def _runtime_quantize(ctx: NodeCtx, to: DType) -> int:
+    """``clip(rint(x / scale) + zp)`` from run-time per-tensor scale and zero point."""
+    g = ctx.g
+    x = cast(g, ctx.x(0), DType.F32)
+    y = un(g, U.ROUND, bin_(g, B.DIV, x, cast(g, ctx.x(1), DType.F32)))
+    if ctx.has(2):
+        y = bin_(g, B.ADD, y, cast(g, ctx.x(2), DType.F32))
+    lo, hi = QUANT_RANGES[to]
+    y = bin_(g, B.MIN, bin_(g, B.MAX, y, scalar(g, lo, y)), scalar(g, hi, y))
+    return cast(g, y, to)
+
+
+@converter("QuantizeLinear", since=10)
+def quantize_linear(ctx: NodeCtx) -> int:
+    g, x = ctx.g, ctx.x(0)
+    if _runtime(ctx) and ctx.in_shape(1).rank == 0:
+        to = ctx.in_shape(2).dtype if ctx.has(2) else DType.U8
+        if to in QUANT_RANGES:
+            return _runtime_quantize(ctx, to)
+    scale, zp, axis = _params(ctx, ctx.shape(x).rank)
+    if ctx.has_attr("output_dtype") and ctx.attr("output_dtype"):
+        to = to_dtype(ctx.attr("output_dtype"), "QuantizeLinear output_dtype")
+    elif ctx.has(2):
+        to = ctx.in_shape(2).dtype
+    else:
+        to = DType.U8
+    if to.is_fp8:  # x / scale, saturated into the FP8 type (zero point must be 0)
+        s = g.constant(scale.astype(np.float32).reshape(_bshape(axis, ctx.shape(x).rank, scale)))
+        y = bin_(g, B.DIV, cast(g, x, DType.F32), s)
+        return _cast(ctx, y, to)
+    if to not in QUANT_RANGES:
+        raise ctx.unsupported(f"quantizing to {to}")
+    zps = np.zeros_like(scale, dtype=np.int64) if zp is None else zp.astype(np.int64)
+    if len(zps) == 1 and len(scale) > 1:
+        zps = np.repeat(zps, len(scale))
+    q = Quantize(axis, tuple(scale.astype(np.float64)), tuple(zps), to)
+    return g.apply(q, [x])
+
+
+def _bshape(axis: int | None, rank: int, v: np.ndarray) -> tuple[int, ...]:
+    if axis is None:
+        return ()
+    return tuple(v.size if i == axis else 1 for i in range(rank))
+
+
+@converter("DequantizeLinear", since=10)
+def dequantize_linear(ctx: NodeCtx) -> int:
+    g, x = ctx.g, ctx.x(0)
+    scale, zp, axis = _params(ctx, ctx.shape(x).rank)
+    out_dt = ctx.in_shape(1).dtype
+    src = ctx.dtype(x)
+    if src.is_fp8 or src is DType.I32 and zp is None:
+        s = g.constant(scale.astype(np.float32).reshape(_bshape(axis, ctx.shape(x).rank, scale)))
+        y = bin_(g, B.MUL, cast(g, x, DType.F32), s)
+        return cast(g, y, out_dt)
+    if src not in QUANT_RANGES:
+        raise ctx.unsupported(f"dequantizing {src}")
+    zps = np.zeros_like(scale, dtype=np.int64) if zp is None else zp.astype(np.int64)
+    if len(zps) == 1 and len(scale) > 1:
+        zps = np.repeat(zps, len(scale))
+    y = g.apply(Dequantize(axis, tuple(scale.astype(np.float64)), tuple(zps)), [x])
+    return cast(g, y, out_dt)
+
+
+def _shifted(ctx: NodeCtx, x: int, zp: int | None) -> int:
+    g = ctx.g
+    x32 = cast(g, x, DType.I32)
+    return x32 if zp is None else bin_(g, B.SUB, x32, cast(g, zp, DType.I32))
+
+
+def _zp_for(ctx: NodeCtx, zp: int | None, x: int, side: str) -> int | None:
+    """A zero point shaped to broadcast against ``x`` (a per-row a-zp [M] -> [M, 1])."""
+    if zp is None:
+        return None
+    zs, xs = ctx.shape(zp), ctx.shape(x)
+    if side == "a" and zs.rank == 1 and zs.dims[0] != 1 and xs.rank >= 2:
+        from rlx.ops.movement import Reshape
+
+        return ctx.g.apply(Reshape((zs.dims[0], 1)), [zp])
+    return zp
+
+
+@converter("MatMulInteger", since=10)
+def matmul_integer(ctx: NodeCtx) -> int:
+    a, b = ctx.x(0), ctx.x(1)
+    za, zb = _zp_for(ctx, ctx.opt(2), a, "a"), _zp_for(ctx, ctx.opt(3), b, "b")
+    return ctx.g.apply(MatMul(), [_shifted(ctx, a, za), _shifted(ctx, b, zb)])
+
+
+@converter("QLinearMatMul", since=10)
+def qlinear_matmul(ctx: NodeCtx) -> int:
+    g = ctx.g
+    a, a_s, a_z, b, b_s, b_z, y_s, y_z = (ctx.x(i) for i in range(8))
+    acc = g.apply(MatMul(), [_shifted(ctx, a, _zp_for(ctx, a_z, a, "a")),
+                             _shifted(ctx, b, _zp_for(ctx, b_z, b, "b"))])  # fmt: skip
+    f = cast(g, acc, DType.F32)
+    rescale = bin_(g, B.DIV, bin_(g, B.MUL, cast(g, a_s, DType.F32), cast(g, b_s, DType.F32)),
+                   cast(g, y_s, DType.F32))  # fmt: skip
+    y = bin_(g, B.ADD, un(g, U.ROUND, bin_(g, B.MUL, f, rescale)), cast(g, y_z, DType.F32))
+    out = ctx.dtype(y_z)
+    lo, hi = QUANT_RANGES[out] if out in QUANT_RANGES else (None, None)
+    if lo is None:
+        raise ctx.unsupported(f"QLinearMatMul output {out}")
+    y = bin_(g, B.MIN, bin_(g, B.MAX, y, scalar(g, lo, y)), scalar(g, hi, y))
+    return cast(g, y, out)
+
+
+@converter("DynamicQuantizeLinear", since=11)
+def dynamic_quantize_linear(ctx: NodeCtx) -> list[int]:
+    g, x = ctx.g, ctx.x(0)
+    axes = tuple(range(ctx.shape(x).rank))
+    zero = scalar(g, 0.0, x)
+    hi = bin_(g, B.MAX, g.apply(Reduce(ReduceKind.MAX, axes, False), [x]), zero)
+    lo = bin_(g, B.MIN, g.apply(Reduce(ReduceKind.MIN, axes, False), [x]), zero)
+    scale = bin_(g, B.DIV, bin_(g, B.SUB, hi, lo), scalar(g, 255.0, x))
+    clip = lambda v: bin_(g, B.MIN, bin_(g, B.MAX, v, scalar(g, 0.0, x)), scalar(g, 255.0, x))  # noqa: E731
+    zp = clip(un(g, U.ROUND, bin_(g, B.SUB, zero, bin_(g, B.DIV, lo, scale))))
+    y = clip(bin_(g, B.ADD, un(g, U.ROUND, bin_(g, B.DIV, x, scale)), zp))
+    return [cast(g, y, DType.U8), scale, cast(g, zp, DType.U8)]
