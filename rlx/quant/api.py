@@ -7,8 +7,10 @@ the compiled INT8 graph, the compiled float graph and an
 
 Steps:
 
-1. *Layers*: fused matmul ops are expanded first (``ExpandFusedMatMuls``); then every
-   ``matmul`` whose right operand is a 2-D float weight known now (a param in ``params``
+1. *Layers*: fused matmul ops are expanded first (``ExpandFusedMatMuls``), and
+   ``matmul(x, transpose(W))`` / weight-shaped ``dot_general`` become ``matmul(x, W.T)``
+   (:func:`~rlx.quant.layers.canonical_weights`, the transposed weight named
+   ``"<name>.T"``); then every ``matmul`` whose right operand is a 2-D float weight known now (a param in ``params``
    or a constant) is a layer, named by its weight (``exclude`` takes these names or node
    ids), and so is every 2-D ``conv`` with a known weight (lowered to ``qconv2d``;
    always with static activation scales: there is no dynamic integer conv).
@@ -65,6 +67,7 @@ from rlx.ops.qmatmul import ActQuant
 from rlx.passes.pipeline import to_mir
 from rlx.quant.layers import (
     Layer,
+    canonical_weights,
     check_weights,
     find_conv_layers,
     find_layers,
@@ -319,6 +322,8 @@ def quantize(
     if calibration_data is None and (activations == "static" or smooth_alpha is not None):
         raise _no_data(graph, "static activations" if smooth_alpha is None else "smooth_alpha")
     np_params = {k: np.asarray(v) for k, v in params.items()}
+    # matmul(x, transpose(W)) and weight-shaped dot_general -> matmul(x, W [K, N])
+    graph, np_params, _ = canonical_weights(graph, np_params)
     opts = (options or CompileOptions()).replace(use_cache=False)
     layers, kept_float = find_layers(graph, np_params)
     convs, conv_skipped = find_conv_layers(graph, np_params)

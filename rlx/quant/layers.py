@@ -1,7 +1,9 @@
 """The quantizable layers of a graph. In: a MIR graph (fused matmuls expanded) and its
 float params. Out: :class:`Layer` records (a ``matmul`` whose right operand is a static 2-D
-f32 weight known now), the skipped matmuls with the reason, weight values, and the
-tensor names errors and reports use.
+f32 weight known now, or a 2-D ``conv`` with a known weight), the skipped ones with the
+reason, weight values, the tensor names errors and reports use, and
+:func:`canonical_weights`, which turns ``matmul(x, transpose(W))`` and weight-shaped
+``dot_general`` into such matmuls first.
 """
 
 from __future__ import annotations
@@ -14,9 +16,13 @@ import numpy as np
 from rlx.dtype import DType
 from rlx.errors import QuantizationError
 from rlx.ir.mir import Graph, NodeId
-from rlx.ops.core import Constant, Input, Param
-from rlx.ops.linalg import MatMul
+from rlx.ops.core import Constant, ConstValue, Input, Param
+from rlx.ops.linalg import DotGeneral, MatMul
+from rlx.ops.movement import Transpose
 from rlx.ops.nn import Conv
+from rlx.passes.base import Rewriter
+from rlx.passes.dce import DeadCodeElimination
+from rlx.shape import Shape
 
 __all__ = [
     "Layer",
@@ -25,6 +31,7 @@ __all__ = [
     "weight_value",
     "check_weights",
     "tensor_name",
+    "canonical_weights",
 ]
 
 
@@ -123,3 +130,71 @@ def check_weights(graph: Graph, layers: Sequence[Layer], params: Mapping[str, np
                 f"{w[first]}); int8 cannot represent them. Fix the weight, or keep the layer "
                 f"in float with exclude=[{ly.name!r}]"
             )
+
+
+def canonical_weights(
+    graph: Graph, params: Mapping[str, np.ndarray]
+) -> tuple[Graph, dict[str, np.ndarray], dict[str, str]]:
+    """Matmul-shaped products with a known 2-D weight in another spelling become plain
+    ``matmul(x, W [K, N])`` layers: ``matmul(x, transpose(W))`` (ONNX ``Gemm`` with
+    ``transB``) and ``dot_general(x, W)`` contracting x's last axis with one axis of W,
+    without batch axes. A transposed weight is stored as a new param ``"<name>.T"`` (the
+    transpose of a constant: a constant). Returns (graph, params with the new ones, new
+    param name -> what it came from); the graph is returned as is when nothing matched."""
+    out_params = dict(params)
+    made: dict[str, str] = {}
+
+    def known(nid: NodeId) -> np.ndarray | None:
+        op = graph.nodes[nid].op
+        if isinstance(op, Constant):
+            return op.value.array()
+        if isinstance(op, Param) and op.name in params:
+            return np.asarray(params[op.name])
+        return None
+
+    plans: dict[NodeId, tuple[NodeId, NodeId, bool]] = {}  # node -> (x, W, transposed)
+    for node in graph.nodes:
+        op = node.op
+        if isinstance(op, MatMul):
+            x, w = node.inputs
+            t = graph.nodes[w]
+            if isinstance(t.op, Transpose) and t.shape.rank == 2 and t.dtype.is_float:
+                if tuple(p % 2 for p in t.op.perm) == (1, 0) and known(t.inputs[0]) is not None:
+                    plans[node.id] = (x, t.inputs[0], True)
+        elif isinstance(op, DotGeneral) and not op.lhs_batch and not op.rhs_batch:
+            x, w = node.inputs
+            wn, xn = graph.nodes[w], graph.nodes[x]
+            if wn.shape.rank != 2 or known(w) is None or not wn.dtype.is_float:
+                continue
+            lc = tuple(a % xn.shape.rank for a in op.lhs_contract)
+            rc = tuple(a % 2 for a in op.rhs_contract)
+            if lc == (xn.shape.rank - 1,) and rc in ((0,), (1,)):
+                plans[node.id] = (x, w, rc == (1,))
+    if not plans:
+        return graph, out_params, made
+    rw = Rewriter(graph)
+    transposed: dict[NodeId, NodeId] = {}
+    for nid in graph.topo_order():
+        node = graph.nodes[nid]
+        plan = plans.get(nid)
+        if plan is None:
+            rw.copy(node)
+            continue
+        x, w, trans = plan
+        w_new = rw.map[w]
+        if trans:
+            if w not in transposed:
+                src = graph.nodes[w]
+                value = np.ascontiguousarray(known(w).T)  # type: ignore[union-attr]
+                shape = Shape(value.shape, src.dtype)
+                if isinstance(src.op, Param):
+                    name = f"{src.op.name}.T"
+                    out_params[name] = value
+                    made[name] = f"transpose of param {src.op.name!r}"
+                    transposed[w] = rw.emit(Param(name, shape), [], src.loc, shape)
+                else:
+                    cv = ConstValue.of(value, src.dtype)
+                    transposed[w] = rw.emit(Constant(cv), [], src.loc, shape)
+            w_new = transposed[w]
+        rw.map[nid] = rw.emit(MatMul(), [rw.map[x], w_new], node.loc)
+    return DeadCodeElimination().run(rw.finish()), out_params, made

@@ -134,3 +134,35 @@ def test_without_data_the_error_is_unmeasured_and_budget_refused():
         quantize(model(), None, params=P, activations="per_token")
     with pytest.raises(QuantizationError, match="dynamic_mode must be 's8' or 'u8'"):
         quantize(model(), None, params=P, activations="dynamic", dynamic_mode="u4")
+
+
+def test_transposed_weights_and_dot_general_become_layers(no_calibration):
+    """matmul(x, transpose(W)) (ONNX Gemm transB) and dot_general with a weight are
+    quantized as linears; the batched activation x activation dot_general stays float."""
+    from rlx.ops.linalg import DotGeneral
+    from rlx.ops.movement import Transpose
+
+    rng = np.random.default_rng(4)
+    p = {
+        "wt": (rng.standard_normal((16, 24)) / 5).astype(np.float32),  # [N, K]
+        "w2": (rng.standard_normal((24, 8)) / 5).astype(np.float32),  # [K, N]
+        "w3": (rng.standard_normal((8, 24)) / 5).astype(np.float32),  # [N, K]
+    }
+    g = rlx.Graph("gemm")
+    x = g.input("x", (6, 24))
+    y1 = g.matmul(x, g.transpose(g.param("wt", (16, 24))))
+    y2 = g.dot_general(x, g.param("w2", (24, 8)), ((1,), (0,)))
+    y3 = g.dot_general(x, g.param("w3", (8, 24)), ((1,), (1,)))
+    xb = g.reshape(x, (2, 3, 24))
+    gram = g.dot_general(xb, xb, ((2,), (2,)), ((0,), (0,)))
+    g.set_outputs([y1, y2, y3, gram])
+    r = quantize(g, None, params=p, activations="dynamic", dynamic_mode="s8")
+    assert len(r.graph.find(DynamicQMatMul)) == 3 and not r.graph.find(Transpose)
+    assert len(r.graph.find(DotGeneral)) == 1  # the gram matrix
+    assert sorted(r.report.quantized) == ["w2", "w3.T", "wt.T"]
+    xv = rng.standard_normal((6, 24)).astype(np.float32)
+    outs = r.compiled.run({"x": xv})
+    xq = np_rows(xv, "s8").astype(np.float64)
+    for got, w in zip(outs[:3], (p["wt"].T, p["w2"], p["w3"].T), strict=True):
+        want = xq @ np_weight(np.ascontiguousarray(w))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
