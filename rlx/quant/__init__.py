@@ -1,5 +1,6 @@
 """Post-training quantization: calibration records, Q/DQ insertion, lowering of
-Q/DQ-bracketed matmuls to integer kernels, and the one-call ``rlx.quantize``.
+Q/DQ-bracketed matmuls and convs to integer kernels, dynamic (per-row) activation
+lowering, SmoothQuant, and the one-call ``rlx.quantize``.
 
 Names are imported on first use (``rlx.quant.insert_q_dq``), so ``rlx.ops.quant`` can
 use ``rlx.quant.gguf`` without import cycles.
@@ -24,6 +25,11 @@ _LAZY: dict[str, str] = {
     "fake_quant_graph": "rlx.quant.api",
     "find_layers": "rlx.quant.api",
     "dequantize_rows": "rlx.quant.gguf",
+    "DynamicLowering": "rlx.quant.dynamic",
+    "smooth_graph": "rlx.quant.smooth",
+    "SmoothResult": "rlx.quant.smooth",
+    "canonical_weights": "rlx.quant.layers",
+    "VariantBuilder": "rlx.quant.mix",
 }
 
 __all__ = sorted(_LAZY)

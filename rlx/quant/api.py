@@ -63,6 +63,8 @@ import numpy as np
 from rlx.backends.cpu.calibrate import CalibrationMethod
 from rlx.errors import QuantizationError
 from rlx.ir.mir import Graph
+from rlx.ops.linalg import DotGeneral
+from rlx.ops.nn import Attention
 from rlx.ops.qmatmul import ActQuant
 from rlx.passes.pipeline import to_mir
 from rlx.quant.layers import (
@@ -175,6 +177,25 @@ def _check_args(
             f"dynamic_mode must be 's8' or 'u8', got {dynamic_mode!r}"
         ) from None
     return meth, mode
+
+
+def _float_compute(graph: Graph, layers: Sequence[Layer]) -> dict[str, str]:
+    """Products that are not layers and stay float, node label -> why: attention (its
+    activation x activation products run in the fused float attention kernel) and
+    matmul / dot_general whose operands are both computed."""
+    done = {ly.node for ly in layers}
+    out: dict[str, str] = {}
+    for node in graph.nodes:
+        if node.id in done:
+            continue
+        if isinstance(node.op, Attention):
+            out[node.label] = (
+                "activation x activation products (q k^T, probabilities x v): the fused "
+                "float attention kernel; there is no integer attention kernel"
+            )
+        elif isinstance(node.op, DotGeneral):
+            out[node.label] = "both operands are activations (no weight to quantize now)"
+    return out
 
 
 def _no_data(graph: Graph, why: str) -> QuantizationError:
@@ -330,6 +351,7 @@ def quantize(
     if convs:
         kept_float.update(conv_skipped)
     all_layers = layers + convs
+    float_compute = _float_compute(graph, all_layers)
     names = {ly.name for ly in all_layers} | {ly.node for ly in all_layers}
     excl = list(exclude)
     unknown = [e for e in excl if e not in names]
@@ -504,6 +526,7 @@ def quantize(
         methods=methods,
         smooth_alpha=smooth_alpha,
         smoothing={n: t for n, t in smooth_info.items() if n in modes},
+        float_compute=float_compute,
     )
     record = {n: entries[n] for n, m in modes.items() if m == "static"}
     return QuantizeResult(compiled, float_compiled, report, low, record, low_params)

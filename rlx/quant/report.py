@@ -152,6 +152,8 @@ class AccuracyReport:
     how it was quantized (``'static minmax u8 asymmetric (zero point 12), scale 0.01'``,
     ``'dynamic u8 per-row activations'``, with the SmoothQuant step when one applied);
     ``smoothing``: layer -> what SmoothQuant did or why it did not (``smooth_alpha`` set).
+    ``float_compute``: products that are not layers and stay float (attention, activation x
+    activation dot_general), node label -> why.
     """
 
     method: str
@@ -168,6 +170,7 @@ class AccuracyReport:
     methods: dict[str, str] = field(default_factory=dict)
     smooth_alpha: float | None = None
     smoothing: dict[str, str] = field(default_factory=dict)
+    float_compute: dict[str, str] = field(default_factory=dict)
 
     def method_counts(self) -> dict[str, int]:
         """How many layers got each kind of quantization ("static s8", "static u8",
@@ -231,4 +234,6 @@ class AccuracyReport:
                 continue
             head = f"{name} ({where})" if where and where not in why else name
             lines.append(f"  kept float: {head}: {why}")
+        for label, why in self.float_compute.items():
+            lines.append(f"  float compute: {label}: {why}")
         return "\n".join(lines)

@@ -160,6 +160,8 @@ def test_transposed_weights_and_dot_general_become_layers(no_calibration):
     assert len(r.graph.find(DynamicQMatMul)) == 3 and not r.graph.find(Transpose)
     assert len(r.graph.find(DotGeneral)) == 1  # the gram matrix
     assert sorted(r.report.quantized) == ["w2", "w3.T", "wt.T"]
+    (why,) = r.report.float_compute.values()  # the gram matrix, said in the report
+    assert "both operands are activations" in why and "float compute:" in str(r.report)
     xv = rng.standard_normal((6, 24)).astype(np.float32)
     outs = r.compiled.run({"x": xv})
     xq = np_rows(xv, "s8").astype(np.float64)

@@ -40,6 +40,9 @@ def test_every_matmul_is_integer(int8_encoder):
     rep = int8_encoder.quantization_report
     assert rep.activations == "dynamic" and len(rep.quantized) == 36 and not rep.kept_float
     assert set(rep.methods.values()) == {"dynamic u8 per-row activations"}
+    # attention's activation x activation products stay in the float attention kernel
+    assert len(rep.float_compute) == 6
+    assert all("attention" in why for why in rep.float_compute.values())
     graph = int8_encoder.compiled.program.source
     assert len(graph.find(DynamicQMatMul)) == 36 and not graph.find(MatMul)
 
