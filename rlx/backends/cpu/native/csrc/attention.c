@@ -104,87 +104,121 @@ typedef struct {
     int mrow_scalar;    /* the mask is one value per key for every row */
 } rows_t;
 
-/* scores of keys j0..j0+nb (their rows at kbase, kstride apart) for R row vectors into
- * st[j][i] (scaled, masked); returns the block max per row vector in bmax. */
-static inline __attribute__((always_inline)) void qk_block(
+/* NJ keys (rows kp[t]) against R row vectors of qt: scaled, masked scores into st[t][i]
+ * (st at the tile's first key), the running block max in bmax. */
+static inline __attribute__((always_inline)) void qk_tile(
     const att_args *a, const rows_t *rw, const float *qt, float *st, const float *kbase,
-    long kstride, long j0, long nb, long m, int R, int need_causal, vf *bmax) {
+    long kstride, long j, long m, int R, int NJ, int need_causal, const vf *iv, vf *bmax) {
     const long D = a->D;
     const long off = a->Skv - a->Sq;
     const long msk = a->msk;
     const vf scale = VSET1(a->scale);
     const vf ninf = VSET1(-INFINITY);
-    vf iv[RMAX];
-    for (int r = 0; r < R; r++) {
-        iv[r] = VLOAD(rw->iq + r * W);
-        bmax[r] = ninf;
-    }
-    long jj = 0;
-    for (; jj < nb; jj += QK_J) {
-        int nj = nb - jj < QK_J ? (int)(nb - jj) : QK_J;
-        const float *kp[QK_J];
-        for (int t = 0; t < QK_J; t++) kp[t] = kbase + (jj + (t < nj ? t : 0)) * kstride;
-        vf acc[QK_J][RMAX];
-        for (int t = 0; t < QK_J; t++)
-            for (int r = 0; r < R; r++) acc[t][r] = VZERO();
-        for (long d = 0; d < D; d++) {
-            vf qv[RMAX];
-            for (int r = 0; r < R; r++) qv[r] = VLOAD(qt + d * MB + r * W);
-            for (int t = 0; t < QK_J; t++) {
-                vf kb = VSET1(kp[t][d]);
-                for (int r = 0; r < R; r++) acc[t][r] = VFMA(kb, qv[r], acc[t][r]);
-            }
+    const float *kp[QK_J];
+    for (int t = 0; t < NJ; t++) kp[t] = kbase + t * kstride;
+    vf acc[QK_J][RMAX];
+    for (int t = 0; t < NJ; t++)
+        for (int r = 0; r < R; r++) acc[t][r] = VZERO();
+    for (long d = 0; d < D; d++) {
+        vf qv[RMAX];
+        for (int r = 0; r < R; r++) qv[r] = VLOAD(qt + d * MB + r * W);
+        for (int t = 0; t < NJ; t++) {
+            vf kb = VSET1(kp[t][d]);
+            for (int r = 0; r < R; r++) acc[t][r] = VFMA(kb, qv[r], acc[t][r]);
         }
-        for (int t = 0; t < nj; t++) {
-            long j = j0 + jj + t;
-            for (int r = 0; r < R; r++) {
-                vf s = VMUL(acc[t][r], scale);
-                if (rw->mbase != NULL) {
-                    if (rw->mrow_scalar) {
-                        s = VADD(s, VSET1(rw->mbase[j * msk]));
-                    } else {
-                        float tmp[W];
-                        for (int l = 0; l < W; l++) {
-                            long ii = r * W + l;
-                            tmp[l] = ii < m ? rw->mbase[rw->moff[ii] + j * msk] : 0.0f;
-                        }
-                        s = VADD(s, VLOAD(tmp));
+    }
+    for (int t = 0; t < NJ; t++) {
+        long jt = j + t;
+        for (int r = 0; r < R; r++) {
+            vf s = VMUL(acc[t][r], scale);
+            if (rw->mbase != NULL) {
+                if (rw->mrow_scalar) {
+                    s = VADD(s, VSET1(rw->mbase[jt * msk]));
+                } else {
+                    float tmp[W];
+                    for (int l = 0; l < W; l++) {
+                        long ii = r * W + l;
+                        tmp[l] = ii < m ? rw->mbase[rw->moff[ii] + jt * msk] : 0.0f;
                     }
+                    s = VADD(s, VLOAD(tmp));
                 }
-                if (need_causal) {
-                    /* hidden when i < j - off, or (sliding) i > j - off + window - 1 */
-                    s = VSEL_LT(iv[r], VSET1((float)(j - off)), s, ninf);
-                    if (a->mtype == MASK_SLIDING)
-                        s = VSEL_LT(VSET1((float)(j - off + a->window - 1)), iv[r], s, ninf);
-                }
-                VSTORE(st + (jj + t) * MB + r * W, s);
-                bmax[r] = VMAX(bmax[r], s);
             }
+            if (need_causal) {
+                /* hidden when i < j - off, or (sliding) i > j - off + window - 1 */
+                s = VSEL_LT(iv[r], VSET1((float)(jt - off)), s, ninf);
+                if (a->mtype == MASK_SLIDING)
+                    s = VSEL_LT(VSET1((float)(jt - off + a->window - 1)), iv[r], s, ninf);
+            }
+            VSTORE(st + t * MB + r * W, s);
+            bmax[r] = VMAX(bmax[r], s);
         }
     }
 }
 
-/* ot[d][i] += sum_j v[j,d] * st[j][i] for the nb keys of the block at vbase */
+/* scores of keys j0..j0+nb (their rows at kbase, kstride apart) for R row vectors into
+ * st[j][i] (scaled, masked); returns the block max per row vector in bmax. Tiles of
+ * QK_J keys, the last one as wide as the keys left (a compile-time width each). */
+static inline __attribute__((always_inline)) void qk_block(
+    const att_args *a, const rows_t *rw, const float *qt, float *st, const float *kbase,
+    long kstride, long j0, long nb, long m, int R, int need_causal, vf *bmax) {
+    vf iv[RMAX];
+    for (int r = 0; r < R; r++) {
+        iv[r] = VLOAD(rw->iq + r * W);
+        bmax[r] = VSET1(-INFINITY);
+    }
+    long jj = 0;
+    for (; jj + QK_J <= nb; jj += QK_J)
+        qk_tile(a, rw, qt, st + jj * MB, kbase + jj * kstride, kstride, j0 + jj, m, R, QK_J,
+                need_causal, iv, bmax);
+    const float *kb = kbase + jj * kstride;
+    float *sb = st + jj * MB;
+    switch ((int)(nb - jj)) {
+#define QK_TAIL(n)                                                                          \
+    case n:                                                                                 \
+        if (n < QK_J)                                                                       \
+            qk_tile(a, rw, qt, sb, kb, kstride, j0 + jj, m, R, n < QK_J ? n : 1, need_causal, \
+                    iv, bmax);                                                              \
+        break;
+        QK_TAIL(1) QK_TAIL(2) QK_TAIL(3) QK_TAIL(4) QK_TAIL(5) QK_TAIL(6) QK_TAIL(7)
+#undef QK_TAIL
+    default: break;
+    }
+}
+
+/* ot[d][i] += sum_j v[j,d] * st[j][i] for ND columns from d0 */
+static inline __attribute__((always_inline)) void pv_tile(
+    float *ot, const float *st, const float *vbase, long vstride, long nb, long d0, int R,
+    int ND) {
+    vf acc[PV_D][RMAX];
+    for (int t = 0; t < ND; t++)
+        for (int r = 0; r < R; r++) acc[t][r] = VLOAD(ot + (d0 + t) * MB + r * W);
+    for (long jj = 0; jj < nb; jj++) {
+        const float *vp = vbase + jj * vstride + d0;
+        vf pv[RMAX];
+        for (int r = 0; r < R; r++) pv[r] = VLOAD(st + jj * MB + r * W);
+        for (int t = 0; t < ND; t++) {
+            vf vb = VSET1(vp[t]);
+            for (int r = 0; r < R; r++) acc[t][r] = VFMA(vb, pv[r], acc[t][r]);
+        }
+    }
+    for (int t = 0; t < ND; t++)
+        for (int r = 0; r < R; r++) VSTORE(ot + (d0 + t) * MB + r * W, acc[t][r]);
+}
+
+/* ot[d][i] += sum_j v[j,d] * st[j][i] for the nb keys of the block at vbase: tiles of
+ * PV_D columns, the last one as wide as the columns left */
 static inline __attribute__((always_inline)) void pv_block(
     float *ot, const float *st, const float *vbase, long vstride, long nb, long D, int R) {
     long d = 0;
-    for (; d < D; d += PV_D) {
-        int nd = D - d < PV_D ? (int)(D - d) : PV_D;
-        vf acc[PV_D][RMAX];
-        for (int t = 0; t < PV_D; t++)
-            for (int r = 0; r < R; r++)
-                acc[t][r] = t < nd ? VLOAD(ot + (d + t) * MB + r * W) : VZERO();
-        for (long jj = 0; jj < nb; jj++) {
-            const float *vp = vbase + jj * vstride + d;
-            vf pv[RMAX];
-            for (int r = 0; r < R; r++) pv[r] = VLOAD(st + jj * MB + r * W);
-            for (int t = 0; t < PV_D; t++) {
-                vf vb = VSET1(vp[t < nd ? t : 0]);
-                for (int r = 0; r < R; r++) acc[t][r] = VFMA(vb, pv[r], acc[t][r]);
-            }
-        }
-        for (int t = 0; t < nd; t++)
-            for (int r = 0; r < R; r++) VSTORE(ot + (d + t) * MB + r * W, acc[t][r]);
+    for (; d + PV_D <= D; d += PV_D) pv_tile(ot, st, vbase, vstride, nb, d, R, PV_D);
+    switch ((int)(D - d)) {
+#define PV_TAIL(n)                                                                  \
+    case n:                                                                         \
+        if (n < PV_D) pv_tile(ot, st, vbase, vstride, nb, d, R, n < PV_D ? n : 1); \
+        break;
+        PV_TAIL(1) PV_TAIL(2) PV_TAIL(3) PV_TAIL(4) PV_TAIL(5) PV_TAIL(6) PV_TAIL(7)
+#undef PV_TAIL
+    default: break;
     }
 }
 
