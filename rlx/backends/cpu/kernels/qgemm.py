@@ -1,6 +1,8 @@
 """CPU kernels of the integer GEMMs with a fused epilogue: ``qmatmul`` (int8 / uint8
 activations, static scale) and ``dynamic_qmatmul`` (f32 / bf16 activations quantized per row
-inside the GEMM). In: the node and its arena views. Out: a closure writing the f32 result.
+inside the GEMM), ``dynamic_qbatch_matmul`` (two activations, batched) and ``qconv2d``
+(im2col of the integer input, then the same GEMM per group). In: the node and its arena
+views. Out: a closure writing the f32 result.
 
 Both run ``native.qgemm_lib`` (the best path the selected target holds, ``RLX_ISA``:
 AVX-512 VNNI, AVX2 or plain C) on ``KernelCtx.num_threads`` threads, with the whole
@@ -22,9 +24,12 @@ import numpy as np
 
 from rlx.backends.cpu import native
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
+from rlx.backends.cpu.kernels.seed import qconv2d_kernel as seed_qconv2d_kernel
 from rlx.errors import CompileError
 from rlx.ir.mir import Node
 from rlx.ops.core import Constant
+from rlx.ops.nn import _window_view
+from rlx.ops.qconv import QConv2d
 from rlx.ops.qmatmul import (
     ActQuant,
     DynamicQBatchMatMul,
@@ -38,6 +43,7 @@ __all__ = [
     "qmatmul_kernel",
     "dynamic_qmatmul_kernel",
     "dynamic_qbatch_matmul_kernel",
+    "qconv2d_kernel",
     "packed_weight",
 ]
 
@@ -258,5 +264,66 @@ def dynamic_qbatch_matmul_kernel(
         for p in preps:
             p()
         run_(a3, bt, y, a_mode=mode, alpha=alpha, num_threads=threads)
+
+    return run
+
+
+@kernel(QConv2d, KernelKind.NATIVE, supersedes=seed_qconv2d_kernel)
+def qconv2d_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """im2col of ``x_q`` (the border holds the zero point, a real 0) into int8 / uint8
+    scratch, then one native int8 GEMM per group with the f32 epilogue (scale, bias),
+    transposed into NCHW; the seed's exact f64 BLAS kernel without the native library."""
+    op: QConv2d = node.op  # type: ignore[assignment]
+    lib = _lib(ctx, node)
+    if lib is None:
+        return seed_qconv2d_kernel(node, ins, out, ctx)
+    x, w = ins[:2]
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    g, og = op.groups, o // op.groups
+    (pt, pb), (pl, pr) = op.padding
+    _, _, ho, wo = out.shape
+    length, kk = ho * wo, cg * kh * kw
+    xp = ctx.scratch((n, c, h + pt + pb, wd + pl + pr), x.dtype, node.id * 8 + 6)
+    inner = xp[:, :, pt : pt + h, pl : pl + wd]
+    zp = op.x_zero_point
+    win = _window_view(xp, (kh, kw), op.stride, op.dilation)  # [N,C,Ho,Wo,kh,kw]
+    cols = ctx.scratch((g, n * length, kk), x.dtype, node.id * 8 + 7)
+    srcs = [win[:, i * cg : (i + 1) * cg].transpose(0, 2, 3, 1, 4, 5) for i in range(g)]
+    dsts = [cols[i].reshape(n, ho, wo, cg, kh, kw) for i in range(g)]
+    tmp = ctx.scratch((g, n * length, og), _F32, node.id * 8 + 8)
+    ws = op.w_scale_vector(o)
+
+    def pack_all(wa: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [lib.pack(wa[i * og : (i + 1) * og].reshape(og, kk).T) for i in range(g)]
+
+    pack_all.__qualname__ = f"qconv2d.pack.{lib.isa.name}"
+    packed = packed_weight(ctx, node, 1, w, pack_all)
+    bias = None
+    preps: list[Callable[[], None]] = []
+    if op.has_bias:
+        bias, p = _as_f32(ins[2], (o,), ctx, node.id * 8 + 1)
+        preps += [p] if p is not None else []
+    outv = out.reshape(n, g, og, length)
+    threads, run_ = ctx.num_threads, lib.run
+    ctx.kind = KernelKind.NATIVE
+
+    def run() -> None:
+        for p in preps:
+            p()
+        xp.fill(zp)  # scratch is shared with other kernels: rewrite the border every run
+        np.copyto(inner, x)
+        pw = packed()
+        for i in range(g):
+            np.copyto(dsts[i], srcs[i])
+            sl = slice(i * og, (i + 1) * og)
+            run_(
+                cols[i], pw[i], og, a_zero_point=zp, a_scale=op.x_scale,  # type: ignore[index]
+                w_scales=ws[sl], bias=None if bias is None else bias[sl],
+                out_f32=tmp[i], num_threads=threads,
+            )  # fmt: skip
+            np.copyto(outv[:, i], tmp[i].reshape(n, length, og).transpose(0, 2, 1))
 
     return run
