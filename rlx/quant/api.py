@@ -391,7 +391,10 @@ def quantize(
         mm = [ly for ly in active if ly.kind == "matmul"]
         taps = sorted({ly.act for ly in mm})
         assert tee is not None
-        stats, n_cal = calibrate_taps(graph, taps, tee, np_params, meth, opts, channel_stats=True)
+        # per-channel max |x| is all smoothing needs: the cheap max-abs calibrator
+        stats, n_cal = calibrate_taps(
+            graph, taps, tee, np_params, CalibrationMethod.MAX_ABS, opts, channel_stats=True
+        )
         degenerate_taps(graph, mm, taps, stats)  # raises on non-finite-only data
         sm = smooth_graph(
             graph,
