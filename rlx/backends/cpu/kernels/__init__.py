@@ -24,14 +24,16 @@ native bf16/f16 paths; ``kernels.tensor``: reductions, norms, movement; ``kernel
 matmul, dot_general; ``kernels.nn``: attention, rope; ``kernels.conv``: conv, pool;
 ``kernels.fused``: fused ops and elementwise regions; ``kernels.region``: native
 generated elementwise regions; ``kernels.rows``: native row kernels and matmul
-epilogues; ``kernels.quant``: quantized matmuls; ``kernels.dequant``: the
+epilogues; ``kernels.quant``: quantize / dequantize; ``kernels.qgemm``: the integer
+GEMMs (qmatmul, dynamic_qmatmul, dynamic_qbatch_matmul, qconv2d on the int8 GEMM);
+``kernels.dequant``: the
 weight-only DequantMatMul on packed bytes; ``kernels.misc``: group_norm,
 scatter_add, fake_quantize, exclusive cumsum, integer division and power;
 ``kernels.fft``: fft; ``kernels.select``: topk; ``kernels.recurrent``: gated_delta_net;
 ``kernels.intmath``: integer matmul and dot_general; ``kernels.control``: If / While /
 Scan as compiled sub-programs; ``kernels.corners``: complex, bool and non-f32 quantize
 corners; ``kernels.seed``: selective_scan, the dense solves, grouped / LoRA matmuls,
-qconv2d, sample, custom_fn); ``load_kernels`` imports every module of
+qconv2d without the native library, sample, custom_fn); ``load_kernels`` imports every module of
 the package. Every built-in op has a factory here (``tests/cpu/test_kernel_coverage.py``):
 the reference kernel is for custom ops.
 """
