@@ -12,6 +12,8 @@ and MLP projections). Engines:
 * ``rlx int8 dyn``: a compiled graph ``dynamic_qmatmul(x, W_q, w_scales, bias)`` (u8
   per-row activations, per-channel int8 weights packed at compile time), at the native ISA
   (AVX-512 VNNI here) and with ``RLX_ISA=avx2`` (the AVX2 vpmaddwd path).
+* ``rlx int8 dyn (vnni, no amx)``: the same fused kernel called directly with AMX tiles
+  off (vpdpbusd), where the CPU has AMX-INT8.
 * ``rlx int8 gemm``: the native GEMM alone on pre-quantized u8 activations, int32 out (what
   MatMulInteger computes).
 * ``rlx f32``: a compiled graph ``linear(x, W, b)`` (auto and ``RLX_ISA=avx2``).
@@ -42,6 +44,7 @@ reexec_without_blas_pins()
 SHAPES = [(1024, 384, 384), (1024, 384, 1536), (1024, 1536, 384)]
 ENGINES = {
     "rlx int8 dyn": ("rlx_dyn", None),
+    "rlx int8 dyn (vnni, no amx)": ("rlx_dyn_vnni", None),
     "rlx int8 dyn (avx2)": ("rlx_dyn", "avx2"),
     "rlx int8 gemm": ("rlx_gemm", None),
     "rlx int8 gemm (avx2)": ("rlx_gemm", "avx2"),
@@ -106,6 +109,15 @@ def _engine(kind, threads, x, w, b, wq, ws):  # noqa: ANN001, ANN202
         err = float(np.abs(got - (x @ w + b)).max() / np.abs(x @ w + b).max())
         assert err < 0.05, f"{kind}: relative error {err}"
         return lambda: c.run(feeds)
+    if kind == "rlx_dyn_vnni":  # the kernel alone with AMX off (the VNNI vpdpbusd path)
+        from rlx.backends.cpu import native
+
+        lib = native.qgemm_lib()
+        packed = lib.pack(wq)
+        y = np.empty((m, n), np.float32)
+        return lambda: lib.run(
+            x, packed, n, mode=1, w_scales=ws, bias=b, out_f32=y, num_threads=threads, amx=False
+        )
     if kind == "rlx_gemm":
         from rlx.backends.cpu import native
 
@@ -244,6 +256,7 @@ def main() -> int:
     lines += ["", "Ratios (time / time, same run):", ""]
     pairs = [
         ("rlx int8 dyn", "rlx f32"),
+        ("rlx int8 dyn (vnni, no amx)", "rlx f32"),
         ("rlx int8 dyn (avx2)", "rlx f32 (avx2)"),
         ("rlx int8 dyn", "ORT DQMatMul"),
         ("rlx int8 dyn (avx2)", "ORT DQMatMul"),

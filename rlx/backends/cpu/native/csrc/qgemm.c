@@ -548,6 +548,12 @@ static void epilogue_row(const epi_t *e, const int32_t *ct, long m, long n0, lon
         }
         return;
     }
+    if (e->C && !e->Y) { /* int32 accumulators only */
+        const vi vcorr = VSETI(corr);
+        for (; c + VL <= cnt; c += VL)
+            VSTOREI(e->C + m * e->ldc + n0 + c,
+                    VISUB(VLOADI(ct + c), VIMUL(vcorr, VLOADI(e->colsum + n0 + c))));
+    }
 #endif
     for (; c < cnt; ++c) {
         long n = n0 + c;
