@@ -1,7 +1,8 @@
-"""The weight-only quantized matmul library (``csrc/dqgemm.c``). In: f32 activations
-``[M, K]`` and a weight packed in a :class:`~rlx.quant.schemes.QuantScheme` layout
-(``[N, ...]``, rows = output channels). Out: ``y = x @ dequant(w).T`` f32 ``[M, N]``
-computed from the packed bytes (:meth:`DqGemmLib.gemm`), the decoded weight
+"""The weight-only quantized matmul library (``csrc/dqgemm_decode.c``, ``dqgemm_rows.c``,
+``dqgemm.c``). In: f32 activations ``[M, K]`` and a weight packed in a
+:class:`~rlx.quant.schemes.QuantScheme` layout (``[N, ...]``, rows = output channels).
+Out: ``y = x @ dequant(w).T`` f32 ``[M, N]`` computed from the packed bytes
+(:meth:`DqGemmLib.gemm`, :meth:`DqGemmLib.bind`), the decoded weight
 (:meth:`DqGemmLib.decode`) and a streaming-read bandwidth probe
 (:meth:`DqGemmLib.stream_read`).
 
@@ -239,6 +240,17 @@ class DqGemmLib:
         return float(self.lib.rlx_dq_stream_read(_ptr(a), a.size, int(num_threads)))
 
 
+#: the C source, concatenated in this order (see the overview atop ``csrc/dqgemm.c``)
+SOURCES = ("dqgemm_decode.c", "dqgemm_rows.c", "dqgemm.c")
+
+
+def dqgemm_source() -> str:
+    """The library's C source: :data:`SOURCES` concatenated."""
+    from rlx.backends.cpu import native
+
+    return "\n".join((native.CSRC / f).read_text() for f in SOURCES)
+
+
 def dqgemm_lib(target: cpu.Target | None = None) -> DqGemmLib:
     """Build (cached) and load ``csrc/dqgemm.c`` for ``target`` (default: the selected
     one). CompileError without gcc or when the build fails."""
@@ -251,5 +263,5 @@ def _lib(target: cpu.Target) -> DqGemmLib:
 
     if not native.available():
         raise CompileError("the dequant-matmul kernel needs gcc, which is not on PATH")
-    source = (native.CSRC / "dqgemm.c").read_text()
+    source = dqgemm_source()
     return DqGemmLib(native.load(native.build(source, target, "dqgemm")), target)
