@@ -5,10 +5,15 @@ should run the node (the caller keeps its BLAS path).
 
 * **Weight products** (``weight_matmul``): a product whose right operand is one matrix
   packs it into NR-wide panels: at compile time when it is a Constant, once per param
-  change in a ``KernelCtx.prologue`` step when it changes only with the params
+  change (``KernelCtx.prologue_once``) when it changes only with the params
   (``KernelCtx.stable``: a param or a param-derived node of the prologue), every run
-  otherwise. Bias, activation (relu, gelu, gelu_tanh, silu), scale and a bf16 output are
-  applied as each output tile is finished (the C epilogue).
+  otherwise; the packed copy of a constant or stable weight is made once per compiled
+  graph (``KernelCtx.keep``) and shared by the schedules of every shape. Bias and
+  activation (relu, gelu, gelu_tanh, silu) are applied as each output tile is finished
+  (the C epilogue; it also has scale, residual and a bf16 output, for direct callers).
+* **Build**: ``prebuild`` (called by the executor before it builds a schedule) starts
+  gcc on the library in a background thread when the graph has an f32 product, so a
+  cold native cache builds it while the other kernels are built.
 * **Batched products** (``batched_matmul``): [B, M, K] x [B, K, N] with both operands
   activations (attention's q.k^T and p.v when they are not fused): each B packed per call
   from its strides (a transposed operand needs no copy), batches split over the threads.
