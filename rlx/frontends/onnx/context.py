@@ -39,7 +39,9 @@ class ImportState:
     consts: dict[str, np.ndarray] = field(default_factory=dict)
     graph_inputs: set[str] = field(default_factory=set)
     outer: ImportState | None = None  # the enclosing graph's state (If / Loop bodies)
-    captured: dict[str, int] = field(default_factory=dict)  # outer name -> body input id
+    captured: dict[str, int] = field(default_factory=dict)  # outer name -> operand index
+    base: int = 0  # a sub-graph's formal inputs (captures are numbered from here)
+    blocking: str | None = None  # the graph input that stopped the last fold()
 
     def has(self, name: str) -> bool:
         return (
@@ -53,8 +55,9 @@ class ImportState:
         graph's value becomes a captured input of this sub-graph)."""
         if name in self.ids:
             return self.ids[name]
-        if name in self.consts:
-            self.ids[name] = self.g.constant(self.consts[name])
+        c = self.const(name)
+        if c is not None:
+            self.ids[name] = self.g.constant(c)
             return self.ids[name]
         if self.outer is not None and self.outer.has(name):
             from rlx.frontends.onnx.control import capture
@@ -83,7 +86,11 @@ class ImportState:
                 continue
             seen.add(i)
             node = self.g.nodes[i]
-            if isinstance(node.op, Input | Param) or node.op.subgraphs():
+            if isinstance(node.op, Input):
+                self.blocking = node.op.name
+                return None
+            if isinstance(node.op, Param) or node.op.subgraphs():
+                self.blocking = None
                 return None
             order.append(i)
             stack.extend(node.inputs)
@@ -164,6 +171,14 @@ class NodeCtx:
         if v is not None:
             return v
         what = what or f"input {i}"
+        dep = self.st.blocking if name in self.st.ids else None
+        if dep is not None and dep in self.st.graph_inputs:
+            raise NeedsConstantError(
+                f"{node_label(self.node)}: {what} ({name!r}) must be known when importing "
+                f"(rlx compiles static shapes) and it is computed from graph input {dep!r}; "
+                f"pass that input's value in load(..., constant_inputs={{{dep!r}: array}})",
+                input_name=dep,
+            )
         if self.st.is_graph_input(name):
             raise NeedsConstantError(
                 f"{node_label(self.node)}: {what} ({name!r}) must be known when importing "

@@ -159,8 +159,9 @@ def scan_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelC
     steps = range(length - 1, -1, -1) if op.reverse else range(length)
     ys = j >= nc
     y_view = body.outputs[j]
-    # per step: the xs slices and the output slice, as views made once
-    plan = [([x[t] for x in xs], out[t] if ys else None) for t in steps]
+    # per step: the xs slices and the output slice, as views made once (``[t, ...]``: a
+    # 0-d view, where ``[t]`` of a 1-D array would be a NumPy scalar copy)
+    plan = [([x[t, ...] for x in xs], out[t, ...] if ys else None) for t in steps]
 
     def run() -> None:
         for c, x in zip(carries, ins[:nc], strict=True):

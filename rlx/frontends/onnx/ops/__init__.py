@@ -80,3 +80,4 @@ _MODULES = (
 )
 for _m in _MODULES:
     importlib.import_module(f"rlx.frontends.onnx.ops.{_m}")
+importlib.import_module("rlx.frontends.onnx.control")  # If / Loop / Scan

@@ -83,9 +83,7 @@ def mod(ctx: NodeCtx) -> int:
     r = bin_(g, B.MOD, a, b)  # fmod: the dividend's sign
     if ctx.attr("fmod", 0) == 1:
         return r
-    if dtype_of(g, a).is_float:
-        raise ctx.unsupported("Mod with fmod=0 needs an integer input")
-    if not dtype_of(g, a).is_signed:
+    if not dtype_of(g, a).is_float and not dtype_of(g, a).is_signed:
         return r
     zero = scalar(g, 0, r)
     fix = cmp(g, C.NE, cmp(g, C.LT, r, zero), cmp(g, C.LT, b, zero))

@@ -17,7 +17,7 @@ from rlx.ops.movement import Gather, Pad, Reshape, Slice, Transpose
 
 @converter("Range", since=11)
 def range_(ctx: NodeCtx) -> np.ndarray:
-    start, limit, delta = (np.asarray(ctx.value(i)) for i in range(3))
+    start, limit, delta = (np.asarray(ctx.value(i)).reshape(-1)[0] for i in range(3))
     dt = start.dtype
     n = max(math.ceil((float(limit) - float(start)) / float(delta)), 0)
     return (start + np.arange(n, dtype=dt) * delta).astype(dt)
