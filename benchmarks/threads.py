@@ -14,10 +14,11 @@ Measures, in one run:
    element) and on row kernels (layer norm over rows of 384, softmax over rows of 128),
    by size: where ``kernels.region.PARALLEL_MIN_WORK`` comes from;
 3. ``policy``: a 2-thread ``parallel for`` called back to back (16K and 262K elements),
-   an OpenBLAS sgemm on 2 threads alternating with it, and the CPU the process burns in
-   the 100 ms after its last team, for libgomp's default, ``GOMP_SPINCOUNT`` 1000 / 10000
-   (rlx's) and ``OMP_WAIT_POLICY=PASSIVE``: a fresh process per setting (libgomp reads
-   them once), rounds interleaved.
+   an OpenBLAS sgemm on 2 threads alternating with it, the CPU the process burns in
+   the 100 ms after its last team, and the MiniLM-sized encoder at 1x16 on 2 threads
+   (dozens of small teams per run), for ``GOMP_SPINCOUNT`` 300000 (libgomp's default),
+   1000 and 10000 (rlx's) and ``OMP_WAIT_POLICY=PASSIVE``: a fresh process per setting (libgomp
+   reads them once), rounds interleaved.
 
 Usage: ``python benchmarks/threads.py [--parts scaling,thresholds,policy] [--rounds 3]
 [--out BENCHMARKS_threads.md]``. OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are removed first.
@@ -40,7 +41,13 @@ from _common import ROOT, reexec_without_blas_pins, removed_blas_pins
 reexec_without_blas_pins()  # must happen before NumPy loads OpenBLAS
 
 SIZES = ((8, 128), (32, 128))
-POLICIES = ("default", "GOMP_SPINCOUNT=1000", "GOMP_SPINCOUNT=10000", "OMP_WAIT_POLICY=PASSIVE")
+#: libgomp's default spin is 300000 (set explicitly: with neither variable set rlx sets its own)
+POLICIES = (
+    "GOMP_SPINCOUNT=300000",
+    "GOMP_SPINCOUNT=1000",
+    "GOMP_SPINCOUNT=10000",
+    "OMP_WAIT_POLICY=PASSIVE",
+)
 
 
 # ---- workers (a fresh process each) -------------------------------------------------------
@@ -207,7 +214,32 @@ def policy_worker() -> dict[str, float]:
             lib.reg(x.ctypes.data, x.size, 2)
             ts.append(time.perf_counter() - t0)
     out["sgemm + region median us"] = statistics.median(ts) * 1e6
+    out.update(_small_encoder())
     return out
+
+
+def _small_encoder() -> dict[str, float]:
+    """The MiniLM-sized encoder at 1x16 on 2 threads (dozens of small teams a run)."""
+    import rlx
+    from rlx.models import synthetic
+    from rlx.runtime.options import CompileOptions
+
+    g = synthetic.encoder(batch=1, seq=16)
+    cg = rlx.Session("cpu").compile(
+        g, params=synthetic.random_params(g), options=CompileOptions(num_threads=2)
+    )
+    x = synthetic.random_inputs(g)
+    for _ in range(5):
+        cg.run(x)
+    ts = []
+    for _ in range(60):
+        t0 = time.perf_counter()
+        cg.run(x)
+        ts.append(time.perf_counter() - t0)
+    return {
+        "encoder 1x16 2t min ms": min(ts) * 1e3,
+        "encoder 1x16 2t median ms": statistics.median(ts) * 1e3,
+    }
 
 
 # ---- driver -----------------------------------------------------------------------------
@@ -297,9 +329,8 @@ def run_policy(rounds: int) -> list[str]:
     for r in range(rounds):
         for pol in POLICIES[r % len(POLICIES) :] + POLICIES[: r % len(POLICIES)]:
             env = {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": ""}
-            if pol != "default":
-                k, v = pol.split("=")
-                env[k] = v
+            k, v = pol.split("=")
+            env[k] = v
             got = _child(["policy", pol], env)
             res.setdefault(pol, []).append(got)  # type: ignore[arg-type]
             print(f"policy round {r + 1} {pol}: {got}", flush=True)

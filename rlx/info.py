@@ -8,7 +8,8 @@ prints and :meth:`Info.as_dict` what ``rlx info --json`` prints.
 Sections: rlx and Python; NumPy and the BLAS libraries it loaded (through threadpoolctl:
 kernel, version, threads); the CPU (model, the flags native code cares about); native code
 (the selected instruction-set target and why, gcc, OpenMP, the native cache directory and
-its size); the ``RLX_*`` settings in effect; threads. A part that cannot be determined
+its size); the ``RLX_*`` settings in effect; threads (the default count, the CPUs, the
+OpenMP wait policy). A part that cannot be determined
 (no gcc, an invalid ``RLX_*`` value, an unusable cache directory) says why in its line
 instead of failing the whole summary.
 """
@@ -181,7 +182,28 @@ def _threads() -> tuple[tuple[str, str], ...]:
         ("default", _safe(lambda: resolve_threads(None))),
         ("available cpus", _safe(config.available_cpus)),
         ("physical cores", _safe(config.physical_cores)),
+        ("openmp wait", _safe(_omp_wait)),
     )
+
+
+def _omp_wait() -> str:
+    """The OpenMP wait policy (see rlx.backends.cpu.native.set_wait_policy)."""
+    import os
+
+    from rlx.backends.cpu import native
+
+    rec = native.wait_policy()
+    if not rec:
+        user = {k: os.environ[k] for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ}
+        if user:
+            return f"the user's {user} (no native library loaded yet)"
+        return f"GOMP_SPINCOUNT={native.SPIN_COUNT} when the first native library loads"
+    how = "set by rlx" if rec["set_by_rlx"] else "the user's"
+    vals = ", ".join(f"{k}={rec[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if rec[k])
+    pre = ""
+    if rec["libgomp_preloaded"]:
+        pre = "; libgomp was loaded before rlx (its own settings apply)"
+    return f"{vals} ({how}){pre}"
 
 
 def info() -> Info:

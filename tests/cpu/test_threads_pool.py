@@ -277,3 +277,9 @@ def test_team_chunks_cover_every_row_once(rows: int, width: int, threads_: int) 
         outs.append(out)
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_array_equal(outs[1], x * np.float32(3.0) + bias)
+
+
+def test_info_names_the_wait_policy() -> None:
+    text = str(rlx.info())
+    line = next(ln for ln in text.splitlines() if "openmp wait" in ln)
+    assert "GOMP_SPINCOUNT" in line or "OMP_WAIT_POLICY" in line
