@@ -86,9 +86,16 @@ def cache_dir() -> Path:
     """RLX_CACHE_DIR, or ``~/.cache/rlx`` when unset or empty. Always absolute: a
     relative value is taken relative to the working directory at the time of the call."""
     raw = os.environ.get("RLX_CACHE_DIR", "").strip()
-    if not raw:
-        return Path.home() / ".cache" / "rlx"
-    return Path(raw).expanduser().absolute()
+    cwd = os.getcwd() if raw and not raw.startswith(("/", "~")) else ""
+    key = (raw, os.environ.get("HOME"), cwd)  # memoized: kernel builds ask often
+    got = _CACHE_DIRS.get(key)
+    if got is None:
+        got = Path(raw).expanduser().absolute() if raw else Path.home() / ".cache" / "rlx"
+        _CACHE_DIRS[key] = got
+    return got
+
+
+_CACHE_DIRS: dict[tuple[str, str | None, str], Path] = {}
 
 
 def num_threads() -> int | None:

@@ -103,18 +103,20 @@ def test_encode_batches_and_buckets(tiny_dirs):
     outs = list(enc.encode_batches([texts[:2], [], texts[2:]]))
     assert [o.shape for o in outs] == [(2, 32), (0, 32), (3, 32)]
     assert np.abs(np.concatenate(outs) - ref).max() <= 1e-5
-    # buckets (16, 24 = max_length here): a corpus of many lengths needs few plans
+    # buckets (multiples of 8 up to 24 = max_length here): many lengths, few plans
     corpus = [" ".join(["cat"] * n) for n in range(1, 30)]
-    assert enc.buckets == (16, 24)
+    assert enc.buckets == (8, 16, 24)
     before = {tuple(sorted(p.items())) for p in enc.compiled.shape_plans}
     enc.encode(corpus, batch_size=4)
     new = {tuple(sorted(p.items())) for p in enc.compiled.shape_plans} - before
-    # 8 batches, longest first: 4 x 24 tokens, 4 x 16, and the last single text x 16
-    assert {dict(p)["seq"] for p in new} <= {16, 24}
+    # 8 batches, longest first (n + 2 tokens, at most 24): 4 x 24 (four batches), 4 x 16
+    # (two), 4 x 8 (one) and the last single text x 8
+    assert {dict(p)["seq"] for p in new} <= {8, 16, 24}
     assert new == {
         (("batch", 4), ("seq", 24)),
         (("batch", 4), ("seq", 16)),
-        (("batch", 1), ("seq", 16)),
+        (("batch", 4), ("seq", 8)),
+        (("batch", 1), ("seq", 8)),
     }
 
 

@@ -111,7 +111,13 @@ def target_spec(target: Target, flags: frozenset[str] | None = None) -> TargetSp
     """``target``'s gcc flags on a CPU with ``flags`` (default: this CPU). VNNI and BF16
     are added to AVX512 only when ``flags`` has them."""
     f = cpu_flags() if flags is None else flags
-    if not _x86_64():
+    return _target_spec(target, f, _x86_64())
+
+
+@functools.lru_cache(maxsize=64)
+def _target_spec(target: Target, f: frozenset[str], x86_64: bool) -> TargetSpec:
+    """:func:`target_spec` (memoized: kernel factories ask for it on every schedule)."""
+    if not x86_64:
         if target is not Target.PORTABLE:
             raise ConfigError(
                 f"RLX_ISA={target.value}: target {target.name} exists only on x86-64, "
@@ -131,9 +137,14 @@ def target_spec(target: Target, flags: frozenset[str] | None = None) -> TargetSp
 def runnable_targets(flags: frozenset[str] | None = None) -> list[Target]:
     """Every target a CPU with ``flags`` (default: this CPU) runs, best last."""
     f = cpu_flags() if flags is None else flags
-    if not _x86_64():
-        return [Target.PORTABLE]
-    return [t for t in Target if target_spec(t, f).requires <= f]
+    return list(_runnable(f, _x86_64()))
+
+
+@functools.lru_cache(maxsize=16)
+def _runnable(f: frozenset[str], x86_64: bool) -> tuple[Target, ...]:
+    if not x86_64:
+        return (Target.PORTABLE,)
+    return tuple(t for t in Target if _target_spec(t, f, x86_64).requires <= f)
 
 
 def _missing(target: Target, f: frozenset[str]) -> list[str]:
