@@ -77,6 +77,7 @@ _MODULES = (
     "attention",
     "loss",
     "resize",
+    "signal",
 )
 for _m in _MODULES:
     importlib.import_module(f"rlx.frontends.onnx.ops.{_m}")

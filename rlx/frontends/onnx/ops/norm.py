@@ -25,15 +25,36 @@ def _per_channel(g, v: int, rank: int) -> int:  # noqa: ANN001
 @converter("BatchNormalization", since=7)
 @in_f32
 def batch_norm(ctx: NodeCtx) -> int:
-    if ctx.attr("training_mode", 0):
-        raise ctx.unsupported("training_mode=1 (batch statistics) is not imported")
     g, x = ctx.g, ctx.x(0)
     r = ctx.shape(x).rank
+    if ctx.attr("training_mode", 0):
+        return _batch_norm_training(ctx, x, r)
     scale, bias, mean, var = (_per_channel(g, ctx.x(i), r) for i in (1, 2, 3, 4))
     eps = scalar(g, ctx.attr("epsilon", 1e-5), x)
     inv = un(g, U.RSQRT, bin_(g, B.ADD, var, eps))
     y = bin_(g, B.MUL, bin_(g, B.SUB, x, mean), bin_(g, B.MUL, inv, scale))
     return bin_(g, B.ADD, y, bias)
+
+
+def _batch_norm_training(ctx: NodeCtx, x: int, r: int) -> list[int]:
+    """Batch statistics (population variance) and the momentum-updated running stats."""
+    g = ctx.g
+    axes = (0, *range(2, r))
+    mean = g.apply(Reduce(ReduceKind.MEAN, axes, True), [x])
+    d = bin_(g, B.SUB, x, mean)
+    var = g.apply(Reduce(ReduceKind.MEAN, axes, True), [bin_(g, B.MUL, d, d)])
+    scale, bias = (_per_channel(g, ctx.x(i), r) for i in (1, 2))
+    inv = un(g, U.RSQRT, bin_(g, B.ADD, var, scalar(g, ctx.attr("epsilon", 1e-5), x)))
+    y = bin_(g, B.ADD, bin_(g, B.MUL, d, bin_(g, B.MUL, inv, scale)), bias)
+    c = ctx.shape(x).dims[1]
+    m = float(ctx.attr("momentum", 0.9))
+    mean1, var1 = g.apply(Reshape((c,)), [mean]), g.apply(Reshape((c,)), [var])
+
+    def run(old: int, new: int) -> int:
+        a = bin_(g, B.MUL, old, scalar(g, m, old))
+        return bin_(g, B.ADD, a, bin_(g, B.MUL, new, scalar(g, 1 - m, new)))
+
+    return [y, run(ctx.x(3), mean1), run(ctx.x(4), var1)]
 
 
 def _flat_norm(ctx: NodeCtx, rms: bool) -> list[int | None]:
