@@ -1,4 +1,4 @@
-"""The int8 GEMM library (``csrc/qgemm.c``). In: int8 / uint8 activations (or f32 / bf16
+"""The int8 GEMM library (``csrc/qgemm.c``, ``qgemm_epilogue.c``, ``qgemm_run.c``). In: int8 / uint8 activations (or f32 / bf16
 rows it quantizes per row itself) and int8 weights. Out: int32 accumulators and / or f32
 results through the fused epilogue (row x channel scale, bias, activation, residual), via
 :class:`QGemmLib` (pack a weight once, then run GEMMs).
@@ -26,6 +26,8 @@ _P = ctypes.c_void_p
 _L = ctypes.c_long
 _I = ctypes.c_int
 
+#: The C sources, joined in this order into one translation unit.
+SOURCES = ("qgemm.c", "qgemm_epilogue.c", "qgemm_run.c")
 #: Epilogue activation -> the C ``act`` code (``UnaryKind`` values of EPILOGUE_ACTS).
 ACT_CODES: dict[str | None, int] = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 #: Activation dtype -> the C ``a_kind`` code (int8 / uint8 static, f32 / bf16 dynamic).
@@ -45,7 +47,7 @@ def _aligned_bytes(nbytes: int, align: int = 64) -> np.ndarray:
 
 
 class QGemmLib:
-    """Typed wrapper over ``csrc/qgemm.c``: pack a weight once, then run GEMMs."""
+    """Typed wrapper over the ``csrc/qgemm*.c`` library: pack a weight once, then run GEMMs."""
 
     def __init__(self, lib: ctypes.CDLL, isa: Isa):
         self.lib = lib
@@ -325,5 +327,5 @@ def qgemm_lib(isa: Isa | None = None) -> QGemmLib:
 def _qgemm_lib(isa: Isa, target: cpu.Target) -> QGemmLib:
     from rlx.backends.cpu import native
 
-    source = (native.CSRC / "qgemm.c").read_text()
+    source = "\n".join((native.CSRC / f).read_text() for f in SOURCES)
     return QGemmLib(native.load(native.build(source, isa, "qgemm", target=target)), isa)
