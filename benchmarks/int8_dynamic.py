@@ -227,6 +227,10 @@ def main() -> int:
         runs = results.get((name, th), [])
         return float(np.median([r[shape] for r in runs])) if runs else float("nan")
 
+    def best(name: str, th: int, shape: str) -> float:
+        runs = results.get((name, th), [])
+        return float(min(r[shape] for r in runs)) if runs else float("nan")
+
     from rlx.info import cpu_model
 
     shapes = [f"{m}x{k}x{n}" for m, k, n in SHAPES]
@@ -253,7 +257,14 @@ def main() -> int:
                 + " | ".join(f"{med(name, th, s) * 1e3:.2f}" for s in shapes)
                 + " |"
             )
-    lines += ["", "Ratios (time / time, same run):", ""]
+    lines += ["", "Best over the rounds (the least disturbed process; same layout):", ""]
+    lines.append("| engine | threads | " + " | ".join(f"{s} ms" for s in shapes) + " |")
+    lines.append("|---|---:|" + "---:|" * len(shapes))
+    for name in names:
+        for th in args.threads:
+            cells = " | ".join(f"{best(name, th, s) * 1e3:.2f}" for s in shapes)
+            lines.append(f"| {name} | {th} | {cells} |")
+    lines += ["", "Ratios of the medians (time / time, same run):", ""]
     pairs = [
         ("rlx int8 dyn", "rlx f32"),
         ("rlx int8 dyn (vnni, no amx)", "rlx f32"),
