@@ -9,6 +9,7 @@ import math
 
 from rlx.frontends.onnx.context import NodeCtx
 from rlx.frontends.onnx.ops import converter
+from rlx.frontends.onnx.ops.pool import window_pool
 from rlx.frontends.onnx.ops.util import bin_, scalar, un
 from rlx.ops.elementwise import BinaryKind as B
 from rlx.ops.elementwise import UnaryKind as U
@@ -90,20 +91,23 @@ def _ceil_extra(n: int, k: int, s: int, lo: int, hi: int, d: int = 1) -> int:
 def pool(ctx: NodeCtx) -> int:
     g, x = ctx.g, ctx.x(0)
     k = [int(v) for v in ctx.attr("kernel_shape")]
-    if len(k) not in (1, 2):
-        raise ctx.unsupported(f"{len(k)}-D pooling (rlx pools 1-D and 2-D)")
+    if len(k) not in (1, 2, 3):
+        raise ctx.unsupported(f"{len(k)}-D pooling")
     if len([o for o in ctx.node.output if o]) > 1:
         raise ctx.unsupported("MaxPool's Indices output")
     dims = ctx.shape(x).dims
     strides, dil, pads = _spatial(ctx, dims, k)
-    if any(d != 1 for d in dil):
-        raise ctx.unsupported(f"dilated pooling (dilations {dil})")
+    avg = ctx.node.op_type == "AveragePool"
+    ceil, cip = bool(ctx.attr("ceil_mode", 0)), bool(ctx.attr("count_include_pad", 0))
+    if len(k) == 3 or any(d != 1 for d in dil) or (ceil and cip and avg) or any(
+        lo >= kk or hi >= kk for (lo, hi), kk in zip(pads, k, strict=True)
+    ):
+        return window_pool(ctx, x, "avg" if avg else "max", k, strides, dil, pads, ceil, cip)
     if ctx.attr("ceil_mode", 0):
         pads = [
             (lo, hi + _ceil_extra(int(n), kk, s, lo, hi))
             for n, kk, s, (lo, hi) in zip(dims[2:], k, strides, pads, strict=True)
         ]
-    avg = ctx.node.op_type == "AveragePool"
     if avg and ctx.attr("count_include_pad", 0) and any(lo or hi for lo, hi in pads):
         if ctx.attr("ceil_mode", 0):
             raise ctx.unsupported("AveragePool with both ceil_mode and count_include_pad")
@@ -131,11 +135,12 @@ def lp_pool(ctx: NodeCtx) -> int:
     g, x = ctx.g, ctx.x(0)
     p = float(ctx.attr("p", 2))
     k = [int(v) for v in ctx.attr("kernel_shape")]
-    if len(k) not in (1, 2):
+    if len(k) not in (1, 2, 3):
         raise ctx.unsupported(f"{len(k)}-D pooling")
     strides, dil, pads = _spatial(ctx, ctx.shape(x).dims, k)
-    if any(d != 1 for d in dil) or ctx.attr("ceil_mode", 0):
-        raise ctx.unsupported("LpPool with dilations or ceil_mode")
+    if len(k) == 3 or any(d != 1 for d in dil) or ctx.attr("ceil_mode", 0):
+        ceil = bool(ctx.attr("ceil_mode", 0))
+        return window_pool(ctx, x, "lp", k, strides, dil, pads, ceil, True, p)
     xp = bin_(g, B.POW, un(g, U.ABS, x), scalar(g, p, x))
     if any(lo or hi for lo, hi in pads):
         xp = g.apply(Pad(((0, 0), (0, 0), *pads), 0.0), [xp])
