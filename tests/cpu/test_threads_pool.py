@@ -91,21 +91,41 @@ _POLICY_SCRIPT = (
 )
 
 
-def _policy_run(env_extra: dict[str, str], first: str = "") -> tuple[dict, str]:
+_POLICY_CASES: dict[str, tuple[dict[str, str], str]] = {
+    "default": ({}, ""),
+    "active": ({"OMP_WAIT_POLICY": "ACTIVE"}, ""),
+    "passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, ""),
+    "spin123": ({"GOMP_SPINCOUNT": "123"}, ""),
+    "preloaded": ({}, "import ctypes; ctypes.CDLL('libgomp.so.1')\n"),
+}
+
+
+@pytest.fixture(scope="module")
+def policy_runs() -> dict[str, tuple[dict, str]]:
+    """Each case of _POLICY_CASES in its own fresh process, all started at once."""
     import json
     import os
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    env.update(env_extra)
-    r = subprocess.run(
-        [sys.executable, "-c", first + _POLICY_SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(r.stdout.splitlines()[0]), r.stdout + r.stderr
+    procs = {}
+    for name, (extra, first) in _POLICY_CASES.items():
+        env = {
+            k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+        }
+        env.update(extra)
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-c", first + _POLICY_SCRIPT],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    out = {}
+    for name, pr in procs.items():
+        so, se = pr.communicate(timeout=120)
+        assert pr.returncode == 0, se
+        out[name] = (json.loads(so.splitlines()[0]), so + se)
+    return out
 
 
 needs_openmp = pytest.mark.skipif(
@@ -113,9 +133,10 @@ needs_openmp = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow  # fresh processes (libgomp reads its variables once)
 @needs_openmp
-def test_wait_policy_short_spin_by_default() -> None:
-    rec, text = _policy_run({})
+def test_wait_policy_short_spin_by_default(policy_runs: dict) -> None:
+    rec, text = policy_runs["default"]
     assert rec == {
         "libgomp_preloaded": False,
         "set_by_rlx": True,
@@ -125,26 +146,28 @@ def test_wait_policy_short_spin_by_default() -> None:
     assert f"GOMP_SPINCOUNT = '{native.SPIN_COUNT}'" in text  # what libgomp itself uses
 
 
+@pytest.mark.slow  # fresh processes (libgomp reads its variables once)
 @needs_openmp
 @pytest.mark.parametrize(
-    ("env", "shown"),
+    ("case", "shown"),
     [
-        ({"OMP_WAIT_POLICY": "ACTIVE"}, "OMP_WAIT_POLICY = 'ACTIVE'"),
-        ({"OMP_WAIT_POLICY": "PASSIVE"}, "GOMP_SPINCOUNT = '0'"),
-        ({"GOMP_SPINCOUNT": "123"}, "GOMP_SPINCOUNT = '123'"),
+        ("active", "OMP_WAIT_POLICY = 'ACTIVE'"),
+        ("passive", "GOMP_SPINCOUNT = '0'"),
+        ("spin123", "GOMP_SPINCOUNT = '123'"),
     ],
 )
-def test_wait_policy_the_users_setting_wins(env: dict[str, str], shown: str) -> None:
-    rec, text = _policy_run(env)
+def test_wait_policy_the_users_setting_wins(policy_runs: dict, case: str, shown: str) -> None:
+    rec, text = policy_runs[case]
     assert rec["set_by_rlx"] is False
     assert shown in text
-    for k, v in env.items():
+    for k, v in _POLICY_CASES[case][0].items():
         assert rec[k] == v
 
 
+@pytest.mark.slow  # fresh processes (libgomp reads its variables once)
 @needs_openmp
-def test_wait_policy_records_a_libgomp_loaded_before_rlx() -> None:
-    rec, text = _policy_run({}, first="import ctypes; ctypes.CDLL('libgomp.so.1')\n")
+def test_wait_policy_records_a_libgomp_loaded_before_rlx(policy_runs: dict) -> None:
+    rec, text = policy_runs["preloaded"]
     assert rec["libgomp_preloaded"] is True
     assert "GOMP_SPINCOUNT = '300000'" in text  # libgomp's default: it read the env first
 
@@ -283,3 +306,30 @@ def test_info_names_the_wait_policy() -> None:
     text = str(rlx.info())
     line = next(ln for ln in text.splitlines() if "openmp wait" in ln)
     assert "GOMP_SPINCOUNT" in line or "OMP_WAIT_POLICY" in line
+
+
+@needs_gcc
+@pytest.mark.usefixtures("_restore_blas")
+def test_blas_pinned_to_one_thread_when_rlx_sgemm_runs_the_matmuls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if not _blas_threads():
+        pytest.skip("threadpoolctl finds no BLAS library")
+    monkeypatch.setenv("RLX_SGEMM", "native")
+    g = rlx.Graph("own_gemm")
+    x = g.input("x", (64, 96))
+    w, b = g.param("w", (96, 48)), g.param("b", (48,))
+    g.set_outputs([g.gelu(g.add(g.matmul(x, w), b))])
+    rng = np.random.default_rng(3)
+    params = {"w": rng.standard_normal((96, 48)).astype(np.float32), "b": np.ones(48, np.float32)}
+    xv = rng.standard_normal((64, 96)).astype(np.float32)
+    n = threads.resolve_threads(None)
+    threads.ensure_blas_threads(n, force=True)
+    cg = Session("cpu").compile(g, params=params, options=CompileOptions(num_threads=n))
+    (got,) = cg.run({"x": xv})
+    notes = " ".join(x for k in cg.report().kernels for x in k.notes)
+    assert "rlx sgemm" in notes and not threads.calls_blas(cg.report().kernels)
+    assert _blas_threads() == {1}
+    from rlx.backends.reference import evaluate
+
+    np.testing.assert_allclose(got, evaluate(g, {"x": xv}, params)[0], rtol=1e-4, atol=1e-4)
