@@ -27,6 +27,7 @@ _MODULES = (
     "indexing",  # gather_elements, scatter_elements, gather_nd, scatter_nd
     "bitwise",  # bitwise and / or / xor / shifts, bitwise_not
     "trig",  # tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh
+    "cumulative",  # cumprod
 )
 for _m in _MODULES:
     importlib.import_module(f"rlx.ops.{_m}")

@@ -91,3 +91,23 @@ def test_trig_bf16_rounds_once_and_out_of_domain_is_nan() -> None:
     out = _both(Trig(TrigKind.ASIN), x)
     assert float(out[0]) == float(np.float32(math.asin(0.5)).astype(rlx.DType.BF16.np))
     assert np.isnan(float(out[1]))
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.int64, np.float64])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_cumprod_matches_a_loop(dt, reverse: bool, exclusive: bool) -> None:  # noqa: ANN001
+    from rlx.ops.cumulative import CumProd
+
+    x = RNG.integers(-3, 4, size=(2, 5)).astype(dt)
+    out = _both(CumProd(1, reverse, exclusive), x)
+    for i in range(2):
+        order = list(range(5))[::-1] if reverse else list(range(5))
+        acc = 1
+        for j in order:
+            if exclusive:
+                assert out[i, j] == acc
+                acc *= x[i, j]
+            else:
+                acc *= x[i, j]
+                assert out[i, j] == acc

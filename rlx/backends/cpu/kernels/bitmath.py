@@ -1,5 +1,5 @@
-"""Kernels of the bitwise ops (``Bitwise``, ``BitwiseNot``) and ``Trig``: NumPy ufuncs
-writing into the arena view (16-bit float trig computed in f32 and rounded once)."""
+"""Kernels of the bitwise ops (``Bitwise``, ``BitwiseNot``), ``Trig`` and ``CumProd``: NumPy
+ufuncs writing into the arena view (16-bit float trig computed in f32, rounded once)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import numpy as np
 
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel
 from rlx.ops.bitwise import Bitwise, BitwiseKind, BitwiseNot, bitwise
+from rlx.ops.cumulative import CumProd, cumprod
 from rlx.ops.trig import TRIG_FNS, Trig
 
 if TYPE_CHECKING:
     from rlx.ir.mir import Node
 
-__all__ = ["bitwise_kernel", "bitwise_not_kernel", "trig_kernel"]
+__all__ = ["bitwise_kernel", "bitwise_not_kernel", "trig_kernel", "cumprod_kernel"]
 
 _UFUNC = {BitwiseKind.AND: np.bitwise_and, BitwiseKind.OR: np.bitwise_or,
           BitwiseKind.XOR: np.bitwise_xor}  # fmt: skip
@@ -60,3 +61,21 @@ def trig_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelC
             np.copyto(out, f(x.astype(np.float32)), casting="unsafe")
 
     return run_lowp
+
+
+@kernel(CumProd)
+def cumprod_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
+    """``np.cumprod`` into ``out`` (flipped views for ``reverse``); exclusive products and
+    16-bit floats go through the op's twin."""
+    (x,) = ins
+    op: CumProd = node.op  # type: ignore[assignment]
+    ax = op.axis % x.ndim
+    if not op.exclusive and x.dtype.kind in "iu" or x.dtype in (np.float32, np.float64):
+        if not op.exclusive:
+            src, dst = (np.flip(x, ax), np.flip(out, ax)) if op.reverse else (x, out)
+            return lambda: np.cumprod(src, axis=ax, dtype=x.dtype, out=dst)
+
+    def run() -> None:
+        np.copyto(out, cumprod(x, op.axis, op.reverse, op.exclusive), casting="unsafe")
+
+    return run

@@ -99,8 +99,11 @@ def pool(ctx: NodeCtx) -> int:
     strides, dil, pads = _spatial(ctx, dims, k)
     avg = ctx.node.op_type == "AveragePool"
     ceil, cip = bool(ctx.attr("ceil_mode", 0)), bool(ctx.attr("count_include_pad", 0))
-    if len(k) == 3 or any(d != 1 for d in dil) or (ceil and cip and avg) or any(
-        lo >= kk or hi >= kk for (lo, hi), kk in zip(pads, k, strict=True)
+    if (
+        len(k) == 3
+        or any(d != 1 for d in dil)
+        or (ceil and cip and avg)
+        or any(lo >= kk or hi >= kk for (lo, hi), kk in zip(pads, k, strict=True))
     ):
         return window_pool(ctx, x, "avg" if avg else "max", k, strides, dil, pads, ceil, cip)
     if ctx.attr("ceil_mode", 0):

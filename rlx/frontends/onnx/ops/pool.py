@@ -80,5 +80,3 @@ def _outer(per_axis: list[np.ndarray]) -> np.ndarray:
     for m in per_axis:
         out = out[..., None, None] & m
     return out
-
-

@@ -10,6 +10,7 @@ from rlx.dtype import DType
 from rlx.frontends.onnx.context import NodeCtx
 from rlx.frontends.onnx.ops import converter
 from rlx.frontends.onnx.ops.util import axis_of, bin_, cast, cmp, dtype_of, scalar, un
+from rlx.ops.cumulative import CumProd
 from rlx.ops.elementwise import BinaryKind as B
 from rlx.ops.elementwise import CompareKind as C
 from rlx.ops.elementwise import UnaryKind as U
@@ -174,4 +175,12 @@ def cumsum(ctx: NodeCtx) -> int:
     x = ctx.x(0)
     ax = axis_of(ctx.ints(1, "axis")[0], ctx.shape(x).rank)
     op = Cumsum(ax, bool(ctx.attr("reverse", 0)), bool(ctx.attr("exclusive", 0)))
+    return ctx.g.apply(op, [x])
+
+
+@converter("CumProd", since=26)
+def cumprod(ctx: NodeCtx) -> int:
+    x = ctx.x(0)
+    ax = axis_of(ctx.ints(1, "axis")[0], ctx.shape(x).rank)
+    op = CumProd(ax, bool(ctx.attr("reverse", 0)), bool(ctx.attr("exclusive", 0)))
     return ctx.g.apply(op, [x])

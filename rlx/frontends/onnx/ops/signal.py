@@ -87,5 +87,3 @@ def lrn(ctx: NodeCtx) -> int:
     alpha, beta, bias = ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75), ctx.attr("bias", 1.0)
     d = bin_(g, B.ADD, bin_(g, B.MUL, ssum, scalar(g, alpha / size, x)), scalar(g, bias, x))
     return bin_(g, B.DIV, x, bin_(g, B.POW, d, scalar(g, beta, x)))
-
-
