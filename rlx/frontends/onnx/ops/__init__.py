@@ -78,6 +78,7 @@ _MODULES = (
     "loss",
     "resize",
     "signal",
+    "rnn",
 )
 for _m in _MODULES:
     importlib.import_module(f"rlx.frontends.onnx.ops.{_m}")
