@@ -42,7 +42,7 @@ from rlx.dtype import DType
 from rlx.ir.mir import Graph, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import UNARY_FNS, UnaryKind
-from rlx.ops.quant import QUANT_RANGES, _scales, _short
+from rlx.ops.quant import QUANT_RANGES, _scales, _short, quantize_array
 from rlx.shape import Shape
 
 __all__ = [
@@ -241,6 +241,10 @@ class QMatMul(IntEpilogueOp):
 
     Inputs: ``x_q`` I8 or U8 ``[..., K]`` (per-tensor activation quantization), ``w_q`` I8
     ``[K, N]``, then the optional ``bias [N]`` and ``residual``. Output f32.
+
+    With ``x_dtype`` (I8 or U8) the first input is the float activation itself and the op
+    quantizes it first, exactly as ``quantize(x, x_scale, x_zero_point, dtype=x_dtype)``
+    (what ``fuse_quant_epilogue`` makes of a quantize feeding a qmatmul).
     """
 
     mnemonic: ClassVar[str] = "qmatmul"
@@ -251,15 +255,28 @@ class QMatMul(IntEpilogueOp):
     has_bias: bool = False
     act: UnaryKind | None = None
     has_residual: bool = False
+    x_dtype: DType | None = None
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
         x, w = ins[0], ins[1]
-        expect(
-            x.dtype in (DType.I8, DType.U8) and x.rank >= 1,
-            self,
-            f"x_q must be i8 or u8 of rank >= 1, got {x}",
-        )
-        self.check_x_quant(x.dtype)
+        if self.x_dtype is None:
+            expect(
+                x.dtype in (DType.I8, DType.U8) and x.rank >= 1,
+                self,
+                f"x_q must be i8 or u8 of rank >= 1, got {x}",
+            )
+        else:
+            expect(
+                self.x_dtype in (DType.I8, DType.U8),
+                self,
+                f"x_dtype must be i8 or u8 (or None), got {self.x_dtype}",
+            )
+            expect(
+                x.dtype.is_float and x.rank >= 1,
+                self,
+                f"with x_dtype={self.x_dtype} x must be float of rank >= 1, got {x}",
+            )
+        self.check_x_quant(self.x_dtype or x.dtype)
         n = self.check_weight(x, w)
         out = Shape((*x.dims[:-1], n), DType.F32)
         self.check_epilogue(ins, out, n)
@@ -267,6 +284,9 @@ class QMatMul(IntEpilogueOp):
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         x, w = xs[0], xs[1]
+        if self.x_dtype is not None:
+            lo, hi = QUANT_RANGES[self.x_dtype]
+            x = quantize_array(x, (self.x_scale,), (self.x_zero_point,), None, lo, hi)
         acc = np.matmul(x.astype(np.int64) - self.x_zero_point, w.astype(np.int64))
         y = acc.astype(np.float32) * self.combined_scales(w.shape[1])
         return self.epilogue(y, xs)
@@ -276,6 +296,7 @@ class QMatMul(IntEpilogueOp):
         return (
             f"x_scale={self.x_scale:g}, x_zero_point={self.x_zero_point}, w_scales={ws}, "
             f"has_bias={self.has_bias}, {self.epilogue_str()}"
+            + (f", x_dtype={self.x_dtype}" if self.x_dtype is not None else "")
         )
 
 

@@ -7,8 +7,11 @@ registers and no elementwise kernel is left after it:
 
     y = qmatmul(x, w)            [+ bias[N]]   [-> relu | gelu | gelu_tanh | silu]   [+ r]
 
-Each step is taken in that order, from the integer matmul onwards, when the op does not
-have it yet: the bias must be a float vector ``[N]`` over the last axis, the activation one
+A per-tensor 8-bit ``quantize`` feeding a ``qmatmul`` with the same scale and zero point
+is folded in too (the qmatmul reads the f32 / bf16 activation and quantizes it in the
+kernel, ``x_dtype``; the quantize node is dropped once nothing else reads it). The epilogue
+steps are taken in order, from the integer matmul onwards, when the op does not have them
+yet: the bias must be a float vector ``[N]`` over the last axis, the activation one
 of :data:`~rlx.ops.qmatmul.EPILOGUE_ACTS`, the residual a float tensor with the product's
 dims. Every swallowed intermediate must have this one user and not be a graph output; near
 misses go to the fusion report with the reason (pattern ``quant_epilogue``).
@@ -18,9 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from rlx.dtype import DType
 from rlx.ir.mir import Node, NodeId
 from rlx.ops.elementwise import Binary, BinaryKind, Unary
 from rlx.ops.qmatmul import EPILOGUE_ACTS, DynamicQMatMul, IntEpilogueOp, QMatMul
+from rlx.ops.quant import Quantize
 from rlx.passes.fusion import FusionView, Match, PatternFusion, dims_str
 from rlx.passes.report import FusionPattern
 
@@ -64,8 +69,33 @@ class QuantEpilogueFusion(PatternFusion):
             return None
         return b if a == cur else a
 
+    @staticmethod
+    def _quantize_input(view: FusionView, node: Node) -> NodeId | None:
+        """The float input of the per-tensor 8-bit quantize feeding a qmatmul with the same
+        scale and zero point (the qmatmul then quantizes inside its kernel; the quantize
+        node goes when no other node reads it)."""
+        op = node.op
+        if not isinstance(op, QMatMul) or op.x_dtype is not None:
+            return None
+        q = view.node(node.inputs[0])
+        qop = q.op
+        if not (
+            isinstance(qop, Quantize)
+            and qop.axis is None
+            and qop.dtype in (DType.I8, DType.U8)
+            and qop.scales == (op.x_scale,)
+            and qop.zero_points == (op.x_zero_point,)
+        ):
+            return None
+        src = view.node(q.inputs[0]).shape
+        return q.inputs[0] if src.dtype in (DType.F32, DType.BF16) else None
+
     def _match(self, view: FusionView, node: Node) -> Match | None:
         op: IntEpilogueOp = node.op  # type: ignore[assignment]
+        x_float = self._quantize_input(view, node)
+        if x_float is not None:
+            xd = view.node(node.inputs[0]).op.dtype  # type: ignore[attr-defined]
+            op = dataclasses.replace(op, x_dtype=xd)  # type: ignore[type-var]
         out = node.shape
         n = out.dims[-1] if out.rank else None
         nodes: list[NodeId] = [node.id]
@@ -106,7 +136,7 @@ class QuantEpilogueFusion(PatternFusion):
                     desc = f"{view.desc(cur)} + {view.desc(nxt)}"
                     why = f"addend {dims_str(s.dims)} is neither a bias [{n}] nor a residual"
                     self.miss([*nodes, nxt], desc, f"{why} {dims_str(out.dims)}")
-        if len(nodes) == 1:
+        if len(nodes) == 1 and x_float is None:
             return None
         fused = dataclasses.replace(
             op,  # type: ignore[type-var]
@@ -115,6 +145,8 @@ class QuantEpilogueFusion(PatternFusion):
             has_residual=residual is not None,
         )
         inputs = list(node.inputs) + [i for i in (bias, residual) if i is not None]
+        if x_float is not None:
+            inputs[0] = x_float
         desc = " + ".join(view.desc(i) for i in nodes)
         why = view.infer(fused, inputs)
         if why is not None:

@@ -297,3 +297,30 @@ def test_batched_product_shape_errors():
     with pytest.raises(ShapeError, match="a must be float"):
         g.dynamic_qbatch_matmul(g.input("i", (2, 5, 8), "i8"), g.input("b4", (2, 8, 4)))
     assert DynamicQBatchMatMul("u8").a_mode is ActQuant.U8
+
+
+@pytest.mark.skipif(not TARGETS, reason="gcc is not installed")
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(("dtype", "zp"), [("i8", -3), ("u8", 140)])
+def test_quantize_folds_into_the_static_qmatmul(monkeypatch, target, dtype, zp):
+    """quantize(x) -> qmatmul becomes one qmatmul reading the float x (x_dtype); NaN goes
+    to the zero point and +-inf saturate, as the quantize op says."""
+    monkeypatch.setenv("RLX_ISA", target)
+    g = rlx.Graph("static_q")
+    x = g.input("x", (6, K))
+    xq = g.quantize(x, 0.03, [zp], dtype=dtype)
+    y = g.qmatmul(xq, g.constant(W), 0.03, WS, x_zero_point=zp, bias=g.param("b", (N,)))
+    g.set_outputs([g.relu(y)])
+    c = rlx.Session("cpu").compile(g, CompileOptions(use_cache=False), params={"b": B})
+    assert [k.op for k in c.report().kernels if k.view_of is None] == ["qmatmul"]
+    (node,) = c.graph.find(QMatMul)
+    assert node.op.x_dtype is not None and node.op.act is UnaryKind.RELU
+    xv = (RNG.standard_normal((6, K)) * 3).astype(F)
+    xv[0, :3] = [np.nan, np.inf, -np.inf]
+    xv[1, 5] = 1e30
+    lo, hi = (-128, 127) if dtype == "i8" else (0, 255)
+    t = np.rint(xv / F(0.03))
+    q = np.clip(np.where(np.isnan(t), 0, np.clip(t, -(2.0**40), 2.0**40)) + zp, lo, hi)
+    acc = (q.astype(np.int64) - zp) @ W.astype(np.int64)
+    want = np.maximum(acc.astype(F) * (F(0.03) * WS) + B, 0)
+    np.testing.assert_array_equal(c.run({"x": xv})[0], want)

@@ -25,6 +25,7 @@ import numpy as np
 from rlx.backends.cpu import native
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
 from rlx.backends.cpu.kernels.seed import qconv2d_kernel as seed_qconv2d_kernel
+from rlx.dtype import DType
 from rlx.errors import CompileError
 from rlx.ir.mir import Node
 from rlx.ops.core import Constant
@@ -38,6 +39,7 @@ from rlx.ops.qmatmul import (
     QMatMul,
     dynamic_quantize_rows,
 )
+from rlx.ops.quant import QUANT_RANGES, quantize_array
 
 __all__ = [
     "qmatmul_kernel",
@@ -180,24 +182,36 @@ def _fallback(
 
 @kernel(QMatMul, KernelKind.NATIVE)
 def qmatmul_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
-    """int8 / uint8 x int8 -> int32 -> fused f32 epilogue."""
+    """int8 / uint8 x int8 -> int32 -> fused f32 epilogue; with ``x_dtype`` the float rows
+    are quantized (one scale and zero point) inside the kernel."""
     op: QMatMul = node.op  # type: ignore[assignment]
     x = ins[0]
     k = x.shape[-1]
     m = out.size // max(out.shape[-1], 1) if out.ndim else 1
-    rows = x.reshape(m, k) if x.flags.c_contiguous else None
+    call = {"a_zero_point": op.x_zero_point, "a_scale": op.x_scale}
     prep = None
-    if rows is None:
+    if op.x_dtype is not None:
+        call["mode"] = 2 if op.x_dtype is DType.I8 else 3
+        if x.dtype.name in ("float32", "bfloat16") and x.flags.c_contiguous:
+            rows = x.reshape(m, k)
+        else:
+            rows, prep = _as_f32(x, (m, k), ctx, node.id * 8 + 3)
+    elif x.flags.c_contiguous:
+        rows = x.reshape(m, k)
+    else:
         buf = ctx.scratch((m, k), x.dtype, node.id * 8 + 3)
         rows, prep = buf, (lambda: np.copyto(buf, x.reshape(m, k)))
-    call = {"a_zero_point": op.x_zero_point, "a_scale": op.x_scale}
     fn = _fused(node, ins, out, ctx, rows, prep, call)
     if fn is not None:
         return fn
     rs = np.asarray([op.x_scale], np.float32)
 
     def quantize() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        q = x.reshape(m, k).astype(np.float64) - float(op.x_zero_point)
+        xq = x.reshape(m, k)
+        if op.x_dtype is not None:
+            lo, hi = QUANT_RANGES[op.x_dtype]
+            xq = quantize_array(xq, (op.x_scale,), (op.x_zero_point,), None, lo, hi)
+        q = xq.astype(np.float64) - float(op.x_zero_point)
         return q, np.broadcast_to(rs, (m,)), None  # type: ignore[return-value]
 
     return _fallback(node, ins, out, ctx, quantize)

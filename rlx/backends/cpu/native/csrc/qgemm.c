@@ -3,8 +3,10 @@
  *   acc[m, n] = sum_k (q[m, k] - zp[m]) * B[k, n]                        (exact int32)
  *   Y[m, n]   = act((float)acc * (rs[m] * ws[n]) + bias[n]) + R[m, n]
  *
- * Activations (a_kind): int8 or uint8 with one zero point and scale (static), or f32 /
- * bf16 rows quantized here, per row, at run time (dynamic: mode 0 = s8 symmetric, scale =
+ * Activations (a_kind): int8 or uint8 with one zero point and scale (static); f32 / bf16
+ * rows quantized here with that one scale and zero point (mode 2: to int8, 3: to uint8, as
+ * the quantize op); or f32 / bf16 rows quantized per row at run time (dynamic: mode 0 = s8
+ * symmetric, scale =
  * max|x| / 127; mode 1 = u8 asymmetric, scale = (max(0, max x) - min(0, min x)) / 255,
  * zp = clip(rint(-min / scale), 0, 255)); q = clip(rint(x / scale) + zp, qmin, qmax), a
  * zero row takes scale 1, a row with NaN / inf scale NaN (NaN outputs). Every step is the
@@ -182,7 +184,8 @@ static float row_params(const float *x, long K, int mode, int32_t *zp) {
     return scale;
 }
 
-/* out[k] = clip(rint(x[k] / scale) + zp, qmin, qmax) + shift as a_t (k < K). */
+/* out[k] = clip(rint(x[k] / scale) + zp, qmin, qmax) + shift as a_t (k < K); NaN gives
+ * zp, +-inf saturate (as rlx.ops.quant.quantize_array). */
 static void quantize_row(const float *x, long K, float scale, int32_t zp, int32_t qmin,
                          int32_t qmax, int32_t shift, a_t *out) {
     long k = 0;
@@ -193,6 +196,7 @@ static void quantize_row(const float *x, long K, float scale, int32_t zp, int32_
     for (; k + 8 <= K; k += 8) {
         __m256 t = _mm256_div_ps(_mm256_loadu_ps(x + k), vs);
         t = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        t = _mm256_and_ps(t, _mm256_cmp_ps(t, t, _CMP_ORD_Q)); /* NaN -> 0: q = zp */
         t = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(t, vz), vlo), vhi);
         __m256i v = _mm256_cvtps_epi32(_mm256_add_ps(t, vsh));
         __m128i l = _mm256_castsi256_si128(v), h = _mm256_extracti128_si256(v, 1);
@@ -205,7 +209,8 @@ static void quantize_row(const float *x, long K, float scale, int32_t zp, int32_
     }
 #endif
     for (; k < K; ++k) {
-        float t = nearbyintf(x[k] / scale) + (float)zp;
+        float t = nearbyintf(x[k] / scale);
+        t = (t == t ? t : 0.0f) + (float)zp; /* NaN -> zp; +-inf saturate below */
         t = t < (float)qmin ? (float)qmin : t > (float)qmax ? (float)qmax : t;
         out[k] = (a_t)((int32_t)t + shift);
     }
@@ -243,6 +248,14 @@ static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int3
     } else {
         bf16_row((const uint16_t *)A + m * lda, K, fbuf);
         x = fbuf;
+    }
+    if (mode >= 2) { /* static per-tensor: 2 = int8, 3 = uint8, scale a_scale, zp a_zp */
+        int32_t shift = mode == 2 ? S_SHIFT : 0;
+        quantize_row(x, K, a_scale, a_zp, mode == 2 ? -128 : 0, mode == 2 ? 127 : 255, shift,
+                     dst);
+        *rs = a_scale;
+        *corr = shift + a_zp;
+        return 1;
     }
     int32_t zp;
     float scale = row_params(x, K, mode, &zp);
