@@ -1,9 +1,11 @@
-"""The native fused attention kernel (``native/csrc/attention.c``) against a float64
-NumPy oracle written here (``softmax(q kᵀ scale + mask) v``), on every build target this
-CPU runs (the library is built per target in-process): every mask kind, fully hidden
-rows (NaN under -inf, the mean of v under finfo.min), grouped-query heads, odd sizes,
-sequences longer than a block; and through the compiler: the report names the kernel,
-f16/bf16 and f64-mask inputs, and the encoders' attention nodes take it."""
+"""The native fused attention kernel (``native/csrc/attention_vec.c`` + ``attention.c``)
+against a float64 NumPy oracle written here (``softmax(q kᵀ scale + mask) v``), on every
+build target this CPU runs (the library is built per target in-process): every mask
+kind and broadcast form of a custom mask, fully hidden rows (NaN under -inf, the mean of
+v under finfo.min), grouped-query heads, odd sizes and head dims, sequences longer than
+a block, bf16 / f16 inputs, each target's instructions (objdump); and through the
+compiler: the report names the kernel, f16/bf16 and f64-mask inputs, f64 and
+``native=False`` keep the BLAS kernel, and the encoders' attention nodes take it."""
 
 from __future__ import annotations
 

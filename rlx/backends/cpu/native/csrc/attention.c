@@ -104,16 +104,11 @@ typedef struct {
     int mrow_scalar;    /* the mask is one value per key for every row */
 } rows_t;
 
-/* NJ keys (rows kp[t]) against R row vectors of qt: scaled, masked scores into st[t][i]
- * (st at the tile's first key), the running block max in bmax. */
+/* NJ keys (rows kp[t]) against R row vectors of qt: scaled scores into st[t][i] (st at
+ * the tile's first key) and, unless MASKED (mask_pass does it then), the block max. */
 static inline __attribute__((always_inline)) void qk_tile(
-    const att_args *a, const rows_t *rw, const float *qt, float *st, const float *kbase,
-    long kstride, long j, long m, int R, int NJ, int need_causal, const vf *iv, vf *bmax) {
-    const long D = a->D;
-    const long off = a->Skv - a->Sq;
-    const long msk = a->msk;
-    const vf scale = VSET1(a->scale);
-    const vf ninf = VSET1(-INFINITY);
+    const float *qt, float *st, const float *kbase, long kstride, long D, vf scale, int R,
+    int NJ, int MASKED, vf *bmax) {
     const float *kp[QK_J];
     for (int t = 0; t < NJ; t++) kp[t] = kbase + t * kstride;
     vf acc[QK_J][RMAX];
@@ -127,62 +122,87 @@ static inline __attribute__((always_inline)) void qk_tile(
             for (int r = 0; r < R; r++) acc[t][r] = VFMA(kb, qv[r], acc[t][r]);
         }
     }
-    for (int t = 0; t < NJ; t++) {
-        long jt = j + t;
+    for (int t = 0; t < NJ; t++)
         for (int r = 0; r < R; r++) {
             vf s = VMUL(acc[t][r], scale);
+            VSTORE(st + t * MB + r * W, s);
+            if (!MASKED) bmax[r] = VMAX(bmax[r], s);
+        }
+}
+
+/* the custom mask added to / the causal mask applied to scores st[j][i] of keys
+ * j0..j0+nb, and the block max of the result */
+static inline __attribute__((always_inline)) void mask_pass(
+    const att_args *a, const rows_t *rw, float *st, long j0, long nb, long m, int R,
+    int need_causal, vf *bmax) {
+    const long off = a->Skv - a->Sq, msk = a->msk;
+    const int sliding = a->mtype == MASK_SLIDING;
+    const vf ninf = VSET1(-INFINITY);
+    vf iv[RMAX];
+    for (int r = 0; r < R; r++) iv[r] = VLOAD(rw->iq + r * W);
+    for (long jj = 0; jj < nb; jj++) {
+        const long j = j0 + jj;
+        for (int r = 0; r < R; r++) {
+            vf s = VLOAD(st + jj * MB + r * W);
             if (rw->mbase != NULL) {
                 if (rw->mrow_scalar) {
-                    s = VADD(s, VSET1(rw->mbase[jt * msk]));
+                    s = VADD(s, VSET1(rw->mbase[j * msk]));
                 } else {
                     float tmp[W];
                     for (int l = 0; l < W; l++) {
                         long ii = r * W + l;
-                        tmp[l] = ii < m ? rw->mbase[rw->moff[ii] + jt * msk] : 0.0f;
+                        tmp[l] = ii < m ? rw->mbase[rw->moff[ii] + j * msk] : 0.0f;
                     }
                     s = VADD(s, VLOAD(tmp));
                 }
             }
             if (need_causal) {
                 /* hidden when i < j - off, or (sliding) i > j - off + window - 1 */
-                s = VSEL_LT(iv[r], VSET1((float)(jt - off)), s, ninf);
-                if (a->mtype == MASK_SLIDING)
-                    s = VSEL_LT(VSET1((float)(jt - off + a->window - 1)), iv[r], s, ninf);
+                s = VSEL_LT(iv[r], VSET1((float)(j - off)), s, ninf);
+                if (sliding) s = VSEL_LT(VSET1((float)(j - off + a->window - 1)), iv[r], s, ninf);
             }
-            VSTORE(st + t * MB + r * W, s);
+            VSTORE(st + jj * MB + r * W, s);
             bmax[r] = VMAX(bmax[r], s);
         }
     }
 }
 
-/* scores of keys j0..j0+nb (their rows at kbase, kstride apart) for R row vectors into
- * st[j][i] (scaled, masked); returns the block max per row vector in bmax. Tiles of
- * QK_J keys, the last one as wide as the keys left (a compile-time width each). */
-static inline __attribute__((always_inline)) void qk_block(
-    const att_args *a, const rows_t *rw, const float *qt, float *st, const float *kbase,
-    long kstride, long j0, long nb, long m, int R, int need_causal, vf *bmax) {
-    vf iv[RMAX];
-    for (int r = 0; r < R; r++) {
-        iv[r] = VLOAD(rw->iq + r * W);
-        bmax[r] = VSET1(-INFINITY);
-    }
+static inline __attribute__((always_inline)) void qk_tiles(
+    const float *qt, float *st, const float *kbase, long kstride, long nb, long D, vf scale,
+    int R, int MASKED, vf *bmax) {
     long jj = 0;
     for (; jj + QK_J <= nb; jj += QK_J)
-        qk_tile(a, rw, qt, st + jj * MB, kbase + jj * kstride, kstride, j0 + jj, m, R, QK_J,
-                need_causal, iv, bmax);
+        qk_tile(qt, st + jj * MB, kbase + jj * kstride, kstride, D, scale, R, QK_J, MASKED,
+                bmax);
     const float *kb = kbase + jj * kstride;
     float *sb = st + jj * MB;
     switch ((int)(nb - jj)) {
 #define QK_TAIL(n)                                                                          \
     case n:                                                                                 \
         if (n < QK_J)                                                                       \
-            qk_tile(a, rw, qt, sb, kb, kstride, j0 + jj, m, R, n < QK_J ? n : 1, need_causal, \
-                    iv, bmax);                                                              \
+            qk_tile(qt, sb, kb, kstride, D, scale, R, n < QK_J ? n : 1, MASKED, bmax);      \
         break;
         QK_TAIL(1) QK_TAIL(2) QK_TAIL(3) QK_TAIL(4) QK_TAIL(5) QK_TAIL(6) QK_TAIL(7)
 #undef QK_TAIL
     default: break;
     }
+}
+
+/* scores of keys j0..j0+nb (their rows at kbase, kstride apart) for R row vectors into
+ * st[j][i] (scaled, masked); returns the block max per row vector in bmax. Tiles of
+ * QK_J keys, the last one as wide as the keys left (a compile-time width each); a masked
+ * block gets its mask in a second pass over the scores (the tiles stay register-only). */
+static inline __attribute__((always_inline)) void qk_block(
+    const att_args *a, const rows_t *rw, const float *qt, float *st, const float *kbase,
+    long kstride, long j0, long nb, long m, int R, int need_causal, vf *bmax) {
+    const vf scale = VSET1(a->scale);
+    for (int r = 0; r < R; r++) bmax[r] = VSET1(-INFINITY);
+    if (rw->mbase == NULL && !need_causal) {
+        qk_tiles(qt, st, kbase, kstride, nb, a->D, scale, R, 0, bmax);
+        return;
+    }
+    qk_tiles(qt, st, kbase, kstride, nb, a->D, scale, R, 1, bmax);
+    mask_pass(a, rw, st, j0, nb, m, R, need_causal, bmax);
 }
 
 /* ot[d][i] += sum_j v[j,d] * st[j][i] for ND columns from d0 */
@@ -350,12 +370,13 @@ static inline __attribute__((always_inline)) void task_r(
 #endif
 }
 
+/* task_r for 1, 2 or 4 row vectors (3 run as 4, with zero rows: one instantiation less,
+ * a shorter build) */
 static void task(const att_args *a, long b, long hk, long r0, long m, float *ws) {
     int R = (int)((m + W - 1) / W);
     switch (R) {
     case 1: task_r(a, b, hk, r0, m, 1, ws); break;
     case 2: task_r(a, b, hk, r0, m, 2, ws); break;
-    case 3: task_r(a, b, hk, r0, m, 3, ws); break;
     default: task_r(a, b, hk, r0, m, 4, ws); break;
     }
 }
