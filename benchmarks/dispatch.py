@@ -11,7 +11,10 @@ Measures:
 3. the two ways to apply ``num_threads``: a ``threadpool_limits`` context per run vs the
    cached ``ensure_blas_threads`` the runtime uses;
 4. the cost of the per-CompiledGraph lock that makes ``run`` thread-safe: ``run()`` vs
-   the same run without the lock (``_run``) on one thread.
+   the same run without the lock (``_run``) on one thread;
+5. the native schedule (``CompileOptions.native_schedule``): ``run()`` with runs of
+   consecutive native kernels as one C call vs every kernel called from Python, on a
+   chain of 50 layer norms and the MiniLM-sized encoder at 1 x 16.
 
 Usage: ``python benchmarks/dispatch.py [--out BENCHMARKS_dispatch.md]``. When
 OPENBLAS_CORETYPE or OPENBLAS_L2_SIZE are set, the script re-executes itself without them
@@ -36,6 +39,7 @@ reexec_without_blas_pins()  # must happen before NumPy loads OpenBLAS
 import numpy as np  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
+from rlx.ir.mir import Graph  # noqa: E402
 from rlx.runtime import threads  # noqa: E402
 from rlx.runtime.options import CompileOptions  # noqa: E402
 from rlx.runtime.session import Session  # noqa: E402
@@ -109,6 +113,62 @@ def bench_new_shape() -> dict[str, float]:
     return out
 
 
+def ln_chain(n: int = 50) -> Graph:
+    """``n`` layer norms over f32[4, 64] (every other one on ``y + x``): one native row
+    kernel each, nothing to fuse."""
+    g = Graph("ln_chain")
+    x = g.input("x", (4, 64))
+    gamma, beta = g.param("g", (64,)), g.param("b", (64,))
+    y = x
+    for i in range(n):
+        y = g.layer_norm(g.add(y, x) if i % 2 else y, gamma, beta, 1e-5)
+    g.set_outputs([y])
+    return g
+
+
+def bench_native_schedule(rounds: int = 30) -> dict[str, float]:
+    """``run()`` with the native schedule (consecutive native kernels as one C call) vs
+    every kernel called from Python, rounds interleaved: the layer-norm chain and the
+    MiniLM-sized encoder at 1 x 16 (fused attention)."""
+    from rlx.backends.cpu.native.schedule import Segment
+    from rlx.models import encoder, random_params
+
+    enc = encoder(seq=16, batch=1, fused_attention=True)
+    cases = {
+        "ln_chain": (
+            ln_chain(),
+            {"g": np.ones(64, np.float32), "b": np.zeros(64, np.float32)},
+            {"x": np.random.default_rng(0).random((4, 64), np.float32)},
+            200,
+        ),
+        "encoder_1x16": (enc, random_params(enc), {"x": np.ones((1, 16, 384), np.float32)}, 20),
+    }
+    out: dict[str, float] = {}
+    for name, (g, ps, x, number) in cases.items():
+        cgs = {
+            on: Session("cpu").compile(
+                g, CompileOptions(use_cache=False, native_schedule=on, num_threads=1), params=ps
+            )
+            for on in (False, True)
+        }
+        for cg in cgs.values():
+            cg.run(x)
+        ex = cgs[True]._executor_any()
+        out[f"{name}_kernels"] = len(ex.schedule)
+        out[f"{name}_in_c"] = sum(len(f.kernels) for f in ex.fast if isinstance(f, Segment))
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(rounds):
+            for on, cg in cgs.items():
+                t0 = time.perf_counter()
+                for _ in range(number):
+                    cg.run(x)
+                times[on].append((time.perf_counter() - t0) / number)
+        for on, key in ((False, "python"), (True, "native")):
+            out[f"{name}_{key}_us"] = statistics.median(times[on]) * 1e6
+            out[f"{name}_{key}_min_us"] = min(times[on]) * 1e6
+    return out
+
+
 def bench_threads() -> dict[str, float]:
     n = threads.blas_info()[0]["num_threads"] if threads.blas_info() else 1
 
@@ -134,6 +194,7 @@ def main() -> None:
     d = bench_dispatch()
     s = bench_new_shape()
     t = bench_threads()
+    ns = bench_native_schedule()
     blas = threads.blas_info()
     unset = ",".join(removed_blas_pins())
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -173,6 +234,17 @@ def main() -> None:
             f"| {n} | {s[f'new_shape_{n}_us']:.0f} us | {s[f'same_shape_{n}_us']:.0f} us | {s[f'plan_only_{n}_us']:.0f} us |"
         )
     lines += [
+        "",
+        "## Native schedule (consecutive native kernels as one C call; 30 interleaved rounds)",
+        "",
+        "| graph | kernels / run in C | every kernel from Python: median (min) | native schedule: median (min) |",
+        "|---|---|---|---|",
+        *(
+            f"| {c} | {ns[c + '_kernels']:.0f} / {ns[c + '_in_c']:.0f} | "
+            f"{ns[c + '_python_us']:.1f} ({ns[c + '_python_min_us']:.1f}) us | "
+            f"{ns[c + '_native_us']:.1f} ({ns[c + '_native_min_us']:.1f}) us |"
+            for c in ("ln_chain", "encoder_1x16")
+        ),
         "",
         "## Applying num_threads",
         "",

@@ -101,6 +101,8 @@ class CompiledGraph:
         if probe is not None and probe[0].workspace.shared:
             ex, _, live_inputs = probe
             self._store, self._workspace = ex.store, ex.workspace
+            if opts.native_schedule != program.options.native_schedule:
+                ex.use_native_schedule(opts.native_schedule)
             self._live_inputs = live_inputs
             self._executors[binding_key(ex.bindings)] = ex
             self._last = ex
@@ -266,6 +268,7 @@ class CompiledGraph:
             native=self.options.native,
             store=self._store,
             workspace=self._workspace,
+            native_schedule=self.options.native_schedule,
         )
         self._executors[key] = ex
         self._executors.move_to_end(key)

@@ -37,7 +37,11 @@ class CompileOptions:
     verbose: print the reports (default from RLX_VERBOSE).
     use_cache: reuse a previous compile of a structurally equal graph.
     native: use native (C) kernels where available.
-    max_shape_plans: how many distinct symbolic-shape arena plans to cache.
+    max_shape_plans: how many distinct symbolic-shape schedules to keep (a schedule holds
+        no arena: an evicted one costs a re-plan of a few ms).
+    native_schedule: run consecutive native kernels as one C loop over kernel
+        descriptors (``rlx/backends/cpu/native/schedule.py``); False runs every kernel
+        from Python (the oracle). Needs ``native``.
     """
 
     num_threads: int | None = None
@@ -52,6 +56,7 @@ class CompileOptions:
     use_cache: bool = True
     native: bool = True
     max_shape_plans: int = 8
+    native_schedule: bool = True
 
     def replace(self, **kw: Any) -> CompileOptions:
         """A copy with the given fields changed (``dataclasses.replace``)."""

@@ -59,6 +59,7 @@ from rlx.backends.cpu.memory import (
     Workspace,
     aligned_arena,
 )
+from rlx.backends.cpu.native.schedule import segments
 from rlx.errors import RlxError, UnsupportedOpError
 from rlx.ir.lir import BufferPlan, BufferSlot
 from rlx.ir.mir import Graph, Node, NodeId
@@ -112,7 +113,10 @@ class Executor:
     ``num_threads`` and ``native`` are ``CompileOptions.num_threads`` / ``.native``: they
     reach every kernel factory as ``KernelCtx.num_threads`` / ``KernelCtx.native``.
     ``store`` / ``workspace``: shared with the other executors of one CompiledGraph
-    (None: private ones; ``params`` then becomes the private store's live mapping)."""
+    (None: private ones; ``params`` then becomes the private store's live mapping).
+    ``native_schedule``: :meth:`run` calls ``fast``, the schedule with each run of
+    consecutive native kernels made one C call (:mod:`rlx.backends.cpu.native.schedule`);
+    ``schedule`` (one closure per kernel) stays what profiling and failure location run."""
 
     def __init__(
         self,
@@ -125,6 +129,7 @@ class Executor:
         native: bool = True,
         store: ParamStore | None = None,
         workspace: Workspace | None = None,
+        native_schedule: bool = False,
     ):
         load_kernels()
         self.num_threads = resolve_threads(num_threads)
@@ -154,6 +159,13 @@ class Executor:
                 break
             ws.ensure(pool.needed)  # grows: this schedule is rebuilt on the bigger buffer
         self._generations = (ws.generation, store.generation)
+        self.fast: list[Kernel] = self.schedule  # what run() calls
+        self.use_native_schedule(native_schedule)
+
+    def use_native_schedule(self, on: bool) -> None:
+        """Make :meth:`run` call each run of consecutive native kernels as one C call
+        (``on``) or every kernel from Python."""
+        self.fast = segments(self.schedule) if on and self.native else self.schedule
 
     # ---- views ----------------------------------------------------------------------
 
@@ -394,7 +406,7 @@ class Executor:
         for name, view in self.input_views:
             np.copyto(view, inputs[name], casting="unsafe")
         try:
-            for f in self.schedule:
+            for f in self.fast:
                 f()
         except Exception as e:
             nid = self._locate_failure(inputs)

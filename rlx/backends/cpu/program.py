@@ -153,6 +153,7 @@ def compile_program(
         native=options.native,
         store=store,
         workspace=Workspace(),
+        native_schedule=options.native_schedule,
     )
     prog._probe = (probe, store.params, live_inputs)
     prog.compile_seconds = time.perf_counter() - t0

@@ -333,6 +333,8 @@ def weight_matmul(
             raise MemoryError(f"rlx sgemm of %{node.id}: could not allocate packing buffers")
 
     run.keepalive = keep  # type: ignore[attr-defined]  # args hold only pointers
+    if not steps:  # one C call: the native schedule may make it (native/schedule.py)
+        run.native_call = (gemm, (*args, nt), True)  # type: ignore[attr-defined]
     return run
 
 

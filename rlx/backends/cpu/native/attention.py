@@ -140,6 +140,11 @@ class _Prepared:
         if self.fn(*self.args) != 0:
             raise InputError("attention: the workspace is smaller than the kernel needs")
 
+    @property
+    def native_call(self) -> tuple[Callable[..., int], tuple, bool]:
+        """This call for the native schedule (``native/schedule.py``): non-zero fails."""
+        return self.fn, self.args, True
+
 
 def attention_lib(
     target: cpu.Target | None = None, dtype: np.dtype | type = np.float32
