@@ -97,13 +97,13 @@ def test_qgemm_gets_the_compile_thread_count(monkeypatch: pytest.MonkeyPatch, nu
     (which another graph may have set since)."""
     monkeypatch.setattr(config, "available_cpus", lambda: 8)  # no clamp on a small machine
     seen: list[int] = []
-    real = native.QGemmLib.run
+    real = native.QGemmLib.bind
 
     def spy(self, *args, **kw):  # type: ignore[no-untyped-def]
         seen.append(kw["num_threads"])
         return real(self, *args, **kw)
 
-    monkeypatch.setattr(native.QGemmLib, "run", spy)
+    monkeypatch.setattr(native.QGemmLib, "bind", spy)
     g = quantized_linear()
     prog = compile_program(g, CompileOptions(use_cache=False, num_threads=num_threads), None)
     probe = prog.take_probe()

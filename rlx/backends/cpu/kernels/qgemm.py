@@ -140,15 +140,15 @@ def _fused(
     act = op.epilogue_act
     ws = op.w_scale_vector(n)
     y = out.reshape(m, n)
-    threads, run_ = ctx.num_threads, lib.run
     ctx.kind = KernelKind.NATIVE
     kw = dict(call, w_scales=ws, bias=bias, residual=residual, out_f32=y)
     kw["act"] = act.value if act is not None else None
+    bound = lib.bind(x_rows, n, num_threads=ctx.num_threads, **kw)  # type: ignore[arg-type]
 
     def run() -> None:
         for p in preps:
             p()
-        run_(x_rows, packed(), n, num_threads=threads, **kw)  # type: ignore[arg-type]
+        bound(packed())  # type: ignore[arg-type]
 
     return run
 

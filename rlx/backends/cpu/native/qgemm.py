@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -143,6 +145,15 @@ class QGemmLib:
         a: np.ndarray,
         packed: tuple[np.ndarray, np.ndarray],
         n: int,
+        **kw: Any,
+    ) -> None:
+        """The fused op once (see :meth:`bind` for the arguments)."""
+        self.bind(a, n, **kw)(packed)
+
+    def bind(
+        self,
+        a: np.ndarray,
+        n: int,
         *,
         a_zero_point: int = 0,
         a_scale: float = 1.0,
@@ -157,24 +168,21 @@ class QGemmLib:
         row_zp: np.ndarray | None = None,
         num_threads: int = 1,
         amx: bool = True,
-    ) -> None:
+    ) -> Callable[[tuple[np.ndarray, np.ndarray]], None]:
         """The fused op on ``a`` [M, K] (rows C-contiguous; int8 / uint8 with
-        ``a_zero_point`` and ``a_scale``, or f32 / bf16 quantized per row, ``mode`` 0: s8,
-        1: u8): ``out_f32 = act(f32(acc) * (row_scale[m] * w_scales[n]) + bias) +
-        residual`` and / or ``out_i32 = acc``; ``amx=False`` keeps a VNNI512 build off its
-        AMX tiles. Every array is checked here (dtype, shape, contiguity) since the C code
-        trusts them."""
+        ``a_zero_point`` and ``a_scale``; f32 / bf16 quantized with them, ``mode`` 2: to
+        int8, 3: to uint8; or f32 / bf16 quantized per row, ``mode`` 0: s8, 1: u8):
+        ``out_f32 = act(f32(acc) * (row_scale[m] * w_scales[n]) + bias) + residual`` and /
+        or ``out_i32 = acc``; ``amx=False`` keeps a VNNI512 build off its AMX tiles.
+        Returns ``call(packed)`` running it on a packed ``[K, N]`` weight: every array is
+        checked here once (dtype, shape, contiguity), since the C code trusts them, so a
+        kernel binds its arena views at build time and pays only the C call per run."""
         if a.ndim != 2 or a.dtype.name not in A_KINDS or a.strides[1] != a.itemsize:
             raise InputError(
                 f"qgemm: activations must be int8/uint8/f32/bf16 [M, K] with contiguous rows, "
                 f"given {a.dtype} {a.shape}"
             )
         m, k = a.shape
-        bp, colsum = packed
-        if colsum.shape != (n,) or bp.nbytes != self.lib.rlx_qgemm_packed_size(k, n):
-            raise InputError(
-                f"qgemm: the packed weight is not a [{k}, {n}] weight packed by this library"
-            )
         if act not in ACT_CODES:
             raise InputError(f"qgemm: act must be one of {list(ACT_CODES)}, given {act!r}")
         checks = (
@@ -194,15 +202,32 @@ class QGemmLib:
                 )
         if out_f32 is not None and w_scales is None:
             raise InputError(f"qgemm: out_f32 needs w_scales f32 [{n}]")
-        rc = self.lib.rlx_qgemm_run(
+        fn, size = self.lib.rlx_qgemm_run, self.lib.rlx_qgemm_packed_size(k, n)
+        head = (
             m, n, k, A_KINDS[a.dtype.name], _ptr(a), a.strides[0] // a.itemsize,
-            int(a_zero_point), float(a_scale), int(mode), _ptr(bp), _ptr(colsum),
-            _ptr(w_scales), _ptr(bias), ACT_CODES[act], _ptr(residual), n,
-            _ptr(out_f32), n, _ptr(out_i32), n, _ptr(row_scale), _ptr(row_zp),
-            int(num_threads), 0 if amx else 1,
+            int(a_zero_point), float(a_scale), int(mode),
         )  # fmt: skip
-        if rc != 0:
-            raise MemoryError(f"qgemm: could not allocate the packed activations ({m}x{k})")
+        tail = (
+            _ptr(w_scales), _ptr(bias), ACT_CODES[act], _ptr(residual), n, _ptr(out_f32), n,
+            _ptr(out_i32), n, _ptr(row_scale), _ptr(row_zp), int(num_threads), 0 if amx else 1,
+        )  # fmt: skip
+        seen: list[Any] = [None, (0, 0)]  # the packed weight last used and its pointers
+        # the arrays behind the pointers stay alive as long as the bound call
+        keep = (a, w_scales, bias, residual, out_f32, out_i32, row_scale, row_zp)
+
+        def call(packed: tuple[np.ndarray, np.ndarray], _keep: tuple = keep) -> None:
+            if seen[0] is not packed:
+                bp, colsum = packed
+                if colsum.shape != (n,) or bp.nbytes != size:
+                    raise InputError(
+                        f"qgemm: the packed weight is not a [{k}, {n}] weight packed by this "
+                        "library"
+                    )
+                seen[0], seen[1] = packed, (_ptr(bp), _ptr(colsum))
+            if fn(*head, *seen[1], *tail) != 0:
+                raise MemoryError(f"qgemm: could not allocate the packed activations ({m}x{k})")
+
+        return call
 
     def quantize_rows(
         self, x: np.ndarray, mode: int = 0
