@@ -16,7 +16,10 @@ and MLP projections). Engines:
   off (vpdpbusd), where the CPU has AMX-INT8.
 * ``rlx int8 gemm``: the native GEMM alone on pre-quantized u8 activations, int32 out (what
   MatMulInteger computes).
-* ``rlx f32``: a compiled graph ``linear(x, W, b)`` (auto and ``RLX_ISA=avx2``).
+* ``rlx f32``: a compiled graph ``linear(x, W, b)`` (auto and ``RLX_ISA=avx2``; with
+  ``RLX_ISA=avx2`` OpenBLAS still runs its AVX-512 kernels when the matmul takes BLAS, so
+  ``(avx2, BLAS Haswell)`` also sets ``OPENBLAS_CORETYPE=Haswell`` in that worker only: the
+  f32 an AVX2-only machine runs).
 * ``ORT DQMatMul``: onnxruntime's com.microsoft DynamicQuantizeMatMul (u8 activations,
   per-column int8 weights, bias), one node; ``ORT MatMulInteger``: u8 x s8 -> int32.
 
@@ -39,7 +42,8 @@ from pathlib import Path
 
 from _common import best_time, reexec_without_blas_pins, removed_blas_pins
 
-reexec_without_blas_pins()
+if "--worker" not in sys.argv:  # a worker keeps the BLAS pin its engine was given
+    reexec_without_blas_pins()
 
 SHAPES = [(1024, 384, 384), (1024, 384, 1536), (1024, 1536, 384)]
 ENGINES = {
@@ -50,6 +54,7 @@ ENGINES = {
     "rlx int8 gemm (avx2)": ("rlx_gemm", "avx2"),
     "rlx f32": ("rlx_f32", None),
     "rlx f32 (avx2)": ("rlx_f32", "avx2"),
+    "rlx f32 (avx2, BLAS Haswell)": ("rlx_f32", "avx2+haswell"),
     "ORT DQMatMul": ("ort_dq", None),
     "ORT MatMulInteger": ("ort_mmi", None),
 }
@@ -79,6 +84,7 @@ def _worker(kind: str, threads: int, reps: int) -> dict[str, float]:
         from rlx.backends.cpu import native
 
         out["isa"] = native.qgemm_lib().isa.name  # type: ignore[assignment]
+        out["blas"] = _blas()  # type: ignore[assignment]
     np.seterr(all="ignore")
     return out
 
@@ -207,7 +213,9 @@ def main() -> int:
             py = args.peer_python if kind.startswith("ort") else sys.executable
             env = {k: v for k, v in os.environ.items() if k != "RLX_ISA"}
             if isa:
-                env["RLX_ISA"] = isa
+                env["RLX_ISA"] = isa.split("+")[0]
+            if isa and isa.endswith("+haswell"):  # an AVX2 machine's OpenBLAS kernels
+                env["OPENBLAS_CORETYPE"] = "Haswell"
             for th in args.threads:
                 env["OMP_NUM_THREADS"] = str(th)
                 cmd = [py, str(here), "--worker", kind, str(th), str(args.reps)]
@@ -218,7 +226,7 @@ def main() -> int:
                 res = json.loads(p.stdout.strip().splitlines()[-1])
                 results.setdefault((name, th), []).append(res)
                 print(f"round {r} {name:22s} t={th} " + " ".join(
-                    f"{s}={v * 1e3:.2f}ms" for s, v in res.items() if s != "isa"
+                    f"{s}={v * 1e3:.2f}ms" for s, v in res.items() if s not in ("isa", "blas")
                 ), flush=True)  # fmt: skip
 
     import numpy as np
@@ -235,6 +243,7 @@ def main() -> int:
 
     shapes = [f"{m}x{k}x{n}" for m, k, n in SHAPES]
     isas = {n: results[(n, args.threads[0])][0].get("isa", "") for n, _ in results}
+    blas = {n: results[(n, args.threads[0])][0].get("blas", "") for n, _ in results}
     lines = [
         "# Dynamic INT8 linear layers: rlx vs ONNX Runtime",
         "",
@@ -244,6 +253,7 @@ def main() -> int:
         f"- machine: {cpu_model()}, {os.cpu_count()} logical CPUs, {platform.system()}",
         f"- BLAS: {_blas()}; env removed: {removed_blas_pins() or 'none set'}",
         f"- rlx int8 paths: {isas}",
+        f"- BLAS in each rlx worker: {blas}",
         f"- median over {args.rounds} interleaved rounds of each process's best of {args.reps}",
         f"- load average at the end: {os.getloadavg()[0]:.2f}",
         "",
@@ -269,6 +279,7 @@ def main() -> int:
         ("rlx int8 dyn", "rlx f32"),
         ("rlx int8 dyn (vnni, no amx)", "rlx f32"),
         ("rlx int8 dyn (avx2)", "rlx f32 (avx2)"),
+        ("rlx int8 dyn (avx2)", "rlx f32 (avx2, BLAS Haswell)"),
         ("rlx int8 dyn", "ORT DQMatMul"),
         ("rlx int8 dyn (avx2)", "ORT DQMatMul"),
         ("rlx int8 gemm", "ORT MatMulInteger"),
