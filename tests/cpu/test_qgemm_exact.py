@@ -171,3 +171,17 @@ def test_amx_tiles_equal_the_vector_path(isa, m, k, n):
     np.testing.assert_array_equal(got[True], got[False])
     if isa is not native.Isa.VNNI512:
         assert not lib.has_amx
+
+
+@pytest.mark.parametrize("isa", ISAS, ids=lambda i: i.name)
+def test_empty_operands(isa):
+    """M = 0 writes nothing; K = 0 gives the epilogue of a zero accumulator (the bias)."""
+    lib = native.qgemm_lib(isa)
+    ones = np.ones(5, np.float32)
+    y = np.empty((0, 5), np.float32)
+    lib.run(np.ones((0, 64), np.float32), lib.pack(np.ones((64, 5), np.int8)), 5, mode=1,
+            w_scales=ones, out_f32=y)  # fmt: skip
+    y = np.full((3, 5), 7.0, np.float32)
+    lib.run(np.ones((3, 0), np.float32), lib.pack(np.ones((0, 5), np.int8)), 5, mode=0,
+            w_scales=ones, bias=2 * ones, act="relu", out_f32=y)  # fmt: skip
+    np.testing.assert_array_equal(y, np.full((3, 5), 2.0, np.float32))

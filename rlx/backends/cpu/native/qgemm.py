@@ -177,12 +177,14 @@ class QGemmLib:
         Returns ``call(packed)`` running it on a packed ``[K, N]`` weight: every array is
         checked here once (dtype, shape, contiguity), since the C code trusts them, so a
         kernel binds its arena views at build time and pays only the C call per run."""
-        if a.ndim != 2 or a.dtype.name not in A_KINDS or a.strides[1] != a.itemsize:
+        rows_ok = a.ndim == 2 and (a.size == 0 or a.shape[1] == 1 or a.strides[1] == a.itemsize)
+        if not rows_ok or a.dtype.name not in A_KINDS:
             raise InputError(
                 f"qgemm: activations must be int8/uint8/f32/bf16 [M, K] with contiguous rows, "
                 f"given {a.dtype} {a.shape}"
             )
         m, k = a.shape
+        lda = a.strides[0] // a.itemsize if a.size else k
         if act not in ACT_CODES:
             raise InputError(f"qgemm: act must be one of {list(ACT_CODES)}, given {act!r}")
         checks = (
@@ -204,8 +206,8 @@ class QGemmLib:
             raise InputError(f"qgemm: out_f32 needs w_scales f32 [{n}]")
         fn, size = self.lib.rlx_qgemm_run, self.lib.rlx_qgemm_packed_size(k, n)
         head = (
-            m, n, k, A_KINDS[a.dtype.name], _ptr(a), a.strides[0] // a.itemsize,
-            int(a_zero_point), float(a_scale), int(mode),
+            m, n, k, A_KINDS[a.dtype.name], _ptr(a), lda, int(a_zero_point), float(a_scale),
+            int(mode),
         )  # fmt: skip
         tail = (
             _ptr(w_scales), _ptr(bias), ACT_CODES[act], _ptr(residual), n, _ptr(out_f32), n,
