@@ -1,5 +1,7 @@
 """Integer matmul ops: ``qmatmul`` (static activation quantization) and ``dynamic_qmatmul``
-(per-row activation quantization at run time), both with a fused f32 epilogue.
+(per-row activation quantization at run time), both with a fused f32 epilogue, and
+``dynamic_qbatch_matmul`` (two activations, both quantized at run time: attention's
+products; see :class:`DynamicQBatchMatMul`).
 
 In: activations (integer for :class:`QMatMul`, float for :class:`DynamicQMatMul`), an I8
 weight ``[K, N]`` (symmetric, per-tensor or per-output-channel scales), an optional float
@@ -12,6 +14,8 @@ weight ``[K, N]`` (symmetric, per-tensor or per-output-channel scales), an optio
 :class:`~rlx.ops.elementwise.UnaryKind` members the fused f32 ops use), applied in f32.
 The epilogue attributes (``act``, ``has_residual``) default to none, so graphs and files
 written before they existed load unchanged. Input order: ``(x, w_q[, bias][, residual])``.
+A :class:`QMatMul` with ``x_dtype`` set reads the float activation and quantizes it per
+tensor itself (what the compile pipeline makes of ``quantize -> qmatmul``).
 
 Dynamic activation quantization (:class:`DynamicQMatMul`, as ONNX Runtime's
 ``DynamicQuantizeMatMul`` and PyTorch's dynamic quantization), per row of ``x`` (in f32;
