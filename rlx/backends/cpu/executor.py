@@ -192,6 +192,9 @@ class Executor:
         self.entries: list[ScheduleEntry] = []
 
     def _view(self, n: Node) -> np.ndarray:
+        cached = self.store.views.get(n.id)
+        if cached is not None:  # a param / constant / prologue value of static shape
+            return cached
         slot = self.plan.slot(n.id)
         dims = n.shape.concrete(self.bindings)
         dt = n.dtype.np
@@ -201,8 +204,11 @@ class Executor:
         base = self._persistent_bytes(n, slot)
         if base is None:
             off = slot.offset - self.plan.persistent_bytes
-            base = self.arena[off : off + want]
-        return base[:want].view(dt).reshape(dims)
+            return self.arena[off : off + want].view(dt).reshape(dims)
+        view = base[:want].view(dt).reshape(dims)
+        if n.shape.is_static and (slot.view_of or n.id) not in self._private:
+            self.store.views[n.id] = view
+        return view
 
     def _persistent_bytes(self, n: Node, slot: BufferSlot) -> np.ndarray | None:
         """The bytes of a node of the persistent region (None for a working node)."""

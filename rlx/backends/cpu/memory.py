@@ -104,6 +104,9 @@ class ParamStore:
         self._constants: dict[NodeId, np.ndarray] = {}
         self._hoisted: dict[tuple[NodeId, int], np.ndarray] = {}
         self.shared: dict[Hashable, Any] = {}
+        # node id -> its view, for persistent nodes of static shape (cleared when a
+        # param's storage moves)
+        self.views: dict[NodeId, np.ndarray] = {}
         self.once_done: dict[Hashable, int] = {}
         self.version = 0  # param values changed this many times
         self.generation = 0  # param storage moved this many times
@@ -145,6 +148,7 @@ class ParamStore:
         if self.params.get(name) is not arr:
             self.params[name] = arr
             self.generation += 1
+            self.views.clear()
 
     def param_bytes(self, name: str, dims: Sequence[int]) -> np.ndarray:
         """The bytes of param ``name``; a param not set yet gets zeroed private storage of

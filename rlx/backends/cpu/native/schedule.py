@@ -66,12 +66,15 @@ _FLOATS = {ctypes.c_float: "<f", ctypes.c_double: "<d"}
 _RESULTS = {None, ctypes.c_int, ctypes.c_long, ctypes.c_longlong, ctypes.c_int64, ctypes.c_int32}
 
 
+_I64 = (-(1 << 63), 1 << 63)
+
+
 def _int_value(a: Any) -> int | None:
-    v = getattr(a, "value", a)
+    v = a.value if isinstance(a, ctypes._SimpleCData) else a  # type: ignore[attr-defined]
+    if type(v) is int and _I64[0] <= v < _I64[1]:
+        return v  # the common case: a pointer or a count
     if v is None:
         return 0
-    if isinstance(v, bytes):
-        return None
     if isinstance(v, (bool, int, np.integer)):
         v = int(v) & 0xFFFF_FFFF_FFFF_FFFF
         return v - (1 << 64) if v >> 63 else v
@@ -108,7 +111,10 @@ def native_call(kernel: Callable[[], Any]) -> tuple[int, list[int], int] | None:
     ints: list[int] = []
     floats: list[int] = []
     for t, a in zip(types, args, strict=True):
-        if t in _FLOATS:
+        if t is ctypes.c_void_p or t is ctypes.c_long:  # most arguments: no lookups
+            v = _int_value(a)
+            dest = ints
+        elif t in _FLOATS:
             v = _float_bits(a, _FLOATS[t])
             dest = floats
         elif t in _INTS or (isinstance(t, type) and issubclass(t, ctypes._Pointer)):  # type: ignore[attr-defined]
