@@ -6,9 +6,10 @@
     /tmp/rlx/peers/bin/python scripts/onnx_conformance.py --peer ort   # + ORT's count
 
 Prints pass / fail / unsupported by op type, each failure with its reason, each
-unsupported op type with its case count, and the totals. A failure whose outputs are
-within 2 ulp of their 16-bit float dtype is marked so (the expected data of those cases
-rounds after every op; rlx rounds once). ``--write-expected`` writes
+unsupported op type with its case count, and the totals. A failure that passes at a
+stated looser tolerance is marked so (16-bit cases: 2 ulp of the dtype, as their expected
+data rounds after every op and rlx rounds once; other float cases: atol 1e-6, the
+round-off their expected data carries). Those count as failures. ``--write-expected`` writes
 tests/frontends/onnx/unsupported_node_cases.json (what the test suite checks against)."""
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def main() -> int:
     ap.add_argument("--quiet", action="store_true", help="totals and failures only")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
-    from rlx.frontends.onnx.conformance import node_cases, run_case, ulp_tolerance
+    from rlx.frontends.onnx.conformance import looser_tolerance, node_cases, run_case
 
     cases = node_cases()
     t0 = time.perf_counter()
@@ -76,13 +77,17 @@ def main() -> int:
             print(f"{op[:32]:32} {c['pass']:5} {c['fail']:5} {c['unsupported']:5}")
     fails = [r for r in res if r.status == "fail"]
     by_name = {c.name: c for c in cases}
-    ulp = {
-        r.name for r in fails
-        if run_case(by_name[r.name], args.engine, ulp_tolerance(by_name[r.name])).status == "pass"
-    }  # fmt: skip
-    print(f"\nfailures ({len(fails)}; {len(ulp)} of them within 2 ulp of their 16-bit dtype):")
+    looser = {}
     for r in fails:
-        print(f"  {r.name}: {r.reason}{'  [within 2 ulp]' if r.name in ulp else ''}")
+        case = by_name[r.name]
+        tol, why = looser_tolerance(case)
+        if run_case(case, args.engine, tol).status == "pass":
+            looser[r.name] = {"rtol": tol[0], "atol": tol[1], "why": why}
+    print(f"\nfailures ({len(fails)}; {len(looser)} of them pass at a stated looser tolerance):")
+    for r in fails:
+        lt = looser.get(r.name)
+        note = f"  [passes at rtol {lt['rtol']:g}, atol {lt['atol']:g}: {lt['why']}]" if lt else ""
+        print(f"  {r.name}: {r.reason}{note}")
     unsup = collections.Counter(r.unsupported for r in res if r.status == "unsupported")
     print(f"\nunsupported ({sum(unsup.values())} cases, {len(unsup)} reasons):")
     print("  " + ", ".join(f"{k} ({v})" for k, v in sorted(unsup.items())))
@@ -110,7 +115,7 @@ def main() -> int:
             "--write-expected); every other case must pass",
             "unsupported_op_types": sorted(unsup),
             "cases": {r.name: r.unsupported for r in res if r.status == "unsupported"},
-            "within_2_ulp": sorted(ulp),
+            "looser_tolerance": looser,
         }
         EXPECTED.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         print(f"wrote {EXPECTED}")

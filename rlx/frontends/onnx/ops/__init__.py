@@ -79,6 +79,8 @@ _MODULES = (
     "resize",
     "signal",
     "rnn",
+    "rotary",
+    "dft",
 )
 for _m in _MODULES:
     importlib.import_module(f"rlx.frontends.onnx.ops.{_m}")
