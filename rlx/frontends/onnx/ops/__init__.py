@@ -81,6 +81,8 @@ _MODULES = (
     "rnn",
     "rotary",
     "dft",
+    "conv_transpose",
+    "einsum",
 )
 for _m in _MODULES:
     importlib.import_module(f"rlx.frontends.onnx.ops.{_m}")
