@@ -288,6 +288,7 @@ def quantize(
     asymmetric: bool | None = None,
     smooth_alpha: float | None = None,
     dynamic_mode: str = "u8",
+    activation_products: bool = False,
     exclude: Iterable[str | int] = (),
     accuracy_budget: float | None = None,
     options: CompileOptions | None = None,
@@ -306,7 +307,10 @@ def quantize(
     at run time, ``dynamic_mode`` "u8" or "s8"). ``method``: "minmax", "percentile" or
     "entropy" (static). ``asymmetric``: None picks u8 with a zero point per tensor where it
     lowers the error, True / False force it. ``smooth_alpha``: SmoothQuant's migration
-    strength (0.5 is the paper's default). ``exclude``: layer (weight) names or node ids to
+    strength (0.5 is the paper's default). ``activation_products``: attention's ``q k^T``
+    and ``probabilities x v`` and other activation x activation products run as integer
+    ``dynamic_qbatch_matmul`` too (see :mod:`rlx.quant.products`). ``exclude``: layer
+    (weight) names or node ids to
     keep in float. ``accuracy_budget``: the largest acceptable relative output error (the
     cheapest mix that meets it is picked). Accuracy is measured on ``eval_data`` (default:
     the first ``eval_batches`` calibration batches). ``rank_layers`` computes the
@@ -467,8 +471,12 @@ def quantize(
         qgraph, qparams, {ly.name: ly for ly in active}, entries, dyn_mode, per_channel
     )
 
-    def build(modes: Mapping[str, str]) -> tuple[Graph, Any, dict[str, np.ndarray]]:
-        low, kept = builder.lower(modes)
+    use_products = [activation_products]
+
+    def build(
+        modes: Mapping[str, str], alone: bool = False
+    ) -> tuple[Graph, Any, dict[str, np.ndarray]]:
+        low, kept = builder.lower(modes, products=use_products[0] and not alone)
         return low, sess.compile(low, opts, params=kept), kept
 
     def start_mode(ly: Layer) -> str:
@@ -478,7 +486,7 @@ def quantize(
     ranking: list[LayerError] = []
     if rank_layers or accuracy_budget is not None:
         for ly in active:
-            _, comp, _ = build({ly.name: modes[ly.name]})
+            _, comp, _ = build({ly.name: modes[ly.name]}, alone=True)
             ranking.append(
                 LayerError(ly.name, ly.node, _measure(comp, float_outs, evals, n_out).worst())
             )
@@ -496,6 +504,13 @@ def quantize(
             f"{acc.worst().note}. Pass eval_data with inputs whose float outputs are finite "
             "and not all zero"
         )
+    if accuracy_budget is not None and use_products[0] and acc.worst().relative > accuracy_budget:
+        use_products[0] = False  # the products go back to float before any layer does
+        for label in builder.products_done:
+            float_compute[label] = f"kept in float to meet the accuracy budget {accuracy_budget:g}"
+        builder.products_done = {}
+        low, compiled, low_params = build(modes)
+        acc = _measure(compiled, float_outs, evals, n_out)
     if accuracy_budget is not None and modes:
         low, compiled, low_params, acc = _meet_budget(
             modes, [le.layer for le in ranking], activations, accuracy_budget, kept_float,
@@ -529,7 +544,8 @@ def quantize(
         methods=methods,
         smooth_alpha=smooth_alpha,
         smoothing={n: t for n, t in smooth_info.items() if n in modes},
-        float_compute=float_compute,
+        float_compute={k: v for k, v in float_compute.items() if k not in builder.products_done},
+        products=dict(builder.products_done) if use_products[0] else {},
     )
     record = {n: entries[n] for n, m in modes.items() if m == "static"}
     return QuantizeResult(compiled, float_compiled, report, low, record, low_params)

@@ -13,7 +13,7 @@ matmuls and convs into integer ops; weight params folded into i8 constants leave
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from rlx.passes.base import Rewriter
 from rlx.quant.dynamic import DynamicLowering
 from rlx.quant.layers import Layer
 from rlx.quant.lower import QuantLowering, drop_params
+from rlx.quant.products import QuantizeActivationProducts
 from rlx.quant.record import CalibrationEntry
 
 __all__ = ["fake_quant_graph", "VariantBuilder", "MODES"]
@@ -72,10 +73,16 @@ class VariantBuilder:
     entries: Mapping[str, tuple[CalibrationEntry, CalibrationEntry]]
     dynamic_mode: ActQuant = ActQuant.U8
     per_channel: bool = True
+    #: what the last ``lower(..., products=True)`` made integer / left float (label -> how)
+    products_done: dict[str, str] = field(default_factory=dict)
 
-    def lower(self, modes: Mapping[str, str]) -> tuple[Graph, dict[str, np.ndarray]]:
+    def lower(
+        self, modes: Mapping[str, str], products: bool = False
+    ) -> tuple[Graph, dict[str, np.ndarray]]:
         """The lowered graph for ``modes`` (layer name -> "static" / "dynamic" / "float";
-        layers not named stay float) and the params it reads."""
+        layers not named stay float) and the params it reads. ``products``: attention and
+        activation x activation products become ``dynamic_qbatch_matmul`` too
+        (:mod:`rlx.quant.products`)."""
         dyn = {self.layers[n].node: self.dynamic_mode for n, m in modes.items() if m == "dynamic"}
         g, folded = self.graph, set()
         idmap: dict[NodeId, NodeId] = {n.id: n.id for n in g.nodes}
@@ -89,5 +96,9 @@ class VariantBuilder:
             g = QuantLowering(self.params, self.per_channel).run(fake_quant_graph(g, static))
         if folded:
             g, _ = drop_params(g, folded)
+        if products:
+            pq = QuantizeActivationProducts()
+            g = pq.run(g)
+            self.products_done = pq.done
         names = set(g.param_names)
         return g, {k: np.asarray(v) for k, v in self.params.items() if k in names}

@@ -153,7 +153,8 @@ class AccuracyReport:
     ``'dynamic u8 per-row activations'``, with the SmoothQuant step when one applied);
     ``smoothing``: layer -> what SmoothQuant did or why it did not (``smooth_alpha`` set).
     ``float_compute``: products that are not layers and stay float (attention, activation x
-    activation dot_general), node label -> why.
+    activation dot_general), node label -> why; ``products``: those made integer
+    (``activation_products=True``), node label -> how.
     """
 
     method: str
@@ -171,6 +172,7 @@ class AccuracyReport:
     smooth_alpha: float | None = None
     smoothing: dict[str, str] = field(default_factory=dict)
     float_compute: dict[str, str] = field(default_factory=dict)
+    products: dict[str, str] = field(default_factory=dict)
 
     def method_counts(self) -> dict[str, int]:
         """How many layers got each kind of quantization ("static s8", "static u8",
@@ -234,6 +236,8 @@ class AccuracyReport:
                 continue
             head = f"{name} ({where})" if where and where not in why else name
             lines.append(f"  kept float: {head}: {why}")
+        for label, how in self.products.items():
+            lines.append(f"  integer product: {label}: {how}")
         for label, why in self.float_compute.items():
             lines.append(f"  float compute: {label}: {why}")
         return "\n".join(lines)

@@ -162,9 +162,100 @@ def test_transposed_weights_and_dot_general_become_layers(no_calibration):
     assert sorted(r.report.quantized) == ["w2", "w3.T", "wt.T"]
     (why,) = r.report.float_compute.values()  # the gram matrix, said in the report
     assert "both operands are activations" in why and "float compute:" in str(r.report)
+    from rlx.ops.qmatmul import DynamicQBatchMatMul
+
+    rp = quantize(g, None, params=p, activations="dynamic", activation_products=True)
+    (gram_q,) = rp.graph.find(DynamicQBatchMatMul)  # x x^T: the transposed product
+    assert gram_q.op.transpose_b and not rp.graph.find(DotGeneral)
+    xv = rng.standard_normal((6, 24)).astype(np.float32)
+    xv3 = xv.reshape(2, 3, 24)
+    rq = np_rows(xv3.reshape(-1, 24), "s8").reshape(2, 3, 24).astype(np.float64)
+    want = rq @ rq.swapaxes(-1, -2)  # rows of x^T's columns are x's rows: same quantization
+    np.testing.assert_allclose(rp.compiled.run({"x": xv})[3], want, rtol=1e-4, atol=1e-3)
     xv = rng.standard_normal((6, 24)).astype(np.float32)
     outs = r.compiled.run({"x": xv})
     xq = np_rows(xv, "s8").astype(np.float64)
     for got, w in zip(outs[:3], (p["wt"].T, p["w2"], p["w3"].T), strict=True):
         want = xq @ np_weight(np.ascontiguousarray(w))
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def np_softmax(s: np.ndarray) -> np.ndarray:
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def attention_model() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(6)
+    p = {f"w{r}": (rng.standard_normal((16, 16)) / 4).astype(np.float32) for r in "qkv"}
+    g = rlx.Graph("attn")
+    x = g.input("x", (2, 5, 16))
+    m = g.input("mask", (2, 1, 1, 5))
+    q, k, v = (g.matmul(x, g.param(f"w{r}", (16, 16))) for r in "qkv")
+    g.set_outputs([g.attention(q, k, v, 4, 4, mask_input=m)])
+    return g, p
+
+
+def attention_inputs(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    mask = np.zeros((2, 1, 1, 5), np.float32)
+    mask[1, ..., 3:] = -1e9  # the second sentence has two padding tokens
+    return {"x": rng.standard_normal((2, 5, 16)).astype(np.float32), "mask": mask}
+
+
+def np_attention(x: np.ndarray, mask: np.ndarray, p: dict[str, np.ndarray]) -> np.ndarray:
+    """u8 per-row linears, then s8 rows x s8 columns for q k^T (scale 1/2 folded into k's
+    scales) and u8 probability rows x s8 columns of v, written from the method."""
+
+    def lin(a, w):
+        return (np_rows(a.reshape(-1, 16), "u8").astype(np.float64) @ np_weight(w)).reshape(
+            2, 5, 16
+        )
+
+    def heads(t):
+        return t.astype(np.float32).reshape(2, 5, 4, 4).transpose(0, 2, 1, 3)
+
+    def rows(t, mode):  # per row of the last axis, any leading dims
+        return np_rows(t.reshape(-1, t.shape[-1]), mode).reshape(t.shape)
+
+    q, k, v = (heads(lin(x, p[f"w{r}"])) for r in "qkv")
+    kq = rows(k, "s8") * np.float32(0.5)
+    s = rows(q, "s8").astype(np.float64) @ kq.swapaxes(-1, -2) + mask
+    probs = np_softmax(s).astype(np.float32)
+    vq = rows(v.swapaxes(-1, -2), "s8").swapaxes(-1, -2)
+    o = rows(probs, "u8").astype(np.float64) @ vq
+    return o.transpose(0, 2, 1, 3).reshape(2, 5, 16)
+
+
+def test_attention_products_become_integer():
+    from rlx.ops.nn import Attention
+    from rlx.ops.qmatmul import DynamicQBatchMatMul
+
+    g, p = attention_model()
+    plain = quantize(g, None, params=p, activations="dynamic")
+    assert len(plain.graph.find(Attention)) == 1 and len(plain.report.float_compute) == 1
+    r = quantize(g, None, params=p, activations="dynamic", activation_products=True)
+    assert not r.graph.find(Attention) and len(r.graph.find(DynamicQBatchMatMul)) == 2
+    assert len(r.graph.find(DynamicQMatMul)) == 3 and not r.report.float_compute
+    ((label, how),) = r.report.products.items()
+    assert "attention" in label and "q k^T" in how and "integer product:" in str(r.report)
+    for seed in (1, 2):
+        b = attention_inputs(seed)
+        want = np_attention(b["x"], b["mask"], p)
+        got = r.compiled.run(b)[0]
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
+
+
+def test_budget_turns_the_products_back_to_float_first():
+    g, p = attention_model()
+    ev = [attention_inputs(s) for s in (3, 4)]
+    kw = dict(params=p, eval_data=ev, activations="dynamic", rank_layers=False)
+    without = quantize(g, ev, **kw).report.worst.relative
+    with_products = quantize(g, ev, activation_products=True, **kw).report.worst.relative
+    assert with_products > without
+    budget = (with_products + without) / 2
+    r = quantize(g, ev, activation_products=True, accuracy_budget=budget, **kw)
+    rep = r.report
+    assert rep.budget_met and not rep.products and not rep.kept_float
+    (why,) = rep.float_compute.values()
+    assert "kept in float to meet the accuracy budget" in why
