@@ -28,6 +28,7 @@ _MODULES = (
     "bitwise",  # bitwise and / or / xor / shifts, bitwise_not
     "trig",  # tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh
     "cumulative",  # cumprod
+    "bitcast",  # bitcast (the same bytes as another dtype)
 )
 for _m in _MODULES:
     importlib.import_module(f"rlx.ops.{_m}")

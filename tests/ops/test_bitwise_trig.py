@@ -111,3 +111,23 @@ def test_cumprod_matches_a_loop(dt, reverse: bool, exclusive: bool) -> None:  # 
             else:
                 acc *= x[i, j]
                 assert out[i, j] == acc
+
+
+@pytest.mark.parametrize(
+    ("src", "dst"),
+    [(np.float32, np.int32), (np.int64, np.float64), (np.int8, np.uint8), (np.bool_, np.uint8)],
+)
+def test_bitcast_reads_the_same_bytes(src, dst) -> None:  # noqa: ANN001
+    from rlx.ops.bitcast import Bitcast
+
+    x = np.array([[1.5, -2.0, 0.0], [3.25, 7.0, -0.5]]).astype(src)
+    out = _both(Bitcast(rlx.DType.from_numpy(dst)), x)
+    assert out.dtype == np.dtype(dst) and out.tobytes() == x.tobytes()
+
+
+def test_bitcast_needs_equal_widths() -> None:
+    from rlx.ops.bitcast import Bitcast
+
+    g = rlx.Graph("bad")
+    with pytest.raises(ShapeError, match="4-byte"):
+        g.apply(Bitcast(rlx.DType.I64), [g.input("x", [2], "f32")])

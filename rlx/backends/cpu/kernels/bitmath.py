@@ -1,4 +1,4 @@
-"""Kernels of the bitwise ops (``Bitwise``, ``BitwiseNot``), ``Trig`` and ``CumProd``: NumPy
+"""Kernels of the bitwise ops (``Bitwise``, ``BitwiseNot``), ``Trig``, ``CumProd`` and ``Bitcast``: NumPy
 ufuncs writing into the arena view (16-bit float trig computed in f32, rounded once)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel
+from rlx.ops.bitcast import Bitcast
 from rlx.ops.bitwise import Bitwise, BitwiseKind, BitwiseNot, bitwise
 from rlx.ops.cumulative import CumProd, cumprod
 from rlx.ops.trig import TRIG_FNS, Trig
@@ -15,7 +16,13 @@ from rlx.ops.trig import TRIG_FNS, Trig
 if TYPE_CHECKING:
     from rlx.ir.mir import Node
 
-__all__ = ["bitwise_kernel", "bitwise_not_kernel", "trig_kernel", "cumprod_kernel"]
+__all__ = [
+    "bitwise_kernel",
+    "bitwise_not_kernel",
+    "trig_kernel",
+    "cumprod_kernel",
+    "bitcast_kernel",
+]
 
 _UFUNC = {BitwiseKind.AND: np.bitwise_and, BitwiseKind.OR: np.bitwise_or,
           BitwiseKind.XOR: np.bitwise_xor}  # fmt: skip
@@ -79,3 +86,13 @@ def cumprod_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: Kern
         np.copyto(out, cumprod(x, op.axis, op.reverse, op.exclusive), casting="unsafe")
 
     return run
+
+
+@kernel(Bitcast)
+def bitcast_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
+    """A byte copy: ``out``'s bytes become ``x``'s."""
+    (x,) = ins
+    src = x.view(out.dtype) if x.flags.c_contiguous else None
+    if src is None:
+        return lambda: np.copyto(out, np.ascontiguousarray(x).view(out.dtype).reshape(x.shape))
+    return lambda: np.copyto(out, src)

@@ -15,6 +15,7 @@ from rlx.frontends.onnx.context import NodeCtx
 from rlx.frontends.onnx.dtypes import to_dtype
 from rlx.frontends.onnx.ops import converter
 from rlx.frontends.onnx.ops.util import bin_, cast, cmp, dtype_of, scalar, un, where
+from rlx.ops.bitcast import Bitcast
 from rlx.ops.bitwise import Bitwise, BitwiseKind, BitwiseNot
 from rlx.ops.elementwise import BinaryKind as B
 from rlx.ops.elementwise import CompareKind as C
@@ -336,3 +337,9 @@ def is_inf(ctx: NodeCtx) -> int:
     if not ctx.attr("detect_positive", 1):
         return neg
     return bin_(g, B.OR, pos, neg)
+
+
+@converter("BitCast", since=26)
+def bit_cast(ctx: NodeCtx) -> int:
+    to = to_dtype(ctx.attr("to"), f"BitCast target of {ctx.node.name!r}")
+    return ctx.g.apply(Bitcast(to), [ctx.x(0)])
