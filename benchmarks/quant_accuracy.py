@@ -59,6 +59,10 @@ RLX_METHODS: dict[str, dict[str, Any]] = {
         "dynamic_mode": "s8",
         "smooth_alpha": 0.5,
     },
+    "rlx dynamic u8 + integer attention products": {
+        "activations": "dynamic",
+        "activation_products": True,
+    },
 }
 ORT_ENGINES = ("ORT f32", "ORT int8", "ORT int8 fused")
 
@@ -105,6 +109,8 @@ def run_rlx(model_dir: Path, sentences: list[str], ref: dict[str, np.ndarray]) -
         n = len(rep.quantized)
         row = {"name": name, "integer": f"{n}/{n + len(rep.kept_float)}", "build_s": build}
         row["counts"] = rep.method_counts()
+        if rep.products:
+            row["integer"] += f" + {2 * len(rep.products)} attention products"
         rows.append(row | score(enc.encode(sentences, batch_size=32, progress=False), ref))
     return rows
 

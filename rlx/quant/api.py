@@ -30,7 +30,10 @@ Steps:
    ``per_channel=False``).
 4. *Lowering* (:mod:`rlx.quant.mix`): ``dynamic_qmatmul`` for dynamic layers, Q/DQ then
    ``qmatmul`` / ``qconv2d`` for static ones, weights quantized into i8 constants (the f32
-   weight params leave the graph); then compile (the compile pipeline fuses bias,
+   weight params leave the graph); with ``activation_products=True`` attention's products
+   and other activation x activation products become ``dynamic_qbatch_matmul``
+   (:mod:`rlx.quant.products`; off by default: on all-MiniLM-L6-v2 they cost no accuracy
+   but the fused float attention kernel is faster); then compile (the compile pipeline fuses bias,
    activation and residual into the integer GEMM's epilogue). Compiles bypass the
    in-process compile cache: each variant is compiled once and thrown away.
 5. *Accuracy*: outputs vs the float graph (max abs, relative L2, cosine); a per-layer
