@@ -1,5 +1,5 @@
 """What ``rlx inspect`` and ``rlx bench`` work on. In: a model directory, a known model
-name or a graph file (``.rlx``). Out: :class:`Target`: the source graph (f32, what FLOPs
+name or a graph file (``.rlx``, or ``.onnx`` imported by ``rlx.onnx.load``). Out: :class:`Target`: the source graph (f32, what FLOPs
 are counted on), its symbols in order, inputs at a shape, and compiled graphs at a
 precision and thread count.
 
@@ -146,8 +146,13 @@ class Target:
 
 
 def open_target(spec: str) -> Target:
-    """A :class:`Target` for a ``.rlx`` file, a model directory or a known model name."""
+    """A :class:`Target` for a ``.rlx`` or ``.onnx`` file, a model directory or a known
+    model name."""
     path = Path(spec)
+    if path.is_file() and path.suffix == ".onnx":
+        from rlx.cli.onnx_cmds import onnx_target
+
+        return onnx_target(path)
     if path.is_file():
         from rlx.ir.serialize import load
 
