@@ -33,7 +33,9 @@ scatter_add, fake_quantize, exclusive cumsum, integer division and power;
 ``kernels.intmath``: integer matmul and dot_general; ``kernels.control``: If / While /
 Scan as compiled sub-programs; ``kernels.corners``: complex, bool and non-f32 quantize
 corners; ``kernels.seed``: selective_scan, the dense solves, grouped / LoRA matmuls,
-qconv2d without the native library, sample, custom_fn); ``load_kernels`` imports every module of
+qconv2d without the native library, sample, custom_fn; ``kernels.indexing``:
+gather_elements, scatter_elements, gather_nd, scatter_nd; ``kernels.bitmath``: bitwise,
+bitwise_not, trig, cumprod, bitcast); ``load_kernels`` imports every module of
 the package. Every built-in op has a factory here (``tests/cpu/test_kernel_coverage.py``):
 the reference kernel is for custom ops.
 """
