@@ -158,7 +158,10 @@ class CompiledGraph:
     # ---- params ---------------------------------------------------------------------
 
     def set_param(self, name: str, value: Any) -> None:
-        """Check and store one param (copied; later changes to ``value`` do not leak in)."""
+        """Check and store one param. A writable array is copied (later changes to
+        ``value`` do not leak in); a read-only one that no writable array shares (a
+        memory-mapped file, an array whose ``writeable`` flag the caller cleared) is used
+        in place and must not change afterwards."""
         with self._lock:
             self._set_param(name, value)
 
