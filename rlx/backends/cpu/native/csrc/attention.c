@@ -140,7 +140,27 @@ static inline __attribute__((always_inline)) void mask_pass(
     const vf ninf = VSET1(-INFINITY);
     vf iv[RMAX];
     for (int r = 0; r < R; r++) iv[r] = VLOAD(rw->iq + r * W);
-    for (long jj = 0; jj < nb; jj++) {
+    long jj = 0;
+    if (rw->mbase != NULL && !rw->mrow_scalar && msk == 1) {
+        /* a mask row per query row, contiguous along keys: W keys x W rows at a time,
+         * transposed in registers */
+        for (; jj + W <= nb; jj += W)
+            for (int r = 0; r < R; r++) {
+                vf c[W];
+                for (int l = 0; l < W; l++) {
+                    long ii = r * W + l;
+                    c[l] = ii < m ? VLOAD(rw->mbase + rw->moff[ii] + j0 + jj) : VZERO();
+                }
+                transpose_w(c);
+                for (int t = 0; t < W; t++) {
+                    float *sp = st + (jj + t) * MB + r * W;
+                    vf s = VADD(VLOAD(sp), c[t]);
+                    VSTORE(sp, s);
+                    bmax[r] = VMAX(bmax[r], s);
+                }
+            }
+    }
+    for (; jj < nb; jj++) {
         const long j = j0 + jj;
         for (int r = 0; r < R; r++) {
             vf s = VLOAD(st + jj * MB + r * W);
