@@ -32,6 +32,38 @@
  */
 
 
+/* Software prefetch for the GEMV: a row's compute issues few loads, so the out-of-order
+ * window alone keeps too few cache misses in flight to stream from DRAM (measured here:
+ * 1-2 GB/s without, against 4-5 GB/s for a plain read). Each thread keeps the packed
+ * bytes (and Int8/Int4 scales and zero points) PF_AHEAD bytes ahead of the row it reads
+ * prefetched; every line is prefetched once. */
+#ifndef PF_AHEAD
+#define PF_AHEAD 4096
+#endif
+typedef struct {
+    const uint8_t *next; /* first byte not yet prefetched */
+    const uint8_t *snext; /* same for the scale / zero-point arrays */
+} prefetcher;
+
+static inline void pf_range(const uint8_t **next, const uint8_t *from, const uint8_t *to) {
+    const uint8_t *p = *next;
+    if (p < from || p > to) p = from; /* first row of this thread */
+    for (; p < to; p += 64) __builtin_prefetch(p, 0, 3);
+    *next = p;
+}
+
+static inline void prefetch_rows(const dq_t *s, prefetcher *pf, long n) {
+    const uint8_t *row = s->w + n * s->row_bytes;
+    pf_range(&pf->next, row, row + s->row_bytes + PF_AHEAD);
+    if (s->code == S_I8 || s->code == S_I4) {
+        long per = s->nb * 4; /* bytes of scale (and of zp) per row */
+        const uint8_t *sc = (const uint8_t *)(s->scale + n * s->nb);
+        pf_range(&pf->snext, sc, sc + per + PF_AHEAD / 8);
+        const uint8_t *zp = (const uint8_t *)(s->zp + n * s->nb);
+        for (long o = 0; o < per; o += 64) __builtin_prefetch(zp + o + PF_AHEAD / 8, 0, 3);
+    }
+}
+
 /* ---- decode: M < 4 ------------------------------------------------------------------ */
 static int gemv(const dq_t *s, long M, long N, long K, const float *x, long ldx, float *y,
                 long ldy, int threads) {
@@ -47,10 +79,16 @@ static int gemv(const dq_t *s, long M, long N, long K, const float *x, long ldx,
         float *px = alloc_f(M * K + 1);
         if (!px) return 1;
         for (long m = 0; m < M; m++) prep_x(s, x + m * ldx, K, px + m * K);
-#pragma omp parallel for num_threads(threads) schedule(static)
-        for (long n = 0; n < N; n++)
-            for (long m = 0; m < M; m++)
-                y[m * ldy + n] = fused_row(s, n, x + m * ldx, px + m * K, K);
+#pragma omp parallel num_threads(threads)
+        {
+            prefetcher pf = {0, 0};
+#pragma omp for schedule(static)
+            for (long n = 0; n < N; n++) {
+                prefetch_rows(s, &pf, n);
+                for (long m = 0; m < M; m++)
+                    y[m * ldy + n] = fused_row(s, n, x + m * ldx, px + m * K, K);
+            }
+        }
         free(px);
         return 0;
     }
@@ -60,8 +98,10 @@ static int gemv(const dq_t *s, long M, long N, long K, const float *x, long ldx,
         float *buf = alloc_f(clen);
         if (!buf) fail = 1;
         else {
+            prefetcher pf = {0, 0};
 #pragma omp for schedule(static)
             for (long n = 0; n < N; n++) {
+                prefetch_rows(s, &pf, n);
                 float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 for (long b0 = 0; b0 < s->nb; b0 += cb) {
                     long nblk = s->nb - b0 < cb ? s->nb - b0 : cb;
