@@ -83,6 +83,7 @@ _MODULES = (
     "dft",
     "conv_transpose",
     "einsum",
+    "grid_sample",
 )
 for _m in _MODULES:
     importlib.import_module(f"rlx.frontends.onnx.ops.{_m}")
