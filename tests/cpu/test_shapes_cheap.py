@@ -248,3 +248,23 @@ def test_a_workspace_only_grows() -> None:
     ws.ensure(size + 1)
     assert ws.generation == gen + 1 and ws.nbytes >= 1.25 * size
     assert ws.buffer.ctypes.data % 64 == 0
+
+
+def test_a_constant_prepared_at_build_survives_other_shapes() -> None:
+    """A bf16 dot_general whose constant operand is transposed once at build time (into a
+    layout of its own, not scratch that other shapes' activations reuse)."""
+    import ml_dtypes
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    g = rlx.Graph("const_b")
+    n = g.sym("n", max=64)
+    x = g.input("x", (2, n, 8), "bf16")
+    c = np.random.default_rng(7).standard_normal((2, 6, 8)).astype(bf16)
+    g.set_outputs([g.dot_general(x, g.constant(c), ((2,), (2,)), ((0,), (0,)))])
+    cg = Session("cpu").compile(g, OPTS)
+    rng = np.random.default_rng(8)
+    for rows in (40, 3, 40, 3, 5, 40, 5):
+        xv = rng.standard_normal((2, rows, 8)).astype(bf16)
+        got = cg.run({"x": xv})[0].astype(np.float32)
+        want = g.evaluate({"x": xv}, {})[0].astype(np.float32)
+        np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
