@@ -192,7 +192,13 @@ def test_built_code_uses_the_targets_registers(target) -> None:
     assert want <= regs and not never & regs, regs
 
 
-@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.value)
+# each (target, dtype) is a library build: the selected target's are fast, the others slow
+LOWP_TARGETS = [
+    t if t is native.selected_target() else pytest.param(t, marks=pytest.mark.slow) for t in TARGETS
+]
+
+
+@pytest.mark.parametrize("target", LOWP_TARGETS, ids=lambda t: t.value)
 @pytest.mark.parametrize(("dtype", "tol"), [(BF16, 8e-3), (np.dtype(np.float16), 1e-3)], ids=str)
 def test_low_precision_inputs(target, dtype, tol) -> None:
     """bf16 / f16 q, k, v read directly (keys and values widened a block at a time), f32
