@@ -303,7 +303,9 @@ def test_team_chunks_cover_every_row_once(rows: int, width: int, threads_: int) 
 
 
 def test_info_names_the_wait_policy() -> None:
-    text = str(rlx.info())
+    from rlx.info import info  # the module, not rlx.info: tests/test_info_cli.py imports it
+
+    text = str(info())
     line = next(ln for ln in text.splitlines() if "openmp wait" in ln)
     assert "GOMP_SPINCOUNT" in line or "OMP_WAIT_POLICY" in line
 

@@ -59,7 +59,7 @@ __all__ = [
 # free (16384-element add: 1.6-2.0 us on 2 threads, 1.8 us on one); with PASSIVE
 # workers it cost 3 us (16K) to 11-30 us (262K), hence the old 1 << 20. Work = output
 # elements * (1 + CALL_WEIGHT * math calls per element). At 1 << 18 one thread takes
-# (benchmarks/threads.py --thresholds): add of 262144 elements 42 us, gelu (one erf) of
+# (benchmarks/threads.py --parts thresholds): add of 262144 elements 42 us, gelu (one erf) of
 # 32768 elements 40 us, layer norm of 262144 (rows of 384) 66 us, softmax (one exp) of
 # 32768 (rows of 128) 15 us. Lower would gain < 15 us a region and, when another job
 # holds the second core, a team waits for its worker to be scheduled (measured: ~200 us
