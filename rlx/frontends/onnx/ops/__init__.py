@@ -84,6 +84,7 @@ _MODULES = (
     "conv_transpose",
     "einsum",
     "grid_sample",
+    "linear_attention",
 )
 for _m in _MODULES:
     importlib.import_module(f"rlx.frontends.onnx.ops.{_m}")
