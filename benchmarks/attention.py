@@ -1,12 +1,13 @@
 """Native fused attention vs the BLAS attention kernel vs torch's scaled_dot_product_attention.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/attention.py \\
-        [--threads 1 2] [--rounds 9] [--quick] [--out BENCHMARKS_attention.md]
+        [--threads 1 2] [--rounds 9] [--quick] [--cases NAME ...] [--out BENCHMARKS_attention.md]
 
 Cases: the attention op alone at all-MiniLM-L6-v2's shapes (H=12, D=32; B x S = 1x16,
 8x128, 32x128; no mask, and 8x128 with a BERT padding mask: a custom additive f32
-[B,1,1,S] mask, a quarter of the keys hidden by -1e30) and a long causal sequence
-(B=1, S=2048, H=8, D=64); and end to end the MiniLM-sized encoder
+[B,1,1,S] mask, a quarter of the keys hidden by -1e30), a long causal sequence
+(B=1, S=2048, H=8, D=64) and a grouped-query decode step (one query against 2048 keys,
+H=32, Hkv=8, D=128); and end to end the MiniLM-sized encoder
 (``rlx.models.synthetic.encoder()``, 6 layers, hidden 384; its spelled-out attention
 fuses into ``attention`` nodes) at 1x16, 8x128 and 32x128 (rlx engines only).
 
@@ -45,26 +46,28 @@ ROOT = Path(__file__).resolve().parents[1]
 PEERS_PY = "/tmp/rlx/peers/bin/python"
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
-# name -> (kind, B, S, H, D, mask)
-CASES: dict[str, tuple[str, int, int, int, int, str]] = {
-    "att 1x16": ("op", 1, 16, 12, 32, "none"),
-    "att 8x128": ("op", 8, 128, 12, 32, "none"),
-    "att 8x128 padding mask": ("op", 8, 128, 12, 32, "padding"),
-    "att 32x128": ("op", 32, 128, 12, 32, "none"),
-    "att 1x2048 causal H8 D64": ("op", 1, 2048, 8, 64, "causal"),
-    "encoder 1x16": ("encoder", 1, 16, 12, 32, "none"),
-    "encoder 8x128": ("encoder", 8, 128, 12, 32, "none"),
-    "encoder 32x128": ("encoder", 32, 128, 12, 32, "none"),
+# name -> (kind, B, Sq, Skv, H, Hkv, D, mask)
+CASES: dict[str, tuple[str, int, int, int, int, int, int, str]] = {
+    "att 1x16": ("op", 1, 16, 16, 12, 12, 32, "none"),
+    "att 8x128": ("op", 8, 128, 128, 12, 12, 32, "none"),
+    "att 8x128 padding mask": ("op", 8, 128, 128, 12, 12, 32, "padding"),
+    "att 32x128": ("op", 32, 128, 128, 12, 12, 32, "none"),
+    "att 1x2048 causal H8 D64": ("op", 1, 2048, 2048, 8, 8, 64, "causal"),
+    "decode 1 of 2048 H32 Hkv8 D128": ("op", 1, 1, 2048, 32, 8, 128, "none"),
+    "encoder 1x16": ("encoder", 1, 16, 16, 12, 12, 32, "none"),
+    "encoder 8x128": ("encoder", 8, 128, 128, 12, 12, 32, "none"),
+    "encoder 32x128": ("encoder", 32, 128, 128, 12, 12, 32, "none"),
 }
 QUICK = ("att 1x16", "att 8x128", "encoder 8x128")
 
 
-def _inputs(b: int, s: int, h: int, d: int, mask: str) -> dict[str, Any]:
+def _inputs(b: int, sq: int, skv: int, h: int, hkv: int, d: int, mask: str) -> dict[str, Any]:
     rng = np.random.default_rng(0)
-    x = {n: rng.standard_normal((b, s, h * d), dtype=np.float32) for n in "qkv"}
+    x = {"q": rng.standard_normal((b, sq, h * d), dtype=np.float32)}
+    x |= {n: rng.standard_normal((b, skv, hkv * d), dtype=np.float32) for n in "kv"}
     if mask == "padding":
-        keep = np.ones((b, 1, 1, s), np.float32)
-        keep[..., s - s // 4 :] = 0.0
+        keep = np.ones((b, 1, 1, skv), np.float32)
+        keep[..., skv - skv // 4 :] = 0.0
         x["m"] = (keep - 1.0) * np.float32(1e30)
     return x
 
@@ -81,7 +84,7 @@ def _rlx_runner(engine: str, case: str, threads: int) -> tuple[Any, Any]:
     from rlx.runtime.options import CompileOptions
 
     load_kernels()
-    kind, b, s, h, d, mask = CASES[case]
+    kind, b, s, skv, h, hkv, d, mask = CASES[case]
     if kind == "encoder":
         if engine == "blas":
             knn.native_attention = lambda *a: None  # the kernel as it was before
@@ -93,13 +96,14 @@ def _rlx_runner(engine: str, case: str, threads: int) -> tuple[Any, Any]:
         return (lambda: cg.run({"x": x})[0]), notes
     # the op alone: its kernel closure, made by the factory as the executor makes it
     g = rlx.Graph("att")
-    q, k, v = (g.input(n, (b, s, h * d)) for n in "qkv")
+    q = g.input("q", (b, s, h * d))
+    k, v = (g.input(n, (b, skv, hkv * d)) for n in "kv")
     kw: dict[str, Any] = {"mask": MaskKind.causal()} if mask == "causal" else {}
     if mask == "padding":
-        kw["mask_input"] = g.input("m", (b, 1, 1, s))
-    g.set_outputs([g.attention(q, k, v, h, d, **kw)])
+        kw["mask_input"] = g.input("m", (b, 1, 1, skv))
+    g.set_outputs([g.attention(q, k, v, h, d, num_kv_heads=hkv, **kw)])
     node = g.nodes[g.outputs[0]]
-    feed = _inputs(b, s, h, d, mask)
+    feed = _inputs(b, s, skv, h, hkv, d, mask)
     arrays = [feed[n] for n in ("q", "k", "v", "m") if n in feed]
     out = np.empty((b, s, h * d), np.float32)
     ctx = KernelCtx(node, g, {}, {}, {}, ScratchPool(), num_threads=threads)
@@ -118,16 +122,17 @@ def _torch_runner(case: str, threads: int) -> tuple[Any, Any]:
     import torch
 
     torch.set_num_threads(threads)
-    _, b, s, h, d, mask = CASES[case]
-    x = {n: torch.from_numpy(a) for n, a in _inputs(b, s, h, d, mask).items()}
-    qh, kh, vh = (x[n].view(b, s, h, d).transpose(1, 2) for n in "qkv")
+    _, b, s, skv, h, hkv, d, mask = CASES[case]
+    x = {n: torch.from_numpy(a) for n, a in _inputs(b, s, skv, h, hkv, d, mask).items()}
+    qh = x["q"].view(b, s, h, d).transpose(1, 2)
+    kh, vh = (x[n].view(b, skv, hkv, d).transpose(1, 2) for n in "kv")
     m = x.get("m")
-    causal = mask == "causal"
+    causal = mask == "causal"  # only with Sq == Skv (torch aligns it to the top left)
 
     def run() -> Any:
         with torch.inference_mode():
             o = torch.nn.functional.scaled_dot_product_attention(
-                qh, kh, vh, attn_mask=m, is_causal=causal
+                qh, kh, vh, attn_mask=m, is_causal=causal, enable_gqa=hkv != h
             )
             return o.transpose(1, 2).reshape(b, s, h * d).numpy()
 
@@ -255,8 +260,8 @@ def _table(
 
 
 def _inner(case: str) -> int:
-    kind, b, s, h, d, _ = CASES[case]
-    flops = 4 * b * h * s * s * d * (24 if kind == "encoder" else 1)
+    kind, b, s, skv, h, _, d, _ = CASES[case]
+    flops = 4 * b * h * s * skv * d * (24 if kind == "encoder" else 1)
     return max(1, min(200, int(3e8 / flops)))
 
 
@@ -266,13 +271,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--quick", action="store_true", help="three cases, 3 rounds")
+    ap.add_argument("--cases", nargs="+", choices=list(CASES), help="a subset of the cases")
     ap.add_argument("--torch-python", default=PEERS_PY)
     ap.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS_attention.md")
     a = ap.parse_args(argv)
     if a.worker:
         worker(a.worker[0], int(a.worker[1]))
         return
-    cases = list(QUICK if a.quick else CASES)
+    cases = a.cases or list(QUICK if a.quick else CASES)
     rounds = 3 if a.quick else a.rounds
     has_torch = Path(a.torch_python).exists()
     lines = [
