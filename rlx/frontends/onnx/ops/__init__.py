@@ -85,6 +85,7 @@ _MODULES = (
     "einsum",
     "grid_sample",
     "linear_attention",
+    "scatter_misc",
 )
 for _m in _MODULES:
     importlib.import_module(f"rlx.frontends.onnx.ops.{_m}")
