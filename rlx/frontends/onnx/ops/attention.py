@@ -149,3 +149,52 @@ def attention(ctx: NodeCtx) -> list[int | None]:
         b, s_, h, d = g.shape(y).dims
         y = g.apply(Reshape((b, s_, h * d)), [y])
     return [y, present_k, present_v, cast(g, qk_out, dt)]
+
+
+def _apply_mod(ctx: NodeCtx, body, x: int) -> int:  # noqa: ANN001
+    """Inline a one-input modifier sub-graph (FlexAttention's score_mod / prob_mod)."""
+    from rlx.frontends.onnx.loader import convert_nodes
+    from rlx.frontends.onnx.tensors import to_array
+
+    ctx.st.ids[body.input[0].name] = x
+    for t in body.initializer:
+        ctx.st.consts[t.name] = to_array(t)
+    convert_nodes(ctx.st, body.node)
+    return ctx.st.node_id(body.output[0].name)
+
+
+@converter("FlexAttention", since=1, domain="ai.onnx.preview")
+def flex_attention(ctx: NodeCtx) -> int:
+    """``softmax(mod(q·kᵀ·scale))·v`` with the score / prob modifier sub-graphs inlined; the
+    softmax runs in softmax_precision (f32 for 16-bit inputs), grouped KV heads repeated."""
+    g = ctx.g
+    q, k, v = ctx.x(0), ctx.x(1), ctx.x(2)
+    nb, hq, _, e = g.shape(q).dims
+    hkv = g.shape(k).dims[1]
+    dt = ctx.dtype(q)
+    if hq != hkv:
+        reps = int(hq) // int(hkv)
+        rep = []
+        for t in (k, v):
+            _, _, L, d = g.shape(t).dims
+            t = g.apply(Reshape((nb, hkv, 1, L, d)), [t])
+            rep.append(
+                g.apply(Reshape((nb, hq, L, d)), [g.apply(Expand((nb, hkv, reps, L, d)), [t])])
+            )
+        k, v = rep
+    sc = ctx.attr("scale")
+    scale = 1.0 / math.sqrt(int(e)) if sc is None else float(sc)
+    rt = scalar(g, float(np.sqrt(np.float32(scale))), q)
+    kt = g.apply(Transpose((0, 1, 3, 2)), [bin_(g, B.MUL, k, rt)])
+    s = g.apply(MatMul(), [bin_(g, B.MUL, q, rt), kt])
+    sp = ctx.attr("softmax_precision")
+    ct = to_dtype(sp, "softmax_precision") if sp is not None else (
+        DType.F64 if dt is DType.F64 else DType.F32)  # fmt: skip
+    s = cast(g, s, ct)
+    if ctx.has_attr("score_mod"):
+        s = cast(g, _apply_mod(ctx, ctx.attr("score_mod"), s), ct)
+    p = g.apply(Softmax(-1), [s])
+    if ctx.has_attr("prob_mod"):
+        p = cast(g, _apply_mod(ctx, ctx.attr("prob_mod"), p), ct)
+    y = g.apply(MatMul(), [p, cast(g, v, ct)])
+    return cast(g, y, ctx.dtype(ctx.x(2)))
