@@ -30,6 +30,7 @@ should run the node (the caller keeps its BLAS path).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import threading
@@ -219,6 +220,13 @@ def choose(
     return win == "native", f"measured {tn * 1e3:.3f} ms vs BLAS {tb * 1e3:.3f} ms"
 
 
+def _bound(fn: Any, args: tuple) -> Callable[[], int]:
+    """``fn`` with ``args`` converted to its ctypes argument types once (a call then
+    skips the int conversions: about half the ctypes overhead)."""
+    conv = [None if v is None else t(v) for t, v in zip(fn.argtypes, args, strict=True)]
+    return functools.partial(fn, *conv)
+
+
 def _rand(shape: tuple[int, ...], seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
 
@@ -319,7 +327,7 @@ def weight_matmul(
             else:
                 steps.append(lambda: np.copyto(dst, src))  # type: ignore[arg-type, return-value]
     args = lib.gemm_args(a2, packed, o2, bias=bias1, act=act)
-    gemm = lib.lib.rlx_sgemm
+    gemm = _bound(lib.lib.rlx_sgemm, (*args, nt))
     ctx.kind = KernelKind.NATIVE
     epi = [s for s, on in (("bias", bias is not None), (act or "", act is not None)) if on]
     ep = f", epilogue {' + '.join(epi)} in the tile" if epi else ""
@@ -329,7 +337,7 @@ def weight_matmul(
     def run() -> None:
         for s in steps:
             s()
-        if gemm(*args, nt) != 0:
+        if gemm() != 0:
             raise MemoryError(f"rlx sgemm of %{node.id}: could not allocate packing buffers")
 
     run.keepalive = keep  # type: ignore[attr-defined]  # args hold only pointers
@@ -385,12 +393,12 @@ def batched_matmul(
         ctx.notes.append(f"blas (not rlx sgemm ({lib.isa}): {why})")
         return None
     args = lib.batched_args(a3, b3, o3, scale=scale)
-    fn = lib.lib.rlx_sgemm_batched
+    fn = _bound(lib.lib.rlx_sgemm_batched, (*args, nt))
     ctx.kind = KernelKind.NATIVE
     ctx.notes.append(f"{lib.label} batched {nb}x({m}x{n}x{k}): operands packed per call; {why}")
 
     def run() -> None:
-        if fn(*args, nt) != 0:
+        if fn() != 0:
             raise MemoryError(f"rlx sgemm of %{node.id}: could not allocate packing buffers")
 
     run.keepalive = (a3, b3, o3)  # type: ignore[attr-defined]
