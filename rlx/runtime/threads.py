@@ -13,7 +13,11 @@ idle workers keep spinning for a long time), which takes the cores libgomp's wor
 when both run in turn. So :func:`blas_threads_for` gives BLAS ``num_threads`` only when
 the schedule calls BLAS (a kernel of kind ``blas``, or one whose notes say ``BLAS``,
 e.g. a BLAS matmul with a native epilogue); a schedule that runs only rlx's own kernels
-pins BLAS to one thread, so OpenBLAS's workers never run beside libgomp's.
+pins BLAS to one thread, so OpenBLAS's workers never run beside libgomp's. BLAS also gets
+one thread when libgomp's workers spin long (:func:`openmp_spins_long`: torch loaded its
+``libgomp.so.1`` before rlx, or the user asked for ``ACTIVE``): OpenBLAS's threads taking
+turns with spinning libgomp workers made a GEMM + region pair 100x slower, and in
+``benchmarks/coexist.py`` rlx's encoder ran ~2x slower after torch and ORT.
 
 The count is set once and re-set only when a graph wanting a different count runs: a
 ``threadpool_limits`` context around every run rescans the loaded libraries each time,
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rlx import config
@@ -39,6 +43,7 @@ __all__ = [
     "resolve_threads",
     "calls_blas",
     "blas_threads_for",
+    "openmp_spins_long",
     "pool_info",
 ]
 
@@ -84,10 +89,37 @@ def calls_blas(entries: Iterable[Any]) -> bool:
     return False
 
 
+def openmp_spins_long(policy: Mapping[str, Any] | None = None) -> bool:
+    """Whether libgomp's idle workers spin longer than rlx's short spin, from
+    :func:`rlx.backends.cpu.native.wait_policy`'s record (``policy``): a libgomp another
+    module loaded before rlx without the user's variables (so libgomp's default, 300000
+    spins, applies), ``OMP_WAIT_POLICY=ACTIVE``, or a ``GOMP_SPINCOUNT`` above
+    ``native.SPIN_COUNT``. False before any native library is loaded."""
+    from rlx.backends.cpu import native
+
+    rec = native.wait_policy() if policy is None else policy
+    if not rec:
+        return False
+    if rec.get("libgomp_preloaded") and rec.get("set_by_rlx"):
+        return True
+    if str(rec.get("OMP_WAIT_POLICY") or "").strip().upper() == "ACTIVE":
+        return True
+    spin = str(rec.get("GOMP_SPINCOUNT") or "").strip().lower()
+    if spin in ("infinite", "infinity"):
+        return True
+    scale = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}.get(spin[-1:], 1.0)
+    try:
+        return spin != "" and float(spin.rstrip("kmgt")) * scale > native.SPIN_COUNT
+    except ValueError:
+        return False
+
+
 def blas_threads_for(num_threads: int, executor: Any) -> int:
     """The BLAS thread count a run of ``executor`` (its ``kernel_entries`` and
     ``prologue_entries``) at ``num_threads`` wants: ``num_threads`` when it calls BLAS,
-    else 1 (see the module docstring). Worked out once per executor."""
+    else 1; also 1 when libgomp's workers spin long (:func:`openmp_spins_long`: then
+    OpenBLAS's threads beside them are the slow case measured in
+    ``native/__init__.py``). See the module docstring. Worked out once per executor."""
     uses = _PER_SCHEDULE.get(executor)
     if uses is None:
         entries = [*executor.kernel_entries, *getattr(executor, "prologue_entries", ())]
@@ -96,7 +128,7 @@ def blas_threads_for(num_threads: int, executor: Any) -> int:
             _PER_SCHEDULE[executor] = uses
         except TypeError:  # not weak-referenceable: work it out each time
             pass
-    return num_threads if uses else 1
+    return num_threads if uses and not openmp_spins_long() else 1
 
 
 def ensure_blas_threads(n: int, force: bool = False) -> None:

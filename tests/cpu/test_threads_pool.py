@@ -335,3 +335,29 @@ def test_blas_pinned_to_one_thread_when_rlx_sgemm_runs_the_matmuls(
     from rlx.backends.reference import evaluate
 
     np.testing.assert_allclose(got, evaluate(g, {"x": xv}, params)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("record", "long"),
+    [
+        ({}, False),
+        ({"libgomp_preloaded": False, "set_by_rlx": True, "GOMP_SPINCOUNT": "10000"}, False),
+        ({"libgomp_preloaded": True, "set_by_rlx": True, "GOMP_SPINCOUNT": "10000"}, True),
+        ({"libgomp_preloaded": True, "set_by_rlx": False, "OMP_WAIT_POLICY": "PASSIVE"}, False),
+        ({"set_by_rlx": False, "OMP_WAIT_POLICY": "active"}, True),
+        ({"set_by_rlx": False, "GOMP_SPINCOUNT": "300k"}, True),
+        ({"set_by_rlx": False, "GOMP_SPINCOUNT": "infinite"}, True),
+        ({"set_by_rlx": False, "GOMP_SPINCOUNT": "2000"}, False),
+    ],
+)
+def test_openmp_spins_long(record: dict, long: bool) -> None:
+    assert threads.openmp_spins_long(record) is long
+
+
+@pytest.mark.usefixtures("_restore_blas")
+def test_blas_one_thread_beside_a_long_spinning_libgomp(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(threads, "openmp_spins_long", lambda policy=None: True)
+    ex = type("Ex", (), {"kernel_entries": [_Entry(KernelKind.BLAS)], "prologue_entries": []})()
+    assert threads.blas_threads_for(2, ex) == 1
+    monkeypatch.setattr(threads, "openmp_spins_long", lambda policy=None: False)
+    assert threads.blas_threads_for(2, ex) == 2
