@@ -30,8 +30,8 @@ it is loaded, and a damaged entry is rebuilt. The cache is pruned by age and siz
 One thread pool. Every native kernel (regions, rows, GEMMs, attention, int8, bf16)
 runs its threads as an OpenMP team (``#pragma omp parallel num_threads(n)``, ``n`` from
 ``KernelCtx.num_threads``), so libgomp's workers are rlx's one pool; BLAS gets threads
-only for schedules that call it (``rlx/runtime/threads.py``), so OpenBLAS's pthreads do
-not run beside them.
+only for schedules that call it, and then only while libgomp's workers spin briefly
+(``rlx/runtime/threads.py``), so OpenBLAS's pthreads do not run beside spinning ones.
 
 OpenMP wait policy. :func:`load` calls :func:`set_wait_policy` before the first native
 library (and so libgomp) loads: it sets ``GOMP_SPINCOUNT=<SPIN_COUNT>`` (10000) in the
@@ -66,7 +66,8 @@ elements, +11-30 us at 262K), which a small model with dozens of teams per run f
 The short spin keeps teams as cheap as the default while a run dispatches its kernels
 back to back and frees the core within ~0.2 ms after it; OpenBLAS's workers spinning
 after a BLAS call still conflict with it (the 36 ms round), which is why BLAS gets one
-thread when rlx's own kernels do the work.
+thread when rlx's own kernels do the work, or when libgomp spins long (a ``libgomp.so.1``
+loaded before rlx, ``ACTIVE``).
 """
 
 from __future__ import annotations
