@@ -17,6 +17,7 @@ from rlx.frontends.onnx.ops.util import axis_of, bin_, cast, scalar, un
 from rlx.ops.elementwise import BinaryKind as B
 from rlx.ops.elementwise import UnaryKind as U
 from rlx.ops.linalg import MatMul
+from rlx.ops.movement import Reshape
 from rlx.ops.quant import QUANT_RANGES, Dequantize, Quantize
 from rlx.ops.reduce import Reduce, ReduceKind
 
@@ -114,8 +115,6 @@ def _zp_for(ctx: NodeCtx, zp: int | None, x: int, side: str) -> int | None:
         return None
     zs, xs = ctx.shape(zp), ctx.shape(x)
     if side == "a" and zs.rank == 1 and zs.dims[0] != 1 and xs.rank >= 2:
-        from rlx.ops.movement import Reshape
-
         return ctx.g.apply(Reshape((zs.dims[0], 1)), [zp])
     return zp
 
@@ -157,3 +156,56 @@ def dynamic_quantize_linear(ctx: NodeCtx) -> list[int]:
     zp = clip(un(g, U.ROUND, bin_(g, B.SUB, zero, bin_(g, B.DIV, lo, scale))))
     y = clip(bin_(g, B.ADD, un(g, U.ROUND, bin_(g, B.DIV, x, scale)), zp))
     return [cast(g, y, DType.U8), scale, cast(g, zp, DType.U8)]
+
+
+def _int_conv(ctx: NodeCtx, x: int, xz: int | None, w: int, wz: int | None) -> int:
+    """The integer convolution of zero-point-shifted operands, exact (f64 accumulation:
+    products of 8-bit values summed stay far below 2**53), as int32."""
+    from rlx.frontends.onnx.ops.nn import _spatial
+    from rlx.ops.nn import Conv
+
+    g = ctx.g
+    ws = ctx.shape(w)
+    k = [int(d) for d in ws.dims[2:]]
+    if len(k) not in (1, 2):
+        raise ctx.unsupported(f"a {len(k)}-D integer convolution")
+    xf = cast(g, x, DType.F64)
+    if xz is not None:
+        xf = bin_(g, B.SUB, xf, cast(g, xz, DType.F64))
+    wf = cast(g, w, DType.F64)
+    if wz is not None:
+        z = cast(g, wz, DType.F64)
+        if ctx.shape(wz).rank == 1 and ctx.shape(wz).dims[0] != 1:
+            z = g.apply(Reshape((ctx.shape(wz).dims[0],) + (1,) * (ws.rank - 1)), [z])
+        wf = bin_(g, B.SUB, wf, z)
+    strides, dil, pads = _spatial(ctx, ctx.shape(x).dims, k)
+    op = Conv(tuple(strides), tuple(pads), tuple(dil), int(ctx.attr("group", 1)), False)
+    return g.apply(op, [xf, wf])
+
+
+@converter("ConvInteger", since=10)
+def conv_integer(ctx: NodeCtx) -> int:
+    acc = _int_conv(ctx, ctx.x(0), ctx.opt(2), ctx.x(1), ctx.opt(3))
+    return cast(ctx.g, acc, DType.I32)
+
+
+@converter("QLinearConv", since=10)
+def qlinear_conv(ctx: NodeCtx) -> int:
+    g = ctx.g
+    x, xs, xz, w, ws, wz, ys, yz = (ctx.x(i) for i in range(8))
+    acc = _int_conv(ctx, x, xz, w, wz)
+    spatial = (1,) * (g.shape(acc).rank - 2)
+    if ctx.has(8):  # int32 bias, one per output channel
+        bias = cast(g, ctx.x(8), DType.F64)
+        acc = bin_(
+            g, B.ADD, acc, g.apply(Reshape((1, ctx.shape(ctx.x(8)).dims[0], *spatial)), [bias])
+        )
+    wsc = cast(g, ws, DType.F64)
+    if ctx.shape(ws).rank == 1 and ctx.shape(ws).dims[0] != 1:  # per output channel
+        wsc = g.apply(Reshape((1, ctx.shape(ws).dims[0], *spatial)), [wsc])
+    m = bin_(g, B.DIV, bin_(g, B.MUL, cast(g, xs, DType.F64), wsc), cast(g, ys, DType.F64))
+    y = bin_(g, B.ADD, un(g, U.ROUND, bin_(g, B.MUL, acc, m)), cast(g, yz, DType.F64))
+    out = ctx.dtype(yz)
+    lo, hi = QUANT_RANGES[out]
+    y = bin_(g, B.MIN, bin_(g, B.MAX, y, scalar(g, lo, y)), scalar(g, hi, y))
+    return cast(g, y, out)
