@@ -4,9 +4,11 @@
  * rlx_sigmoidf and, when glibc's libmvec is loaded, the SIMD declarations of erf/tanh/exp
  * so the epilogue loops vectorise).
  *
- * Micro-kernel, chosen by the build target's macros (native/cpu.py Target):
- *   AVX-512  MR = 14 rows x NR = 32 columns: 28 zmm accumulators, 2 zmm of B, A broadcast
- *            from memory (the FMA's embedded broadcast);
+ * Micro-kernel, chosen by the build target's macros (native/cpu.py Target), written with
+ * GCC vector extensions (gcc emits vfmadd231ps; no immintrin.h, whose parsing was half of
+ * the build time):
+ *   AVX-512  MR = 14 rows x NR = 32 columns: 28 zmm accumulators, 2 zmm of B, A[i, k]
+ *            broadcast from memory (vbroadcastss);
  *   AVX2+FMA MR = 6 x NR = 16: 12 ymm accumulators, 2 ymm of B, 1 broadcast;
  *   portable MR = 4 x NR = 16 plain C (gcc vectorises it for the baseline SSE2).
  * B: packed by rlx_sgemm_pack_b (from any strides) into panels of NR columns, panel p
@@ -31,9 +33,6 @@
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
 
 #if defined(__AVX512F__)
 #define MR 14
@@ -124,66 +123,44 @@ static void pack_a(const float *a, long rsa, long csa, long mc, long kc, float *
 
 /* ---- micro-kernels: c[MR x NR] (row stride ldc) = (accum ? c : 0) + a_panel @ b_panel ---- */
 
-#if RLX_SGEMM_LEVEL == 2
-static void ukernel(long kc, const float *restrict a, const float *restrict b, float *restrict c,
-                    long ldc, int accum) {
-    __m512 c0[MR], c1[MR];
+#if RLX_SGEMM_LEVEL >= 1
+/* GCC vector extensions (no immintrin.h: parsing it was half of this library's build
+ * time); this function alone contracts a * b + c into FMAs. */
+#define VL (RLX_SGEMM_LEVEL == 2 ? 16 : 8)
+typedef float vf __attribute__((vector_size(VL * 4)));
+typedef float vfu __attribute__((vector_size(VL * 4), aligned(4))); /* unaligned access */
+
+__attribute__((optimize("fp-contract=fast"))) static void
+ukernel(long kc, const float *restrict a, const float *restrict b, float *restrict c, long ldc,
+        int accum) {
+    vf c0[MR], c1[MR];
 #pragma GCC unroll 14
     for (int i = 0; i < MR; i++) {
-        c0[i] = c1[i] = _mm512_setzero_ps();
-        _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
-        _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
+        c0[i] = c1[i] = (vf){0};
+        __builtin_prefetch(c + i * ldc, 1, 3);
+        __builtin_prefetch(c + i * ldc + NR - 1, 1, 3);
     }
     for (long q = 0; q < kc; q++) {
-        const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
-        _mm_prefetch((const char *)(a + 16 * MR), _MM_HINT_T0);
+        const vf b0 = *(const vfu *)b, b1 = *(const vfu *)(b + VL);
+        __builtin_prefetch(a + 16 * MR, 0, 3);
 #pragma GCC unroll 14
         for (int i = 0; i < MR; i++) {
-            const __m512 x = _mm512_set1_ps(a[i]);
-            c0[i] = _mm512_fmadd_ps(x, b0, c0[i]);
-            c1[i] = _mm512_fmadd_ps(x, b1, c1[i]);
+            const float x = a[i]; /* broadcast by the vector operations */
+            c0[i] = x * b0 + c0[i];
+            c1[i] = x * b1 + c1[i];
         }
         a += MR;
         b += NR;
     }
 #pragma GCC unroll 14
     for (int i = 0; i < MR; i++) {
-        float *r = c + i * ldc;
+        vfu *r = (vfu *)(c + i * ldc);
         if (accum) {
-            c0[i] = _mm512_add_ps(c0[i], _mm512_loadu_ps(r));
-            c1[i] = _mm512_add_ps(c1[i], _mm512_loadu_ps(r + 16));
+            c0[i] += r[0];
+            c1[i] += *(vfu *)(c + i * ldc + VL);
         }
-        _mm512_storeu_ps(r, c0[i]);
-        _mm512_storeu_ps(r + 16, c1[i]);
-    }
-}
-#elif RLX_SGEMM_LEVEL == 1
-static void ukernel(long kc, const float *restrict a, const float *restrict b, float *restrict c,
-                    long ldc, int accum) {
-    __m256 c0[MR], c1[MR];
-#pragma GCC unroll 6
-    for (int i = 0; i < MR; i++) c0[i] = c1[i] = _mm256_setzero_ps();
-    for (long q = 0; q < kc; q++) {
-        const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-        _mm_prefetch((const char *)(b + 8 * NR), _MM_HINT_T0);
-#pragma GCC unroll 6
-        for (int i = 0; i < MR; i++) {
-            const __m256 x = _mm256_broadcast_ss(a + i);
-            c0[i] = _mm256_fmadd_ps(x, b0, c0[i]);
-            c1[i] = _mm256_fmadd_ps(x, b1, c1[i]);
-        }
-        a += MR;
-        b += NR;
-    }
-#pragma GCC unroll 6
-    for (int i = 0; i < MR; i++) {
-        float *r = c + i * ldc;
-        if (accum) {
-            c0[i] = _mm256_add_ps(c0[i], _mm256_loadu_ps(r));
-            c1[i] = _mm256_add_ps(c1[i], _mm256_loadu_ps(r + 8));
-        }
-        _mm256_storeu_ps(r, c0[i]);
-        _mm256_storeu_ps(r + 8, c1[i]);
+        r[0] = c0[i];
+        *(vfu *)(c + i * ldc + VL) = c1[i];
     }
 }
 #else
