@@ -168,6 +168,11 @@ class Worker:
         self.p.wait()
 
 
+def _load() -> str:
+    """The 1-minute load average (the machine may be shared)."""
+    return f"{os.getloadavg()[0]:.1f}"
+
+
 def _blas_desc(blas: list[dict]) -> str:
     return "; ".join(
         f"{b.get('internal_api')} {b.get('version')} {b.get('architecture')}" for b in blas
@@ -186,6 +191,7 @@ def encoder_main(args: argparse.Namespace) -> None:
     """The MiniLM-sized encoder with its f32 matmuls on BLAS vs on rlx's sgemm (auto)."""
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.encoder_shapes]
     engines = ["encoder-blas", "encoder-rlx"]
+    load0 = _load()
     workers = {(e, t): Worker(e, t, sys.executable) for t in args.threads for e in engines}
     times: dict[tuple, list[float]] = {}
     for r in range(args.rounds):
@@ -202,7 +208,8 @@ def encoder_main(args: argparse.Namespace) -> None:
         f"benchmarks/sgemm.py {' '.join(sys.argv[1:])}`",
         "",
         f"CPU: {cpu_model()}, {cpu.target_description()}; rounds {args.rounds} x inner "
-        f"{args.inner}; ms per run, median (min); RLX_SGEMM=blas vs auto.",
+        f"{args.inner}; ms per run, median (min); RLX_SGEMM=blas vs auto; load average "
+        f"before / after: {load0} / {_load()}.",
         "",
         "| batch x seq | threads | BLAS | rlx sgemm | rlx / BLAS |",
         "|---|---|---|---|---|",
@@ -239,6 +246,7 @@ def main() -> None:
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes]
     best_t = cpu.selected_target()
     targets = [best_t] + ([cpu.Target.AVX2] if "rlx-avx2" in args.engines else [])
+    load0 = _load()
     peak0 = _peaks(args.threads, targets)
     workers = {}
     for t in args.threads:
@@ -271,7 +279,8 @@ def main() -> None:
         f"NumPy BLAS: {_blas_desc(blas)}; removed pins: {removed_blas_pins() or 'none'}",
         "FMA peak (GFLOP/s, best of before/after): "
         + ", ".join(f"{tg.value} x{t}: {v:.1f}" for (t, tg), v in sorted(peak.items(), key=str)),
-        f"Rounds {args.rounds} x inner {args.inner}; GFLOP/s of the median call (best call in brackets).",
+        f"Rounds {args.rounds} x inner {args.inner}; GFLOP/s of the median call (best call in "
+        f"brackets). Load average before / after: {load0} / {_load()}.",
         "",
         "| M x N x K | threads | "
         + " | ".join(args.engines)
