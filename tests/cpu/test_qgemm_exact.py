@@ -111,10 +111,13 @@ def test_strided_packing_equals_packing_a_copy(isa):
 
 
 @pytest.mark.parametrize("isa", ISAS, ids=lambda i: i.name)
-def test_two_threads_give_the_same_bits(isa):
+@pytest.mark.parametrize(("m", "k"), [(200, 300), (260, 384), (40, 8192)])
+def test_two_threads_give_the_same_bits(isa, m, k):
+    """Rows split between the threads (M large; K = 384 takes AMX where granted) or the
+    panels split after all rows are quantized (M small): the same bits as one thread."""
     lib = native.qgemm_lib(isa)
     rng = np.random.default_rng(4)
-    m, k, n = 200, 300, 170  # above the 2-thread threshold of M*N*K
+    n = 170  # M*N*K above the 2-thread threshold
     x = rng.standard_normal((m, k)).astype(np.float32)
     w = rng.integers(-128, 128, (k, n), dtype=np.int8)
     packed = lib.pack(w)

@@ -86,6 +86,32 @@ __attribute__((target("amx-tile,amx-int8"), noinline)) static void amx_block(
     _tile_stored(5, ct + 16, 128);
 }
 
+/* Row m of the row-major AMX activations Ar (zeros past M or for a non-finite row). */
+static void amx_prepare(int a_kind, const void *A, long lda, long M, long K, long m,
+                        int32_t a_zp, float a_scale, int mode, uint8_t *Ar, float *rs,
+                        int32_t *corr, float *fbuf) {
+    uint8_t *dst = Ar + m * K;
+    rs[m] = 0.0f;
+    corr[m] = 0;
+    if (m >= M || !prepare_row(a_kind, A, lda, K, m, a_zp, a_scale, mode, dst, fbuf, rs + m,
+                               corr + m))
+        memset(dst, 0, (size_t)K);
+}
+
+/* 32-row blocks b0 .. b1 of Ar times panel j of B, through the epilogue. */
+static void amx_panel(long b0, long b1, long j, long M, long N, long K, const uint8_t *Ar,
+                      const b_t *Bp, int32_t *ct, const epi_t *e, const float *rs,
+                      const int32_t *corr) {
+    long nr = N - j * NR < NR ? N - j * NR : NR;
+    for (long bi = b0; bi < b1; ++bi) {
+        long i0 = bi * 32, rows = M - i0 > 16 ? 32 : 16;
+        amx_block(rows, K / 4, Ar + i0 * K, K, (const int8_t *)Bp + j * K * NR, ct);
+        long mr = M - i0 < 32 ? M - i0 : 32;
+        for (long r = 0; r < mr; ++r)
+            epilogue_row(e, ct + r * 32, i0 + r, j * NR, nr, rs[i0 + r], corr[i0 + r]);
+    }
+}
+
 static int amx_run(long M, long N, long K, int a_kind, const void *A, long lda, int32_t a_zp,
                    float a_scale, int mode, const b_t *Bp, const epi_t *e, float *rs,
                    int32_t *corr, int nthreads) {
@@ -95,40 +121,47 @@ static int amx_run(long M, long N, long K, int a_kind, const void *A, long lda, 
     long mcb = A_BLOCK_BYTES / (32 * K); /* 32-row blocks per M block (A kept in L2) */
     if (mcb < 1) mcb = 1;
     int oom = 0;
+    long blocks = m32 / 32;
+    /* enough rows: each thread quantizes its own rows and multiplies them by every panel,
+     * with no barrier (a descheduled thread on a busy machine then delays nobody);
+     * otherwise all rows first, then the panels shared out */
+    int rowsplit = nthreads == 1 || blocks >= 2L * nthreads;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
     {
         float *fbuf = (float *)malloc((size_t)(K + 16) * sizeof(float));
         int32_t *ct = (int32_t *)aligned_alloc(64, 32 * 32 * sizeof(int32_t));
+        int T = 1, t = 0;
+#ifdef _OPENMP
+        T = omp_get_num_threads();
+        t = omp_get_thread_num();
+#endif
         if (!fbuf || !ct) {
 #pragma omp atomic write
             oom = 1;
         }
+        long lo = rowsplit ? blocks * t / T : 0, hi = rowsplit ? blocks * (t + 1) / T : blocks;
+        if (!rowsplit) {
 #pragma omp barrier
-        if (!oom) {
+        }
+        if (!oom && fbuf && ct) {
+            if (rowsplit) {
+                for (long m = lo * 32; m < hi * 32; ++m)
+                    amx_prepare(a_kind, A, lda, M, K, m, a_zp, a_scale, mode, Ar, rs, corr, fbuf);
+            } else {
 #pragma omp for schedule(static)
-            for (long m = 0; m < m32; ++m) {
-                uint8_t *dst = Ar + m * K;
-                rs[m] = 0.0f;
-                corr[m] = 0;
-                if (m >= M || !prepare_row(a_kind, A, lda, K, m, a_zp, a_scale, mode, dst, fbuf,
-                                           rs + m, corr + m))
-                    memset(dst, 0, (size_t)K);
+                for (long m = 0; m < m32; ++m)
+                    amx_prepare(a_kind, A, lda, M, K, m, a_zp, a_scale, mode, Ar, rs, corr, fbuf);
             }
             amx_config(1);
-            long blocks = m32 / 32;
-            for (long b0 = 0; b0 < blocks; b0 += mcb) {
-                long b1 = b0 + mcb < blocks ? b0 + mcb : blocks;
+            for (long b0 = lo; b0 < hi; b0 += mcb) {
+                long b1 = b0 + mcb < hi ? b0 + mcb : hi;
+                if (rowsplit) {
+                    for (long j = 0; j < nb; ++j)
+                        amx_panel(b0, b1, j, M, N, K, Ar, Bp, ct, e, rs, corr);
+                } else {
 #pragma omp for schedule(static)
-                for (long j = 0; j < nb; ++j) {
-                    long nr = N - j * NR < NR ? N - j * NR : NR;
-                    for (long bi = b0; bi < b1; ++bi) {
-                        long i0 = bi * 32, rows = M - i0 > 16 ? 32 : 16;
-                        amx_block(rows, K / 4, Ar + i0 * K, K, Bp + j * K * NR, ct);
-                        long mr = M - i0 < 32 ? M - i0 : 32;
-                        for (long r = 0; r < mr; ++r)
-                            epilogue_row(e, ct + r * 32, i0 + r, j * NR, nr, rs[i0 + r],
-                                         corr[i0 + r]);
-                    }
+                    for (long j = 0; j < nb; ++j)
+                        amx_panel(b0, b1, j, M, N, K, Ar, Bp, ct, e, rs, corr);
                 }
             }
             amx_config(0);
@@ -149,6 +182,27 @@ int rlx_qgemm_has_amx(void) {
 #else
     return 0;
 #endif
+}
+
+/* Row tiles i0 .. i1 of Ap times panel j of Bp (K in slices of kcg groups, sums in acc),
+ * through the epilogue. */
+static void tile_panel(long i0, long i1, long j, long M, long N, long kp, long kg, long kcg,
+                       const a_t *Ap, const b_t *Bp, int32_t *acc, const epi_t *e,
+                       const float *rs, const int32_t *corr) {
+    memset(acc, 0, (size_t)((i1 - i0) * MR * NR) * sizeof(int32_t));
+    for (long g0 = 0; g0 < kg; g0 += kcg) {
+        long g1 = g0 + kcg < kg ? g0 + kcg : kg;
+        for (long i = i0; i < i1; ++i)
+            ukernel(g1 - g0, Ap + i * kp * MR + g0 * MR * KG, Bp + j * kp * NR + g0 * NR * KG,
+                    acc + (i - i0) * MR * NR);
+    }
+    long nr = N - j * NR < NR ? N - j * NR : NR;
+    for (long i = i0; i < i1; ++i) {
+        long mr = M - i * MR < MR ? M - i * MR : MR;
+        for (long r = 0; r < mr; ++r)
+            epilogue_row(e, acc + (i - i0) * MR * NR + r * NR, i * MR + r, j * NR, nr,
+                         rs[i * MR + r], corr[i * MR + r]);
+    }
 }
 
 /* The whole operation (see the header). A: int8 / uint8 (a_kind 0 / 1, zero point a_zp,
@@ -209,39 +263,48 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
     long kcg = KC_BYTES / (NR * KG * (long)sizeof(b_t));
     int oom = 0;
 
+    /* enough row tiles: each thread packs its own rows and multiplies them by every panel,
+     * with no barrier; otherwise all rows first, then the panels shared out */
+    int rowsplit = nthreads == 1 || mb >= 4L * nthreads;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
     {
         float *fbuf = (float *)malloc((size_t)(K + 16) * sizeof(float));
         a_t *qbuf = (a_t *)malloc((size_t)(kp + 64) * sizeof(a_t));
         int32_t *acc = (int32_t *)aligned_alloc(64, (size_t)(mcb * MR * NR) * sizeof(int32_t));
-        if (!fbuf || !qbuf || !acc) {
+        int T = 1, t = 0;
+#ifdef _OPENMP
+        T = omp_get_num_threads();
+        t = omp_get_thread_num();
+#endif
+        int mine = fbuf && qbuf && acc;
+        if (!mine) {
 #pragma omp atomic write
             oom = 1;
         }
+        long lo = rowsplit ? mb * t / T : 0, hi = rowsplit ? mb * (t + 1) / T : mb;
+        if (!rowsplit) {
 #pragma omp barrier
-        if (!oom) {
+        }
+        if (!oom && mine) {
+            if (rowsplit) {
+                for (long i = lo; i < hi; ++i)
+                    prepare_tile(a_kind, A, lda, M, K, i * MR, a_zp, a_scale, mode,
+                                 Ap + i * kp * MR, rs + i * MR, corr + i * MR, fbuf, qbuf);
+            } else {
 #pragma omp for schedule(static)
-            for (long i = 0; i < mb; ++i)
-                prepare_tile(a_kind, A, lda, M, K, i * MR, a_zp, a_scale, mode,
-                             Ap + i * kp * MR, rs + i * MR, corr + i * MR, fbuf, qbuf);
-            for (long i0 = 0; i0 < mb; i0 += mcb) {
-                long i1 = i0 + mcb < mb ? i0 + mcb : mb;
+                for (long i = 0; i < mb; ++i)
+                    prepare_tile(a_kind, A, lda, M, K, i * MR, a_zp, a_scale, mode,
+                                 Ap + i * kp * MR, rs + i * MR, corr + i * MR, fbuf, qbuf);
+            }
+            for (long i0 = lo; i0 < hi; i0 += mcb) {
+                long i1 = i0 + mcb < hi ? i0 + mcb : hi;
+                if (rowsplit) {
+                    for (long j = 0; j < nb; ++j)
+                        tile_panel(i0, i1, j, M, N, kp, kg, kcg, Ap, Bp, acc, &e, rs, corr);
+                } else {
 #pragma omp for schedule(static)
-                for (long j = 0; j < nb; ++j) {
-                    memset(acc, 0, (size_t)((i1 - i0) * MR * NR) * sizeof(int32_t));
-                    for (long g0 = 0; g0 < kg; g0 += kcg) {
-                        long g1 = g0 + kcg < kg ? g0 + kcg : kg;
-                        for (long i = i0; i < i1; ++i)
-                            ukernel(g1 - g0, Ap + i * kp * MR + g0 * MR * KG,
-                                    Bp + j * kp * NR + g0 * NR * KG, acc + (i - i0) * MR * NR);
-                    }
-                    long nr = N - j * NR < NR ? N - j * NR : NR;
-                    for (long i = i0; i < i1; ++i) {
-                        long mr = M - i * MR < MR ? M - i * MR : MR;
-                        for (long r = 0; r < mr; ++r)
-                            epilogue_row(&e, acc + (i - i0) * MR * NR + r * NR, i * MR + r,
-                                         j * NR, nr, rs[i * MR + r], corr[i * MR + r]);
-                    }
+                    for (long j = 0; j < nb; ++j)
+                        tile_panel(i0, i1, j, M, N, kp, kg, kcg, Ap, Bp, acc, &e, rs, corr);
                 }
             }
         }
