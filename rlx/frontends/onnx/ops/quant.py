@@ -17,14 +17,55 @@ from rlx.frontends.onnx.ops.util import axis_of, bin_, cast, scalar, un
 from rlx.ops.elementwise import BinaryKind as B
 from rlx.ops.elementwise import UnaryKind as U
 from rlx.ops.linalg import MatMul
-from rlx.ops.movement import Reshape
+from rlx.ops.movement import Expand, Reshape, Slice
 from rlx.ops.quant import QUANT_RANGES, Dequantize, Quantize
 from rlx.ops.reduce import Reduce, ReduceKind
 
 
+def _blocked(ctx: NodeCtx, v: int, x: int) -> int:
+    """A blocked scale / zero point repeated ``block_size`` times along the axis."""
+    g = ctx.g
+    xs = ctx.shape(x)
+    ax = axis_of(ctx.attr("axis", 1), xs.rank)
+    bs = int(ctx.attr("block_size"))
+    dims = list(g.shape(v).dims)
+    nb = int(dims[ax])
+    y = g.apply(Reshape((*dims[: ax + 1], 1, *dims[ax + 1 :])), [v])
+    y = g.apply(Expand((*dims[: ax + 1], bs, *dims[ax + 1 :])), [y])
+    y = g.apply(Reshape((*dims[:ax], nb * bs, *dims[ax + 1 :])), [y])
+    if nb * bs != int(xs.dims[ax]):
+        y = g.apply(Slice(*_take(len(dims), ax, int(xs.dims[ax]))), [y])
+    return y
+
+
+def _take(r: int, ax: int, n: int) -> tuple:
+    st = (None,) * r
+    return st, tuple(n if i == ax else None for i in range(r)), (1,) * r
+
+
+def _blocked_q(ctx: NodeCtx, quantize: bool) -> int:
+    g, x = ctx.g, ctx.x(0)
+    s = _blocked(ctx, cast(g, ctx.x(1), DType.F32), x)
+    z = _blocked(ctx, cast(g, ctx.x(2), DType.F32), x) if ctx.has(2) else None
+    if not quantize:
+        y = cast(g, x, DType.F32)
+        if z is not None:
+            y = bin_(g, B.SUB, y, z)
+        return cast(g, bin_(g, B.MUL, y, s), ctx.in_shape(1).dtype)
+    if ctx.attr("output_dtype", 0):
+        to = to_dtype(ctx.attr("output_dtype"), "QuantizeLinear output_dtype")
+    else:
+        to = ctx.in_shape(2).dtype if ctx.has(2) else DType.U8
+    if to not in QUANT_RANGES:
+        raise ctx.unsupported(f"blocked quantization to {to}")
+    y = un(g, U.ROUND, bin_(g, B.DIV, cast(g, x, DType.F32), s))
+    if z is not None:
+        y = bin_(g, B.ADD, y, z)
+    lo, hi = QUANT_RANGES[to]
+    return cast(g, bin_(g, B.MIN, bin_(g, B.MAX, y, scalar(g, lo, y)), scalar(g, hi, y)), to)
+
+
 def _params(ctx: NodeCtx, x_rank: int) -> tuple[np.ndarray, np.ndarray | None, int | None]:
-    if ctx.attr("block_size", 0):
-        raise ctx.unsupported("blocked quantization (block_size)")
     scale = np.asarray(ctx.value(1, "scale"))
     zp = np.asarray(ctx.value(2, "zero_point")) if ctx.has(2) else None
     axis = None if scale.size == 1 and scale.ndim <= 1 else axis_of(ctx.attr("axis", 1), x_rank)
@@ -54,6 +95,8 @@ def _runtime_quantize(ctx: NodeCtx, to: DType) -> int:
 @converter("QuantizeLinear", since=10)
 def quantize_linear(ctx: NodeCtx) -> int:
     g, x = ctx.g, ctx.x(0)
+    if ctx.attr("block_size", 0):
+        return _blocked_q(ctx, True)
     if _runtime(ctx) and ctx.in_shape(1).rank == 0:
         to = ctx.in_shape(2).dtype if ctx.has(2) else DType.U8
         if to in QUANT_RANGES:
@@ -87,6 +130,8 @@ def _bshape(axis: int | None, rank: int, v: np.ndarray) -> tuple[int, ...]:
 @converter("DequantizeLinear", since=10)
 def dequantize_linear(ctx: NodeCtx) -> int:
     g, x = ctx.g, ctx.x(0)
+    if ctx.attr("block_size", 0):
+        return _blocked_q(ctx, False)
     scale, zp, axis = _params(ctx, ctx.shape(x).rank)
     out_dt = ctx.in_shape(1).dtype
     src = ctx.dtype(x)
