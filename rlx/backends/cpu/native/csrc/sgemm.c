@@ -10,7 +10,7 @@
  *   AVX-512  MR = 14 rows x NR = 32 columns: 28 zmm accumulators, 2 zmm of B, A[i, k]
  *            broadcast from memory (vbroadcastss);
  *   AVX2+FMA MR = 6 x NR = 16: 12 ymm accumulators, 2 ymm of B, 1 broadcast;
- *   portable MR = 4 x NR = 16 plain C (gcc vectorises it for the baseline SSE2).
+ *   portable MR = 6 x NR = 8: 12 accumulators of 4 floats (SSE2 mul + add on x86-64).
  * B: packed by rlx_sgemm_pack_b (from any strides) into panels of NR columns, panel p
  *    holding B[k, p*NR .. p*NR+NR) for k = 0..K-1 contiguously (NR floats per k; the last
  *    panel zero-padded). Weights are packed once (param prologue); activations per call.
@@ -43,8 +43,8 @@
 #define NR 16
 #define RLX_SGEMM_LEVEL 1
 #else
-#define MR 4
-#define NR 16
+#define MR 6
+#define NR 8
 #define RLX_SGEMM_LEVEL 0
 #endif
 
@@ -123,10 +123,9 @@ static void pack_a(const float *a, long rsa, long csa, long mc, long kc, float *
 
 /* ---- micro-kernels: c[MR x NR] (row stride ldc) = (accum ? c : 0) + a_panel @ b_panel ---- */
 
-#if RLX_SGEMM_LEVEL >= 1
 /* GCC vector extensions (no immintrin.h: parsing it was half of this library's build
- * time); this function alone contracts a * b + c into FMAs. */
-#define VL (RLX_SGEMM_LEVEL == 2 ? 16 : 8)
+ * time); this function alone contracts a * b + c into FMAs (where the target has them). */
+#define VL (NR / 2)
 typedef float vf __attribute__((vector_size(VL * 4)));
 typedef float vfu __attribute__((vector_size(VL * 4), aligned(4))); /* unaligned access */
 
@@ -163,24 +162,7 @@ ukernel(long kc, const float *restrict a, const float *restrict b, float *restri
         *(vfu *)(c + i * ldc + VL) = c1[i];
     }
 }
-#else
-static void ukernel(long kc, const float *restrict a, const float *restrict b, float *restrict c,
-                    long ldc, int accum) {
-    float acc[MR][NR];
-    for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NR; j++) acc[i][j] = 0.0f;
-    for (long q = 0; q < kc; q++) {
-        for (int i = 0; i < MR; i++) {
-            const float x = a[i];
-            for (int j = 0; j < NR; j++) acc[i][j] += x * b[j];
-        }
-        a += MR;
-        b += NR;
-    }
-    for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NR; j++) c[i * ldc + j] = (accum ? c[i * ldc + j] : 0.0f) + acc[i][j];
-}
-#endif
+
 
 /* ---- epilogue ----------------------------------------------------------------------- */
 
