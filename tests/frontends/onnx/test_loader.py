@@ -199,3 +199,16 @@ def test_rlx_onnx_without_the_onnx_package_names_the_extra() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "ModelError" in out.stdout and "rlx[onnx]" in out.stdout
     assert issubclass(OnnxImportError, ModelError)
+
+
+def test_unknown_dims_become_symbols_named_after_input_and_axis() -> None:
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])],
+    )
+    m = rlx.onnx.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    assert str(m.inputs["x"].dims[0]) == "x_0" and m.inputs["x"].dims[1] == 3
+    x = np.array([[-1.0, 2.0, -3.0]] * 4, np.float32)
+    np.testing.assert_array_equal(m.compile().run({"x": x})[0], np.maximum(x, 0))
