@@ -305,6 +305,63 @@ def _seed_cases() -> list[Case]:
 SEED_CASES = _seed_cases()
 
 
+def _import_op_cases() -> list[Case]:
+    """Ops the ONNX importer added (rlx/ops/indexing.py, bitwise.py, trig.py, cumulative.py,
+    bitcast.py; kernels in kernels/indexing.py and kernels/bitmath.py)."""
+    from rlx.ops import indexing as ix
+    from rlx.ops.bitcast import Bitcast
+    from rlx.ops.bitwise import Bitwise, BitwiseKind, BitwiseNot
+    from rlx.ops.cumulative import CumProd
+    from rlx.ops.trig import Trig, TrigKind
+
+    def c(v: list) -> object:
+        return lambda g: g.constant(np.array(v, np.int64))
+
+    return [
+        Case(
+            "gather_elements",
+            lambda g: g.apply(
+                ix.GatherElements(1),
+                [g.input("x", (3, 5)), c([[0, 4, -1], [2, 2, 1], [1, 0, 3]])(g)],
+            ),
+        ),
+        Case(
+            "scatter_elements_add",
+            lambda g: g.apply(
+                ix.ScatterElements(1, ix.ScatterReduction.ADD),
+                [g.input("x", (3, 5)), c([[0, 4], [1, 1], [3, 2]])(g), g.input("u", (3, 2))],
+            ),
+        ),
+        Case(
+            "gather_nd",
+            lambda g: g.apply(ix.GatherNd(), [g.input("x", (3, 4, 2)), c([[0, 1], [2, 3]])(g)]),
+        ),
+        Case(
+            "scatter_nd",
+            lambda g: g.apply(
+                ix.ScatterNd(), [g.input("x", (4, 3)), c([[1], [3]])(g), g.input("u", (2, 3))]
+            ),
+        ),
+        Case(
+            "bitwise_xor_shl",
+            lambda g: g.apply(
+                Bitwise(BitwiseKind.SHL),
+                [
+                    g.apply(
+                        Bitwise(BitwiseKind.XOR),
+                        [g.input("a", (3, 4), "i32"), g.input("b", (3, 4), "i32")],
+                    ),
+                    g.constant(np.array([0, 1, 2, 31], np.int32)),
+                ],
+            ),
+        ),
+        Case("bitwise_not", lambda g: g.apply(BitwiseNot(), [g.input("a", (3, 4), "i32")])),
+        Case("trig_asinh", lambda g: g.apply(Trig(TrigKind.ASINH), [g.input("x", (3, 4))])),
+        Case("cumprod", lambda g: g.apply(CumProd(1, True, True), [g.input("x", (3, 4))])),
+        Case("bitcast", lambda g: g.apply(Bitcast(rlx.DType.I32), [g.input("x", (3, 4))])),
+    ]
+
+
 CASES: list[Case] = [
     *(_unary(k) for k in UnaryKind),
     *(_unary(k, "f16") for k in (UnaryKind.GELU, UnaryKind.EXP, UnaryKind.SILU)),
@@ -653,6 +710,7 @@ CASES: list[Case] = [
     Case("gated_delta_net", _gdn, loose=True),
     Case("custom", _custom),
     *SEED_CASES,
+    *_import_op_cases(),
 ]
 
 

@@ -120,6 +120,15 @@ RLX_ONLY: dict[str, tuple[OpKind, str]] = {
     "log_softmax": (R, "softmax's log form: the seed's Softmax is a reduction"),
     "pad": (D, "copies values into a larger buffer, like Concat"),
     "slice": (D, "a strided Narrow"),
+    "gather_elements": (D, "an element-wise Gather"),
+    "scatter_elements": (D, "an element-wise ScatterAdd (or overwrite / mul / max / min)"),
+    "gather_nd": (D, "a Gather by index tuples"),
+    "scatter_nd": (D, "a ScatterAdd by index tuples"),
+    "bitwise": (E, "integer bit operations, elementwise; never retyped (integers)"),
+    "bitwise_not": (E, "elementwise integer complement"),
+    "trig": (E, "elementwise transcendental functions, like the unary ones"),
+    "cumprod": (R, "a running product: Cumsum's multiplicative twin"),
+    "bitcast": (D, "a byte copy read as another dtype, like a Reshape of bytes"),
 }
 
 BUILTIN = {m: c for m, c in OPS.items() if c.__module__.startswith("rlx.ops.")}
