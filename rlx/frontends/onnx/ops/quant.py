@@ -73,20 +73,37 @@ def _params(ctx: NodeCtx, x_rank: int) -> tuple[np.ndarray, np.ndarray | None, i
 
 
 def _runtime(ctx: NodeCtx) -> bool:
-    """Scale or zero point computed in the graph (DynamicQuantizeLinear's expansion)."""
-    return any(
-        ctx.has(i) and ctx.st.fold(ctx.node.input[i]) is None
-        and not ctx.st.is_graph_input(ctx.node.input[i]) for i in (1, 2)
-    )  # fmt: skip
+    """Scale or zero point known only at run time (a graph input, or computed in the graph
+    as DynamicQuantizeLinear's expansion does): the op becomes elementwise arithmetic.
+    Constant ones (initializers, the quantizer's output) give rlx's quantize ops."""
+    return any(ctx.has(i) and ctx.st.fold(ctx.node.input[i]) is None for i in (1, 2))
+
+
+def _along(ctx: NodeCtx, v: int, x: int) -> int:
+    """A per-axis [C] scale / zero point reshaped to broadcast against ``x``."""
+    vs, r = ctx.g.shape(v), ctx.shape(x).rank
+    if vs.rank != 1 or vs.dims[0] == 1 and r != 1:
+        return v
+    ax = axis_of(ctx.attr("axis", 1), r)
+    return ctx.g.apply(Reshape(tuple(vs.dims[0] if i == ax else 1 for i in range(r))), [v])
+
+
+def _q_dtype(ctx: NodeCtx) -> DType:
+    if ctx.attr("output_dtype", 0):
+        return to_dtype(ctx.attr("output_dtype"), "QuantizeLinear output_dtype")
+    return ctx.in_shape(2).dtype if ctx.has(2) else DType.U8
 
 
 def _runtime_quantize(ctx: NodeCtx, to: DType) -> int:
-    """``clip(rint(x / scale) + zp)`` from run-time per-tensor scale and zero point."""
-    g = ctx.g
-    x = cast(g, ctx.x(0), DType.F32)
-    y = un(g, U.ROUND, bin_(g, B.DIV, x, cast(g, ctx.x(1), DType.F32)))
+    """``saturate(rint(x / scale) + zp)`` from run-time scale and zero point."""
+    g, x0 = ctx.g, ctx.x(0)
+    x = cast(g, x0, DType.F32)
+    y = bin_(g, B.DIV, x, _along(ctx, cast(g, ctx.x(1), DType.F32), x0))
+    if to.is_fp8:
+        return _cast(ctx, y, to)
+    y = un(g, U.ROUND, y)
     if ctx.has(2):
-        y = bin_(g, B.ADD, y, cast(g, ctx.x(2), DType.F32))
+        y = bin_(g, B.ADD, y, _along(ctx, cast(g, ctx.x(2), DType.F32), x0))
     lo, hi = QUANT_RANGES[to]
     y = bin_(g, B.MIN, bin_(g, B.MAX, y, scalar(g, lo, y)), scalar(g, hi, y))
     return cast(g, y, to)
@@ -97,10 +114,8 @@ def quantize_linear(ctx: NodeCtx) -> int:
     g, x = ctx.g, ctx.x(0)
     if ctx.attr("block_size", 0):
         return _blocked_q(ctx, True)
-    if _runtime(ctx) and ctx.in_shape(1).rank == 0:
-        to = ctx.in_shape(2).dtype if ctx.has(2) else DType.U8
-        if to in QUANT_RANGES:
-            return _runtime_quantize(ctx, to)
+    if _runtime(ctx) and (_q_dtype(ctx) in QUANT_RANGES or _q_dtype(ctx).is_fp8):
+        return _runtime_quantize(ctx, _q_dtype(ctx))
     scale, zp, axis = _params(ctx, ctx.shape(x).rank)
     if ctx.has_attr("output_dtype") and ctx.attr("output_dtype"):
         to = to_dtype(ctx.attr("output_dtype"), "QuantizeLinear output_dtype")
@@ -132,6 +147,12 @@ def dequantize_linear(ctx: NodeCtx) -> int:
     g, x = ctx.g, ctx.x(0)
     if ctx.attr("block_size", 0):
         return _blocked_q(ctx, False)
+    if _runtime(ctx):  # (q - zp) * scale with run-time scale / zero point
+        y = cast(g, x, DType.F32)
+        if ctx.has(2):
+            y = bin_(g, B.SUB, y, _along(ctx, cast(g, ctx.x(2), DType.F32), x))
+        y = bin_(g, B.MUL, y, _along(ctx, cast(g, ctx.x(1), DType.F32), x))
+        return cast(g, y, ctx.in_shape(1).dtype)
     scale, zp, axis = _params(ctx, ctx.shape(x).rank)
     out_dt = ctx.in_shape(1).dtype
     src = ctx.dtype(x)
