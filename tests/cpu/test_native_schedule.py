@@ -149,3 +149,19 @@ def test_what_cannot_be_described_stays_a_python_call() -> None:
     assert native_call(too_many) is None
     py = lambda: None  # noqa: E731
     assert segments([ok, py, ok]) == [ok, py, ok]  # no run of two: nothing to gain
+
+
+def test_sgemm_and_attention_kernels_join_the_native_schedule(monkeypatch) -> None:  # noqa: ANN001
+    """The weight products on rlx's sgemm and the native attention describe their C call
+    (``native_call``), so a transformer layer runs as one segment."""
+    monkeypatch.setenv("RLX_SGEMM", "native")
+    g = encoder(layers=1, hidden=32, heads=4, ffn=64, seq=5, batch=2, fused_attention=True)
+    cg = Session("cpu").compile(g, OPTS, params=random_params(g, 1))
+    cg.run({"x": np.ones((2, 5, 32), np.float32)})
+    ex = cg._executor_any()
+    kinds = {}
+    for e, k in zip(ex.kernel_entries, ex.schedule, strict=True):
+        if e.kind.value == "native" and e.op in ("fused_matmul_bias_act", "attention"):
+            kinds.setdefault(e.op, []).append(native_call(k) is not None)
+    assert kinds.get("attention") == [True]
+    assert kinds.get("fused_matmul_bias_act") and all(kinds["fused_matmul_bias_act"])

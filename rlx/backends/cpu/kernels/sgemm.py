@@ -342,7 +342,7 @@ def weight_matmul(
 
     run.keepalive = keep  # type: ignore[attr-defined]  # args hold only pointers
     if not steps:  # one C call: the native schedule may make it (native/schedule.py)
-        run.native_call = (gemm, (*args, nt), True)  # type: ignore[attr-defined]
+        run.native_call = (gemm.func, gemm.args, True)  # type: ignore[attr-defined]
     return run
 
 
