@@ -139,8 +139,10 @@ ukernel(long kc, const float *restrict a, const float *restrict b, float *restri
         __builtin_prefetch(c + i * ldc, 1, 3);
         __builtin_prefetch(c + i * ldc + NR - 1, 1, 3);
     }
+#pragma GCC unroll 2
     for (long q = 0; q < kc; q++) {
         const vf b0 = *(const vfu *)b, b1 = *(const vfu *)(b + VL);
+        __builtin_prefetch(b + 16 * NR, 0, 3);
         __builtin_prefetch(a + 16 * MR, 0, 3);
 #pragma GCC unroll 14
         for (int i = 0; i < MR; i++) {
