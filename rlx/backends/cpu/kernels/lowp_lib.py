@@ -291,7 +291,7 @@ def lowp_lib() -> LowpLib:
 def _lowp_lib(target: native.Target) -> LowpLib:
     if not native.available():
         raise CompileError("native low-precision kernels need gcc, which is not on PATH")
-    source = (native.CSRC / "lowp_cast.c").read_text() + (native.CSRC / "lowp_gemm.c").read_text()
+    source = native.csrc_source("lowp_cast.c", "lowp_gemm.c")
     try:
         return LowpLib(native.load(native.build(source, target, "lowp")))
     except OSError as e:

@@ -102,6 +102,7 @@ from rlx.errors import CompileError
 
 __all__ = [
     "CSRC",
+    "csrc_source",
     "Isa",
     "Target",
     "CacheInfo",
@@ -135,6 +136,15 @@ CSRC = Path(__file__).with_name("csrc")
 _LOCK = threading.Lock()
 _LOADED: dict[Path, ctypes.CDLL] = {}
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.h)"$', re.M)
+
+
+def csrc_source(*files: str) -> str:
+    """The C source text of ``csrc/<files>`` joined in order (one translation unit), each
+    ``#include "<name>.h"`` line replaced by ``csrc/<name>.h`` (so a shared header is part
+    of the text :func:`build` hashes)."""
+    text = "\n".join((CSRC / f).read_text() for f in files)
+    return _INCLUDE.sub(lambda m: (CSRC / m.group(1)).read_text(), text)
 
 
 _WHICH: dict[str | None, str | None] = {}

@@ -354,5 +354,5 @@ def qgemm_lib(isa: Isa | None = None) -> QGemmLib:
 def _qgemm_lib(isa: Isa, target: cpu.Target) -> QGemmLib:
     from rlx.backends.cpu import native
 
-    source = "\n".join((native.CSRC / f).read_text() for f in SOURCES)
+    source = native.csrc_source(*SOURCES)
     return QGemmLib(native.load(native.build(source, isa, "qgemm", target=target)), isa)

@@ -230,34 +230,13 @@ static int dp_gemm(long m, long n, long k, const uint16_t *a, long lda, const ui
  * AMX; the other rows go through the vdpbf16ps kernel (which rows take which path does not
  * depend on the thread count, so results do not either). */
 #if defined(__x86_64__) && defined(__linux__)
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#define RLX_AMX_BUILD 1
+#define RLX_AMX_CPUID_EDX ((1u << 22) | (1u << 24)) /* AMX-BF16, AMX-TILE */
+#include "amx.h"
 #else
 #define RLX_AMX_BUILD 0
 #endif
 
 #if RLX_AMX_BUILD
-static int amx_state = -1; /* -1 unknown, 0 no, 1 yes */
-
-static int amx_ok(void) {
-    int s = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
-    if (s >= 0) return s;
-    unsigned ea, eb, ec, ed;
-    int ok = 0;
-    if (__get_cpuid_count(7, 0, &ea, &eb, &ec, &ed) && (ed & (1u << 22)) && (ed & (1u << 24)))
-        ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-    __atomic_store_n(&amx_state, ok, __ATOMIC_RELEASE);
-    return ok;
-}
-
-struct amx_cfg {
-    uint8_t palette, start_row, pad[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
 /* tiles: 0, 1 A (rows i..i+15, i+16..i+31); 2, 3 B (columns 0..15, 16..31); 4..7 C */
 __attribute__((target("amx-tile,amx-bf16"), noinline)) static void amx_block(
     long rows, long kp, const uint16_t *a, long lda, const uint16_t *bpan, float *ct) {
@@ -290,22 +269,6 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) static void amx_block(
     }
     _tile_stored(4, ct, 128);
     _tile_stored(5, ct + 16, 128);
-}
-
-__attribute__((target("amx-tile"), noinline)) static void amx_config(int on) {
-    if (!on) {
-        _tile_release();
-        return;
-    }
-    struct amx_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
-    }
-    __asm__ volatile("" : : "r"(&cfg) : "memory"); /* gcc drops the stores to cfg otherwise */
-    _tile_loadconfig(&cfg);
 }
 
 #define A_MC 256 /* rows per tile of work: its A rows (256 x K bf16) stay in L2 */

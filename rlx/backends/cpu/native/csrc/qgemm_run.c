@@ -12,45 +12,8 @@
  * kernel allow it; flag bit 0 of rlx_qgemm_run turns it off). Integer sums are exact
  * either way, so results equal the VNNI path's bit for bit. */
 #if RLX_ISA == 2 && defined(__x86_64__) && defined(__linux__)
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#define RLX_AMX_BUILD 1
-static int amx_state = -1; /* -1 unknown, 0 no, 1 yes */
-
-static int amx_ok(void) {
-    int s = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
-    if (s >= 0) return s;
-    unsigned ea, eb, ec, ed;
-    int ok = 0;
-    /* CPUID.7.0:EDX bit 24 AMX-TILE, bit 25 AMX-INT8 */
-    if (__get_cpuid_count(7, 0, &ea, &eb, &ec, &ed) && (ed & (1u << 24)) && (ed & (1u << 25)))
-        ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-    __atomic_store_n(&amx_state, ok, __ATOMIC_RELEASE);
-    return ok;
-}
-
-struct amx_cfg {
-    uint8_t palette, start_row, pad[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
-__attribute__((target("amx-tile"), noinline)) static void amx_config(int on) {
-    if (!on) {
-        _tile_release();
-        return;
-    }
-    struct amx_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
-    }
-    __asm__ volatile("" : : "r"(&cfg) : "memory"); /* keep the stores to cfg */
-    _tile_loadconfig(&cfg);
-}
+#define RLX_AMX_CPUID_EDX ((1u << 24) | (1u << 25)) /* AMX-TILE, AMX-INT8 */
+#include "amx.h"
 
 /* tiles: 0, 1 A (rows 0..15, 16..31); 2, 3 B (columns 0..15, 16..31); 4..7 C.
  * ct[32][32] = raw sums of rows (16 or 32) of a (row stride lda bytes) over kq quads. */
