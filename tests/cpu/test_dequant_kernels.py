@@ -18,22 +18,11 @@ from rlx.backends.cpu.native.dqgemm import dqgemm_lib
 from rlx.errors import QuantizationError, ShapeError
 from rlx.quant import schemes as S
 from rlx.runtime.options import CompileOptions
+from tests.quant.gguf_blocks import set_f16_scales
 
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not installed")
 
-F16_FIELDS = {
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "Q8_0": (0,),
-    "Q2_K": (80, 82),
-    "Q3_K": (108,),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-}
 SCHEMES = [
     S.Int8Block(32),
     S.Int8BlockAsym(48),
@@ -51,10 +40,7 @@ def make_weight(scheme: S.QuantScheme, n: int, k: int, rng: np.random.Generator)
         cls = type(scheme)
         b = rng.integers(0, 256, (n * k // cls.qk, cls.block_bytes), dtype=np.uint8)
         name = cls.gguf_name
-        for off in F16_FIELDS.get(name, ()):
-            b[:, off : off + 2] = (
-                rng.uniform(0.001, 0.05, len(b)).astype("<f2").view(np.uint8).reshape(-1, 2)
-            )
+        set_f16_scales(b, name, rng)
         if name == "Q8_K":  # f32 d, i8 qs[256], i16 bsums: y = d * q (gguf 0.19 cannot decode it)
             d = rng.uniform(0.001, 0.05, len(b)).astype("<f4")
             b[:, 0:4] = d.view(np.uint8).reshape(-1, 4)

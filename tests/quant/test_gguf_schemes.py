@@ -22,22 +22,10 @@ from rlx.quant.schemes import (
     GgufQ5_1,
     GgufQ8_0,
 )
+from tests.quant.gguf_blocks import F16_FIELDS, set_f16_scales
 
 gguf = pytest.importorskip("gguf")
 
-#: byte offsets of the f16 scale fields of each block layout
-F16_FIELDS = {
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "Q8_0": (0,),
-    "Q2_K": (80, 82),
-    "Q3_K": (108,),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-}
 DECODABLE = sorted(F16_FIELDS)  # gguf 0.19 has no Q8_K decoder (tests/quant/test_gguf.py)
 
 finite_f16 = st.integers(0, 0xFFFF).filter(lambda h: (h >> 10) & 0x1F != 0x1F)
@@ -151,10 +139,7 @@ def test_dequant_matmul_reference_and_compiled(name):
     n, k = 5, 512
     rng = np.random.default_rng(3)
     packed = rng.integers(0, 256, (n * k // cls.qk, cls.block_bytes), dtype=np.uint8)
-    for off in F16_FIELDS[name]:
-        packed[:, off : off + 2] = (
-            rng.uniform(0.001, 0.05, len(packed)).astype("<f2").view(np.uint8).reshape(-1, 2)
-        )
+    set_f16_scales(packed, name, rng)
     packed = packed.reshape(n, -1)
     g = rlx.Graph("gguf")
     x = g.input("x", (2, k))
