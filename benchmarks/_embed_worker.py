@@ -81,7 +81,7 @@ Forward = Callable[[dict[str, np.ndarray]], Callable[[], np.ndarray]]
 
 
 def rlx_forward(precision: str, threads: int, model_dir: Path) -> Forward:
-    """rlx.models.hf.load + HFModel.compile (int8: rlx.quantize on the built-in sample)."""
+    """rlx.models.hf.load + HFModel.compile (int8: rlx.quantize, dynamic activations)."""
     from rlx.models.hf import load
     from rlx.runtime import threads as rlx_threads
 

@@ -19,7 +19,7 @@ Everything in one venv:
 
 ``latency``: the encoder forward (last hidden state) at each batch x seq shape and thread
 count. Engines: rlx f32 / bf16 / int8 (``rlx.models.hf.load(...).compile()``; int8 is
-``rlx.quantize`` calibrated on the built-in sentences, the SentenceEncoder's path), torch
+``rlx.quantize`` with per-row dynamic activations, the SentenceEncoder's path), torch
 eager (transformers' default attention), torch.compile (inductor, ``dynamic=False``), ONNX
 Runtime on the ``torch.onnx.export`` model (ORT_ENABLE_ALL) and on it after
 onnxruntime.transformers' BERT fusions ("fused"), ORT dynamic INT8

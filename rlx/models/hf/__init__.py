@@ -132,7 +132,7 @@ class HFModel:
     def compile(self, graph: Graph | None = None, precision: str | None = None, **kw: Any) -> Any:
         """A CompiledGraph of ``graph`` (default: the encoder) at ``precision`` (default:
         the model's) with the params set; ``kw`` overrides CompileOptions fields
-        (``freeze_params=True``, ...). int8 calibrates on the built-in sentences; use
+        (``freeze_params=True``, ...). int8 quantizes activations per row at run time; use
         :meth:`quantize` for your own text and the accuracy report."""
         p = check_precision(precision or self.precision)
         if p == "int8":
@@ -149,9 +149,13 @@ class HFModel:
         batch_size: int = 8,
         **kw: Any,
     ) -> Any:
-        """``rlx.quantize`` of ``graph`` (default: the encoder) calibrated on ``texts``
-        (default: :data:`CALIBRATION_TEXTS`) in batches of ``batch_size``; ``kw`` goes to
-        ``rlx.quantize`` (``method=``, ``exclude=``, ...). Returns its QuantizeResult."""
+        """``rlx.quantize`` of ``graph`` (default: the encoder) evaluated (and, with
+        ``activations="static"``, calibrated) on ``texts`` (default:
+        :data:`CALIBRATION_TEXTS`) in batches of ``batch_size``; ``kw`` goes to
+        ``rlx.quantize`` (``activations=``, ``method=``, ``exclude=``, ...). Activations are
+        quantized per row at run time (``activations="dynamic"``) unless ``kw`` says
+        otherwise, as :class:`~rlx.models.SentenceEncoder` does. Returns its
+        QuantizeResult."""
         from rlx.quant.api import quantize
 
         sample = check_texts(CALIBRATION_TEXTS if texts is None else texts)
@@ -162,6 +166,7 @@ class HFModel:
         ]
         kw.setdefault("eval_batches", len(batches))
         kw.setdefault("rank_layers", False)
+        kw.setdefault("activations", "dynamic")
         g = graph if graph is not None else self.graph
         return quantize(g, batches, params=dict(self.params), options=self.options("f32"), **kw)
 
