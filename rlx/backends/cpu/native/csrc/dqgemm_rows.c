@@ -104,9 +104,23 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* xs[j]: sum of X over the j-th run of 32 inputs. The 6-bit scales and mins are unpacked
- * eight at a time with 32-bit masks (as ggml's utmp trick), the mins' term is one 8-lane
- * FMA per super-block against xs. */
+/* The 8 6-bit scales (*sc) and 8 6-bit mins (*mn) of the Q4_K block at p, as f32 lanes,
+ * unpacked eight at a time with 32-bit masks (as ggml's utmp trick). */
+static inline void q4k_scales_mins(const uint8_t *p, __m256 *sc, __m256 *mn) {
+    uint32_t u[4];
+    memcpy(u, p + 4, 12);
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    uint32_t m03 = u[1] & 0x3f3f3f3fu;
+    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    u[2] = m03;
+    u[0] &= 0x3f3f3f3fu; /* bytes: scales 0..7, then mins 0..7 */
+    __m128i sm = _mm_loadu_si128((const __m128i *)u);
+    *sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm));
+    *mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+}
+
+/* xs[j]: sum of X over the j-th run of 32 inputs. The scales and mins come from
+ * q4k_scales_mins; the mins' term is one 8-lane FMA per super-block against xs. */
 __attribute__((unused)) static float row_q4_k_v(const uint8_t *p, long nb, const float *x, const float *xs) {
     vf t0 = VZERO(), t1 = VZERO();
     __m256 mins = _mm256_setzero_ps();
@@ -117,16 +131,8 @@ __attribute__((unused)) static float row_q4_k_v(const uint8_t *p, long nb, const
 #endif
     float dsc[8];
     for (long b = 0; b < nb; b++, p += 144, x += 256, xs += 8) {
-        uint32_t u[4];
-        memcpy(u, p + 4, 12);
-        u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-        uint32_t m03 = u[1] & 0x3f3f3f3fu;
-        u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-        u[2] = m03;
-        u[0] &= 0x3f3f3f3fu; /* bytes: scales 0..7, then mins 0..7 */
-        __m128i sm = _mm_loadu_si128((const __m128i *)u);
-        __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm));
-        __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+        __m256 scf, mf;
+        q4k_scales_mins(p, &scf, &mf);
         _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(hf(p)), scf));
         mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(hf(p + 2)), mf), _mm256_loadu_ps(xs),
                                mins);
@@ -236,16 +242,8 @@ static float row_q4_k(const uint8_t *p, long nb, const float *x, const float *xs
     const __m512 iota = _mm512_loadu_ps(IOTA16);
     float dsc[8], dmn[8];
     for (long b = 0; b < nb; b++, p += 144, x += 256) {
-        uint32_t u[4];
-        memcpy(u, p + 4, 12);
-        u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-        uint32_t m03 = u[1] & 0x3f3f3f3fu;
-        u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-        u[2] = m03;
-        u[0] &= 0x3f3f3f3fu;
-        __m128i sm = _mm_loadu_si128((const __m128i *)u);
-        __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm));
-        __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+        __m256 scf, mf;
+        q4k_scales_mins(p, &scf, &mf);
         _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(hf(p)), scf));
         _mm256_storeu_ps(dmn, _mm256_mul_ps(_mm256_set1_ps(hf(p + 2)), mf));
         const uint8_t *qs = p + 16;
