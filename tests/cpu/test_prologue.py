@@ -6,8 +6,6 @@ by counting kernel calls (never by timing)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -23,6 +21,7 @@ from rlx.passes.precision import PrecisionPolicy
 from rlx.runtime.compiled import CompiledGraph
 from rlx.runtime.options import CompileOptions
 from rlx.runtime.session import Session
+from tests.cpu.call_counts import count_calls
 
 OPTS = CompileOptions(use_cache=False, verbose=False)
 needs_gcc = pytest.mark.skipif(not native.available(), reason="needs gcc")
@@ -31,23 +30,6 @@ needs_gcc = pytest.mark.skipif(not native.available(), reason="needs gcc")
 def _overlaps(plan, a: int, b: int) -> bool:
     sa, sb = plan.slots[a], plan.slots[b]
     return sa.offset < sb.offset + sb.nbytes and sb.offset < sa.offset + sa.nbytes
-
-
-def _count_calls(ex: Executor) -> list[int]:
-    """Wrap every prologue kernel and prepare step of ``ex`` with a call counter."""
-    counts = [0] * (len(ex.prologue) + len(ex.prepare))
-
-    def wrap(f: Callable[[], None], i: int) -> Callable[[], None]:
-        def g() -> None:
-            counts[i] += 1
-            f()
-
-        return g
-
-    ex.prologue[:] = [wrap(f, i) for i, f in enumerate(ex.prologue)]
-    k = len(ex.prologue)
-    ex.prepare[:] = [wrap(f, k + i) for i, f in enumerate(ex.prepare)]
-    return counts
 
 
 def weight_graph() -> tuple[Graph, dict[str, int]]:
@@ -120,7 +102,7 @@ def test_prologue_runs_once_per_param_change() -> None:
     ps = {"w": rng.standard_normal((3, 8)).astype(np.float32), "b": np.ones(3, np.float32)}
     cg = Session("cpu").compile(g, OPTS.replace(fuse=False), params=ps)
     ex = cg._executor_any()
-    counts = _count_calls(ex)
+    counts = count_calls(ex)
     assert len(ex.prologue) >= 2  # exp, mul (the transpose may be a kernel too)
     xv = np.ones((4, 8), np.float32)
     for _ in range(5):
@@ -169,7 +151,7 @@ def test_constant_only_subexpression_runs_once_without_params() -> None:
     g.set_outputs([g.add(x, g.exp(c))])
     cg = Session("cpu").compile(g, OPTS.replace(optimize=False, fuse=False))
     ex = cg._executor_any()
-    counts = _count_calls(ex)
+    counts = count_calls(ex)
     xv = np.ones((2, 3), np.float32)
     for _ in range(3):
         np.testing.assert_allclose(cg.run({"x": xv})[0], g.evaluate({"x": xv}, {})[0], rtol=1e-6)
@@ -262,7 +244,7 @@ def test_amp_bf16_runtime_params_equal_frozen(fuse: bool) -> None:
     assert any(e.op == "cast" and e.prologue for e in ex.entries)
     notes = " ".join(n for e in ex.entries for n in e.notes)
     assert "every run" not in notes
-    counts = _count_calls(ex)
+    counts = count_calls(ex)
     for seed in (0, 1):
         ps = _mlp_params(seed)
         if seed:

@@ -7,7 +7,6 @@ buffers allocated, kernels run)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rlx
-from rlx.backends.cpu.executor import Executor
 from rlx.backends.cpu.kernels import KernelCtx, KernelKind, ScratchPool
 from rlx.backends.cpu.memory import ParamStore, Workspace, safe_to_share
 from rlx.backends.cpu.plancheck import check_plan
@@ -24,6 +22,7 @@ from rlx.backends.cpu.planner import PlanTemplate, plan_memory
 from rlx.models import encoder, random_params
 from rlx.runtime.options import CompileOptions
 from rlx.runtime.session import Session
+from tests.cpu.call_counts import count_calls
 
 OPTS = CompileOptions(use_cache=False, verbose=False, num_threads=1)
 
@@ -156,20 +155,6 @@ def weight_graph() -> rlx.Graph:
     return g
 
 
-def _count(ex: Executor) -> list[int]:
-    counts = [0] * len(ex.prologue)
-
-    def wrap(f: Callable[[], None], i: int) -> Callable[[], None]:
-        def g() -> None:
-            counts[i] += 1
-            f()
-
-        return g
-
-    ex.prologue[:] = [wrap(f, i) for i, f in enumerate(ex.prologue)]
-    return counts
-
-
 def test_the_prologue_runs_once_per_param_change_for_all_shapes() -> None:
     g = weight_graph()
     rng = np.random.default_rng(4)
@@ -177,10 +162,10 @@ def test_the_prologue_runs_once_per_param_change_for_all_shapes() -> None:
     w = rng.standard_normal((6, 5)).astype(np.float32)
     cg.set_param("w", w)
     first = cg._executor({"n": 3})
-    counts_a = _count(first)
+    counts_a = count_calls(first)
     assert first.prologue
     second = cg._executor({"n": 7})
-    counts_b = _count(second)
+    counts_b = count_calls(second)
     for rows in (3, 7, 3, 7):
         x = rng.standard_normal((rows, 6)).astype(np.float32)
         np.testing.assert_allclose(
