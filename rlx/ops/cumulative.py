@@ -11,7 +11,7 @@ import numpy as np
 
 from rlx.ops.base import Op, OpKind, RefCtx, expect, register
 from rlx.ops.elementwise import _wide
-from rlx.ops.reduce import norm_axis
+from rlx.ops.reduce import norm_axis, running
 from rlx.shape import Shape
 
 __all__ = ["CumProd", "cumprod"]
@@ -19,17 +19,9 @@ __all__ = ["CumProd", "cumprod"]
 
 def cumprod(x: np.ndarray, axis: int, reverse: bool, exclusive: bool) -> np.ndarray:
     """NumPy twin of :class:`CumProd` (also the CPU kernel's computation)."""
-    x = _wide(x)
-    ax = axis % x.ndim
-    if reverse:
-        x = np.flip(x, ax)
-    if exclusive:  # shift by one along the axis, a one coming in
-        pads = [(0, 0)] * x.ndim
-        pads[ax] = (1, 0)
-        x = np.take(np.pad(x, pads, constant_values=1), range(x.shape[ax]), axis=ax)
-    with np.errstate(all="ignore"):
-        out = np.cumprod(x, axis=ax, dtype=x.dtype)
-    return np.flip(out, ax) if reverse else out
+    return running(
+        _wide(x), axis, reverse, exclusive, 1, lambda v, ax: np.cumprod(v, axis=ax, dtype=v.dtype)
+    )
 
 
 @register

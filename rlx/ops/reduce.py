@@ -34,6 +34,7 @@ __all__ = [
     "ArgMin",
     "norm_axis",
     "norm_axes",
+    "running",
     "canon_axis",
     "canon_axes",
 ]
@@ -79,6 +80,29 @@ class ReduceKind(enum.Enum):
     MAX = "max"
     MIN = "min"
     PROD = "prod"
+
+
+def running(
+    x: np.ndarray,
+    axis: int,
+    reverse: bool,
+    exclusive: bool,
+    identity: int,
+    scan: Callable[[np.ndarray, int], np.ndarray],
+) -> np.ndarray:
+    """A running reduction (cumsum, cumprod) of ``x`` along ``axis``: ``scan(x, ax)`` over
+    ``x`` flipped when ``reverse`` (and the result flipped back), shifted by one along the
+    axis with ``identity`` coming in when ``exclusive``. Overflow wraps / gives inf quietly."""
+    ax = axis % x.ndim
+    if reverse:
+        x = np.flip(x, ax)
+    if exclusive:
+        pads = [(0, 0)] * x.ndim
+        pads[ax] = (1, 0)
+        x = np.take(np.pad(x, pads, constant_values=identity), range(x.shape[ax]), axis=ax)
+    with np.errstate(all="ignore"):
+        out = scan(x, ax)
+    return np.flip(out, ax) if reverse else out
 
 
 def _extreme_initial(dt: np.dtype, kind: ReduceKind) -> object:
@@ -222,17 +246,14 @@ class Cumsum(Op):
         return x
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
-        x = _wide(xs[0])
-        ax = self.axis % x.ndim
-        if self.reverse:
-            x = np.flip(x, ax)
-        if self.exclusive:  # shift right by one along the axis, a zero coming in
-            pads = [(0, 0)] * x.ndim
-            pads[ax] = (1, 0)
-            x = np.take(np.pad(x, pads), range(x.shape[ax]), axis=ax)
-        with np.errstate(all="ignore"):
-            out = np.cumsum(x, axis=ax, dtype=_int_acc(x))
-        return np.flip(out, ax) if self.reverse else out
+        return running(
+            _wide(xs[0]),
+            self.axis,
+            self.reverse,
+            self.exclusive,
+            0,
+            lambda x, ax: np.cumsum(x, axis=ax, dtype=_int_acc(x)),
+        )
 
 
 @register
