@@ -220,6 +220,15 @@ class IntEpilogueOp(Op):
                 f"residual must be float with the output's dims {list(out.dims)}, got {r}",
             )
 
+    def linear_out(self, ins: tuple[Shape, ...]) -> Shape:
+        """The F32 ``[..., N]`` output of ``x [..., K] @ w_q [K, N]`` (``ins[0]``,
+        ``ins[1]``) once the weight and the epilogue inputs are checked."""
+        x, w = ins[0], ins[1]
+        n = self.check_weight(x, w)
+        out = Shape((*x.dims[:-1], n), DType.F32)
+        self.check_epilogue(ins, out, n)
+        return out
+
     def epilogue(self, y: np.ndarray, xs: Sequence[np.ndarray]) -> np.ndarray:
         """The reference epilogue on the scaled product ``y`` (f32)."""
         k = 2
@@ -262,7 +271,7 @@ class QMatMul(IntEpilogueOp):
     x_dtype: DType | None = None
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
-        x, w = ins[0], ins[1]
+        x = ins[0]
         if self.x_dtype is None:
             expect(
                 x.dtype in (DType.I8, DType.U8) and x.rank >= 1,
@@ -281,10 +290,7 @@ class QMatMul(IntEpilogueOp):
                 f"with x_dtype={self.x_dtype} x must be float of rank >= 1, got {x}",
             )
         self.check_x_quant(self.x_dtype or x.dtype)
-        n = self.check_weight(x, w)
-        out = Shape((*x.dims[:-1], n), DType.F32)
-        self.check_epilogue(ins, out, n)
-        return out
+        return self.linear_out(ins)
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         x, w = xs[0], xs[1]
@@ -330,12 +336,9 @@ class DynamicQMatMul(IntEpilogueOp):
         object.__setattr__(self, "mode", ActQuant.parse(self.mode))
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
-        x, w = ins[0], ins[1]
+        x = ins[0]
         expect(x.dtype.is_float and x.rank >= 1, self, f"x must be float of rank >= 1, got {x}")
-        n = self.check_weight(x, w)
-        out = Shape((*x.dims[:-1], n), DType.F32)
-        self.check_epilogue(ins, out, n)
-        return out
+        return self.linear_out(ins)
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         x, w = xs[0], xs[1]
