@@ -154,6 +154,25 @@ class DqGemmLib:
             lut = self._luts.setdefault(type(scheme), _fp8_lut(scheme))
         return w, sc, zp, lut
 
+    def _args(
+        self,
+        scheme: S.QuantScheme,
+        x: np.ndarray,
+        ws: tuple[np.ndarray, ...],
+        out: np.ndarray,
+        num_threads: int,
+    ) -> tuple:
+        """The argument tuple of ``rlx_dq_gemm`` for checked ``x`` [M, K], ``ws`` and
+        ``out`` [M, N]."""
+        m, k = x.shape
+        n = out.shape[1]
+        lay = layout(scheme, k)
+        w, sc, zp, lut = self._aux(scheme, ws)
+        return (
+            lay.code, lay.qk, lay.bb, m, n, k, _ptr(x), k, _ptr(w), lay.row_bytes,
+            _ptr(sc), _ptr(zp), _ptr(lut), _ptr(out), n, int(num_threads),
+        )  # fmt: skip
+
     def gemm(
         self,
         scheme: S.QuantScheme,
@@ -177,12 +196,7 @@ class DqGemmLib:
             )
         if check:
             check_weights(scheme, ws, n, k, names)
-        lay = layout(scheme, k)
-        w, sc, zp, lut = self._aux(scheme, ws)
-        rc = self.lib.rlx_dq_gemm(
-            lay.code, lay.qk, lay.bb, m, n, k, _ptr(x), k, _ptr(w), lay.row_bytes,
-            _ptr(sc), _ptr(zp), _ptr(lut), _ptr(out), n, int(num_threads),
-        )  # fmt: skip
+        rc = self.lib.rlx_dq_gemm(*self._args(scheme, x, ws, out, num_threads))
         if rc == 1:
             raise MemoryError("dqgemm: could not allocate a decode buffer")
         if rc != 0:
@@ -200,17 +214,10 @@ class DqGemmLib:
     ) -> Callable[[], None]:
         """:meth:`gemm` with every argument checked and converted once: returns a
         zero-argument call (for a kernel whose arrays never move, e.g. arena views)."""
-        m, k = x.shape
-        n = out.shape[1]
         self.gemm(scheme, x[:0], ws, out[:0], check=True, names=names)  # checks only
-        lay = layout(scheme, k)
-        w, sc, zp, lut = self._aux(scheme, ws)
-        args = (
-            lay.code, lay.qk, lay.bb, m, n, k, _ptr(x), k, _ptr(w), lay.row_bytes,
-            _ptr(sc), _ptr(zp), _ptr(lut), _ptr(out), n, int(num_threads),
-        )  # fmt: skip
+        args = self._args(scheme, x, ws, out, num_threads)
         fn = self.lib.rlx_dq_gemm
-        keep = (x, ws, out, lut)  # the arrays must outlive the call
+        keep = (x, ws, out, self)  # the arrays (and self's FP8 tables) must outlive the call
 
         def call() -> None:
             if fn(*args) != 0:
