@@ -186,11 +186,16 @@ def choose(
     key: str, make: Callable[[], tuple[Callable[[], Any], Callable[[], Any]]], threads: int
 ) -> tuple[bool, str]:
     """Whether the native GEMM runs the shape class ``key``: ``RLX_SGEMM`` when it forces
-    one, else the recorded choice, else both made by ``make()`` (native, BLAS) and timed
+    one, else native whenever ``threads > 1`` (one thread pool), else the recorded choice, else both made by ``make()`` (native, BLAS) and timed
     now (interleaved, best of a few) and the winner recorded. Returns (native?, why)."""
     forced = config.sgemm()
     if forced != "auto":
         return forced == "native", f"RLX_SGEMM={forced}"
+    if threads > 1:
+        # one pool: a schedule mixing OpenBLAS's threads with the OpenMP team loses to
+        # either alone (all-MiniLM-L6-v2 1x16 at 2 threads: mixed 7.9 ms, all native
+        # 2.3 ms, all BLAS 5.2 ms; 8x128: 81 vs 80 ms), so BLAS stays out of the hot path
+        return True, "one thread pool: native at num_threads > 1"
     where = _where()
     with _lock:
         if where not in _choices:
