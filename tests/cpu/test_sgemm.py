@@ -132,6 +132,19 @@ def test_epilogues_match_numpy_formulas(lib, act) -> None:
         assert np.all(np.abs(out - want) <= tol), act
 
 
+@pytest.mark.parametrize("act", [None, "relu", "gelu", "gelu_tanh", "silu"])
+def test_nan_rows_stay_nan_through_every_epilogue(lib, act) -> None:
+    """A NaN in a row of A makes that output row NaN after any activation, as NumPy's
+    formulas give (np.maximum propagates NaN: relu once returned 0 for it)."""
+    rng = np.random.default_rng(5)
+    a, b = _rand(rng, 9, 20), _rand(rng, 20, 37)
+    a[4, 3] = np.nan
+    out = np.empty((9, 37), np.float32)
+    lib.gemm(a, lib.pack_b(b), out, bias=_rand(rng, 37), act=act, threads=1)
+    want_nan = np.isnan(_act64(act, a.astype(np.float64) @ b))
+    assert want_nan[4].all() and np.array_equal(np.isnan(out), want_nan), act
+
+
 def test_bf16_output_rounds_once_like_ml_dtypes(lib) -> None:
     rng = np.random.default_rng(4)
     m, n = 19, 70

@@ -196,7 +196,7 @@ static void epi_row(const epi_t *e, const float *src, long i, long j0, long n,
     switch (e->act) {
     case 1:
 #pragma omp simd
-        for (long j = 0; j < n; j++) v[j] = v[j] > 0.0f ? v[j] : 0.0f;
+        for (long j = 0; j < n; j++) v[j] = v[j] < 0.0f ? 0.0f : v[j]; /* NaN stays NaN, as np.maximum */
         break;
     case 2:
 #pragma omp simd
