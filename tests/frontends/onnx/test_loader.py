@@ -212,3 +212,20 @@ def test_unknown_dims_become_symbols_named_after_input_and_axis() -> None:
     assert str(m.inputs["x"].dims[0]) == "x_0" and m.inputs["x"].dims[1] == 3
     x = np.array([[-1.0, 2.0, -3.0]] * 4, np.float32)
     np.testing.assert_array_equal(m.compile().run({"x": x})[0], np.maximum(x, 0))
+
+
+def test_layer_norm_scale_of_higher_rank_is_an_import_error() -> None:
+    """A LayerNormalization scale whose rank exceeds the normalized dims cannot broadcast:
+    an error naming the node and both shapes (it was a bare NotImplementedError)."""
+    g = helper.make_graph(
+        [helper.make_node("LayerNormalization", ["x", "s"], ["y"], name="ln", axis=-1)],
+        "ln",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [numpy_helper.from_array(np.ones((3, 4), np.float32), "s")],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(
+        OnnxImportError, match=r"LayerNormalization node 'ln': scale of shape \[3, 4\]"
+    ):
+        rlx.onnx.load(model)

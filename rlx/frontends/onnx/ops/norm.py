@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from rlx.dtype import DType
 from rlx.frontends.onnx.context import NodeCtx
+from rlx.frontends.onnx.errors import OnnxImportError
 from rlx.frontends.onnx.ops import converter
 from rlx.frontends.onnx.ops.elementwise import in_f32
 from rlx.frontends.onnx.ops.util import axis_of, bin_, cast, scalar, un
@@ -72,13 +73,13 @@ def _flat_norm(ctx: NodeCtx, rms: bool) -> list[int | None]:
     gamma = ctx.x(1)
     gshape = ctx.shape(gamma)
     if gshape.dims != s.dims[ax:]:
-        gamma = g.apply(_expand_to(s.dims[ax:], gshape), [gamma])
+        gamma = g.apply(_expand_to(ctx, "scale", s.dims[ax:], gshape), [gamma])
     gamma = cast(g, g.apply(Reshape((n,)), [gamma]), g.shape(flat).dtype)
     beta = None
     if not rms and ctx.has(2):
         beta = ctx.x(2)
         if ctx.shape(beta).dims != s.dims[ax:]:
-            beta = g.apply(_expand_to(s.dims[ax:], ctx.shape(beta)), [beta])
+            beta = g.apply(_expand_to(ctx, "bias", s.dims[ax:], ctx.shape(beta)), [beta])
         beta = cast(g, g.apply(Reshape((n,)), [beta]), g.shape(flat).dtype)
     if rms:
         y = g.apply(RmsNorm(eps, False), [flat, gamma])
@@ -101,11 +102,16 @@ def _flat_norm(ctx: NodeCtx, rms: bool) -> list[int | None]:
     return outs
 
 
-def _expand_to(dims, shape):  # noqa: ANN001, ANN202
+def _expand_to(ctx: NodeCtx, what: str, dims, shape):  # noqa: ANN001, ANN202
+    """Expand of ``what`` (scale or bias) to the normalized dims; OnnxImportError when its
+    rank exceeds theirs (it cannot broadcast to them)."""
     from rlx.ops.movement import Expand
 
-    if len(shape.dims) < len(dims):
-        raise NotImplementedError
+    if len(shape.dims) > len(dims):
+        raise OnnxImportError(
+            f"{ctx.node.op_type} node {ctx.node.name!r}: {what} of shape {list(shape.dims)} "
+            f"does not broadcast to the normalized dims {list(dims)}"
+        )
     return Expand(tuple(dims))
 
 
