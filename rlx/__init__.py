@@ -71,12 +71,15 @@ _LAZY: dict[str, str] = {
     "info": "rlx.info",
 }
 
+# Importer packages exposed as ``rlx.<name>``, imported on first use.
+_FRONTENDS: dict[str, str] = {"onnx": "rlx.frontends.onnx", "gguf": "rlx.frontends.gguf"}
+
 __all__ = ["DType", "Graph", "Node", "RlxError", "Shape", "Sym", "promote", "sym", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "onnx":  # the ONNX importer package (raises ModelError without the onnx extra)
-        value = importlib.import_module("rlx.frontends.onnx")
+    if name in _FRONTENDS:  # importer packages (ModelError naming the extra when missing)
+        value = importlib.import_module(_FRONTENDS[name])
         globals()[name] = value
         return value
     mod = _LAZY.get(name)

@@ -26,6 +26,7 @@ __all__ = [
     "StageError",
     "ConfigError",
     "ModelError",
+    "GgufError",
 ]
 
 
@@ -90,3 +91,9 @@ class ModelError(RlxError, ValueError):
     """A model directory rlx cannot load: a missing or malformed file, an unsupported
     architecture, config value or precision, or a checkpoint tensor missing, extra or
     misshapen."""
+
+
+class GgufError(ModelError):
+    """A GGUF file rlx cannot read or write: bad magic or version, a truncated header, a
+    tensor whose type rlx does not map, whose data runs past the end of the file or
+    overlaps another, or a value the format cannot hold."""
