@@ -26,6 +26,7 @@ __all__ = [
     "StageError",
     "ConfigError",
     "ModelError",
+    "TraceError",
     "GgufError",
 ]
 
@@ -91,6 +92,12 @@ class ModelError(RlxError, ValueError):
     """A model directory rlx cannot load: a missing or malformed file, an unsupported
     architecture, config value or precision, or a checkpoint tensor missing, extra or
     misshapen."""
+
+
+class TraceError(RlxError, TypeError):
+    """Python code traced by ``rlx.jit`` asked a traced value for something only a
+    concrete value has (``bool(x)``, ``int(x)``, iterating it), or passed ``rlx.jit`` an
+    argument it cannot trace."""
 
 
 class GgufError(ModelError):

@@ -308,6 +308,25 @@ class CompiledGraph:
 
     __call__ = run
 
+    def run_trusted(
+        self, arrays: Mapping[str, np.ndarray], bindings: Mapping[str, int]
+    ) -> list[np.ndarray]:
+        """``run`` for a caller that checked the inputs itself: every input given, an array
+        of its declared dtype and dims, ``bindings`` the symbol values those dims give
+        (``rlx.jit``, whose cache key is that check). Skips ``run``'s per-input checks
+        (about 30 us of a 45 us call of a three-node graph); params must be set."""
+        with self._lock:
+            if self._unset:
+                return self._run(arrays, False)  # raises the missing-param error
+            ex = self._executor(bindings)
+            self._last = ex
+            live = self._live_inputs
+            live.clear()
+            live.update(arrays)
+            threads.ensure_blas_threads(threads.blas_threads_for(self.num_threads, ex))
+            with np.errstate(all="ignore"):
+                return ex.run(arrays)
+
     # ---- introspection --------------------------------------------------------------
 
     def inspect(self) -> str:
