@@ -74,26 +74,26 @@ _LAZY: dict[str, str] = {
     "while_loop": "rlx.frontends.trace",
     "scan": "rlx.frontends.trace",
 }
-
 # Public sub-modules imported on first use (``rlx.numpy``, ``rlx.nn``: the tracing front end).
 _LAZY_MODULES = ("numpy", "nn")
+
 # Importer packages exposed as ``rlx.<name>``, imported on first use.
 _FRONTENDS: dict[str, str] = {"onnx": "rlx.frontends.onnx", "gguf": "rlx.frontends.gguf"}
 
 __all__ = ["DType", "Graph", "Node", "RlxError", "Shape", "Sym", "promote", "sym", *_LAZY]
-
 __all__ += list(_LAZY_MODULES)
+
 
 def __getattr__(name: str) -> Any:
     if name in _FRONTENDS:  # importer packages (ModelError naming the extra when missing)
         value = importlib.import_module(_FRONTENDS[name])
         globals()[name] = value
         return value
-    mod = _LAZY.get(name)
     if name in _LAZY_MODULES:
         value = importlib.import_module(f"rlx.{name}")
         globals()[name] = value
         return value
+    mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'rlx' has no attribute {name!r}")
     value = getattr(importlib.import_module(mod), name)
