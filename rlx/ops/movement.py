@@ -36,6 +36,7 @@ __all__ = [
     "Gather",
     "ScatterAdd",
     "Pad",
+    "ShapeOf",
 ]
 
 
@@ -620,6 +621,28 @@ def squeeze(g: Graph, x: NodeId, axes: int | Sequence[int] | None = None) -> Nod
                 )
         drop = {a % r for a in axes}
     return g.apply(Reshape(tuple(d for i, d in enumerate(shape.dims) if i not in drop)), [x])
+
+
+@register
+class ShapeOf(Op):
+    """The dims of the input as an i64 vector ``[rank]`` (ONNX ``Shape``): symbolic dims
+    become their values when the graph runs, so imported shape arithmetic can use them."""
+
+    mnemonic: ClassVar[str] = "shape_of"
+    arity: ClassVar[int] = 1
+    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        return Shape((ins[0].rank,), DType.I64)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        return np.asarray(xs[0].shape, dtype=np.int64)
+
+
+@graph_method
+def shape_of(g: Graph, x: NodeId) -> NodeId:
+    """``x``'s dims as an i64 vector, read when the graph runs."""
+    return g.apply(ShapeOf(), [x])
 
 
 @graph_method

@@ -40,6 +40,7 @@ from rlx.ops.movement import (
     Pad,
     Reshape,
     ScatterAdd,
+    ShapeOf,
     Slice,
     Transpose,
 )
@@ -124,6 +125,7 @@ def _templates(dt: DType):
         ("gather", Gather(1), [x, idx]),
         ("scatter_add", ScatterAdd(1), [x, idx, Shape((2, 2, 4), dt)]),
         ("pad", Pad(((1, 0), (0, 1), (2, 2)), 0.0), [x]),
+        ("shape_of", ShapeOf(), [x]),
         ("matmul", MatMul(), [Shape((3, 4), dt), Shape((4, 5), dt)]),
         ("dot_general", DotGeneral((1,), (0,)), [Shape((3, 4), dt), Shape((4, 5), dt)]),
         ("layer_norm", LayerNorm(), [x, v, v]),

@@ -4,7 +4,8 @@ MIR stage plus its params). Needs the ``onnx`` package (``pip install 'rlx[onnx]
 ``loader.py`` reads and checks the model and builds the graph; ``tensors.py`` turns
 initializers (inline or external data) into arrays; ``dtypes.py`` maps element types;
 ``ops/`` holds the converter table (one module per op family); ``control.py`` converts
-If / Loop / Scan into rlx control flow."""
+If / Loop / Scan into rlx control flow; ``symbolic.py`` evaluates shape arithmetic over
+symbolic dims (values computed from ``Shape`` of a dynamic axis)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from rlx.dtype import DType
 from rlx.frontends.onnx.errors import NeedsConstantError, OnnxImportError, OnnxUnsupportedError
 from rlx.ir.mir import Graph
 from rlx.ops.core import Input, Param
-from rlx.shape import Shape
+from rlx.shape import Dim, Shape
 
 __all__ = ["ImportState", "NodeCtx", "node_label"]
 
@@ -42,11 +42,15 @@ class ImportState:
     captured: dict[str, int] = field(default_factory=dict)  # outer name -> operand index
     base: int = 0  # a sub-graph's formal inputs (captures are numbered from here)
     blocking: str | None = None  # the graph input that stopped the last fold()
+    syms: dict[str, Any] = field(default_factory=dict)  # name -> SymValue (symbolic.py)
+    carriers: dict[str, tuple[int, int]] = field(default_factory=dict)  # symbol -> (id, axis)
+    sym_scalars: dict[str, int] = field(default_factory=dict)  # symbol -> its i64 scalar node
 
     def has(self, name: str) -> bool:
         return (
             name in self.ids
             or name in self.consts
+            or name in self.syms
             or (self.outer is not None and self.outer.has(name))
         )
 
@@ -58,6 +62,11 @@ class ImportState:
         c = self.const(name)
         if c is not None:
             self.ids[name] = self.g.constant(c)
+            return self.ids[name]
+        if name in self.syms:
+            from rlx.frontends.onnx.symbolic import materialize
+
+            self.ids[name] = materialize(self, self.syms[name])
             return self.ids[name]
         if self.outer is not None and self.outer.has(name):
             from rlx.frontends.onnx.control import capture
@@ -156,6 +165,8 @@ class NodeCtx:
         if i in self.override:
             return self.g.shape(self.override[i])
         name = self.node.input[i]
+        if name in self.st.syms:
+            return self.st.syms[name].shape
         c = self.st.const(name) if name not in self.st.ids else None
         if c is not None:
             return Shape(c.shape, DType.from_numpy(c.dtype))
@@ -193,6 +204,16 @@ class NodeCtx:
             domain=self.node.domain,
             opset=self.opset,
         )
+
+    def dims(self, i: int, what: str = "") -> list[Dim]:
+        """Input ``i`` (a shape, sizes, bounds) flattened into dims: ints, or symbolic dims
+        where it was computed from the shape of a tensor with symbolic dims."""
+        v = self.st.syms.get(self.node.input[i]) if self.has(i) else None
+        if v is not None:
+            from rlx.frontends.onnx.symbolic import dims_of
+
+            return dims_of(v)
+        return self.ints(i, what)
 
     def ints(self, i: int, what: str = "") -> list[int]:
         return [int(v) for v in np.asarray(self.value(i, what)).reshape(-1)]

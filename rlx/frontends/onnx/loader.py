@@ -7,7 +7,9 @@ newest the installed onnx knows), graph inputs (named dims -> symbolic dims, unk
 a symbol named after the input and axis), initializers (float tensors of more than
 :data:`CONST_LIMIT` elements -> params, the rest -> constants, so shape arithmetic folds),
 then each node through the converter table (``ops/``). A node whose inputs are all known
-is folded at import by rlx's reference interpreter. Nothing is returned half-built: any
+is folded at import by rlx's reference interpreter; shape arithmetic on symbolic dims
+(``Shape`` of a dynamic axis -> ``Gather`` -> ``Concat`` -> ``Reshape``) is evaluated over
+symbols by ``symbolic.py``. Nothing is returned half-built: any
 error leaves no state behind."""
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from rlx.frontends.onnx.context import ImportState, NodeCtx, node_label
 from rlx.frontends.onnx.dtypes import to_dtype
 from rlx.frontends.onnx.errors import OnnxImportError, OnnxUnsupportedError
 from rlx.frontends.onnx.ops import lookup
+from rlx.frontends.onnx.symbolic import SymValue, evaluate, register_carriers
 from rlx.frontends.onnx.tensors import to_array
 from rlx.ir.mir import Graph
 from rlx.ir.module import GraphModule
@@ -185,6 +188,13 @@ def convert_nodes(st: ImportState, nodes: Sequence[NodeProto]) -> None:
             if name and not st.has(name):
                 raise OnnxImportError(f"{node_label(node)}: input {name!r} is not defined")
         ins = [n for n in node.input if n]
+        if any(n in st.syms for n in ins) and all(
+            n in st.syms or st.const(n) is not None for n in ins
+        ):
+            value = evaluate(st, node, opset)  # shape arithmetic over symbolic dims
+            if value is not None:
+                _bind(st, node, [value])
+                continue
         if ins and node.op_type not in NO_FOLD and all(st.const(n) is not None for n in ins):
             _fold(st, node, entry.fn, opset)
             continue
@@ -193,12 +203,15 @@ def convert_nodes(st: ImportState, nodes: Sequence[NodeProto]) -> None:
 
 
 def _bind(st: ImportState, node: NodeProto, outs: Any) -> None:
-    if isinstance(outs, int | np.ndarray):
+    if isinstance(outs, int | np.ndarray | SymValue):
         outs = [outs]
     for name, v in zip(node.output, outs, strict=False):
         if not name or v is None:
             continue
-        if isinstance(v, np.ndarray):
+        if isinstance(v, SymValue):
+            st.syms[name] = v
+            st.ids.pop(name, None)
+        elif isinstance(v, np.ndarray):
             st.consts[name] = v
             st.ids.pop(name, None)
         else:
@@ -275,6 +288,7 @@ def load(
         st.graph_inputs.add(vi.name)
         inputs[vi.name] = shape
         st.ids[vi.name] = g.input(vi.name, shape)
+        register_carriers(st, st.ids[vi.name], shape.dims)
     unknown = set(constant_inputs) - {vi.name for vi in m.graph.input}
     if unknown:
         raise OnnxImportError(f"constant_inputs names {sorted(unknown)}, not graph inputs")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel, lowp
-from rlx.ops.movement import Concat, Expand, Gather, Narrow, Pad, Slice, Transpose
+from rlx.ops.movement import Concat, Expand, Gather, Narrow, Pad, ShapeOf, Slice, Transpose
 from rlx.ops.norm import LayerNorm, RmsNorm
 from rlx.ops.reduce import ArgMax, ArgMin, Cumsum, LogSoftmax, Reduce, ReduceKind, Softmax
 
@@ -223,6 +223,12 @@ def transpose_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: Ke
 def expand_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
     """A broadcasting copy into the output."""
     return _copy_from(ins[0], out)
+
+
+@kernel(ShapeOf)
+def shape_of_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
+    """Writes the input view's dims (fixed for the schedule of one binding)."""
+    return _copy_from(np.asarray(ins[0].shape, dtype=np.int64), out)
 
 
 @kernel(Narrow)

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from rlx.dtype import DType
 from rlx.frontends.onnx.context import NodeCtx
 from rlx.frontends.onnx.dtypes import to_dtype
 from rlx.frontends.onnx.ops import converter
@@ -16,7 +17,17 @@ from rlx.ops.movement import Gather, Pad, Reshape, Slice, Transpose
 
 
 @converter("Range", since=11)
-def range_(ctx: NodeCtx) -> np.ndarray:
+def range_(ctx: NodeCtx) -> np.ndarray | int:
+    if ctx.node.input[1] in ctx.st.syms:  # 0, 1, ..., n-1 for a symbolic n
+        from rlx.frontends.onnx.ops.shape import arange
+
+        (n,) = ctx.dims(1, "limit")
+        start, delta = (np.asarray(ctx.value(i)).reshape(-1)[0] for i in (0, 2))
+        if start != 0 or delta != 1:
+            raise ctx.unsupported(f"Range({start}, {n}, {delta}) with a symbolic limit")
+        out = arange(ctx, n)
+        dt = DType.from_numpy(start.dtype)
+        return out if dt is DType.I64 else ctx.g.cast(out, dt)
     start, limit, delta = (np.asarray(ctx.value(i)).reshape(-1)[0] for i in range(3))
     dt = start.dtype
     n = max(math.ceil((float(limit) - float(start)) / float(delta)), 0)

@@ -10,8 +10,9 @@ import numpy as np
 from rlx.frontends.onnx.context import NodeCtx
 from rlx.frontends.onnx.ops import converter
 from rlx.frontends.onnx.ops.util import axis_of
+from rlx.frontends.onnx.symbolic import SymValue, register_carriers, shape_value, wrap
 from rlx.ops.movement import Concat, Expand, Gather, Pad, Reshape, Slice, Transpose
-from rlx.shape import Shape, broadcast_dims, dims_product
+from rlx.shape import Dim, Shape, Sym, broadcast_dims, dims_product
 
 
 def _static(ctx: NodeCtx, s: Shape, what: str) -> tuple[int, ...]:
@@ -36,30 +37,39 @@ def constant(ctx: NodeCtx) -> np.ndarray:
 
 
 @converter("Shape", since=1)
-def shape_(ctx: NodeCtx) -> np.ndarray:
-    dims = _static(ctx, ctx.in_shape(0), "Shape")
-    r = len(dims)
+def shape_(ctx: NodeCtx) -> np.ndarray | SymValue:
+    """A constant for static dims; symbolic dims give a SymValue (see symbolic.py)."""
+    s = ctx.in_shape(0)
+    r = s.rank
     start = axis_of(ctx.attr("start", 0), r)
     end = ctx.attr("end", None)
     end = r if end is None else axis_of(end, r)
     start, end = min(max(start, 0), r), min(max(end, 0), r)
-    return np.asarray(dims[start:end], dtype=np.int64)
+    if not s.is_static and ctx.node.input[0] not in ctx.st.syms:
+        register_carriers(ctx.st, ctx.x(0), s.dims)
+    return shape_value(s.dims, start, end)
 
 
 @converter("Size", since=1)
-def size(ctx: NodeCtx) -> np.ndarray:
-    return np.asarray(int(np.prod(_static(ctx, ctx.in_shape(0), "Size"))), dtype=np.int64)
+def size(ctx: NodeCtx) -> np.ndarray | SymValue:
+    n = dims_product(ctx.in_shape(0).dims)
+    out = np.empty((), dtype=object)
+    out[()] = n
+    return wrap(out, np.dtype(np.int64))
 
 
 @converter("ConstantOfShape", since=9)
-def constant_of_shape(ctx: NodeCtx) -> np.ndarray:
-    dims = ctx.ints(0, "shape")
+def constant_of_shape(ctx: NodeCtx) -> np.ndarray | int:
+    dims = ctx.dims(0, "shape")
     v = ctx.attr("value")
     v = np.zeros(1, np.float32) if v is None else np.asarray(v)
-    return np.full(dims, v.reshape(-1)[0], dtype=v.dtype)
+    if all(isinstance(d, int) for d in dims):
+        return np.full(dims, v.reshape(-1)[0], dtype=v.dtype)
+    one = ctx.g.constant(v.reshape((1,) * len(dims)))
+    return ctx.g.apply(Expand(tuple(dims)), [one])
 
 
-def _reshape_dims(ctx: NodeCtx, x: Shape, spec: list[int], allowzero: bool) -> tuple:
+def _reshape_dims(ctx: NodeCtx, x: Shape, spec: list[Dim], allowzero: bool) -> tuple:
     dims = [x.dims[i] if (d == 0 and not allowzero) else d for i, d in enumerate(spec)]
     if dims.count(-1) > 1:
         raise ctx.error(f"shape {spec} has more than one -1")
@@ -81,7 +91,7 @@ def _reshape_dims(ctx: NodeCtx, x: Shape, spec: list[int], allowzero: bool) -> t
 @converter("Reshape", since=5)
 def reshape(ctx: NodeCtx) -> int:
     x = ctx.x(0)
-    dims = _reshape_dims(ctx, ctx.shape(x), ctx.ints(1, "shape"), bool(ctx.attr("allowzero", 0)))
+    dims = _reshape_dims(ctx, ctx.shape(x), ctx.dims(1, "shape"), bool(ctx.attr("allowzero", 0)))
     return ctx.g.apply(Reshape(dims), [x])
 
 
@@ -160,15 +170,34 @@ def _slice(ctx: NodeCtx, x: int, starts, ends, axes, steps) -> int:  # noqa: ANN
     st: list[int | None] = [None] * r
     en: list[int | None] = [None] * r
     sp = [1] * r
+    sym_ends = []
     for a, b, e, c in zip(axes, starts, ends, steps, strict=True):
         n = s.dims[a]
+        if isinstance(b, Sym):
+            raise ctx.unsupported(f"slice of axis {a} of {s} from the symbolic start {b}")
+        if isinstance(e, Sym) and e != n:
+            if c != 1 or b != 0 or not isinstance(n, int):
+                raise ctx.unsupported(f"slice of axis {a} of {s} to the symbolic end {e}")
+            sym_ends.append((a, e))  # x[..., :e] on a static axis, e <= n when it runs
+            continue
         if not isinstance(n, int):
-            if c != 1 or b < 0 or (e < 2**62 and e != n):
+            if c != 1 or b < 0 or (e != n and e < 2**62):
                 raise ctx.unsupported(f"slice of the symbolic axis {a} of {s}")
             st[a] = b
             continue
         st[a], en[a], sp[a] = _slice_norm(n, int(b), int(e), int(c))
-    return ctx.g.apply(Slice(tuple(st), tuple(en), tuple(sp)), [x])
+    y = ctx.g.apply(Slice(tuple(st), tuple(en), tuple(sp)), [x])
+    for a, e in sym_ends:  # a gather of positions 0..e-1, built from the run-time e
+        y = ctx.g.apply(Gather(a), [y, arange(ctx, e)])
+    return y
+
+
+def arange(ctx: NodeCtx, n: Dim) -> int:
+    """An i64 node ``[0, 1, ..., n-1]`` of the symbolic length ``n`` (a running sum of
+    ones, as rlx.models.hf builds position ids)."""
+    g = ctx.g
+    ones = g.apply(Expand((n,)), [g.constant(np.ones(1, np.int64))])
+    return g.sub(g.cumsum(ones, 0), g.constant(np.asarray(1, np.int64)))
 
 
 @converter("Slice", since=1, until=10)
@@ -179,7 +208,7 @@ def slice_attr(ctx: NodeCtx) -> int:
 
 @converter("Slice", since=10)
 def slice_(ctx: NodeCtx) -> int:
-    starts, ends = ctx.ints(1, "starts"), ctx.ints(2, "ends")
+    starts, ends = ctx.dims(1, "starts"), ctx.dims(2, "ends")
     axes = ctx.ints(3, "axes") if ctx.has(3) else None
     steps = ctx.ints(4, "steps") if ctx.has(4) else None
     return _slice(ctx, ctx.x(0), starts, ends, axes, steps)
@@ -216,7 +245,7 @@ def split(ctx: NodeCtx) -> list[int]:
 @converter("Expand", since=8)
 def expand(ctx: NodeCtx) -> int:
     x = ctx.x(0)
-    want = ctx.ints(1, "shape")
+    want = ctx.dims(1, "shape")
     s = ctx.shape(x)
     dims = broadcast_dims(s.dims, tuple(want))
     if len(dims) > s.rank:
