@@ -29,6 +29,7 @@ _MODULES = (
     "trig",  # tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh
     "cumulative",  # cumprod
     "bitcast",  # bitcast (the same bytes as another dtype)
+    "kvcache",  # cache_attention (attention through a KV cache), dequant_gather
 )
 for _m in _MODULES:
     importlib.import_module(f"rlx.ops.{_m}")

@@ -150,6 +150,14 @@ class ParamStore:
             self.generation += 1
             self.views.clear()
 
+    def private(self, name: str) -> np.ndarray | None:
+        """The writable private storage behind param ``name`` (a param never set gets
+        zeroed storage, see :meth:`param_bytes`; a given one that was copied), or None when
+        kernels read the caller's array in place. Only a stateful op's kernel writes it
+        (``cache_attention``: the KV cache, ``rlx/ops/kvcache.py``)."""
+        own = self._owned.get(name)
+        return own[0] if own is not None and self.params.get(name) is own[1] else None
+
     def param_bytes(self, name: str, dims: Sequence[int]) -> np.ndarray:
         """The bytes of param ``name``; a param not set yet gets zeroed private storage of
         ``dims`` (its node's dims under the executor's bindings)."""

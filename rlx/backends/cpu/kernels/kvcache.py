@@ -1,0 +1,153 @@
+"""CPU kernels of ``cache_attention`` and ``dequant_gather`` (``rlx/ops/kvcache.py``).
+
+``cache_attention``: each run reads ``positions`` (start ``p``, checked), copies the ``S``
+new k / v rows into rows ``p..p+S-1`` of the cache params' private storage (the cache
+update: ``S`` rows, never the whole cache), then runs the fused native attention kernel
+(``native/csrc/attention.c``, the one ``attention`` uses) on ``q`` against the cache's
+first ``p+S`` rows, with its end-aligned causal / sliding-window mask; the valid length is
+a run-time argument, so one schedule serves every position. Without the native library
+(or ``native=False``) the same attention is computed with NumPy. The cache params must not
+be given by the caller (the runtime's zeroed storage is the cache): a given one is a
+CompileError naming it.
+
+``dequant_gather``: the ids' packed rows are decoded with ``rlx.quant.gguf`` into the
+output view (only those rows: one row per token).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+
+import numpy as np
+
+from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
+from rlx.errors import CompileError
+from rlx.ir.mir import Node
+from rlx.ops.core import Param
+from rlx.ops.kvcache import CacheAttention, DequantGather, cache_mask, cache_start, check_ids
+
+__all__ = ["cache_attention_kernel", "dequant_gather_kernel"]
+
+
+def _cache_storage(node: Node, ctx: KernelCtx, i: int) -> np.ndarray:
+    """The writable storage of cache input ``i`` (a param the runtime owns)."""
+    src = ctx.graph.nodes[node.inputs[i]]
+    what = "k_cache" if i == 3 else "v_cache"
+    if not isinstance(src.op, Param):
+        raise CompileError(
+            f"cache_attention %{node.id}: {what} must be a param (the cache the runtime "
+            f"keeps), got %{src.id} {src.op.mnemonic}"
+        )
+    name = src.op.name
+    own = ctx.store.private(name) if ctx.store is not None else None
+    if own is None:
+        raise CompileError(
+            f"cache_attention %{node.id}: cache param {name!r} was given by the caller; "
+            "leave it unset so that the runtime keeps the cache in its own storage"
+        )
+    return own
+
+
+def _numpy_attention(op: CacheAttention, q, keys, vals, out) -> None:  # type: ignore[no-untyped-def]
+    b, s, _ = q.shape
+    skv = keys.shape[1]
+    h, d, hkv = op.num_heads, op.head_dim, op.num_kv_heads
+    qh = q.reshape(b, s, h, d).transpose(0, 2, 1, 3)
+    kh = np.repeat(keys.reshape(b, skv, hkv, d).transpose(0, 2, 1, 3), h // hkv, axis=1)
+    vh = np.repeat(vals.reshape(b, skv, hkv, d).transpose(0, 2, 1, 3), h // hkv, axis=1)
+    sc = np.matmul(qh, kh.swapaxes(-1, -2)) * np.float32(op.effective_scale)
+    sc = np.where(cache_mask(op.window).allowed(s, skv), sc, -np.inf)
+    sc -= sc.max(axis=-1, keepdims=True)
+    np.exp(sc, out=sc)
+    sc /= sc.sum(axis=-1, keepdims=True)
+    out[...] = np.matmul(sc, vh).transpose(0, 2, 1, 3).reshape(out.shape)
+
+
+def _native_call(op: CacheAttention, q, kc, vc, out, ctx: KernelCtx):  # type: ignore[no-untyped-def]
+    """``call(p_plus_s)`` running the native attention over the caches' first rows, or
+    None (with a note) when the native library is not available."""
+    if not ctx.native:
+        return None
+    try:
+        from rlx.backends.cpu.native.attention import MASK_CODES, attention_lib
+
+        lib = attention_lib(dtype=np.float32)
+    except CompileError as e:
+        ctx.notes.append(f"NumPy cache attention (native build: {str(e).splitlines()[0]})")
+        return None
+    if not all(x.flags.c_contiguous for x in (q, kc, vc, out)):
+        ctx.notes.append("NumPy cache attention (a non-contiguous view)")
+        return None
+    b, s, _ = q.shape
+    cap = kc.shape[1]
+    h, d, hkv = op.num_heads, op.head_dim, op.num_kv_heads
+    threads = ctx.num_threads if lib.openmp else 1
+    ws = ctx.scratch((lib.workspace_floats(d, threads),), np.float32, 61)
+    mask = cache_mask(op.window)
+    code = MASK_CODES[mask.type]
+    fn = lib.lib.rlx_attention
+    row = kc.strides[0]
+    qp, kp, vp, op_ = q.ctypes.data, kc.ctypes.data, vc.ctypes.data, out.ctypes.data
+    qrow, orow = q.strides[0], out.strides[0]
+    scale = ctypes.c_float(op.effective_scale)
+    tail = (h, hkv, d, scale, code, op.window, None, 0, 0, 0, 0, ws.ctypes.data, ws.size)
+    keep = (q, kc, vc, out, ws)
+
+    def call(skv: int) -> None:
+        # one batch row at a time: the first skv rows of a batch's cache are contiguous
+        t = threads if s * skv * h * d >= 1 << 18 else 1
+        for i in range(b):
+            rc = fn(qp + i * qrow, kp + i * row, vp + i * row, op_ + i * orow, 1, s, skv,
+                    *tail, t)  # fmt: skip
+            if rc:
+                raise CompileError("cache_attention: the attention workspace is too small")
+
+    call.keep = keep  # type: ignore[attr-defined]
+    ctx.notes.append(f"native cache attention over {cap} rows ({lib.path}, {threads} threads)")
+    return call
+
+
+@kernel(CacheAttention, KernelKind.NATIVE)
+def cache_attention_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """Write the new rows into the caches, then attend over their valid prefix."""
+    op: CacheAttention = node.op  # type: ignore[assignment]
+    q, k, v, _, _, positions = ins
+    kc, vc = _cache_storage(node, ctx, 3), _cache_storage(node, ctx, 4)
+    s, cap = q.shape[1], kc.shape[1]
+    native: Callable[[int], None] | None = _native_call(op, q, kc, vc, out, ctx)
+    if native is None:
+        ctx.kind = KernelKind.NUMPY
+
+    def run() -> None:
+        p = cache_start(f"cache_attention %{node.id}", positions, s, cap)
+        kc[:, p : p + s] = k
+        vc[:, p : p + s] = v
+        if native is not None:
+            native(p + s)
+        else:
+            _numpy_attention(op, q, kc[:, : p + s], vc[:, : p + s], out)
+
+    return run
+
+
+@kernel(DequantGather, KernelKind.NUMPY)
+def dequant_gather_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """Decode the packed rows the ids pick into the output view."""
+    from rlx.quant.gguf import dequantize_rows
+
+    op: DequantGather = node.op  # type: ignore[assignment]
+    w, ids = ins
+    k = out.shape[-1]
+    flat_out = out.reshape(-1, k)
+    what = f"dequant_gather %{node.id}"
+
+    def run() -> None:
+        rows = check_ids(what, ids, w.shape[0])
+        flat_out[...] = dequantize_rows(op.scheme, w[rows])
+
+    return run

@@ -1,0 +1,36 @@
+"""Decoder-only language models from GGUF files. In: a ``.gguf`` path. Out:
+:class:`LlmModel` with ``generate(prompt, ...)`` (text, ids and tokens/s), token-level
+``prefill`` / ``step`` / ``logits``, and the compiled rlx graph.
+
+``config.py``: the architecture table and the config read from metadata; ``graph.py``:
+the decoder as one graph over the packed GGUF weights with a KV cache in the runtime;
+``model.py``: compile once, run prefill and decode steps; ``sampling.py``: greedy /
+temperature / top-k / top-p; ``generate.py``: the generation loop (stop tokens and strings,
+streaming). Needs the ``llm`` extra (the ``gguf`` package).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlx.models.llm.config import ARCHS, ArchSpec, LlmConfig, read_config
+from rlx.models.llm.model import LlmModel, StepTimes, open_model
+from rlx.models.llm.sampling import SamplingParams
+
+__all__ = [
+    "load",
+    "LlmModel",
+    "LlmConfig",
+    "ArchSpec",
+    "ARCHS",
+    "SamplingParams",
+    "StepTimes",
+    "read_config",
+]
+
+
+def load(path: str | Path, max_context: int = 2048, num_threads: int | None = None) -> LlmModel:
+    """The decoder in GGUF file ``path``, compiled for the CPU with a KV cache of
+    ``max_context`` positions and ``num_threads`` threads (None: physical cores).
+    ModelError for an unsupported architecture or a missing tensor."""
+    return open_model(path, max_context=max_context, num_threads=num_threads)

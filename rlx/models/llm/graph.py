@@ -1,0 +1,185 @@
+"""The decoder as one rlx graph. In: an :class:`LlmConfig` and the GGUF tensors. Out:
+:class:`DecoderGraph`: a MIR graph with a symbolic sequence length ``seq`` and the params
+it reads (the GGUF bytes themselves: no f32 copy of a quantized weight).
+
+Inputs: ``input_ids`` i64 ``[1, seq]``, ``positions`` i64 ``[seq]`` (consecutive, the
+positions of these tokens in the context) and ``last`` i64 ``[1]`` (which of the ``seq``
+rows gives the logits). Output: f32 ``[1, 1, vocab]``, the next-token logits after row
+``last``. One compiled graph serves prefill (``seq`` = the prompt, padded to a length
+class) and decode (``seq`` = 1): each layer's ``cache_attention`` writes its rows into
+the layer's KV cache params ``kv.{i}.k`` / ``kv.{i}.v`` (``[1, max_context, Hkv*D]``,
+kept by the runtime) and attends over the cache's valid prefix.
+
+Per layer (llama.cpp's graphs; Gemma 3's parts where its spec says so): rms_norm ->
+q, k, v (``dequant_matmul`` on the packed weight; biases when present) -> per-head q / k
+rms_norm (when present) -> rope (per-layer base) -> cache attention (causal or sliding
+window, grouped-query) -> output projection (-> post norm) -> residual; rms_norm -> gated
+FFN ``act(gate) * up`` -> down (-> post norm) -> residual. Then the final rms_norm, the
+row ``last``, and the LM head (the token embedding when tied; logit soft-capping when the
+metadata gives one). The token embedding is ``dequant_gather`` (only the ids' rows are
+decoded), times ``sqrt(d)`` for Gemma.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rlx.dtype import DType
+from rlx.errors import ModelError
+from rlx.ir.mir import Graph, NodeId
+from rlx.models.llm.config import LlmConfig
+
+__all__ = ["DecoderGraph", "build_decoder", "rope_tables"]
+
+
+@dataclass
+class DecoderGraph:
+    """The graph and the params it needs (name -> array). The caches are writable zeros,
+    which the runtime copies into its own storage (the cache a step writes)."""
+
+    graph: Graph
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def rope_tables(base: float, scale: float, rot: int, length: int) -> tuple[np.ndarray, ...]:
+    """f32 ``cos, sin [length, rot/2]`` of positions ``0..length-1`` (angles as
+    transformers computes them: f32 inverse frequencies times f32 positions)."""
+    inv = 1.0 / (base ** (np.arange(0, rot, 2, dtype=np.int64).astype(np.float32) / rot))
+    inv = inv.astype(np.float32)
+    pos = (np.arange(length, dtype=np.float32) / np.float32(scale)).astype(np.float32)
+    ang = (pos[:, None] * inv[None, :]).astype(np.float32)
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+class _Builder:
+    def __init__(self, cfg: LlmConfig, tensors: Mapping[str, Any], max_context: int):
+        self.cfg, self.tensors, self.ctx = cfg, tensors, max_context
+        self.g = Graph(f"llm_{cfg.arch.name}")
+        self.params: dict[str, np.ndarray] = {}
+        self.nodes: dict[str, tuple[Any, NodeId]] = {}
+
+    def tensor(self, name: str) -> Any:
+        t = self.tensors.get(name)
+        if t is None:
+            raise ModelError(f"GGUF tensor {name!r} is missing ({self.cfg.arch.name} needs it)")
+        return t
+
+    def vector(self, name: str, n: int) -> NodeId:
+        """A 1-D f32 param (a norm weight or a bias) of length ``n``."""
+        if name in self.nodes:
+            return self.nodes[name][1]
+        t = self.tensor(name)
+        if tuple(t.shape) != (n,):
+            raise ModelError(f"GGUF tensor {name!r} has shape {list(t.shape)}, expected [{n}]")
+        arr = t.data if t.type_name == "F32" else t.dequantize()
+        self.params[name] = arr.reshape(n)
+        self.nodes[name] = (None, self.g.param(name, (n,), DType.F32))
+        return self.nodes[name][1]
+
+    def matrix(self, name: str, n: int, k: int) -> tuple[Any, NodeId]:
+        """``(scheme or None, param)`` of the ``[n, k]`` weight ``name``: its packed bytes
+        for a quantized type, else f32 ``[n, k]``."""
+        if name in self.nodes:
+            return self.nodes[name]
+        t = self.tensor(name)
+        if tuple(t.shape) != (n, k):
+            raise ModelError(f"GGUF tensor {name!r} has shape {list(t.shape)}, expected [{n}, {k}]")
+        if t.scheme is None:
+            arr = t.data if t.type_name == "F32" else t.dequantize()
+            self.params[name] = arr.reshape(n, k)
+            self.nodes[name] = (None, self.g.param(name, (n, k), DType.F32))
+        else:
+            (packed,) = t.packed()
+            self.params[name] = packed
+            self.nodes[name] = (t.scheme, self.g.param(name, packed.shape, DType.U8))
+        return self.nodes[name]
+
+    def linear(self, x: NodeId, name: str, n: int, k: int, bias: bool = False) -> NodeId:
+        scheme, w = self.matrix(f"{name}.weight", n, k)
+        g = self.g
+        y = (
+            g.matmul(x, g.transpose(w, (1, 0)))
+            if scheme is None
+            else g.dequant_matmul(x, scheme, w)
+        )
+        return g.add(y, self.vector(f"{name}.bias", n)) if bias else y
+
+    def norm(self, x: NodeId, name: str, n: int) -> NodeId:
+        return self.g.rms_norm(x, self.vector(name, n), eps=self.cfg.eps)
+
+
+def build_decoder(cfg: LlmConfig, tensors: Mapping[str, Any], max_context: int) -> DecoderGraph:
+    """The decoder graph of ``cfg`` over the GGUF ``tensors`` (module docstring); a missing
+    or misshapen tensor is a ModelError naming it."""
+    b = _Builder(cfg, tensors, max_context)
+    g = b.g
+    d, h, hkv, hd = cfg.hidden, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    seq = g.sym("seq", max=max_context)
+    ids = g.input("input_ids", (1, seq), DType.I64)
+    positions = g.input("positions", (seq,), DType.I64)
+    last = g.input("last", (1,), DType.I64)
+
+    scheme, emb = b.matrix("token_embd.weight", cfg.vocab, d)
+    x = g.gather(emb, ids, 0) if scheme is None else g.dequant_gather(emb, ids, scheme)
+    if cfg.arch.embed_scale:
+        x = g.mul(x, float(np.float32(math.sqrt(d))))
+
+    tables: dict[tuple[float, float], tuple[NodeId, NodeId]] = {}
+
+    def rope_at(layer: int) -> tuple[NodeId, NodeId]:
+        key = cfg.rope(layer)
+        if key not in tables:
+            cos, sin = rope_tables(key[0], key[1], cfg.rope_dims, max_context)
+            tables[key] = (
+                g.gather(g.constant(cos), positions, 0),
+                g.gather(g.constant(sin), positions, 0),
+            )
+        return tables[key]
+
+    act = g.gelu_tanh if cfg.arch.activation == "gelu_tanh" else g.silu
+    for i in range(cfg.num_layers):
+        p = f"blk.{i}"
+        a = b.norm(x, f"{p}.attn_norm.weight", d)
+        q = b.linear(a, f"{p}.attn_q", h * hd, d, cfg.attn_bias)
+        k = b.linear(a, f"{p}.attn_k", hkv * hd, d, cfg.attn_bias)
+        v = b.linear(a, f"{p}.attn_v", hkv * hd, d, cfg.attn_bias)
+        if cfg.qk_norm:
+            q = g.reshape(b.norm(g.reshape(q, (1, seq, h, hd)), f"{p}.attn_q_norm.weight", hd),
+                          (1, seq, h * hd))  # fmt: skip
+            k = g.reshape(b.norm(g.reshape(k, (1, seq, hkv, hd)), f"{p}.attn_k_norm.weight", hd),
+                          (1, seq, hkv * hd))  # fmt: skip
+        cos, sin = rope_at(i)
+        q = g.rope(q, cos, sin, hd, cfg.rope_dims, cfg.arch.rope_interleaved)
+        k = g.rope(k, cos, sin, hd, cfg.rope_dims, cfg.arch.rope_interleaved)
+        cache = (1, max_context, hkv * hd)
+        kc = g.param(f"kv.{i}.k", cache, DType.F32)
+        vc = g.param(f"kv.{i}.v", cache, DType.F32)
+        b.params[f"kv.{i}.k"] = b.params[f"kv.{i}.v"] = np.zeros(cache, np.float32)
+        att = g.cache_attention(
+            q, k, v, kc, vc, positions, h, hd, hkv, cfg.window(i), cfg.attn_scale
+        )
+        o = b.linear(att, f"{p}.attn_output", d, h * hd)
+        if cfg.arch.post_norms:
+            o = b.norm(o, f"{p}.post_attention_norm.weight", d)
+        x = g.add(x, o)
+        f = b.norm(x, f"{p}.ffn_norm.weight", d)
+        gate = b.linear(f, f"{p}.ffn_gate", cfg.ffn, d)
+        up = b.linear(f, f"{p}.ffn_up", cfg.ffn, d)
+        f = b.linear(g.mul(act(gate), up), f"{p}.ffn_down", d, cfg.ffn)
+        if cfg.arch.post_norms:
+            f = b.norm(f, f"{p}.post_ffw_norm.weight", d)
+        x = g.add(x, f)
+
+    x = g.gather(b.norm(x, "output_norm.weight", d), last, 1)
+    head = "token_embd" if cfg.tied_embeddings else "output"
+    logits = b.linear(x, head, cfg.vocab, d)
+    if cfg.logit_softcap:
+        c = float(cfg.logit_softcap)
+        logits = g.mul(g.tanh(g.mul(logits, 1.0 / c)), c)
+    g.set_outputs([logits])
+    return DecoderGraph(g, b.params)
