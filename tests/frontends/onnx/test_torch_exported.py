@@ -1,0 +1,97 @@
+"""Real models exported from PyTorch with both exporters (TorchScript-based ``dynamo=False``
+and ``dynamo=True``) import into rlx and match PyTorch (the oracle) and ONNX Runtime (a
+second oracle, same file): an MLP, a small CNN (conv, batchnorm, relu, max / avg pooling,
+flatten, linear), a BERT encoder with random weights and the real all-MiniLM-L6-v2. The
+dynamic batch (and sequence) axes import as symbolic dims: one compile runs at two batch
+sizes and two sequence lengths.
+
+Tolerance (f32): rtol 1e-4, atol 1e-5 against both oracles. rlx, PyTorch and ONNX Runtime
+sum in different orders (blocked GEMMs, fused vs unfused layer norm); the measured worst
+differences are ~1e-7 (MLP, CNN), ~7e-7 (BERT) and ~3e-6 (MiniLM, |y| up to ~10).
+
+Exports happen once per module (``tmp_path_factory``); dynamo exports and MiniLM are
+``slow`` (several seconds each)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import rlx  # noqa: E402
+
+from . import torch_models as tm  # noqa: E402
+
+RTOL, ATOL = 1e-4, 1e-5
+SHAPES = ((1, 5), (3, 11))  # (batch, seq); the MLP and CNN use the batch only
+
+
+class Exports:
+    """Exports on first use, shared by the module's tests."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.models: dict[str, Any] = {}
+        self.paths: dict[tuple[str, str], Path] = {}
+
+    def model(self, name: str) -> Any:
+        if name not in self.models:
+            self.models[name] = tm.build(name)
+        return self.models[name]
+
+    def path(self, name: str, exporter: str) -> Path:
+        key = (name, exporter)
+        if key not in self.paths:
+            self.paths[key] = tm.export_model(name, exporter, self.root, model=self.model(name))
+        return self.paths[key]
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> Exports:
+    return Exports(tmp_path_factory.mktemp("torch_onnx"))
+
+
+def _cases() -> list[Any]:
+    out = []
+    for name in tm.NAMES:
+        for exporter in tm.EXPORTERS:
+            slow = name == "minilm" or exporter == "dynamo"
+            marks = [pytest.mark.slow] if slow else []
+            out.append(pytest.param(name, exporter, marks=marks, id=f"{name}-{exporter}"))
+    return out
+
+
+def _check(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=what)
+
+
+@pytest.mark.parametrize(("name", "exporter"), _cases())
+def test_exported_model_matches_torch_and_onnxruntime(
+    exports: Exports, name: str, exporter: str
+) -> None:
+    if name == "minilm":
+        try:
+            tm.minilm_dir()
+        except Exception as e:  # noqa: BLE001 - the checkpoint package is part of the test extra
+            pytest.fail(f"all-MiniLM-L6-v2 is not installed: {e}")
+    ort = pytest.importorskip("onnxruntime")
+    path = exports.path(name, exporter)
+    m = rlx.onnx.load(path)
+    dyn = [d for s in m.inputs.values() for d in s.dims if not isinstance(d, int)]
+    assert dyn, f"{path.name}: the dynamic axes did not import as symbolic dims ({m.inputs})"
+    compiled = m.compile()  # one compile for every shape below
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for batch, seq in SHAPES:
+        feeds = tm.example(name, batch, seq, seed=batch)
+        want = tm.run_torch(exports.model(name), feeds)
+        (got,) = compiled.run(m.feeds(feeds))
+        what = f"{path.name} batch={batch} seq={seq}"
+        _check(got, want, f"{what}: rlx vs torch")
+        _check(got, sess.run(None, feeds)[0], f"{what}: rlx vs onnxruntime")
