@@ -3,7 +3,8 @@ name, or a graph file; a shape (``--shape 8x128``), a precision and a thread cou
 stdout: the MIR graph as built (a jaxpr-like listing, one line per node), its
 matrix-product FLOPs at the shape, then the compile report of one run at that shape: the
 passes, the fusion report, the memory plan (arena size against the liveness lower bound)
-and the kernel schedule. INT8 adds the quantization accuracy report."""
+and the kernel schedule. INT8 adds the quantization accuracy report. ``--html FILE`` also
+writes the compiled graph as one self-contained HTML page (``compiled.to_html``)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ __all__ = ["command"]
     is_flag=True,
     help="Also print the optimized graph with each node's arena slot.",
 )
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    metavar="FILE.html",
+    help="Also write the compiled graph as one self-contained HTML page (fusion groups, "
+    "precision, memory plan timeline).",
+)
 def command(
     model: str,
     shape: tuple[int, ...] | None,
@@ -43,6 +53,7 @@ def command(
     threads: int | None,
     show_graph: bool,
     optimized: bool,
+    html_path: str | None = None,
 ) -> int:
     """Show the MIR graph, the fusion report and the memory plan of MODEL (a model
     directory, a known name such as all-MiniLM-L6-v2, or a FILE.rlx saved by rlx.save).
@@ -51,6 +62,7 @@ def command(
     Examples:
       rlx inspect all-MiniLM-L6-v2 --shape 8x128
       rlx inspect model.rlx --shape 4x64 --precision bf16 --no-graph
+      rlx inspect all-MiniLM-L6-v2 --no-graph --html minilm.html
     """
     from rlx.cli.flops import matmul_flops
     from rlx.cli.target import open_target
@@ -84,6 +96,9 @@ def command(
     if precision == "int8":
         click.echo("\n== int8 accuracy ==")
         click.echo(str(target.quantized(bindings or {}).report))
+    if html_path is not None:
+        compiled.to_html(html_path)
+        click.echo(f"\nwrote {html_path}")
     return 0
 
 

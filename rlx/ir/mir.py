@@ -241,6 +241,14 @@ class Graph:
     def __str__(self) -> str:
         return self.inspect()
 
+    def to_html(self, path: str | None = None, **kw: Any) -> str:
+        """One self-contained HTML page of this graph (blocks, shapes, dtypes, source
+        lines, the memory plan as a timeline); written to ``path`` when given. Options:
+        :func:`rlx.viz.graph_to_html` (``bindings``, ``engine``, ``expand``)."""
+        from rlx.viz import graph_to_html
+
+        return graph_to_html(self, path, **kw)
+
     def __repr__(self) -> str:
         return (
             f"<Graph {self.name!r}: {len(self.nodes)} nodes, "

@@ -318,6 +318,13 @@ class GraphModule:
     def __str__(self) -> str:
         return self.inspect()
 
+    def to_html(self, path: str | None = None, **kw: Any) -> str:
+        """The HTML page of the MIR graph (lowered from HIR first; at LIR with its own
+        plan); see :meth:`rlx.ir.mir.Graph.to_html`."""
+        from rlx.viz import graph_to_html
+
+        return graph_to_html(self, path, **kw)
+
     # ---- the MIR graph's own methods (the seed's Deref<Target = Graph>) --------------
 
     if TYPE_CHECKING:

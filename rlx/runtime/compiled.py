@@ -333,6 +333,15 @@ class CompiledGraph:
         """The optimized graph with each node's arena slot, then the plan summary."""
         return LirModule(self.program.graph, self.memory_plan).inspect()
 
+    def to_html(self, path: str | None = None, **kw: Any) -> str:
+        """One self-contained HTML page of the compiled graph: fused kernels coloured by
+        fusion group, each node's precision and kernel, the memory plan of the most
+        recent run as a timeline; written to ``path`` when given. Options:
+        :func:`rlx.viz.compiled_to_html` (``engine``, ``expand``)."""
+        from rlx.viz import compiled_to_html
+
+        return compiled_to_html(self, path, **kw)
+
     def report(self) -> Report:
         """Kernel schedule, memory figures and pass records of the most recent run's
         shape, with each kernel's time when that run was profiled."""

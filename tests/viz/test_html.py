@@ -1,0 +1,94 @@
+"""The page without a browser: self-contained (no URL but the SVG namespace, no external
+script, style or image), the embedded data parses and names every drawn node, the
+legend lists the fusion groups, ``Graph.to_html`` / ``GraphModule.to_html`` /
+``CompiledGraph.to_html`` write the file they return, and ``rlx inspect --html``."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+import rlx
+from rlx.ops.core import Constant, Param
+from tests.cli.conftest import run
+
+
+def _data(html: str) -> dict:
+    m = re.search(r'<script type="application/json" id="rlx-data">(.*?)</script>', html, re.S)
+    assert m is not None
+    return json.loads(m.group(1))
+
+
+def _self_contained(html: str) -> None:
+    urls = set(re.findall(r"https?://[^\s\"'<>)]+", html))
+    assert urls <= {"http://www.w3.org/2000/svg"}, urls
+    assert not re.search(r"<(link|img|iframe)\b", html)
+    assert not re.search(r"<script[^>]*\bsrc=", html)
+    assert "@import" not in html and "url(http" not in html
+
+
+def test_graph_page(decoder_graph: rlx.Graph, tmp_path: Path) -> None:
+    g = decoder_graph
+    path = tmp_path / "g.html"
+    html = g.to_html(path)
+    assert path.read_text(encoding="utf-8") == html
+    _self_contained(html)
+    data = _data(html)
+    drawn = [n for n in g.nodes if not isinstance(n.op, (Param, Constant))]
+    assert sorted(map(int, data["nodes"])) == [n.id for n in drawn]
+    for n in drawn:
+        assert f'id="n-{n.id}"' in html
+    for name in g.input_names:
+        assert f'data-name="{name} input"' in html
+    names = [b["name"] for b in data["blocks"]]
+    assert names[:3] == ["inputs", "layer0", "layer1"]
+    assert not any(b["expanded"] for b in data["blocks"])  # 4 layers: collapsed
+    assert "No fusion yet" in html  # the graph before the pipeline has no fused kernels
+    assert 'id="memory"' in html and "peak (working region)" in html
+
+
+def test_small_graph_opens_expanded_and_module_page() -> None:
+    mm = rlx.GraphModule.mir("tiny")
+    x = mm.input("x", (2, 3))
+    w = mm.param("w", (3, 4))
+    mm.set_outputs([mm.relu(mm.matmul(x, w))])
+    html = mm.to_html()
+    data = _data(html)
+    assert all(b["expanded"] for b in data["blocks"])
+    assert "param w: f32[3,4]" in html  # folded into the matmul that reads it
+    assert html.count('class="buf"') >= 2
+
+
+def test_compiled_page(decoder_compiled, tmp_path: Path) -> None:
+    c = decoder_compiled
+    html = c.to_html(tmp_path / "c.html", expand=True)
+    _self_contained(html)
+    data = _data(html)
+    assert all(b["expanded"] for b in data["blocks"])
+    groups = set(re.findall(r'<li class="legend-item" data-group="([^"]+)"', html))
+    want = {n.op.mnemonic for n in c.graph.nodes if n.loc is not None and len(n.loc.fused) > 1}
+    assert groups == want
+    for section in ("Fusion report", "Compile passes", "Kernel schedule"):
+        assert f"<summary>{section}</summary>" in html
+    assert "fused   attention" in html  # the fusion report's text
+    kinds = {v["k"].split(" ")[0] for v in data["nodes"].values() if v["op"] != "input"}
+    assert kinds <= {"native", "blas", "numpy", "reference", "view"} and "native" in kinds
+
+
+def test_inspect_writes_the_page(tmp_path: Path) -> None:
+    g = rlx.Graph("mlp")
+    x = g.input("x", (g.sym("batch"), 16))
+    w = g.param("w", (16, 8))
+    g.set_outputs([g.tanh(g.matmul(x, w))])
+    src = tmp_path / "mlp.rlx"
+    rlx.save(g, src, {"w": np.ones((16, 8), np.float32)})
+    out = tmp_path / "mlp.html"
+    r = run(["inspect", str(src), "--shape", "4", "--no-graph", "--html", str(out)])
+    assert r.code == 0, r.err
+    assert f"wrote {out}" in r.out
+    html = out.read_text(encoding="utf-8")
+    _self_contained(html)
+    assert "plan at batch=4" in html and "tanh" in html
