@@ -9,6 +9,7 @@ from typing import Any
 from rlx.dtype import DType
 from rlx.frontends.torch.aten import aten
 from rlx.frontends.torch.context import NodeCtx
+from rlx.ops.cumulative import CumProd
 from rlx.ops.elementwise import Binary, BinaryKind, Unary, UnaryKind
 from rlx.ops.movement import Reshape
 from rlx.ops.reduce import ArgMax, ArgMin, Cumsum, LogSoftmax, Reduce, ReduceKind, Softmax, TopK
@@ -39,11 +40,12 @@ def reduce(ctx: NodeCtx) -> int:
     name = ctx.op.removeprefix("aten.").split(".")[0]
     dt = ctx.out_dtype
     x = ctx.cast(ctx.t(0), dt)
-    if ctx.op.endswith(".default") or ctx.op.endswith(".dtype"):
-        return _reduce(ctx, _KIND[name], x, None, False)
+    keep = ctx.arg(2, False, name="keepdim")
+    if name in ("sum", "mean", "prod") and ctx.op.split(".")[-1] in ("default", "dtype"):
+        return _reduce(ctx, _KIND[name], x, None, False)  # the overloads without dims
     if name == "prod":
-        return _reduce(ctx, _KIND[name], x, [ctx.arg(1)], ctx.arg(2, False, name="keepdim"))
-    return _reduce(ctx, _KIND[name], x, ctx.arg(1, name="dim"), ctx.arg(2, False, name="keepdim"))
+        return _reduce(ctx, _KIND[name], x, [ctx.arg(1)], keep)
+    return _reduce(ctx, _KIND[name], x, ctx.arg(1, name="dim"), keep)
 
 
 @aten("any", "all")
@@ -135,10 +137,12 @@ def softmax(ctx: NodeCtx) -> int:
     return ctx.g.apply(cls(ax), [x])
 
 
-@aten("cumsum")
+@aten("cumsum", "cumprod")
 def cumsum(ctx: NodeCtx) -> int:
     x = ctx.cast(ctx.t(0), ctx.out_dtype)
-    return ctx.g.apply(Cumsum(ctx.arg(1) % max(ctx.shape(x).rank, 1)), [x])
+    ax = ctx.arg(1) % max(ctx.shape(x).rank, 1)
+    cls = CumProd if ctx.op.startswith("aten.cumprod") else Cumsum
+    return ctx.g.apply(cls(ax), [x])
 
 
 @aten("topk")
