@@ -13,7 +13,7 @@ import pytest
 import rlx
 from rlx.backends.cpu.planner import plan_memory
 from rlx.models import synthetic
-from rlx.viz.memory import _H, _LEFT, _TOP, buffers, timeline_svg
+from rlx.viz.memory import _H, _LEFT, _TOP, _W, buffers, timeline_svg
 
 
 def _owned_working(plan: rlx.BufferPlan) -> set[int]:
@@ -64,13 +64,12 @@ def test_timeline_bars_match_the_buffers() -> None:
         svg,
     )
     assert count == len(bars) == len(_owned_working(plan))
-    bufs = {b.node: b for b in buffers(g, plan)[0]}
-    xs = sorted(float(x) for _, x, *_ in bars)
-    step_w = min(float(w) / (bufs[int(n)].last - bufs[int(n)].first + 1) for n, _, _, w, _ in bars)
-    assert xs[0] >= 0 and step_w > 0
+    found, steps = buffers(g, plan)
+    bufs = {b.node: b for b in found}
+    step_w = _W / len(steps)
     for n, x, y, w, h in bars:
         b = bufs[int(n)]
-        assert float(x) == pytest.approx(_LEFT + b.first * step_w, abs=0.02)
+        assert float(x) == pytest.approx(_LEFT + b.first * step_w, abs=0.01)
         assert float(w) == pytest.approx(
             max((b.last - b.first + 1) * step_w, 1.5), rel=1e-2, abs=0.02
         )
