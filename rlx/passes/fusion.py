@@ -9,8 +9,9 @@ the fused op and the other matched nodes dropped. A node is only swallowed when 
 users are inside the match and it is not a graph output (:meth:`FusionView.why_not_inner`
 says why otherwise), so a fusion never duplicates work or hides a value someone reads.
 
-The passes, in pipeline order (pattern fusions first, then elementwise regions):
-attention, SwiGLU, residual + norm, integer matmul epilogues (``fusion_quant``), matmul +
+The passes, in pipeline order (pattern fusions first, then elementwise regions): the
+recognition of spelled-out GELU and layer norm (``fusion_gelu``, ``fusion_layernorm``:
+what importers write as formulas becomes the op the later fusions take), attention, SwiGLU, residual + norm, integer matmul epilogues (``fusion_quant``), matmul +
 bias + activation, elementwise regions.
 SwiGLU runs before matmul + activation so ``silu(x @ w_gate)`` is not taken first.
 """
@@ -180,10 +181,14 @@ def fusion_passes(report: FusionReport) -> list[PatternFusion]:
     """The fusion passes in pipeline order, all writing into ``report``."""
     from rlx.passes.fusion_attention import AttentionFusion
     from rlx.passes.fusion_elementwise import ElementwiseFusion
+    from rlx.passes.fusion_gelu import GeluFusion
+    from rlx.passes.fusion_layernorm import LayerNormFusion
     from rlx.passes.fusion_patterns import MatMulBiasActFusion, ResidualNormFusion, SwiGLUFusion
     from rlx.passes.fusion_quant import QuantEpilogueFusion
 
     return [
+        GeluFusion(report),
+        LayerNormFusion(report),
         AttentionFusion(report),
         SwiGLUFusion(report),
         ResidualNormFusion(report),

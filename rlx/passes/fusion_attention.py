@@ -19,7 +19,7 @@ causal mask (0 where visible, ``-inf`` elsewhere, or the dtype's lowest value wh
 query sees a key: a row that sees none gives NaN under ``-inf``, the mean of v under the
 lowest value) becomes ``MaskKind.causal()`` with no mask input; any other mask is a
 ``custom`` mask input (an ``expand`` in front of it, from broadcast legalisation, is
-looked through: attention broadcasts its mask itself). The fused op computes exactly what
+looked through, also when other layers share it: attention broadcasts its mask itself). The fused op computes exactly what
 the chain does (see :class:`~rlx.ops.nn.Attention`). Every node of the chain but the final reshape must have no
 user outside the chain.
 """
@@ -222,8 +222,11 @@ class AttentionFusion(PatternFusion):
         inputs: tuple[NodeId, ...] = (q.flat, k.flat, v.flat)
         kind = MaskKind.none()
         if mask is not None:
-            if isinstance(view.node(mask).op, Expand) and not view.why_escapes(mask, set(nodes)):
-                nodes.append(mask)
+            if isinstance(view.node(mask).op, Expand):
+                # read the mask before its broadcast; an expand shared with other layers
+                # stays for them (and dies when they fuse too)
+                if not view.why_escapes(mask, set(nodes)):
+                    nodes.append(mask)
                 mask = view.node(mask).inputs[0]
             arr = const_array(view.graph, mask)
             if arr is not None and _is_causal(arr):

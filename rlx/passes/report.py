@@ -42,6 +42,8 @@ def with_provenance(graph: Graph) -> Graph:
 class FusionPattern(enum.Enum):
     """The fusion patterns, in the order the pipeline tries them."""
 
+    GELU = "gelu"
+    LAYER_NORM = "layer_norm"
     ATTENTION = "attention"
     SWIGLU = "swiglu"
     RESIDUAL_NORM = "residual_norm"

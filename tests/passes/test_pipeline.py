@@ -40,6 +40,8 @@ def names(opts: CompileOptions) -> list[str]:
 def test_default_pass_order():
     cleanup = ["dce", "cse", "constant_folding", "simplify"]
     fusion = [
+        "fuse_gelu",
+        "fuse_layer_norm",
         "fuse_attention",
         "fuse_swiglu",
         "fuse_residual_norm",
