@@ -7,6 +7,7 @@ the op, the module path and the source line."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,29 @@ class TVal:
     id: int
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def source_frame(node: Any) -> tuple[str, int, str] | None:
+    """``(file, line, function)`` of the innermost frame of the node's ``stack_trace``
+    outside torch itself (the model's code), or None."""
+    trace = node.meta.get("stack_trace") or ""
+    found = None
+    for ln in trace.splitlines():
+        ln = ln.strip()
+        if not ln.startswith("File "):
+            continue
+        parts = ln.split('"')  # File "x.py", line 12, in forward
+        try:
+            rest = parts[2].split(",")
+            frame = (parts[1], int(rest[1].strip().removeprefix("line ")), rest[2].strip()[3:])
+        except (IndexError, ValueError):
+            continue
+        if not frame[0].startswith(_TORCH_DIR) or found is None:
+            found = frame
+    return found
+
+
 def where_from(node: Any) -> tuple[str, str, str]:
     """``(module path, module class, 'file:line')`` of an FX node ('' when unknown)."""
     stack = node.meta.get("nn_module_stack") or {}
@@ -38,15 +62,8 @@ def where_from(node: Any) -> tuple[str, str, str]:
     if stack:
         path, cls = list(stack.values())[-1]
         cls = cls if isinstance(cls, str) else getattr(cls, "__qualname__", str(cls))
-    src = ""
-    trace = node.meta.get("stack_trace") or ""
-    frames = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")]
-    if frames:
-        last = frames[-1]  # File "x.py", line 12, in forward
-        parts = last.split('"')
-        if len(parts) >= 3:
-            line = parts[2].split(",")[1].strip().removeprefix("line ").strip()
-            src = f"{parts[1]}:{line}"
+    frame = source_frame(node)
+    src = f"{frame[0]}:{frame[1]}" if frame else ""
     return path, cls.rsplit(".", 1)[-1], src
 
 

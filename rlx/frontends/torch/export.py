@@ -110,6 +110,23 @@ def _flat_tensors(args: Sequence[Any]) -> list[Any]:
     return out
 
 
+def _mutates(op: Any) -> bool:
+    """In-place ATen ops (``add_``): functionalisation in run_decompositions removes them."""
+    schema = getattr(op, "_schema", None)
+    return bool(getattr(schema, "is_mutable", False))
+
+
+def _check_mutations(ep: Any, module: Any) -> None:
+    sig = ep.graph_signature
+    mutated = {**sig.buffers_to_mutate, **sig.user_inputs_to_mutate}
+    if mutated:
+        raise TorchImportError(
+            f"{type(module).__name__}.forward writes to {sorted(mutated.values())} (e.g. "
+            "BatchNorm in training mode updating its running stats); call module.eval(): "
+            "rlx imports inference graphs"
+        )
+
+
 def from_torch(
     module: Any,
     example_inputs: Any,
@@ -138,17 +155,23 @@ def from_torch(
         raise TorchImportError(
             f"torch.export.export failed for {type(module).__name__}: {type(e).__name__}: {first}"
         ) from e
+    _check_mutations(ep, module)
     decomposed = False
-    if unmapped(ep):
+    missing = unmapped(ep)
+    if missing:
         table = torch.export.default_decompositions()
         for op in list(table.keys()):
             if lookup(op) is not None:
                 table.pop(op)
+        final = [n for n in missing if n.target not in table and not _mutates(n.target)]
+        if final:  # a core ATen op: decomposing would not remove it
+            raise unsupported_error(final[0])
         try:
             ep = ep.run_decompositions(table)
         except Exception as e:
-            raise unsupported_error(unmapped(ep)[0]) from e
+            raise unsupported_error(missing[0]) from e
         decomposed = True
+        _check_mutations(ep, module)
         missing = unmapped(ep)
         if missing:
             raise unsupported_error(missing[0])

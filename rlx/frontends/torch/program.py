@@ -23,7 +23,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from rlx.errors import RlxError
 from rlx.frontends.torch.aten import lookup
-from rlx.frontends.torch.context import NodeCtx, TVal, where_from
+from rlx.frontends.torch.context import NodeCtx, TVal, source_frame, where_from
 from rlx.frontends.torch.dims import SymTable, to_dtype
 from rlx.frontends.torch.errors import TorchImportError, TorchUnsupportedError
 from rlx.ir.mir import Graph
@@ -76,23 +76,6 @@ def unsupported_error(node: Any) -> TorchUnsupportedError:
         module_path=path,
         source=src,
     )
-
-
-def _loc(node: Any) -> tuple[str, int, str] | None:
-    trace = node.meta.get("stack_trace") or ""
-    frames = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")]
-    if not frames:
-        return None
-    parts = frames[-1].split('"')
-    try:
-        rest = parts[2].split(",")
-        return (
-            parts[1],
-            int(rest[1].strip().removeprefix("line ")),
-            rest[2].strip().removeprefix("in "),
-        )
-    except (IndexError, ValueError):
-        return None
 
 
 class _Converter:
@@ -217,7 +200,7 @@ class _Converter:
         return nid
 
     def stamp(self, node: Any, first: int) -> None:
-        loc = _loc(node)
+        loc = source_frame(node)
         if loc is None:
             return
         file, line, func = loc
