@@ -249,6 +249,10 @@ JS = r"""
     const i = +t.dataset.toggle;
     setExpanded(i, !blocks[i].expanded);
     reflow();
+    if (blocks[i].expanded) {  // bring the opened block into view, centred if it is wide
+      const p = pos[i];
+      scroller.scrollLeft = (p[0] + p[2] / 2) * zoom - scroller.clientWidth / 2;
+    }
   });
   document.getElementById("memory-scroll").addEventListener("click", (ev) => {
     const t = ev.target.closest(".buf");
@@ -275,6 +279,11 @@ JS = r"""
   document.getElementById("collapse-all").addEventListener("click", () => { blocks.forEach((b) => (b.expanded = false)); reflow(); });
   document.getElementById("zoom-in").addEventListener("click", () => { zoom = Math.min(zoom * 1.25, 4); reflow(); });
   document.getElementById("zoom-out").addEventListener("click", () => { zoom = Math.max(zoom / 1.25, 0.2); reflow(); });
+  document.getElementById("zoom-fit").addEventListener("click", () => {
+    const w = +svg.getAttribute("viewBox").split(" ")[2];
+    zoom = Math.max(0.2, Math.min(1, (scroller.clientWidth - 24) / w));
+    reflow();
+  });
   reflow();
   window.rlxView = { reflow, select, search, blocks };
 })();

@@ -101,7 +101,8 @@ def _data(view: View, gs: object) -> str:
         "collapsed": [COLLAPSED_W, COLLAPSED_H],
         "nodes": nodes,
     }
-    return json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    text = json.dumps(data, separators=(",", ":"))  # nothing in it can end the script
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def render_page(
@@ -134,7 +135,7 @@ def render_page(
         head.append(f"arena {format_bytes(plan.arena_bytes)}")
         summary = escape(plan.summary()).replace("\n", "<br>")
         mem_html = (
-            f"<p>{bars} buffers in the working region; each bar spans the steps from the node "
+            f"<p>{bars} buffer{'s' if bars != 1 else ''} in the working region; each bar spans the steps from the node "
             f"that writes it to its last reader, at its offset in the arena. Params and "
             f"constants ({escape(format_bytes(plan.persistent_bytes))}) sit in the persistent "
             f'region, not drawn.</p><p class="mono">{summary}</p>'
@@ -163,6 +164,7 @@ def render_page(
 <button id="zoom-out" type="button" title="zoom out">−</button>
 <span id="zoom-level">100%</span>
 <button id="zoom-in" type="button" title="zoom in">+</button>
+<button id="zoom-fit" type="button" title="fit the width of the pane">Fit</button>
 </div>
 <main>
 <section id="graph-pane"><div id="graph-scroll">{graph_svg}</div></section>

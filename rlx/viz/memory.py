@@ -93,12 +93,14 @@ def _is_input(graph: Graph, nid: NodeId) -> bool:
     return isinstance(graph.nodes[nid].op, Input)
 
 
-def live_bytes(bufs: list[Buffer], nsteps: int) -> list[int]:
-    """Bytes live at each run step."""
+def live_bytes(bufs: list[Buffer], nsteps: int, alignment: int = 1) -> list[int]:
+    """Bytes live at each run step, each buffer rounded up to ``alignment`` (the plan's:
+    then the largest value is the plan's lower bound)."""
     delta = [0] * (nsteps + 1)
     for b in bufs:
-        delta[b.first] += b.nbytes
-        delta[b.last + 1] -= b.nbytes
+        size = -(-b.nbytes // alignment) * alignment
+        delta[b.first] += size
+        delta[b.last + 1] -= size
     out, run = [], 0
     for d in delta[:nsteps]:
         run += d
@@ -116,7 +118,7 @@ def timeline_svg(
     peak = max(plan.peak_bytes, max((b.offset + b.nbytes for b in bufs), default=0), 1)
     sx = _W / nsteps
     sy = _H / peak
-    live = live_bytes(bufs, nsteps)
+    live = live_bytes(bufs, nsteps, plan.alignment)
     top_step = max(range(nsteps), key=lambda i: live[i]) if bufs else 0
     total_w, total_h = _LEFT + _W + 16, _TOP + _H + _BOTTOM
     parts = [

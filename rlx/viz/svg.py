@@ -153,8 +153,16 @@ def _block_layout(
                 ghosts[s] = f"{src.short} · {src.block}"
                 edges.append((("g", s), d))
     keys: list[object] = [("g", s) for s in sorted(ghosts)] + list(members)
-    sizes = {k: (NODE_W, GHOST_H) if isinstance(k, tuple) else (NODE_W, NODE_H) for k in keys}
+    sizes = {
+        k: (_ghost_width(ghosts[k[1]]), GHOST_H) if isinstance(k, tuple) else (NODE_W, NODE_H)
+        for k in keys
+    }
     return layout(keys, sizes, edges, engine=engine), ghosts
+
+
+def _ghost_width(text: str) -> float:
+    """A ghost box as wide as its text (monospace 11px), at most a node's width."""
+    return min(NODE_W, 24.0 + 6.7 * len(text))
 
 
 def _path(pts: list[tuple[float, float]], dx: float, dy: float) -> str:

@@ -92,3 +92,23 @@ def test_inspect_writes_the_page(tmp_path: Path) -> None:
     html = out.read_text(encoding="utf-8")
     _self_contained(html)
     assert "plan at batch=4" in html and "tanh" in html
+
+
+def test_names_are_escaped_everywhere() -> None:
+    g = rlx.Graph("<g & 'n'>")
+    x = g.input("</script><script>alert(1)</script>", (2,))
+    w = g.param('a<b>."q".w', (2,))
+    g.set_outputs([g.add(x, w)])
+    html = g.to_html()
+    assert html.count("<script") == 2 and html.count("</script>") == 2
+    assert "<b>" not in html and "&lt;g &amp; &#x27;n&#x27;&gt;" in html
+    data = _data(html)
+    assert data["nodes"]["0"]["t"] == "</script><script>alert(1)</script>"
+
+
+def test_empty_and_input_only_graphs() -> None:
+    assert 'id="graph"' in rlx.Graph("empty").to_html()
+    g = rlx.Graph("id")
+    g.set_outputs([g.input("x", (2,))])
+    html = g.to_html()
+    assert 'data-name="x input"' in html and html.count('class="buf"') == 1

@@ -13,7 +13,7 @@ import pytest
 import rlx
 from rlx.backends.cpu.planner import plan_memory
 from rlx.models import synthetic
-from rlx.viz.memory import _H, _LEFT, _TOP, _W, buffers, timeline_svg
+from rlx.viz.memory import _H, _LEFT, _TOP, _W, buffers, live_bytes, timeline_svg
 
 
 def _owned_working(plan: rlx.BufferPlan) -> set[int]:
@@ -48,6 +48,7 @@ def test_buffers_against_the_plan(case: int) -> None:
         for t in range(b.first, b.last + 1):
             live[t] += -(-b.nbytes // plan.alignment) * plan.alignment
     assert max(live) == plan.lower_bound_bytes
+    assert live == live_bytes(bufs, len(steps), plan.alignment)
     for i, a in enumerate(bufs):  # a sound plan: buffers live at once never share a byte
         for b in bufs[i + 1 :]:
             if a.first <= b.last and b.first <= a.last:
