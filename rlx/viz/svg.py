@@ -165,9 +165,17 @@ def _ghost_width(text: str) -> float:
     return min(NODE_W, 24.0 + 6.7 * len(text))
 
 
-def _path(pts: list[tuple[float, float]], dx: float, dy: float) -> str:
+def _path(pts: list[tuple[float, float]], dx: float, dy: float, spline: bool = False) -> str:
+    """SVG path data through ``pts`` shifted by ``(dx, dy)``: ``spline``: the points are
+    cubic Bezier control points (dot's, ``3k + 1`` of them); else a smooth curve with
+    vertical tangents through each point."""
     (x0, y0), rest = pts[0], pts[1:]
     d = [f"M{x0 + dx:.1f},{y0 + dy:.1f}"]
+    if spline and len(rest) % 3 == 0:
+        for k in range(0, len(rest), 3):
+            c = " ".join(f"{x + dx:.1f},{y + dy:.1f}" for x, y in rest[k : k + 3])
+            d.append(f"C{c}")
+        return " ".join(d)
     px, py = x0, y0
     for x, y in rest:
         m = (y - py) / 2
@@ -212,7 +220,8 @@ def _node_svg(n: ViewNode, x: float, y: float, colours: dict[str, str], sigil: s
     ]
     if n.group:
         out.append(f'<rect class="stripe" width="6" height="{NODE_H}" rx="3"/>')
-    out.append(f'<text x="12" y="18" class="op">{escape(_fit(head, NODE_W - 50))}</text>')
+    room = NODE_W - 28 - 6.5 * len(nid)
+    out.append(f'<text x="12" y="18" class="op">{escape(_fit(head, room, 7.0))}</text>')
     if nid:
         out.append(f'<text x="{NODE_W - 8}" y="18" class="nid" text-anchor="end">{nid}</text>')
     out.append(
@@ -286,7 +295,8 @@ def _block_svg(
     dx, dy = PAD + (info.ew - 2 * PAD - lay.width) / 2, HEADER + PAD
     for (s, _d), pts in lay.routes.items():
         cls = "edge ghost-edge" if isinstance(s, tuple) else "edge"
-        out.append(f'<path class="{cls}" d="{_path(pts, dx, dy)}" marker-end="url(#arrow)"/>')
+        path = _path(pts, dx, dy, spline=lay.engine == "dot")
+        out.append(f'<path class="{cls}" d="{path}" marker-end="url(#arrow)"/>')
     for key, box in lay.boxes.items():
         if isinstance(key, tuple):
             src = key[1]

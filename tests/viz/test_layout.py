@@ -5,10 +5,15 @@ of result. Random DAGs (hypothesis) check the geometric rules."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import rlx
+from rlx.viz import layout as layout_mod
 from rlx.viz.layout import Layout, layered, layout, parse_plain
 
 GAP = 22.0
@@ -117,3 +122,42 @@ def test_dot_engine_when_installed() -> None:
     assert lay.engine == "dot"
     for s, d in edges:
         assert lay.boxes[s].y < lay.boxes[d].y
+
+
+FAKE_DOT = r"""#!{python}
+# A stand-in for graphviz dot -Tplain: one node per rank, top to bottom, straight edges.
+import re, sys
+text = sys.stdin.read()
+assert sys.argv[1:] == ["-Tplain"]
+nodes = re.findall(r"^  (n\d+) \[width=([\d.]+), height=([\d.]+)\];$", text, re.M)
+edges = re.findall(r"^  (n\d+) -> (n\d+);$", text, re.M)
+h = 1.0 * len(nodes)
+print(f"graph 1 3 {{h}}")
+y = {{}}
+for i, (n, w, ht) in enumerate(nodes):
+    y[n] = h - 0.5 - i
+    print(f"node {{n}} 1.5 {{y[n]}} {{w}} {{ht}} \"\" solid box black lightgrey")
+for a, b in edges:
+    print(f"edge {{a}} {{b}} 4 1.5 {{y[a]}} 1.5 {{y[a] - 0.3}} 1.5 {{y[b] + 0.3}} 1.5 {{y[b]}} solid black")
+print("stop")
+"""
+
+
+def test_dot_engine_through_a_stand_in(tmp_path, monkeypatch) -> None:
+    exe = tmp_path / "dot"
+    exe.write_text(FAKE_DOT.format(python=sys.executable))
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert layout_mod.has_dot()
+    keys = ["a", ("g", 1), "c"]
+    edges = [("a", "c"), (("g", 1), "c")]
+    lay = layout(keys, {k: (72.0, 36.0) for k in keys}, edges)  # auto: dot is found
+    assert lay.engine == "dot" and set(lay.boxes) == set(keys)
+    assert lay.boxes["a"].y < lay.boxes[("g", 1)].y < lay.boxes["c"].y
+    assert len(lay.routes[("a", "c")]) == 4  # start, two control points, end
+
+    g = rlx.Graph("small")
+    x = g.input("x", (2,))
+    g.set_outputs([g.tanh(g.exp(x))])
+    html = g.to_html()
+    assert "layout: graphviz dot" in html and " C" in html
