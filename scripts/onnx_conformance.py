@@ -10,7 +10,11 @@ unsupported op type with its case count, and the totals. A failure that passes a
 stated looser tolerance is marked so (16-bit cases: 2 ulp of the dtype, as their expected
 data rounds after every op and rlx rounds once; other float cases: atol 1e-6, the
 round-off their expected data carries). Those count as failures. ``--write-expected`` writes
-tests/frontends/onnx/unsupported_node_cases.json (what the test suite checks against)."""
+tests/frontends/onnx/unsupported_node_cases.json (what the test suite checks against).
+
+Then the wheel's model cases (``simple``, ``pytorch-operator``, ``pytorch-converted``):
+each case's outcome (pass / fail with the reason / unsupported with what) and the counts per
+kind; ``--write-expected`` also writes tests/frontends/onnx/model_cases.json."""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 EXPECTED = ROOT / "tests" / "frontends" / "onnx" / "unsupported_node_cases.json"
+MODEL_EXPECTED = ROOT / "tests" / "frontends" / "onnx" / "model_cases.json"
 
 
 def ort_outcome(case) -> str:  # noqa: ANN001
@@ -119,7 +124,49 @@ def main() -> int:
         }
         EXPECTED.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         print(f"wrote {EXPECTED}")
+    model_report(args)
     return 0
+
+
+def model_outcome(out) -> str:  # noqa: ANN001
+    """'pass', 'unsupported: <what>' or 'fail: <reason>' (what model_cases.json records)."""
+    if out.status == "unsupported":
+        return f"unsupported: {out.unsupported}"
+    return "pass" if out.status == "pass" else f"fail: {out.reason}"
+
+
+def model_report(args: argparse.Namespace) -> None:
+    """The simple / pytorch-operator / pytorch-converted cases: each outcome, the counts."""
+    from rlx.frontends.onnx.conformance import model_cases, run_case
+
+    cases = model_cases()
+    res = {f"{c.kind}/{c.name}": model_outcome(run_case(c, args.engine)) for c in cases}
+    print(f"\nmodel cases ({len(cases)}):")
+    if not args.quiet:
+        for k, v in res.items():
+            print(f"  {k}: {v[:200]}")
+    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for k, v in res.items():
+        counts[k.split("/")[0]][v.split(":")[0]] += 1
+    for kind, c in counts.items():
+        print(
+            f"rlx ({args.engine}) {kind}: {c['pass']} pass, {c['fail']} fail, "
+            f"{c['unsupported']} unsupported"
+        )
+    if args.peer == "ort":
+        ort = collections.Counter()
+        for c in cases:
+            ort[(c.kind, ort_outcome(c) == "pass")] += 1
+        for kind in counts:
+            print(f"onnxruntime {kind}: {ort[(kind, True)]} / {sum(counts[kind].values())} pass")
+    if args.write_expected:
+        data = {
+            "about": "outcome of each model case of the onnx wheel (scripts/onnx_conformance.py "
+            "--write-expected): pass, or unsupported: <what rlx names>; fail never",
+            "cases": res,
+        }
+        MODEL_EXPECTED.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {MODEL_EXPECTED}")
 
 
 if __name__ == "__main__":

@@ -160,3 +160,76 @@ def run_case(
     except Exception as e:  # noqa: BLE001
         return Outcome(case.name, op, "fail", f"{engine}: {type(e).__name__}: {e}"[:400], fold)
     return Outcome(case.name, op, "pass", "", fold)
+
+
+#: The model test directories the onnx wheel ships besides the node cases.
+MODEL_KINDS = ("simple", "pytorch-operator", "pytorch-converted")
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """One of the wheel's model test cases, read from its directory: the ``model``, its
+    ``data_sets`` ((inputs, outputs) per test_data_set_*), ``rtol`` / ``atol`` and ``kind``."""
+
+    name: str
+    kind: str
+    model: ModelProto
+    data_sets: tuple[tuple[list[Any], list[Any]], ...]
+    rtol: float
+    atol: float
+
+
+def _read_value(path: Any, vi: Any) -> Any:
+    """A test_data_set_* file as onnx's runner reads it: by the graph value's type."""
+    import onnx
+    from onnx import numpy_helper
+
+    data = path.read_bytes()
+    which = vi.type.WhichOneof("value") if vi is not None else "tensor_type"
+    if which == "sequence_type":
+        p = onnx.SequenceProto()
+        p.ParseFromString(data)
+        return numpy_helper.to_list(p)
+    if which == "optional_type":
+        p = onnx.OptionalProto()
+        p.ParseFromString(data)
+        return numpy_helper.to_optional(p)
+    t = TensorProto()
+    t.ParseFromString(data)
+    return t
+
+
+def model_cases(kinds: tuple[str, ...] = MODEL_KINDS) -> list[ModelCase]:
+    """The wheel's ``simple`` / ``pytorch-operator`` / ``pytorch-converted`` cases with
+    their data sets, sorted by (kind, name)."""
+    from pathlib import Path
+
+    import onnx
+    from onnx.backend.test.loader import load_model_tests
+
+    out = []
+    for kind in kinds:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tests = load_model_tests(kind=kind)
+        for t in tests:
+            d = Path(t.model_dir)
+            model = onnx.load(str(d / "model.onnx"))
+            inits = {i.name for i in model.graph.initializer}
+            ins = [i for i in model.graph.input if i.name not in inits]
+            sets = []
+            for ds in sorted(d.glob("test_data_set_*")):
+                n_in = len(list(ds.glob("input_*.pb")))
+                n_out = len(list(ds.glob("output_*.pb")))
+                xs = [
+                    _read_value(ds / f"input_{i}.pb", ins[i] if i < len(ins) else None)
+                    for i in range(n_in)
+                ]
+                outs = model.graph.output
+                ys = [
+                    _read_value(ds / f"output_{i}.pb", outs[i] if i < len(outs) else None)
+                    for i in range(n_out)
+                ]
+                sets.append((xs, ys))
+            out.append(ModelCase(t.name, kind, model, tuple(sets), t.rtol, t.atol))
+    return sorted(out, key=lambda c: (c.kind, c.name))

@@ -2,7 +2,7 @@
 Out: an :class:`OnnxModel` (a :class:`~rlx.ir.module.GraphModule` at MIR stage plus its
 params, as ``rlx.models.hf`` returns them).
 
-Steps: read (a truncated or non-ONNX file is an error), ``onnx.checker``, opsets (7 to the
+Steps: read (a truncated or non-ONNX file is an error), ``onnx.checker``, opsets (6 to the
 newest the installed onnx knows), graph inputs (named dims -> symbolic dims, unknown dims ->
 a symbol named after the input and axis), initializers (float tensors of more than
 :data:`CONST_LIMIT` elements -> params, the rest -> constants, so shape arithmetic folds),
@@ -38,7 +38,7 @@ from rlx.shape import Shape
 
 __all__ = ["OnnxModel", "load", "read_model", "MIN_OPSET", "CONST_LIMIT"]
 
-MIN_OPSET = 7
+MIN_OPSET = 6  # opset 6: legacy broadcast and BatchNormalization-6 forms (ops/legacy.py)
 CONST_LIMIT = 64  # initializers with at most this many elements (or non-float) are constants
 NO_FOLD = frozenset(
     {

@@ -4,7 +4,8 @@ unsupported_node_cases.json must pass (the few listed under looser_tolerance are
 at the tolerance stated there, see below); every case named there must be refused at import
 by an OnnxUnsupportedError naming the same op type / dtype (so nothing is skipped
 silently, and a case that starts to pass must leave the list). Refresh the list with
-``python scripts/onnx_conformance.py --write-expected``."""
+``python scripts/onnx_conformance.py --write-expected``. The wheel's model cases (simple,
+pytorch-operator, pytorch-converted) run the same way against model_cases.json."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ import pytest
 
 pytest.importorskip("onnx")
 
-from rlx.frontends.onnx.conformance import looser_tolerance, node_cases, run_case  # noqa: E402
+from rlx.frontends.onnx.conformance import (  # noqa: E402
+    MODEL_KINDS,
+    looser_tolerance,
+    model_cases,
+    node_cases,
+    run_case,
+)
 
 EXPECTED = json.loads((Path(__file__).parent / "unsupported_node_cases.json").read_text())
 with warnings.catch_warnings():
@@ -63,3 +70,28 @@ def test_unsupported_cases_are_the_committed_ones() -> None:
 def test_the_suite_is_the_one_the_list_was_made_from() -> None:
     assert set(EXPECTED["cases"]) <= set(CASES), "cases vanished: refresh the list"
     assert len(CASES) >= 1884
+
+
+# ---- the wheel's model cases: simple, pytorch-operator, pytorch-converted ---------------
+MODEL_EXPECTED = json.loads((Path(__file__).parent / "model_cases.json").read_text())["cases"]
+MODEL_CASES = {f"{c.kind}/{c.name}": c for c in model_cases()}
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_CASES))
+def test_model_case_outcome_is_the_committed_one(name: str) -> None:
+    """Each model case passes, or is refused at import naming what rlx does not import
+    (model_cases.json, written by scripts/onnx_conformance.py --write-expected)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = run_case(MODEL_CASES[name], "cpu")
+    if out.status == "unsupported":
+        got = f"unsupported: {out.unsupported}"
+    else:
+        got = "pass" if out.status == "pass" else f"fail: {out.reason}"
+    assert got == MODEL_EXPECTED[name]
+
+
+def test_every_model_case_is_listed_and_none_fails() -> None:
+    assert set(MODEL_EXPECTED) == set(MODEL_CASES)
+    assert not [k for k, v in MODEL_EXPECTED.items() if not v.startswith(("pass", "unsupported"))]
+    assert {k.split("/")[0] for k in MODEL_CASES} == set(MODEL_KINDS)

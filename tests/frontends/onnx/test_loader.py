@@ -185,9 +185,9 @@ def test_unsupported_dtype_names_it() -> None:
         rlx.onnx.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
 
 
-def test_opset_below_7_is_refused() -> None:
-    with pytest.raises(OnnxUnsupportedError, match="opset 6"):
-        rlx.onnx.load(mlp(opset=6), check=False)
+def test_opset_below_6_is_refused() -> None:
+    with pytest.raises(OnnxUnsupportedError, match="opset 5"):
+        rlx.onnx.load(mlp(opset=5), check=False)
 
 
 def test_rlx_onnx_without_the_onnx_package_names_the_extra() -> None:

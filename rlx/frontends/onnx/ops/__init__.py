@@ -86,6 +86,7 @@ _MODULES = (
     "grid_sample",
     "linear_attention",
     "scatter_misc",
+    "legacy",
 )
 for _m in _MODULES:
     importlib.import_module(f"rlx.frontends.onnx.ops.{_m}")

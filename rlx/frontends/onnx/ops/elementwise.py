@@ -34,6 +34,13 @@ _COMPARE = {
 }  # fmt: skip
 
 
+def _b(ctx: NodeCtx) -> int:
+    """Input 1, aligned at ``axis`` under opset < 7's ``broadcast=1`` (see legacy.py)."""
+    from rlx.frontends.onnx.ops.legacy import operand_b
+
+    return operand_b(ctx)
+
+
 @converter(*_UNARY, since=1)
 def unary(ctx: NodeCtx) -> int:
     x = ctx.x(0)
@@ -47,17 +54,17 @@ def unary(ctx: NodeCtx) -> int:
 
 @converter(*_BINARY, since=1)
 def binary(ctx: NodeCtx) -> int:
-    return bin_(ctx.g, _BINARY[ctx.node.op_type], ctx.x(0), ctx.x(1))
+    return bin_(ctx.g, _BINARY[ctx.node.op_type], ctx.x(0), _b(ctx))
 
 
 @converter(*_COMPARE, since=1)
 def compare(ctx: NodeCtx) -> int:
-    return cmp(ctx.g, _COMPARE[ctx.node.op_type], ctx.x(0), ctx.x(1))
+    return cmp(ctx.g, _COMPARE[ctx.node.op_type], ctx.x(0), _b(ctx))
 
 
 @converter("Xor", since=1)
 def xor(ctx: NodeCtx) -> int:
-    return cmp(ctx.g, C.NE, ctx.x(0), ctx.x(1))
+    return cmp(ctx.g, C.NE, ctx.x(0), _b(ctx))
 
 
 @converter("Max", "Min", "Sum", "Mean", since=1)
@@ -74,7 +81,7 @@ def variadic(ctx: NodeCtx) -> int:
 
 @converter("Pow", since=1)
 def pow_(ctx: NodeCtx) -> int:
-    a, b = ctx.x(0), ctx.x(1)
+    a, b = ctx.x(0), _b(ctx)
     return bin_(ctx.g, B.POW, a, cast(ctx.g, b, dtype_of(ctx.g, a)))
 
 
