@@ -43,7 +43,7 @@ class ViewNode:
     op: str
     title: str  # '%19 matmul (model.py:42)' or the input's name
     short: str  # the title without the source line
-    name: str  # what a search matches: input name, label, op
+    name: str  # what a search matches: title, op, block, the params it reads
     shape: str
     dtype: str
     block: str
@@ -182,6 +182,10 @@ def _leaf_text(node: Node) -> str:
     return f"{node.label}, once per param change: {node.shape}"
 
 
+def _param_name(node: Node) -> str:
+    return node.op.name if isinstance(node.op, Param) else ""
+
+
 def short_title(node: Node) -> str:
     """The node's name without its source line: ``'%19 matmul'``, ``'cast for %3 input'``."""
     if isinstance(node.op, Input):
@@ -231,6 +235,7 @@ def build_view(
         dt = n.dtype.value
         title = n.op.name if isinstance(n.op, Input) else n.label
         reads = []
+        ins = [graph.nodes[i] for i in n.inputs]
         for i in dict.fromkeys(n.inputs):
             src = graph.nodes[i]
             if _is_leaf(src) or i in folded:
@@ -247,7 +252,7 @@ def build_view(
             op=name,
             title=title,
             short=short_title(n),
-            name=f"{title} {name}",
+            name=" ".join(filter(None, [title, name, b, *map(_param_name, ins)])),
             shape=str(n.shape),
             dtype=dt,
             block=b,

@@ -42,7 +42,7 @@ def test_graph_page(decoder_graph: rlx.Graph, tmp_path: Path) -> None:
     for n in drawn:
         assert f'id="n-{n.id}"' in html
     for name in g.input_names:
-        assert f'data-name="{name} input"' in html
+        assert f'data-name="{name} input inputs"' in html
     names = [b["name"] for b in data["blocks"]]
     assert names[:3] == ["inputs", "layer0", "layer1"]
     assert not any(b["expanded"] for b in data["blocks"])  # 4 layers: collapsed
@@ -111,4 +111,4 @@ def test_empty_and_input_only_graphs() -> None:
     g = rlx.Graph("id")
     g.set_outputs([g.input("x", (2,))])
     html = g.to_html()
-    assert 'data-name="x input"' in html and html.count('class="buf"') == 1
+    assert 'data-name="x input inputs"' in html and html.count('class="buf"') == 1

@@ -50,6 +50,7 @@ def test_decoder_nodes_sit_in_their_layer(decoder_graph: rlx.Graph) -> None:
             prefixes = {re.match(r"(layer\d+|final_norm)", p).group(1) for p in names}
             assert prefixes == {vn.block}
             assert all(f"param {p}" in " ".join(vn.reads) for p in names)
+            assert all(p in vn.name for p in names)  # a search for the weight finds it
         if isinstance(g.nodes[nid].op, Input):
             assert vn.block == INPUTS and vn.title == g.nodes[nid].op.name
     # every layer holds the same number of nodes (the decoder repeats one layer)
