@@ -8,6 +8,7 @@ memory plan timeline and the reports.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from html import escape
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from rlx.ir.lir import format_bytes
 from rlx.viz.assets import CSS, JS
 from rlx.viz.memory import timeline_svg
 from rlx.viz.model import View
-from rlx.viz.svg import COLLAPSED_H, COLLAPSED_W, render_graph
+from rlx.viz.svg import COLLAPSED_H, COLLAPSED_W, GraphSvg, render_graph
 
 __all__ = ["render_page", "write_page"]
 
@@ -64,8 +65,9 @@ def _legend_precision(view: View) -> str:
     return '<ul class="legend" id="legend-precision">' + "".join(items) + "</ul>"
 
 
-def _data(view: View, gs: object) -> str:
-    bindex = {b.name: b.index for b in gs.blocks}  # type: ignore[attr-defined]
+def _data(view: View, gs: GraphSvg) -> str:
+    """The JSON the page script reads (blocks, block edges, node facts)."""
+    bindex = {b.name: b.index for b in gs.blocks}
     nodes = {
         str(n.id): {
             "t": n.title,
@@ -95,9 +97,9 @@ def _data(view: View, gs: object) -> str:
                 "eh": b.eh,
                 "expanded": b.expanded,
             }
-            for b in gs.blocks  # type: ignore[attr-defined]
+            for b in gs.blocks
         ],
-        "block_edges": [list(e) for e in gs.block_edges],  # type: ignore[attr-defined]
+        "block_edges": [list(e) for e in gs.block_edges],
         "collapsed": [COLLAPSED_W, COLLAPSED_H],
         "nodes": nodes,
     }
@@ -110,8 +112,8 @@ def render_page(
     *,
     engine: str = "auto",
     expand: bool | None = None,
-    reports: list[tuple[str, str]] = (),  # type: ignore[assignment]
-    meta: list[str] = (),  # type: ignore[assignment]
+    reports: Sequence[tuple[str, str]] = (),
+    meta: Sequence[str] = (),
 ) -> str:
     """The page (see the module docstring). ``reports``: (title, text) sections shown
     folded; ``meta``: extra facts for the header line."""

@@ -216,8 +216,9 @@ def build_view(
             if loc is None:
                 continue
             ids = [m.node for m in loc.fused] or [loc.node]
-            found = [src_blocks[i] for i in ids if i is not None and i in src_blocks]
-            if found and found[0] != INPUTS:
+            found = [src_blocks.get(i) for i in ids if i is not None]
+            found = [f for f in found if f is not None and f != INPUTS]
+            if found:
                 hint[n.id] = found[-1]
     order = graph.topo_order()
     blocks = _split_large(_assign_blocks(graph, hint), order, limit)
