@@ -23,5 +23,6 @@ except ImportError as _e:  # pragma: no cover - exercised in an environment with
 from rlx.errors import GgufError
 from rlx.frontends.gguf.reader import GgufFile, load
 from rlx.frontends.gguf.tensor import GgufTensor
+from rlx.frontends.gguf.tokenizer import GgufTokenizer, StreamDecoder
 
-__all__ = ["load", "GgufFile", "GgufTensor", "GgufError"]
+__all__ = ["load", "GgufFile", "GgufTensor", "GgufError", "GgufTokenizer", "StreamDecoder"]
