@@ -43,9 +43,10 @@ def transpose(ctx: NodeCtx) -> int:
     r = ctx.shape(x).rank
     if r < 2:
         return x
-    a, b = (0, 1) if ctx.op.startswith("aten.t.") else (ctx.arg(1), ctx.arg(2))
+    if ctx.op.split(".")[1] in ("t", "numpy_T"):  # every axis reversed
+        return ctx.g.apply(Transpose(tuple(reversed(range(r)))), [x])
     perm = list(range(r))
-    a, b = _ax(ctx, x, a), _ax(ctx, x, b)
+    a, b = _ax(ctx, x, ctx.arg(1)), _ax(ctx, x, ctx.arg(2))
     perm[a], perm[b] = perm[b], perm[a]
     return ctx.g.apply(Transpose(tuple(perm)), [x])
 
