@@ -92,6 +92,7 @@ class CompiledGraph:
         self._executors: OrderedDict[BindingKey, Executor] = OrderedDict()
         self._last: Executor | None = None
         self._profile: tuple[Executor, list[float]] | None = None  # last profiled run
+        self._trusted_blas: tuple[Executor | None, int] = (None, 1)  # run_trusted's record
         self._input_nodes = _named(program.graph, Input)
         self._param_nodes = _named(program.graph, Param)
         self._source_inputs = _named(program.source, Input)
@@ -323,7 +324,10 @@ class CompiledGraph:
             live = self._live_inputs
             live.clear()
             live.update(arrays)
-            threads.ensure_blas_threads(threads.blas_threads_for(self.num_threads, ex))
+            blas = self._trusted_blas  # the BLAS thread count, worked out once per executor
+            if blas[0] is not ex:
+                blas = self._trusted_blas = (ex, threads.blas_threads_for(self.num_threads, ex))
+            threads.ensure_blas_threads(blas[1])
             with np.errstate(all="ignore"):
                 return ex.run(arrays)
 

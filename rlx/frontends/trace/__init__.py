@@ -16,7 +16,7 @@ Every function maps to ops of the IR's registry; there is no second op vocabular
 """
 
 from rlx.frontends.trace.control import cond, scan, while_loop
-from rlx.frontends.trace.jit import Jitted, Lowered, jit
+from rlx.frontends.trace.jit import Jitted, Lowered, freeze, jit
 from rlx.frontends.trace.values import Traced
 
-__all__ = ["jit", "Jitted", "Lowered", "Traced", "cond", "while_loop", "scan"]
+__all__ = ["jit", "Jitted", "Lowered", "Traced", "cond", "while_loop", "scan", "freeze"]

@@ -7,6 +7,13 @@ In: a function of pytrees of arrays (NumPy arrays, NumPy or Python scalars), opt
 ``num_threads`` / ``options`` (``CompileOptions``). Out: a callable returning the
 function's output pytree of NumPy arrays.
 
+Writable arrays are graph Inputs, copied into the compiled graph's arena on every call.
+Read-only arrays (``rlx.freeze(params)``, or ``a.flags.writeable = False``) are weights:
+graph Params, set when a new array object arrives and otherwise left in place (no copy;
+the CPU backend packs a weight once per set), as ``jax.device_put`` arrays are for
+``jax.jit``. Read-only is a promise not to change the values (a read-only view of
+writable memory is set again on every call, since it could change).
+
 The signature of a call is the tree structure, each leaf's dims (a symbol name for a
 dynamic axis) and dtype, and the static arguments. A new signature traces the function
 (:mod:`rlx.frontends.trace.tracer`) into a MIR graph whose Inputs are named after the
@@ -26,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx.backends.cpu.memory import safe_to_share
 from rlx.dtype import DType
 from rlx.errors import TraceError
 from rlx.frontends.trace import pytree
@@ -36,7 +44,7 @@ from rlx.ir.mir import Graph
 from rlx.runtime.options import CompileOptions
 from rlx.shape import Shape, Sym
 
-__all__ = ["jit", "Jitted", "Lowered"]
+__all__ = ["jit", "Jitted", "Lowered", "freeze"]
 
 _SCALAR = {bool: DType.BOOL, int: DType.I32, float: DType.F32, complex: DType.C64}
 
@@ -71,7 +79,9 @@ class Lowered:
 class _Entry:
     """One compiled signature: the compiled graph, its input names, the output tree, and
     ``call(leaves)``, the steady-state path (the cache key already checked every leaf's
-    dtype and static dims, so the compiled graph runs without its own input checks)."""
+    dtype and static dims, so the compiled graph runs without its own input checks).
+    Frozen leaves are params: set again only when another array object comes (or always,
+    for a read-only view of writable memory, which could change behind our back)."""
 
     __slots__ = ("lowered", "compiled", "names", "call")
 
@@ -81,22 +91,38 @@ class _Entry:
         names: list[str],
         dyn: list[tuple[int, int, str]],
         scalars: list[int],
+        frozen: list[int],
     ):
         self.lowered = lowered
         self.names = names
         self.compiled = cg = lowered.compile()
         out_tree = lowered.out_tree
         run = cg.run_trusted
+        set_param = cg.set_param
         inputs = {n.op.name: n for n in lowered.graph.input_nodes()}  # type: ignore[attr-defined]
         dtypes = {k: inputs[names[k]].shape.dtype.np for k in scalars}
+        fset = set(frozen)
+        feed_ix = [(names[k], k) for k in range(len(names)) if k not in fset]
+        params = [(names[k], k) for k in frozen]
+        bound: list[Any] = [None] * len(params)  # the array each param holds now
+        shared = [False] * len(params)  # ... and whether it cannot change
         single = out_tree == pytree.LEAF
         bounds = lowered.graph.sym_bounds
         empty: dict[str, int] = {}
 
+        def bind(leaves: list[Any]) -> None:
+            for j, (name, k) in enumerate(params):
+                a = leaves[k]
+                if a is not bound[j] or not shared[j]:
+                    set_param(name, a)
+                    bound[j], shared[j] = a, safe_to_share(a)
+
         if not dyn and not scalars:
 
             def call(leaves: list[Any]) -> Any:
-                outs = run(dict(zip(names, leaves)), empty)
+                if params:
+                    bind(leaves)
+                outs = run({n: leaves[k] for n, k in feed_ix}, empty)
                 return outs[0] if single else pytree.unflatten(out_tree, outs)
 
         else:
@@ -104,10 +130,74 @@ class _Entry:
             def call(leaves: list[Any]) -> Any:
                 for k in scalars:
                     leaves[k] = _scalar(leaves[k], dtypes[k], names[k])
-                outs = run(dict(zip(names, leaves)), _bind(leaves, dyn, names, bounds))
+                if params:
+                    bind(leaves)
+                bindings = _bind(leaves, dyn, names, bounds)
+                outs = run({n: leaves[k] for n, k in feed_ix}, bindings)
                 return outs[0] if single else pytree.unflatten(out_tree, outs)
 
         self.call = call
+
+
+def _leaf_key(leaf: Any, dyn_axes: Mapping[int, str] | None) -> tuple[Any, ...]:
+    """A leaf's part of the cache key: dims (a symbol name on a dynamic axis), dtype and
+    whether it is frozen for an array; the type for a Python scalar."""
+    if isinstance(leaf, np.ndarray):
+        dims: tuple[Any, ...] = leaf.shape
+        if dyn_axes:
+            dims = tuple(dyn_axes.get(a, d) for a, d in enumerate(dims))
+        return (dims, leaf.dtype, leaf.flags.writeable)
+    t = type(leaf)
+    if t in _SCALAR:
+        return ("weak", t)
+    if isinstance(leaf, np.generic):
+        return ((), leaf.dtype)
+    if isinstance(leaf, Traced):
+        raise _err("a traced value reached a jitted function outside of any trace")
+    return ("?", t)
+
+
+def _flat_keyed(tree: Any, leaves: list[Any], keys: list[Any]) -> Any:
+    """``pytree.flatten`` that also appends each leaf's part of the cache key to ``keys``
+    (NumPy arrays first: the common case of the steady-state call)."""
+    t = type(tree)
+    if t is np.ndarray:
+        leaves.append(tree)
+        keys.append((tree.shape, tree.dtype, tree.flags.writeable))
+        return pytree.LEAF
+    if t is tuple or t is list:
+        sub = []
+        for x in tree:
+            sub.append(_flat_keyed(x, leaves, keys))
+        return ("tuple" if t is tuple else "list", tuple(sub))
+    if t is dict or tree is None or isinstance(tree, tuple):
+        n = len(leaves)
+        d = pytree.flatten(tree, leaves)[1]
+        for x in leaves[n:]:
+            keys.append(_leaf_key(x, None))
+        return d
+    leaves.append(tree)
+    keys.append(_leaf_key(tree, None))
+    return pytree.LEAF
+
+
+def _frozen(leaf: Any) -> bool:
+    """A read-only NumPy array argument: bound as a param (weights)."""
+    return isinstance(leaf, np.ndarray) and not leaf.flags.writeable
+
+
+def freeze(tree: Any) -> Any:
+    """``tree`` with every NumPy array leaf replaced by a read-only copy (other leaves as
+    they are): pass weights to a jitted function this way and they are bound as params,
+    set once per array object instead of copied in on every call (see :func:`jit`)."""
+    leaves, treedef = pytree.flatten(tree)
+    out = []
+    for x in leaves:
+        if isinstance(x, np.ndarray):
+            x = np.array(x, order="C", copy=True)
+            x.flags.writeable = False
+        out.append(x)
+    return pytree.unflatten(treedef, out)
 
 
 def _scalar(v: Any, dtype: np.dtype, name: str) -> np.ndarray:
@@ -179,6 +269,7 @@ class Jitted:
             opts = opts.replace(num_threads=num_threads)
         self.options = opts
         self._cache: dict[Hashable, _Entry] = {}
+        self._plain = not self.static_argnums and not self.dynamic
         self.trace_count = 0
 
     def _check_dynamic(self, dynamic: Mapping[str, Mapping[int, str]]) -> None:
@@ -227,21 +318,6 @@ class Jitted:
         ba.apply_defaults()
         return tuple(ba.args)
 
-    def _leaf_key(self, leaf: Any, dyn_axes: Mapping[int, str] | None) -> tuple[Any, ...]:
-        if isinstance(leaf, np.ndarray):
-            dims: tuple[Any, ...] = leaf.shape
-            if dyn_axes:
-                dims = tuple(dyn_axes.get(a, d) for a, d in enumerate(dims))
-            return (dims, leaf.dtype)
-        t = type(leaf)
-        if t in _SCALAR:
-            return ("weak", t)
-        if isinstance(leaf, np.generic):
-            return ((), leaf.dtype)
-        if isinstance(leaf, Traced):
-            raise _err("a traced value reached a jitted function outside of any trace")
-        return ("?", t)
-
     def _signature(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         dyn, static, names = self._split(args, kwargs)
         leaves: list[Any] = []
@@ -255,7 +331,7 @@ class Jitted:
         key = (
             tuple(trees),
             static,
-            tuple(self._leaf_key(x, dmaps[o]) for x, o in zip(leaves, owners)),
+            tuple(_leaf_key(x, dmaps[o]) for x, o in zip(leaves, owners)),
         )
         return key, leaves, dyn, static, names, trees, owners
 
@@ -264,16 +340,11 @@ class Jitted:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if current() is not None:  # inside another trace: inline
             return self.fun(*args, **kwargs)
-        if not kwargs and not self.static_argnums and not self.dynamic:
+        plain = not kwargs and self._plain
+        if plain:  # the steady-state path: one pass for the leaves and the key
             leaves: list[Any] = []
-            _, tree = pytree.flatten(args, leaves)
-            key = (
-                tree,
-                tuple(
-                    (x.shape, x.dtype) if type(x) is np.ndarray else self._leaf_key(x, None)
-                    for x in leaves
-                ),
-            )
+            keys: list[Any] = []
+            key = (_flat_keyed(args, leaves, keys), tuple(keys))
             entry = self._cache.get(key)
             if entry is not None:
                 return entry.call(leaves)
@@ -281,7 +352,7 @@ class Jitted:
         entry = self._cache.get(sig[0])
         if entry is None:
             entry = self._compile(sig)
-            if not kwargs and not self.static_argnums and not self.dynamic:
+            if plain:
                 self._cache[key] = entry
         return entry.call(sig[1])
 
@@ -289,7 +360,8 @@ class Jitted:
         key, leaves, dyn, static, names, trees, owners = sig
         lowered, input_names, dyn_list = self._trace(leaves, dyn, static, names, trees, owners)
         scalars = [k for k, x in enumerate(leaves) if type(x) in _SCALAR]
-        entry = _Entry(lowered, input_names, dyn_list, scalars)
+        frozen = [k for k, x in enumerate(leaves) if _frozen(x)]
+        entry = _Entry(lowered, input_names, dyn_list, scalars, frozen)
         self._cache[key] = entry
         return entry
 
@@ -347,6 +419,8 @@ class Jitted:
                 t.g.sym(sname)
             dims[a % arr.ndim] = Sym.named(sname)
             dyn_list.append((k, a % arr.ndim, sname))
+        if _frozen(leaf):
+            return t.wrap(t.g.param(path, Shape(tuple(dims), dtype)))
         return t.input(path, Shape(tuple(dims), dtype))
 
     def cache_size(self) -> int:

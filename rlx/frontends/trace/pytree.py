@@ -24,17 +24,21 @@ def flatten(tree: Any, leaves: list[Any] | None = None) -> tuple[list[Any], Any]
 
 def _flat(tree: Any, out: list[Any]) -> Any:
     t = type(tree)
-    if t is tuple:
-        return ("tuple", tuple(_flat(x, out) for x in tree))
-    if t is list:
-        return ("list", tuple(_flat(x, out) for x in tree))
+    if t is tuple or t is list:
+        sub = []
+        for x in tree:
+            sub.append(_flat(x, out))
+        return ("tuple" if t is tuple else "list", tuple(sub))
     if t is dict:
         keys = sorted(tree)
-        return ("dict", tuple(keys), tuple(_flat(tree[k], out) for k in keys))
+        sub = []
+        for k in keys:
+            sub.append(_flat(tree[k], out))
+        return ("dict", tuple(keys), tuple(sub))
     if tree is None:
         return _NONE
     if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # namedtuple
-        return ("named", t, tuple(_flat(x, out) for x in tree))
+        return ("named", t, tuple([_flat(x, out) for x in tree]))
     out.append(tree)
     return LEAF
 
