@@ -18,6 +18,10 @@ RLX_SGEMM=auto|native|blas
                          f32 matmuls: auto (the default) times rlx's packed sgemm against
                          BLAS once per shape class and records the winner; native / blas
                          force one (benchmarks, tests)
+RLX_DQ_ACT=auto|q8|f32   activations of weight-only GGUF matmuls (Q8_0, Q5_0, Q4_K, Q6_K):
+                         auto (the default) quantizes them to int8 per 32 inputs for
+                         integer dot products at batch < 4 (decode) and keeps f32 above;
+                         q8 / f32 force one (error bound: docs/weight_only.md)
 
 A value that does not parse raises :class:`rlx.errors.ConfigError` naming the variable,
 the value given and what is accepted.
@@ -39,6 +43,7 @@ __all__ = [
     "isa",
     "cache_max_bytes",
     "sgemm",
+    "dq_act",
     "physical_cores",
     "available_cpus",
     "clamp_threads",
@@ -138,6 +143,20 @@ def sgemm() -> str:
     v = raw.strip().lower()
     if v not in SGEMM_CHOICES:
         raise ConfigError(f"RLX_SGEMM={raw!r} is not one of {', '.join(SGEMM_CHOICES)}")
+    return v
+
+
+DQ_ACT_CHOICES = ("auto", "q8", "f32")
+
+
+def dq_act() -> str:
+    """RLX_DQ_ACT: 'auto' (default), 'q8' or 'f32'."""
+    raw = os.environ.get("RLX_DQ_ACT")
+    if raw is None or raw.strip() == "":
+        return "auto"
+    v = raw.strip().lower()
+    if v not in DQ_ACT_CHOICES:
+        raise ConfigError(f"RLX_DQ_ACT={raw!r} is not one of {', '.join(DQ_ACT_CHOICES)}")
     return v
 
 

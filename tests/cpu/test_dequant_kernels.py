@@ -14,7 +14,7 @@ import pytest
 import rlx
 from rlx.backends.cpu import native
 from rlx.backends.cpu.native import cpu
-from rlx.backends.cpu.native.dqgemm import dqgemm_lib
+from rlx.backends.cpu.native.dqgemm import dqgemm_lib, uses_q8
 from rlx.errors import QuantizationError, ShapeError
 from rlx.quant import schemes as S
 from rlx.runtime.options import CompileOptions
@@ -84,6 +84,27 @@ def check_close(got: np.ndarray, x: np.ndarray, w: np.ndarray) -> None:
     assert (err <= bound + 1e-30).all(), (
         f"max error {err.max():.3g}, bound there {bound.flat[err.argmax()]:.3g}"
     )
+
+
+def q8_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The int8-activation path's error bound (docs/weight_only.md), from x and the decoded
+    w only: each x rounded to a step dx = max|x over its 32-block| / 127 errs by at most
+    dx / 2 (times 1 + 2^-20 for the f32 rounding of x / dx), plus f32 rounding of the
+    scaled block sums, bounded with the block's largest |w| times 8 (a K-quant's scale and
+    offset terms can each exceed |w| by its range)."""
+    m, k = x.shape
+    x64, w64 = np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64))
+    dx = np.repeat(x64.reshape(m, k // 32, 32).max(-1) / 127, 32, axis=1)
+    wmax = np.repeat(w64.reshape(w.shape[0], k // 32, 32).max(-1), 32, axis=1)
+    return 0.5 * (1 + 2.0**-20) * dx @ w64.T + 8 * k * 2.0**-24 * (x64 + dx) @ wmax.T
+
+
+def check_q8(got: np.ndarray, x: np.ndarray, w: np.ndarray) -> None:
+    """|got - x @ w.T (f64)| <= q8_bound elementwise."""
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    err = np.abs(got.astype(np.float64) - want)
+    bound = q8_bound(x, w)
+    assert (err <= bound).all(), f"max error / bound {(err / bound).max():.3g}"
 
 
 @pytest.mark.parametrize("target", cpu.runnable_targets(), ids=lambda t: t.value)
@@ -169,12 +190,16 @@ def test_compiled_graph_native_and_fallback(scheme, native_on):
         assert any(("native " + str(scheme)) in t if native_on else "BLAS" in t for t in kern.notes)
         x = rng.standard_normal((*lead, k)).astype(np.float32)
         (y,) = c.run({"x": x})
-        check_close(y.reshape(-1, n), x.reshape(-1, k), w)
+        # batch 1 of a GGUF Q8_0 / Q5_0 / Q4_K / Q6_K weight runs the int8-activation GEMV
+        q8 = native_on and uses_q8(scheme, int(np.prod(lead)), "auto")
+        assert q8 == any("int8-activation" in t for t in kern.notes)
+        check = check_q8 if q8 else check_close
+        check(y.reshape(-1, n), x.reshape(-1, k), w)
         ws2, w2 = make_weight(scheme, n, k, rng)  # a new param is read at the next run
         for nm, a in zip(names, ws2):
             c.set_param(nm, a)
         (y2,) = c.run({"x": x})
-        check_close(y2.reshape(-1, n), x.reshape(-1, k), w2)
+        check(y2.reshape(-1, n), x.reshape(-1, k), w2)
 
 
 def test_non_f32_and_strided_x():

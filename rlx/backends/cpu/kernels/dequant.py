@@ -9,7 +9,9 @@ param weight needs no cache and a new ``set_param`` is seen at once. Batch < 4 r
 as a GEMV streaming the weight once (fused decode-dot row kernels for Q8_0, Q5_0, Q4_K,
 Q6_K, Int8Block and Int4Block on AVX2 / AVX-512; a block-decode-then-FMA path for the
 rest); larger batches decode panels of the weight into L1-sized f32 tiles for an FMA
-micro-kernel. Threads: ``KernelCtx.num_threads``. Non-f32 or strided ``x`` is copied
+micro-kernel. For Q8_0, Q5_0, Q4_K and Q6_K at batch < 4 (``RLX_DQ_ACT=auto``, the
+default) the activations are quantized to int8 per 32 inputs and the products are
+integer dot products (``csrc/dqgemm_q8.c``, VNNI / AVX2 / C), as llama.cpp decodes. Threads: ``KernelCtx.num_threads``. Non-f32 or strided ``x`` is copied
 into an f32 scratch first.
 
 Without gcc, when the build fails, or with ``CompileOptions(native=False)``, the weight
@@ -21,8 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlx import config
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
 from rlx.backends.cpu.kernels.quant import WeightCache
+from rlx.backends.cpu.native import dqgemm
 from rlx.errors import CompileError, QuantizationError
 from rlx.ir.mir import Node
 from rlx.ops.core import Constant, Param
@@ -38,8 +42,6 @@ def _input_name(ctx: KernelCtx, node: Node, i: int) -> str:
 
 def _native_lib(ctx: KernelCtx, node: Node, op: DequantMatMul):  # noqa: ANN202
     """The native library when it can run this node, else None (with a note saying why)."""
-    from rlx.backends.cpu.native import dqgemm
-
     if not ctx.native:
         ctx.notes.append(
             f"dequant_matmul %{node.id}: native kernels off (CompileOptions.native=False), "
@@ -77,10 +79,13 @@ def dequant_matmul_kernel(
     if lib is not None:
         names = tuple(_input_name(ctx, node, i) for i in range(1, len(node.inputs)))
         threads = ctx.num_threads
+        act = config.dq_act()
         path = "GEMV" if m < 4 else "tiled GEMM"
+        if dqgemm.uses_q8(op.scheme, m, act):
+            path = "int8-activation GEMV" if m < 4 else "int8-activation GEMM"
         try:
             xa = (x if x_f32 is None else x_f32).reshape(m, k)
-            call = lib.bind(op.scheme, xa, weights, y, num_threads=threads, names=names)
+            call = lib.bind(op.scheme, xa, weights, y, num_threads=threads, names=names, act=act)
         except QuantizationError as e:
             raise QuantizationError(f"dequant_matmul %{node.id}: {e.bare_message}") from None
         ctx.notes.append(

@@ -27,7 +27,17 @@ from rlx.errors import CompileError, InputError, QuantizationError
 from rlx.quant import schemes as S
 from rlx.quant.gguf import check_packed
 
-__all__ = ["DqGemmLib", "DqLayout", "dqgemm_lib", "layout", "check_weights", "SUPPORTED"]
+__all__ = [
+    "DqGemmLib",
+    "DqLayout",
+    "dqgemm_lib",
+    "layout",
+    "check_weights",
+    "SUPPORTED",
+    "Q8_SCHEMES",
+    "ACTS",
+    "uses_q8",
+]
 
 _P = ctypes.c_void_p
 _L = ctypes.c_long
@@ -45,6 +55,23 @@ _GGUF_CODES: dict[type, int] = {
     S.GgufQ6K: 24,
     S.GgufQ8K: 25,
 }
+#: the schemes with an integer path (activations quantized to q8, ``act="q8"``)
+Q8_SCHEMES: tuple[type, ...] = (S.GgufQ8_0, S.GgufQ5_0, S.GgufQ4K, S.GgufQ6K)
+#: activation modes: ``f32`` exact f32 products; ``q8`` int8 activations (Q8_SCHEMES only);
+#: ``auto`` q8 below :data:`Q8_MAX_M` rows (decode), f32 above (the f32 tiled GEMM is the
+#: faster prefill here)
+ACTS = ("auto", "q8", "f32")
+Q8_MAX_M = 4
+
+
+def uses_q8(scheme: S.QuantScheme, m: int, act: str) -> bool:
+    """Whether a product of ``m`` activation rows with a ``scheme`` weight runs the integer
+    (q8 activation) path under activation mode ``act``."""
+    if type(scheme) not in Q8_SCHEMES:
+        return False
+    return act == "q8" or (act == "auto" and m < Q8_MAX_M)
+
+
 #: every scheme class the native kernel reads
 SUPPORTED: tuple[type, ...] = (
     S.Int8Block,
@@ -141,6 +168,9 @@ class DqGemmLib:
         lib.rlx_dq_stream_read.restype = ctypes.c_double
         lib.rlx_dq_stream_read.argtypes = [_P, _L, ctypes.c_int]
         lib.rlx_dq_lanes.restype = ctypes.c_int
+        lib.rlx_dq_gemm_q8.restype = ctypes.c_int
+        lib.rlx_dq_gemm_q8.argtypes = [ctypes.c_int, _L, _L, _L, _L, _L, _P, _L, _P, _L, _P, _L]
+        lib.rlx_dq_gemm_q8.argtypes += [ctypes.c_int]
         self.openmp = bool(lib.rlx_dq_openmp())
         self.lanes = int(lib.rlx_dq_lanes())
         self._luts: dict[type, np.ndarray] = {}
@@ -154,21 +184,29 @@ class DqGemmLib:
             lut = self._luts.setdefault(type(scheme), _fp8_lut(scheme))
         return w, sc, zp, lut
 
-    def _args(
+    def _call(
         self,
         scheme: S.QuantScheme,
         x: np.ndarray,
         ws: tuple[np.ndarray, ...],
         out: np.ndarray,
         num_threads: int,
-    ) -> tuple:
-        """The argument tuple of ``rlx_dq_gemm`` for checked ``x`` [M, K], ``ws`` and
-        ``out`` [M, N]."""
+        act: str,
+    ) -> tuple[Callable[..., int], tuple]:
+        """The C function (``rlx_dq_gemm``, or ``rlx_dq_gemm_q8`` when :func:`uses_q8`)
+        and its argument tuple for checked ``x`` [M, K], ``ws`` and ``out`` [M, N]."""
         m, k = x.shape
         n = out.shape[1]
         lay = layout(scheme, k)
         w, sc, zp, lut = self._aux(scheme, ws)
-        return (
+        if act not in ACTS:
+            raise InputError(f"dqgemm: act must be one of {', '.join(ACTS)}, given {act!r}")
+        if uses_q8(scheme, m, act):
+            return self.lib.rlx_dq_gemm_q8, (
+                lay.code, lay.qk, lay.bb, m, n, k, _ptr(x), k, _ptr(w), lay.row_bytes,
+                _ptr(out), n, int(num_threads),
+            )  # fmt: skip
+        return self.lib.rlx_dq_gemm, (
             lay.code, lay.qk, lay.bb, m, n, k, _ptr(x), k, _ptr(w), lay.row_bytes,
             _ptr(sc), _ptr(zp), _ptr(lut), _ptr(out), n, int(num_threads),
         )  # fmt: skip
@@ -183,9 +221,12 @@ class DqGemmLib:
         num_threads: int = 1,
         check: bool = True,
         names: tuple[str, ...] = ("w_q", "scale", "zp"),
+        act: str = "f32",
     ) -> None:
         """``out = x @ dequant(ws).T`` for C-contiguous f32 ``x`` [M, K] and ``out``
-        [M, N]; ``ws`` as :func:`check_weights` (checked unless ``check=False``)."""
+        [M, N]; ``ws`` as :func:`check_weights` (checked unless ``check=False``).
+        ``act``: where :func:`uses_q8` says so, ``x`` is quantized to int8 per 32 inputs
+        and the products are integer (``csrc/dqgemm_q8.c``, error bound there)."""
         m, k = x.shape
         n = out.shape[1]
         if x.dtype != np.float32 or not x.flags.c_contiguous:
@@ -196,7 +237,8 @@ class DqGemmLib:
             )
         if check:
             check_weights(scheme, ws, n, k, names)
-        rc = self.lib.rlx_dq_gemm(*self._args(scheme, x, ws, out, num_threads))
+        fn, args = self._call(scheme, x, ws, out, num_threads, act)
+        rc = fn(*args)
         if rc == 1:
             raise MemoryError("dqgemm: could not allocate a decode buffer")
         if rc != 0:
@@ -211,12 +253,12 @@ class DqGemmLib:
         *,
         num_threads: int = 1,
         names: tuple[str, ...] = ("w_q", "scale", "zp"),
+        act: str = "f32",
     ) -> Callable[[], None]:
         """:meth:`gemm` with every argument checked and converted once: returns a
         zero-argument call (for a kernel whose arrays never move, e.g. arena views)."""
         self.gemm(scheme, x[:0], ws, out[:0], check=True, names=names)  # checks only
-        args = self._args(scheme, x, ws, out, num_threads)
-        fn = self.lib.rlx_dq_gemm
+        fn, args = self._call(scheme, x, ws, out, num_threads, act)
         keep = (x, ws, out, self)  # the arrays (and self's FP8 tables) must outlive the call
 
         def call() -> None:
@@ -248,7 +290,7 @@ class DqGemmLib:
 
 
 #: the C source, concatenated in this order (see the overview atop ``csrc/dqgemm.c``)
-SOURCES = ("dqgemm_decode.c", "dqgemm_rows.c", "dqgemm.c")
+SOURCES = ("dqgemm_decode.c", "dqgemm_rows.c", "dqgemm.c", "dqgemm_q8.c")
 
 
 def dqgemm_source() -> str:

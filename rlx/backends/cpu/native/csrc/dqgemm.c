@@ -1,4 +1,4 @@
-/* dqgemm part 3 of 3. Weight-only quantized matmul for rlx:
+/* dqgemm part 3 of 4. Weight-only quantized matmul for rlx:
  * Y[M,N] = X[M,K] @ dequant(W)[N,K]^T, reading the packed weight directly (no f32 copy of
  * the whole weight).
  *
@@ -26,9 +26,15 @@
  * chosen by the build target's -march flags (never -march=native). Threads: OpenMP over
  * output rows (decode) or NB-row panels (prefill), num_threads from the caller.
  *
- * Source: three files that native/dqgemm.py concatenates in this order: dqgemm_decode.c
+ * The integer path (rlx_dq_gemm_q8, dqgemm_q8.c): for Q8_0, Q5_0, Q4_K and Q6_K, X is
+ * quantized to int8 per 32 inputs once per call and each 32-input block's product is an
+ * integer dot product (VNNI vpdpbusd / AVX2 vpmaddubsw / C), scaled in f32, as llama.cpp
+ * decodes; the caller picks it (native/dqgemm.py: RLX_DQ_ACT, batch < 4 by default).
+ *
+ * Source: four files that native/dqgemm.py concatenates in this order: dqgemm_decode.c
  * (vector layer, f16, the packed weight and its exact block decoder), dqgemm_rows.c (the
- * fused decode-dot rows), dqgemm.c (GEMV, tiled GEMM, entry points).
+ * fused decode-dot rows), dqgemm.c (GEMV, tiled GEMM, entry points), dqgemm_q8.c (the
+ * integer path and its entry point).
  */
 
 

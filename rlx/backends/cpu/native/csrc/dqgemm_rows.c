@@ -1,4 +1,4 @@
-/* dqgemm part 2 of 3 (see dqgemm.c): fused decode-dot row kernels for AVX2 / AVX-512. */
+/* dqgemm part 2 of 4 (see dqgemm.c): fused decode-dot row kernels for AVX2 / AVX-512. */
 
 /* ---- fused decode-dot rows (AVX2 / AVX-512): the packed bytes go straight to vector
  * registers, widened to i32 lanes, converted and multiplied with X (no decode buffer).

@@ -1,0 +1,396 @@
+/* dqgemm part 4 of 4 (see dqgemm.c): the integer path, activations quantized to q8 (as
+ * llama.cpp's vec_dot kernels), for Q8_0, Q5_0, Q4_K and Q6_K weights.
+ *
+ * Activations: each X row is quantized once per call, per block of 32 inputs, to int8
+ * codes xq = round(x / dx) with dx = max|x| / 127 (round to nearest even), so
+ * |x - dx * xq| <= dx / 2 (plus f32 rounding of x / dx). Per 16 inputs the scaled sum
+ * dx * sum(xq) is kept for the weight's offset terms.
+ *
+ * Weights: each row is brought to one form, w = ws[g] * q[j] + wo[g] (g: the 32 or, for
+ * Q6_K, 16 inputs sharing a scale), with q
+ * unsigned 0..63 (Q5_0: 0..31 offset -16 d; Q4_K: 0..15 scale d * sc, offset -dmin * m;
+ * Q6_K: 0..63 scale d * sc, offset -32 d * sc), or, for Q8_0, the signed codes read in
+ * place (stride 34) with no offset. The product of a 32-input block is an exact integer
+ * dot product per 16 (vpdpbusd on AVX-512 VNNI; vpmaddubsw + vpmaddwd on AVX2; with
+ * Q8_0's signs moved onto X by vpsignb), scaled in f32 by ws * dx and summed; the offsets
+ * add dot(wo, dx * sum(xq)) over the K / 16 groups.
+ *
+ * Error against the f64 product of the decoded weight: sum_j |w_j| dx_j / 2 (the
+ * activation rounding) plus f32 rounding of the scale products and of the sum over
+ * blocks (about K / 32 * 2^-23 relative to sum_j |ws q_j| + |wo| times |x_j|).
+ */
+
+#include <math.h>
+
+#if VW >= 8
+#define Q8_HF(p) hf(p) /* F16C */
+#else
+#define Q8_HF(p) h2f(p)
+#endif
+
+static int q8_ok(int code) {
+    return code == S_Q8_0 || code == S_Q5_0 || code == S_Q4_K || code == S_Q6_K;
+}
+
+/* X row -> int8 codes q[K], scales d[K / 32], scaled sums s16[K / 16] and s32[K / 32]. A
+ * non-finite block gets a NaN scale (the outputs it touches are NaN). */
+static void quant_x(const float *x, long K, int8_t *q, float *d, float *s16, float *s32) {
+    for (long b = 0; b < K / 32; b++) {
+        const float *xb = x + 32 * b;
+        int s0 = 0, s1 = 0;
+        float db;
+#if VW >= 8
+        __m256 v[4], mx = _mm256_setzero_ps(), z = _mm256_setzero_ps();
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(xb + 8 * i);
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
+            z = _mm256_add_ps(z, _mm256_mul_ps(v[i], _mm256_setzero_ps())); /* NaN if any inf/nan */
+        }
+        int bad = _mm256_movemask_ps(_mm256_cmp_ps(z, z, _CMP_UNORD_Q)) != 0;
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        float amax = _mm_cvtss_f32(m4);
+        db = amax / 127.0f;
+        float id = db != 0.0f && !bad ? 1.0f / db : 0.0f;
+        __m256i iv[4];
+        for (int i = 0; i < 4; i++) iv[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
+        __m256i a = _mm256_add_epi32(iv[0], iv[1]), c = _mm256_add_epi32(iv[2], iv[3]);
+        __m128i a4 = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+        __m128i c4 = _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+        a4 = _mm_hadd_epi32(a4, c4);
+        a4 = _mm_hadd_epi32(a4, a4);
+        s0 = _mm_cvtsi128_si32(a4);
+        s1 = _mm_extract_epi32(a4, 1);
+        __m256i p0 = _mm256_packs_epi32(iv[0], iv[1]), p1 = _mm256_packs_epi32(iv[2], iv[3]);
+        p0 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p0, p1),
+                                          _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + 32 * b), p0);
+#else
+        float amax = 0.0f;
+        int bad = 0;
+        for (int j = 0; j < 32; j++) {
+            float a = fabsf(xb[j]);
+            amax = a > amax ? a : amax;
+            bad |= !(a <= 3.4e38f);
+        }
+        db = amax / 127.0f;
+        float id = db != 0.0f ? 1.0f / db : 0.0f;
+        for (int j = 0; j < 32; j++) {
+            int v = bad ? 0 : (int)lrintf(xb[j] * id);
+            q[32 * b + j] = (int8_t)v;
+            if (j < 16) s0 += v;
+            else s1 += v;
+        }
+#endif
+        if (bad) db = NAN;
+        d[b] = db;
+        s16[2 * b] = db * (float)s0;
+        s16[2 * b + 1] = db * (float)s1;
+        s32[b] = db * (float)(s0 + s1);
+    }
+}
+
+/* Q4_K scale j and min j (6 bits each) of the block whose 12 scale bytes are at q */
+static inline void q4k_sm(const uint8_t *q, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Row n of the weight in the form above: codes in wq (or *qp pointing into the packed row,
+ * stride *stride per 32 codes). Q8_0 / Q5_0 / Q4_K: ws / wo per 32 (returns 0 / 1 / 1);
+ * Q6_K: ws as 8 lanes per 32 codes (lanes 0-3 the scale of the first 16, 4-7 the
+ * second) and wo per 16 (returns 2). */
+static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict ws,
+                    float *restrict wo, const uint8_t **qp, long *stride) {
+    const uint8_t *p = s->w + n * s->row_bytes;
+    *qp = wq;
+    *stride = 32;
+    switch (s->code) {
+    case S_Q8_0:
+        for (long b = 0; b < s->nb; b++) ws[b] = Q8_HF(p + 34 * b);
+        *qp = p + 2;
+        *stride = 34;
+        return 0;
+    case S_Q5_0:
+        for (long b = 0; b < s->nb; b++, p += 22, wq += 32) {
+            float d = Q8_HF(p);
+            uint32_t qh;
+            memcpy(&qh, p + 2, 4);
+            const uint8_t *qs = p + 6;
+#if VW >= 8
+            __m128i v = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(15);
+            __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4),
+                                           _mm_and_si128(v, m4));
+#if VW == 16 /* AVX-512 BW + VL: bit j of qh adds 16 to byte j */
+            nib = _mm256_mask_add_epi8(nib, (__mmask32)qh, nib, _mm256_set1_epi8(16));
+#else
+            /* bit j of qh -> byte j (llama.cpp's bytes_from_bits_32) */
+            const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101LL,
+                                                    0x0202020202020202LL, 0x0303030303030303LL);
+            __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
+            bits = _mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL));
+            bits = _mm256_cmpeq_epi8(bits, _mm256_set1_epi64x(-1));
+            nib = _mm256_or_si256(nib, _mm256_and_si256(bits, _mm256_set1_epi8(16)));
+#endif
+            _mm256_storeu_si256((__m256i *)wq, nib);
+#else
+            for (int j = 0; j < 16; j++) {
+                wq[j] = (uint8_t)((qs[j] & 15) | (((qh >> j) & 1) << 4));
+                wq[j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+            }
+#endif
+            ws[b] = d;
+            wo[b] = -16.0f * d;
+        }
+        return 1;
+    case S_Q4_K:
+        for (long b = 0; b < s->nb; b++, p += 144, wq += 256) {
+            float d = Q8_HF(p), dmin = Q8_HF(p + 2);
+            const uint8_t *qs = p + 16;
+#if VW >= 8
+            __m256 scf, mf;
+            q4k_scales_mins(p, &scf, &mf);
+            _mm256_storeu_ps(ws + 8 * b, _mm256_mul_ps(_mm256_set1_ps(d), scf));
+            _mm256_storeu_ps(wo + 8 * b,
+                             _mm256_sub_ps(_mm256_setzero_ps(),
+                                           _mm256_mul_ps(_mm256_set1_ps(dmin), mf)));
+            const __m256i m4 = _mm256_set1_epi8(15);
+            for (int c = 0; c < 4; c++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+                _mm256_storeu_si256((__m256i *)(wq + 64 * c), _mm256_and_si256(v, m4));
+                _mm256_storeu_si256((__m256i *)(wq + 64 * c + 32),
+                                    _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            }
+#else
+            for (int j = 0; j < 8; j++) {
+                int sc, m;
+                q4k_sm(p + 4, j, &sc, &m);
+                ws[8 * b + j] = d * (float)sc;
+                wo[8 * b + j] = -(dmin * (float)m);
+            }
+            for (int c = 0; c < 4; c++)
+                for (int l = 0; l < 32; l++) {
+                    wq[64 * c + l] = qs[32 * c + l] & 15;
+                    wq[64 * c + 32 + l] = qs[32 * c + l] >> 4;
+                }
+#endif
+        }
+        return 1;
+    default: /* S_Q6_K */
+        for (long b = 0; b < s->nb; b++, p += 210, wq += 256) {
+            const uint8_t *ql = p, *qh = p + 128;
+            const int8_t *sc = (const int8_t *)(p + 192);
+            float d = Q8_HF(p + 208);
+            float *w8 = ws + 64 * b;
+            for (int i = 0; i < 16; i++) wo[16 * b + i] = -32.0f * (d * (float)sc[i]);
+#if VW >= 8
+            __m128i s8 = _mm_loadu_si128((const __m128i *)sc);
+            __m256 dv = _mm256_set1_ps(d);
+            __m256 lo8 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)));
+            __m256 hi8 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                               _mm_srli_si128(s8, 8))));
+            for (int i = 0; i < 8; i++) {
+                __m256i idx = _mm256_set_m128i(_mm_set1_epi32((2 * i + 1) & 7),
+                                               _mm_set1_epi32((2 * i) & 7));
+                _mm256_storeu_ps(w8 + 8 * i, _mm256_permutevar8x32_ps(i < 4 ? lo8 : hi8, idx));
+            }
+            const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+            for (int h = 0; h < 2; h++) {
+                __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + h * 64));
+                __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + h * 64 + 32));
+                __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + h * 32));
+                for (int g = 0; g < 4; g++) {
+                    __m256i lo = g & 1 ? l1 : l0;
+                    lo = _mm256_and_si256(g >> 1 ? _mm256_srli_epi16(lo, 4) : lo, m4);
+                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * g), m2);
+                    _mm256_storeu_si256((__m256i *)(wq + h * 128 + g * 32),
+                                        _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)));
+                }
+            }
+#else
+            for (int i = 0; i < 16; i++)
+                for (int l = 0; l < 4; l++) w8[4 * i + l] = d * (float)sc[i];
+            for (int h = 0; h < 2; h++)
+                for (int g = 0; g < 4; g++)
+                    for (int l = 0; l < 32; l++) {
+                        int lo = (ql[h * 64 + (g & 1) * 32 + l] >> ((g >> 1) * 4)) & 15;
+                        int hi = (qh[h * 32 + l] >> (2 * g)) & 3;
+                        wq[h * 128 + g * 32 + l] = (uint8_t)(lo | (hi << 4));
+                    }
+#endif
+        }
+        return 2;
+    }
+}
+
+#define Q8_MR 4 /* X rows per pass over a prepared weight row */
+
+#if VW >= 8
+/* sums of 4 adjacent u8 x s8 products, as 8 i32 lanes (lanes 0-3: bytes 0-15) */
+static inline __m256i dp_us(__m256i u, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+#endif
+}
+
+/* acc + (block's integer products) * scale: sc = ws * dx (per32) or sv[0..8] * dx (per16) */
+static inline __attribute__((always_inline)) __m256 q8_blk(__m256 acc, const uint8_t *wp,
+                                                            const int8_t *xp, float sc,
+                                                            const float *sv, int per16, int sgn) {
+    __m256i w = _mm256_loadu_si256((const __m256i *)wp);
+    __m256i xv = _mm256_loadu_si256((const __m256i *)xp);
+    __m256i u = w;
+    if (sgn) {
+        u = _mm256_sign_epi8(w, w);
+        xv = _mm256_sign_epi8(xv, w);
+    }
+    __m256 f = _mm256_cvtepi32_ps(dp_us(u, xv));
+    __m256 s = per16 ? _mm256_mul_ps(_mm256_loadu_ps(sv), _mm256_set1_ps(sc)) : _mm256_set1_ps(sc);
+    return _mm256_fmadd_ps(f, s, acc);
+}
+
+/* out[r] = sum_b dx[r][b] * (ws-weighted integer products of block b) for the mr X rows
+ * at xq + r * K (weight codes signed when sgn) */
+static inline __attribute__((always_inline)) void q8_dot(
+    const uint8_t *wq, long stride, const float *ws, int per16, int sgn, long nb,
+    const int8_t *xq, long K, const float *dx, long nbx, int mr, float *out) {
+#define Q8_SC(r, b) (per16 ? dx[(r) * nbx + (b)] : ws[b] * dx[(r) * nbx + (b)])
+    if (mr == 1) { /* 4 accumulators: the FMA latency, not its throughput, bounds one chain */
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        long b = 0;
+        for (; b + 4 <= nb; b += 4) {
+            a0 = q8_blk(a0, wq + b * stride, xq + 32 * b, Q8_SC(0, b), ws + 8 * b, per16, sgn);
+            a1 = q8_blk(a1, wq + (b + 1) * stride, xq + 32 * (b + 1), Q8_SC(0, b + 1),
+                        ws + 8 * (b + 1), per16, sgn);
+            a2 = q8_blk(a2, wq + (b + 2) * stride, xq + 32 * (b + 2), Q8_SC(0, b + 2),
+                        ws + 8 * (b + 2), per16, sgn);
+            a3 = q8_blk(a3, wq + (b + 3) * stride, xq + 32 * (b + 3), Q8_SC(0, b + 3),
+                        ws + 8 * (b + 3), per16, sgn);
+        }
+        for (; b < nb; b++)
+            a0 = q8_blk(a0, wq + b * stride, xq + 32 * b, Q8_SC(0, b), ws + 8 * b, per16, sgn);
+        out[0] = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+        return;
+    }
+    __m256 acc[Q8_MR];
+    for (int r = 0; r < Q8_MR; r++) acc[r] = _mm256_setzero_ps();
+    for (long b = 0; b < nb; b++)
+        for (int r = 0; r < mr; r++)
+            acc[r] = q8_blk(acc[r], wq + b * stride, xq + r * K + 32 * b, Q8_SC(r, b),
+                            ws + 8 * b, per16, sgn);
+    for (int r = 0; r < mr; r++) out[r] = hsum8(acc[r]);
+#undef Q8_SC
+}
+#define Q8_DOT(mr, per16, sgn)                                                                  \
+    q8_dot(q, stride, ws, per16, sgn, nb32, xq + m0 * K, K, dx + m0 * nb32, nb32, mr, part)
+#else
+static void q8_dot_c(const uint8_t *wq, long stride, const float *ws, int per16, int sgn,
+                     long nb, const int8_t *xq, long K, const float *dx, long nbx, int mr,
+                     float *out) {
+    for (int r = 0; r < mr; r++) {
+        float acc = 0.0f;
+        for (long b = 0; b < nb; b++) {
+            const uint8_t *w = wq + b * stride;
+            const int8_t *xb = xq + r * K + 32 * b;
+            int s0 = 0, s1 = 0;
+            for (int j = 0; j < 16; j++) {
+                s0 += (sgn ? (int)(int8_t)w[j] : (int)w[j]) * xb[j];
+                s1 += (sgn ? (int)(int8_t)w[j + 16] : (int)w[j + 16]) * xb[j + 16];
+            }
+            float d = dx[r * nbx + b];
+            if (per16) acc += d * (ws[8 * b] * (float)s0 + ws[8 * b + 4] * (float)s1);
+            else acc += (ws[b] * d) * (float)(s0 + s1);
+        }
+        out[r] = acc;
+    }
+}
+#define Q8_DOT(mr, per16, sgn)                                                                  \
+    q8_dot_c(q, stride, ws, per16, sgn, nb32, xq + m0 * K, K, dx + m0 * nb32, nb32, mr, part)
+#endif
+
+/* Y = X @ dequant(W)^T with X quantized to q8 (see the top of this file) */
+static int gemm_q8(const dq_t *s, long M, long N, long K, const float *x, long ldx, float *y,
+                   long ldy, int threads) {
+    long nb32 = K / 32, ng = K / 16;
+    int8_t *xq = (int8_t *)aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64));
+    float *dx = alloc_f(M * nb32), *xs16 = alloc_f(M * ng), *xs32 = alloc_f(M * nb32);
+    int fail = !xq || !dx || !xs16 || !xs32;
+    if (!fail) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (M >= 16)
+        for (long m = 0; m < M; m++)
+            quant_x(x + m * ldx, K, xq + m * K, dx + m * nb32, xs16 + m * ng, xs32 + m * nb32);
+        /* as gemv(): below ~256 KB of weight per thread fewer threads run */
+        long per = 262144, want = (N * s->row_bytes * (M < 4 ? 1 : 8) + per - 1) / per;
+        if (want < threads) threads = want < 1 ? 1 : (int)want;
+#pragma omp parallel num_threads(threads) reduction(| : fail)
+        {
+            uint8_t *wq = (uint8_t *)aligned_alloc(64, (size_t)((K + 63) / 64 * 64));
+            float *ws = alloc_f(K / 4), *wo = alloc_f(ng);
+            if (!wq || !ws || !wo) fail = 1;
+            else {
+                prefetcher pf = {0, 0};
+#pragma omp for schedule(static)
+                for (long n = 0; n < N; n++) {
+                    prefetch_rows(s, &pf, n);
+                    const uint8_t *q;
+                    long stride;
+                    int kind = prep_row(s, n, wq, ws, wo, &q, &stride);
+                    for (long m0 = 0; m0 < M; m0 += Q8_MR) {
+                        long mr = M - m0 < Q8_MR ? M - m0 : Q8_MR;
+                        float part[Q8_MR];
+                        if (kind == 0) {
+                            if (mr == 1) Q8_DOT(1, 0, 1);
+                            else Q8_DOT(mr, 0, 1);
+                        } else if (kind == 1) {
+                            if (mr == 1) Q8_DOT(1, 0, 0);
+                            else if (mr == Q8_MR) Q8_DOT(Q8_MR, 0, 0);
+                            else Q8_DOT(mr, 0, 0);
+                        } else {
+                            if (mr == 1) Q8_DOT(1, 1, 0);
+                            else if (mr == Q8_MR) Q8_DOT(Q8_MR, 1, 0);
+                            else Q8_DOT(mr, 1, 0);
+                        }
+                        for (long r = 0; r < mr; r++) {
+                            float o = 0.0f;
+                            if (kind == 1) o = dot(wo, xs32 + (m0 + r) * nb32, nb32);
+                            else if (kind == 2) o = dot(wo, xs16 + (m0 + r) * ng, ng);
+                            y[(m0 + r) * ldy + n] = part[r] + o;
+                        }
+                    }
+                }
+            }
+            free(wq);
+            free(ws);
+            free(wo);
+        }
+    }
+    free(xq);
+    free(dx);
+    free(xs16);
+    free(xs32);
+    return fail;
+}
+
+/* The entry point of the q8 path: as rlx_dq_gemm; 3 when the scheme has no q8 path. */
+int rlx_dq_gemm_q8(int code, long qk, long bb, long M, long N, long K, const float *x,
+                   long ldx, const uint8_t *w, long row_bytes, float *y, long ldy,
+                   int threads) {
+    if (!q8_ok(code)) return 3;
+    if (qk <= 0 || K % qk || K % 32 || M < 0 || N < 0 || threads < 1) return 2;
+    dq_t s = {code, qk, bb, K / qk, row_bytes, w, 0, 0, 0};
+    if (M == 0 || N == 0) return 0;
+    if (K == 0) {
+        for (long m = 0; m < M; m++) memset(y + m * ldy, 0, (size_t)N * 4);
+        return 0;
+    }
+    return gemm_q8(&s, M, N, K, x, ldx, y, ldy, threads);
+}
