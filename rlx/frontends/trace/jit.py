@@ -159,17 +159,27 @@ def _leaf_key(leaf: Any, dyn_axes: Mapping[int, str] | None) -> tuple[Any, ...]:
 
 def _flat_keyed(tree: Any, leaves: list[Any], keys: list[Any]) -> Any:
     """``pytree.flatten`` that also appends each leaf's part of the cache key to ``keys``
-    (NumPy arrays first: the common case of the steady-state call)."""
+    (for a NumPy array its shape, dtype and writeable flag, inline: the steady-state case;
+    the tree tags are the container types, not ``pytree``'s)."""
     t = type(tree)
-    if t is np.ndarray:
-        leaves.append(tree)
-        keys.append((tree.shape, tree.dtype, tree.flags.writeable))
-        return pytree.LEAF
     if t is tuple or t is list:
         sub = []
         for x in tree:
-            sub.append(_flat_keyed(x, leaves, keys))
-        return ("tuple" if t is tuple else "list", tuple(sub))
+            if type(x) is np.ndarray:
+                leaves.append(x)
+                keys.append(x.shape)
+                keys.append(x.dtype)
+                keys.append(x.flags.writeable)
+                sub.append(pytree.LEAF)
+            else:
+                sub.append(_flat_keyed(x, leaves, keys))
+        return (t, tuple(sub))
+    if t is np.ndarray:
+        leaves.append(tree)
+        keys.append(tree.shape)
+        keys.append(tree.dtype)
+        keys.append(tree.flags.writeable)
+        return pytree.LEAF
     if t is dict or tree is None or isinstance(tree, tuple):
         n = len(leaves)
         d = pytree.flatten(tree, leaves)[1]
