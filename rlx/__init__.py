@@ -69,11 +69,11 @@ _LAZY: dict[str, str] = {
     "AccuracyReport": "rlx.quant.report",
     "QuantLowering": "rlx.quant.lower",
     "info": "rlx.info",
-    "from_torch": "rlx.frontends.torch.export",
     "jit": "rlx.frontends.trace",
     "cond": "rlx.frontends.trace",
     "while_loop": "rlx.frontends.trace",
     "scan": "rlx.frontends.trace",
+    "freeze": "rlx.frontends.trace",
 }
 # Public sub-modules imported on first use (``rlx.numpy``, ``rlx.nn``: the tracing front end).
 _LAZY_MODULES = ("numpy", "nn")
