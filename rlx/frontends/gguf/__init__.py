@@ -24,5 +24,15 @@ from rlx.errors import GgufError
 from rlx.frontends.gguf.reader import GgufFile, load
 from rlx.frontends.gguf.tensor import GgufTensor
 from rlx.frontends.gguf.tokenizer import GgufTokenizer, StreamDecoder
+from rlx.frontends.gguf.writer import save, save_graph_weights
 
-__all__ = ["load", "GgufFile", "GgufTensor", "GgufError", "GgufTokenizer", "StreamDecoder"]
+__all__ = [
+    "load",
+    "save",
+    "save_graph_weights",
+    "GgufFile",
+    "GgufTensor",
+    "GgufError",
+    "GgufTokenizer",
+    "StreamDecoder",
+]
