@@ -1,4 +1,6 @@
-"""CPU kernels for convolution and pooling (1-D and 2-D), by im2col + BLAS.
+"""CPU kernels for convolution and pooling (1-D and 2-D): f32 through the native direct
+loops of ``kernels/conv_native.py`` when they apply (small convolutions, every pool),
+else by im2col + BLAS as below.
 
 Each kernel owns a zero- (or -inf-) bordered copy of its input, allocated when the
 schedule is built (private, not pooled, so its border survives between runs); a run
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
+from rlx.backends.cpu.kernels.conv_native import native_conv, native_pool
 from rlx.ops.nn import Conv, Pool, PoolKind
 
 if TYPE_CHECKING:
@@ -66,7 +69,11 @@ def _bordered(
 def conv_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
-    """im2col + one GEMM per group (see module docstring)."""
+    """The native direct loop for small f32 convolutions (``kernels/conv_native.py``),
+    else im2col + one GEMM per group (see module docstring)."""
+    direct = native_conv(node, ins, out, ctx)
+    if direct is not None:
+        return direct
     op: Conv = node.op  # type: ignore[assignment]
     x, w = ins[:2]
     bias = ins[2] if len(ins) == 3 else None
@@ -113,7 +120,11 @@ def conv_kernel(
 def pool_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
-    """Max or average over a strided window view of a bordered private copy."""
+    """The native f32 pool (``kernels/conv_native.py``), else max or average over a
+    strided window view of a bordered private copy."""
+    fast = native_pool(node, ins, out, ctx)
+    if fast is not None:
+        return fast
     op: Pool = node.op  # type: ignore[assignment]
     (x,) = ins
     if x.dtype.kind not in "fiu":

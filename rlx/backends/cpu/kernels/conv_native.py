@@ -1,0 +1,171 @@
+"""Native direct convolution and pooling (``native/csrc/conv.c``) for f32 NCHW 1-D / 2-D
+convolutions and pools: the path the Conv and Pool kernels (``kernels/conv.py``) take
+first. In: the node, its input / output views and the kernel context. Out: a bound C call
+(a ctypes partial, so it joins the native schedule), or None with a note when it does not
+apply (another dtype, a non-contiguous view, native kernels off or no gcc), and the
+caller keeps its im2col + BLAS / NumPy path.
+
+The direct loop beats im2col + BLAS where the arithmetic is small next to the copies
+(the small CNNs people export: a few channels, 3x3 windows); a convolution of more than
+:data:`DIRECT_MAX_MACS` multiply-adds per image and output channel goes to BLAS.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind
+from rlx.errors import CompileError
+from rlx.ops.nn import Conv, Pool, PoolKind
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Node
+
+__all__ = ["native_conv", "native_pool", "conv_lib", "DIRECT_MAX_MACS"]
+
+#: above this many multiply-adds per (image, output channel) the BLAS path is taken
+DIRECT_MAX_MACS = 1 << 17
+_PARALLEL_MIN_MACS = 1 << 16  # total multiply-adds below which one thread runs the kernel
+_P = ctypes.c_void_p
+_CHUNK = 16  # RLX_CONV_CHUNK of conv.c
+
+
+@functools.cache
+def _conv_lib(target: object) -> ctypes.CDLL:
+    from rlx.backends.cpu import native
+
+    lib = native.load(native.build(native.csrc_source("conv.c"), target, "conv"))
+    lib.rlx_conv2d_f32.restype = None
+    lib.rlx_conv2d_f32.argtypes = [_P, _P, _P, _P, _P, ctypes.c_int]
+    lib.rlx_conv2d_wide_f32.restype = None
+    lib.rlx_conv2d_wide_f32.argtypes = [_P] * 7 + [ctypes.c_int]
+    lib.rlx_pool2d_f32.restype = None
+    lib.rlx_pool2d_f32.argtypes = [_P, _P, _P, ctypes.c_int]
+    return lib
+
+
+def conv_lib() -> ctypes.CDLL:
+    """The conv library for the selected native target. CompileError without gcc or when
+    the build fails."""
+    from rlx.backends.cpu import native
+    from rlx.backends.cpu.native import cpu
+
+    if not native.available():
+        raise CompileError("native conv needs gcc, which is not on PATH")
+    return _conv_lib(cpu.selected_target())
+
+
+def _lib(ctx: KernelCtx, what: str) -> ctypes.CDLL | None:
+    if not ctx.native:
+        return None
+    try:
+        return conv_lib()
+    except (CompileError, OSError) as e:
+        ctx.notes.append(f"{what}: no native kernel ({str(e).splitlines()[0]})")
+        return None
+
+
+def _f32_contiguous(*xs: np.ndarray) -> bool:
+    return all(x.dtype == np.float32 and x.flags.c_contiguous for x in xs)
+
+
+def _as_2d(dims: tuple[int, ...]) -> tuple[int, int]:
+    return (1, dims[0]) if len(dims) == 1 else (dims[0], dims[1])
+
+
+def native_conv(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """The direct f32 convolution, or None."""
+    op: Conv = node.op  # type: ignore[assignment]
+    x, w = ins[:2]
+    bias = ins[2] if len(ins) == 3 else None
+    if not _f32_contiguous(x, w, out, *(() if bias is None else (bias,))):
+        return None
+    nd = x.ndim - 2
+    if nd not in (1, 2) or x.size == 0 or out.size == 0:
+        return None
+    n, c = x.shape[:2]
+    o = w.shape[0]
+    taps = math.prod(w.shape[1:])
+    plane = math.prod(out.shape[2:])
+    if taps * plane > DIRECT_MAX_MACS:
+        return None
+    lib = _lib(ctx, "conv")
+    if lib is None:
+        return None
+    (hh, ww), (kh, kw), (oh, ow) = (_as_2d(s) for s in (x.shape[2:], w.shape[2:], out.shape[2:]))
+    (sh, sw), (dh, dw) = _as_2d(op.stride), _as_2d(op.dilation)
+    (ph, _), (pw, _) = ((0, 0), op.padding[0]) if nd == 1 else op.padding
+    p = np.array(
+        [n, c, hh, ww, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, op.groups], dtype=np.int64
+    )
+    threads = ctx.num_threads if n * o * taps * plane >= _PARALLEL_MIN_MACS else 1
+    ctx.kind = KernelKind.NATIVE
+    if sh == sw == 1:
+        # private buffers: the bordered input (border zeroed once) and per-thread sums
+        hp, wp = oh + (kh - 1) * dh, ow + (kw - 1) * dw
+        chunk = _CHUNK  # the C loop reads whole chunks: slack after the last plane
+        xp = np.zeros(n * c * hp * wp + chunk, np.float32)
+        ws = np.empty(threads * 4 * (oh * wp + chunk), np.float32)
+        call = functools.partial(
+            lib.rlx_conv2d_wide_f32,
+            x.ctypes.data,
+            xp.ctypes.data,
+            ws.ctypes.data,
+            w.ctypes.data,
+            None if bias is None else bias.ctypes.data,
+            out.ctypes.data,
+            p.ctypes.data,
+            threads,
+        )
+        call.keep = (p, xp, ws)  # type: ignore[attr-defined]  # the C code reads them
+        ctx.notes.append(f"native direct conv, stride 1 ({taps} taps x {plane} outputs)")
+        return call
+    call = functools.partial(
+        lib.rlx_conv2d_f32,
+        x.ctypes.data,
+        w.ctypes.data,
+        None if bias is None else bias.ctypes.data,
+        out.ctypes.data,
+        p.ctypes.data,
+        threads,
+    )
+    call.keep = p  # type: ignore[attr-defined]  # the C code reads it on every call
+    ctx.notes.append(f"native direct conv ({taps} taps x {plane} outputs per channel)")
+    return call
+
+
+def native_pool(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """The f32 max / average pool over 1-D or 2-D windows, or None."""
+    op: Pool = node.op  # type: ignore[assignment]
+    (x,) = ins
+    nd = x.ndim - 2
+    if nd not in (1, 2) or not _f32_contiguous(x, out) or out.size == 0:
+        return None
+    if op.fn not in (PoolKind.MAX, PoolKind.AVG):
+        return None
+    lib = _lib(ctx, "pool")
+    if lib is None:
+        return None
+    (hh, ww), (kh, kw), (oh, ow) = (_as_2d(s) for s in (x.shape[2:], op.window, out.shape[2:]))
+    sh, sw = _as_2d(op.stride)
+    (ph, _), (pw, _) = ((0, 0), op.padding[0]) if nd == 1 else op.padding
+    kind = 0 if op.fn is PoolKind.MAX else 1
+    nc = x.shape[0] * x.shape[1]
+    p = np.array([nc, hh, ww, oh, ow, kh, kw, sh, sw, ph, pw, kind], dtype=np.int64)
+    threads = ctx.num_threads if out.size * kh * kw >= _PARALLEL_MIN_MACS else 1
+    call = functools.partial(
+        lib.rlx_pool2d_f32, x.ctypes.data, out.ctypes.data, p.ctypes.data, threads
+    )
+    call.keep = p  # type: ignore[attr-defined]
+    ctx.kind = KernelKind.NATIVE
+    ctx.notes.append(f"native {op.fn.value} pool")
+    return call
