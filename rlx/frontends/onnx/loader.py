@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 from onnx import ModelProto, NodeProto, ValueInfoProto
 
 from rlx.dtype import DType
+from rlx.errors import RlxError
 from rlx.frontends.onnx.context import ImportState, NodeCtx, node_label
 from rlx.frontends.onnx.dtypes import to_dtype
 from rlx.frontends.onnx.errors import OnnxImportError, OnnxUnsupportedError
@@ -198,7 +199,15 @@ def convert_nodes(st: ImportState, nodes: Sequence[NodeProto]) -> None:
         if ins and node.op_type not in NO_FOLD and all(st.const(n) is not None for n in ins):
             _fold(st, node, entry.fn, opset)
             continue
-        outs = entry.fn(NodeCtx(st, node, opset))
+        try:
+            outs = entry.fn(NodeCtx(st, node, opset))
+        except RlxError:
+            raise
+        except Exception as e:  # a converter bug or an input form it does not expect
+            raise OnnxImportError(
+                f"{node_label(node)} (domain {domain or 'ai.onnx'}, opset {opset}) could not "
+                f"be converted: {type(e).__name__}: {e}"
+            ) from e
         _bind(st, node, outs)
 
 

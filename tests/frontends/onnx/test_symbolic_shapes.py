@@ -175,3 +175,20 @@ def test_sym_value_repr_names_its_dims() -> None:
     v = shape_value((Sym.named("b"), 4), 0, 2)
     assert isinstance(v, SymValue) and "b" in repr(v) and v.shape.dims == (2,)
     assert not isinstance(shape_value((3, 4), 0, 2), SymValue)  # static: a plain constant
+
+
+def test_a_converter_that_fails_unexpectedly_is_an_import_error_naming_the_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rlx.frontends.onnx import OnnxImportError
+    from rlx.frontends.onnx.ops import TABLE, Entry
+
+    def broken(ctx):  # noqa: ANN001, ANN202
+        raise TypeError("boom")
+
+    (old,) = TABLE[("", "Reshape")][-1:]
+    monkeypatch.setitem(
+        TABLE, ("", "Reshape"), [Entry(old.domain, old.op_type, old.since, old.until, broken)]
+    )
+    with pytest.raises(OnnxImportError, match=r"\(Reshape\).*could not be converted: TypeError"):
+        rlx.onnx.load(exporter_like())

@@ -14,6 +14,7 @@ Exports happen once per module (``tmp_path_factory``); dynamo exports and MiniLM
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +96,32 @@ def test_exported_model_matches_torch_and_onnxruntime(
         what = f"{path.name} batch={batch} seq={seq}"
         _check(got, want, f"{what}: rlx vs torch")
         _check(got, sess.run(None, feeds)[0], f"{what}: rlx vs onnxruntime")
+
+
+def test_cnn_with_dynamic_spatial_dims_is_named_and_imports_once_they_are_fixed(
+    exports: Exports, tmp_path: Path
+) -> None:
+    """rlx convolves static spatial sizes: dynamic H / W are an OnnxUnsupportedError naming
+    the Conv node; ``input_dims`` fixes them and the batch stays symbolic."""
+    model = exports.model("cnn")
+    path = tmp_path / "cnn-hw.onnx"
+    x = torch.from_numpy(tm.example("cnn", 2)["x"])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
+        torch.onnx.export(
+            model,
+            (x,),
+            str(path),
+            dynamo=False,
+            input_names=["x"],
+            output_names=["y"],
+            dynamic_axes={"x": {0: "batch", 2: "h", 3: "w"}},
+        )
+    with pytest.raises(rlx.onnx.OnnxUnsupportedError, match=r"\(Conv\).*symbolic spatial"):
+        rlx.onnx.load(path)
+    n = tm.CNN_SIZE
+    m = rlx.onnx.load(path, input_dims={"x": ["batch", 3, n, n]})
+    compiled = m.compile()
+    for batch in (1, 3):
+        feeds = tm.example("cnn", batch, seed=batch)
+        _check(compiled.run(feeds)[0], tm.run_torch(model, feeds), f"cnn-hw batch={batch}")

@@ -49,6 +49,12 @@ def _spatial(ctx: NodeCtx, x_dims, k: list[int]) -> tuple:  # noqa: ANN001
     strides = list(ctx.attr("strides") or [1] * nd)
     dil = list(ctx.attr("dilations") or [1] * nd)
     auto = ctx.attr("auto_pad", "NOTSET")
+    if not all(isinstance(d, int) for d in x_dims[2:]):
+        dims = ", ".join(str(d) for d in x_dims)
+        raise ctx.unsupported(
+            f"{ctx.node.op_type} over the symbolic spatial dims of [{dims}] (rlx convolves "
+            f"and pools static spatial sizes; fix them with load(..., input_dims=...))"
+        )
     sp = [int(d) for d in x_dims[2:]]
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         pads = []
