@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rlx
@@ -18,6 +18,7 @@ def rand(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(f32)
 
 
+@settings(max_examples=10)
 @given(s=st.floats(-2, 2, width=32))
 def test_cond_vs_python_if(s):
     @rlx.jit
@@ -70,6 +71,7 @@ def test_cond_branch_mismatch_names_the_output():
         rlx.jit(f)(rand(3))
 
 
+@settings(max_examples=10)
 @given(n=st.integers(0, 6), step=st.floats(0.5, 2, width=32))
 def test_while_loop_vs_python_while(n, step):
     @rlx.jit
@@ -112,6 +114,7 @@ def test_while_loop_body_must_keep_the_carry():
         rlx.jit(f)(rand(3))
 
 
+@settings(max_examples=10)
 @given(t=st.integers(1, 6), reverse=st.booleans())
 def test_scan_vs_python_loop(t, reverse):
     @rlx.jit

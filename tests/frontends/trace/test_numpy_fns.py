@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -42,6 +42,7 @@ UNARY = [
 
 
 @pytest.mark.parametrize("fn,ref,rng", UNARY, ids=[u[0].__name__ for u in UNARY])
+@settings(max_examples=8)
 @given(shape=shapes)
 def test_unary_vs_numpy(fn, ref, rng, shape):
     if ref is None:
@@ -68,6 +69,7 @@ BINARY = [
 
 
 @pytest.mark.parametrize("fn,ref", BINARY, ids=[b[0].__name__ for b in BINARY])
+@settings(max_examples=8)
 @given(shapes=hnp.mutually_broadcastable_shapes(num_shapes=2, max_dims=3, max_side=4))
 def test_binary_broadcasting_vs_numpy(fn, ref, shapes):
     a_shape, b_shape = shapes.input_shapes
@@ -119,6 +121,7 @@ REDUCE = [
 
 
 @pytest.mark.parametrize("fn,ref", REDUCE, ids=[r[0].__name__ for r in REDUCE])
+@settings(max_examples=8)
 @given(shape=shapes, data=st.data())
 def test_reductions_vs_numpy(fn, ref, shape, data):
     if ref is None:
@@ -138,6 +141,7 @@ def test_reductions_vs_numpy(fn, ref, shape, data):
 
 
 @pytest.mark.parametrize("fn,ref", [(rnp.argmax, np.argmax), (rnp.argmin, np.argmin)])
+@settings(max_examples=8)
 @given(shape=shapes, data=st.data())
 def test_argmax_argmin_vs_numpy(fn, ref, shape, data):
     x = arrays(shape, seed=3)
@@ -184,6 +188,7 @@ def test_cumsum_where_clip_logical():
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
 
+@settings(max_examples=8)
 @given(
     m=st.integers(1, 5),
     k=st.integers(1, 5),

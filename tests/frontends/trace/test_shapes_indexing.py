@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rlx
@@ -68,6 +68,7 @@ def test_indexing_vs_numpy(key):
     np.testing.assert_array_equal(got, want)
 
 
+@settings(max_examples=25)
 @given(
     starts=st.tuples(*[st.one_of(st.none(), st.integers(-5, 5))] * 3),
     stops=st.tuples(*[st.one_of(st.none(), st.integers(-5, 5))] * 3),
