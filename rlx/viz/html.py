@@ -20,7 +20,7 @@ from rlx.viz.svg import COLLAPSED_H, COLLAPSED_W, GraphSvg, render_graph
 
 __all__ = ["render_page", "write_page"]
 
-_NEUTRAL = "#a9b4c2"
+_NEUTRAL = ("#98a6b8", "#bcc7d4")  # unfused buffers: blocks alternate between two tones
 _INPUT = "#c9d4e1"
 
 
@@ -127,9 +127,11 @@ def render_page(
     bars = 0
     if view.plan is not None and view.graph is not None:
         colour_of, label_of = {}, {}
-        for n in view.nodes.values():
+        bindex = {b: i for i, b in enumerate(view.blocks)}
+        for n in view.nodes.values():  # fused: the group's colour; else a tone per block
+            tone = _NEUTRAL[bindex[n.block] % 2]
             colour_of[n.id] = (
-                gs.colours[n.group] if n.group else (_INPUT if n.op == "input" else _NEUTRAL)
+                gs.colours[n.group] if n.group else _INPUT if n.op == "input" else tone
             )
             label_of[n.id] = n.title
         svg, bars = timeline_svg(view.graph, view.plan, colour_of, label_of)
@@ -137,8 +139,10 @@ def render_page(
         head.append(f"arena {format_bytes(plan.arena_bytes)}")
         summary = escape(plan.summary()).replace("\n", "<br>")
         mem_html = (
-            f"<p>{bars} buffer{'s' if bars != 1 else ''} in the working region; each bar spans the steps from the node "
-            f"that writes it to its last reader, at its offset in the arena. Params and "
+            f"<p>{bars} buffer{'s' if bars != 1 else ''} in the working region; each bar spans "
+            f"the steps from the node that writes it to its last reader, at its offset in the "
+            f"arena (fused kernels in their group's colour, other nodes' blocks in two "
+            f"alternating greys; hover for the node, click to show it). Params and "
             f"constants ({escape(format_bytes(plan.persistent_bytes))}) sit in the persistent "
             f'region, not drawn.</p><p class="mono">{summary}</p>'
             f'<div id="memory-scroll">{svg}</div>'

@@ -21,9 +21,10 @@ from rlx.ir.lir import BufferPlan, format_bytes
 from rlx.ir.mir import Graph, NodeId
 from rlx.ops.core import Input
 
-__all__ = ["Buffer", "buffers", "live_bytes", "timeline_svg"]
+__all__ = ["Buffer", "buffers", "live_bytes", "plot_width", "timeline_svg"]
 
-_W = 1120.0  # drawing width in px (the plot area)
+_W = 1120.0  # the plot area's width in px, at least (see plot_width)
+_STEP_PX = 2.5  # the narrowest step: longer schedules make a wider plot that scrolls
 _H = 300.0
 _LEFT, _TOP, _BOTTOM = 74.0, 40.0, 34.0
 
@@ -93,6 +94,11 @@ def _is_input(graph: Graph, nid: NodeId) -> bool:
     return isinstance(graph.nodes[nid].op, Input)
 
 
+def plot_width(nsteps: int) -> float:
+    """The plot area's width in px for a schedule of ``nsteps`` run steps."""
+    return max(_W, _STEP_PX * nsteps)
+
+
 def live_bytes(bufs: list[Buffer], nsteps: int, alignment: int = 1) -> list[int]:
     """Bytes live at each run step, each buffer rounded up to ``alignment`` (the plan's:
     then the largest value is the plan's lower bound)."""
@@ -116,23 +122,24 @@ def timeline_svg(
     bufs, steps = buffers(graph, plan)
     nsteps = max(len(steps), 1)
     peak = max(plan.peak_bytes, max((b.offset + b.nbytes for b in bufs), default=0), 1)
-    sx = _W / nsteps
+    pw = plot_width(nsteps)
+    sx = pw / nsteps
     sy = _H / peak
     live = live_bytes(bufs, nsteps, plan.alignment)
     top_step = max(range(nsteps), key=lambda i: live[i]) if bufs else 0
-    total_w, total_h = _LEFT + _W + 16, _TOP + _H + _BOTTOM
+    total_w, total_h = _LEFT + pw + 16, _TOP + _H + _BOTTOM
     parts = [
         f'<svg id="memory" xmlns="http://www.w3.org/2000/svg" width="{total_w:.0f}" '
         f'height="{total_h:.0f}" viewBox="0 0 {total_w:.0f} {total_h:.0f}" role="img" '
         f'aria-label="memory plan timeline">',
-        f'<rect x="{_LEFT}" y="{_TOP}" width="{_W}" height="{_H}" class="mem-bg"/>',
+        f'<rect x="{_LEFT}" y="{_TOP}" width="{pw}" height="{_H}" class="mem-bg"/>',
     ]
     step = _nice_bytes(peak / 4)
     k = 0
     while k * step <= peak * 1.0001:  # y axis: offsets in the working region
         y = _TOP + _H - k * step * sy
         parts.append(
-            f'<line x1="{_LEFT}" x2="{_LEFT + _W}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
+            f'<line x1="{_LEFT}" x2="{_LEFT + pw}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
         )
         parts.append(
             f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" class="axis" text-anchor="end">'
@@ -146,7 +153,7 @@ def timeline_svg(
             f'<text x="{x:.1f}" y="{_TOP + _H + 16:.1f}" class="axis" text-anchor="middle">{s}</text>'
         )
     parts.append(
-        f'<text x="{_LEFT + _W / 2:.1f}" y="{total_h - 3:.1f}" class="axis-title" '
+        f'<text x="{_LEFT + pw / 2:.1f}" y="{total_h - 3:.1f}" class="axis-title" '
         f'text-anchor="middle">schedule step (nodes that run)</text>'
     )
     # live bytes as a faint area behind the bars
@@ -174,9 +181,9 @@ def timeline_svg(
             f"<title>{escape(tip)}</title></rect>"
         )
     py = _TOP + _H - plan.peak_bytes * sy
-    parts.append(f'<line x1="{_LEFT}" x2="{_LEFT + _W}" y1="{py:.1f}" y2="{py:.1f}" class="peak"/>')
+    parts.append(f'<line x1="{_LEFT}" x2="{_LEFT + pw}" y1="{py:.1f}" y2="{py:.1f}" class="peak"/>')
     parts.append(
-        f'<text x="{_LEFT + _W}" y="{_TOP - 12}" class="peak-label" text-anchor="end">'
+        f'<text x="{_LEFT + pw}" y="{_TOP - 12}" class="peak-label" text-anchor="end">'
         f"- - peak (working region) {escape(format_bytes(plan.peak_bytes))}, lower bound "
         f"{escape(format_bytes(plan.lower_bound_bytes))}</text>"
     )

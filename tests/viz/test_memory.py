@@ -13,7 +13,7 @@ import pytest
 import rlx
 from rlx.backends.cpu.planner import plan_memory
 from rlx.models import synthetic
-from rlx.viz.memory import _H, _LEFT, _TOP, _W, buffers, live_bytes, timeline_svg
+from rlx.viz.memory import _H, _LEFT, _TOP, buffers, live_bytes, plot_width, timeline_svg
 
 
 def _owned_working(plan: rlx.BufferPlan) -> set[int]:
@@ -67,7 +67,7 @@ def test_timeline_bars_match_the_buffers() -> None:
     assert count == len(bars) == len(_owned_working(plan))
     found, steps = buffers(g, plan)
     bufs = {b.node: b for b in found}
-    step_w = _W / len(steps)
+    step_w = plot_width(len(steps)) / len(steps)
     for n, x, y, w, h in bars:
         b = bufs[int(n)]
         assert float(x) == pytest.approx(_LEFT + b.first * step_w, abs=0.01)
