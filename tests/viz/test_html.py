@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import rlx
 from rlx.ops.core import Constant, Param
@@ -112,3 +113,34 @@ def test_empty_and_input_only_graphs() -> None:
     g.set_outputs([g.input("x", (2,))])
     html = g.to_html()
     assert 'data-name="x input inputs"' in html and html.count('class="buf"') == 1
+
+
+@pytest.mark.slow
+def test_minilm_and_a_24_layer_decoder_stay_collapsed_per_block() -> None:
+    from rlx.models import synthetic
+    from rlx.models.hf import load
+    from tests.models.conftest import minilm_path
+
+    c = load(minilm_path()).compile()
+    data = _data(c.to_html())
+    names = [b["name"] for b in data["blocks"]]
+    assert names[:8] == ["inputs", "embeddings", *(f"encoder.layer.{i}" for i in range(6))]
+    assert not any(b["expanded"] for b in data["blocks"])
+    per_block = {}
+    for v in data["nodes"].values():
+        per_block[v["b"]] = per_block.get(v["b"], 0) + 1
+    assert len({per_block[i] for i in range(3, 8)}) == 1  # layers 1-5 draw alike
+    fused = [n for n in c.graph.nodes if n.loc is not None and len(n.loc.fused) > 1]
+    groups = {}
+    for v in data["nodes"].values():
+        if v["g"]:
+            groups[v["g"]] = groups.get(v["g"], 0) + 1
+    assert sum(groups.values()) == len(fused) and groups["fused_matmul_bias_act"] == 6 * 6
+
+    g = synthetic.decoder(layers=24)
+    data = _data(g.to_html())
+    names = [b["name"] for b in data["blocks"]]
+    assert names == ["inputs", *(f"layer{i}" for i in range(24)), "final_norm"]
+    assert not any(b["expanded"] for b in data["blocks"])
+    rows = [b["row"] for b in data["blocks"]]
+    assert rows == sorted(rows) and len(set(rows)) == len(rows)  # a chain: one block a row
