@@ -9,7 +9,9 @@ Exporters spell shapes out as ``Shape -> Gather -> Unsqueeze -> Concat -> Reshap
 A value that leaves the symbolic world (a sum like ``seq + 1``, a comparison it cannot
 decide, a float cast, a use as a tensor operand) is *materialized*: :func:`materialize`
 builds it in the graph from ``shape_of`` of a tensor that carries each symbol
-(``ImportState.carriers``), so it is computed when the graph runs."""
+(``ImportState.carriers``), so it is computed when the graph runs. A ``Slice`` of a static
+axis to a symbolic end (a position table cut to ``seq``) also bounds that symbol
+(``seq <= 512``), so a longer input is an InputError naming the bound."""
 
 from __future__ import annotations
 

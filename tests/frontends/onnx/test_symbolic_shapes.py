@@ -192,3 +192,17 @@ def test_a_converter_that_fails_unexpectedly_is_an_import_error_naming_the_node(
     )
     with pytest.raises(OnnxImportError, match=r"\(Reshape\).*could not be converted: TypeError"):
         rlx.onnx.load(exporter_like())
+
+
+def test_slicing_a_static_axis_to_a_symbol_bounds_the_symbol() -> None:
+    """POS[:, :seq] on a 16-long table: seq <= 16, and seq = 17 is an InputError naming the
+    bound (ONNX Slice would clamp, giving 16 rows where the graph expects 17)."""
+    from rlx.errors import InputError
+
+    m = rlx.onnx.load(exporter_like())
+    assert m.graph.sym_bounds["seq"] == (1, 16)
+    c = m.compile()
+    (pos,) = [i for i, n in enumerate(m.outputs) if n == "pos_s"]
+    np.testing.assert_array_equal(c.run({"x": np.zeros((1, 16, 8), np.float32)})[pos], POS)
+    with pytest.raises(InputError, match=r"seq"):
+        c.run({"x": np.zeros((1, 17, 8), np.float32)})

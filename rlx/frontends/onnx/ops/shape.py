@@ -178,7 +178,8 @@ def _slice(ctx: NodeCtx, x: int, starts, ends, axes, steps) -> int:  # noqa: ANN
         if isinstance(e, Sym) and e != n:
             if c != 1 or b != 0 or not isinstance(n, int):
                 raise ctx.unsupported(f"slice of axis {a} of {s} to the symbolic end {e}")
-            sym_ends.append((a, e))  # x[..., :e] on a static axis, e <= n when it runs
+            sym_ends.append((a, e))  # x[..., :e] on a static axis
+            _at_most(ctx, e, n)
             continue
         if not isinstance(n, int):
             if c != 1 or b < 0 or (e != n and e < 2**62):
@@ -190,6 +191,18 @@ def _slice(ctx: NodeCtx, x: int, starts, ends, axes, steps) -> int:  # noqa: ANN
     for a, e in sym_ends:  # a gather of positions 0..e-1, built from the run-time e
         y = ctx.g.apply(Gather(a), [y, arange(ctx, e)])
     return y
+
+
+def _at_most(ctx: NodeCtx, d: Sym, n: int) -> None:
+    """Bound the symbol of ``d`` (``c*s``) so that ``d <= n``: a model that slices a static
+    axis (a position table) to a dynamic length runs only up to that length, and a longer
+    input is then an InputError naming the bound rather than a wrong result."""
+    if len(d.terms) != 1 or d.terms[0][1] != 1:
+        return
+    name = d.terms[0][0]
+    lo, hi = ctx.g.sym_bounds.get(name, (1, None))
+    top = n // d.coeff
+    ctx.g.sym_bounds[name] = (lo, top if hi is None else min(hi, top))
 
 
 def arange(ctx: NodeCtx, n: Dim) -> int:
