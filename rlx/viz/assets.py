@@ -29,7 +29,7 @@ font:inherit;cursor:pointer;color:var(--ink)}
 .toolbar button:hover{border-color:var(--accent);color:var(--accent)}
 .toolbar .count{color:var(--muted);min-width:90px}
 .toolbar .spacer{flex:1}
-main{display:flex;gap:14px;padding:14px 20px}
+main{display:flex;gap:14px;padding:14px 20px;align-items:flex-start}
 #graph-pane{flex:1;min-width:0;background:var(--panel);border:1px solid var(--line);
 border-radius:10px;overflow:hidden}
 #graph-scroll{overflow:auto;height:72vh;min-height:420px}

@@ -28,7 +28,7 @@ from rlx.ir.lir import BufferPlan
 from rlx.ir.mir import Graph, Node, op_name
 from rlx.ops.core import Constant, Input, Param
 
-__all__ = ["ViewNode", "View", "build_view", "block_of_name", "short_title", "MAX_BLOCK", "INPUTS"]
+__all__ = ["ViewNode", "View", "build_view", "block_of_name", "MAX_BLOCK", "INPUTS"]
 
 MAX_BLOCK = 48
 INPUTS = "inputs"
@@ -42,7 +42,6 @@ class ViewNode:
     id: int
     op: str
     title: str  # '%19 matmul (model.py:42)' or the input's name
-    short: str  # the title without the source line
     name: str  # what a search matches: title, op, block, the params it reads
     shape: str
     dtype: str
@@ -186,14 +185,6 @@ def _param_name(node: Node) -> str:
     return node.op.name if isinstance(node.op, Param) else ""
 
 
-def short_title(node: Node) -> str:
-    """The node's name without its source line: ``'%19 matmul'``, ``'cast for %3 input'``."""
-    if isinstance(node.op, Input):
-        return node.op.name
-    label = node.label
-    return label.split(" (", 1)[0] if label.endswith(")") else label
-
-
 def build_view(
     graph: Graph,
     stage: str,
@@ -252,7 +243,6 @@ def build_view(
             id=nid,
             op=name,
             title=title,
-            short=short_title(n),
             name=" ".join(filter(None, [title, name, b, *map(_param_name, ins)])),
             shape=str(n.shape),
             dtype=dt,

@@ -142,6 +142,7 @@ def _block_layout(
 ) -> tuple[Layout, dict[int, str]]:
     """Layout of one block: its nodes plus a ghost per value read from another block."""
     inside = set(members)
+    sigil = "%" if view.stage == "MIR" else "#"
     ghosts: dict[int, str] = {}
     edges: list[tuple[object, object]] = []
     for s, d in view.edges:
@@ -150,7 +151,8 @@ def _block_layout(
                 edges.append((s, d))
             else:
                 src = view.nodes[s]
-                ghosts[s] = f"{src.short} · {src.block}"
+                name = src.title if src.op == "input" else f"{sigil}{src.id} {src.op}"
+                ghosts[s] = f"{name} · {src.block}"
                 edges.append((("g", s), d))
     keys: list[object] = [("g", s) for s in sorted(ghosts)] + list(members)
     sizes = {
