@@ -125,3 +125,30 @@ def test_cnn_with_dynamic_spatial_dims_is_named_and_imports_once_they_are_fixed(
     for batch in (1, 3):
         feeds = tm.example("cnn", batch, seed=batch)
         _check(compiled.run(feeds)[0], tm.run_torch(model, feeds), f"cnn-hw batch={batch}")
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "bert"])
+def test_dynamically_quantized_export_matches_onnxruntime(
+    exports: Exports, name: str, tmp_path: Path
+) -> None:
+    """ONNX Runtime's ``quantize_dynamic`` (DynamicQuantizeLinear + MatMulInteger /
+    ConvInteger, int8 weights) of the TorchScript export: rlx's integer kernels give ONNX
+    Runtime's answer (rtol 1e-4, atol 1e-5: the integer products are exact, the f32
+    rescaling rounds differently), and stay near the float model (the int8 error)."""
+    ort = pytest.importorskip("onnxruntime")
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    src = exports.path(name, "torchscript")
+    dst = tmp_path / f"{name}-int8.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+    m = rlx.onnx.load(dst)
+    compiled = m.compile()
+    sess = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
+    for batch, seq in SHAPES:
+        feeds = tm.example(name, batch, seq, seed=batch)
+        (got,) = compiled.run(m.feeds(feeds))
+        _check(got, sess.run(None, feeds)[0], f"{dst.name} batch={batch}: rlx vs onnxruntime")
+        want = tm.run_torch(exports.model(name), feeds)
+        assert np.abs(got - want).max() < 0.05 * max(1.0, np.abs(want).max())
