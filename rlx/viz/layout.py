@@ -150,7 +150,8 @@ def layered(
             pts.append((xs[v], ys[li] + row_h[li] / 2))
         pts.append((boxes[d].cx, boxes[d].y))
         routes[(s, d)] = pts
-    total_w = max((b.x + b.w for b in boxes.values()), default=0.0)
+    right = [b.x + b.w for b in boxes.values()] + [x for pts in routes.values() for x, _ in pts]
+    total_w = max(right, default=0.0)
     return Layout(boxes, routes, total_w, max(y - vgap, 0.0))
 
 
