@@ -187,3 +187,32 @@ def test_jitted_attention_block_vs_torch():
     want = h + F.silu(h @ T["w1"]) @ T["w2"]
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
     assert "attention" in block.lower(params, x).inspect()
+
+
+def test_attention_block_with_dynamic_batch_and_seq_vs_numpy():
+    d, n = 16, 2
+    s = f32(1 / np.sqrt(d))
+    p = {
+        "g": rand(d, seed=1), "beta": rand(d, seed=2),
+        **{w: rand(d, d, seed=3 + i) * s for i, w in enumerate(("wq", "wk", "wv", "wo"))},
+        "w1": rand(d, 2 * d, seed=8) * s, "w2": rand(2 * d, d, seed=9) * s,
+    }  # fmt: skip
+    block = lambda p, x: attention_block({**p, "heads": n}, x)  # noqa: E731
+    dyn = rlx.jit(block, dynamic={"x": {0: "batch", 1: "seq"}})
+    for b, t in ((2, 6), (3, 5), (1, 9)):
+        x = rand(b, t, d, seed=b)
+        np.testing.assert_allclose(dyn(p, x), np_block(p, x, n), rtol=1e-4, atol=1e-5)
+    assert dyn.trace_count == 1
+
+
+def np_block(p, x, n):
+    """attention_block in NumPy (f64)."""
+    b, t, d = x.shape
+    x = x.astype(np.float64)
+    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    y = (x - mu) / np.sqrt(var + 1e-5) * p["g"] + p["beta"]
+    q, k, v = ((y @ p[w]).reshape(b, t, n, d // n) for w in ("wq", "wk", "wv"))
+    a = np_attention(q, k, v, causal=True).reshape(b, t, d)
+    h = x + a @ p["wo"]
+    u = h @ p["w1"]
+    return h + (u / (1 + np.exp(-u))) @ p["w2"]
