@@ -293,8 +293,9 @@ def weight_matmul(
 
     def make() -> tuple[Callable[[], Any], Callable[[], Any]]:
         ta, tb, to = _rand((mm, k), 1), _rand((k, n), 2), np.empty((mm, n), F32)
-        targs = lib.gemm_args(ta, lib.pack_b(tb), to)
-        return lambda: lib.lib.rlx_sgemm(*targs, nt), lambda: np.matmul(ta, tb, out=to)
+        packed = lib.pack_b(tb)  # kept alive by the closure: targs holds its raw address
+        targs = lib.gemm_args(ta, packed, to)
+        return lambda: (packed, lib.lib.rlx_sgemm(*targs, nt)), lambda: np.matmul(ta, tb, out=to)
 
     use, why = choose(key, make, nt)
     if not use:
