@@ -21,8 +21,6 @@ site-packages are appended to the path of its worker; transformers comes from .v
 
 from __future__ import annotations
 
-import _common  # noqa: F401  (repository root on sys.path)
-
 import argparse
 import json
 import platform
@@ -32,6 +30,8 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+
+import _common  # noqa: F401  (repository root on sys.path)
 
 PROMPT = (
     "Large language models read text as tokens. A tokenizer turns the prompt into a list "

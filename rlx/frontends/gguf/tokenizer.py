@@ -11,7 +11,7 @@ then each piece of plain text goes through the BPE of ``tokenizer.ggml.model`` (
 :mod:`rlx.frontends.gguf.bpe`): ``"llama"`` (SentencePiece BPE by scores with byte
 fallback, used by Gemma and Llama 2) or ``"gpt2"`` (byte-level BPE with merges, used by
 Llama 3, Qwen, SmolLM). ``add_space_prefix`` puts a space before plain text at the start
-or after a special token (and decoding drops it again from the start).
+or after a special token (and decoding drops it again after a leading BOS).
 
 Decoding maps each id to its bytes (``▁`` -> space, ``<0xNN>`` -> the byte, byte-level
 characters -> their bytes, control tokens -> their text unless ``skip_special``) and
@@ -228,20 +228,24 @@ class GgufTokenizer:
 class StreamDecoder:
     """Incremental decoding: ``push(id)`` returns the text that is complete so far (bytes of
     a character split over several byte-fallback tokens are held until it is whole),
-    ``flush()`` the rest (an incomplete character as U+FFFD)."""
+    ``flush()`` the rest (an incomplete character as U+FFFD). With ``add_space_prefix``,
+    a stream that starts with BOS (a text encoded from its start) drops the space the
+    encoder put before the first word; a continuation (no BOS) keeps its spaces."""
 
     def __init__(self, tok: GgufTokenizer, skip_special: bool = True):
         self.tok = tok
         self.skip_special = skip_special
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._strip = tok.model == "llama" and tok.add_space_prefix
-        self._started = False
+        self._strip: bool | None = None  # decided by the first id
 
     def push(self, token_id: int) -> str:
         """Feed one id -> the newly complete text (possibly empty)."""
-        b = self.tok.token_bytes(token_id, self.skip_special)
-        if self._strip and not self._started and token_id not in self.tok._control:
-            self._started = True
+        tok = self.tok
+        b = tok.token_bytes(token_id, self.skip_special)
+        if self._strip is None:
+            self._strip = tok.model == "llama" and tok.add_space_prefix and token_id == tok.bos_id
+        elif self._strip and token_id not in tok._control:
+            self._strip = False
             if b.startswith(b" "):
                 b = b[1:]
         return self._utf8.decode(b)
