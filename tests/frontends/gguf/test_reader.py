@@ -10,6 +10,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rlx  # noqa: E402
 from rlx.errors import GgufError, ModelError  # noqa: E402
@@ -205,3 +207,31 @@ def test_unsupported_and_unknown_types_name_the_tensor(tmp_path):
     bad = raw[:at] + struct.pack("<I", 99) + raw[at + 4 :]
     with pytest.raises(GgufError, match="'b.weight': unknown ggml type id 99"):
         rlx.gguf.load(put(tmp_path, bad))
+
+
+_VALUES = st.one_of(
+    st.text(max_size=20),
+    st.integers(-(2**31), 2**31 - 1),
+    st.floats(width=32, allow_nan=False),
+    st.booleans(),
+    st.lists(st.text(max_size=8), min_size=1, max_size=6),
+    st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=6),
+)
+
+
+@given(st.dictionaries(st.text("abcxyz._", min_size=1, max_size=12), _VALUES, max_size=8))
+@settings(max_examples=30, deadline=None)
+def test_random_metadata_reads_as_gguf_reader_does(tmp_path_factory, md):
+    path = tmp_path_factory.mktemp("md") / "r.gguf"
+    w = gguf.GGUFWriter(str(path), arch="x")
+    for k, v in md.items():
+        if k != "general.architecture":
+            w.add_key_value(k, v, gguf.GGUFValueType.get_type(v))
+    w.add_tensor("t", np.zeros(2, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    f = rlx.gguf.load(path)
+    ref = gguf.GGUFReader(path)
+    assert f.metadata == {k: ref.fields[k].contents() for k in ref.fields if k[:5] != "GGUF."}

@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlx.errors import GgufError
 from rlx.frontends.gguf import GgufTokenizer
@@ -117,3 +119,19 @@ def test_bad_metadata_is_a_gguf_error():
         GgufTokenizer.from_metadata({**md, "tokenizer.ggml.bos_token_id": 5})
     with pytest.raises(GgufError, match="needs tokenizer.ggml.merges"):
         GgufTokenizer.from_metadata({**md, "tokenizer.ggml.model": "gpt2"})
+
+
+@given(
+    st.lists(
+        st.one_of(st.integers(238, 493), st.integers(494, 262143), st.sampled_from([1, 2, 106])),
+        max_size=40,
+    )
+)
+@settings(max_examples=60, deadline=None)
+def test_stream_pieces_join_to_the_bytes_decoded_at_once(tok, ids):
+    """Any id sequence (byte tokens split characters anywhere): the streamed pieces join
+    to the UTF-8 decoding of all the tokens' bytes at once, and decode() agrees."""
+    want = b"".join(tok.token_bytes(i, skip_special=True) for i in ids).decode("utf-8", "replace")
+    s = tok.stream()
+    assert "".join(s.push(i) for i in ids) + s.flush() == want
+    assert tok.decode(ids, skip_special=True) == want
