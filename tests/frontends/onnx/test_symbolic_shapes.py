@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -206,3 +208,46 @@ def test_slicing_a_static_axis_to_a_symbol_bounds_the_symbol() -> None:
     np.testing.assert_array_equal(c.run({"x": np.zeros((1, 16, 8), np.float32)})[pos], POS)
     with pytest.raises(InputError, match=r"seq"):
         c.run({"x": np.zeros((1, 17, 8), np.float32)})
+
+
+def _ev(d, env: dict[str, int]) -> int:  # noqa: ANN001
+    return d.evaluate(env) if isinstance(d, rlx.shape.Sym) else int(d)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    op=st.sampled_from(["Mul", "Add", "Sub", "Div", "Equal", "Max", "Min"]),
+    a=st.one_of(st.integers(-3, 6), st.sampled_from(["b", "s", "b*s", "2*s"])),
+    c=st.one_of(st.integers(-3, 6), st.sampled_from(["b", "s", "b*s", "2*s"])),
+    b=st.integers(1, 9),
+    s=st.integers(1, 9),
+)
+def test_symbolic_rules_agree_with_integer_arithmetic_at_every_binding(op, a, c, b, s) -> None:  # noqa: ANN001
+    """Whenever a rule gives a symbolic answer, evaluating it at a binding equals the ONNX op
+    on the bound integers (the rules may decline: the value is then computed at run time)."""
+    from rlx.frontends.onnx.symbolic import _BINARY, _VARIADIC, _NotSymbolic
+    from rlx.shape import Sym
+
+    syms = {"b": Sym.named("b"), "s": Sym.named("s"), "b*s": Sym((("b", 1), ("s", 1))),
+            "2*s": Sym("s", 2)}  # fmt: skip
+    x, y = (syms[v] if isinstance(v, str) else v for v in (a, c))
+    if isinstance(x, int) and isinstance(y, int):
+        return
+    if op == "Div" and _ev(y, {"b": b, "s": s}) == 0:
+        return
+    env = {"b": b, "s": s}
+    try:
+        got = {**_BINARY, **_VARIADIC}[op](x, y)
+    except _NotSymbolic:
+        return
+    xi, yi = _ev(x, env), _ev(y, env)
+    want = {
+        "Mul": lambda: xi * yi,
+        "Add": lambda: xi + yi,
+        "Sub": lambda: xi - yi,
+        "Div": lambda: int(xi / yi),  # truncation toward zero
+        "Equal": lambda: xi == yi,
+        "Max": lambda: max(xi, yi),
+        "Min": lambda: min(xi, yi),
+    }[op]()
+    assert (got if isinstance(got, bool) else _ev(got, env)) == want
