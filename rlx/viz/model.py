@@ -1,6 +1,7 @@
 """What the HTML view draws. In: a MIR graph (optionally the compiled program's source
 graph, kernel kinds and buffer plan). Out: a :class:`View`: the drawable nodes (Inputs and
-compute nodes; params and constants are folded into the nodes that read them), the edges
+compute nodes; params, constants and, for a compiled graph, the prologue's param-derived
+nodes such as weight casts are folded into the nodes that read them), the edges
 between them, the blocks they are grouped in, and each node's facts (op, name, shape,
 dtype, precision, source line, fusion group, kernel, arena slot).
 
