@@ -36,6 +36,7 @@ __all__ = ["GgufFile", "load", "VALUE_TYPES"]
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4
+MAX_NESTING = 8  # arrays of arrays of ...: deeper is a malformed file, not recursion
 
 #: GGUF metadata value type id -> (name, struct format or None for string / array)
 VALUE_TYPES: dict[int, tuple[str, str | None]] = {
@@ -135,7 +136,7 @@ class _Cursor:
         self.pos = pos
         return out
 
-    def value(self, vtype: int, key: str) -> tuple[Any, str]:
+    def value(self, vtype: int, key: str, depth: int = 0) -> tuple[Any, str]:
         spec = VALUE_TYPES.get(vtype)
         if spec is None:
             raise GgufError(f"GGUF key {key!r}: unknown value type id {vtype} at {self.pos}")
@@ -152,7 +153,9 @@ class _Cursor:
         if etype == 8:
             return self.strings(count, f"string array {key!r}"), f"ARRAY[{espec[0]}]"
         if etype == 9:
-            items = [self.value(9, f"{key}[{i}]")[0] for i in range(count)]
+            if depth >= MAX_NESTING:
+                raise GgufError(f"GGUF key {key!r}: arrays nested deeper than {MAX_NESTING}")
+            items = [self.value(9, f"{key}[{i}]", depth + 1)[0] for i in range(count)]
             return items, "ARRAY[ARRAY]"
         dt = np.dtype(_NP[etype])
         at = self.need(count * dt.itemsize, f"array {key!r} of {count} {espec[0]}")

@@ -235,3 +235,28 @@ def test_random_metadata_reads_as_gguf_reader_does(tmp_path_factory, md):
     f = rlx.gguf.load(path)
     ref = gguf.GGUFReader(path)
     assert f.metadata == {k: ref.fields[k].contents() for k in ref.fields if k[:5] != "GGUF."}
+
+
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_corrupted_header_bytes_load_or_raise_gguf_error(tmp_path_factory, data):
+    """Any bytes of the header overwritten: load succeeds or raises GgufError, never
+    another exception."""
+    d = tmp_path_factory.mktemp("fuzz")
+    raw = bytearray(small_file(d))
+    end = rlx.gguf.load(put(d, bytes(raw), "ok.gguf")).data_offset
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, end - 1))
+        raw[at] = data.draw(st.integers(0, 255))
+    try:
+        rlx.gguf.load(put(d, bytes(raw)))
+    except GgufError:
+        pass
+
+
+def test_deeply_nested_arrays_are_refused(tmp_path):
+    raw = bytearray(b"GGUF" + struct.pack("<IQQ", 3, 0, 1))
+    raw += struct.pack("<Q", 1) + b"k" + struct.pack("<I", 9)
+    raw += (struct.pack("<I", 9) + struct.pack("<Q", 1)) * 20 + struct.pack("<IQ", 4, 0)
+    with pytest.raises(GgufError, match="'k\\[0\\].*nested deeper than 8"):
+        rlx.gguf.load(put(tmp_path, bytes(raw)))
