@@ -13,8 +13,9 @@ OpenBLAS thread variables and XLA_FLAGS set for the count, no OPENBLAS_CORETYPE 
 OPENBLAS_L2_SIZE), every workload compiled and warmed up; then rounds: each round visits
 every workload and, for each, every engine once (the starting engine rotates), timing
 ``inner`` calls (chosen per workload for ~30 ms of work) after one untimed call. The
-figure is the median over rounds of the per-call time; ``ratio`` = rlx time / the best
-peer's (< 1: rlx faster). First call: a fresh process per engine and workload times the
+figure is the median over rounds of the per-call time, with the best round beside it
+(on a shared machine the best round is the one least disturbed by other jobs); ``ratio``
+= rlx time / the best peer's (< 1: rlx faster). First call: a fresh process per engine and workload times the
 first call (trace + compile + one run) with its disk caches warm (rlx's native kernel
 cache, inductor's FX graph cache: a user's second session; JAX keeps none by default),
 and again cold (an empty RLX_CACHE_DIR; TORCHINDUCTOR_FORCE_DISABLE_CACHES=1).
@@ -96,8 +97,8 @@ def first_calls(threads: int) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
-def steady(threads: int, rounds: int) -> dict[str, dict[str, float]]:
-    """workload -> engine -> median seconds per call over interleaved rounds."""
+def steady(threads: int, rounds: int) -> dict[str, dict[str, tuple[float, float]]]:
+    """workload -> engine -> (median, best) seconds per call over interleaved rounds."""
     names = ",".join(WORKLOADS)
     procs = {}
     for engine in ENGINES:
@@ -130,7 +131,9 @@ def steady(threads: int, rounds: int) -> dict[str, dict[str, float]]:
         p.stdin.write("quit\n")  # type: ignore[union-attr]
         p.stdin.close()  # type: ignore[union-attr]
         p.wait()
-    return {wl: {e: statistics.median(v) for e, v in d.items()} for wl, d in times.items()}
+    return {
+        wl: {e: (statistics.median(v), min(v)) for e, v in d.items()} for wl, d in times.items()
+    }
 
 
 def _fmt_t(s: float) -> str:
@@ -176,15 +179,17 @@ def report(args: argparse.Namespace, steady_res: dict, firsts: dict) -> str:
     ]
     for threads, res in steady_res.items():
         lines += [
-            f"## Steady state, {threads} thread(s): time per call",
+            f"## Steady state, {threads} thread(s): time per call, median over rounds (best round)",
             "",
-            "| workload | " + " | ".join(ENGINES) + " | rlx / best peer |",
+            "| workload | " + " | ".join(ENGINES) + " | rlx / best peer: median (best) |",
             "|---|" + "---|" * (len(ENGINES) + 1),
         ]
         for wl, d in res.items():
-            best = min(d[e] for e in ENGINES if e != "rlx")
-            cells = " | ".join(_fmt_t(d[e]) for e in ENGINES)
-            lines.append(f"| {wl} | {cells} | {d['rlx'] / best:.2f} |")
+            peers = [e for e in ENGINES if e != "rlx"]
+            med = d["rlx"][0] / min(d[e][0] for e in peers)
+            best = d["rlx"][1] / min(d[e][1] for e in peers)
+            cells = " | ".join(f"{_fmt_t(d[e][0])} ({_fmt_t(d[e][1])})" for e in ENGINES)
+            lines.append(f"| {wl} | {cells} | {med:.2f} ({best:.2f}) |")
         lines.append("")
     for threads, res in firsts.items():
         lines += [
@@ -216,7 +221,7 @@ def main() -> None:
     for n in args.threads:
         steady_res[n] = steady(n, args.rounds)
         for wl, d in steady_res[n].items():
-            print(f"steady {n}T {wl:14s} " + "  ".join(f"{e} {_fmt_t(t)}" for e, t in d.items()), flush=True)  # fmt: skip
+            print(f"steady {n}T {wl:14s} " + "  ".join(f"{e} {_fmt_t(t[0])} ({_fmt_t(t[1])})" for e, t in d.items()), flush=True)  # fmt: skip
     firsts = {args.first_threads: first_calls(args.first_threads)}
     text = report(args, steady_res, firsts)
     args.out.write_text(text + "\n")
