@@ -27,6 +27,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rlx.errors import GgufError
 from rlx.frontends.gguf.bpe import ByteLevelBpe, bytes_to_unicode, spm_encode
 
@@ -62,9 +64,8 @@ class GgufTokenizer:
         self.model: str = model
         self.tokens: list[str] = tokens
         self.token_types: list[int] = types
-        self.vocab: dict[str, int] = {}
-        for i, t in enumerate(tokens):
-            self.vocab.setdefault(t, i)
+        # the first id of a duplicated string wins (inserted last)
+        self.vocab: dict[str, int] = dict(zip(reversed(tokens), range(n - 1, -1, -1)))
 
         def tid(key: str, default: int | None = None) -> int | None:
             v = md.get(f"tokenizer.ggml.{key}", default)
@@ -90,10 +91,11 @@ class GgufTokenizer:
                 if t in self.vocab and types[self.vocab[t]] == CONTROL
             }
         )
-        self._specials = _SpecialMatcher(
-            {t: i for i, t in enumerate(tokens) if types[i] in (CONTROL, USER_DEFINED) and t}
-        )
-        self._control = {i for i, t in enumerate(types) if t in (CONTROL, UNKNOWN, UNUSED)}
+        ty = np.asarray(types)
+        special = np.flatnonzero((ty == CONTROL) | (ty == USER_DEFINED)).tolist()
+        self._specials = _SpecialMatcher({tokens[i]: i for i in special if tokens[i]})
+        control = (ty == CONTROL) | (ty == UNKNOWN) | (ty == UNUSED)
+        self._control: set[int] = set(np.flatnonzero(control).tolist())
         if is_spm:
             self.scores: list[float] = md.get("tokenizer.ggml.scores") or [0.0] * n
             byte_ids = [self.vocab.get(f"<0x{b:02X}>", -1) for b in range(256)]
@@ -204,11 +206,15 @@ class GgufTokenizer:
         out: list[bytes] = []
         types = self.token_types
         if self.model == "llama":
-            for t, ty in zip(self.tokens, types, strict=True):
-                if ty == BYTE and len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
-                    out.append(bytes([int(t[3:5], 16)]))
-                else:
-                    out.append(t.replace("\u2581", " ").encode("utf-8"))
+            joined = "\x00".join(self.tokens)
+            if joined.count("\x00") == len(self.tokens) - 1:  # no token holds a NUL
+                out = joined.replace("\u2581", " ").encode("utf-8").split(b"\x00")
+            else:
+                out = [t.replace("\u2581", " ").encode("utf-8") for t in self.tokens]
+            for i in np.flatnonzero(np.asarray(types) == BYTE).tolist():
+                t = self.tokens[i]
+                if len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+                    out[i] = bytes([int(t[3:5], 16)])
             return out
         inv = {c: b for b, c in bytes_to_unicode().items()}
         for t, ty in zip(self.tokens, types, strict=True):
