@@ -326,6 +326,11 @@ class Jitted:
         except TypeError as e:
             raise _err(f"{self.fun.__name__}: {e}") from None
         ba.apply_defaults()
+        if ba.kwargs:
+            raise _err(
+                f"{self.fun.__name__}: rlx.jit passes arguments by position; keyword-only "
+                f"arguments {sorted(ba.kwargs)} are not supported (make them positional)"
+            )
         return tuple(ba.args)
 
     def _signature(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:

@@ -222,3 +222,11 @@ def test_num_threads_reaches_the_compile_options():
     f = rlx.jit(lambda x: x + 1.0, num_threads=1)
     f(rand(2))
     assert f.options.num_threads == 1
+
+
+def test_keyword_only_arguments_are_rejected_by_name():
+    def f(x, *, scale):
+        return x * scale
+
+    with pytest.raises(TraceError, match=r"keyword-only arguments \['scale'\]"):
+        rlx.jit(f)(rand(2), scale=2.0)
