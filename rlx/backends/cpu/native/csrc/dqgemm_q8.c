@@ -7,10 +7,9 @@
  * dx * sum(xq) is kept for the weight's offset terms.
  *
  * Weights: each row is brought to one form, w = ws[g] * q[j] + wo[g] (g: the 32 or, for
- * Q6_K, 16 inputs sharing a scale), with q
- * unsigned 0..63 (Q5_0: 0..31 offset -16 d; Q4_K: 0..15 scale d * sc, offset -dmin * m;
- * Q6_K: 0..63 scale d * sc, offset -32 d * sc), or, for Q8_0, the signed codes read in
- * place (stride 34) with no offset. The product of a 32-input block is an exact integer
+ * Q6_K, 16 inputs sharing a scale), with q unsigned 0..63 (Q4_K: 0..15 scale d * sc,
+ * offset -dmin * m; Q6_K: 0..63 scale d * sc, offset -32 d * sc), or signed with no offset
+ * (Q5_0: q - 16 in -16..15; Q8_0: the codes read in place, stride 34). The product of a 32-input block is an exact integer
  * dot product per 16 (vpdpbusd on AVX-512 VNNI; vpmaddubsw + vpmaddwd on AVX2; with
  * Q8_0's signs moved onto X by vpsignb), scaled in f32 by ws * dx and summed; the offsets
  * add dot(wo, dx * sum(xq)) over the K / 16 groups.
@@ -104,7 +103,8 @@ static inline void q4k_sm(const uint8_t *q, int j, int *sc, int *m) {
 }
 
 /* Row n of the weight in the form above: codes in wq (or *qp pointing into the packed row,
- * stride *stride per 32 codes). Q8_0 / Q5_0 / Q4_K: ws / wo per 32 (returns 0 / 1 / 1);
+ * stride *stride per 32 codes). Q8_0 / Q5_0 (signed codes, no offset): ws per 32
+ * (returns 0); Q4_K: ws / wo per 32 (returns 1);
  * Q6_K: ws as 8 lanes per 32 codes (lanes 0-3 the scale of the first 16, 4-7 the
  * second) and wo per 16 (returns 2). */
 static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict ws,
@@ -118,9 +118,8 @@ static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict
         *qp = p + 2;
         *stride = 34;
         return 0;
-    case S_Q5_0:
+    case S_Q5_0: /* signed codes q - 16 (as Q8_0's, no offset term) */
         for (long b = 0; b < s->nb; b++, p += 22, wq += 32) {
-            float d = Q8_HF(p);
             uint32_t qh;
             memcpy(&qh, p + 2, 4);
             const uint8_t *qs = p + 6;
@@ -128,8 +127,9 @@ static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict
             __m128i v = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(15);
             __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4),
                                            _mm_and_si128(v, m4));
-#if VW == 16 /* AVX-512 BW + VL: bit j of qh adds 16 to byte j */
-            nib = _mm256_mask_add_epi8(nib, (__mmask32)qh, nib, _mm256_set1_epi8(16));
+            const __m256i hi = _mm256_set1_epi8((char)0xF0); /* nib - 16 as int8 */
+#if VW == 16 /* AVX-512 BW + VL: bit j of qh keeps byte j at nib (= q - 16) */
+            nib = _mm256_mask_mov_epi8(_mm256_or_si256(nib, hi), (__mmask32)qh, nib);
 #else
             /* bit j of qh -> byte j (llama.cpp's bytes_from_bits_32) */
             const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101LL,
@@ -137,19 +137,20 @@ static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict
             __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
             bits = _mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL));
             bits = _mm256_cmpeq_epi8(bits, _mm256_set1_epi64x(-1));
-            nib = _mm256_or_si256(nib, _mm256_and_si256(bits, _mm256_set1_epi8(16)));
+            nib = _mm256_or_si256(nib, _mm256_andnot_si256(bits, hi));
 #endif
             _mm256_storeu_si256((__m256i *)wq, nib);
 #else
             for (int j = 0; j < 16; j++) {
-                wq[j] = (uint8_t)((qs[j] & 15) | (((qh >> j) & 1) << 4));
-                wq[j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+                int lo = (qs[j] & 15) | (((qh >> j) & 1) << 4);
+                int hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+                wq[j] = (uint8_t)(int8_t)(lo - 16);
+                wq[j + 16] = (uint8_t)(int8_t)(hi - 16);
             }
 #endif
-            ws[b] = d;
-            wo[b] = -16.0f * d;
+            ws[b] = Q8_HF(p);
         }
-        return 1;
+        return 0;
     case S_Q4_K:
         for (long b = 0; b < s->nb; b++, p += 144, wq += 256) {
             float d = Q8_HF(p), dmin = Q8_HF(p + 2);
