@@ -29,8 +29,11 @@ __all__ = [
 ]
 
 
-def load(path: str | Path, max_context: int = 2048, num_threads: int | None = None) -> LlmModel:
+def load(
+    path: str | Path, max_context: int | None = None, num_threads: int | None = None
+) -> LlmModel:
     """The decoder in GGUF file ``path``, compiled for the CPU with a KV cache of
-    ``max_context`` positions and ``num_threads`` threads (None: physical cores).
+    ``max_context`` positions (None: 2048, or the model's context length when smaller)
+    and ``num_threads`` threads (None: physical cores).
     ModelError for an unsupported architecture or a missing tensor."""
     return open_model(path, max_context=max_context, num_threads=num_threads)

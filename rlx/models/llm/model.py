@@ -28,6 +28,8 @@ from rlx.models.llm.graph import build_decoder
 __all__ = ["LlmModel", "StepTimes", "open_model"]
 
 _MIN_CLASS = 8
+#: The KV cache size when none is given (capped by the model's context length).
+DEFAULT_CONTEXT = 2048
 
 
 @dataclass
@@ -152,7 +154,7 @@ class LlmModel:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of token ids (special tokens dropped)."""
-        return str(self.tokenizer.decode(list(ids)))
+        return str(self.tokenizer.decode(list(ids), skip_special=True))
 
     def generate(self, prompt: str | Sequence[int], **kw: Any) -> Any:
         """Generate from ``prompt`` (text or token ids): see
@@ -171,7 +173,7 @@ class LlmModel:
 
 
 def open_model(
-    path: str | Path, max_context: int = 2048, num_threads: int | None = None
+    path: str | Path, max_context: int | None = None, num_threads: int | None = None
 ) -> LlmModel:
     """Read the GGUF file at ``path`` and build its :class:`LlmModel` (see
     :func:`rlx.models.llm.load`)."""
@@ -180,6 +182,8 @@ def open_model(
     p = Path(path)
     f = gguf.load(p)
     cfg = read_config(f.architecture, f.metadata, f.tensors)
+    if max_context is None:
+        max_context = min(DEFAULT_CONTEXT, cfg.context_length)
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
         raise InputError(f"max_context must be an int >= 2, given {max_context!r}")
     if max_context > cfg.context_length:
@@ -187,11 +191,9 @@ def open_model(
             f"max_context={max_context} exceeds the model's context length "
             f"{cfg.context_length} ({cfg.arch.name}.context_length)"
         )
-    tok = None
-    try:
-        from rlx.frontends.gguf import GgufTokenizer  # type: ignore[attr-defined]
-
-        tok = GgufTokenizer.from_file(p)
-    except ImportError:  # the tokenizer module is not there yet
-        tok = None
+    tok = (
+        gguf.GgufTokenizer.from_metadata(f.metadata)
+        if "tokenizer.ggml.tokens" in f.metadata
+        else None
+    )
     return LlmModel(p, f, cfg, tok, max_context, num_threads)

@@ -1,0 +1,73 @@
+"""``rlx generate MODEL.gguf PROMPT``: text from a decoder language model. In: a GGUF file
+and a prompt (``-``: read it from stdin). Out: the generated text on stdout as it is made
+(streamed), then one line on stderr with the prefill and decode tokens/s."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from rlx.cli.common import CONTEXT, threads_option
+
+__all__ = ["command"]
+
+
+@click.command(
+    "generate",
+    context_settings=CONTEXT,
+    short_help="Generate text with a GGUF language model (streamed, tokens/s).",
+)
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("prompt")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option(
+    "--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+    help="0 is greedy.",
+)  # fmt: skip
+@click.option("--top-k", type=click.IntRange(min=0), default=0, help="0: no limit.")
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0)
+@click.option("--seed", type=int, default=None, help="Seed of the sampler (reproducible).")
+@click.option("--stop", multiple=True, help="A stop string (repeatable).")
+@click.option(
+    "--max-context", type=click.IntRange(min=2), default=None,
+    help="KV cache positions (default: 2048, or the model's context length when smaller).",
+)  # fmt: skip
+@threads_option()
+def command(
+    model: Path,
+    prompt: str,
+    max_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int | None,
+    stop: tuple[str, ...],
+    max_context: int | None,
+    threads: int | None,
+) -> None:
+    """Generate up to --max-tokens tokens after PROMPT with the GGUF model MODEL."""
+    import rlx.models.llm as llm
+
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    m = llm.load(model, max_context=max_context, num_threads=threads)
+    stream = m.generate(
+        prompt,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        stop=stop,
+        stream=True,
+    )
+    for piece in stream:
+        click.echo(piece, nl=False)
+        sys.stdout.flush()
+    click.echo()
+    sys.stdout.flush()
+    r = stream.result
+    assert r is not None
+    click.echo(f"[{r.finish_reason}] {r.stats}", err=True)

@@ -1,0 +1,137 @@
+"""A tiny random ``llama`` GGUF file (written with ``gguf.GGUFWriter``) and the same model
+in transformers' ``LlamaForCausalLM``: the oracle of the llama path of rlx.models.llm.
+
+The GGUF holds q / k permuted as llama.cpp's converter writes them (``permute`` below, from
+convert_hf_to_gguf.py), so rlx must apply its adjacent-pair rope to match transformers'
+rotate-half rope on the original weights. Some weights are Q8_0 (transformers gets their
+decoded values), the rest F32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+CFG = dict(vocab=96, d=64, ff=96, layers=2, heads=4, kv_heads=2, eps=1e-5, base=10000.0, ctx=128)
+Q8_NAMES = ("attn_q", "ffn_down", "output")
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's q / k row order: each head's two rotate-half halves interleaved."""
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def hf_weights(seed: int = 0) -> dict[str, np.ndarray]:
+    """Random weights by transformers' names ([out, in])."""
+    c = CFG
+    rng = np.random.default_rng(seed)
+    hd = c["d"] // c["heads"]
+
+    def w(*shape: int, s: float = 0.2) -> np.ndarray:
+        return (rng.standard_normal(shape) * s).astype(np.float32)
+
+    out = {"model.embed_tokens.weight": w(c["vocab"], c["d"], s=1.0)}
+    for i in range(c["layers"]):
+        p = f"model.layers.{i}"
+        out[f"{p}.self_attn.q_proj.weight"] = w(c["heads"] * hd, c["d"])
+        out[f"{p}.self_attn.k_proj.weight"] = w(c["kv_heads"] * hd, c["d"])
+        out[f"{p}.self_attn.v_proj.weight"] = w(c["kv_heads"] * hd, c["d"])
+        out[f"{p}.self_attn.o_proj.weight"] = w(c["d"], c["heads"] * hd)
+        out[f"{p}.mlp.gate_proj.weight"] = w(c["ff"], c["d"])
+        out[f"{p}.mlp.up_proj.weight"] = w(c["ff"], c["d"])
+        out[f"{p}.mlp.down_proj.weight"] = w(c["d"], c["ff"])
+        out[f"{p}.input_layernorm.weight"] = 1.0 + w(c["d"], s=0.1)
+        out[f"{p}.post_attention_layernorm.weight"] = 1.0 + w(c["d"], s=0.1)
+    out["model.norm.weight"] = 1.0 + w(c["d"], s=0.1)
+    out["lm_head.weight"] = w(c["vocab"], c["d"])
+    return out
+
+
+def write_gguf(path: Path, weights: dict[str, np.ndarray], arch: str = "llama",
+               skip: str | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+    """Write ``weights`` as a llama GGUF at ``path``; returns the weights transformers
+    must use (Q8_0 ones replaced by their decoded values)."""
+    import gguf
+
+    c = CFG
+    wr = gguf.GGUFWriter(str(path), arch)
+    wr.add_block_count(c["layers"])
+    wr.add_context_length(c["ctx"])
+    wr.add_embedding_length(c["d"])
+    wr.add_feed_forward_length(c["ff"])
+    wr.add_head_count(c["heads"])
+    wr.add_head_count_kv(c["kv_heads"])
+    wr.add_layer_norm_rms_eps(c["eps"])
+    wr.add_rope_freq_base(c["base"])
+    names = {
+        "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+    }  # fmt: skip
+    used = {}
+    for hf, arr in weights.items():
+        if hf == "model.embed_tokens.weight":
+            name = "token_embd.weight"
+        elif hf == "model.norm.weight":
+            name = "output_norm.weight"
+        elif hf == "lm_head.weight":
+            name = "output.weight"
+        else:
+            parts = hf.split(".")
+            name = f"blk.{parts[2]}.{names['.'.join(parts[3:-1])]}.weight"
+        data = arr
+        if name.endswith("attn_q.weight"):
+            data = permute(arr, c["heads"])
+        elif name.endswith("attn_k.weight"):
+            data = permute(arr, c["kv_heads"])
+        base = name.split(".")[-2]
+        if name == skip:
+            continue
+        if base in Q8_NAMES:
+            q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
+            wr.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            dec = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)
+            if base == "attn_q":  # back to transformers' order
+                dec = permute_back(dec, c["heads"])
+            used[hf] = dec.astype(np.float32)
+        else:
+            wr.add_tensor(name, np.ascontiguousarray(data))
+            used[hf] = arr
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    return used
+
+
+def permute_back(w: np.ndarray, n_head: int) -> np.ndarray:
+    """The inverse of :func:`permute`."""
+    return (
+        w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def hf_model(weights: dict[str, np.ndarray]):  # noqa: ANN201
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = CFG
+    cfg = LlamaConfig(
+        vocab_size=c["vocab"], hidden_size=c["d"], intermediate_size=c["ff"],
+        num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
+        num_key_value_heads=c["kv_heads"], rms_norm_eps=c["eps"],
+        rope_parameters={"rope_type": "default", "rope_theta": c["base"]},
+        max_position_embeddings=c["ctx"], tie_word_embeddings=False,
+        attn_implementation="eager",
+    )  # fmt: skip
+    m = LlamaForCausalLM(cfg).eval()
+    m.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in weights.items()})
+    return m
