@@ -1,14 +1,16 @@
 """Weight-only DequantMatMul on packed bytes vs the memory-bandwidth bound, in one run.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/dequant_gemv.py \\
-        [--threads 1 2] [--rounds 3] [--reps 5] [--working-set-mb 1024] [--out FILE.md]
+        [--threads 1 2] [--rounds 3] [--reps 5] [--working-set-mb 1024] [--out FILE.md] \\
+        [--act auto|q8|f32]
 
 Engines, each in its own process, rounds interleaved (round r runs every engine once):
 
 * ``stream``: the bandwidth probe, ``rlx_dq_stream_read`` (csrc/dqgemm.c): vector loads
   summing a ``--working-set-mb`` f32 buffer (larger than the L3 cache) on 1 and 2 threads.
 * ``rlx <scheme>``: decode-style batch-1 ``y = x @ dequant(W).T`` (the kernel a
-  DequantMatMul node runs, ``DqGemmLib.bind``) at Gemma-3-270M's shapes (d 640, 4 x 256
+  DequantMatMul node runs, ``DqGemmLib.bind``, activations as ``--act``: ``auto`` quantizes
+  them to int8 for Q8_0 / Q5_0 / Q4_K / Q6_K at batch < 4, as RLX_DQ_ACT's default) at Gemma-3-270M's shapes (d 640, 4 x 256
   query heads, 1 x 256 KV head, FFN 2048, vocab 262144 tied embedding / logits) and
   4096 x 4096. Each call reads another copy of the packed weight, cycling through copies
   that together fill ``--working-set-mb``, so the weight comes from DRAM as in a real
@@ -123,14 +125,14 @@ def worker_rlx(args: argparse.Namespace, name: str) -> dict:
         x = rng.standard_normal((1, k)).astype(np.float32)
         y = np.empty((1, n), np.float32)
         for t in args.threads:
-            calls = [lib.bind(scheme, x, c, y, num_threads=t) for c in copies]
+            calls = [lib.bind(scheme, x, c, y, num_threads=t, act=args.act) for c in copies]
             res["decode"][f"{sname}|{t}"] = _time_cycle(calls, args.reps)
         del copies
         if (sname, k, n) in PREFILL:
             xp = rng.standard_normal((M_PREFILL, k)).astype(np.float32)
             yp = np.empty((M_PREFILL, n), np.float32)
             for t in args.threads:
-                call = lib.bind(scheme, xp, ws, yp, num_threads=t)
+                call = lib.bind(scheme, xp, ws, yp, num_threads=t, act=args.act)
                 res["prefill"][f"{sname}|{t}"] = _time_cycle([call], args.reps)
     return res
 
@@ -176,6 +178,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--working-set-mb", type=int, default=1024)
     ap.add_argument("--schemes", nargs="+", default=SCHEMES)
+    ap.add_argument("--act", default="auto", choices=["auto", "q8", "f32"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--worker", default=None)
     args = ap.parse_args()
@@ -190,7 +193,7 @@ def main() -> None:
         return
     argv = [
         "--threads", *map(str, args.threads), "--reps", str(args.reps),
-        "--working-set-mb", str(args.working_set_mb),
+        "--working-set-mb", str(args.working_set_mb), "--act", args.act,
     ]  # fmt: skip
     engines = ["stream", *args.schemes, "sgemm"]
     rounds: dict[str, list[dict]] = {e: [] for e in engines}
@@ -218,7 +221,9 @@ def report(args: argparse.Namespace, rounds: dict[str, list[dict]]) -> None:
         f"CPU: {cpu_model()} ({platform.machine()}, {os.cpu_count()} logical CPUs); native "
         f"target: {native.target_description()}; BLAS: {_blas_desc()}; removed BLAS pins: "
         f"{removed_blas_pins() or 'none'}. {args.rounds} rounds interleaved, best of "
-        f"{args.reps} per round, best round; working set {args.working_set_mb} MiB.",
+        f"{args.reps} per round, best round; working set {args.working_set_mb} MiB; "
+        f"activations: --act {args.act} (auto: int8 for Q8_0 / Q5_0 / Q4_K / Q6_K at "
+        "batch < 4).",
         "",
         "Streaming read bandwidth (the bound): "
         + ", ".join(f"{bw[str(t)]:.1f} GB/s on {t} thread(s)" for t in args.threads),
