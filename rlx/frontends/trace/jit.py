@@ -98,7 +98,6 @@ class _Entry:
         self.compiled = cg = lowered.compile()
         out_tree = lowered.out_tree
         run = cg.run_trusted
-        set_param = cg.set_param
         inputs = {n.op.name: n for n in lowered.graph.input_nodes()}  # type: ignore[attr-defined]
         dtypes = {k: inputs[names[k]].shape.dtype.np for k in scalars}
         fset = set(frozen)
@@ -114,7 +113,7 @@ class _Entry:
             for j, (name, k) in enumerate(params):
                 a = leaves[k]
                 if a is not bound[j] or not shared[j]:
-                    set_param(name, a)
+                    cg.set_param(name, a)
                     bound[j], shared[j] = a, safe_to_share(a)
 
         if not dyn and not scalars:

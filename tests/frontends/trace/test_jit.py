@@ -230,3 +230,62 @@ def test_keyword_only_arguments_are_rejected_by_name():
 
     with pytest.raises(TraceError, match=r"keyword-only arguments \['scale'\]"):
         rlx.jit(f)(rand(2), scale=2.0)
+
+
+def _entry(f):
+    (entry,) = {id(e): e for e in f._cache.values()}.values()
+    return entry
+
+
+def test_steady_calls_skip_the_checked_run(monkeypatch):
+    f = rlx.jit(lambda x, w: x @ w)
+    x, w = rand(2, 3), rand(3, 4, seed=1)
+    f(x, w)
+    cg = _entry(f).compiled
+
+    def no_run(*a, **k):
+        raise AssertionError("CompiledGraph.run called on the steady path")
+
+    monkeypatch.setattr(cg, "run", no_run)
+    np.testing.assert_allclose(f(x, w), x @ w, rtol=1e-6)
+
+
+def test_frozen_arrays_are_params_set_once_per_object(monkeypatch):
+    f = rlx.jit(lambda p, x: x @ p["w"] + p["b"])
+    p = rlx.freeze({"w": rand(3, 4), "b": rand(4, seed=1)})
+    x = rand(2, 3, seed=2)
+    np.testing.assert_allclose(f(p, x), x @ p["w"] + p["b"], rtol=1e-6)
+    graph = f.lower(p, x).graph
+    assert graph.param_names == ["p.b", "p.w"] and graph.input_names == ["x"]
+    cg = _entry(f).compiled
+    sets = []
+    real = cg.set_param
+    monkeypatch.setattr(cg, "set_param", lambda n, v: (sets.append(n), real(n, v)))
+    f(p, x)
+    f(p, x)
+    assert sets == []  # the same objects: nothing set again
+    p2 = {"w": rlx.freeze(rand(3, 4, seed=5)), "b": p["b"]}  # a new w, the same b
+    np.testing.assert_allclose(f(p2, x), x @ p2["w"] + p2["b"], rtol=1e-6)
+    assert sets == ["p.w"]
+    assert f.trace_count == 2  # the lower() above traced once more
+
+
+def test_read_only_view_of_writable_memory_is_set_on_every_call():
+    base = rand(3, 4)
+    view = base[:]
+    view.flags.writeable = False
+    f = rlx.jit(lambda w, x: x @ w)
+    x = rand(2, 3, seed=1)
+    np.testing.assert_allclose(f(view, x), x @ base, rtol=1e-6)
+    base *= 2.0  # changes what the read-only view shows
+    np.testing.assert_allclose(f(view, x), x @ base, rtol=1e-6)
+
+
+def test_writable_and_frozen_arguments_trace_separately():
+    f = rlx.jit(lambda w, x: x @ w)
+    w, x = rand(3, 4), rand(2, 3, seed=1)
+    f(w, x)
+    f(rlx.freeze(w), x)
+    assert f.trace_count == 2
+    w[0, 0] = 100.0  # a writable argument is read afresh on every call
+    np.testing.assert_allclose(f(w, x), x @ w, rtol=1e-6)
