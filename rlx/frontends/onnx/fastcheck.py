@@ -13,6 +13,8 @@ file) the loader has checked already when it read the tensors."""
 
 from __future__ import annotations
 
+import math
+
 import onnx
 from google.protobuf.message import Message
 from onnx import ModelProto, TensorProto, helper
@@ -23,10 +25,12 @@ STUB_BYTES = 1 << 16  # initializers holding more than this many bytes are stubb
 
 
 def _nbytes(t: TensorProto) -> int:
+    """The tensor's size from its dims (reading ``raw_data`` would copy the bytes)."""
     if t.data_location == TensorProto.EXTERNAL:
         return STUB_BYTES + 1  # read (and checked) from its file by the loader
     if t.HasField("raw_data"):
-        return len(t.raw_data)
+        item = helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        return math.prod(t.dims) * item
     return 0  # typed fields: small in practice, copied as they are
 
 

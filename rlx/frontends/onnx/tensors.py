@@ -26,6 +26,23 @@ _FIELD = {
     TensorProto.COMPLEX128: "double_data",
 }
 
+#: element types whose raw bytes are the NumPy array's bytes (little-endian)
+_PLAIN = frozenset(
+    {
+        TensorProto.FLOAT,
+        TensorProto.DOUBLE,
+        TensorProto.FLOAT16,
+        TensorProto.INT8,
+        TensorProto.INT16,
+        TensorProto.INT32,
+        TensorProto.INT64,
+        TensorProto.UINT8,
+        TensorProto.UINT16,
+        TensorProto.UINT32,
+        TensorProto.UINT64,
+    }
+)
+
 
 def _external(t: TensorProto, base_dir: Path | None, nbytes: int) -> bytes:
     info = {e.key: e.value for e in t.external_data}
@@ -77,11 +94,14 @@ def to_array(t: TensorProto, base_dir: Path | None = None) -> np.ndarray:
         raw = _external(t, base_dir, nbytes)
         return np.frombuffer(raw, dtype=npdt).reshape(dims).astype(dt.np, copy=True)
     if t.HasField("raw_data"):
-        if len(t.raw_data) != nbytes:
+        raw = t.raw_data  # each read of the field copies the bytes: read it once
+        if len(raw) != nbytes:
             raise OnnxImportError(
-                f"tensor {t.name!r}: {len(t.raw_data)} bytes of data, but dims {list(dims)} "
+                f"tensor {t.name!r}: {len(raw)} bytes of data, but dims {list(dims)} "
                 f"of {type_name(t.data_type)} need {nbytes}"
             )
+        if t.data_type in _PLAIN and np.little_endian:  # numpy_helper would copy them again
+            return np.frombuffer(raw, dtype=npdt).reshape(dims).astype(dt.np, copy=False)
     else:
         field = _FIELD.get(t.data_type, "int32_data")
         count = len(getattr(t, field))
