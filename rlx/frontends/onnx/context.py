@@ -182,6 +182,11 @@ class NodeCtx:
         if v is not None:
             return v
         what = what or f"input {i}"
+        if name in self.st.syms:
+            raise self.unsupported(
+                f"{what} ({name!r}) is {self.st.syms[name]}, which depends on symbolic dims; "
+                f"this op needs it as numbers (fix the dims with load(..., input_dims=...))"
+            )
         dep = self.st.blocking if name in self.st.ids else None
         if dep is not None and dep in self.st.graph_inputs:
             raise NeedsConstantError(

@@ -251,3 +251,12 @@ def test_symbolic_rules_agree_with_integer_arithmetic_at_every_binding(op, a, c,
         "Min": lambda: min(xi, yi),
     }[op]()
     assert (got if isinstance(got, bool) else _ev(got, env)) == want
+
+
+def test_a_symbolic_value_where_numbers_are_needed_names_the_node_and_the_fix() -> None:
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shp"]),
+        helper.make_node("Tile", ["x", "shp"], ["y"], name="tile"),
+    ]
+    with pytest.raises(OnnxUnsupportedError, match=r"'tile' \(Tile\).*symbolic dims.*input_dims"):
+        rlx.onnx.load(_model(nodes, [("y", TensorProto.FLOAT, ["a", "b", "c"])]))
