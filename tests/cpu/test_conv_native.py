@@ -113,6 +113,24 @@ def test_conv1d_and_large_conv_paths():
     )
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_team_sized_conv_and_pool(threads):
+    """Sizes above the one-thread thresholds: the OpenMP team splits the work."""
+    rng = np.random.default_rng(5)
+    g = Graph("team")
+    x = g.input("x", (4, 16, 16, 16))
+    y = g.conv(x, g.param("w", (32, 16, 3, 3)), g.param("b", (32,)), padding=1)
+    g.set_outputs([g.max_pool(y, 2), g.avg_pool(y, 3, 1, 1)])
+    params = {"w": rng.standard_normal((32, 16, 3, 3)).astype(np.float32)}
+    params["b"] = rng.standard_normal(32).astype(np.float32)
+    xv = rng.standard_normal((4, 16, 16, 16)).astype(np.float32)
+    cg = _compile(g, params, threads)
+    assert _kinds(cg, "conv") == [KernelKind.NATIVE]
+    assert _kinds(cg, "pool") == [KernelKind.NATIVE] * 2
+    for got, ref in zip(cg.run({"x": xv}), g.evaluate({"x": xv}, params), strict=True):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     fn=st.sampled_from(["max_pool", "avg_pool"]),
@@ -124,8 +142,8 @@ def test_conv1d_and_large_conv_paths():
     threads=st.sampled_from([1, 2]),
 )
 def test_pool_matches_reference(fn, nd, size, win, stride, pads, threads):
-    if pads[0] >= win or pads[1] >= win:
-        return  # the Pool op refuses pads as large as the window
+    if pads[0] >= win or pads[1] >= win or size + sum(pads) < win:
+        return  # the Pool op refuses pads as large as the window, and empty outputs
     dims = (2, 3) + (size,) * nd
     g = Graph("pool")
     x = g.input("x", dims)

@@ -30,7 +30,8 @@ __all__ = ["native_conv", "native_pool", "conv_lib", "DIRECT_MAX_MACS"]
 
 #: above this many multiply-adds per (image, output channel) the BLAS path is taken
 DIRECT_MAX_MACS = 1 << 17
-_PARALLEL_MIN_MACS = 1 << 16  # total multiply-adds below which one thread runs the kernel
+_PARALLEL_MIN_MACS = 1 << 21  # below this many multiply-adds (~30-60 us on one thread) no team
+_PARALLEL_MIN_POOL = 1 << 16  # window reads below which a pool runs on one thread
 _P = ctypes.c_void_p
 _CHUNK = 16  # RLX_CONV_CHUNK of conv.c
 
@@ -161,7 +162,7 @@ def native_pool(
     kind = 0 if op.fn is PoolKind.MAX else 1
     nc = x.shape[0] * x.shape[1]
     p = np.array([nc, hh, ww, oh, ow, kh, kw, sh, sw, ph, pw, kind], dtype=np.int64)
-    threads = ctx.num_threads if out.size * kh * kw >= _PARALLEL_MIN_MACS else 1
+    threads = ctx.num_threads if out.size * kh * kw >= _PARALLEL_MIN_POOL else 1
     call = functools.partial(
         lib.rlx_pool2d_f32, x.ctypes.data, out.ctypes.data, p.ctypes.data, threads
     )
