@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlx.dtype import DType
+from rlx.errors import TraceError
 from rlx.frontends.trace.tracer import find_trace, lift
 from rlx.frontends.trace.values import (
     Traced,
@@ -23,6 +24,7 @@ from rlx.frontends.trace.values import (
     true_divide,
     unary,
 )
+from rlx.ir import source
 from rlx.ops.elementwise import BinaryKind, CompareKind, UnaryKind, Where
 from rlx.ops.linalg import DotGeneral, MatMul
 from rlx.ops.reduce import ArgMax, ArgMin, Cumsum, Reduce, ReduceKind
@@ -34,7 +36,8 @@ __all__ = [
     "reciprocal", "erf", "log1p", "expm1", "sigmoid", "equal", "not_equal", "less",
     "less_equal", "greater", "greater_equal", "logical_and", "logical_or", "logical_not",
     "where", "clip", "sum", "mean", "max", "min", "prod", "amax", "amin", "var", "std",
-    "argmax", "argmin", "cumsum", "matmul", "dot", "dot_general", "logsumexp",
+    "argmax", "argmin", "cumsum", "matmul", "dot", "dot_general", "logsumexp", "einsum",
+    "outer",
 ]  # fmt: skip
 
 
@@ -379,3 +382,62 @@ def dot_general(
     norm = [tuple(builtins.int(i) % r for i in ax) for ax, r in (
         (contract[0], x.ndim), (contract[1], y.ndim), (batch[0], x.ndim), (batch[1], y.ndim))]  # fmt: skip
     return t.wrap(t.g.apply(DotGeneral(*norm), [x.id, y.id]))
+
+
+def outer(a: Any, b: Any) -> Traced:
+    """``a[:, None] * b[None, :]`` of the flattened operands."""
+    x, y = _lift1(a).reshape(-1), _lift1(b).reshape(-1)
+    return multiply(x[:, None], y[None, :])
+
+
+def einsum(subscripts: str, *operands: Any) -> Traced:
+    """``np.einsum`` for one or two operands without ``...`` or repeated labels in one
+    operand: sums over labels that leave, then one ``dot_general`` (batch labels shared
+    by both operands and the output, contracted labels shared by the operands only) and
+    a ``transpose`` to the output order."""
+    from rlx.frontends.trace.numpy_shape import transpose
+
+    spec = subscripts.replace(" ", "")
+    ins, arrow, out = spec.partition("->")
+    terms = ins.split(",")
+    if "." in spec or len(terms) != len(operands) or len(terms) not in (1, 2):
+        raise TraceError(
+            f"einsum {subscripts!r}: one or two operands without '...' are supported "
+            f"(given {len(operands)} operands)",
+            loc=source.capture(),
+        )
+    if any(len(set(t)) != len(t) for t in terms):
+        raise TraceError(
+            f"einsum {subscripts!r}: a label repeated in one operand (a diagonal) is not supported",
+            loc=source.capture(),
+        )
+    if not arrow:  # implicit output: labels seen once, sorted
+        joined = "".join(terms)
+        out = "".join(sorted(c for c in set(joined) if joined.count(c) == 1))
+    vals, _ = promote_args(*operands)
+    for t, v in zip(terms, vals):
+        if len(t) != v.ndim:
+            raise TraceError(
+                f"einsum {subscripts!r}: term {t!r} has {len(t)} labels for {v.aval}",
+                loc=source.capture(),
+            )
+    reduced = []
+    for k, (t, v) in enumerate(zip(terms, vals)):  # labels only here that leave: sum them
+        other = terms[1 - k] if len(terms) == 2 else ""
+        gone = [i for i, c in enumerate(t) if c not in out and c not in other]
+        if gone:
+            v = sum(v, tuple(gone))
+            t = "".join(c for i, c in enumerate(t) if i not in gone)
+        reduced.append((t, v))
+    if len(reduced) == 1:
+        t, v = reduced[0]
+        return transpose(v, [t.index(c) for c in out]) if t != out else v
+    (ta, a), (tb, b) = reduced
+    batch = [c for c in ta if c in tb and c in out]
+    contract = [c for c in ta if c in tb and c not in out]
+    y = dot_general(
+        a, b, ([ta.index(c) for c in contract], [tb.index(c) for c in contract]),
+        ([ta.index(c) for c in batch], [tb.index(c) for c in batch]),
+    )  # fmt: skip
+    got = batch + [c for c in ta if c not in tb] + [c for c in tb if c not in ta]
+    return transpose(y, [got.index(c) for c in out]) if got != list(out) else y

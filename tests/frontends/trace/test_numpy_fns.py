@@ -212,3 +212,39 @@ def test_dot_nd_and_dot_general_vs_numpy():
     c = arrays((2, 4, 5), seed=3)
     got = rlx.jit(lambda a, c: rnp.dot_general(a, c, ((2,), (1,)), ((0,), (0,))))(a, c)
     np.testing.assert_allclose(got, np.einsum("bik,bkj->bij", a, c), rtol=1e-5, atol=1e-5)
+
+
+EINSUM = [
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ("bij,bjk->bki", [(2, 3, 4), (2, 4, 5)]),
+    ("bij,bjk", [(2, 3, 4), (2, 4, 5)]),
+    ("ij,kj->ik", [(3, 4), (5, 4)]),
+    ("bij,jk->bik", [(2, 3, 4), (4, 5)]),
+    ("ij,ij->", [(3, 4), (3, 4)]),
+    ("bij,k->bik", [(2, 3, 4), (5,)]),
+    ("bthd,bshd->bhts", [(2, 3, 2, 4), (2, 5, 2, 4)]),
+    ("ij->ji", [(3, 4)]),
+    ("ij->i", [(3, 4)]),
+    ("ij->", [(3, 4)]),
+]
+
+
+@pytest.mark.parametrize("spec,shapes", EINSUM, ids=[e[0] for e in EINSUM])
+def test_einsum_vs_numpy(spec, shapes):
+    ops = [arrays(s, seed=i) for i, s in enumerate(shapes)]
+    got = rlx.jit(lambda *o: rnp.einsum(spec, *o))(*ops)
+    np.testing.assert_allclose(got, np.einsum(spec, *ops), rtol=1e-5, atol=1e-5)
+
+
+def test_einsum_unsupported_forms_are_trace_errors():
+    from rlx.errors import TraceError
+
+    x = arrays((3, 3))
+    for spec, ops in (("ii->i", (x,)), ("...i->i", (x,)), ("ij,jk,kl->il", (x, x, x))):
+        with pytest.raises(TraceError, match="einsum"):
+            rlx.jit(lambda *o, spec=spec: rnp.einsum(spec, *o))(*ops)
+
+
+def test_outer_vs_numpy():
+    a, b = arrays((3,)), arrays((2, 2), seed=1)
+    np.testing.assert_allclose(rlx.jit(rnp.outer)(a, b), np.outer(a, b), rtol=1e-6)
