@@ -20,6 +20,7 @@ weight ``W [K, N]`` (``y = x @ W``) is stored transposed, as the GGUF ``(N, K)``
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import ml_dtypes
 import numpy as np
 
 from rlx.errors import GgufError, QuantizationError
+from rlx.frontends.gguf.reader import VALUE_TYPES
 from rlx.frontends.gguf.tensor import PLAIN_TYPES, GgufTensor
 from rlx.quant.pack import can_pack, pack
 from rlx.quant.schemes import GGUF_SCHEMES, QuantScheme
@@ -170,23 +172,62 @@ def save(
 
 
 def _value(key: str, v: Any, type_name: str | None, gguf: Any) -> tuple[Any, Any, Any]:
-    """A metadata value -> (value, GGUFValueType, array sub type or None)."""
+    """A metadata value -> (value, GGUFValueType, array sub type or None), checked to fit
+    its type (GgufError naming the key otherwise)."""
     VT = gguf.GGUFValueType
     if type_name is not None:
         sub = None
         if type_name.startswith("ARRAY[") and type_name.endswith("]"):
-            sub, type_name = VT[type_name[6:-1]], "ARRAY"
-        if type_name not in VT.__members__ or sub == VT.ARRAY:
+            sub, type_name = VT.__members__.get(type_name[6:-1]), "ARRAY"
+        vt = VT.__members__.get(type_name)
+        if vt is None or (type_name == "ARRAY" and sub in (None, VT.ARRAY)):
             raise GgufError(f"metadata {key!r}: value type {type_name!r} cannot be written")
-        return v, VT[type_name], sub
-    if isinstance(v, (list, tuple)):
+    elif isinstance(v, list | tuple):
         if not v:
             raise GgufError(f"metadata {key!r}: GGUF cannot hold an empty array")
-        kinds = {_scalar_type(key, x, VT) for x in v}
-        if len(kinds) > 1:  # mixed ints: the widest; ints and floats: floats
-            kinds = {VT.FLOAT32} if VT.FLOAT32 in kinds else {VT.INT64}
-        return list(v), VT.ARRAY, kinds.pop()
-    return v, _scalar_type(key, v, VT), None
+        vt, sub = VT.ARRAY, _common_type(key, [_scalar_type(key, x, VT) for x in v], v, VT)
+    else:
+        vt, sub = _scalar_type(key, v, VT), None
+    items = list(v) if vt == VT.ARRAY and isinstance(v, list | tuple) else None
+    if vt == VT.ARRAY and items is None:
+        raise GgufError(f"metadata {key!r}: an ARRAY value must be a list, given {v!r}")
+    for x in items if items is not None else [v]:
+        _check_fits(key, x, (sub if items is not None else vt).name)
+    return (items if items is not None else v), vt, sub
+
+
+def _check_fits(key: str, x: Any, type_name: str) -> None:
+    if type_name in ("STRING", "BOOL"):
+        if not isinstance(x, str if type_name == "STRING" else bool | np.bool_):
+            raise GgufError(f"metadata {key!r}: {x!r} is not a {type_name}")
+        return
+    fmt = {v[0]: v[1] for v in VALUE_TYPES.values()}[type_name]
+    try:
+        struct.pack(fmt, x)
+    except (struct.error, TypeError, OverflowError):
+        raise GgufError(f"metadata {key!r}: {x!r} does not fit {type_name}") from None
+    if type_name in ("FLOAT32", "FLOAT64") and isinstance(x, bool | str):
+        raise GgufError(f"metadata {key!r}: {x!r} is not a {type_name}")
+
+
+def _common_type(key: str, kinds: list[Any], v: Any, VT: Any) -> Any:
+    """One element type for a list: its elements' type, or for mixed numbers the
+    narrowest integer type that holds them all (FLOAT32 when floats are among them)."""
+    kset = set(kinds)
+    if len(kset) == 1:
+        return kinds[0]
+    ints = {VT.UINT32, VT.INT32, VT.UINT64, VT.INT64}
+    if kset <= ints:
+        lo, hi = min(int(x) for x in v), max(int(x) for x in v)
+        if -(2**31) <= lo and hi < 2**31:
+            return VT.INT32
+        return VT.INT64 if hi < 2**63 else VT.UINT64
+    if kset <= ints | {VT.FLOAT32}:
+        return VT.FLOAT32
+    raise GgufError(
+        f"metadata {key!r}: a GGUF array holds one type, the list mixes "
+        f"{sorted(k.name for k in kset)}"
+    )
 
 
 def _scalar_type(key: str, v: Any, VT: Any) -> Any:

@@ -99,6 +99,11 @@ def test_bad_requests_are_errors_and_leave_no_file(tmp_path):
         (dict(scheme="Q7"), "'w': scheme 'Q7' is not a GGUF type"),
         (dict(metadata={"k": []}), "metadata 'k': GGUF cannot hold an empty array"),
         (dict(metadata={"k": {"a": 1}}), "metadata 'k': GGUF cannot hold a dict"),
+        (dict(metadata={"k": [1, "a"]}), "metadata 'k': a GGUF array holds one type"),
+        (dict(metadata={"k": 300}, metadata_types={"k": "UINT8"}), "300 does not fit UINT8"),
+        (dict(metadata={"k": [1.5]}, metadata_types={"k": "ARRAY[INT32]"}), "1.5 does not"),
+        (dict(metadata={"k": 1}, metadata_types={"k": "BOOL"}), "1 is not a BOOL"),
+        (dict(metadata={"k": 1}, metadata_types={"k": "ARRAY"}), "type 'ARRAY' cannot be"),
     ]
     for kwargs, match in cases:
         with pytest.raises(GgufError, match=match):
@@ -116,6 +121,7 @@ def test_metadata_of_every_type_and_a_loaded_file_copied_unchanged(tmp_path):
         "llama.block_count": 2,
         "llama.rope.freq_base": 10000.0,
         "neg": -3,
+        "mixed": [1, -2, 3],
         "big": 2**40,
         "flag": True,
         "tokenizer.ggml.tokens": ["<s>", "▁a", "🙂"],
@@ -127,8 +133,10 @@ def test_metadata_of_every_type_and_a_loaded_file_copied_unchanged(tmp_path):
     f = rlx.gguf.load(src)
     assert f.metadata == {**md, "general.quantization_version": 2}
     assert f.value_types["llama.block_count"] == "UINT32" and f.value_types["neg"] == "INT32"
-    assert f.value_types["big"] == "INT64" and f.value_types["tokenizer.ggml.scores"] == (
-        "ARRAY[FLOAT32]"
+    assert (
+        f.value_types["mixed"] == "ARRAY[INT32]"
+        and f.value_types["big"] == "INT64"
+        and f.value_types["tokenizer.ggml.scores"] == ("ARRAY[FLOAT32]")
     )
     ref = gguf.GGUFReader(src)
     for k in md:
