@@ -298,7 +298,7 @@ class _SpecialMatcher:
             yield text[start:], None
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=2)
 def _cached(path: str, size: int, mtime_ns: int) -> GgufTokenizer:
     from rlx.frontends.gguf.reader import load
 
