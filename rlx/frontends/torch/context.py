@@ -20,7 +20,7 @@ from rlx.frontends.torch.dims import SymTable, to_dtype
 from rlx.frontends.torch.errors import TorchImportError, TorchUnsupportedError
 from rlx.ir.mir import Graph
 from rlx.ops.elementwise import Cast
-from rlx.shape import Dim, Shape, Sym
+from rlx.shape import Shape
 
 __all__ = ["TVal", "NodeCtx", "where_from"]
 
@@ -70,7 +70,7 @@ def where_from(node: Any) -> tuple[str, str, str]:
 class NodeCtx:
     """One FX node being converted: ``ctx.t(i)`` (tensor argument i as a node id),
     ``ctx.arg(i, default)`` / ``ctx.kw(name, default)`` (resolved arguments),
-    ``ctx.out`` (the expected rlx Shape), ``ctx.g`` (the rlx Graph)."""
+    ``ctx.out_shape()`` / ``ctx.out_dtype`` (torch's result), ``ctx.g`` (the rlx Graph)."""
 
     def __init__(
         self, g: Graph, node: Any, args: Sequence[Any], kwargs: dict[str, Any], syms: SymTable
@@ -105,20 +105,11 @@ class NodeCtx:
         v = self.arg(i, None, name)
         return v.id if isinstance(v, TVal) else None
 
-    def is_t(self, v: Any) -> bool:
-        return isinstance(v, TVal)
-
     def shape(self, nid: int) -> Shape:
         return self.g.shape(nid)
 
     def dtype(self, nid: int) -> DType:
         return self.g.shape(nid).dtype
-
-    def dim(self, v: Any) -> Dim:
-        """A size argument (int or resolved SymInt)."""
-        if isinstance(v, bool) or not isinstance(v, int | Sym):
-            raise self.unsupported(f"size {v!r} is not an int or a symbolic size")
-        return v
 
     # ---- the expected result ----------------------------------------------------------
     def meta(self, k: int | None = None) -> Any:

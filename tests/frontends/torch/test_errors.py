@@ -157,3 +157,13 @@ def test_nodes_carry_the_model_source_line():
     tanh = next(n for n in tm.graph.nodes if str(n.op) == "tanh")
     assert tanh.loc is not None and tanh.loc.file == __file__
     assert tanh.loc.line == _line("TANH_LINE")
+
+
+def test_shape_rule_errors_name_the_aten_op():
+    class PadBatch(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return nn.functional.pad(x, (0, 0, 1, 0))  # pads the dynamic batch axis
+
+    batch = torch.export.Dim("batch", max=16)
+    with pytest.raises(TorchImportError, match=r"ATen op aten\.pad\.default .*symbolic"):
+        rlx.from_torch(PadBatch(), (torch.randn(3, 4),), ({0: batch},))

@@ -102,3 +102,19 @@ def test_run_takes_torch_tensors_and_num_threads():
     (y,) = tm.run(x)
     np.testing.assert_allclose(y, m(x).detach().numpy(), rtol=RTOL, atol=ATOL)
     assert tm.inputs["x"].dims == (4, 16)  # no dynamic_shapes: static dims
+
+
+@pytest.mark.slow
+def test_bert_dynamic_batch_and_sequence():
+    torch.manual_seed(6)
+    m = models.bert()
+    seq = Dim("seq", min=2, max=64)
+    ids, mask = _ids_mask(2)
+    tm = rlx.from_torch(m, (ids, mask), ({0: BATCH, 1: seq}, {0: BATCH, 1: seq}))
+    assert tm.inputs["input_ids"].dims == (Sym.named("batch"), Sym.named("seq"))
+    cg = tm.compile()
+    for b, s in ((3, 5), (2, 11)):
+        args = _ids_mask(b, s)
+        with torch.no_grad():
+            want = m(*args)
+        _check(tm, cg, args, want)

@@ -87,7 +87,7 @@ def sdpa(ctx: NodeCtx) -> int:
 # ---- normalisation --------------------------------------------------------------------
 
 
-def _affine(ctx: NodeCtx, i: int, name: str, n: Any, value: float) -> int | None:
+def _affine(ctx: NodeCtx, i: int, name: str, n: Any) -> int | None:
     t = ctx.opt_t(i, name)
     if t is None:
         return None
@@ -102,7 +102,7 @@ def _last_norm(ctx: NodeCtx, rms: bool) -> int:
     n = dims_product(s.dims[s.rank - k :])
     if k > 1:
         x = ctx.g.apply(Reshape((*s.dims[: s.rank - k], n)), [x])
-    w = _affine(ctx, 2, "weight", n, 1.0)
+    w = _affine(ctx, 2, "weight", n)
     if w is None:
         w = ctx.g.constant(np.ones(int(n), dtype=s.dtype.np))
     if rms:
@@ -110,7 +110,7 @@ def _last_norm(ctx: NodeCtx, rms: bool) -> int:
         eps = float(np.finfo(s.dtype.np).eps) if eps is None else float(eps)
         y = ctx.g.apply(RmsNorm(eps, False), [x, w])
     else:
-        b = _affine(ctx, 3, "bias", n, 0.0)
+        b = _affine(ctx, 3, "bias", n)
         eps = float(ctx.arg(4, 1e-5, name="eps"))
         y = ctx.g.apply(LayerNorm(eps, b is not None), [x, w] if b is None else [x, w, b])
     return ctx.g.apply(Reshape(s.dims), [y]) if k > 1 else y

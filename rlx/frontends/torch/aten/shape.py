@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlx.dtype import DType
 from rlx.frontends.torch.aten import aten
+from rlx.frontends.torch.aten.create import filled
 from rlx.frontends.torch.context import NodeCtx
 from rlx.ops.elementwise import Binary, BinaryKind
-from rlx.ops.movement import Concat, Expand, Pad, Reshape, Slice, Transpose
-from rlx.shape import Sym
+from rlx.ops.movement import Concat, Expand, Gather, Pad, Reshape, Slice, Transpose
+from rlx.ops.reduce import Cumsum
+from rlx.shape import Shape, Sym
 
 __all__: list[str] = []
 
@@ -67,7 +70,7 @@ def _bound(ctx: NodeCtx, v: Any, n: Any, default: int | None) -> int | None:
     if isinstance(v, Sym):
         if v == n:
             return None
-        raise ctx.unsupported(f"slice bound {v} is symbolic; rlx slices with static bounds")
+        raise ctx.unsupported(f"slice bound {v} is symbolic (on an axis of size {n})")
     v = int(v)
     if v >= BIG:
         return None
@@ -82,6 +85,8 @@ def slice_(ctx: NodeCtx) -> int:
     s = ctx.shape(x)
     ax = _ax(ctx, x, ctx.arg(1, 0))
     n = s.dims[ax]
+    if isinstance(ctx.arg(3), Sym) and ctx.arg(3) != n:
+        return _slice_to_symbol(ctx, x, ax)
     start = _bound(ctx, ctx.arg(2), n, 0)
     stop = _bound(ctx, ctx.arg(3), n, None)
     step = int(ctx.arg(4, 1))
@@ -92,6 +97,21 @@ def slice_(ctx: NodeCtx) -> int:
     steps = [1] * s.rank
     starts[ax], stops[ax], steps[ax] = start or 0, stop, step
     return ctx.g.apply(Slice(tuple(starts), tuple(stops), tuple(steps)), [x])
+
+
+def _slice_to_symbol(ctx: NodeCtx, x: int, ax: int) -> int:
+    """``x[..., start:stop:step]`` with a symbolic ``stop`` on a longer axis (positions
+    ``[:seq]`` of a table): a gather of ``start + step * arange(len)``, ``len`` symbolic."""
+    start, step = ctx.arg(2) or 0, int(ctx.arg(4, 1))
+    if not isinstance(start, int) or start < 0 or step < 1:
+        raise ctx.unsupported(f"slice [{start}:{ctx.arg(3)}:{step}] with a symbolic stop")
+    length = ctx.out_shape().dims[ax]
+    idx = ctx.g.apply(Cumsum(0, exclusive=True), [filled(ctx, 1, Shape((length,), DType.I64))])
+    if step != 1:
+        idx = ctx.g.apply(Binary(BinaryKind.MUL), [idx, ctx.const(step, DType.I64)])
+    if start:
+        idx = ctx.g.apply(Binary(BinaryKind.ADD), [idx, ctx.const(start, DType.I64)])
+    return ctx.g.apply(Gather(ax), [x, idx])
 
 
 @aten("narrow")
