@@ -6,7 +6,9 @@ objects one CompiledGraph shares between the schedules of all its shapes:
   place, else one private copy), the constants, and one buffer per param-derived node
   the prologue computes. Their values do not depend on the symbol bindings, so every
   schedule reads the same bytes: a new shape copies no weight. Kernels get read-only
-  views of params and constants (NumPy refuses a write; native code must not write them).
+  views of params and constants (NumPy refuses a write; native code must not write them;
+  the one exception is state: ``cache_attention`` writes its KV cache params' private
+  storage, :meth:`ParamStore.private`).
 * :class:`Workspace`: one 64-byte-aligned buffer holding the working region of the plan
   that runs (activations) and, above it, the kernels' scratch. Runs of one
   CompiledGraph never overlap (it holds a lock), so every plan uses the same bytes;

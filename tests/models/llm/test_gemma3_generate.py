@@ -1,6 +1,8 @@
-"""Gemma-3-270M Q4_K_M with the default kernels: the issue's anchor (llama.cpp's greedy
-continuation of "The capital of France is"), generation (sampling, stop strings and
-tokens, streaming), the command line, and bad input."""
+"""Gemma-3-270M Q4_K_M: the issue's anchor (llama.cpp's greedy continuation of "The capital
+of France is", which transformers' f32 model also gives), generation (sampling, stop
+strings and tokens, streaming), the command line, and bad input. With f32 activations
+(RLX_DQ_ACT=f32): the default int8 activations of the decode GEMVs change the text after a
+few tokens (see test_gemma3_llama_cpp.py for that path)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,10 @@ LLAMA_CPP = [506, 5279, 529, 506, 2891, 529, 7001, 236761, 1030, 563, 506, 7488,
 def model():
     import rlx.models.llm as llm
 
-    return llm.load(gemma_path(), max_context=96, num_threads=1)
+    path = gemma_path()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RLX_DQ_ACT", "f32")  # schedules are built on first run: keep it set
+        yield llm.load(path, max_context=96, num_threads=1)
 
 
 def test_tokenizer_and_greedy_text_match_llama_cpp(model) -> None:
@@ -31,6 +36,8 @@ def test_tokenizer_and_greedy_text_match_llama_cpp(model) -> None:
     s = r.stats
     assert (s.prompt_tokens, s.generated_tokens, s.decode_steps) == (6, 15, 14)
     assert s.prefill_tokens_per_s > 0 and s.decode_tokens_per_s > 0
+    # one schedule for the 6-token prompt (padded to 8) and one for every decode step
+    assert sorted(p["seq"] for p in model.compiled.shape_plans) == [1, 8]
 
 
 def test_sampling_is_reproducible_and_streams_the_same_text(model) -> None:

@@ -1,6 +1,8 @@
-"""The ``llama`` architecture (adjacent-pair rope on llama.cpp's permuted q / k, SwiGLU,
-untied head, grouped-query attention) against transformers' LlamaForCausalLM on a tiny
-random GGUF; bad files: unknown architecture, missing tensor."""
+"""The ``llama``, ``qwen2`` and ``qwen3`` architectures against transformers'
+LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM on tiny random GGUF files (llama:
+adjacent-pair rope on llama.cpp's permuted q / k; qwen2: q / k / v biases; qwen3: q / k
+norms; SwiGLU, untied head, grouped-query attention; f32 activations: RLX_DQ_ACT=f32);
+bad files: unknown architecture, missing tensor."""
 
 from __future__ import annotations
 
@@ -16,18 +18,15 @@ from rlx.errors import ModelError  # noqa: E402
 from tests.models.llm.tiny_llama import hf_model, hf_weights, write_gguf  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("llama")
-    used = write_gguf(d / "tiny.gguf", hf_weights())
-    return d, used
-
-
-def test_llama_logits_and_greedy_match_transformers(files) -> None:
-    d, used = files
-    ref = hf_model(used)
-    m = llm.load(d / "tiny.gguf", max_context=64, num_threads=1)
-    assert m.config.arch.name == "llama" and not m.config.tied_embeddings
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_logits_and_greedy_match_transformers(tmp_path, monkeypatch, arch) -> None:
+    monkeypatch.setenv("RLX_DQ_ACT", "f32")  # f32 products, as transformers computes
+    used = write_gguf(tmp_path / "tiny.gguf", hf_weights(arch=arch), arch=arch)
+    ref = hf_model(used, arch)
+    m = llm.load(tmp_path / "tiny.gguf", max_context=64, num_threads=1)
+    c = m.config
+    assert c.arch.name == arch and not c.tied_embeddings
+    assert (c.attn_bias, c.qk_norm) == (arch == "qwen2", arch == "qwen3")
     ids = [1, 17, 5, 42, 9, 33, 2, 70, 11, 4, 61]  # 11 tokens: padded to the 16 class
     with torch.no_grad():
         want = ref(torch.tensor([ids])).logits[0].numpy()

@@ -1,10 +1,13 @@
-"""A tiny random ``llama`` GGUF file (written with ``gguf.GGUFWriter``) and the same model
-in transformers' ``LlamaForCausalLM``: the oracle of the llama path of rlx.models.llm.
+"""Tiny random ``llama`` / ``qwen2`` / ``qwen3`` GGUF files (written with
+``gguf.GGUFWriter``) and the same models in transformers (``LlamaForCausalLM``,
+``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``): the oracles of rlx.models.llm's non-Gemma
+architectures.
 
-The GGUF holds q / k permuted as llama.cpp's converter writes them (``permute`` below, from
-convert_hf_to_gguf.py), so rlx must apply its adjacent-pair rope to match transformers'
-rotate-half rope on the original weights. Some weights are Q8_0 (transformers gets their
-decoded values), the rest F32.
+A llama GGUF holds q / k permuted as llama.cpp's converter writes them (``permute`` below,
+from convert_hf_to_gguf.py), so rlx must apply its adjacent-pair rope to match
+transformers' rotate-half rope on the original weights; Qwen files are not permuted
+(rotate-half in both). Qwen2 adds q / k / v biases, Qwen3 per-head q / k RMS norms. Some
+weights are Q8_0 (transformers gets their decoded values), the rest F32.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def hf_weights(seed: int = 0) -> dict[str, np.ndarray]:
-    """Random weights by transformers' names ([out, in])."""
+def hf_weights(seed: int = 0, arch: str = "llama") -> dict[str, np.ndarray]:
+    """Random weights of ``arch`` by transformers' names ([out, in])."""
     c = CFG
     rng = np.random.default_rng(seed)
     hd = c["d"] // c["heads"]
@@ -45,6 +48,13 @@ def hf_weights(seed: int = 0) -> dict[str, np.ndarray]:
         out[f"{p}.mlp.gate_proj.weight"] = w(c["ff"], c["d"])
         out[f"{p}.mlp.up_proj.weight"] = w(c["ff"], c["d"])
         out[f"{p}.mlp.down_proj.weight"] = w(c["d"], c["ff"])
+        if arch == "qwen2":
+            out[f"{p}.self_attn.q_proj.bias"] = w(c["heads"] * hd)
+            out[f"{p}.self_attn.k_proj.bias"] = w(c["kv_heads"] * hd)
+            out[f"{p}.self_attn.v_proj.bias"] = w(c["kv_heads"] * hd)
+        if arch == "qwen3":
+            out[f"{p}.self_attn.q_norm.weight"] = 1.0 + w(hd, s=0.1)
+            out[f"{p}.self_attn.k_norm.weight"] = 1.0 + w(hd, s=0.1)
         out[f"{p}.input_layernorm.weight"] = 1.0 + w(c["d"], s=0.1)
         out[f"{p}.post_attention_layernorm.weight"] = 1.0 + w(c["d"], s=0.1)
     out["model.norm.weight"] = 1.0 + w(c["d"], s=0.1)
@@ -72,7 +82,8 @@ def write_gguf(path: Path, weights: dict[str, np.ndarray], arch: str = "llama",
         "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
         "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
         "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
-        "post_attention_layernorm": "ffn_norm",
+        "post_attention_layernorm": "ffn_norm", "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
     }  # fmt: skip
     used = {}
     for hf, arr in weights.items():
@@ -84,20 +95,20 @@ def write_gguf(path: Path, weights: dict[str, np.ndarray], arch: str = "llama",
             name = "output.weight"
         else:
             parts = hf.split(".")
-            name = f"blk.{parts[2]}.{names['.'.join(parts[3:-1])]}.weight"
+            name = f"blk.{parts[2]}.{names['.'.join(parts[3:-1])]}.{parts[-1]}"
         data = arr
-        if name.endswith("attn_q.weight"):
+        if arch == "llama" and name.endswith("attn_q.weight"):
             data = permute(arr, c["heads"])
-        elif name.endswith("attn_k.weight"):
+        elif arch == "llama" and name.endswith("attn_k.weight"):
             data = permute(arr, c["kv_heads"])
         base = name.split(".")[-2]
         if name == skip:
             continue
-        if base in Q8_NAMES:
+        if base in Q8_NAMES and name.endswith(".weight"):
             q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
             wr.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
             dec = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)
-            if base == "attn_q":  # back to transformers' order
+            if base == "attn_q" and arch == "llama":  # back to transformers' order
                 dec = permute_back(dec, c["heads"])
             used[hf] = dec.astype(np.float32)
         else:
@@ -119,12 +130,17 @@ def permute_back(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def hf_model(weights: dict[str, np.ndarray]):  # noqa: ANN201
+def hf_model(weights: dict[str, np.ndarray], arch: str = "llama"):  # noqa: ANN201
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers as tr
 
     c = CFG
-    cfg = LlamaConfig(
+    config, model = {
+        "llama": (tr.LlamaConfig, tr.LlamaForCausalLM),
+        "qwen2": (tr.Qwen2Config, tr.Qwen2ForCausalLM),
+        "qwen3": (tr.Qwen3Config, tr.Qwen3ForCausalLM),
+    }[arch]
+    cfg = config(
         vocab_size=c["vocab"], hidden_size=c["d"], intermediate_size=c["ff"],
         num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
         num_key_value_heads=c["kv_heads"], rms_norm_eps=c["eps"],
@@ -132,6 +148,8 @@ def hf_model(weights: dict[str, np.ndarray]):  # noqa: ANN201
         max_position_embeddings=c["ctx"], tie_word_embeddings=False,
         attn_implementation="eager",
     )  # fmt: skip
-    m = LlamaForCausalLM(cfg).eval()
+    if arch == "qwen3":
+        cfg.head_dim = c["d"] // c["heads"]
+    m = model(cfg).eval()
     m.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in weights.items()})
     return m
