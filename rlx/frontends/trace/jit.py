@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
@@ -116,12 +117,18 @@ class _Entry:
                     cg.set_param(name, a)
                     bound[j], shared[j] = a, safe_to_share(a)
 
+        lock = threading.Lock()  # a param set and the run that reads it stay together
+
         if not dyn and not scalars:
 
             def call(leaves: list[Any]) -> Any:
+                feed = {n: leaves[k] for n, k in feed_ix}
                 if params:
-                    bind(leaves)
-                outs = run({n: leaves[k] for n, k in feed_ix}, empty)
+                    with lock:
+                        bind(leaves)
+                        outs = run(feed, empty)
+                else:
+                    outs = run(feed, empty)
                 return outs[0] if single else pytree.unflatten(out_tree, outs)
 
         else:
@@ -129,10 +136,12 @@ class _Entry:
             def call(leaves: list[Any]) -> Any:
                 for k in scalars:
                     leaves[k] = _scalar(leaves[k], dtypes[k], names[k])
-                if params:
-                    bind(leaves)
                 bindings = _bind(leaves, dyn, names, bounds)
-                outs = run({n: leaves[k] for n, k in feed_ix}, bindings)
+                feed = {n: leaves[k] for n, k in feed_ix}
+                with lock:
+                    if params:
+                        bind(leaves)
+                    outs = run(feed, bindings)
                 return outs[0] if single else pytree.unflatten(out_tree, outs)
 
         self.call = call

@@ -289,3 +289,26 @@ def test_writable_and_frozen_arguments_trace_separately():
     assert f.trace_count == 2
     w[0, 0] = 100.0  # a writable argument is read afresh on every call
     np.testing.assert_allclose(f(w, x), x @ w, rtol=1e-6)
+
+
+def test_calls_from_threads_with_different_frozen_params_get_their_own_results():
+    import threading
+
+    f = rlx.jit(lambda w, x: x @ w)
+    x = rand(4, 3)
+    ws = [rlx.freeze(rand(3, 2, seed=s)) for s in range(4)]
+    errors = []
+
+    def worker(w):
+        for _ in range(20):
+            got = f(w, x)
+            if not np.allclose(got, x @ w, rtol=1e-5, atol=1e-6):
+                errors.append(1)
+
+    f(ws[0], x)
+    threads = [threading.Thread(target=worker, args=(w,)) for w in ws]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
