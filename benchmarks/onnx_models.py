@@ -54,6 +54,8 @@ SHAPES: dict[str, list[tuple[int, int]]] = {
     "bert": [(1, 64), (8, 64)],
     "minilm": [(1, 128), (8, 128)],
 }
+#: the output file keeps what follows this line across runs (the analysis, written by hand)
+ANALYSIS = "<!-- analysis: kept by benchmarks/onnx_models.py -->"
 #: calls per round per case, by model (about 50-200 ms of work per engine and round)
 INNER = {"mlp": 200, "cnn": 100, "bert": 50, "minilm": 10}
 
@@ -357,6 +359,8 @@ def main(argv: list[str] | None = None) -> None:
     data["seconds"] = time.time() - t0
     (a.work / "onnx_models.json").write_text(json.dumps(data, indent=1))
     text = report(data)
+    if a.out.exists() and ANALYSIS in a.out.read_text():  # keep the hand-written analysis
+        text += "\n" + ANALYSIS + a.out.read_text().split(ANALYSIS, 1)[1]
     a.out.write_text(text)
     print(text)
 
