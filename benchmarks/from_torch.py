@@ -91,6 +91,7 @@ def cpu_flags() -> str:
 
 
 def run(models: list[str], threads: int, rounds: int, work: Path) -> dict[str, Any]:
+    load = [os.getloadavg()[0]]
     workers = {e: Worker(e, threads, work) for e in ENGINES}
     first: dict[tuple[str, str], float] = {}
     errors: dict[str, str] = {}
@@ -124,7 +125,9 @@ def run(models: list[str], threads: int, rounds: int, work: Path) -> dict[str, A
             if a.exists() and b.exists():
                 diff[(e, c)] = float(np.abs(np.load(a) - np.load(b)).max())
     med = {k: statistics.median(v) for k, v in ms.items()}
+    load.append(os.getloadavg()[0])
     return {
+        "load": load,
         "first": first,
         "med": med,
         "diff": diff,
@@ -171,6 +174,10 @@ def report(res: dict[int, dict[str, Any]], rounds: int) -> str:
         for m in sorted({c.split("_")[0] for c in r["cases"]}):
             v = [r["first"].get((e, m)) for e in ENGINES]
             lines.append(f"| {t} | {m} | " + " | ".join(f"{x:.2f}" if x else "-" for x in v) + " |")
+    loads = ", ".join(
+        f"{t} threads {r['load'][0]:.1f} -> {r['load'][1]:.1f}" for t, r in res.items()
+    )
+    lines += ["", f"1-minute load average at the start -> end of each part: {loads}."]
     for t, r in res.items():
         if r["errors"]:
             lines += ["", f"Errors at {t} threads: {r['errors']}"]
