@@ -84,6 +84,15 @@ def dim_names(fn: Callable[..., Any], args: Sequence[Any], spec: Any) -> dict[tu
     return out
 
 
+def _finite(v: Any) -> int | None:
+    """A range bound as an int, or None when infinite (sympy's oo, torch's int_oo)."""
+    try:
+        i = int(v)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return None
+    return i if abs(i) < 2**62 else None
+
+
 class SymTable:
     """torch shape symbols (``s0``, ``s77``) -> rlx symbolic dims declared on ``g`` with the
     bounds of the exported program's range constraints."""
@@ -105,8 +114,8 @@ class SymTable:
         lo, hi = 1, None
         vr = self.ranges.get(symbol)
         if vr is not None:
-            lo = max(int(vr.lower), 0) if vr.lower.is_finite else 0
-            hi = int(vr.upper) if vr.upper.is_finite and int(vr.upper) < 2**62 else None
+            lo = max(_finite(vr.lower) or 0, 0)
+            hi = _finite(vr.upper)
         self.g.sym(name, min=lo, max=hi)
 
     def dim(self, d: Any, what: str) -> Dim:

@@ -118,3 +118,15 @@ def test_bert_dynamic_batch_and_sequence():
         with torch.no_grad():
             want = m(*args)
         _check(tm, cg, args, want)
+
+
+def test_dynamic_shapes_by_parameter_name_and_unnamed_dims():
+    m = models.MLP().eval()
+    x = torch.randn(3, 16)
+    tm = rlx.from_torch(m, (x,), dynamic_shapes={"x": {0: Dim("rows", max=32)}})
+    assert tm.inputs["x"].dims == (Sym.named("rows"), 16)
+    tm = rlx.from_torch(m, (x,), dynamic_shapes={"x": {0: Dim.AUTO}})  # torch names it
+    assert isinstance(tm.inputs["x"].dims[0], Sym)
+    x7 = torch.randn(7, 16)
+    (y,) = tm.run(x7)
+    np.testing.assert_allclose(y, m(x7).detach().numpy(), rtol=RTOL, atol=ATOL)
