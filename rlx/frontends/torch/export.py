@@ -151,9 +151,15 @@ def from_torch(
     try:
         ep = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=strict)
     except Exception as e:  # torch raises many types here; the message is what helps
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()][:3]
+        why = " ".join(lines)[:600] or type(e).__name__
+        if "Constraints violated" in why:
+            why += (
+                " (torch.export specializes an example size of 0 or 1: give the example "
+                "inputs sizes >= 2 on their dynamic axes)"
+            )
         raise TorchImportError(
-            f"torch.export.export failed for {type(module).__name__}: {type(e).__name__}: {first}"
+            f"torch.export.export failed for {type(module).__name__}: {type(e).__name__}: {why}"
         ) from e
     _check_mutations(ep, module)
     decomposed = False

@@ -167,3 +167,9 @@ def test_shape_rule_errors_name_the_aten_op():
     batch = torch.export.Dim("batch", max=16)
     with pytest.raises(TorchImportError, match=r"ATen op aten\.pad\.default .*symbolic"):
         rlx.from_torch(PadBatch(), (torch.randn(3, 4),), ({0: batch},))
+
+
+def test_size_one_example_on_a_dynamic_axis_gets_a_hint():
+    batch = torch.export.Dim("batch", max=16)
+    with pytest.raises(TorchImportError, match="sizes >= 2 on their dynamic axes"):
+        rlx.from_torch(nn.Linear(3, 2).eval(), (torch.randn(1, 3),), ({0: batch},))
