@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,6 @@ class StepTimes:
     prefill_s: float = 0.0
     decode_tokens: int = 0
     decode_s: float = 0.0
-    runs: list[tuple[int, float]] = field(default_factory=list)
 
 
 def _length_class(n: int, room: int) -> int:
@@ -125,7 +124,6 @@ class LlmModel:
         else:
             self.times.prefill_tokens += n
             self.times.prefill_s += dt
-        self.times.runs.append((n, dt))
         return logits.reshape(-1)
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
