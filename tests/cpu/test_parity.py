@@ -461,6 +461,7 @@ CASES: list[Case] = [
         ),
     ),
     Case("pad", lambda g: g.pad(g.input("x", (2, 3)), [(1, 0), (2, 1)], 0.5)),
+    Case("shape_of", lambda g: g.shape_of(g.input("x", (2, 3, 4)))),
     Case(
         "squeeze_unsqueeze_flatten",
         lambda g: g.flatten(g.unsqueeze(g.squeeze(g.input("x", (2, 1, 3))), 0)),

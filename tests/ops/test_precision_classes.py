@@ -129,6 +129,7 @@ RLX_ONLY: dict[str, tuple[OpKind, str]] = {
     "trig": (E, "elementwise transcendental functions, like the unary ones"),
     "cumprod": (R, "a running product: Cumsum's multiplicative twin"),
     "bitcast": (D, "a byte copy read as another dtype, like a Reshape of bytes"),
+    "shape_of": (D, "reads the input's dims into an i64 vector (ONNX Shape); never retyped"),
 }
 
 BUILTIN = {m: c for m, c in OPS.items() if c.__module__.startswith("rlx.ops.")}
