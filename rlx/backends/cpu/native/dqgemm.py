@@ -1,5 +1,5 @@
 """The weight-only quantized matmul library (``csrc/dqgemm_decode.c``, ``dqgemm_rows.c``,
-``dqgemm.c``). In: f32 activations ``[M, K]`` and a weight packed in a
+``dqgemm.c``, ``dqgemm_q8.c``). In: f32 activations ``[M, K]`` and a weight packed in a
 :class:`~rlx.quant.schemes.QuantScheme` layout (``[N, ...]``, rows = output channels).
 Out: ``y = x @ dequant(w).T`` f32 ``[M, N]`` computed from the packed bytes
 (:meth:`DqGemmLib.gemm`, :meth:`DqGemmLib.bind`), the decoded weight
@@ -7,7 +7,9 @@ Out: ``y = x @ dequant(w).T`` f32 ``[M, N]`` computed from the packed bytes
 (:meth:`DqGemmLib.stream_read`).
 
 :func:`dqgemm_lib` builds the library for the selected target (``RLX_ISA``): AVX-512 or
-AVX2 FMA vectors, or SSE2 mul + add on the portable target. Every packed tensor is checked
+AVX2 FMA vectors, or SSE2 mul + add on the portable target. ``act`` (``RLX_DQ_ACT`` in a
+compiled graph) picks f32 activations or, for :data:`Q8_SCHEMES`, int8 activations with
+integer dot products (:func:`uses_q8`; ``auto``: at batch < 4). Every packed tensor is checked
 against its scheme before the C code reads it (:func:`check_weights`: a wrong dtype,
 shape or byte count is a QuantizationError naming the tensor).
 """
