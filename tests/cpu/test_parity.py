@@ -30,6 +30,7 @@ from rlx.ops import OPS
 from rlx.ops.elementwise import BinaryKind, CompareKind, UnaryKind
 from rlx.ops.nn import MaskKind
 from rlx.ops.reduce import ReduceKind
+from rlx.quant.schemes import GgufQ8_0
 from rlx.runtime.options import CompileOptions
 from rlx.runtime.session import Session
 from rlx.runtime.threads import resolve_threads
@@ -363,6 +364,14 @@ def _import_op_cases() -> list[Case]:
     ]
 
 
+def _cache_attention(g: rlx.Graph) -> object:
+    """Cache rows 0..1 from the cache params, rows 2..3 the new k / v (written each run)."""
+    q, k, v = g.input("q", (1, 2, 16)), g.input("k", (1, 2, 8)), g.input("v", (1, 2, 8))
+    kc, vc = g.param("kc", (1, 6, 8)), g.param("vc", (1, 6, 8))
+    pos = g.constant(np.array([2, 3], np.int64))
+    return g.cache_attention(q, k, v, kc, vc, pos, 2, 8, 1, window=2)
+
+
 CASES: list[Case] = [
     *(_unary(k) for k in UnaryKind),
     *(_unary(k, "f16") for k in (UnaryKind.GELU, UnaryKind.EXP, UnaryKind.SILU)),
@@ -462,6 +471,13 @@ CASES: list[Case] = [
     ),
     Case("pad", lambda g: g.pad(g.input("x", (2, 3)), [(1, 0), (2, 1)], 0.5)),
     Case("shape_of", lambda g: g.shape_of(g.input("x", (2, 3, 4)))),
+    Case("cache_attention", _cache_attention),
+    Case(
+        "dequant_gather",
+        lambda g: g.dequant_gather(
+            g.param("w", (5, 34), "u8"), g.input("ids", (2, 3), "i64"), GgufQ8_0()
+        ),
+    ),
     Case(
         "squeeze_unsqueeze_flatten",
         lambda g: g.flatten(g.unsqueeze(g.squeeze(g.input("x", (2, 1, 3))), 0)),

@@ -130,6 +130,8 @@ RLX_ONLY: dict[str, tuple[OpKind, str]] = {
     "cumprod": (R, "a running product: Cumsum's multiplicative twin"),
     "bitcast": (D, "a byte copy read as another dtype, like a Reshape of bytes"),
     "shape_of": (D, "reads the input's dims into an i64 vector (ONNX Shape); never retyped"),
+    "cache_attention": (C, "attention through a KV cache (its own f32 caches), like Attention"),
+    "dequant_gather": (D, "rows of a packed table decoded to f32, like Gather; never retyped"),
 }
 
 BUILTIN = {m: c for m, c in OPS.items() if c.__module__.startswith("rlx.ops.")}
