@@ -27,7 +27,7 @@ def test_traces_once_per_signature():
 
     a, b = rand(3, 4), rand(3, 4, seed=1)
     for _ in range(3):
-        np.testing.assert_allclose(f(a, b), a * b + 1, rtol=1e-6)
+        np.testing.assert_allclose(f(a, b), a * b + 1, rtol=1e-6, atol=1e-6)
     assert f.trace_count == 1 and len(calls) == 1
     f(rand(2, 4), rand(2, 4))  # new shape: a new trace
     f(a.astype(np.float64), b.astype(np.float64))  # new dtype: a new trace
@@ -69,7 +69,7 @@ def test_static_argnums_retrace_per_value():
         f(x, [2], 0)
     # without static_argnums a Python int is a traced weak scalar: one trace for all values
     assert plain(x, 2).dtype == f32 and plain(x, 5).dtype == f32
-    np.testing.assert_allclose(plain(x, 5), x * 5, rtol=1e-6)
+    np.testing.assert_allclose(plain(x, 5), x * 5, rtol=1e-6, atol=1e-6)
     assert plain.trace_count == 1
 
 
@@ -105,7 +105,9 @@ def test_lower_inspect_shows_the_mir():
     assert low.graph.outputs and isinstance(low.graph, rlx.Graph)
     cg = low.compile()
     x, w = rand(2, 3), rand(3, 4)
-    np.testing.assert_allclose(cg.run({"x": x, "w": w})[0], np.maximum(x @ w, 0), rtol=1e-6)
+    np.testing.assert_allclose(
+        cg.run({"x": x, "w": w})[0], np.maximum(x @ w, 0), rtol=1e-6, atol=1e-6
+    )
 
 
 def test_keyword_arguments_and_defaults():
@@ -114,8 +116,8 @@ def test_keyword_arguments_and_defaults():
         return x * scale
 
     x = rand(3)
-    np.testing.assert_allclose(f(x), x * 2, rtol=1e-6)
-    np.testing.assert_allclose(f(x, scale=3.0), x * 3, rtol=1e-6)
+    np.testing.assert_allclose(f(x), x * 2, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(f(x, scale=3.0), x * 3, rtol=1e-6, atol=1e-6)
 
 
 def test_weak_typing_of_python_scalars():
@@ -192,7 +194,7 @@ def test_nested_jit_inlines_and_leaked_values_are_caught():
     inner = rlx.jit(lambda x: x * 2.0)
     outer = rlx.jit(lambda x: inner(x) + 1.0)
     x = rand(3)
-    np.testing.assert_allclose(outer(x), x * 2 + 1, rtol=1e-6)
+    np.testing.assert_allclose(outer(x), x * 2 + 1, rtol=1e-6, atol=1e-6)
     assert inner.trace_count == 0
     leaked = []
     rlx.jit(lambda x: leaked.append(x) or x)(x)
@@ -247,14 +249,14 @@ def test_steady_calls_skip_the_checked_run(monkeypatch):
         raise AssertionError("CompiledGraph.run called on the steady path")
 
     monkeypatch.setattr(cg, "run", no_run)
-    np.testing.assert_allclose(f(x, w), x @ w, rtol=1e-6)
+    np.testing.assert_allclose(f(x, w), x @ w, rtol=1e-6, atol=1e-6)
 
 
 def test_frozen_arrays_are_params_set_once_per_object(monkeypatch):
     f = rlx.jit(lambda p, x: x @ p["w"] + p["b"])
     p = rlx.freeze({"w": rand(3, 4), "b": rand(4, seed=1)})
     x = rand(2, 3, seed=2)
-    np.testing.assert_allclose(f(p, x), x @ p["w"] + p["b"], rtol=1e-6)
+    np.testing.assert_allclose(f(p, x), x @ p["w"] + p["b"], rtol=1e-6, atol=1e-6)
     graph = f.lower(p, x).graph
     assert graph.param_names == ["p.b", "p.w"] and graph.input_names == ["x"]
     cg = _entry(f).compiled
@@ -265,7 +267,7 @@ def test_frozen_arrays_are_params_set_once_per_object(monkeypatch):
     f(p, x)
     assert sets == []  # the same objects: nothing set again
     p2 = {"w": rlx.freeze(rand(3, 4, seed=5)), "b": p["b"]}  # a new w, the same b
-    np.testing.assert_allclose(f(p2, x), x @ p2["w"] + p2["b"], rtol=1e-6)
+    np.testing.assert_allclose(f(p2, x), x @ p2["w"] + p2["b"], rtol=1e-6, atol=1e-6)
     assert sets == ["p.w"]
     assert f.trace_count == 2  # the lower() above traced once more
 
@@ -276,9 +278,9 @@ def test_read_only_view_of_writable_memory_is_set_on_every_call():
     view.flags.writeable = False
     f = rlx.jit(lambda w, x: x @ w)
     x = rand(2, 3, seed=1)
-    np.testing.assert_allclose(f(view, x), x @ base, rtol=1e-6)
+    np.testing.assert_allclose(f(view, x), x @ base, rtol=1e-6, atol=1e-6)
     base *= 2.0  # changes what the read-only view shows
-    np.testing.assert_allclose(f(view, x), x @ base, rtol=1e-6)
+    np.testing.assert_allclose(f(view, x), x @ base, rtol=1e-6, atol=1e-6)
 
 
 def test_writable_and_frozen_arguments_trace_separately():
@@ -288,7 +290,7 @@ def test_writable_and_frozen_arguments_trace_separately():
     f(rlx.freeze(w), x)
     assert f.trace_count == 2
     w[0, 0] = 100.0  # a writable argument is read afresh on every call
-    np.testing.assert_allclose(f(w, x), x @ w, rtol=1e-6)
+    np.testing.assert_allclose(f(w, x), x @ w, rtol=1e-6, atol=1e-6)
 
 
 def test_calls_from_threads_with_different_frozen_params_get_their_own_results():

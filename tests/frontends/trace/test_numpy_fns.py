@@ -154,7 +154,7 @@ def test_sum_of_bools_and_mean_of_ints():
     i = np.array([1, 2, 4], np.int32)
     s, m = rlx.jit(lambda b, i: (rnp.sum(b, axis=1), rnp.mean(i)))(b, i)
     np.testing.assert_array_equal(s, [2, 3])
-    np.testing.assert_allclose(m, 7 / 3, rtol=1e-6)
+    np.testing.assert_allclose(m, 7 / 3, rtol=1e-6, atol=1e-6)
     assert m.dtype == f32
 
 
@@ -247,4 +247,4 @@ def test_einsum_unsupported_forms_are_trace_errors():
 
 def test_outer_vs_numpy():
     a, b = arrays((3,)), arrays((2, 2), seed=1)
-    np.testing.assert_allclose(rlx.jit(rnp.outer)(a, b), np.outer(a, b), rtol=1e-6)
+    np.testing.assert_allclose(rlx.jit(rnp.outer)(a, b), np.outer(a, b), rtol=1e-6, atol=1e-6)
