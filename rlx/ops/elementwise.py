@@ -20,10 +20,15 @@ from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.core import operand
 from rlx.shape import Shape, broadcast_dims
 
-try:  # scipy's erf is exact; fall back to math.erf vectorised
-    from scipy.special import erf as _erf
-except ImportError:  # pragma: no cover
-    _erf = np.vectorize(math.erf, otypes=[np.float64])
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """scipy's exact erf (imported on first use: scipy.special costs ~0.2 s to import);
+    math.erf vectorised without scipy."""
+    try:
+        from scipy.special import erf
+    except ImportError:  # pragma: no cover
+        return np.vectorize(math.erf, otypes=[np.float64])(x)
+    return erf(x)
 
 
 def _wide(x: np.ndarray) -> np.ndarray:

@@ -26,7 +26,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import scipy.fft
 
 from rlx.dtype import DType
 from rlx.errors import ShapeError
@@ -332,6 +331,8 @@ def fft_conv1d(g: Graph, a: NodeId, b: NodeId, mode: str = "full") -> NodeId:
     if la == 0 or lb == 0:
         raise _fail(f"fft_conv1d: inputs must be non-empty, got lengths {la} and {lb}")
     full = la + lb - 1
+    import scipy.fft  # (on first use)
+
     nf = scipy.fft.next_fast_len(full, real=True)
     prod = g.mul(g.rfft(a, n=nf), g.rfft(b, n=nf))
     y = g.irfft(prod, n=nf)

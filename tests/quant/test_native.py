@@ -100,13 +100,40 @@ def test_failed_build_shows_command_and_gcc_message(tmp_path, monkeypatch):
 
 def test_missing_gcc_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(native, "gcc_path", lambda: None)
-    native.gcc_version.cache_clear()
+    with pytest.raises(CompileError, match="need gcc"):
+        native.gcc_version()
+    assert not native.available()
+    assert not native.openmp_supported()
+
+
+@pytest.mark.skipif(not native.available(), reason="needs gcc")
+def test_gcc_facts_are_probed_once_and_kept_in_the_cache(tmp_path, monkeypatch):
+    """The gcc version and OpenMP probe (two gcc runs) are stored in the native cache, so
+    a later process reads them instead of running gcc; a damaged file is probed again."""
+    import subprocess
+
+    monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path))
+    native._gcc_facts.cache_clear()
     try:
-        with pytest.raises(CompileError, match="need gcc"):
-            native.gcc_version()
-        assert not native.available()
+        real = subprocess.run(["gcc", "--version"], capture_output=True, text=True)
+        first = native.gcc_version()
+        assert first == real.stdout.splitlines()[0]
+        (probe,) = (tmp_path / "native").glob("gcc-probe-*.json")
+        native._gcc_facts.cache_clear()  # as a new process
+
+        def no_gcc(*a, **k):
+            raise AssertionError("gcc was run although its facts are cached")
+
+        monkeypatch.setattr(native.subprocess, "run", no_gcc)
+        assert native.gcc_version() == first
+        native._gcc_facts.cache_clear()
+        monkeypatch.undo()
+        monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path))
+        probe.write_text("{not json")
+        assert native.gcc_version() == first  # probed again
+        assert '"version"' in probe.read_text()
     finally:
-        native.gcc_version.cache_clear()
+        native._gcc_facts.cache_clear()
 
 
 def test_gemm_checks_its_arguments():
@@ -165,6 +192,7 @@ def test_concurrent_builds_share_one_library(tmp_path, monkeypatch):
     (path,) = paths
     assert native.load(path).rlx_seven() == 7
     names = {p.name for p in (tmp_path / "native").iterdir()}
+    names = {n for n in names if not n.startswith("gcc-probe-")}  # the gcc facts
     assert names == {"seven.lock", path.name, path.name + ".sha256"}
 
 

@@ -7,6 +7,7 @@ through f32 (``lowp``).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,10 +26,17 @@ from rlx.ops.elementwise import (
 if TYPE_CHECKING:
     from rlx.ir.mir import Node
 
-try:  # scipy's erf is a ufunc with an f32 loop and an out= argument
-    from scipy.special import erf as _erf_ufunc
-except ImportError:  # pragma: no cover - scipy is a dependency; keep the reference path
-    _erf_ufunc = None
+
+@functools.cache
+def _erf_loader() -> np.ufunc | None:
+    """scipy's erf, a ufunc with an f32 loop and an out= argument (imported on first use:
+    scipy.special costs ~0.2 s to import); None without scipy (the reference path)."""
+    try:
+        from scipy.special import erf
+    except ImportError:  # pragma: no cover - scipy is a dependency
+        return None
+    return erf
+
 
 __all__ = ["unary_kernel", "binary_kernel", "compare_kernel", "where_kernel"]
 
@@ -82,9 +90,10 @@ def _unary_composite(fn: UnaryKind, x: np.ndarray, o: np.ndarray, ctx: KernelCtx
     if fn is UnaryKind.SOFTPLUS:
         return lambda: np.logaddexp(t(0), x, out=o)  # type: ignore[return-value]
     if fn is UnaryKind.ERF:
-        if _erf_ufunc is None:
+        erf = _erf_loader()
+        if erf is None:
             return None
-        return lambda: _erf_ufunc(x, out=o)  # type: ignore[return-value]
+        return lambda: erf(x, out=o)  # type: ignore[return-value]
     if fn is UnaryKind.SIGMOID:
         return _sigmoid_into(x, o, ctx, 10)
     if fn is UnaryKind.SILU:
@@ -92,7 +101,8 @@ def _unary_composite(fn: UnaryKind, x: np.ndarray, o: np.ndarray, ctx: KernelCtx
         sig = _sigmoid_into(x, s, ctx, 10)
         return lambda: (sig(), np.multiply(x, s, out=o))  # type: ignore[return-value]
     if fn is UnaryKind.GELU:
-        if _erf_ufunc is None:
+        erf = _erf_loader()
+        if erf is None:
             return None
         # 0.5 * x * (1 + erf(x / sqrt(2))), the erf argument in f64 as the reference has it
         w = ctx.scratch(x.shape, np.float64, 10)
@@ -101,7 +111,7 @@ def _unary_composite(fn: UnaryKind, x: np.ndarray, o: np.ndarray, ctx: KernelCtx
 
         def gelu() -> None:
             np.multiply(x, _SQRT1_2, out=w)
-            _erf_ufunc(w, out=w)
+            erf(w, out=w)
             np.copyto(u, w, casting="unsafe")
             np.add(u, t(1), out=u)
             np.multiply(x, t(0.5), out=v)

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.linalg.lapack
 
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
 from rlx.ops.custom import CustomFn
@@ -105,6 +104,8 @@ def _solver(node: Node, a: np.ndarray, b: np.ndarray, ctx: KernelCtx, tag: int):
     k = 1 if b.ndim == a.ndim - 1 else b.shape[-1]
     af = ctx.scratch((n, n), a.dtype, tag).T  # Fortran order
     bf = ctx.scratch((k, n), a.dtype, tag + 1).T
+    import scipy.linalg.lapack  # (on first use: ~0.05-1 s to import)
+
     gesv = scipy.linalg.lapack.get_lapack_funcs("gesv", dtype=a.dtype)
     ctx.notes.append("LAPACK gesv (allocates its N-int pivot vector)")
 

@@ -72,9 +72,11 @@ loaded before rlx, ``ACTIVE``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -163,7 +165,40 @@ def gcc_path() -> str | None:
     return _WHICH[path]
 
 
+def _gcc_probe_file(gcc: str) -> Path | None:
+    """Where the facts probed about this gcc binary are kept: a JSON file in the trusted
+    native cache named by the binary's path, size, mtime and inode (a new gcc probes
+    again); None when there is no usable cache."""
+    try:
+        st = os.stat(gcc)
+        root = cache.cache_root()
+    except (OSError, CompileError):
+        return None
+    key = f"{os.path.realpath(gcc)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+    return root / f"gcc-probe-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
 @functools.cache
+def _gcc_facts(gcc: str) -> dict[str, object]:
+    """``{"version": str, "openmp": bool}`` for ``gcc``: read from the cache when an
+    earlier process probed this binary, else probed (two gcc runs, ~0.3 s) and stored."""
+    where = _gcc_probe_file(gcc)
+    if where is not None:
+        try:
+            facts = json.loads(where.read_text())
+            if isinstance(facts.get("version"), str) and isinstance(facts.get("openmp"), bool):
+                return facts
+        except (OSError, ValueError, AttributeError):
+            pass
+    out = subprocess.run([gcc, "--version"], capture_output=True, text=True, check=False)
+    version = out.stdout.splitlines()[0] if out.stdout else "gcc (unknown version)"
+    facts = {"version": version, "openmp": _probe_openmp(gcc)}
+    if where is not None:
+        with contextlib.suppress(OSError):
+            cache.write_atomic(where, json.dumps(facts).encode())
+    return facts
+
+
 def gcc_version() -> str:
     """``gcc --version`` first line; CompileError when gcc is missing."""
     gcc = gcc_path()
@@ -172,16 +207,16 @@ def gcc_version() -> str:
             "native kernels need gcc, which is not on PATH; install gcc "
             "or compile with CompileOptions(native=False)"
         )
-    out = subprocess.run([gcc, "--version"], capture_output=True, text=True, check=False)
-    return out.stdout.splitlines()[0] if out.stdout else "gcc (unknown version)"
+    return str(_gcc_facts(gcc)["version"])
 
 
-@functools.cache
 def openmp_supported() -> bool:
     """Whether gcc can build and link an ``-fopenmp`` shared object here."""
     gcc = gcc_path()
-    if gcc is None:
-        return False
+    return gcc is not None and bool(_gcc_facts(gcc)["openmp"])
+
+
+def _probe_openmp(gcc: str) -> bool:
     try:
         with tempfile.TemporaryDirectory() as d:
             src = Path(d, "t.c")
