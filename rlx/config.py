@@ -18,10 +18,11 @@ RLX_SGEMM=auto|native|blas
                          f32 matmuls: auto (the default) times rlx's packed sgemm against
                          BLAS once per shape class and records the winner; native / blas
                          force one (benchmarks, tests)
-RLX_DQ_ACT=auto|q8|f32   activations of weight-only GGUF matmuls (Q8_0, Q5_0, Q4_K, Q6_K):
-                         auto (the default) quantizes them to int8 per 32 inputs for
-                         integer dot products at batch < 4 (decode) and keeps f32 above;
-                         q8 / f32 force one (error bound: docs/weight_only.md)
+RLX_DQ_ACT=f32|auto|q8   activations of weight-only GGUF matmuls (Q8_0, Q5_0, Q4_K, Q6_K):
+                         f32 (the default) keeps them exact; auto quantizes them to int8
+                         per 32 inputs for integer dot products at batch < 4 (decode, as
+                         llama.cpp) and keeps f32 above; q8 at every batch (error bound
+                         and why f32 is the default: docs/weight_only.md)
 
 A value that does not parse raises :class:`rlx.errors.ConfigError` naming the variable,
 the value given and what is accepted.
@@ -150,10 +151,10 @@ DQ_ACT_CHOICES = ("auto", "q8", "f32")
 
 
 def dq_act() -> str:
-    """RLX_DQ_ACT: 'auto' (default), 'q8' or 'f32'."""
+    """RLX_DQ_ACT: 'f32' (default), 'auto' or 'q8'."""
     raw = os.environ.get("RLX_DQ_ACT")
     if raw is None or raw.strip() == "":
-        return "auto"
+        return "f32"
     v = raw.strip().lower()
     if v not in DQ_ACT_CHOICES:
         raise ConfigError(f"RLX_DQ_ACT={raw!r} is not one of {', '.join(DQ_ACT_CHOICES)}")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import rlx
+from rlx import config
 from rlx.backends.cpu import native
 from rlx.backends.cpu.native import cpu
 from rlx.backends.cpu.native.dqgemm import dqgemm_lib, uses_q8
@@ -190,8 +191,8 @@ def test_compiled_graph_native_and_fallback(scheme, native_on):
         assert any(("native " + str(scheme)) in t if native_on else "BLAS" in t for t in kern.notes)
         x = rng.standard_normal((*lead, k)).astype(np.float32)
         (y,) = c.run({"x": x})
-        # batch 1 of a GGUF Q8_0 / Q5_0 / Q4_K / Q6_K weight runs the int8-activation GEMV
-        q8 = native_on and uses_q8(scheme, int(np.prod(lead)), "auto")
+        # the default RLX_DQ_ACT=f32: exact f32 activations (int8 ones are opt-in)
+        q8 = native_on and uses_q8(scheme, int(np.prod(lead)), config.dq_act())
         assert q8 == any("int8-activation" in t for t in kern.notes)
         check = check_q8 if q8 else check_close
         check(y.reshape(-1, n), x.reshape(-1, k), w)

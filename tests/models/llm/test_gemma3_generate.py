@@ -1,8 +1,8 @@
 """Gemma-3-270M Q4_K_M: the issue's anchor (llama.cpp's greedy continuation of "The capital
 of France is", which transformers' f32 model also gives), generation (sampling, stop
 strings and tokens, streaming), the command line, and bad input. With f32 activations
-(RLX_DQ_ACT=f32): the default int8 activations of the decode GEMVs change the text after a
-few tokens (see test_gemma3_llama_cpp.py for that path)."""
+(RLX_DQ_ACT=f32, the default): the opt-in int8 activations of the decode GEMVs
+(RLX_DQ_ACT=auto) change the text after a few tokens (see test_gemma3_llama_cpp.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Gemma-3-270M Q4_K_M with the default kernels (int8 activations in the decode GEMVs,
-RLX_DQ_ACT=auto) against llama.cpp on the same file and transformers' f32 model (stored
+"""Gemma-3-270M Q4_K_M with the llama.cpp-style kernels (int8 activations in the decode
+GEMVs, RLX_DQ_ACT=auto; the default is f32) against llama.cpp on the same file and transformers' f32 model (stored
 references, see conftest.py). llama.cpp also multiplies int8 activations, with its own
 rounding, so neither matches the f32 model bit for bit: llama.cpp's distance from
 transformers' logits measures what int8 activations explain, and rlx's must stay within

@@ -9,9 +9,10 @@ param weight needs no cache and a new ``set_param`` is seen at once. Batch < 4 r
 as a GEMV streaming the weight once (fused decode-dot row kernels for Q8_0, Q5_0, Q4_K,
 Q6_K, Int8Block and Int4Block on AVX2 / AVX-512; a block-decode-then-FMA path for the
 rest); larger batches decode panels of the weight into L1-sized f32 tiles for an FMA
-micro-kernel. For Q8_0, Q5_0, Q4_K and Q6_K at batch < 4 (``RLX_DQ_ACT=auto``, the
-default) the activations are quantized to int8 per 32 inputs and the products are
-integer dot products (``csrc/dqgemm_q8.c``, VNNI / AVX2 / C), as llama.cpp decodes. Threads: ``KernelCtx.num_threads``. Non-f32 or strided ``x`` is copied
+micro-kernel. With ``RLX_DQ_ACT=auto`` (Q8_0, Q5_0, Q4_K and Q6_K at batch < 4) or
+``q8`` the activations are quantized to int8 per 32 inputs and the products are
+integer dot products (``csrc/dqgemm_q8.c``, VNNI / AVX2 / C), as llama.cpp decodes; the
+default ``f32`` keeps them exact. Threads: ``KernelCtx.num_threads``. Non-f32 or strided ``x`` is copied
 into an f32 scratch first.
 
 Without gcc, when the build fails, or with ``CompileOptions(native=False)``, the weight
