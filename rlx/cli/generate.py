@@ -34,6 +34,10 @@ __all__ = ["command"]
     "--max-context", type=click.IntRange(min=2), default=None,
     help="KV cache positions (default: 2048, or the model's context length when smaller).",
 )  # fmt: skip
+@click.option(
+    "--kv-dtype", type=click.Choice(["f32", "bf16", "f16"]), default="f32", show_default=True,
+    help="KV cache precision (bf16 / f16: half the cache memory).",
+)  # fmt: skip
 @threads_option()
 def command(
     model: Path,
@@ -45,6 +49,7 @@ def command(
     seed: int | None,
     stop: tuple[str, ...],
     max_context: int | None,
+    kv_dtype: str,
     threads: int | None,
 ) -> None:
     """Generate up to --max-tokens tokens after PROMPT with the GGUF model MODEL."""
@@ -52,7 +57,7 @@ def command(
 
     if prompt == "-":
         prompt = sys.stdin.read()
-    m = llm.load(model, max_context=max_context, num_threads=threads)
+    m = llm.load(model, max_context=max_context, num_threads=threads, kv_dtype=kv_dtype)
     stream = m.generate(
         prompt,
         max_tokens=max_tokens,

@@ -12,6 +12,12 @@ nothing; the CPU kernel also stores the new rows into the cache params' storage 
 runtime's private, zeroed storage of a param that was never set), so the next run sees
 them: that write is the cache update, ``S`` rows per run, no copy of the cache.
 
+The caches may be f32, bf16 or f16 (both the same; half the memory): the new rows are
+rounded to the cache dtype when written (round to nearest even, as NumPy / ml_dtypes
+``astype``), and with a low-precision cache ``q`` is rounded to that dtype too and the
+output is rounded to it before it is widened back to f32 (the native kernel takes q, k, v
+and out in one dtype and computes in f32); the reference models exactly those roundings.
+
 ``dequant_gather`` (:class:`DequantGather`): ``dequant(packed)[ids]`` for a GGUF
 ``scheme`` (packed u8 ``[N, K/qk*block_bytes]``, ``ids`` integer of any shape, out f32
 ``[*ids.shape, K]``): the token embedding lookup that decodes only the rows it takes.
@@ -33,7 +39,10 @@ from rlx.ops.nn import MaskKind, _softmax_rows
 from rlx.quant.schemes import QuantScheme
 from rlx.shape import Shape
 
-__all__ = ["CacheAttention", "DequantGather", "cache_start", "cache_mask"]
+__all__ = ["CacheAttention", "DequantGather", "cache_start", "cache_mask", "CACHE_DTYPES"]
+
+#: The dtypes a KV cache may have.
+CACHE_DTYPES = (DType.F32, DType.BF16, DType.F16)
 
 
 def cache_start(op: str, positions: np.ndarray, rows: int, capacity: int) -> int:
@@ -67,7 +76,8 @@ def cache_mask(window: int) -> MaskKind:
 @register
 class CacheAttention(Op):
     """Attention over a KV cache with the new rows written at ``positions`` (module
-    docstring). Inputs ``(q, k, v, k_cache, v_cache, positions)``; all float inputs f32.
+    docstring). Inputs ``(q, k, v, k_cache, v_cache, positions)``; q, k, v f32, the caches
+    f32, bf16 or f16 (the same for both).
     ``window`` 0 is causal, else a sliding window of that many keys; ``num_kv_heads``
     divides ``num_heads`` (query head ``h`` reads kv head ``h // (H // Hkv)``); ``scale``
     defaults to ``1/sqrt(head_dim)``. Not ``pure``: its CPU kernel updates the caches."""
@@ -92,9 +102,15 @@ class CacheAttention(Op):
         expect(hkv >= 1 and h % hkv == 0, self, f"num_kv_heads must divide {h}, got {hkv}")
         expect(self.window >= 0, self, f"window must be >= 0, got {self.window}")
         q, k, v, kc, vc, pos = ins
-        for name, t in (("q", q), ("k", k), ("v", v), ("k_cache", kc), ("v_cache", vc)):
+        for name, t in (("q", q), ("k", k), ("v", v)):
             expect(
                 t.dtype is DType.F32 and t.rank == 3, self, f"{name} must be f32 rank 3, got {t}"
+            )
+        for name, t in (("k_cache", kc), ("v_cache", vc)):
+            expect(
+                t.dtype in CACHE_DTYPES and t.dtype is kc.dtype and t.rank == 3,
+                self,
+                f"{name} must be f32, bf16 or f16 rank 3 (as k_cache {kc}), got {t}",
             )
         expect(q.dims[2] == h * d, self, f"q must be [B,S,{h * d}] (H={h} x D={d}), got {q}")
         for name, t in (("k", k), ("v", v)):
@@ -122,7 +138,11 @@ class CacheAttention(Op):
         b, s, _ = q.shape
         p = cache_start(self.mnemonic, pos, s, kc.shape[1])
         keys, vals = kc[:, : p + s].copy(), vc[:, : p + s].copy()
-        keys[:, p:], vals[:, p:] = k, v
+        keys[:, p:], vals[:, p:] = k, v  # rounded to the cache dtype (nearest even)
+        low = keys.dtype != np.float32
+        keys, vals = keys.astype(np.float32), vals.astype(np.float32)
+        if low:  # the kernel's q is in the cache dtype
+            q = q.astype(kc.dtype).astype(np.float32)
         h, d, hkv = self.num_heads, self.head_dim, self.num_kv_heads
         qh = q.reshape(b, s, h, d).transpose(0, 2, 1, 3)
         kh = np.repeat(keys.reshape(b, p + s, hkv, d).transpose(0, 2, 1, 3), h // hkv, axis=1)
@@ -130,8 +150,10 @@ class CacheAttention(Op):
         sc = np.matmul(qh, kh.swapaxes(-1, -2)) * np.float32(self.effective_scale)
         allowed = cache_mask(self.window).allowed(s, p + s)
         sc = np.where(allowed, sc, -np.inf)
-        o = np.matmul(_softmax_rows(sc), vh)
-        return o.transpose(0, 2, 1, 3).reshape(b, s, h * d).astype(ctx.out_dtype)
+        o = np.matmul(_softmax_rows(sc), vh).transpose(0, 2, 1, 3).reshape(b, s, h * d)
+        if low:  # and so is its output
+            o = o.astype(kc.dtype)
+        return o.astype(ctx.out_dtype)
 
 
 @register

@@ -30,10 +30,15 @@ __all__ = [
 
 
 def load(
-    path: str | Path, max_context: int | None = None, num_threads: int | None = None
+    path: str | Path,
+    max_context: int | None = None,
+    num_threads: int | None = None,
+    kv_dtype: str = "f32",
 ) -> LlmModel:
     """The decoder in GGUF file ``path``, compiled for the CPU with a KV cache of
     ``max_context`` positions (None: 2048, or the model's context length when smaller)
-    and ``num_threads`` threads (None: physical cores).
-    ModelError for an unsupported architecture or a missing tensor."""
-    return open_model(path, max_context=max_context, num_threads=num_threads)
+    stored as ``kv_dtype`` ("f32", or "bf16" / "f16": half the memory, see docs/gguf.md
+    for the accuracy) and ``num_threads`` threads (None: physical cores).
+    ModelError for an unsupported architecture or a missing tensor; InputError for an
+    unknown ``kv_dtype``."""
+    return open_model(path, max_context=max_context, num_threads=num_threads, kv_dtype=kv_dtype)

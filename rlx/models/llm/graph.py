@@ -113,9 +113,12 @@ class _Builder:
         return self.g.rms_norm(x, self.vector(name, n), eps=self.cfg.eps)
 
 
-def build_decoder(cfg: LlmConfig, tensors: Mapping[str, Any], max_context: int) -> DecoderGraph:
-    """The decoder graph of ``cfg`` over the GGUF ``tensors`` (module docstring); a missing
-    or misshapen tensor is a ModelError naming it."""
+def build_decoder(
+    cfg: LlmConfig, tensors: Mapping[str, Any], max_context: int, kv_dtype: DType = DType.F32
+) -> DecoderGraph:
+    """The decoder graph of ``cfg`` over the GGUF ``tensors`` (module docstring), its KV
+    cache of ``kv_dtype`` (f32, bf16 or f16); a missing or misshapen tensor is a
+    ModelError naming it."""
     b = _Builder(cfg, tensors, max_context)
     g = b.g
     d, h, hkv, hd = cfg.hidden, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -157,9 +160,9 @@ def build_decoder(cfg: LlmConfig, tensors: Mapping[str, Any], max_context: int) 
         q = g.rope(q, cos, sin, hd, cfg.rope_dims, cfg.arch.rope_interleaved)
         k = g.rope(k, cos, sin, hd, cfg.rope_dims, cfg.arch.rope_interleaved)
         cache = (1, max_context, hkv * hd)
-        kc = g.param(f"kv.{i}.k", cache, DType.F32)
-        vc = g.param(f"kv.{i}.v", cache, DType.F32)
-        b.params[f"kv.{i}.k"] = b.params[f"kv.{i}.v"] = np.zeros(cache, np.float32)
+        kc = g.param(f"kv.{i}.k", cache, kv_dtype)
+        vc = g.param(f"kv.{i}.v", cache, kv_dtype)
+        b.params[f"kv.{i}.k"] = b.params[f"kv.{i}.v"] = np.zeros(cache, kv_dtype.np)
         att = g.cache_attention(
             q, k, v, kc, vc, positions, h, hd, hkv, cfg.window(i), cfg.attn_scale
         )

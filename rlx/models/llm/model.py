@@ -5,8 +5,9 @@ made of (:meth:`LlmModel.prefill`, :meth:`LlmModel.step`, :meth:`LlmModel.logits
 One CompiledGraph (symbolic ``seq``) runs every step; the runtime keeps one schedule per
 length it has seen (decode is ``seq`` = 1; a prompt is padded to the next power of two,
 at least 8, so prompts share a few schedules), so a decode step never re-plans. The KV
-cache is the ``kv.*`` params the runtime allocates once (``[1, max_context, Hkv*D]`` f32
-per layer and k / v); a step writes only its own rows. Padding rows of a prompt land in
+cache is the ``kv.*`` params the runtime allocates once (``[1, max_context, Hkv*D]`` per
+layer and k / v, f32 or, with ``kv_dtype``, bf16 / f16: half the memory, rows rounded
+when written); a step writes only its own rows. Padding rows of a prompt land in
 the cache beyond the prompt and are overwritten by the decode steps before any query can
 see them (a query at position ``p`` reads rows ``<= p`` only).
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx.dtype import DType
 from rlx.errors import InputError
 from rlx.models.llm.config import LlmConfig, read_config
 from rlx.models.llm.graph import build_decoder
@@ -30,6 +32,8 @@ __all__ = ["LlmModel", "StepTimes", "open_model"]
 _MIN_CLASS = 8
 #: The KV cache size when none is given (capped by the model's context length).
 DEFAULT_CONTEXT = 2048
+#: ``kv_dtype`` names -> the cache dtype.
+KV_DTYPES = {"f32": DType.F32, "bf16": DType.BF16, "f16": DType.F16}
 
 
 @dataclass
@@ -65,6 +69,7 @@ class LlmModel:
         tokenizer: Any,
         max_context: int,
         num_threads: int | None,
+        kv_dtype: str = "f32",
     ) -> None:
         from rlx.runtime.options import CompileOptions
         from rlx.runtime.session import Session
@@ -75,7 +80,8 @@ class LlmModel:
         self.tokenizer = tokenizer
         self.max_context = max_context
         self.num_threads = num_threads
-        dec = build_decoder(config, gguf_file.tensors, max_context)
+        self.kv_dtype = kv_dtype
+        dec = build_decoder(config, gguf_file.tensors, max_context, KV_DTYPES[kv_dtype])
         self.graph = dec.graph
         opts = CompileOptions(num_threads=num_threads, max_shape_plans=16, use_cache=False)
         self.compiled = Session("cpu").compile(self.graph, opts)
@@ -166,17 +172,22 @@ class LlmModel:
         return (
             f"LlmModel({c.arch.name}, layers={c.num_layers}, d={c.hidden}, "
             f"heads={c.num_heads}/{c.num_kv_heads}x{c.head_dim}, vocab={c.vocab}, "
-            f"max_context={self.max_context}, path={str(self.path)!r})"
+            f"max_context={self.max_context}, kv_dtype={self.kv_dtype}, path={str(self.path)!r})"
         )
 
 
 def open_model(
-    path: str | Path, max_context: int | None = None, num_threads: int | None = None
+    path: str | Path,
+    max_context: int | None = None,
+    num_threads: int | None = None,
+    kv_dtype: str = "f32",
 ) -> LlmModel:
     """Read the GGUF file at ``path`` and build its :class:`LlmModel` (see
     :func:`rlx.models.llm.load`)."""
     from rlx.frontends import gguf
 
+    if kv_dtype not in KV_DTYPES:
+        raise InputError(f"kv_dtype must be one of {sorted(KV_DTYPES)}, given {kv_dtype!r}")
     p = Path(path)
     f = gguf.load(p)
     cfg = read_config(f.architecture, f.metadata, f.tensors)
@@ -194,4 +205,4 @@ def open_model(
         if "tokenizer.ggml.tokens" in f.metadata
         else None
     )
-    return LlmModel(p, f, cfg, tok, max_context, num_threads)
+    return LlmModel(p, f, cfg, tok, max_context, num_threads, kv_dtype)

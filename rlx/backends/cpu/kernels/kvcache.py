@@ -5,7 +5,10 @@ new k / v rows into rows ``p..p+S-1`` of the cache params' private storage (the 
 update: ``S`` rows, never the whole cache), then runs the fused native attention kernel
 (``native/csrc/attention.c``, the one ``attention`` uses) on ``q`` against the cache's
 first ``p+S`` rows, with its end-aligned causal / sliding-window mask; the valid length is
-a run-time argument, so one schedule serves every position. Without the native library
+a run-time argument, so one schedule serves every position. A bf16 / f16 cache: the new
+rows are rounded into it, q is rounded into a scratch of that dtype and the kernel's
+output (that dtype) is widened into the f32 output, as the op's reference models; the
+kernel reads the low-precision cache directly. Without the native library
 (or ``native=False``) the same attention is computed with NumPy. The cache params must not
 be given by the caller (the runtime's zeroed storage is the cache): a given one is a
 CompileError naming it.
@@ -50,6 +53,10 @@ def _cache_storage(node: Node, ctx: KernelCtx, i: int) -> np.ndarray:
 
 
 def _numpy_attention(op: CacheAttention, q, keys, vals, out) -> None:  # type: ignore[no-untyped-def]
+    dt = keys.dtype
+    if dt != np.float32:  # the roundings of the native path (rlx/ops/kvcache.py)
+        q = q.astype(dt).astype(np.float32)
+        keys, vals = keys.astype(np.float32), vals.astype(np.float32)
     b, s, _ = q.shape
     skv = keys.shape[1]
     h, d, hkv = op.num_heads, op.head_dim, op.num_kv_heads
@@ -61,7 +68,8 @@ def _numpy_attention(op: CacheAttention, q, keys, vals, out) -> None:  # type: i
     sc -= sc.max(axis=-1, keepdims=True)
     np.exp(sc, out=sc)
     sc /= sc.sum(axis=-1, keepdims=True)
-    out[...] = np.matmul(sc, vh).transpose(0, 2, 1, 3).reshape(out.shape)
+    o = np.matmul(sc, vh).transpose(0, 2, 1, 3).reshape(out.shape)
+    out[...] = o if dt == np.float32 else o.astype(dt)
 
 
 def _native_call(op: CacheAttention, q, kc, vc, out, ctx: KernelCtx):  # type: ignore[no-untyped-def]
@@ -72,7 +80,7 @@ def _native_call(op: CacheAttention, q, kc, vc, out, ctx: KernelCtx):  # type: i
     try:
         from rlx.backends.cpu.native.attention import MASK_CODES, attention_lib
 
-        lib = attention_lib(dtype=np.float32)
+        lib = attention_lib(dtype=kc.dtype)
     except CompileError as e:
         ctx.notes.append(f"NumPy cache attention (native build: {str(e).splitlines()[0]})")
         return None
@@ -82,29 +90,39 @@ def _native_call(op: CacheAttention, q, kc, vc, out, ctx: KernelCtx):  # type: i
     b, s, _ = q.shape
     cap = kc.shape[1]
     h, d, hkv = op.num_heads, op.head_dim, op.num_kv_heads
+    low = kc.dtype != np.float32
+    # a low-precision cache: q and the output go through scratch rows of its dtype
+    qn = ctx.scratch(q.shape, kc.dtype, 62) if low else q
+    on = ctx.scratch(out.shape, kc.dtype, 63) if low else out
     threads = ctx.num_threads if lib.openmp else 1
     ws = ctx.scratch((lib.workspace_floats(d, threads),), np.float32, 61)
     mask = cache_mask(op.window)
     code = MASK_CODES[mask.type]
     fn = lib.lib.rlx_attention
     row = kc.strides[0]
-    qp, kp, vp, op_ = q.ctypes.data, kc.ctypes.data, vc.ctypes.data, out.ctypes.data
-    qrow, orow = q.strides[0], out.strides[0]
+    qp, kp, vp, op_ = qn.ctypes.data, kc.ctypes.data, vc.ctypes.data, on.ctypes.data
+    qrow, orow = qn.strides[0], on.strides[0]
     scale = ctypes.c_float(op.effective_scale)
     tail = (h, hkv, d, scale, code, op.window, None, 0, 0, 0, 0, ws.ctypes.data, ws.size)
-    keep = (q, kc, vc, out, ws)
+    keep = (q, kc, vc, out, ws, qn, on)
 
     def call(skv: int) -> None:
         # one batch row at a time: the first skv rows of a batch's cache are contiguous
         t = threads if s * skv * h * d >= 1 << 18 else 1
+        if low:
+            qn[...] = q
         for i in range(b):
             rc = fn(qp + i * qrow, kp + i * row, vp + i * row, op_ + i * orow, 1, s, skv,
                     *tail, t)  # fmt: skip
             if rc:
                 raise CompileError("cache_attention: the attention workspace is too small")
+        if low:
+            out[...] = on
 
     call.keep = keep  # type: ignore[attr-defined]
-    ctx.notes.append(f"native cache attention over {cap} rows ({lib.path}, {threads} threads)")
+    ctx.notes.append(
+        f"native cache attention over {cap} {kc.dtype} rows ({lib.path}, {threads} threads)"
+    )
     return call
 
 
