@@ -69,6 +69,7 @@ _LAZY: dict[str, str] = {
     "AccuracyReport": "rlx.quant.report",
     "QuantLowering": "rlx.quant.lower",
     "info": "rlx.info",
+    "from_torch": "rlx.frontends.torch.export",
     "jit": "rlx.frontends.trace",
     "cond": "rlx.frontends.trace",
     "while_loop": "rlx.frontends.trace",
