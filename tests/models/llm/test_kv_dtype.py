@@ -152,3 +152,18 @@ def test_gemma_low_precision_cache_accuracy(monkeypatch, name) -> None:
 #: measured worst relative logit error vs the f32 cache (docs/gguf.md), with margin
 #: (measured: bf16 3.6e-3, f16 3.8e-4 over 3 prompts x 16 greedy steps)
 BOUNDS = {"bf16": 1e-2, "f16": 2e-3}
+
+
+def test_cli_kv_dtype(monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from rlx.cli import cli
+
+    monkeypatch.setenv("RLX_DQ_ACT", "f32")
+    args = ["generate", gemma_path(), "The capital of France is", "--max-tokens", "6",
+            "--threads", "1", "--max-context", "32"]  # fmt: skip
+    res = CliRunner().invoke(cli, [*args, "--kv-dtype", "bf16"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith(" the capital of the country of")  # as llama.cpp
+    res = CliRunner().invoke(cli, [*args, "--kv-dtype", "int8"])
+    assert res.exit_code != 0 and "int8" in res.output
