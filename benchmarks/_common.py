@@ -94,3 +94,17 @@ def mlp(batch: int = 64, dims: tuple[int, ...] = (512, 2048, 2048, 512)) -> Grap
             x = g.gelu(x)
     g.set_outputs([x])
     return g
+
+
+def thread_pools() -> list[dict[str, object]]:
+    """The BLAS / OpenMP pools loaded in this process (threadpoolctl; [] without it): API,
+    implementation, version, kernel architecture, library file name and thread count."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return []
+    return [
+        {k: i.get(k) for k in ("user_api", "internal_api", "version", "architecture")}
+        | {"file": Path(str(i.get("filepath"))).name, "num_threads": i.get("num_threads")}
+        for i in threadpool_info()
+    ]

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import _common
 import numpy as np
 
 
@@ -115,16 +116,7 @@ def versions() -> dict[str, str]:
 
 
 def stats() -> dict[str, Any]:
-    try:
-        from threadpoolctl import threadpool_info
-
-        pools = [
-            {k: i.get(k) for k in ("user_api", "internal_api", "version", "architecture")}
-            | {"file": Path(str(i.get("filepath"))).name, "num_threads": i.get("num_threads")}
-            for i in threadpool_info()
-        ]
-    except ImportError:
-        pools = []
+    pools = _common.thread_pools()
     return {
         "versions": versions(),
         "pools": pools,
