@@ -1,5 +1,5 @@
-"""Helpers shared by the benchmark scripts: BLAS environment unpinning, timing, and the
-small graphs several benchmarks measure.
+"""Helpers shared by the benchmark scripts: BLAS environment unpinning, timing, the
+small graphs several benchmarks measure, and the JSON-lines :class:`Worker` process handle.
 
 Import this module before NumPy: :func:`reexec_without_blas_pins` must run before
 OpenBLAS is loaded. NumPy and rlx are therefore imported lazily here. Importing it also
@@ -8,12 +8,15 @@ puts the repository root on ``sys.path`` so the scripts find ``rlx`` without ins
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlx.ir.mir import Graph
@@ -108,3 +111,50 @@ def thread_pools() -> list[dict[str, object]]:
         | {"file": Path(str(i.get("filepath"))).name, "num_threads": i.get("num_threads")}
         for i in threadpool_info()
     ]
+
+
+@dataclass
+class Worker:
+    """One engine's process speaking JSON lines; :meth:`ask` sends a command and waits.
+
+    ``proc=None`` (with ``error`` set) stands for a worker that could not be started. After
+    the first failed reply the worker is marked failed and later replies repeat that error.
+    """
+
+    engine: str
+    proc: subprocess.Popen[str] | None
+    error: str | None = None
+
+    def send(self, cmd: dict[str, Any]) -> None:
+        """Write one command line (nothing once the worker has failed)."""
+        if self.error is None:
+            assert self.proc is not None and self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(cmd) + "\n")
+            self.proc.stdin.flush()
+
+    def recv(self) -> dict[str, Any]:
+        """Read one reply line -> dict with ``ok`` (and ``error`` when not ok)."""
+        if self.error is not None:
+            return {"ok": False, "error": self.error}
+        assert self.proc is not None and self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        reply = json.loads(line) if line else {"ok": False, "error": "worker exited"}
+        if not reply["ok"]:
+            self.error = reply["error"]
+        return reply
+
+    def ask(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`send` then :meth:`recv`."""
+        self.send(cmd)
+        return self.recv()
+
+    def close(self) -> None:
+        """Ask the worker to quit (also after an error); kill it if it does not."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.proc.stdin.close()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()

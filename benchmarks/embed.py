@@ -66,7 +66,6 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -177,44 +176,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ---- workers -------------------------------------------------------------------------
 
 
-@dataclass
-class Worker:
-    """One engine's process; :meth:`ask` sends a command and waits for its reply."""
-
-    engine: str
-    proc: subprocess.Popen[str] | None
-    error: str | None = None
-    replies: list[dict[str, Any]] = field(default_factory=list)
-
-    def send(self, cmd: dict[str, Any]) -> None:
-        if self.error is None:
-            assert self.proc is not None and self.proc.stdin is not None
-            self.proc.stdin.write(json.dumps(cmd) + "\n")
-            self.proc.stdin.flush()
-
-    def recv(self) -> dict[str, Any]:
-        if self.error is not None:
-            return {"ok": False, "error": self.error}
-        assert self.proc is not None and self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        reply = json.loads(line) if line else {"ok": False, "error": "worker exited"}
-        if not reply["ok"]:
-            self.error = reply["error"]
-        return reply
-
-    def ask(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        self.send(cmd)
-        return self.recv()
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:  # also after an error: the worker still reads its commands
-                assert self.proc.stdin is not None
-                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
-                self.proc.stdin.close()
-                self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
+Worker = _common.Worker
 
 
 def child_env(threads: int) -> dict[str, str]:

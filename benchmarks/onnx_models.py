@@ -38,7 +38,7 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -77,36 +77,7 @@ class Case:
         return f"{self.batch} x {self.seq}" if self.seq else f"batch {self.batch}"
 
 
-@dataclass
-class Worker:
-    """One engine's process; :meth:`ask` sends a command and waits for its reply."""
-
-    engine: str
-    proc: subprocess.Popen[str]
-    error: str | None = None
-    log: list[str] = field(default_factory=list)
-
-    def ask(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        if self.error is not None:
-            return {"ok": False, "error": self.error}
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        reply = json.loads(line) if line else {"ok": False, "error": "worker exited"}
-        if not reply["ok"]:
-            self.error = reply["error"]
-        return reply
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                assert self.proc.stdin is not None
-                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
-                self.proc.stdin.close()
-                self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
+Worker = _common.Worker
 
 
 def child_env(threads: int) -> dict[str, str]:
