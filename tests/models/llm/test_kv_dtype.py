@@ -15,22 +15,9 @@ from rlx.ir.mir import Graph
 from rlx.runtime.options import CompileOptions
 from rlx.runtime.session import Session
 from tests.models.llm.conftest import gemma_path
-from tests.models.llm.test_kvcache_ops import loop_attention
+from tests.models.llm.test_kvcache_ops import cache_graph, loop_attention, run_steps
 
 DTYPES = {"bf16": (DType.BF16, ml_dtypes.bfloat16), "f16": (DType.F16, np.float16)}
-
-
-def _graph(h, hkv, d, cap, window, dt):
-    g = Graph("ca_lowp")
-    seq = g.sym("seq", max=cap)
-    q = g.input("q", (1, seq, h * d), DType.F32)
-    k = g.input("k", (1, seq, hkv * d), DType.F32)
-    v = g.input("v", (1, seq, hkv * d), DType.F32)
-    pos = g.input("positions", (seq,), DType.I64)
-    kc = g.param("kc", (1, cap, hkv * d), dt)
-    vc = g.param("vc", (1, cap, hkv * d), dt)
-    g.set_outputs([g.cache_attention(q, k, v, kc, vc, pos, h, d, hkv, window, 0.3)])
-    return g
 
 
 def _r(x, npdt):
@@ -51,7 +38,7 @@ def test_low_precision_cache_steps_match_a_rounding_loop(
     rng = np.random.default_rng(h * 7 + d + window)
     zeros = np.zeros((1, cap, hkv * d), npdt)
     c = Session("cpu").compile(
-        _graph(h, hkv, d, cap, window, dt),
+        cache_graph(h, hkv, d, cap, window, dt),
         CompileOptions(native=native, use_cache=False),
         params={"kc": zeros, "vc": zeros},
     )
@@ -59,12 +46,7 @@ def test_low_precision_cache_steps_match_a_rounding_loop(
     qs = rng.standard_normal((total, h * d)).astype(np.float32)
     ks = rng.standard_normal((total, hkv * d)).astype(np.float32)
     vs = rng.standard_normal((total, hkv * d)).astype(np.float32)
-    start = 0
-    for n in (6, 1, 1, 4, 1):  # a prompt, decode steps, a chunk, a step
-        sl = slice(start, start + n)
-        feed = {"q": qs[None, sl], "k": ks[None, sl], "v": vs[None, sl]}
-        feed["positions"] = np.arange(start, start + n)
-        (out,) = c.run(feed)
+    for start, sl, out in run_steps(c, qs, ks, vs):
         want = loop_attention(
             _r(qs[sl], npdt), _r(ks, npdt), _r(vs, npdt), h, hkv, d, window, 0.3, start
         )
@@ -74,7 +56,6 @@ def test_low_precision_cache_steps_match_a_rounding_loop(
         np.testing.assert_allclose(out[0], _r(want, npdt), rtol=eps, atol=1e-6)
         # rounded exactly: every output is a value of the cache dtype
         np.testing.assert_array_equal(out[0], _r(out[0], npdt))
-        start += n
     # and the rounding matters: the f32 loop differs by more than f32 noise
     full = loop_attention(qs[12:], ks, vs, h, hkv, d, window, 0.3, 12)
     assert np.abs(out[0] - full).max() > 1e-4

@@ -35,17 +35,32 @@ def loop_attention(qs, ks, vs, h, hkv, d, window, scale, start):
     return out
 
 
-def _graph(h, hkv, d, cap, window):
+def cache_graph(h, hkv, d, cap, window, dt=DType.F32):
+    """f32 q / k / v of a symbolic length -> ``cache_attention`` (scale 0.3) over ``dt`` caches
+    ``kc`` / ``vc`` of ``cap`` rows."""
     g = Graph("ca")
     seq = g.sym("seq", max=cap)
     q = g.input("q", (1, seq, h * d), DType.F32)
     k = g.input("k", (1, seq, hkv * d), DType.F32)
     v = g.input("v", (1, seq, hkv * d), DType.F32)
     pos = g.input("positions", (seq,), DType.I64)
-    kc = g.param("kc", (1, cap, hkv * d), DType.F32)
-    vc = g.param("vc", (1, cap, hkv * d), DType.F32)
+    kc = g.param("kc", (1, cap, hkv * d), dt)
+    vc = g.param("vc", (1, cap, hkv * d), dt)
     g.set_outputs([g.cache_attention(q, k, v, kc, vc, pos, h, d, hkv, window, 0.3)])
     return g
+
+
+def run_steps(c, qs, ks, vs):
+    """Feed compiled ``cache_graph`` ``c`` a prompt, decode steps, a chunk and a step of the
+    rows of ``qs`` / ``ks`` / ``vs`` -> yields (start position, row slice, output)."""
+    start = 0
+    for n in (6, 1, 1, 4, 1):
+        sl = slice(start, start + n)
+        feed = {"q": qs[None, sl], "k": ks[None, sl], "v": vs[None, sl]}
+        feed["positions"] = np.arange(start, start + n)
+        (out,) = c.run(feed)
+        yield start, sl, out
+        start += n
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -53,7 +68,7 @@ def _graph(h, hkv, d, cap, window):
 def test_cache_attention_steps_match_a_loop(native, h, hkv, d, window) -> None:
     cap = 24
     rng = np.random.default_rng(h * 7 + d + window)
-    g = _graph(h, hkv, d, cap, window)
+    g = cache_graph(h, hkv, d, cap, window)
     zeros = np.zeros((1, cap, hkv * d), np.float32)
     c = Session("cpu").compile(
         g, CompileOptions(native=native, use_cache=False), params={"kc": zeros, "vc": zeros}
@@ -62,16 +77,12 @@ def test_cache_attention_steps_match_a_loop(native, h, hkv, d, window) -> None:
     qs = rng.standard_normal((total, h * d)).astype(np.float32)
     ks = rng.standard_normal((total, hkv * d)).astype(np.float32)
     vs = rng.standard_normal((total, hkv * d)).astype(np.float32)
-    start = 0
-    for n in (6, 1, 1, 4, 1):  # a prompt, decode steps, a chunk, a step
-        sl = slice(start, start + n)
-        feed = {"q": qs[None, sl], "k": ks[None, sl], "v": vs[None, sl]}
-        feed["positions"] = np.arange(start, start + n)
-        (out,) = c.run(feed)
+    steps = 0
+    for start, sl, out in run_steps(c, qs, ks, vs):
         want = loop_attention(qs[sl], ks, vs, h, hkv, d, window, 0.3, start)
         np.testing.assert_allclose(out[0], want, rtol=2e-5, atol=2e-5)
-        start += n
-    assert start == total
+        steps += 1
+    assert steps == 5 and sl.stop == total
 
 
 def test_cache_attention_reference_is_pure_and_matches_a_loop() -> None:
@@ -96,7 +107,7 @@ def test_cache_attention_reference_is_pure_and_matches_a_loop() -> None:
 
 
 def test_cache_attention_rejects_positions_past_the_cache() -> None:
-    g = _graph(2, 1, 8, 6, 0)
+    g = cache_graph(2, 1, 8, 6, 0)
     zeros = np.zeros((1, 6, 8), np.float32)
     c = Session("cpu").compile(
         g, CompileOptions(use_cache=False), params={"kc": zeros, "vc": zeros}
@@ -112,7 +123,7 @@ def test_cache_attention_rejects_positions_past_the_cache() -> None:
 def test_cache_attention_refuses_a_caller_owned_cache() -> None:
     from rlx.errors import CompileError
 
-    g = _graph(2, 1, 8, 6, 0)
+    g = cache_graph(2, 1, 8, 6, 0)
     ro = np.zeros((1, 6, 8), np.float32)
     ro.flags.writeable = False  # shared in place: the kernel must not write it
     c = Session("cpu").compile(g, CompileOptions(use_cache=False), params={"kc": ro, "vc": ro})
