@@ -116,14 +116,18 @@ def abs(x: Any) -> Traced:  # noqa: A001 - NumPy's name
 absolute = abs
 
 
+def _named(fn: Any, name: str, doc: str) -> Any:
+    """``fn`` given NumPy's function name ``name`` and the docstring ``doc`` -> ``fn``."""
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    return fn
+
+
 def _float_unary(kind: UnaryKind, name: str) -> Any:
     def fn(x: Any) -> Traced:
         return unary(kind, x, floating=True)
 
-    fn.__name__ = name
-    fn.__qualname__ = name
-    fn.__doc__ = f"``{name}(x)`` elementwise (integers computed as f32)."
-    return fn
+    return _named(fn, name, f"``{name}(x)`` elementwise (integers computed as f32).")
 
 
 exp = _float_unary(UnaryKind.EXP, "exp")
@@ -180,10 +184,7 @@ def _cmp(kind: CompareKind, name: str) -> Any:
     def fn(a: Any, b: Any) -> Traced:
         return compare(kind, a, b)
 
-    fn.__name__ = name
-    fn.__qualname__ = name
-    fn.__doc__ = f"``{name}(a, b)`` -> bool, with broadcasting."
-    return fn
+    return _named(fn, name, f"``{name}(a, b)`` -> bool, with broadcasting.")
 
 
 equal = _cmp(CompareKind.EQ, "equal")
