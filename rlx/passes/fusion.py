@@ -162,6 +162,18 @@ class PatternFusion:
     def miss(self, nodes: Sequence[NodeId], description: str, reason: str) -> None:
         self.report.why_no_fuse(self.pattern, tuple(nodes), description, reason)
 
+    def escapes(
+        self, view: FusionView, inside: frozenset[NodeId], anchor: NodeId, description: str
+    ) -> bool:
+        """True (the miss recorded) when a node of ``inside`` other than ``anchor`` is used
+        outside them or is a graph output, so the pattern cannot fuse; False when none is."""
+        for n in sorted(inside - {anchor}):
+            why = view.why_escapes(n, inside)
+            if why:
+                self.miss(sorted(inside), description, why)
+                return True
+        return False
+
     def run(self, graph: Graph) -> Graph:
         self.notes = []
         view = FusionView(graph)

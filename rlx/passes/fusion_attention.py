@@ -241,11 +241,8 @@ class AttentionFusion(PatternFusion):
                 inputs = (*inputs, mask)
         anchor = merge[-1]
         inside = frozenset(nodes)
-        for n in sorted(inside - {anchor}):
-            why = view.why_escapes(n, inside)
-            if why:
-                self.miss(sorted(inside), desc, why)
-                return None
+        if self.escapes(view, inside, anchor, desc):
+            return None
         op = Attention(heads, q.head_dim, kind, kv_heads, scale)
         why = view.infer(op, inputs)
         if why is None and view.node(anchor).shape != view.node(q.flat).shape:

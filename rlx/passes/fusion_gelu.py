@@ -119,9 +119,6 @@ class GeluFusion(PatternFusion):
         if view.node(x).shape != node.shape:
             self.miss(sorted(inside), desc, f"the product broadcasts {view.node(x).shape}")
             return None
-        for n in sorted(inside - {node.id}):
-            why = view.why_escapes(n, inside)
-            if why:
-                self.miss(sorted(inside), desc, why)
-                return None
+        if self.escapes(view, inside, node.id, desc):
+            return None
         return Match(node.id, Unary(kind), (x,), inside, desc)

@@ -147,11 +147,8 @@ class LayerNormFusion(PatternFusion):
         if view.node(x).shape != node.shape or not node.dtype.is_float:
             self.miss(sorted(inside), desc, f"the chain broadcasts {view.node(x).shape}")
             return None
-        for n in sorted(inside - {node.id}):
-            why = view.why_escapes(n, inside)
-            if why:
-                self.miss(sorted(inside), desc, why)
-                return None
+        if self.escapes(view, inside, node.id, desc):
+            return None
         op = LayerNorm(eps, len(affine) == 2)
         why = view.infer(op, (x, *affine))
         if why is not None:
