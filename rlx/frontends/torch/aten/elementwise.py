@@ -78,6 +78,21 @@ for _names, _fn, _rev in (
     aten(*_names)(_binary(_fn, _rev))
 
 
+def _nonzero_and_signs_differ(ctx: NodeCtx, r: int, x: int, y: int) -> int:
+    """Bool node ``r != 0 and (x < 0) != (y < 0)``: where a truncated quotient or remainder
+    (``r`` the remainder) needs the floor correction."""
+    zero = ctx.const(0, ctx.dtype(r))
+    nonzero = ctx.g.apply(Compare(CompareKind.NE), [r, zero])
+    differ = ctx.g.apply(
+        Compare(CompareKind.NE),
+        [
+            ctx.g.apply(Compare(CompareKind.LT), [x, zero]),
+            ctx.g.apply(Compare(CompareKind.LT), [y, zero]),
+        ],
+    )
+    return ctx.g.apply(Binary(BinaryKind.AND), [nonzero, differ])
+
+
 @aten(
     "div.Tensor", "div.Scalar", "true_divide", "div.Tensor_mode", "div.Scalar_mode", "floor_divide"
 )
@@ -96,16 +111,7 @@ def div(ctx: NodeCtx) -> int:
     # integer floor division: the truncated quotient minus one where signs differ and the
     # division is inexact
     r = _bin(ctx, BinaryKind.SUB, a, _bin(ctx, BinaryKind.MUL, q, b))
-    zero = ctx.const(0, dt)
-    inexact = ctx.g.apply(Compare(CompareKind.NE), [r, zero])
-    neg = ctx.g.apply(
-        Compare(CompareKind.NE),
-        [
-            ctx.g.apply(Compare(CompareKind.LT), [a, zero]),
-            ctx.g.apply(Compare(CompareKind.LT), [b, zero]),
-        ],
-    )
-    fix = ctx.g.apply(Binary(BinaryKind.AND), [inexact, neg])
+    fix = _nonzero_and_signs_differ(ctx, r, a, b)
     return ctx.g.apply(Where(), [fix, _bin(ctx, BinaryKind.SUB, q, ctx.const(1, dt)), q])
 
 
@@ -115,16 +121,7 @@ def remainder(ctx: NodeCtx) -> int:
     dt = ctx.out_dtype
     a, b = ctx.operand(ctx.arg(0), dt), ctx.operand(ctx.arg(1), dt)
     r = _bin(ctx, BinaryKind.MOD, a, b)
-    zero = ctx.const(0, dt)
-    nz = ctx.g.apply(Compare(CompareKind.NE), [r, zero])
-    diff = ctx.g.apply(
-        Compare(CompareKind.NE),
-        [
-            ctx.g.apply(Compare(CompareKind.LT), [r, zero]),
-            ctx.g.apply(Compare(CompareKind.LT), [b, zero]),
-        ],
-    )
-    fix = ctx.g.apply(Binary(BinaryKind.AND), [nz, diff])
+    fix = _nonzero_and_signs_differ(ctx, r, r, b)
     return ctx.g.apply(Where(), [fix, _bin(ctx, BinaryKind.ADD, r, b), r])
 
 
