@@ -1,5 +1,6 @@
 """Helpers shared by the benchmark scripts: BLAS environment unpinning, timing, the
-small graphs several benchmarks measure, and the JSON-lines :class:`Worker` process handle.
+small graphs several benchmarks measure, what a worker process reports about itself, and the
+JSON-lines :class:`Worker` process handle.
 
 Import this module before NumPy: :func:`reexec_without_blas_pins` must run before
 OpenBLAS is loaded. NumPy and rlx are therefore imported lazily here. Importing it also
@@ -13,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -111,6 +112,35 @@ def thread_pools() -> list[dict[str, object]]:
         | {"file": Path(str(i.get("filepath"))).name, "num_threads": i.get("num_threads")}
         for i in threadpool_info()
     ]
+
+
+def versions(dists: Sequence[str]) -> dict[str, str]:
+    """Python's version and that of each distribution in ``dists`` whose module (its name
+    with ``-`` as ``_``) this process has imported -> {name: version}."""
+    import importlib.metadata as md
+    import platform
+
+    out = {"python": platform.python_version()}
+    for dist in dists:
+        mod = dist.replace("-", "_")
+        if mod in sys.modules:
+            try:
+                out[dist] = md.version(dist)
+            except md.PackageNotFoundError:
+                out[dist] = getattr(sys.modules[mod], "__version__", "?")
+    return out
+
+
+def process_stats(dists: Sequence[str]) -> dict[str, Any]:
+    """What a benchmark worker reports about its own process: :func:`versions` of ``dists``,
+    :func:`thread_pools` and the peak RSS in MiB."""
+    import resource
+
+    return {
+        "versions": versions(dists),
+        "pools": thread_pools(),
+        "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 @dataclass

@@ -33,7 +33,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import sys
 import time
 from collections.abc import Callable
@@ -273,41 +272,28 @@ def _set_threads(engine: str, threads: int) -> None:
         torch.set_grad_enabled(False)
 
 
-def versions() -> dict[str, str]:
-    import importlib.metadata as md
-    import platform
+DISTS = (
+    "numpy",
+    "rlx",
+    "torch",
+    "transformers",
+    "sentence-transformers",
+    "onnxruntime",
+    "onnx",
+    "jax",
+    "jaxlib",
+    "tokenizers",
+    "safetensors",
+)
 
-    out = {"python": platform.python_version()}
-    for dist in (
-        "numpy",
-        "rlx",
-        "torch",
-        "transformers",
-        "sentence-transformers",
-        "onnxruntime",
-        "onnx",
-        "jax",
-        "jaxlib",
-        "tokenizers",
-        "safetensors",
-    ):
-        mod = {"sentence-transformers": "sentence_transformers"}.get(dist, dist)
-        if mod in sys.modules:
-            try:
-                out[dist] = md.version(dist)
-            except md.PackageNotFoundError:
-                out[dist] = getattr(sys.modules[mod], "__version__", "?")
-    return out
+
+def versions() -> dict[str, str]:
+    return _common.versions(DISTS)
 
 
 def stats() -> dict[str, Any]:
-    pools = _common.thread_pools()
-    return {
-        "versions": versions(),
-        "pools": pools,
-        "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "XLA_FLAGS")},
-    }
+    env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "XLA_FLAGS")}
+    return _common.process_stats(DISTS) | {"env": env}
 
 
 def serve(engine: str, threads: int, model_dir: Path, work: Path) -> None:

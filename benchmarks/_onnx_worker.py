@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 from collections.abc import Callable
@@ -101,27 +100,8 @@ def _profile(compiled: Any, feeds: dict[str, np.ndarray], runs: int = 5) -> dict
     }
 
 
-def versions() -> dict[str, str]:
-    import importlib.metadata as md
-    import platform
-
-    out = {"python": platform.python_version()}
-    for dist in ("numpy", "rlx", "onnxruntime", "onnx"):
-        if dist in sys.modules:
-            try:
-                out[dist] = md.version(dist)
-            except md.PackageNotFoundError:
-                out[dist] = getattr(sys.modules[dist], "__version__", "?")
-    return out
-
-
 def stats() -> dict[str, Any]:
-    pools = _common.thread_pools()
-    return {
-        "versions": versions(),
-        "pools": pools,
-        "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    }
+    return _common.process_stats(("numpy", "rlx", "onnxruntime", "onnx"))
 
 
 def serve(engine: str, threads: int, work: Path) -> None:
