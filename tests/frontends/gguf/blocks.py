@@ -40,6 +40,14 @@ def random_blocks(type_name: str, rows: int, k: int, seed: int = 0) -> np.ndarra
     return b.reshape(rows, -1)
 
 
+def finish(w: gguf.GGUFWriter) -> None:
+    """Write the header, metadata and tensors ``w`` holds to its file and close it."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write(path: Path, tensors: dict[str, tuple[str, np.ndarray]], **kv) -> Path:
     """Write ``name -> (type name, array)`` (block and BF16 types as their u8 bytes, rows
     last) and metadata (``a__b=`` for key ``a.b``) with gguf.GGUFWriter."""
@@ -59,8 +67,5 @@ def write(path: Path, tensors: dict[str, tuple[str, np.ndarray]], **kv) -> Path:
     for name, (tname, arr) in tensors.items():
         raw = None if tname in PLAIN else gguf.GGMLQuantizationType[tname]
         w.add_tensor(name, arr, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return path

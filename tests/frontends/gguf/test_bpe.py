@@ -10,7 +10,7 @@ import pytest
 
 from rlx.frontends.gguf import GgufTokenizer
 from rlx.frontends.gguf.bpe import PRE_TOKENIZER_SPLITS
-from tests.frontends.gguf.blocks import gguf
+from tests.frontends.gguf.blocks import finish, gguf
 
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("regex")
@@ -76,10 +76,7 @@ def write_gguf(path, tk, pre: str):
     w.add_bos_token_id(vocab["<|begin_of_text|>"])
     w.add_eos_token_id(vocab["<|end_of_text|>"])
     w.add_add_bos_token(True)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return path
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import rlx  # noqa: E402
 from rlx.errors import GgufError, ModelError  # noqa: E402
-from tests.frontends.gguf.blocks import LAYOUTS, PLAIN, gguf, random_blocks, write
+from tests.frontends.gguf.blocks import LAYOUTS, PLAIN, finish, gguf, random_blocks, write
 
 ROWS = 3
 
@@ -96,10 +96,7 @@ def test_metadata_of_every_value_type_matches_gguf_reader(tmp_path):
     w.add_array("a.floats", [0.5, -1.25])
     w.add_array("a.bools", [True, False, True])
     w.add_tensor("t", np.zeros(4, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     f = rlx.gguf.load(path)
     ref = gguf.GGUFReader(path)
     keys = [k for k in ref.fields if not k.startswith("GGUF.")]
@@ -228,10 +225,7 @@ def test_random_metadata_reads_as_gguf_reader_does(tmp_path_factory, md):
         if k != "general.architecture":
             w.add_key_value(k, v, gguf.GGUFValueType.get_type(v))
     w.add_tensor("t", np.zeros(2, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     f = rlx.gguf.load(path)
     ref = gguf.GGUFReader(path)
     assert f.metadata == {k: ref.fields[k].contents() for k in ref.fields if k[:5] != "GGUF."}
