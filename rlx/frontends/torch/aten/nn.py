@@ -226,14 +226,21 @@ def conv(ctx: NodeCtx) -> int:
     return ctx.g.apply(Conv(stride, pads, dil, groups, b is not None), ins)
 
 
-@aten("max_pool1d", "max_pool2d", "max_pool2d_with_indices", "max_pool1d_with_indices")
-def max_pool(ctx: NodeCtx) -> Any:
+def _pool_window(ctx: NodeCtx) -> tuple[int, int, tuple, tuple, tuple]:
+    """A pooling call's (input, spatial rank, window, stride, padding per side); an empty
+    stride means the window's."""
     x = ctx.t(0)
     nd = ctx.shape(x).rank - 2
     win = _ints(ctx.arg(1), nd, 1)
     stride = _ints(ctx.arg(2), nd, 0)
     stride = win if 0 in stride else stride
-    pads = tuple((p, p) for p in _ints(ctx.arg(3, 0), nd, 0))
+    return x, nd, win, stride, _ints(ctx.arg(3, 0), nd, 0)
+
+
+@aten("max_pool1d", "max_pool2d", "max_pool2d_with_indices", "max_pool1d_with_indices")
+def max_pool(ctx: NodeCtx) -> Any:
+    x, nd, win, stride, pad = _pool_window(ctx)
+    pads = tuple((p, p) for p in pad)
     if _ints(ctx.arg(4, 1), nd, 1) != (1,) * nd:
         raise ctx.unsupported("dilated max pooling")
     y = _pool(ctx, PoolKind.MAX, x, win, stride, pads, bool(ctx.arg(5, False)))
@@ -252,12 +259,7 @@ def _pool(
 
 @aten("avg_pool1d", "avg_pool2d")
 def avg_pool(ctx: NodeCtx) -> int:
-    x = ctx.t(0)
-    nd = ctx.shape(x).rank - 2
-    win = _ints(ctx.arg(1), nd, 1)
-    stride = _ints(ctx.arg(2), nd, 0)
-    stride = win if 0 in stride else stride
-    pad = _ints(ctx.arg(3, 0), nd, 0)
+    x, nd, win, stride, pad = _pool_window(ctx)
     ceil = bool(ctx.arg(4, False))
     include = bool(ctx.arg(5, True))
     if ctx.arg(6, None) is not None:
