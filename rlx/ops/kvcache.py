@@ -35,7 +35,7 @@ from rlx.dtype import DType
 from rlx.errors import InputError
 from rlx.ir.mir import Graph, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
-from rlx.ops.nn import MaskKind, _softmax_rows
+from rlx.ops.nn import MaskKind, _softmax_rows, split_heads
 from rlx.quant.schemes import QuantScheme
 from rlx.shape import Shape
 
@@ -143,10 +143,8 @@ class CacheAttention(Op):
         keys, vals = keys.astype(np.float32), vals.astype(np.float32)
         if low:  # the kernel's q is in the cache dtype
             q = q.astype(kc.dtype).astype(np.float32)
-        h, d, hkv = self.num_heads, self.head_dim, self.num_kv_heads
-        qh = q.reshape(b, s, h, d).transpose(0, 2, 1, 3)
-        kh = np.repeat(keys.reshape(b, p + s, hkv, d).transpose(0, 2, 1, 3), h // hkv, axis=1)
-        vh = np.repeat(vals.reshape(b, p + s, hkv, d).transpose(0, 2, 1, 3), h // hkv, axis=1)
+        h, d = self.num_heads, self.head_dim
+        qh, kh, vh = split_heads(q, keys, vals, h, d, self.num_kv_heads)
         sc = np.matmul(qh, kh.swapaxes(-1, -2)) * np.float32(self.effective_scale)
         allowed = cache_mask(self.window).allowed(s, p + s)
         sc = np.where(allowed, sc, -np.inf)

@@ -100,6 +100,20 @@ class MaskKind:
         return self.type.value
 
 
+def split_heads(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, num_heads: int, head_dim: int, kv_heads: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Packed ``q[B,Sq,H*D]``, ``k, v[B,Skv,Hkv*D]`` -> ``[B,H,S,D]`` per-head arrays, each kv
+    head repeated for its group of query heads (head ``h`` reads kv head ``h // (H/Hkv)``)."""
+    b, sq, _ = q.shape
+    skv = k.shape[1]
+    h, d, hkv = num_heads, head_dim, kv_heads
+    qh = q.reshape(b, sq, h, d).transpose(0, 2, 1, 3)
+    kh = np.repeat(k.reshape(b, skv, hkv, d).transpose(0, 2, 1, 3), h // hkv, axis=1)
+    vh = np.repeat(v.reshape(b, skv, hkv, d).transpose(0, 2, 1, 3), h // hkv, axis=1)
+    return qh, kh, vh
+
+
 def _softmax_rows(s: np.ndarray) -> np.ndarray:
     """Softmax over the last axis as the ``softmax`` op computes it: the row max is
     subtracted first, so a row of only ``-inf`` gives NaN and a row of only
@@ -196,10 +210,8 @@ class Attention(Op):
         q, k, v = (upcast(x) for x in xs[:3])
         b, sq, _ = q.shape
         skv = k.shape[1]
-        h, d, hkv = self.num_heads, self.head_dim, self.kv_heads
-        qh = q.reshape(b, sq, h, d).transpose(0, 2, 1, 3)
-        kh = np.repeat(k.reshape(b, skv, hkv, d).transpose(0, 2, 1, 3), h // hkv, axis=1)
-        vh = np.repeat(v.reshape(b, skv, hkv, d).transpose(0, 2, 1, 3), h // hkv, axis=1)
+        h, d = self.num_heads, self.head_dim
+        qh, kh, vh = split_heads(q, k, v, h, d, self.kv_heads)
         s = np.matmul(qh, kh.swapaxes(-1, -2)) * np.asarray(self.effective_scale, q.dtype)
         if len(xs) == 4:
             s = s + upcast(xs[3]).astype(s.dtype)

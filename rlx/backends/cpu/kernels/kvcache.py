@@ -29,6 +29,7 @@ from rlx.errors import CompileError
 from rlx.ir.mir import Node
 from rlx.ops.core import Param
 from rlx.ops.kvcache import CacheAttention, DequantGather, cache_mask, cache_start, check_ids
+from rlx.ops.nn import split_heads
 
 __all__ = ["cache_attention_kernel", "dequant_gather_kernel"]
 
@@ -57,12 +58,8 @@ def _numpy_attention(op: CacheAttention, q, keys, vals, out) -> None:  # type: i
     if dt != np.float32:  # the roundings of the native path (rlx/ops/kvcache.py)
         q = q.astype(dt).astype(np.float32)
         keys, vals = keys.astype(np.float32), vals.astype(np.float32)
-    b, s, _ = q.shape
-    skv = keys.shape[1]
-    h, d, hkv = op.num_heads, op.head_dim, op.num_kv_heads
-    qh = q.reshape(b, s, h, d).transpose(0, 2, 1, 3)
-    kh = np.repeat(keys.reshape(b, skv, hkv, d).transpose(0, 2, 1, 3), h // hkv, axis=1)
-    vh = np.repeat(vals.reshape(b, skv, hkv, d).transpose(0, 2, 1, 3), h // hkv, axis=1)
+    s, skv = q.shape[1], keys.shape[1]
+    qh, kh, vh = split_heads(q, keys, vals, op.num_heads, op.head_dim, op.num_kv_heads)
     sc = np.matmul(qh, kh.swapaxes(-1, -2)) * np.float32(op.effective_scale)
     sc = np.where(cache_mask(op.window).allowed(s, skv), sc, -np.inf)
     sc -= sc.max(axis=-1, keepdims=True)
