@@ -14,7 +14,8 @@
  *   decode (M < 4, a GEMV streaming W once): on AVX2 / AVX-512, Q8_0, Q5_0, Q4_K, Q6_K,
  *     Int8Block and Int4Block run fused row kernels (dqgemm_rows.c: bytes widened to i32
  *     lanes and converted, or on AVX-512 looked up in a per-block table of decoded values,
- *     FMA with X, block scales applied to the block's vector sum); every other scheme (and
+ *     FMA with X, block scales applied to the block's vector sum; at M = 1, Q8_0 takes four
+ *     rows per pass sharing the X loads); every other scheme (and
  *     the portable target) decodes a chunk of ~256 weights of the row into an L1 buffer
  *     and dots it with each X row (4 vector accumulators).
  *   prefill (M >= 4): per chunk of K, the X chunk is copied into a contiguous panel, and
@@ -89,6 +90,23 @@ static int gemv(const dq_t *s, long M, long N, long K, const float *x, long ldx,
         float *px = alloc_f(M * K + 1);
         if (!px) return 1;
         for (long m = 0; m < M; m++) prep_x(s, x + m * ldx, K, px + m * K);
+        if (M == 1 && s->code == S_Q8_0) {
+            /* one X row: four weight rows per pass share the X loads */
+            long g4 = N / 4, gchunk = chunk / 4 < 1 ? 1 : chunk / 4;
+#pragma omp parallel num_threads(threads)
+            {
+                prefetcher pf = {0, 0};
+#pragma omp for schedule(dynamic, gchunk)
+                for (long g = 0; g < g4; g++) {
+                    const uint8_t *row = s->w + 4 * g * s->row_bytes;
+                    pf_range(&pf.next, row, row + 4 * s->row_bytes + PF_AHEAD);
+                    rows4_q8_0(row, s->row_bytes, s->nb, x, y + 4 * g);
+                }
+            }
+            for (long n = 4 * g4; n < N; n++) y[n] = fused_row(s, n, x, px, K);
+            free(px);
+            return 0;
+        }
 #pragma omp parallel num_threads(threads)
         {
             prefetcher pf = {0, 0};

@@ -61,6 +61,31 @@ static float row_q8_0(const uint8_t *p, long nb, const float *x) {
     return vhsum(VADD(t0, t1));
 }
 
+/* Four consecutive Q8_0 rows (row stride rb bytes) against one X row: each X vector load
+ * is shared by the four rows and each row is reduced once (the caller prefetches). */
+static void rows4_q8_0(const uint8_t *p, long rb, long nb, const float *x, float *y) {
+    vf t0 = VZERO(), t1 = VZERO(), t2 = VZERO(), t3 = VZERO();
+    const uint8_t *p1 = p + rb, *p2 = p + 2 * rb, *p3 = p + 3 * rb;
+    for (long b = 0; b < nb; b++, p += 34, p1 += 34, p2 += 34, p3 += 34, x += 32) {
+        vf a0 = VZERO(), a1 = VZERO(), a2 = VZERO(), a3 = VZERO();
+        for (int v = 0; v < 32; v += VW) {
+            vf xv = VLOAD(x + v);
+            a0 = VFMA(VCVT(VI8(p + 2 + v)), xv, a0);
+            a1 = VFMA(VCVT(VI8(p1 + 2 + v)), xv, a1);
+            a2 = VFMA(VCVT(VI8(p2 + 2 + v)), xv, a2);
+            a3 = VFMA(VCVT(VI8(p3 + 2 + v)), xv, a3);
+        }
+        t0 = VFMA(VSET1(hf(p)), a0, t0);
+        t1 = VFMA(VSET1(hf(p1)), a1, t1);
+        t2 = VFMA(VSET1(hf(p2)), a2, t2);
+        t3 = VFMA(VSET1(hf(p3)), a3, t3);
+    }
+    y[0] = vhsum(t0);
+    y[1] = vhsum(t1);
+    y[2] = vhsum(t2);
+    y[3] = vhsum(t3);
+}
+
 __attribute__((unused)) static float row_q5_0_v(const uint8_t *p, long nb, const float *x) {
     vf t0 = VZERO(), t1 = VZERO();
     const vi m15 = VISET1(15), one = VISET1(1), c16 = VISET1(16), lanes = VLANES();
