@@ -5,8 +5,6 @@ zero-copy packed views; every malformed file is a GgufError naming the thing."""
 from __future__ import annotations
 
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,6 +14,7 @@ from hypothesis import strategies as st
 import rlx  # noqa: E402
 from rlx.errors import GgufError, ModelError  # noqa: E402
 from tests.frontends.gguf.blocks import LAYOUTS, PLAIN, finish, gguf, random_blocks, write
+from tests.frontends.missing import error_without
 
 ROWS = 3
 
@@ -111,13 +110,8 @@ def test_metadata_of_every_value_type_matches_gguf_reader(tmp_path):
 
 
 def test_rlx_gguf_without_the_gguf_package_names_the_llm_extra():
-    code = (
-        "import sys; sys.modules['gguf'] = None\n"
-        "import rlx\n"
-        "try:\n    rlx.gguf\nexcept rlx.RlxError as e:\n    print(type(e).__name__, e)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "ModelError" in out.stdout and "rlx[llm]" in out.stdout
+    out = error_without("gguf", "rlx.gguf")
+    assert "ModelError" in out and "rlx[llm]" in out
     assert issubclass(GgufError, ModelError)
 
 

@@ -4,9 +4,6 @@ external data, truncated file, wrong tensor byte count, an op rlx does not impor
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -16,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 import rlx  # noqa: E402
 from rlx.errors import ModelError, UnsupportedOpError  # noqa: E402
 from rlx.frontends.onnx import NeedsConstantError, OnnxImportError, OnnxUnsupportedError  # noqa: E402
+from tests.frontends.missing import error_without  # noqa: E402
 
 RNG = np.random.default_rng(0)
 W = RNG.standard_normal((16, 5)).astype(np.float32)
@@ -191,13 +189,8 @@ def test_opset_below_6_is_refused() -> None:
 
 
 def test_rlx_onnx_without_the_onnx_package_names_the_extra() -> None:
-    code = (
-        "import sys; sys.modules['onnx'] = None\n"
-        "import rlx\n"
-        "try:\n    rlx.onnx\nexcept rlx.RlxError as e:\n    print(type(e).__name__, e)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "ModelError" in out.stdout and "rlx[onnx]" in out.stdout
+    out = error_without("onnx", "rlx.onnx")
+    assert "ModelError" in out and "rlx[onnx]" in out
     assert issubclass(OnnxImportError, ModelError)
 
 
