@@ -28,6 +28,7 @@ __all__ = [
     "ModelError",
     "TraceError",
     "GgufError",
+    "AutodiffError",
 ]
 
 
@@ -104,3 +105,8 @@ class GgufError(ModelError):
     """A GGUF file rlx cannot read or write: bad magic or version, a truncated header, a
     tensor whose type rlx does not map, whose data runs past the end of the file or
     overlaps another, or a value the format cannot hold."""
+
+
+class AutodiffError(RlxError, ValueError):
+    """A gradient, jvp or vmap that cannot be built: a non-float ``wrt``, a non-scalar loss
+    without a cotangent, an op without a derivative or batching rule."""

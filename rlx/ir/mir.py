@@ -206,14 +206,23 @@ class Graph:
         return out
 
     def topo_order(self) -> list[NodeId]:
-        """Node ids in a dependency-respecting order (insertion order when it is one)."""
+        """Node ids in a dependency-respecting order (insertion order when it is one).
+        Nodes whose op has an ``effect`` (they write state, e.g. a param's storage) come
+        last, in their own order, so they run after every reader of the old state
+        (nothing reads an effect node's output but the graph outputs)."""
         if all(i < n.id for n in self.nodes for i in n.inputs) and all(
             n.id == k for k, n in enumerate(self.nodes)
         ):
-            return list(range(len(self.nodes)))
-        from rlx.ir.verify import topo_sort
+            order = list(range(len(self.nodes)))
+        else:
+            from rlx.ir.verify import topo_sort
 
-        return topo_sort(self)
+            order = topo_sort(self)
+        effects = [k for k in order if self.nodes[k].op.effect]
+        if not effects:
+            return order
+        last = set(effects)
+        return [k for k in order if k not in last] + effects
 
     def copy(self, name: str | None = None) -> Graph:
         """A copy of the graph (same nodes, outputs and symbol bounds), optionally renamed."""

@@ -28,7 +28,7 @@ from rlx.errors import ShapeError
 from rlx.shape import Shape
 
 if TYPE_CHECKING:
-    from rlx.ir.mir import Graph
+    from rlx.ir.mir import Graph, Node
 
 __all__ = [
     "Op",
@@ -93,6 +93,12 @@ class Op:
     # inputs a precision policy never narrows (they keep their dtype, e.g. attention's
     # additive mask, whose f32 finfo.min would overflow to -inf in f16/bf16)
     keep_dtype_inputs: ClassVar[tuple[int, ...]] = ()
+    # autodiff (rlx/autodiff): why the op has no derivative ("integer output", "comparison",
+    # "quantize: piecewise constant"); empty when it defines ``vjp`` and ``jvp``
+    nondiff: ClassVar[str] = ""
+    # the op writes state (a param's storage) when it runs: never removed, never CSE'd,
+    # scheduled after every other node (rlx/train's ``assign``)
+    effect: ClassVar[bool] = False
 
     def num_inputs(self) -> int | None:
         """Exact number of inputs, or None for variadic ops (checked by ``infer``)."""
@@ -102,6 +108,30 @@ class Op:
         raise NotImplementedError
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    # ---- derivative and batching rules (rlx/autodiff drives them) ------------------
+    # ``g`` is the graph being extended (the forward graph's nodes are in it), ``node`` the
+    # forward node; rules add nodes with the graph builders (``g.mul``, ``g.apply``) and may
+    # use the helpers of ``rlx.autodiff.rules`` (``unbroadcast``, ``zeros``).
+
+    def vjp(self, g: Graph, node: Node, ct: int) -> tuple[int | None, ...]:
+        """Reverse mode: the cotangent of each input, given ``ct``, the cotangent of the
+        output (same shape and dtype as the output). ``None`` for an input that gets no
+        gradient (integer inputs, indices, an input the output does not depend on)."""
+        raise NotImplementedError
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[int | None, ...]) -> int | None:
+        """Forward mode: the output's tangent given the inputs' tangents (``None``: zero
+        tangent). Returns None when the output's tangent is zero."""
+        raise NotImplementedError
+
+    def batch(
+        self, g: Graph, node: Node, ins: tuple[int, ...], bdims: tuple[int | None, ...]
+    ) -> tuple[int, int | None]:
+        """vmap: the op applied to batched inputs ``ins`` (``bdims[i]``: the batch axis of
+        input i, None when unbatched) -> (output id, its batch axis). The default raises
+        NotImplementedError and the vmap driver falls back to its generic rules."""
         raise NotImplementedError
 
     def subgraphs(self) -> tuple[Graph, ...]:
@@ -121,7 +151,9 @@ class Op:
 
 
 OPS: dict[str, type[Op]] = {}
-_CLASS_FACETS = frozenset({"mnemonic", "arity", "kind", "elementwise", "pure", "view"})
+_CLASS_FACETS = frozenset(
+    {"mnemonic", "arity", "kind", "elementwise", "pure", "view", "nondiff", "effect"}
+)
 T = TypeVar("T", bound=type[Op])
 
 

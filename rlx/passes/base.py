@@ -113,9 +113,10 @@ def use_counts(graph: Graph) -> list[int]:
 
 
 def live_nodes(graph: Graph) -> set[NodeId]:
-    """Ids of the nodes the outputs depend on."""
+    """Ids of the nodes the outputs depend on, and of the effect nodes (they write state,
+    ``Op.effect``) and what they depend on."""
     live: set[NodeId] = set()
-    stack = list(graph.outputs)
+    stack = list(graph.outputs) + [n.id for n in graph.nodes if n.op.effect]
     while stack:
         k = stack.pop()
         if k in live:
