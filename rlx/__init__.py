@@ -75,6 +75,9 @@ _LAZY: dict[str, str] = {
     "while_loop": "rlx.frontends.trace",
     "scan": "rlx.frontends.trace",
     "freeze": "rlx.frontends.trace",
+    "grad": "rlx.autodiff",
+    "value_and_grad": "rlx.autodiff",
+    "vjp": "rlx.autodiff",
 }
 # Public sub-modules imported on first use (``rlx.numpy``, ``rlx.nn``: the tracing front end).
 _LAZY_MODULES = ("numpy", "nn")

@@ -218,7 +218,7 @@ def vjp(graph: Graph, wrt: Sequence[NodeId | str] | NodeId | str | None = None) 
     outs = list(g.outputs)
     if not outs:
         raise AutodiffError(f"graph {g.name!r} has no outputs to differentiate")
-    taken = set(g.input_names()) | set(g.param_names())
+    taken = set(g.input_names) | set(g.param_names)
     cts: dict[NodeId, NodeId] = {}
     for k, o in enumerate(outs):
         name = f"ct{k}"
