@@ -78,6 +78,9 @@ _LAZY: dict[str, str] = {
     "grad": "rlx.autodiff",
     "value_and_grad": "rlx.autodiff",
     "vjp": "rlx.autodiff",
+    "jvp": "rlx.autodiff",
+    "hvp": "rlx.autodiff",
+    "vmap": "rlx.autodiff",
 }
 # Public sub-modules imported on first use (``rlx.numpy``, ``rlx.nn``: the tracing front end).
 _LAZY_MODULES = ("numpy", "nn")

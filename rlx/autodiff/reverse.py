@@ -10,12 +10,11 @@ source location, so reports name backward nodes by the user's line.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from rlx.autodiff.rules import add_any, is_diff_dtype, zeros
+from rlx.autodiff.rules import add_any, is_diff_dtype, stamp, zeros
 from rlx.errors import AutodiffError
 from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.core import Input, Param
@@ -150,8 +149,7 @@ def _rule(g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
                 node=node.id,
                 loc=node.loc,
             )
-    for k in range(start, len(g.nodes)):
-        g.nodes[k] = dataclasses.replace(g.nodes[k], loc=node.loc)
+    stamp(g, start, node)
     return out
 
 

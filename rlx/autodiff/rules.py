@@ -6,15 +6,25 @@ used, so a rule's nodes are ordinary ops that every pass and backend already han
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 
 from rlx.dtype import DType
-from rlx.ir.mir import Graph, NodeId
+from rlx.ir.mir import Graph, Node, NodeId
 from rlx.shape import Shape
 
-__all__ = ["unbroadcast", "zeros", "ones", "scalar", "add_any", "is_diff_dtype"]
+__all__ = [
+    "unbroadcast",
+    "zeros",
+    "ones",
+    "scalar",
+    "add_any",
+    "is_diff_dtype",
+    "stamp",
+    "moveaxis",
+]
 
 
 def is_diff_dtype(dtype: DType) -> bool:
@@ -77,3 +87,22 @@ def add_any(g: Graph, terms: Sequence[NodeId | None]) -> NodeId | None:
         if t is not None:
             out = t if out is None else g.add(out, t)
     return out
+
+
+def stamp(g: Graph, start: int, node: Node) -> None:
+    """Give the nodes ``g.nodes[start:]`` (what a rule added for ``node``) ``node``'s source
+    location, so reports name derivative nodes by the user's line."""
+    for k in range(start, len(g.nodes)):
+        g.nodes[k] = dataclasses.replace(g.nodes[k], loc=node.loc)
+
+
+def moveaxis(g: Graph, x: NodeId, src: int, dst: int) -> NodeId:
+    """``x`` with axis ``src`` moved to position ``dst`` (``np.moveaxis``; ``x`` itself
+    when they are equal): batching rules move a batch axis where an op wants it."""
+    r = g.shape(x).rank
+    src, dst = src % r, dst % r
+    if src == dst:
+        return x
+    perm = [a for a in range(r) if a != src]
+    perm.insert(dst, src)
+    return g.transpose(x, perm)
