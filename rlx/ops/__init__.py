@@ -18,6 +18,7 @@ _MODULES = (
     "fft",  # fft, rfft, irfft
     "fft_ops",  # builders over primitive ops: stft, psd_real, fft_conv1d, fftfreq
     "quant",  # quantize, dequantize, fake_quantize, dequant_matmul, qmatmul
+    "fake_quant",  # fake_quantize_lsq (scale as an input), straight-through rules
     "fused",  # fused_matmul_bias_act, fused_swiglu, fused_residual_*, elementwise_region
     "control",  # if, while, scan
     "recurrent",  # gated_delta_net (HIR block support), selective_scan

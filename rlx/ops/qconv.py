@@ -58,6 +58,10 @@ class QConv2d(IntEpilogueOp):
     ``O`` values. Output f32."""
 
     mnemonic: ClassVar[str] = "qconv2d"
+    nondiff: ClassVar[str] = (
+        "integer convolution of quantized activations and inference-only packed i8 "
+        "weights (piecewise constant in a float input); train with fake_quantize"
+    )
     kind: ClassVar[OpKind] = OpKind.COMPUTE
     stride: tuple[int, ...]
     padding: tuple[tuple[int, int], ...]

@@ -261,6 +261,11 @@ class QMatMul(IntEpilogueOp):
     """
 
     mnemonic: ClassVar[str] = "qmatmul"
+    nondiff: ClassVar[str] = (
+        "integer GEMM of quantized activations and inference-only packed i8 weights "
+        "(piecewise constant in a float x); train the float model with fake_quantize "
+        "(rlx.train.qat) and convert it"
+    )
     kind: ClassVar[OpKind] = OpKind.COMPUTE
     x_scale: float
     x_zero_point: int
@@ -324,6 +329,10 @@ class DynamicQMatMul(IntEpilogueOp):
     """
 
     mnemonic: ClassVar[str] = "dynamic_qmatmul"
+    nondiff: ClassVar[str] = (
+        "integer GEMM: x is quantized per row at run time (piecewise constant in x) and "
+        "the i8 weights are inference-only; train with fake_quantize (rlx.train.qat)"
+    )
     kind: ClassVar[OpKind] = OpKind.COMPUTE
     w_scales: tuple[float, ...]
     has_bias: bool = False
@@ -374,6 +383,10 @@ class DynamicQBatchMatMul(Op):
     """
 
     mnemonic: ClassVar[str] = "dynamic_qbatch_matmul"
+    nondiff: ClassVar[str] = (
+        "integer product of two activations quantized per row at run time: piecewise "
+        "constant in both; inference-only"
+    )
     arity: ClassVar[int] = 2
     kind: ClassVar[OpKind] = OpKind.COMPUTE
     a_mode: ActQuant = ActQuant.S8

@@ -33,7 +33,7 @@ from typing import ClassVar
 import numpy as np
 
 from rlx.dtype import DType
-from rlx.ir.mir import Graph, NodeId
+from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.quant.schemes import (
     WEIGHT_DTYPES,
@@ -189,6 +189,10 @@ class Quantize(Op):
     mnemonic: ClassVar[str] = "quantize"
     arity: ClassVar[int] = 1
     kind: ClassVar[OpKind] = OpKind.ELEMENTWISE  # the seed's class
+    nondiff: ClassVar[str] = (
+        "integer output: piecewise constant in x (train through fake_quantize, whose "
+        "straight-through rule passes the gradient)"
+    )
     axis: int | None
     scales: tuple[float, ...]
     zero_points: tuple[int, ...]
@@ -227,6 +231,7 @@ class Dequantize(Op):
     mnemonic: ClassVar[str] = "dequantize"
     arity: ClassVar[int] = 1
     kind: ClassVar[OpKind] = OpKind.ELEMENTWISE  # the seed's class
+    nondiff: ClassVar[str] = "integer input: no float input to carry a gradient"
     axis: int | None
     scales: tuple[float, ...]
     zero_points: tuple[int, ...]
@@ -285,6 +290,19 @@ class FakeQuantize(Op):
         s = np.asarray(self.scales, dtype=ct).reshape(cs)
         z = np.asarray(self.zero_points, dtype=np.int64).reshape(cs)
         return (q - z).astype(ct) * s
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        """Straight-through estimator (``rlx.ops.fake_quant``): ``ct`` inside the clip
+        range, 0 where the value saturates."""
+        from rlx.ops.fake_quant import fake_quantize_ste
+
+        return (fake_quantize_ste(g, node, ct),)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        from rlx.ops.fake_quant import fake_quantize_ste
+
+        (t,) = tangents
+        return None if t is None else fake_quantize_ste(g, node, t)
 
     def attrs_str(self) -> str:
         return f"axis={self.axis}, scales={_short(self.scales)}, zero_points={_short(self.zero_points)}, qmin={self.qmin}, qmax={self.qmax}"
@@ -367,6 +385,24 @@ class DequantMatMul(Op):
         x = xs[0].astype(np.float32)
         w = dequantize_weight(self.scheme, *xs[1:])
         return np.matmul(x, w.T)
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        """Linear in ``x``: ``dx = ct @ dequant(w)``, with ``dequant(w).T`` made by the op
+        itself from an identity (``I_K @ dequant(w).T``, any scheme). The packed weight
+        and its scales get none (inference-only packed weights: train a float copy, or
+        an adapter beside it)."""
+        x, *weights = node.inputs
+        k = g.shape(x).dims[-1]
+        eye = g.constant(np.eye(k, dtype=np.float32))
+        wt = g.dequant_matmul(eye, self.scheme, *weights)  # [K, N] = dequant(w).T
+        dx = g.matmul(ct, g.transpose(wt, [1, 0]))
+        if g.shape(x).dtype is not DType.F32:
+            dx = g.cast(dx, g.shape(x).dtype)
+        return (dx, *(None for _ in weights))
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        tx = tangents[0]
+        return None if tx is None else g.dequant_matmul(tx, self.scheme, *node.inputs[1:])
 
 
 # ---- builder conveniences ---------------------------------------------------------

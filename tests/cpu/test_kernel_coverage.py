@@ -30,6 +30,7 @@ from rlx.ops.elementwise import (
     UnaryKind,
     Where,
 )
+from rlx.ops.fake_quant import FakeQuantizeLSQ
 from rlx.ops.fft import Fft, FftKind
 from rlx.ops.linalg import DotGeneral, MatMul
 from rlx.ops.movement import (
@@ -137,6 +138,7 @@ def _templates(dt: DType):
         ("quantize", Quantize(None, (0.1,), (0,)), [x]),
         ("dequantize", Dequantize(None, (0.1,), (0,)), [x]),
         ("fake_quantize", FakeQuantize(None, (0.1,), (0,)), [x]),
+        ("fake_quantize_lsq", FakeQuantizeLSQ(None, (0,)), [x, Shape((1,), dt)]),
     ]
     return out
 

@@ -627,6 +627,12 @@ CASES: list[Case] = [
     Case(
         "fake_quantize", lambda g: g.fake_quantize(g.input("x", (3, 8)), [0.1, 0.2, 0.05], axis=0)
     ),
+    Case(
+        "fake_quantize_lsq",
+        lambda g: g.fake_quantize_lsq(
+            g.input("x", (3, 8)), g.constant(np.array([0.1, 0.2, 0.05], np.float32)), axis=0
+        ),
+    ),
     Case("dequant_matmul", _dequant_matmul, loose=True),
     Case("qmatmul", _qmatmul, loose=True),
     *(

@@ -73,7 +73,7 @@ SEED: dict[str, tuple[str | None, OpKind]] = {
     "Dequantize": ("dequantize", E),
     "FakeQuantize": ("fake_quantize", E),
     "FakeQuantizeBackward": (None, E),
-    "FakeQuantizeLSQ": (None, E),
+    "FakeQuantizeLSQ": ("fake_quantize_lsq", E),
     "FakeQuantizeLSQBackwardX": (None, E),
     "FakeQuantizeLSQBackwardScale": (None, E),
     "ReluBackward": (None, E),

@@ -1,0 +1,55 @@
+"""CPU kernel of ``fake_quantize_lsq`` (fake quantization with the scale as an input, see
+:mod:`rlx.ops.fake_quant`): NumPy calls writing into build-time scratch and the output
+view, in the steps of the reference (``quantize_to_int64``, then ``(q - zp) * s``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel
+from rlx.backends.cpu.kernels.quant import quantize_to_int64
+from rlx.ops.fake_quant import SCALE_EPS, FakeQuantizeLSQ
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Node
+
+__all__ = ["fake_quantize_lsq_kernel"]
+
+
+@kernel(FakeQuantizeLSQ)
+def fake_quantize_lsq_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """``(clip(rint(x / s) + z, qmin, qmax) - z) * s`` with ``s = max(scale, eps)`` read
+    from the scale input at run time, in f32 (f64 for f64 inputs)."""
+    x, scale = ins
+    op: FakeQuantizeLSQ = node.op  # type: ignore[assignment]
+    ct = np.dtype(np.float64) if x.dtype == np.float64 else np.dtype(np.float32)
+    ax = None if op.axis is None else op.axis % x.ndim
+    cs: tuple[int, ...] = (1,) * x.ndim
+    if ax is not None:
+        cs = tuple(len(op.zero_points) if i == ax else 1 for i in range(x.ndim))
+    z = np.asarray(op.zero_points, dtype=np.int64).reshape(cs)
+    s = ctx.scratch(cs, ct, 63)
+    t = ctx.scratch(x.shape, ct, 60)
+    q = ctx.scratch(x.shape, np.int64, 61)
+    nan = ctx.scratch(x.shape, np.bool_, 62)
+    eps = ct.type(SCALE_EPS)
+    direct = out.dtype == ct
+
+    def run() -> None:
+        np.copyto(s, scale.reshape(cs), casting="unsafe")
+        np.maximum(s, eps, out=s)
+        np.copyto(t, x, casting="unsafe")
+        quantize_to_int64(t, s, z, op.qmin, op.qmax, t, q, nan)
+        np.subtract(q, z, out=q)
+        np.copyto(t, q, casting="unsafe")
+        if direct:
+            np.multiply(t, s, out=out)
+        else:
+            np.multiply(t, s, out=t)
+            np.copyto(out, t, casting="unsafe")
+
+    return run
