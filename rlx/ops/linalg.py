@@ -18,11 +18,13 @@ from typing import ClassVar
 
 import numpy as np
 
+from rlx.autodiff.rules import add_any, scalar, unbroadcast, zeros
 from rlx.errors import InputError, ShapeError
 from rlx.ir import source
-from rlx.ir.mir import Graph, NodeId
+from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import Binary, BinaryKind
+from rlx.ops.grad_util import batch_size, front
 from rlx.shape import Dim, Shape, broadcast_dims
 
 __all__ = [
@@ -102,6 +104,87 @@ class MatMul(Op):
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         a, b = (accumulate(x) for x in xs)
         return np.matmul(a, b).astype(ctx.out_dtype)
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        a, b = node.inputs
+        sa, sb = g.shape(a), g.shape(b)
+        a2 = a if sa.rank >= 2 else g.reshape(a, [1, *sa.dims])
+        b2 = b if sb.rank >= 2 else g.reshape(b, [*sb.dims, 1])
+        nbat = node.shape.rank - (sa.rank >= 2) - (sb.rank >= 2)
+        cdims = [*node.shape.dims[:nbat], g.shape(a2).dims[-2], g.shape(b2).dims[-1]]
+        c2 = ct if list(node.shape.dims) == cdims else g.reshape(ct, cdims)
+        da, db = _mm_lhs_grad(g, c2, b2, g.shape(a2)), _mm_rhs_grad(g, a2, c2, g.shape(b2))
+        return (
+            da if sa.rank >= 2 else g.reshape(da, list(sa.dims)),
+            db if sb.rank >= 2 else g.reshape(db, list(sb.dims)),
+        )
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        (a, b), (ta, tb) = node.inputs, tangents
+        terms = [None if ta is None else g.matmul(ta, b), None if tb is None else g.matmul(a, tb)]
+        return add_any(g, terms)
+
+    def batch(self, g: Graph, node: Node, ins: tuple, bdims: tuple) -> tuple[NodeId, int]:
+        n = batch_size(g, ins, bdims)
+        ranks = [max(g.shape(x).rank - (d is not None), 2) for x, d in zip(ins, bdims)]
+        obat = max(ranks) - 2
+        xs = []
+        for k, (x, d) in enumerate(zip(ins, bdims, strict=True)):
+            if d is not None:  # [B, 1.., M, K]: the batch leads, unit dims align the rest
+                x = front(g, x, d)
+                dims = list(g.shape(x).dims[1:])
+                dims = dims if len(dims) >= 2 else ([1, *dims] if k == 0 else [*dims, 1])
+                x = g.reshape(x, [n, *(1,) * (obat + 2 - len(dims)), *dims])
+            xs.append(x)
+        out = g.matmul(xs[0], xs[1])
+        return g.reshape(out, [n, *node.shape.dims]), 0
+
+
+def _ones(dims: Sequence[Dim]) -> bool:
+    return all(d == 1 for d in dims)
+
+
+def _swap(g: Graph, x: NodeId) -> NodeId:
+    """``x`` with its last two axes swapped."""
+    r = g.shape(x).rank
+    return g.transpose(x, [*range(r - 2), r - 1, r - 2])
+
+
+def _mm_lhs_grad(g: Graph, ct: NodeId, b: NodeId, want: Shape) -> NodeId:
+    """``ct @ b^T`` summed to ``want`` (the lhs of a >= 2-D matmul): a dot_general with
+    the contraction on ``b``'s last axis, so no transposed copy of ``b`` is made."""
+    nb = g.shape(ct).rank - 2
+    ob, bb, ab = g.shape(ct).dims[:-2], g.shape(b).dims[:-2], want.dims[:-2]
+    last = (nb + 1,)
+    if _ones(bb):  # a weight rhs: [*ob, M, N] . [K, N] -> [*ob, M, K]
+        bm = g.reshape(b, list(g.shape(b).dims[-2:])) if bb else b
+        return unbroadcast(g, g.dot_general(ct, bm, (last, (1,))), want)
+    batch = tuple(range(nb))
+    if ab == bb == ob:
+        return g.dot_general(ct, b, (last, last), (batch, batch))
+    if _ones(ab) and bb == ob:  # a weight lhs: contract the batch too
+        out = g.dot_general(ct, b, (batch + last, batch + last))
+        return g.reshape(out, list(want.dims))
+    return unbroadcast(g, g.matmul(ct, _swap(g, b)), want)
+
+
+def _mm_rhs_grad(g: Graph, a: NodeId, ct: NodeId, want: Shape) -> NodeId:
+    """``a^T @ ct`` summed to ``want`` (the rhs of a >= 2-D matmul), as a dot_general
+    contracting ``a``'s row axis (and the batch axes when the rhs is one weight)."""
+    nb = g.shape(ct).rank - 2
+    ob, ab, bb = g.shape(ct).dims[:-2], g.shape(a).dims[:-2], want.dims[:-2]
+    rows, batch = (nb,), tuple(range(nb))
+    if ab == bb == ob:
+        return g.dot_general(a, ct, (rows, rows), (batch, batch))
+    if _ones(bb) and ab == ob:  # [*ob, M, K] . [*ob, M, N] -> [K, N]
+        return g.reshape(g.dot_general(a, ct, (batch + rows, batch + rows)), list(want.dims))
+    return unbroadcast(g, g.matmul(_swap(g, a), ct), want)
+
+
+def _unpermute(g: Graph, x: NodeId, order: Sequence[int]) -> NodeId:
+    """``x``, whose axis ``i`` is operand axis ``order[i]``, in the operand's axis order."""
+    perm = [int(p) for p in np.argsort(order)]
+    return x if perm == list(range(len(perm))) else g.transpose(x, perm)
 
 
 def _norm_axes(op: Op, axes: Sequence[int], rank: int, what: str) -> tuple[int, ...]:
@@ -193,6 +276,24 @@ class DotGeneral(Op):
         bt = np.transpose(b, rb + rc + rf).reshape(nb, k, n)
         return np.matmul(at, bt).reshape(ctx.out_dims).astype(ctx.out_dtype)
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        a, b = node.inputs
+        lc, rc, lb, rb, lf, rf = self._axes(g.shape(a).rank, g.shape(b).rank)
+        cb = tuple(range(len(lb)))
+        cl = tuple(range(len(lb), len(lb) + len(lf)))
+        cr = tuple(range(len(lb) + len(lf), node.shape.rank))
+        # [batch, lhs free, rhs contract (by rhs axis)] and [batch, lhs contract, rhs free]
+        da = g.dot_general(ct, b, (cr, rf), (cb, rb))
+        db = g.dot_general(a, ct, (lf, cl), (lb, cb))
+        order_a = [*lb, *lf, *(lc[rc.index(j)] for j in sorted(rc))]
+        order_b = [*rb, *(rc[lc.index(i)] for i in sorted(lc)), *rf]
+        return (_unpermute(g, da, order_a), _unpermute(g, db, order_b))
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        (a, b), (ta, tb) = node.inputs, tangents
+        terms = [None if ta is None else g.apply(self, [ta, b])]
+        return add_any(g, [*terms, None if tb is None else g.apply(self, [a, tb])])
+
 
 def _float_pair(op: Op, a: Shape, b: Shape, an: str, bn: str) -> None:
     expect(a.dtype.is_float, op, f"{an} must be a float tensor, got {a}")
@@ -245,6 +346,12 @@ class DenseSolve(Op):
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return solve_one(xs[0], xs[1]).astype(ctx.out_dtype)
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return _solve_vjp(g, node, ct)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        return _solve_jvp(g, node, tangents)
+
 
 @register
 class BatchedDenseSolve(Op):
@@ -289,6 +396,12 @@ class BatchedDenseSolve(Op):
             where = "[" + ", ".join(str(int(j)) for j in np.unravel_index(i, a.shape[:-2])) + "]"
             out[i] = solve_one(a2[i], b2[i], where)
         return out.reshape(b.shape)
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return _solve_vjp(g, node, ct)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        return _solve_jvp(g, node, tangents)
 
 
 @register
@@ -337,6 +450,18 @@ class GroupedMatMul(Op):
             out[rows] = x[rows] @ w[e]
         return out.astype(ctx.out_dtype)
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        x, w, idx = node.inputs
+        dx = g.apply(self, [ct, g.transpose(w, [0, 2, 1]), idx])
+        (m, k), n = g.shape(x).dims, node.shape.dims[1]
+        outer = g.mul(g.reshape(x, [m, k, 1]), g.reshape(ct, [m, 1, n]))  # [M, K, N]
+        return (dx, g.scatter_add(zeros(g, w), idx, outer, 0), None)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        (x, w, idx), (tx, tw, _) = node.inputs, tangents
+        terms = [None if tx is None else g.apply(self, [tx, w, idx])]
+        return add_any(g, [*terms, None if tw is None else g.apply(self, [x, tw, idx])])
+
 
 @register
 class LoraMatMul(Op):
@@ -374,6 +499,52 @@ class LoraMatMul(Op):
         x, w, a, b = (upcast(t) for t in xs)
         y = x @ w + x.dtype.type(self.scale) * ((x @ a) @ b)
         return y.astype(ctx.out_dtype)
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        x, w, a, b = node.inputs
+        xd = g.shape(x).dims
+        x2, c2 = g.reshape(x, [-1, xd[-1]]), g.reshape(ct, [-1, node.shape.dims[-1]])
+        s = scalar(g, self.scale, x)
+        u = g.mul(s, g.dot_general(c2, b, ((1,), (1,))))  # scale * ct @ b^T: [P, R]
+        dx = g.add(g.dot_general(c2, w, ((1,), (1,))), g.dot_general(u, a, ((1,), (1,))))
+        h = g.mul(s, g.matmul(x2, a))
+        rows = ((0,), (0,))
+        dw, da, db = (g.dot_general(p, q, rows) for p, q in ((x2, c2), (x2, u), (h, c2)))
+        return (g.reshape(dx, list(xd)), dw, da, db)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        (x, w, a, b), (tx, tw, ta, tb) = node.inputs, tangents
+        s = scalar(g, self.scale, x)
+        terms = [None if tx is None else g.apply(self, [tx, w, a, b])]
+        terms.append(None if tw is None else g.matmul(x, tw))
+        terms.append(None if ta is None else g.mul(s, g.matmul(g.matmul(x, ta), b)))
+        terms.append(None if tb is None else g.mul(s, g.matmul(g.matmul(x, a), tb)))
+        return add_any(g, terms)
+
+
+def _solve_vjp(g: Graph, node: Node, ct: NodeId) -> tuple[NodeId, NodeId]:
+    """``A x = b``: ``db = solve(A^T, ct)``, ``dA = -db x^T`` (batched, one or K rhs)."""
+    a, _ = node.inputs
+    db = g.dense_solve(_swap(g, a), ct)
+    x, r = node.id, g.shape(a).rank
+    if node.shape.rank == r - 1:  # one right-hand side: an outer product
+        outer = g.mul(g.unsqueeze(db, -1), g.unsqueeze(x, -2))
+    else:
+        outer = g.matmul(db, _swap(g, x))
+    return (g.neg(outer), db)
+
+
+def _solve_jvp(g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+    """``dx = solve(A, db - dA x)``."""
+    (a, _), (ta, tb) = node.inputs, tangents
+    x, r = node.id, None
+    if ta is not None:
+        if node.shape.rank == g.shape(a).rank:
+            r = g.neg(g.matmul(ta, x))
+        else:  # one right-hand side per matrix
+            r = g.neg(g.squeeze(g.matmul(ta, g.unsqueeze(x, -1)), -1))
+    rhs = add_any(g, [tb, r])
+    return None if rhs is None else g.dense_solve(a, rhs)
 
 
 # ---- builder conveniences ---------------------------------------------------------

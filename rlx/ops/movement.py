@@ -17,12 +17,14 @@ from typing import ClassVar
 
 import numpy as np
 
+from rlx.autodiff.rules import unbroadcast, zeros
 from rlx.dtype import DType
 from rlx.errors import DTypeError, InputError, ShapeError
 from rlx.ir import source
-from rlx.ir.mir import Graph, NodeId
+from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import _wide
+from rlx.ops.grad_util import batch_size, embed, fold_batch, front, same_op, zeros_or
 from rlx.ops.reduce import canon_axis, norm_axis
 from rlx.shape import Dim, Shape, Sym, dims_product
 
@@ -92,6 +94,16 @@ class Reshape(Op):
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return np.reshape(xs[0], ctx.out_dims)
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return (g.apply(Reshape(g.shape(node.inputs[0]).dims), [ct]),)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        return same_op(g, self, tangents)
+
+    def batch(self, g: Graph, node: Node, ins: tuple, bdims: tuple) -> tuple[NodeId, int]:
+        n = batch_size(g, ins, bdims)
+        return g.apply(Reshape((n, *self.dims)), [front(g, ins[0], bdims[0])]), 0
+
     def attrs_str(self) -> str:
         return f"dims={_dims_txt(self.dims)}"
 
@@ -120,6 +132,16 @@ class Transpose(Op):
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return np.transpose(xs[0], self.perm)
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return (g.apply(Transpose(tuple(np.argsort(self.perm).tolist())), [ct]),)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        return same_op(g, self, tangents)
+
+    def batch(self, g: Graph, node: Node, ins: tuple, bdims: tuple) -> tuple[NodeId, int]:
+        perm = (0, *(p % len(self.perm) + 1 for p in self.perm))
+        return g.apply(Transpose(perm), [front(g, ins[0], bdims[0])]), 0
 
 
 def _sum_dims(op: Op, ax: int, sizes: Sequence[Dim]) -> Dim:
@@ -178,6 +200,36 @@ class Concat(Op):
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return np.concatenate(list(xs), axis=self.axis)
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        ax = self.axis % node.shape.rank
+        sizes = [g.shape(i).dims[ax] for i in node.inputs]
+        if all(isinstance(d, int) for d in sizes):
+            starts = np.cumsum([0, *sizes[:-1]]).tolist()
+            return tuple(g.narrow(ct, ax, s, d) for s, d in zip(starts, sizes, strict=True))
+        # symbolic: every size is k_i * s for one monomial s: split the axis as [sum k, s]
+        unit = next(d for d in sizes if isinstance(d, Sym))
+        unit = Sym(unit.terms, 1)
+        ks = [0 if isinstance(d, int) else d.coeff for d in sizes]
+        dims = node.shape.dims
+        split = g.reshape(ct, [*dims[:ax], sum(ks), unit, *dims[ax + 1 :]])
+        starts = np.cumsum([0, *ks[:-1]]).tolist()
+        return tuple(
+            g.reshape(g.narrow(split, ax, s, k), list(g.shape(i).dims))
+            for s, k, i in zip(starts, ks, node.inputs, strict=True)
+        )
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        ts = [zeros_or(g, t, i) for t, i in zip(tangents, node.inputs, strict=True)]
+        return g.apply(self, ts)
+
+    def batch(self, g: Graph, node: Node, ins: tuple, bdims: tuple) -> tuple[NodeId, int]:
+        n = batch_size(g, ins, bdims)
+        xs = [
+            front(g, x, b) if b is not None else g.expand(x, [n, *g.shape(x).dims])
+            for x, b in zip(ins, bdims, strict=True)
+        ]
+        return g.apply(Concat(self.axis % node.shape.rank + 1), xs), 0
+
 
 @register
 class Expand(Op):
@@ -215,6 +267,18 @@ class Expand(Op):
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return np.broadcast_to(xs[0], ctx.out_dims)
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return (unbroadcast(g, ct, node.inputs[0]),)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        return same_op(g, self, tangents)
+
+    def batch(self, g: Graph, node: Node, ins: tuple, bdims: tuple) -> tuple[NodeId, int]:
+        n, x = batch_size(g, ins, bdims), front(g, ins[0], bdims[0])
+        lead = len(self.dims) - g.shape(x).rank + 1
+        x = g.reshape(x, [n, *(1,) * lead, *g.shape(x).dims[1:]]) if lead else x
+        return g.apply(Expand((n, *self.dims)), [x]), 0
 
     def attrs_str(self) -> str:
         return f"dims={_dims_txt(self.dims)}"
@@ -260,6 +324,18 @@ class Narrow(Op):
             )
         key = (slice(None),) * ax + (slice(self.start, self.start + self.length),)
         return x[key]
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        n = g.shape(node.inputs[0]).dims[self.axis]
+        pos = range(self.start, self.start + self.length)
+        return (embed(g, ct, self.axis, n, pos),)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        return same_op(g, self, tangents)
+
+    def batch(self, g: Graph, node: Node, ins: tuple, bdims: tuple) -> tuple[NodeId, int]:
+        op = Narrow(self.axis % node.shape.rank + 1, self.start, self.length)
+        return g.apply(op, [front(g, ins[0], bdims[0])]), 0
 
 
 def _slice_len(op: Op, x: Shape, i: int, a: int | None, b: int | None, c: int) -> Dim:
@@ -317,6 +393,26 @@ class Slice(Op):
             )
         return out
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        x = g.shape(node.inputs[0])
+        for i, (a, b, c) in enumerate(zip(self.starts, self.stops, self.steps)):
+            d = x.dims[i]
+            if isinstance(d, int):
+                pos = range(*slice(a, b, c).indices(d))
+            elif c == 1 and a in (None, 0) and b is None:
+                continue  # a symbolic axis kept whole
+            else:  # infer allows only static start/stop >= 0 and step > 0 here
+                pos = range(a or 0, a + node.shape.dims[i] * c, c)  # type: ignore[operator]
+            ct = embed(g, ct, i, d, pos)
+        return (ct,)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        return same_op(g, self, tangents)
+
+    def batch(self, g: Graph, node: Node, ins: tuple, bdims: tuple) -> tuple[NodeId, int]:
+        op = Slice((0, *self.starts), (None, *self.stops), (1, *self.steps))
+        return g.apply(op, [front(g, ins[0], bdims[0])]), 0
+
 
 @register
 class Gather(Op):
@@ -339,6 +435,28 @@ class Gather(Op):
         x, idx = xs
         ax = self.axis % x.ndim
         return np.take(x, _check_index_range(self, idx, x.shape[ax], ax), axis=ax)
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        x, idx = node.inputs
+        xd, m = g.shape(x).dims, g.shape(idx).numel
+        ax = self.axis % len(xd)
+        flat = g.reshape(ct, [*xd[:ax], m, *xd[ax + 1 :]])
+        return (g.scatter_add(zeros(g, x), g.reshape(idx, [m]), flat, ax), None)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        t = tangents[0]
+        return None if t is None else g.apply(self, [t, node.inputs[1]])
+
+    def batch(self, g: Graph, node: Node, ins: tuple, bdims: tuple) -> tuple[NodeId, int]:
+        (x, idx), (bx, bi) = ins, bdims
+        ax = self.axis % g.shape(x).rank
+        if bi is None:
+            return g.apply(Gather(ax + 1 if bx is not None else ax), [front(g, x, bx), idx]), 0
+        idx = front(g, idx, bi)
+        if bx is None:
+            return g.apply(self, [x, idx]), ax
+        x, idx = fold_batch(g, front(g, x, bx), idx, ax)
+        return g.apply(self, [x, idx]), ax
 
 
 @register
@@ -381,6 +499,14 @@ class ScatterAdd(Op):
         i64 = _check_index_range(self, idx, x.shape[ax], ax)
         np.add.at(out, (slice(None),) * ax + (i64,), _wide(upd))
         return out
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return (ct, None, g.gather(ct, node.inputs[1], self.axis))
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        x, idx, upd = node.inputs
+        tx, _, tu = tangents
+        return g.apply(self, [zeros_or(g, tx, x), idx, zeros_or(g, tu, upd)])
 
 
 def _pad_value_misfit(value: float, dtype: DType) -> str | None:
@@ -444,6 +570,18 @@ class Pad(Op):
         x = _wide(xs[0])
         fill = self.value if x.dtype.kind in "fc" else int(self.value)
         return np.pad(x, self.pads, mode="constant", constant_values=fill)
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        dims = g.shape(node.inputs[0]).dims
+        stops = tuple(lo + d if isinstance(d, int) else None for (lo, _), d in zip(self.pads, dims))
+        op = Slice(tuple(lo for lo, _ in self.pads), stops, (1,) * len(dims))
+        return (g.apply(op, [ct]),)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        return same_op(g, Pad(self.pads, 0.0), tangents)
+
+    def batch(self, g: Graph, node: Node, ins: tuple, bdims: tuple) -> tuple[NodeId, int]:
+        return g.apply(Pad(((0, 0), *self.pads), self.value), [front(g, ins[0], bdims[0])]), 0
 
 
 # ---- builder conveniences ---------------------------------------------------------
@@ -631,6 +769,7 @@ class ShapeOf(Op):
     mnemonic: ClassVar[str] = "shape_of"
     arity: ClassVar[int] = 1
     kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    nondiff: ClassVar[str] = "integer output (the input's dims)"
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
         return Shape((ins[0].rank,), DType.I64)
