@@ -8,15 +8,20 @@ last update (NumPy's order), as ONNX leaves that case undefined."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
 
-from rlx.errors import InputError
+from rlx.autodiff.rules import ones, scalar, zeros
+from rlx.dtype import DType
+from rlx.errors import AutodiffError, InputError
+from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, register
 from rlx.ops.elementwise import _wide
+from rlx.ops.grad_util import not_static, zeros_or
 from rlx.ops.reduce import norm_axis
 from rlx.shape import Shape
 
@@ -128,6 +133,15 @@ class GatherElements(Op):
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return gather_elements(self, xs[0], xs[1])
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        x, idx = node.inputs
+        add = ScatterElements(self.axis, ScatterReduction.ADD)
+        return (g.apply(add, [zeros(g, x), idx, ct]), None)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        t = tangents[0]
+        return None if t is None else g.apply(self, [t, node.inputs[1]])
+
 
 @register
 class ScatterElements(Op):
@@ -150,6 +164,12 @@ class ScatterElements(Op):
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return scatter_elements(self, xs[0], xs[1], xs[2])
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return _scatter_vjp(g, node, ct, GatherElements(self.axis))
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        return _scatter_jvp(g, node, tangents, GatherElements(self.axis))
 
 
 def _nd_dims(op: Op, x: Shape, idx: Shape, b: int) -> tuple:
@@ -185,6 +205,23 @@ class GatherNd(Op):
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return gather_nd(self, xs[0], xs[1])
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        x, idx = node.inputs
+        b = self.batch_dims
+        if b:  # prepend each index tuple's batch coordinates: one scatter over x
+            dims = g.shape(idx).dims
+            if not all(isinstance(d, int) for d in dims[:-1]):
+                raise not_static(node, "gather_nd with batch dims")
+            grids = np.indices(dims[:-1])[:b].transpose(*range(1, len(dims)), 0)
+            lead = g.constant(grids.astype(g.shape(idx).dtype.np))
+            idx = g.concat([lead, idx], -1)
+        add = ScatterNd(ScatterReduction.ADD)
+        return (g.apply(add, [zeros(g, x), idx, ct]), None)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        t = tangents[0]
+        return None if t is None else g.apply(self, [t, node.inputs[1]])
+
 
 @register
 class ScatterNd(Op):
@@ -205,3 +242,70 @@ class ScatterNd(Op):
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return scatter_nd(self, xs[0], xs[1], xs[2])
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return _scatter_vjp(g, node, ct, GatherNd(0))
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        return _scatter_jvp(g, node, tangents, GatherNd(0))
+
+
+# ---- derivative rules of the scatters (shared by scatter_elements and scatter_nd) -----
+
+
+def _with(op: Op, red: ScatterReduction) -> Op:
+    return dataclasses.replace(op, reduction=red)  # type: ignore[type-var]
+
+
+def _masks(g: Graph, node: Node, take: Op) -> tuple[NodeId, NodeId, NodeId | None]:
+    """Where the output's value came from: (x kept mask, update used mask, count of
+    sources per output element or None). Replace: the last update to a position wins
+    (NumPy's order), found by scattering each update's ordinal; max / min: every source
+    equal to the result shares the gradient equally (PyTorch's rule)."""
+    op = node.op
+    x, idx, upd = node.inputs
+    red = op.reduction  # type: ignore[attr-defined]
+    if red is ScatterReduction.NONE:
+        dims = g.shape(upd).dims
+        if not all(isinstance(d, int) for d in dims):
+            raise not_static(node, "a replace-scatter")
+        ords = g.constant(np.arange(1, 1 + int(np.prod(dims)), dtype=np.float64).reshape(dims))
+        won = g.apply(op, [zeros(g, g.shape(x).with_dtype(DType.F64)), idx, ords])
+        return (g.eq(won, scalar(g, 0.0, won)), g.eq(g.apply(take, [won, idx]), ords), None)
+    if red in (ScatterReduction.MAX, ScatterReduction.MIN):
+        kept = g.eq(x, node.id)
+        used = g.eq(upd, g.apply(take, [node.id, idx]))
+        add = _with(op, ScatterReduction.ADD)
+        one, zero = ones(g, x), zeros(g, x)
+        hits = g.apply(
+            add, [g.where(kept, one, zero), idx, g.where(used, ones(g, upd), zeros(g, upd))]
+        )
+        return kept, used, hits
+    raise AutodiffError(
+        f"{node.label}: scatter with reduction {red.value} has no derivative rule here "
+        f"(add, none, max and min have one)",
+        node=node.id,
+        loc=node.loc,
+    )
+
+
+def _scatter_vjp(g: Graph, node: Node, ct: NodeId, take: Op) -> tuple[NodeId | None, ...]:
+    x, idx, upd = node.inputs
+    if node.op.reduction is ScatterReduction.ADD:  # type: ignore[attr-defined]
+        return (ct, None, g.apply(take, [ct, idx]))
+    kept, used, hits = _masks(g, node, take)
+    share = ct if hits is None else g.div(ct, hits)
+    dx = g.where(kept, share, zeros(g, x))
+    return (dx, None, g.where(used, g.apply(take, [share, idx]), zeros(g, upd)))
+
+
+def _scatter_jvp(g: Graph, node: Node, tangents: tuple, take: Op) -> NodeId | None:
+    (x, idx, upd), (tx, _, tu) = node.inputs, tangents
+    op = node.op
+    red = op.reduction  # type: ignore[attr-defined]
+    if red in (ScatterReduction.ADD, ScatterReduction.NONE):  # linear in (x, updates)
+        return g.apply(op, [zeros_or(g, tx, x), idx, zeros_or(g, tu, upd)])
+    kept, used, hits = _masks(g, node, take)
+    tx = g.where(kept, zeros_or(g, tx, x), zeros(g, x))
+    tu = g.where(used, zeros_or(g, tu, upd), zeros(g, upd))
+    return g.div(g.apply(_with(op, ScatterReduction.ADD), [tx, idx, tu]), hits)
