@@ -15,6 +15,7 @@ _MODULES = (
     "movement",  # reshape, transpose, concat, expand, narrow, gather, scatter_add, ...
     "linalg",  # matmul, dot_general, dense_solve, grouped_matmul, lora_matmul
     "nn",  # attention (MaskKind), rope, conv, pool
+    "nn_grad",  # *_backward ops of the norms, attention, rope, conv, pool; attention_jvp
     "fft",  # fft, rfft, irfft
     "fft_ops",  # builders over primitive ops: stft, psd_real, fft_conv1d, fftfreq
     "quant",  # quantize, dequantize, fake_quantize, dequant_matmul, qmatmul
@@ -29,8 +30,10 @@ _MODULES = (
     "bitwise",  # bitwise and / or / xor / shifts, bitwise_not
     "trig",  # tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh
     "cumulative",  # cumprod
+    "reduce_grad",  # softmax_backward, log_softmax_backward
     "bitcast",  # bitcast (the same bytes as another dtype)
     "kvcache",  # cache_attention (attention through a KV cache), dequant_gather
+    "state",  # assign (writes a param when the compiled graph runs), barrier
 )
 for _m in _MODULES:
     importlib.import_module(f"rlx.ops.{_m}")

@@ -18,7 +18,7 @@ import numpy as np
 
 from rlx.errors import ShapeError
 from rlx.ir import source
-from rlx.ir.mir import Graph, NodeId
+from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.linalg import upcast
 from rlx.shape import Dim, Shape, Sym, broadcast_dims
@@ -222,6 +222,21 @@ class Attention(Op):
             o = np.matmul(_softmax_rows(s), vh)
         return o.transpose(0, 2, 1, 3).reshape(b, sq, h * d).astype(ctx.out_dtype)
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        from rlx.ops import nn_rules
+
+        return nn_rules.attention_vjp(self, g, node, ct)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        from rlx.ops import nn_rules
+
+        return nn_rules.attention_jvp(self, g, node, tangents)
+
+    def batch(self, g: Graph, node: Node, ins: tuple, bdims: tuple) -> tuple[NodeId, int | None]:
+        from rlx.ops import nn_rules
+
+        return nn_rules.attention_batch(self, g, node, ins, bdims)
+
 
 @register
 class Rope(Op):
@@ -281,6 +296,16 @@ class Rope(Op):
         out[..., lo] = a * c - bb * sn
         out[..., hi] = bb * c + a * sn
         return out.reshape(b, s, hd).astype(ctx.out_dtype)
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        from rlx.ops import nn_rules
+
+        return nn_rules.rope_vjp(self, g, node, ct)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        from rlx.ops import nn_rules
+
+        return nn_rules.rope_jvp(self, g, node, tangents)
 
 
 # ---- convolution and pooling --------------------------------------------------------
@@ -443,6 +468,16 @@ class Conv(Op):
             y = y + upcast(xs[2]).reshape((o,) + (1,) * len(k))
         return y.astype(ctx.out_dtype)
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        from rlx.ops import nn_rules
+
+        return nn_rules.conv_vjp(self, g, node, ct)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        from rlx.ops import nn_rules
+
+        return nn_rules.conv_jvp(self, g, node, tangents)
+
 
 class PoolKind(enum.Enum):
     """What ``Pool`` computes over each window: its maximum or its average."""
@@ -512,6 +547,16 @@ class Pool(Op):
         count = np.pad(np.ones(x.shape[2:], x.dtype), self.padding)
         count = _window_view(count[None, None], self.window, self.stride, ones).sum(axis=axes)
         return (total / count).astype(ctx.out_dtype)
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        from rlx.ops import nn_rules
+
+        return nn_rules.pool_vjp(self, g, node, ct)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        from rlx.ops import nn_rules
+
+        return nn_rules.pool_jvp(self, g, node, tangents)
 
 
 # ---- builder conveniences ---------------------------------------------------------

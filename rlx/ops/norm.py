@@ -4,6 +4,11 @@ groups.
 All take float inputs whose scale (``gamma``) and shift (``beta``) share the input's
 dtype. f16/bf16 inputs are normalised in f32 and rounded back, as the CPU kernels do.
 Variances are biased (divided by the element count), as in PyTorch and JAX.
+
+Derivatives: ``vjp`` builds ``LayerNormBackward`` / ``RmsNormBackward`` nodes
+(``rlx/ops/nn_grad.py``: dx and dgamma, one node each) and ``sum(ct)`` for beta; the
+x-Jacobian of a normalisation is symmetric, so ``jvp`` reuses the dx op with unit gamma.
+Group norm is a layer norm of the ``[N, groups, C/groups * spatial]`` reshape.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from rlx.ir.mir import Graph, NodeId
+from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import _wide
 from rlx.shape import Shape, Sym
@@ -83,6 +88,15 @@ class LayerNorm(Op):
         y = c / np.sqrt(var + np.asarray(self.eps, x.dtype)) * _wide(xs[1])
         return y + _wide(xs[2]) if self.has_beta else y
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return _last_axis_vjp(self, g, node, ct)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        return _last_axis_jvp(self, g, node, tangents)
+
+    def batch(self, g: Graph, node: Node, ins: tuple, bdims: tuple) -> tuple[NodeId, int | None]:
+        return _last_axis_batch(self, g, node, ins, bdims)
+
 
 @register
 class RmsNorm(Op):
@@ -105,6 +119,15 @@ class RmsNorm(Op):
         ms = np.mean(x * x, axis=-1, keepdims=True)
         y = x / np.sqrt(ms + np.asarray(self.eps, x.dtype)) * _wide(xs[1])
         return y + _wide(xs[2]) if self.has_beta else y
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return _last_axis_vjp(self, g, node, ct)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        return _last_axis_jvp(self, g, node, tangents)
+
+    def batch(self, g: Graph, node: Node, ins: tuple, bdims: tuple) -> tuple[NodeId, int | None]:
+        return _last_axis_batch(self, g, node, ins, bdims)
 
 
 @register
@@ -147,6 +170,12 @@ class GroupNorm(Op):
         bshape = (1, c) + (1,) * (x.ndim - 2)
         return y * _wide(xs[1]).reshape(bshape) + _wide(xs[2]).reshape(bshape)
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return _group_vjp(self, g, node, ct)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        return _group_jvp(self, g, node, tangents)
+
 
 # ---- builder conveniences ---------------------------------------------------------
 
@@ -175,3 +204,134 @@ def group_norm(
 ) -> NodeId:
     """Group norm of ``x[N,C,...]`` with ``num_groups`` channel groups."""
     return g.apply(GroupNorm(int(num_groups), float(eps)), [x, gamma, beta])
+
+
+# ---- derivative and batching rules --------------------------------------------------
+
+
+def _lead_sum(g: Graph, t: NodeId, keep: int) -> NodeId:
+    """``t`` summed over every axis but its last ``keep`` ones."""
+    lead = list(range(g.shape(t).rank - keep))
+    return g.sum(t, lead) if lead else t
+
+
+def _unit(g: Graph, dims: tuple, like: NodeId) -> NodeId:
+    """Ones of ``dims`` in ``like``'s dtype (the gamma of a bare normalisation)."""
+    from rlx.autodiff.rules import ones
+
+    return ones(g, Shape(tuple(dims), g.shape(like).dtype))
+
+
+def _full(g: Graph, t: NodeId | None, node: Node) -> NodeId | None:
+    """``t`` broadcast to ``node``'s dims (a tangent that is only ``tbeta`` is [D])."""
+    if t is None or g.shape(t).dims == node.shape.dims:
+        return t
+    return g.expand(t, list(node.shape.dims))
+
+
+def _backward_op(op: Op) -> type[Op]:
+    from rlx.ops.nn_grad import LayerNormBackward, RmsNormBackward
+
+    return LayerNormBackward if isinstance(op, LayerNorm) else RmsNormBackward
+
+
+def _last_axis_vjp(op: LayerNorm | RmsNorm, g: Graph, node: Node, ct: NodeId) -> tuple:
+    back = _backward_op(op)
+    x, gamma = node.inputs[:2]
+    dx = g.apply(back(op.eps, "x"), [x, gamma, ct])
+    dgamma = g.apply(back(op.eps, "gamma"), [x, gamma, ct])
+    return (dx, dgamma, _lead_sum(g, ct, 1)) if op.has_beta else (dx, dgamma)
+
+
+def _last_axis_jvp(op: LayerNorm | RmsNorm, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+    """``gamma * J tx + xhat * tgamma + tbeta`` (J symmetric: the dx op with unit gamma)."""
+    from rlx.autodiff.rules import add_any
+
+    x, gamma = node.inputs[:2]
+    tx, tg = tangents[:2]
+    unit = _unit(g, g.shape(gamma).dims, gamma)
+    terms = [None, None, tangents[2] if op.has_beta else None]
+    if tx is not None:
+        terms[0] = g.mul(g.apply(_backward_op(op)(op.eps, "x"), [x, unit, tx]), gamma)
+    if tg is not None:
+        terms[1] = g.mul(g.apply(type(op)(op.eps, False), [x, unit]), tg)
+    return _full(g, add_any(g, terms), node)
+
+
+def _last_axis_batch(
+    op: LayerNorm | RmsNorm, g: Graph, node: Node, ins: tuple, bdims: tuple
+) -> tuple[NodeId, int | None]:
+    """vmap: an extra axis of x is one more row axis (moved off the last axis); a batched
+    gamma / beta scales and shifts the unit-gamma norm per batch entry."""
+    x, bx = ins[0], bdims[0]
+    rank = g.shape(x).rank
+    if bx is None:
+        x, bx, rank = g.unsqueeze(x, 0), 0, rank + 1
+    elif bx % rank == rank - 1:
+        x, bx = g.transpose(x, [rank - 1, *range(rank - 1)]), 0
+    bx %= rank
+    if all(b is None for b in bdims[1:]):
+        return g.apply(op, [x, *ins[1:]]), bx
+    out = g.apply(type(op)(op.eps, False), [x, _unit(g, g.shape(ins[1]).dims[-1:], ins[1])])
+    for k, (p, bp) in enumerate(zip(ins[1:], bdims[1:], strict=True)):
+        if bp is not None:
+            if bp % 2 == 1:
+                p = g.transpose(p, [1, 0])
+            dims = [1] * rank
+            dims[bx], dims[-1] = g.shape(p).dims
+            p = g.reshape(p, dims)
+        out = g.mul(out, p) if k == 0 else g.add(out, p)
+    return out, bx
+
+
+def _group_rows(op: GroupNorm, g: Graph, x: NodeId) -> tuple[list, NodeId]:
+    """(x's dims, x reshaped to ``[N, groups, C/groups * spatial]``)."""
+    dims = list(g.shape(x).dims)
+    m = dims[1] // op.num_groups
+    for d in dims[2:]:
+        m = m * d
+    return dims, g.reshape(x, [dims[0], op.num_groups, m])
+
+
+def _channel(g: Graph, p: NodeId, rank: int) -> NodeId:
+    """A per-channel ``[C]`` tensor shaped ``[1, C, 1, ...]`` to broadcast on ``[N,C,...]``."""
+    return g.reshape(p, [1, g.shape(p).dims[0]] + [1] * (rank - 2))
+
+
+def _group_jx(op: GroupNorm, g: Graph, x: NodeId, t: NodeId) -> NodeId:
+    """The normalisation's (symmetric) x-Jacobian applied to ``t`` (both ``[N,C,...]``)."""
+    from rlx.ops.nn_grad import LayerNormBackward
+
+    dims, xr = _group_rows(op, g, x)
+    tr = g.reshape(t, list(g.shape(xr).dims))
+    unit = _unit(g, g.shape(xr).dims[-1:], x)
+    return g.reshape(g.apply(LayerNormBackward(op.eps, "x"), [xr, unit, tr]), dims)
+
+
+def _group_xhat(op: GroupNorm, g: Graph, x: NodeId) -> NodeId:
+    dims, xr = _group_rows(op, g, x)
+    unit = _unit(g, g.shape(xr).dims[-1:], x)
+    return g.reshape(g.apply(LayerNorm(op.eps, False), [xr, unit]), dims)
+
+
+def _group_vjp(op: GroupNorm, g: Graph, node: Node, ct: NodeId) -> tuple:
+    x, gamma, _ = node.inputs
+    rank = node.shape.rank
+    dx = _group_jx(op, g, x, g.mul(ct, _channel(g, gamma, rank)))
+    axes = [0, *range(2, rank)]
+    dgamma = g.sum(g.mul(ct, _group_xhat(op, g, x)), axes)
+    return dx, dgamma, g.sum(ct, axes)
+
+
+def _group_jvp(op: GroupNorm, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+    from rlx.autodiff.rules import add_any
+
+    x, gamma, _ = node.inputs
+    tx, tg, tb = tangents
+    rank = node.shape.rank
+    terms = [None, None, None if tb is None else _channel(g, tb, rank)]
+    if tx is not None:
+        terms[0] = g.mul(_group_jx(op, g, x, tx), _channel(g, gamma, rank))
+    if tg is not None:
+        terms[1] = g.mul(_group_xhat(op, g, x), _channel(g, tg, rank))
+    return _full(g, add_any(g, terms), node)
