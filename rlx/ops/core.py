@@ -1,4 +1,5 @@
-"""Boundary ops: graph inputs, params (weights) and constants."""
+"""Boundary ops: graph inputs, params (weights) and constants; and ``stop_gradient``, the
+identity with a zero derivative."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from rlx.dtype import DType
 from rlx.errors import InputError, ShapeError
-from rlx.ir.mir import Graph, NodeId
+from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, graph_method, register
 from rlx.shape import Shape
 
@@ -102,6 +103,41 @@ class Constant(Op):
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return self.value.array()
+
+
+@register
+class StopGradient(Op):
+    """The identity whose derivative is zero (``jax.lax.stop_gradient``): reverse mode
+    sends no cotangent to its input, forward mode no tangent out. A view: its output is
+    the input's bytes."""
+
+    mnemonic: ClassVar[str] = "stop_gradient"
+    arity: ClassVar[int] = 1
+    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    view: ClassVar[bool] = True
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        return ins[0]
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        return xs[0]
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return (None,)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        return None
+
+    def batch(
+        self, g: Graph, node: Node, ins: tuple[NodeId, ...], bdims: tuple[int | None, ...]
+    ) -> tuple[NodeId, int | None]:
+        return g.apply(self, [ins[0]]), bdims[0]
+
+
+@graph_method
+def stop_gradient(g: Graph, x: NodeId) -> NodeId:
+    """``x`` as a constant to differentiation: same value, zero derivative."""
+    return g.apply(StopGradient(), [x])
 
 
 def _check_name(g: Graph, name: str, what: str) -> None:
