@@ -29,6 +29,7 @@ __all__ = [
     "TraceError",
     "GgufError",
     "AutodiffError",
+    "DistributedError",
 ]
 
 
@@ -110,3 +111,9 @@ class GgufError(ModelError):
 class AutodiffError(RlxError, ValueError):
     """A gradient, jvp or vmap that cannot be built: a non-float ``wrt``, a non-scalar loss
     without a cotangent, an op without a derivative or batching rule."""
+
+
+class DistributedError(RlxError, RuntimeError):
+    """Running rlx on Ray or a collective library failed: the ``distributed`` extra is not
+    installed, an embedding output is incomplete or holds a row twice, or the ranks of a
+    data-parallel run disagree."""
