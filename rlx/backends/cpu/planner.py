@@ -279,8 +279,9 @@ def _check_keep_alive(graph: Graph, keep_alive: Iterable[NodeId]) -> set[NodeId]
 def param_derived_nodes(graph: Graph) -> frozenset[NodeId]:
     """The computed nodes whose value depends only on params and constants: every
     transitive input is a Param or Constant (never an Input) and every op on the way is
-    pure. Their values change only when a param does, so an executor may compute them
-    once per param change (its prologue) instead of once per run."""
+    pure, and every shape on the way is static (a symbolic dim is a run-time value too).
+    Their values change only when a param does, so an executor may compute them once per
+    param change (its prologue) instead of once per run."""
     derived: set[NodeId] = set()
     stable: set[NodeId] = set()
     for nid in graph.topo_order():
@@ -288,6 +289,8 @@ def param_derived_nodes(graph: Graph) -> frozenset[NodeId]:
         if isinstance(n.op, (Param, Constant)):
             stable.add(nid)
         elif isinstance(n.op, Input) or not n.op.pure or not n.inputs:
+            continue
+        elif not n.shape.is_static:  # e.g. ones expanded to [batch, 3]: depends on batch
             continue
         elif all(i in stable for i in n.inputs):
             stable.add(nid)
