@@ -50,7 +50,7 @@ def numeric_directional(
         minus[k] = values[k] - eps * v
     fp, fm = _eval(graph, plus), _eval(graph, minus)
     return [
-        (a.astype(np.float64) - b.astype(np.float64)) / (2 * eps) if _is_float(a) else None
+        (a.astype(_wide(a)) - b.astype(_wide(a))) / (2 * eps) if _is_float(a) else None
         for a, b in zip(fp, fm, strict=True)
     ]
 
@@ -59,7 +59,13 @@ def _is_float(a: np.ndarray) -> bool:
     return a.dtype.kind in "fc"
 
 
+def _wide(a: np.ndarray) -> type:
+    return np.complex128 if a.dtype.kind == "c" else np.float64
+
+
 def _rand_like(rng: np.random.Generator, a: np.ndarray) -> np.ndarray:
+    if a.dtype.kind == "c":  # both parts random: a real-only probe misses half the rule
+        return (rng.standard_normal(a.shape) + 1j * rng.standard_normal(a.shape)).astype(a.dtype)
     return rng.standard_normal(a.shape).astype(a.dtype)
 
 

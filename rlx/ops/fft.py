@@ -17,7 +17,7 @@ import numpy as np
 from rlx.dtype import DType
 from rlx.errors import ShapeError
 from rlx.ir import source
-from rlx.ir.mir import Graph, NodeId
+from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import Cast
 from rlx.shape import Dim, Shape
@@ -121,11 +121,63 @@ class Fft(Op):
         y = _NP_FNS[self.fn](x, n=self.n, axis=self.axis, norm=self.norm.value)
         return y.astype(ctx.out_dtype)
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        # the adjoint (for the real inner product Re<u, v>) of each transform is its
+        # inverse with the dual norm; rfft / irfft also weight the bins a half spectrum
+        # stands for twice (every bin but DC and Nyquist)
+        (x,) = node.inputs
+        ax = self.axis % node.shape.rank
+        d, dual = g.shape(x).dims[ax], _DUAL[self.norm]
+        if self.fn in (FftKind.FFT, FftKind.IFFT):
+            inv = FftKind.IFFT if self.fn is FftKind.FFT else FftKind.FFT
+            return (_resize(g, g.apply(Fft(inv, dual, None, ax), [ct]), ax, d),)
+        if self.fn is FftKind.RFFT:
+            n = self.n if self.n is not None else d
+            ct = g.mul(ct, _bins(g, node.shape.rank, ax, n, 0.5))
+            return (_resize(g, g.apply(Fft(FftKind.IRFFT, dual, n, ax), [ct]), ax, d),)
+        n = node.shape.dims[ax]
+        gz = g.apply(Fft(FftKind.RFFT, dual, n, ax), [ct])
+        return (_resize(g, g.mul(gz, _bins(g, node.shape.rank, ax, n, 2.0)), ax, d),)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        t = tangents[0]  # every transform is linear (over the reals)
+        return None if t is None else g.apply(self, [t])
+
     def __str__(self) -> str:
         parts = [f"norm={self.norm.value}", f"axis={self.axis}"]
         if self.n is not None:
             parts.insert(0, f"n={self.n}")
         return f"{self.fn.value}[{', '.join(parts)}]"
+
+
+_DUAL = {
+    FftNorm.BACKWARD: FftNorm.FORWARD,
+    FftNorm.FORWARD: FftNorm.BACKWARD,
+    FftNorm.ORTHO: FftNorm.ORTHO,
+}
+
+
+def _bins(g: Graph, rank: int, ax: int, n: int, w: float) -> NodeId:
+    """A c64 weight for the ``n//2 + 1`` bins of a length-``n`` real transform along
+    ``ax``: ``w`` on every bin but DC and Nyquist, 1 on those."""
+    v = np.ones(n // 2 + 1, np.complex64)
+    v[1 : (n - 1) // 2 + 1] = w
+    return g.constant(v.reshape(-1, *(1,) * (rank - 1 - ax)))
+
+
+def _resize(g: Graph, x: NodeId, ax: int, d: Dim) -> NodeId:
+    """``x`` cropped or zero-padded along ``ax`` to length ``d`` (the adjoint of the
+    transform's own crop / pad to ``n``)."""
+    have = g.shape(x).dims[ax]
+    if have == d:
+        return x
+    if not (isinstance(have, int) and isinstance(d, int)):
+        raise ShapeError(f"fft: cannot resize axis {ax} from {have} to symbolic {d}")
+    if have > d:
+        return g.narrow(x, ax, 0, d)
+    pads = [(0, 0)] * g.shape(x).rank
+    pads[ax] = (0, d - have)
+    return g.pad(x, pads)
 
 
 # ---- builder conveniences ---------------------------------------------------------
