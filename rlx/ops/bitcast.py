@@ -23,6 +23,7 @@ class Bitcast(Op):
     mnemonic: ClassVar[str] = "bitcast"
     arity: ClassVar[int] = 1
     kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    nondiff: ClassVar[str] = "bitcast: the bytes reread as another type, not a numeric function"
     to: DType
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:

@@ -62,6 +62,7 @@ class Bitwise(Op):
     mnemonic: ClassVar[str] = "bitwise"
     arity: ClassVar[int] = 2
     kind: ClassVar[OpKind] = OpKind.ELEMENTWISE
+    nondiff: ClassVar[str] = "bitwise: integer (or bool) values"
     fn: BitwiseKind
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
@@ -87,6 +88,7 @@ class BitwiseNot(Op):
     mnemonic: ClassVar[str] = "bitwise_not"
     arity: ClassVar[int] = 1
     kind: ClassVar[OpKind] = OpKind.ELEMENTWISE
+    nondiff: ClassVar[str] = "bitwise not: integer (or bool) values"
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
         (x,) = ins

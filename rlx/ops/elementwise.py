@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rlx.dtype import DType, promote
-from rlx.ir.mir import Graph, NodeId
+from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.core import operand
 from rlx.shape import Shape, broadcast_dims
@@ -139,6 +139,13 @@ class Unary(Op):
         with np.errstate(all="ignore"):
             return UNARY_FNS[self.fn](_wide(xs[0]))
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return (_unary_times(g, self.fn, node, ct),)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        (t,) = tangents
+        return None if t is None else _unary_times(g, self.fn, node, t)
+
     def __str__(self) -> str:
         return self.fn.value
 
@@ -228,6 +235,21 @@ class Binary(Op):
         with np.errstate(all="ignore"):
             return BINARY_FNS[self.fn](_wide(xs[0]), _wide(xs[1]))
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        from rlx.autodiff.rules import unbroadcast
+
+        parts = _binary_times(g, self.fn, node, ct, ct)
+        return tuple(
+            None if c is None else unbroadcast(g, c, x)
+            for c, x in zip(parts, node.inputs, strict=True)
+        )
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        from rlx.autodiff.rules import add_any
+
+        ta, tb = tangents
+        return _like(g, add_any(g, _binary_times(g, self.fn, node, ta, tb)), node)
+
     def __str__(self) -> str:
         return self.fn.value
 
@@ -262,6 +284,7 @@ class Compare(Op):
     arity: ClassVar[int] = 2
     kind: ClassVar[OpKind] = OpKind.ELEMENTWISE
     elementwise: ClassVar[bool] = True
+    nondiff: ClassVar[str] = "comparison: bool output"
     fn: CompareKind
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
@@ -293,6 +316,29 @@ class Where(Op):
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return np.where(xs[0], xs[1], xs[2])
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        from rlx.autodiff.rules import unbroadcast, zeros
+
+        c, a, b = node.inputs
+        z = zeros(g, ct)
+        return (
+            None,
+            unbroadcast(g, g.apply(Where(), [c, ct, z]), a),
+            unbroadcast(g, g.apply(Where(), [c, z, ct]), b),
+        )
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        from rlx.autodiff.rules import zeros
+
+        _, ta, tb = tangents
+        if ta is None and tb is None:
+            return None
+        z = zeros(g, node.shape)
+        c = node.inputs[0]
+        return _like(
+            g, g.apply(Where(), [c, z if ta is None else ta, z if tb is None else tb]), node
+        )
 
 
 def f64_to_bf16(x: np.ndarray) -> np.ndarray:
@@ -346,6 +392,20 @@ class Cast(Op):
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
         return ins[0].with_dtype(self.to)
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        # float -> float: the cotangent cast back; to or from an integer or bool type no
+        # gradient flows (the driver carries cotangents through float values only)
+        src = g.node(node.inputs[0]).dtype
+        if not (src.is_float and self.to.is_float):
+            return (None,)
+        return (g.apply(Cast(src), [ct]),)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        (t,) = tangents
+        if t is None or not (g.node(t).dtype.is_float and self.to.is_float):
+            return None
+        return g.apply(Cast(self.to), [t])
+
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         x = xs[0]
         if x.dtype.kind == "c" and not self.to.is_complex:
@@ -361,6 +421,27 @@ class Cast(Op):
 
     def __str__(self) -> str:
         return f"cast[to={self.to}]"
+
+
+def _unary_times(g: Graph, fn: UnaryKind, node: Node, t: NodeId) -> NodeId | None:
+    from rlx.ops.pointwise_grad import unary_times
+
+    return unary_times(g, fn, node, t)
+
+
+def _binary_times(
+    g: Graph, fn: BinaryKind, node: Node, ta: NodeId | None, tb: NodeId | None
+) -> tuple[NodeId | None, NodeId | None]:
+    from rlx.ops.pointwise_grad import binary_times
+
+    return binary_times(g, fn, node, ta, tb)
+
+
+def _like(g: Graph, t: NodeId | None, node: Node) -> NodeId | None:
+    """Tangent ``t`` broadcast to ``node``'s dims (an operand's tangent may be smaller)."""
+    if t is None or g.node(t).shape.dims == node.shape.dims:
+        return t
+    return g.expand(t, list(node.shape.dims))
 
 
 # ---- builder conveniences ---------------------------------------------------------

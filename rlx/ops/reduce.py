@@ -9,9 +9,10 @@ result rounded back to the input dtype, as the CPU kernels do.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -19,9 +20,13 @@ from rlx.dtype import DType
 from rlx.errors import InputError, ShapeError
 from rlx.ir import source
 from rlx.ir.mir import Graph, NodeId
+from rlx.ops.axis_batch import batch_axis, shift_axis
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import _wide
 from rlx.shape import Shape
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Node
 
 __all__ = [
     "ReduceKind",
@@ -166,6 +171,29 @@ class Reduce(Op):
             f = np.max if self.fn is ReduceKind.MAX else np.min
             return f(x, axis=axes, keepdims=kd, initial=init)
 
+    # max / min: the gradient goes to every position holding the extremum, split evenly
+    # among ties (as torch.amax); prod: zero-safe (products of the other elements)
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        from rlx.ops.reduce_grad import reduce_vjp
+
+        return (reduce_vjp(g, self, node, ct),)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        from rlx.ops.reduce_grad import reduce_jvp
+
+        (t,) = tangents
+        return None if t is None else reduce_jvp(g, self, node, t)
+
+    def batch(
+        self, g: Graph, node: Node, ins: tuple[NodeId, ...], bdims: tuple[int | None, ...]
+    ) -> tuple[NodeId, int | None]:
+        (x,), (bd,) = ins, bdims
+        if bd is None:
+            return g.apply(self, [x]), None
+        axes = tuple(shift_axis(a % (g.shape(x).rank - 1), bd) for a in self.axes)
+        out = g.apply(dataclasses.replace(self, axes=tuple(sorted(axes))), [x])
+        return out, bd if self.keepdims else bd - sum(a < bd for a in axes)
+
     def __str__(self) -> str:
         kd = ", keepdims=True" if self.keepdims else ""
         return f"reduce_{self.fn.value}[axes={self.axes}{kd}]"
@@ -205,6 +233,19 @@ class Softmax(Op):
         with np.errstate(all="ignore"):
             return _softmax(_wide(xs[0]), self.axis)
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        from rlx.ops.reduce_grad import SoftmaxBackward
+
+        return (g.apply(SoftmaxBackward(self.axis), [ct, node.id]),)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        from rlx.ops.reduce_grad import SoftmaxBackward
+
+        (t,) = tangents  # the Jacobian diag(y) - y y^T is symmetric: J t = J^T t
+        return None if t is None else g.apply(SoftmaxBackward(self.axis), [t, node.id])
+
+    batch = batch_axis
+
 
 @register
 class LogSoftmax(Op):
@@ -225,6 +266,20 @@ class LogSoftmax(Op):
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         with np.errstate(all="ignore"):
             return _softmax(_wide(xs[0]), self.axis, log=True)
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        from rlx.ops.reduce_grad import LogSoftmaxBackward
+
+        return (g.apply(LogSoftmaxBackward(self.axis), [ct, node.id]),)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        (t,) = tangents  # J t = t - sum(softmax * t)
+        if t is None:
+            return None
+        s = g.sum(g.mul(g.exp(node.id), t), self.axis, keepdims=True)
+        return g.sub(t, s)
+
+    batch = batch_axis
 
 
 @register
@@ -254,6 +309,16 @@ class Cumsum(Op):
             0,
             lambda x, ax: np.cumsum(x, axis=ax, dtype=_int_acc(x)),
         )
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        # y_j sums x_i over i <= j (i < j exclusive): x_i's cotangent sums ct_j over j >= i
+        return (g.apply(dataclasses.replace(self, reverse=not self.reverse), [ct]),)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        (t,) = tangents
+        return None if t is None else g.apply(self, [t])
+
+    batch = batch_axis
 
 
 @register
@@ -300,6 +365,31 @@ class TopK(Op):
             return idx.astype(np.int64)
         return np.take_along_axis(x, idx, axis=ax)
 
+    # the values' cotangent is scattered back to where they came from; indices: none
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        from rlx.autodiff.rules import zeros
+        from rlx.ops.indexing import ScatterElements, ScatterReduction
+
+        if self.indices:
+            return (None,)
+        (x,) = node.inputs
+        ax = self.axis % g.shape(x).rank
+        idx = g.apply(dataclasses.replace(self, indices=True), [x])
+        scatter = ScatterElements(ax, ScatterReduction.ADD)
+        return (g.apply(scatter, [zeros(g, x), idx, ct]),)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        from rlx.ops.indexing import GatherElements
+
+        (t,) = tangents
+        if t is None or self.indices:
+            return None
+        (x,) = node.inputs
+        idx = g.apply(dataclasses.replace(self, indices=True), [x])
+        return g.apply(GatherElements(self.axis % g.shape(x).rank), [t, idx])
+
+    batch = batch_axis
+
 
 def _arg_infer(op: ArgMax | ArgMin, x: Shape) -> Shape:
     ax = norm_axis(op, x, op.axis)
@@ -328,6 +418,7 @@ class ArgMax(Op):
     mnemonic: ClassVar[str] = "argmax"
     arity: ClassVar[int] = 1
     kind: ClassVar[OpKind] = OpKind.REDUCTION
+    nondiff: ClassVar[str] = "argmax: integer index output"
     axis: int = -1
     keepdims: bool = False
 
@@ -336,6 +427,8 @@ class ArgMax(Op):
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return _arg_reference(self, xs[0])
+
+    batch = batch_axis
 
 
 @register
@@ -346,6 +439,7 @@ class ArgMin(Op):
     mnemonic: ClassVar[str] = "argmin"
     arity: ClassVar[int] = 1
     kind: ClassVar[OpKind] = OpKind.REDUCTION
+    nondiff: ClassVar[str] = "argmin: integer index output"
     axis: int = -1
     keepdims: bool = False
 
@@ -354,6 +448,8 @@ class ArgMin(Op):
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return _arg_reference(self, xs[0])
+
+    batch = batch_axis
 
 
 # ---- builder conveniences ---------------------------------------------------------

@@ -1,6 +1,7 @@
 """Trigonometric and hyperbolic functions beyond the unary set (which has sin, cos, tanh):
 tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh, elementwise on floats (16-bit
-floats computed in f32 and rounded once). Out-of-domain inputs give NaN, as NumPy."""
+floats computed in f32 and rounded once). Out-of-domain inputs give NaN, as NumPy. Derivative rules: the
+formulas of ``rlx.ops.pointwise_grad`` (``tan' = 1 + tan^2``, ``acosh' = 1/sqrt(x^2 - 1)``...)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, register
 from rlx.ops.elementwise import _wide
 from rlx.shape import Shape
@@ -61,6 +63,17 @@ class Trig(Op):
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         with np.errstate(all="ignore"):
             return TRIG_FNS[self.fn](_wide(xs[0]))
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        from rlx.ops.pointwise_grad import trig_times
+
+        return (trig_times(g, self.fn, node, ct),)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        from rlx.ops.pointwise_grad import trig_times
+
+        (t,) = tangents
+        return None if t is None else trig_times(g, self.fn, node, t)
 
     def __str__(self) -> str:
         return self.fn.value

@@ -49,6 +49,7 @@ from rlx.ops.nn import Conv, Pool, PoolKind
 from rlx.ops.norm import GroupNorm, LayerNorm, RmsNorm
 from rlx.ops.quant import Dequantize, FakeQuantize, Quantize
 from rlx.ops.reduce import ArgMax, ArgMin, Cumsum, LogSoftmax, Reduce, ReduceKind, Softmax, TopK
+from rlx.ops.reduce_grad import LogSoftmaxBackward, SoftmaxBackward
 from rlx.runtime.options import CompileOptions
 
 RAW = CompileOptions(optimize=False, fuse=False, use_cache=False)
@@ -114,6 +115,8 @@ def _templates(dt: DType):
         ("cumsum.exclusive", Cumsum(1, exclusive=True, reverse=True), [x]),
         ("softmax", Softmax(-1), [x]),
         ("log_softmax", LogSoftmax(-1), [x]),
+        ("softmax_backward", SoftmaxBackward(-1), [x, x]),
+        ("log_softmax_backward", LogSoftmaxBackward(1), [x, x]),
         ("topk", TopK(2, 1), [x]),
         ("topk.indices", TopK(2, 1, False, True), [x]),
         ("argmax", ArgMax(1), [x]),

@@ -733,6 +733,22 @@ CASES: list[Case] = [
     ),
     Case("gated_delta_net", _gdn, loose=True),
     Case("custom", _custom),
+    Case(
+        "softmax_backward",
+        lambda g: g.softmax_backward(g.input("d", (3, 37)), g.input("y", (3, 37)), axis=-1),
+    ),
+    Case(
+        "log_softmax_backward_axis0_f16",
+        lambda g: g.log_softmax_backward(
+            g.input("d", (5, 3), "f16"), g.input("y", (5, 3), "f16"), axis=0
+        ),
+    ),
+    Case(
+        "log_softmax_backward_f64",
+        lambda g: g.log_softmax_backward(
+            g.input("d", (2, 3, 9), "f64"), g.input("y", (2, 3, 9), "f64")
+        ),
+    ),
     *SEED_CASES,
     *_import_op_cases(),
 ]
@@ -772,6 +788,8 @@ FAST = {
     "unary_gelu_f32": KernelKind.NUMPY,
     # native row kernels (kernels/rows.py) where gcc is installed
     "softmax": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
+    "softmax_backward": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
+    "log_softmax_backward_axis0_f16": KernelKind.NUMPY,
     "layer_norm": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
     # rlx's sgemm runs every f32 product at more than one thread (one pool); at one thread
     # the faster of it and BLAS, measured per shape class (None: either)

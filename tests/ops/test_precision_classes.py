@@ -128,6 +128,8 @@ RLX_ONLY: dict[str, tuple[OpKind, str]] = {
     "bitwise_not": (E, "elementwise integer complement"),
     "trig": (E, "elementwise transcendental functions, like the unary ones"),
     "cumprod": (R, "a running product: Cumsum's multiplicative twin"),
+    "softmax_backward": (R, "softmax's vjp: a row reduction and an elementwise pass"),
+    "log_softmax_backward": (R, "log-softmax's vjp: a row reduction and an elementwise pass"),
     "bitcast": (D, "a byte copy read as another dtype, like a Reshape of bytes"),
     "shape_of": (D, "reads the input's dims into an i64 vector (ONNX Shape); never retyped"),
     "cache_attention": (C, "attention through a KV cache (its own f32 caches), like Attention"),
