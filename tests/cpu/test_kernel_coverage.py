@@ -50,6 +50,7 @@ from rlx.ops.norm import GroupNorm, LayerNorm, RmsNorm
 from rlx.ops.quant import Dequantize, FakeQuantize, Quantize
 from rlx.ops.reduce import ArgMax, ArgMin, Cumsum, LogSoftmax, Reduce, ReduceKind, Softmax, TopK
 from rlx.ops.reduce_grad import LogSoftmaxBackward, SoftmaxBackward
+from rlx.ops.state import Barrier
 from rlx.runtime.options import CompileOptions
 
 RAW = CompileOptions(optimize=False, fuse=False, use_cache=False)
@@ -90,7 +91,7 @@ def test_every_builtin_op_has_a_kernel_factory():
 
 def test_view_ops_are_always_planned_as_views():
     """Why view ops need no kernel: the plan aliases them to their input."""
-    assert {c for c in _builtin_ops() if c.view} == {Reshape}
+    assert {c for c in _builtin_ops() if c.view} == {Reshape, Barrier}
     g = rlx.Graph("v")
     x = g.input("x", Shape((2, 3, 4), DType.BF16))
     g.set_outputs([g.reshape(g.neg(g.reshape(x, [6, 4])), [24])])

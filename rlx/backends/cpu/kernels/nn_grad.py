@@ -1,0 +1,490 @@
+"""CPU kernels of the backward ops (``rlx/ops/nn_grad.py``): norms, attention, rope, conv
+and pooling. In: the node and NumPy views of its input and output arena slots. Out: a
+closure writing the gradient into ``out`` with ``out=`` ufuncs and BLAS matmuls into
+scratch allocated when the schedule is built (no allocation per run). f16/bf16 compute
+in f32 (``lowp``); f64 stays f64.
+
+* Norm backward: per row ``xhat`` and ``rstd`` are recomputed; dx is
+  ``rstd * (g - mean(g) - xhat * mean(g * xhat))`` with ``g = ct * gamma``; dgamma sums
+  ``ct * xhat`` over the rows.
+* Attention backward / jvp: the forward BLAS kernel's grouped layout (q as
+  ``[B, Hkv, G*Sq, D]``, G query heads per kv head), so ``Pᵀ·dO`` and ``dSᵀ·Q`` sum the
+  grouped heads into their kv head inside the matmul; the probabilities are recomputed.
+* Rope backward: two ``einsum`` reductions over batch and heads.
+* Conv backward: im2col. The output gradient as ``[G, O/G, N*L]`` against the columns
+  ``[G, N*L, C/G*K]`` (one batched GEMM) gives dw; ``[G, N*L, O/G] @ w[G, O/G, C/G*K]``
+  gives the column gradient, scattered back (col2im) tap by tap into a bordered buffer.
+* Pool backward / max-pool select: each window's first maximum found tap by tap with
+  strict ``>`` (the first wins ties), the gradient added tap by tap.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
+from rlx.backends.cpu.kernels.conv import window_view
+from rlx.ops.nn import PoolKind
+from rlx.ops.nn_grad import (
+    AttentionBackward,
+    AttentionJvp,
+    ConvBackwardData,
+    ConvBackwardWeight,
+    LayerNormBackward,
+    MaxPoolSelect,
+    PoolBackward,
+    RmsNormBackward,
+    RopeBackward,
+    rope_pairs,
+    window_taps,
+)
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Node
+
+__all__ = ["norm_backward_kernel", "attention_backward_kernel", "conv_backward_kernel"]
+
+_T = 300  # scratch tags of this module: 300..
+
+
+# ---- norms ------------------------------------------------------------------------------
+
+
+def _norm_backward(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
+    op = node.op
+    x, gamma, ct = ins
+    d = x.shape[-1]
+    rows = x.size // d if d else 0
+    x2, ct2 = x.reshape(rows, d), ct.reshape(rows, d)
+    dt = x.dtype
+    rstd = ctx.scratch((rows, 1), dt, _T)
+    m = ctx.scratch((rows, 1), dt, _T + 1)
+    xhat = ctx.scratch((rows, d), dt, _T + 2)
+    gg = ctx.scratch((rows, d), dt, _T + 3)
+    eps = dt.type(op.eps)  # type: ignore[attr-defined]
+    center = op.center  # type: ignore[attr-defined]
+    want_x = op.wrt == "x"  # type: ignore[attr-defined]
+    out2 = out.reshape(rows, d) if want_x else out
+
+    def run() -> None:
+        if center:
+            np.mean(x2, axis=1, keepdims=True, out=m)
+            np.subtract(x2, m, out=xhat)
+        else:
+            np.copyto(xhat, x2)
+        np.multiply(xhat, xhat, out=gg)
+        np.mean(gg, axis=1, keepdims=True, out=rstd)
+        np.add(rstd, eps, out=rstd)
+        np.sqrt(rstd, out=rstd)
+        np.divide(1.0, rstd, out=rstd)
+        np.multiply(xhat, rstd, out=xhat)
+        if not want_x:
+            np.multiply(ct2, xhat, out=gg)
+            np.sum(gg, axis=0, out=out2)
+            return
+        np.multiply(ct2, gamma, out=gg)
+        if center:
+            np.mean(gg, axis=1, keepdims=True, out=m)
+            np.subtract(gg, m, out=gg)
+        # gg - mean(gg) is orthogonal to xhat's mean direction: mean(gg*xhat) unchanged
+        np.multiply(gg, xhat, out=out2)
+        np.mean(out2, axis=1, keepdims=True, out=m)
+        np.multiply(xhat, m, out=xhat)
+        np.subtract(gg, xhat, out=gg)
+        np.multiply(gg, rstd, out=out2)
+
+    return run
+
+
+@kernel(LayerNormBackward)
+@lowp
+def norm_backward_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """dx or dgamma of layer norm with ``out=`` calls (see the module docstring)."""
+    return _norm_backward(node, ins, out, ctx)
+
+
+@kernel(RmsNormBackward)
+@lowp
+def rms_norm_backward_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """dx or dgamma of RMS norm with ``out=`` calls."""
+    return _norm_backward(node, ins, out, ctx)
+
+
+# ---- attention --------------------------------------------------------------------------
+
+
+class _Grouped:
+    """Scratch and views of one attention node in the grouped layout."""
+
+    def __init__(self, op, q: np.ndarray, k: np.ndarray, ctx: KernelCtx) -> None:  # noqa: ANN001
+        b, sq, _ = q.shape
+        skv = k.shape[1]
+        h, d, hkv = op.num_heads, op.head_dim, op.kv_heads
+        self.dims = (b, sq, skv, h, d, hkv)
+        g = h // hkv
+        dt = q.dtype
+        self.qs = ctx.scratch((b, hkv, g * sq, d), dt, _T + 10)
+        self.kt = ctx.scratch((b, hkv, d, skv), dt, _T + 11)
+        self.vt = ctx.scratch((b, hkv, d, skv), dt, _T + 12)
+        self.p = ctx.scratch((b, hkv, g * sq, skv), dt, _T + 13)
+        self.row = ctx.scratch((b, hkv, g * sq, 1), dt, _T + 14)
+        self.scale = dt.type(op.effective_scale)
+        allowed = op.mask.allowed(sq, skv)
+        self.hidden = None if allowed is None else ~allowed
+        self.ninf = dt.type(-np.inf)
+
+    def heads_q(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Packed ``x[B,Sq,H*D]`` as ``[B,H,Sq,D]`` (a view)."""
+        b, sq, _, h, d, _ = self.dims
+        return x.reshape(b, sq, h, d).transpose(0, 2, 1, 3)
+
+    def heads_kv(self, x: np.ndarray, transposed: bool) -> np.ndarray:
+        """Packed ``x[B,Skv,Hkv*D]`` as ``[B,Hkv,Skv,D]`` (``[B,Hkv,D,Skv]`` transposed)."""
+        b, _, skv, _, d, hkv = self.dims
+        src = x.reshape(b, skv, hkv, d)
+        return src.transpose(0, 2, 3, 1) if transposed else src.transpose(0, 2, 1, 3)
+
+    def as_heads(self, buf: np.ndarray) -> np.ndarray:
+        """A grouped ``[B,Hkv,G*Sq,*]`` buffer as ``[B,H,Sq,*]``."""
+        b, sq, _, h, _, _ = self.dims
+        return buf.reshape(b, h, sq, buf.shape[-1])
+
+    def probs(self, q: np.ndarray, k: np.ndarray, mask: np.ndarray | None) -> None:
+        """Fill ``qs``, ``kt`` and the probabilities ``p`` (the forward's softmax math)."""
+        np.copyto(self.as_heads(self.qs), self.heads_q(q))
+        np.copyto(self.kt, self.heads_kv(k, True))
+        p = self.p
+        np.matmul(self.qs, self.kt, out=p)
+        np.multiply(p, self.scale, out=p)
+        if mask is not None:
+            np.add(self.as_heads(p), mask, out=self.as_heads(p))
+        if self.hidden is not None:
+            np.copyto(self.as_heads(p), self.ninf, where=self.hidden)
+        with np.errstate(invalid="ignore"):
+            np.max(p, axis=-1, keepdims=True, out=self.row)
+            np.subtract(p, self.row, out=p)
+            np.exp(p, out=p)
+            np.sum(p, axis=-1, keepdims=True, out=self.row)
+            np.divide(p, self.row, out=p)
+
+
+@kernel(AttentionBackward, KernelKind.BLAS)
+@lowp
+def attention_backward_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """dq, dk, dv or the score gradient of attention in the grouped layout (BLAS)."""
+    op = node.op.fwd  # type: ignore[attr-defined]
+    wrt = node.op.wrt  # type: ignore[attr-defined]
+    q, k, v = ins[:3]
+    mask = ins[3] if len(ins) == 5 else None
+    ct = ins[-1]
+    s = _Grouped(op, q, k, ctx)
+    b, sq, skv, h, d, hkv = s.dims
+    dt = q.dtype
+    do = ctx.scratch((b, hkv, (h // hkv) * sq, d), dt, _T + 20)
+    ds = ctx.scratch(s.p.shape, dt, _T + 21)
+    dkv = ctx.scratch((b, hkv, skv, d), dt, _T + 22)
+    dq = ctx.scratch(do.shape, dt, _T + 23)
+    tmp = ctx.scratch(s.p.shape, dt, _T + 24)
+
+    def run() -> None:
+        s.probs(q, k, mask)
+        np.copyto(s.as_heads(do), s.heads_q(ct))
+        if wrt == "v":
+            np.matmul(s.p.swapaxes(-1, -2), do, out=dkv)
+            np.copyto(out.reshape(b, skv, hkv, d), dkv.transpose(0, 2, 1, 3))
+            return
+        np.copyto(s.vt, s.heads_kv(v, True))
+        np.matmul(do, s.vt, out=ds)  # dP
+        with np.errstate(invalid="ignore"):
+            np.multiply(ds, s.p, out=tmp)
+            np.sum(tmp, axis=-1, keepdims=True, out=s.row)  # rowsum(P ⊙ dP)
+            np.subtract(ds, s.row, out=ds)
+            np.multiply(ds, s.p, out=ds)
+        if wrt == "mask":
+            np.copyto(out, s.as_heads(ds))
+            return
+        np.multiply(ds, s.scale, out=ds)
+        if wrt == "q":
+            np.matmul(ds, s.kt.swapaxes(-1, -2), out=dq)
+            np.copyto(out.reshape(b, sq, h, d), s.as_heads(dq).transpose(0, 2, 1, 3))
+            return
+        np.matmul(ds.swapaxes(-1, -2), s.qs, out=dkv)
+        np.copyto(out.reshape(b, skv, hkv, d), dkv.transpose(0, 2, 1, 3))
+
+    return run
+
+
+@kernel(AttentionJvp, KernelKind.BLAS)
+@lowp
+def attention_jvp_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """The attention output's tangent in the grouped layout (BLAS)."""
+    op = node.op.fwd  # type: ignore[attr-defined]
+    n = len(ins) // 2
+    q, k, v = ins[:3]
+    mask = ins[3] if n == 4 else None
+    tq, tk, tv = ins[n : n + 3]
+    tmask = ins[-1] if n == 4 else None
+    s = _Grouped(op, q, k, ctx)
+    b, sq, skv, h, d, hkv = s.dims
+    dt = q.dtype
+    tqs = ctx.scratch(s.qs.shape, dt, _T + 30)
+    tkt = ctx.scratch(s.kt.shape, dt, _T + 31)
+    ts = ctx.scratch(s.p.shape, dt, _T + 32)
+    tmp = ctx.scratch(s.p.shape, dt, _T + 33)
+    vs = ctx.scratch((b, hkv, skv, d), dt, _T + 34)
+    o = ctx.scratch(s.qs.shape, dt, _T + 35)
+    o2 = ctx.scratch(s.qs.shape, dt, _T + 36)
+
+    def run() -> None:
+        s.probs(q, k, mask)
+        np.copyto(s.as_heads(tqs), s.heads_q(tq))
+        np.copyto(tkt, s.heads_kv(tk, True))
+        np.matmul(tqs, s.kt, out=ts)
+        np.matmul(s.qs, tkt, out=tmp)
+        np.add(ts, tmp, out=ts)
+        np.multiply(ts, s.scale, out=ts)
+        if tmask is not None:
+            np.add(s.as_heads(ts), tmask, out=s.as_heads(ts))
+        with np.errstate(invalid="ignore"):
+            np.multiply(ts, s.p, out=ts)  # P ⊙ S'
+            np.sum(ts, axis=-1, keepdims=True, out=s.row)
+            np.multiply(s.p, s.row, out=tmp)
+            np.subtract(ts, tmp, out=ts)  # P' = P ⊙ S' - P ⊙ rowsum(P ⊙ S')
+        np.copyto(vs, s.heads_kv(v, False))
+        np.matmul(ts, vs, out=o)
+        np.copyto(vs, s.heads_kv(tv, False))
+        np.matmul(s.p, vs, out=o2)
+        np.add(o, o2, out=o)
+        np.copyto(out.reshape(b, sq, h, d), s.as_heads(o).transpose(0, 2, 1, 3))
+
+    return run
+
+
+# ---- rope --------------------------------------------------------------------------------
+
+
+@kernel(RopeBackward)
+@lowp
+def rope_backward_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """``dcos`` / ``dsin``: two einsum reductions over batch and heads."""
+    op = node.op
+    a, b = rope_pairs(op.fwd, ins[0])  # type: ignore[attr-defined]
+    ca, cb = rope_pairs(op.fwd, ins[1])  # type: ignore[attr-defined]
+    tmp = ctx.scratch(out.shape, out.dtype, _T + 40)
+    first, second = ((ca, a), (cb, b)) if op.wrt == "cos" else ((cb, a), (ca, b))  # type: ignore[attr-defined]
+    sub = op.wrt == "sin"  # type: ignore[attr-defined]
+
+    def run() -> None:
+        np.einsum("bshr,bshr->sr", *first, out=out)
+        np.einsum("bshr,bshr->sr", *second, out=tmp)
+        (np.subtract if sub else np.add)(out, tmp, out=out)
+
+    return run
+
+
+# ---- convolution ------------------------------------------------------------------------
+
+
+class _Cols:
+    """im2col geometry of one conv backward node: x ``[N,C,*sp]``, w ``[O,C/G,*k]``,
+    ct ``[N,O,*out]``; a zero-bordered copy of x (dw) or of dx (dx)."""
+
+    def __init__(self, node: Node, ins: list[np.ndarray], ctx: KernelCtx) -> None:
+        f = node.op.fwd  # type: ignore[attr-defined]
+        x, w, ct = ins
+        self.f = f
+        n, c = x.shape[:2]
+        o, g = w.shape[0], f.groups
+        self.k = w.shape[2:]
+        self.out_sp = ct.shape[2:]
+        kk, length = math.prod(self.k), math.prod(self.out_sp)
+        self.shape = (n, c, o, g, kk, length)
+        dt = x.dtype
+        padded = tuple(s + lo + hi for s, (lo, hi) in zip(x.shape[2:], f.padding, strict=True))
+        self.xp = np.zeros((n, c, *padded), dt)  # private: its border stays zero
+        self.inner = self.xp[
+            (..., *(slice(lo, lo + s) for s, (lo, _) in zip(x.shape[2:], f.padding, strict=True)))
+        ]
+        # [G, N*L, C/G*K] columns and [G, O/G, N*L] output gradient
+        self.cols = ctx.scratch((g, n * length, (c // g) * kk), dt, _T + 50)
+        self.ctg = ctx.scratch((g, o // g, n * length), dt, _T + 51)
+        self.ct_src = ct.reshape(n, g, o // g, length).transpose(1, 2, 0, 3)
+
+    def gather_ct(self) -> None:
+        n, _, o, g, _, length = self.shape
+        np.copyto(self.ctg.reshape(g, o // g, n, length), self.ct_src)
+
+
+@kernel(ConvBackwardWeight, KernelKind.BLAS)
+@lowp
+def conv_backward_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """dw by im2col: ``[G, O/G, N*L] @ [G, N*L, C/G*K]``, one batched GEMM."""
+    x = ins[0]
+    m = _Cols(node, ins, ctx)
+    n, c, o, g, kk, length = m.shape
+    win = window_view(m.xp, m.k, m.f.stride, m.f.dilation)  # [N,C,*out,*k], a view
+    nd = len(m.k)
+    # [N,G,C/G,*out,*k] -> [G,N,*out,C/G,*k]; splitting C keeps it a view of xp
+    perm = (1, 0, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd))
+    cols_src = win.reshape(n, g, c // g, *win.shape[2:]).transpose(perm)
+    cols_dst = m.cols.reshape(g, n, *m.out_sp, c // g, *m.k)
+    assert np.shares_memory(cols_src, m.xp)
+    dw = out.reshape(g, o // g, (c // g) * kk)
+
+    def run() -> None:
+        np.copyto(m.inner, x)
+        np.copyto(cols_dst, cols_src)
+        m.gather_ct()
+        np.matmul(m.ctg, m.cols, out=dw)
+
+    return run
+
+
+@kernel(ConvBackwardData, KernelKind.BLAS)
+@lowp
+def conv_backward_data_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """dx: the column gradient ``[G, N*L, O/G] @ w[G, O/G, C/G*K]``, then col2im tap by tap
+    into a zero-bordered buffer whose interior is dx."""
+    w = ins[1]
+    m = _Cols(node, ins, ctx)
+    n, c, o, g, kk, length = m.shape
+    wg = w.reshape(g, o // g, (c // g) * kk)
+    # dcols [G, N*L, C/G*K] -> per tap t: [N, G, C/G, *out]
+    dcols = m.cols.reshape(g, n, *m.out_sp, c // g, kk)
+    nd = len(m.k)
+    perm = (1, 0, nd + 2, *range(2, nd + 2))  # [G,N,*out,C/G] -> [N,G,C/G,*out]
+    taps = [
+        (dcols[..., ti].transpose(perm), sl)
+        for ti, (_, sl) in enumerate(window_taps(m.k, m.f.stride, m.f.dilation, m.out_sp))
+    ]
+    dxp = m.xp.reshape(n, g, c // g, *m.xp.shape[2:])
+
+    def run() -> None:
+        m.gather_ct()
+        np.matmul(m.ctg.swapaxes(-1, -2), wg, out=m.cols)
+        m.xp.fill(0)
+        for src, sl in taps:
+            view = dxp[(..., *sl)]
+            np.add(view, src, out=view)
+        np.copyto(out, m.inner)
+
+    return run
+
+
+# ---- pooling ----------------------------------------------------------------------------
+
+
+def _pool_geometry(
+    f, x: np.ndarray, out_sp: tuple, ctx: KernelCtx, fill: float
+) -> tuple[np.ndarray, np.ndarray, list]:  # noqa: ANN001
+    """(bordered buffer, its interior view, taps) of a pool over ``x``."""
+    padded = tuple(s + lo + hi for s, (lo, hi) in zip(x.shape[2:], f.padding, strict=True))
+    buf = np.full((*x.shape[:2], *padded), fill, x.dtype)
+    inner = buf[
+        (..., *(slice(lo, lo + s) for s, (lo, _) in zip(x.shape[2:], f.padding, strict=True)))
+    ]
+    taps = [sl for _, sl in window_taps(f.window, f.stride, (1,) * len(f.window), out_sp)]
+    return buf, inner, taps
+
+
+class _FirstMax:
+    """Index of each window's first maximum (strict ``>`` tap by tap: the first wins)."""
+
+    def __init__(self, f, x: np.ndarray, out_sp: tuple, ctx: KernelCtx) -> None:  # noqa: ANN001
+        self.x = x
+        self.xp, self.inner, self.taps = _pool_geometry(f, x, out_sp, ctx, -np.inf)
+        shape = (*x.shape[:2], *out_sp)
+        self.best = ctx.scratch(shape, x.dtype, _T + 60)
+        self.idx = ctx.scratch(shape, np.int32, _T + 61)
+        self.gt = ctx.scratch(shape, np.bool_, _T + 62)
+
+    def run(self) -> None:
+        np.copyto(self.inner, self.x)
+        np.copyto(self.best, self.xp[(..., *self.taps[0])])
+        self.idx.fill(0)
+        for i, sl in enumerate(self.taps[1:], 1):
+            cand = self.xp[(..., *sl)]
+            np.greater(cand, self.best, out=self.gt)
+            np.copyto(self.best, cand, where=self.gt)
+            np.copyto(self.idx, i, where=self.gt)
+
+
+@kernel(PoolBackward)
+@lowp
+def pool_backward_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """Max: the gradient added at each window's first maximum, tap by tap; average: ``ct /
+    count`` (count precomputed) added over each window."""
+    f = node.op.fwd  # type: ignore[attr-defined]
+    x, ct = ins
+    out_sp = ct.shape[2:]
+    dxp, inner, taps = _pool_geometry(f, x, out_sp, ctx, 0.0)
+    share = ctx.scratch(ct.shape, ct.dtype, _T + 63)
+    if f.fn is PoolKind.AVG:
+        ones = np.pad(np.ones(x.shape[2:], x.dtype), f.padding)
+        count = sum(ones[sl] for sl in taps)
+
+        def avg() -> None:
+            np.divide(ct, count, out=share)
+            dxp.fill(0)
+            for sl in taps:
+                view = dxp[(..., *sl)]
+                np.add(view, share, out=view)
+            np.copyto(out, inner)
+
+        return avg
+    first = _FirstMax(f, x, out_sp, ctx)
+    hit = ctx.scratch(ct.shape, np.bool_, _T + 64)
+
+    def mx() -> None:
+        first.run()
+        dxp.fill(0)
+        for i, sl in enumerate(taps):
+            np.equal(first.idx, i, out=hit)
+            np.multiply(ct, hit, out=share)
+            view = dxp[(..., *sl)]
+            np.add(view, share, out=view)
+        np.copyto(out, inner)
+
+    return mx
+
+
+@kernel(MaxPoolSelect)
+@lowp
+def max_pool_select_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """``t`` read at each window's first maximum of ``x``."""
+    f = node.op.fwd  # type: ignore[attr-defined]
+    x, t = ins
+    out_sp = out.shape[2:]
+    first = _FirstMax(f, x, out_sp, ctx)
+    tp, tin, taps = _pool_geometry(f, t, out_sp, ctx, 0.0)
+    hit = ctx.scratch(out.shape, np.bool_, _T + 64)
+
+    def run() -> None:
+        first.run()
+        np.copyto(tin, t)
+        for i, sl in enumerate(taps):
+            np.equal(first.idx, i, out=hit)
+            np.copyto(out, tp[(..., *sl)], where=hit)
+
+    return run
