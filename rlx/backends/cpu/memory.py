@@ -8,7 +8,7 @@ objects one CompiledGraph shares between the schedules of all its shapes:
   schedule reads the same bytes: a new shape copies no weight. Kernels get read-only
   views of params and constants (NumPy refuses a write; native code must not write them;
   the one exception is state: ``cache_attention`` writes its KV cache params' private
-  storage, :meth:`ParamStore.private`).
+  storage, :meth:`ParamStore.private`, and ``assign`` a param's, :meth:`ParamStore.write`).
 * :class:`Workspace`: one 64-byte-aligned buffer holding the working region of the plan
   that runs (activations) and, above it, the kernels' scratch. Runs of one
   CompiledGraph never overlap (it holds a lock), so every plan uses the same bytes;
@@ -159,6 +159,18 @@ class ParamStore:
         (``cache_attention``: the KV cache, ``rlx/ops/kvcache.py``)."""
         own = self._owned.get(name)
         return own[0] if own is not None and self.params.get(name) is own[1] else None
+
+    def write(self, name: str, value: np.ndarray) -> None:
+        """Copy ``value`` (the param's dtype and dims) into param ``name``'s private
+        storage in place and count a value change (``version``): what the ``assign`` op's
+        kernel does. A param read from the caller's array in place first gets private
+        storage (the caller's array is never written; ``generation`` moves once)."""
+        own = self.private(name)
+        if own is None or own.shape != value.shape:
+            self.set(name, value, share=False)
+            return
+        np.copyto(own, value, casting="unsafe")
+        self.version += 1
 
     def param_bytes(self, name: str, dims: Sequence[int]) -> np.ndarray:
         """The bytes of param ``name``; a param not set yet gets zeroed private storage of
