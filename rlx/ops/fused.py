@@ -14,6 +14,12 @@ for bit. Shape rules are the primitive ops' rules too.
   inputs ``(x, residual, gamma[, beta])``.
 * ``FusedResidualLN(eps, has_beta)``: ``layer_norm(x + residual)``, same inputs.
 * ``ElementwiseRegion(body)``: a DAG of elementwise ops as one node (see the class).
+
+Derivatives compose the primitive ops' rules on the unfused chain (``_as``: the fused
+node seen as its last link, so ``act'`` reads the fused output instead of recomputing
+it): matmul products for x and the weights, ``unbroadcast`` for the bias, the norms'
+backward ops for the residual norms. The pre-activation ``x @ w + bias`` is rebuilt only
+when ``act'`` needs it. Regions exist only after fusion: differentiate before compiling.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import ClassVar
 import numpy as np
 
 from rlx.errors import ShapeError
-from rlx.ir.mir import Graph, NodeId
+from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.control import build_subgraph, check_subgraph, run_subgraph, subgraph_output_shapes
 from rlx.ops.elementwise import Binary, BinaryKind, Unary, UnaryKind
@@ -95,6 +101,26 @@ class FusedMatMulBiasAct(Op):
             y = _step(_ADD, [y, xs[2]], ctx)
         return _act(self.act, y, ctx)
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        from rlx.autodiff.rules import unbroadcast
+
+        x, w = node.inputs[:2]
+        dz = ct if self.act is None else _act_times(g, self.act, node, _pre_act(g, node), ct)
+        if dz is None:
+            return (None,) * len(node.inputs)
+        dx, dw = MatMul().vjp(g, _as(node, MatMul(), (x, w)), dz)
+        return (dx, dw, unbroadcast(g, dz, node.inputs[2])) if self.has_bias else (dx, dw)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        from rlx.autodiff.rules import add_any
+
+        x, w = node.inputs[:2]
+        tz = MatMul().jvp(g, _as(node, MatMul(), (x, w)), tangents[:2])
+        tz = _full(g, add_any(g, [tz, tangents[2] if self.has_bias else None]), node)
+        if tz is None or self.act is None:
+            return tz
+        return _act_times(g, self.act, node, _pre_act(g, node), tz)
+
     def attrs_str(self) -> str:
         act = self.act.value if self.act is not None else "none"
         return f"act={act}, has_bias={self.has_bias}"
@@ -121,6 +147,29 @@ class FusedSwiGLU(Op):
         gate = _act(UnaryKind.SILU, _step(MatMul(), [x, wg], ctx), ctx)
         up = _step(MatMul(), [x, wu], ctx)
         return _step(Binary(BinaryKind.MUL), [gate, up], ctx)
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        x, wg, wu = node.inputs
+        a, u = g.matmul(x, wg), g.matmul(x, wu)
+        s = g.silu(a)
+        da = _act_times(g, UnaryKind.SILU, g.node(s), a, g.mul(ct, u))
+        dx1, dwg = MatMul().vjp(g, _as(node, MatMul(), (x, wg)), da)
+        dx2, dwu = MatMul().vjp(g, _as(node, MatMul(), (x, wu)), g.mul(ct, s))
+        return g.add(dx1, dx2), dwg, dwu
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        from rlx.autodiff.rules import add_any
+
+        x, wg, wu = node.inputs
+        tx, twg, twu = tangents
+        a, u = g.matmul(x, wg), g.matmul(x, wu)
+        s = g.silu(a)
+        ta = MatMul().jvp(g, _as(node, MatMul(), (x, wg)), (tx, twg))
+        tu = MatMul().jvp(g, _as(node, MatMul(), (x, wu)), (tx, twu))
+        tsil = None if ta is None else _act_times(g, UnaryKind.SILU, g.node(s), a, ta)
+        return add_any(
+            g, [None if tsil is None else g.mul(tsil, u), None if tu is None else g.mul(s, tu)]
+        )
 
 
 def _residual_shape(op: Op, norm: Op, ins: tuple[Shape, ...]) -> Shape:
@@ -155,6 +204,12 @@ class FusedResidualRmsNorm(Op):
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return _residual_reference(RmsNorm(self.eps, self.has_beta), xs, ctx)
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return _residual_vjp(RmsNorm(self.eps, self.has_beta), g, node, ct)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        return _residual_jvp(RmsNorm(self.eps, self.has_beta), g, node, tangents)
+
 
 @register
 class FusedResidualLN(Op):
@@ -175,6 +230,12 @@ class FusedResidualLN(Op):
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return _residual_reference(LayerNorm(self.eps, self.has_beta), xs, ctx)
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return _residual_vjp(LayerNorm(self.eps, self.has_beta), g, node, ct)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        return _residual_jvp(LayerNorm(self.eps, self.has_beta), g, node, tangents)
+
 
 @register
 class ElementwiseRegion(Op):
@@ -191,6 +252,10 @@ class ElementwiseRegion(Op):
     arity: ClassVar[None] = None  # one input per body Input, checked by infer
     kind: ClassVar[OpKind] = OpKind.ELEMENTWISE
     elementwise: ClassVar[bool] = False
+    nondiff: ClassVar[str] = (
+        "an elementwise region exists only after fusion: differentiate the graph before "
+        "compiling (fusion makes regions)"
+    )
     body: Graph
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
@@ -218,6 +283,56 @@ class ElementwiseRegion(Op):
 
     def attrs_str(self) -> str:
         return f"body={self.body.name}, nodes={len(self.body.nodes)}"
+
+
+# ---- derivative helpers -------------------------------------------------------------
+
+
+def _as(node: Node, op: Op, inputs: tuple[NodeId, ...]) -> Node:
+    """The fused ``node`` seen as one link of its chain: ``op`` applied to ``inputs`` with
+    the fused output's id and shape (a rule reads ``node.id`` as that link's output)."""
+    return Node(node.id, op, inputs, node.shape, node.loc)
+
+
+def _pre_act(g: Graph, node: Node) -> NodeId:
+    """``x @ w (+ bias)`` of a FusedMatMulBiasAct, rebuilt (DCE drops it if unused)."""
+    z = g.matmul(node.inputs[0], node.inputs[1])
+    return g.add(z, node.inputs[2]) if len(node.inputs) == 3 else z
+
+
+def _act_times(g: Graph, act: UnaryKind, out: Node, z: NodeId, t: NodeId) -> NodeId | None:
+    """``t * act'(z)`` where ``out`` is the node holding ``act(z)``."""
+    from rlx.ops.pointwise_grad import unary_times
+
+    return unary_times(g, act, _as(out, Unary(act), (z,)), t)
+
+
+def _full(g: Graph, t: NodeId | None, node: Node) -> NodeId | None:
+    if t is None or g.shape(t).dims == node.shape.dims:
+        return t
+    return g.expand(t, list(node.shape.dims))
+
+
+def _residual_vjp(norm: Op, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+    from rlx.autodiff.rules import unbroadcast
+
+    x, r = node.inputs[:2]
+    h = g.add(x, r)
+    dh, *rest = norm.vjp(g, _as(node, norm, (h, *node.inputs[2:])), ct)
+    return (unbroadcast(g, dh, x), unbroadcast(g, dh, r), *rest)
+
+
+def _residual_jvp(
+    norm: Op, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]
+) -> NodeId | None:
+    from rlx.autodiff.rules import add_any
+
+    x, r = node.inputs[:2]
+    h = g.add(x, r)
+    th = add_any(g, tangents[:2])
+    if th is not None and g.shape(th).dims != g.shape(h).dims:
+        th = g.expand(th, list(g.shape(h).dims))
+    return norm.jvp(g, _as(node, norm, (h, *node.inputs[2:])), (th, *tangents[2:]))
 
 
 # ---- builder conveniences ---------------------------------------------------------

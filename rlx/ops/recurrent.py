@@ -89,6 +89,10 @@ class GatedDeltaNet(Op):
     mnemonic: ClassVar[str] = "gated_delta_net"
     # a reduction in the seed's precision lists: AutoMixedConservative keeps it in f32
     kind: ClassVar[OpKind] = OpKind.REDUCTION
+    nondiff: ClassVar[str] = (
+        "gated_delta_net has no derivative rule yet (its reverse pass is a scan backward "
+        "in time over the saved states); train such a block through rlx.scan of primitive ops"
+    )
     state_size: int
     carry: bool = False
     returns: GdnResult = GdnResult.OUTPUT
@@ -219,6 +223,10 @@ class SelectiveScan(Op):
 
     mnemonic: ClassVar[str] = "selective_scan"
     kind: ClassVar[OpKind] = OpKind.REDUCTION
+    nondiff: ClassVar[str] = (
+        "selective_scan has no derivative rule yet (its reverse pass is a scan backward in "
+        "time over the saved states); train such a block through rlx.scan of primitive ops"
+    )
     state_size: int
     has_d: bool = False
     has_z: bool = False
