@@ -27,14 +27,14 @@ results (the carries of a loop, the stacked outputs of a scan) returns the one c
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
 
 import numpy as np
 
 from rlx.dtype import DType
 from rlx.errors import InputError, ShapeError
-from rlx.ir.mir import Graph, NodeId
+from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.shape import Dim, Shape, Sym
 
@@ -106,6 +106,57 @@ def run_subgraph(sub: Graph, xs: Sequence[np.ndarray]) -> list[np.ndarray]:
     return evaluate(sub, feed)
 
 
+def inline(g: Graph, sub: Graph, feeds: Mapping[str, NodeId]) -> list[NodeId]:
+    """Copy ``sub``'s nodes into ``g``, its Input named ``k`` replaced by ``feeds[k]``
+    (same shape); returns the ids of ``sub``'s outputs in ``g``."""
+    from rlx.ops.core import Input
+
+    env: dict[NodeId, NodeId] = {}
+    for nid in sub.topo_order():
+        n = sub.nodes[nid]
+        if isinstance(n.op, Input):
+            env[nid] = feeds[n.op.name]
+        else:
+            env[nid] = g.add_node(n.op, [env[i] for i in n.inputs], n.shape, n.loc)
+    return [env[o] for o in sub.outputs]
+
+
+def _inputs(s: Graph, shapes: Sequence[Shape], first: int = 0) -> list[NodeId]:
+    return [s.input(f"in{first + k}", sh) for k, sh in enumerate(shapes)]
+
+
+def _feeds(ids: Sequence[NodeId]) -> dict[str, NodeId]:
+    return {f"in{k}": i for k, i in enumerate(ids)}
+
+
+def _grads_or_zeros(s: Graph, cts: Mapping[NodeId, NodeId], wrt: Sequence[NodeId]) -> list:
+    """Reverse mode inside a derivative sub-graph: the cotangent of each ``wrt`` node
+    (zeros where none reaches it) given ``cts`` (output node -> its cotangent)."""
+    from rlx.autodiff.reverse import backward
+    from rlx.autodiff.rules import zeros
+
+    grads = backward(s, cts, wrt) if cts else [None] * len(wrt)
+    return [gr if gr is not None else zeros(s, w) for gr, w in zip(grads, wrt, strict=True)]
+
+
+def _tangents(s: Graph, seeds: Mapping[NodeId, NodeId], outs: Sequence[NodeId]) -> list:
+    """Forward mode inside a derivative sub-graph: the tangent of each of ``outs`` (zeros
+    where none reaches it) given ``seeds`` (node -> its tangent)."""
+    from rlx.autodiff.forward import forward
+    from rlx.autodiff.rules import zeros
+
+    tans = forward(s, seeds, outs)
+    return [tans[o] if tans[o] is not None else zeros(s, o) for o in outs]
+
+
+def _floats(shapes: Sequence[Shape]) -> list[int]:
+    return [k for k, sh in enumerate(shapes) if sh.dtype.is_float or sh.dtype.is_complex]
+
+
+def _add_ct(s: Graph, cts: dict[NodeId, NodeId], out: NodeId, ct: NodeId) -> None:
+    cts[out] = s.add(cts[out], ct) if out in cts else ct
+
+
 def _is_scalar_bool(s: Shape) -> bool:
     return s.dtype is DType.BOOL and all(d == 1 for d in s.dims)
 
@@ -152,6 +203,36 @@ class If(Op):
         branch = self.then_branch if taken else self.else_branch
         return run_subgraph(branch, xs[1:])[self.output_index]
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        # one If per operand over (pred, *operands, ct), its branches each branch's vjp
+        pred, *ops = node.inputs
+        shapes = [g.shape(o) for o in ops]
+        diff = _floats(shapes)
+        subs = []
+        for b in (self.then_branch, self.else_branch):
+            s = Graph(f"{b.name}.vjp")
+            ins = _inputs(s, shapes)
+            out = inline(s, b, _feeds(ins))[self.output_index]
+            c = s.input(f"in{len(ins)}", s.shape(out))
+            s.set_outputs(_grads_or_zeros(s, {out: c}, [ins[k] for k in diff]))
+            subs.append(s)
+        grads = {k: g.apply(If(*subs, j), [pred, *ops, ct]) for j, k in enumerate(diff)}
+        return (None, *(grads.get(k) for k in range(len(ops))))
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        pred, *ops = node.inputs
+        shapes = [g.shape(o) for o in ops]
+        have = [k for k, t in enumerate(tangents[1:]) if t is not None]
+        subs = []
+        for b in (self.then_branch, self.else_branch):
+            s = Graph(f"{b.name}.jvp")
+            ins = _inputs(s, shapes)
+            tin = _inputs(s, [shapes[k] for k in have], len(ins))
+            out = inline(s, b, _feeds(ins))[self.output_index]
+            s.set_outputs(_tangents(s, {ins[k]: t for k, t in zip(have, tin)}, [out]))
+            subs.append(s)
+        return g.apply(If(*subs, 0), [pred, *ops, *(tangents[1 + k] for k in have)])
+
     def subgraphs(self) -> tuple[Graph, ...]:
         return (self.then_branch, self.else_branch)
 
@@ -167,6 +248,10 @@ class While(Op):
     mnemonic: ClassVar[str] = "while"
     # the seed's class; the precision pass leaves sub-graph ops (and their bodies) as they are
     kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    nondiff: ClassVar[str] = (
+        "reverse mode through a while loop needs the trip count; use scan (g.scan with a "
+        "static or symbolic length)"
+    )
     cond: Graph
     body: Graph
     output_index: int = 0
@@ -280,6 +365,67 @@ class Scan(Op):
         if n == 0:
             return np.zeros(ctx.out_dims, ctx.out_dtype)
         return np.stack([step[k] for step in ys])  # type: ignore[index]
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        """A reverse scan over the stored per-step input carries (one forward scan stacks
+        them) whose body is the vjp of ``body``: carries are the carry cotangents, its ys
+        the cotangents of the xs."""
+        from rlx.autodiff.rules import zeros
+
+        nc, o = self.num_carry, self.output_index
+        ins = list(node.inputs)
+        cshape = [g.shape(i) for i in ins[:nc]]
+        xshape = [g.shape(i).with_dims(g.shape(i).dims[1:]) for i in ins[nc:]]
+        ny = len(self.body.outputs) - nc
+        stack = Graph(f"{self.body.name}.carries")  # body, plus each step's input carries
+        sin = _inputs(stack, [*cshape, *xshape])
+        stack.set_outputs([*inline(stack, self.body, _feeds(sin)), *sin[:nc]])
+        scan = lambda body, k, inputs, ncar=nc, rev=self.reverse: g.apply(  # noqa: E731
+            Scan(body, self.length, ncar, k, rev), inputs
+        )
+        carries = [scan(stack, nc + ny + j, ins) for j in range(nc)]
+        fc, fx = _floats(cshape), _floats(xshape)
+        s = Graph(f"{self.body.name}.vjp")
+        dc = _inputs(s, [cshape[j] for j in fc])
+        cin = _inputs(s, cshape, len(dc))
+        xin = _inputs(s, xshape, len(dc) + nc)
+        outs = inline(s, self.body, _feeds([*cin, *xin]))
+        cts: dict[NodeId, NodeId] = {}
+        for a, j in enumerate(fc):
+            _add_ct(s, cts, outs[j], dc[a])
+        if o >= nc:
+            _add_ct(s, cts, outs[o], s.input(f"in{len(dc) + nc + len(xin)}", s.shape(outs[o])))
+        s.set_outputs(_grads_or_zeros(s, cts, [*(cin[j] for j in fc), *(xin[i] for i in fx)]))
+        init = [ct if j == o else zeros(g, ins[j]) for j in fc]
+        bwd = [*init, *carries, *ins[nc:], *([ct] if o >= nc else [])]
+        grads = {j: scan(s, a, bwd, len(fc), not self.reverse) for a, j in enumerate(fc)}
+        for b, i in enumerate(fx):
+            grads[nc + i] = scan(s, len(fc) + b, bwd, len(fc), not self.reverse)
+        return tuple(grads.get(k) for k in range(len(ins)))
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        """One scan whose carries and ys gain their tangents (the body's jvp)."""
+        from rlx.ops.grad_util import zeros_or
+
+        nc, o = self.num_carry, self.output_index
+        ins = list(node.inputs)
+        cshape = [g.shape(i) for i in ins[:nc]]
+        xshape = [g.shape(i).with_dims(g.shape(i).dims[1:]) for i in ins[nc:]]
+        fc, fx = _floats(cshape), _floats(xshape)
+        s = Graph(f"{self.body.name}.jvp")
+        cin, tc = _inputs(s, cshape), _inputs(s, [cshape[j] for j in fc], nc)
+        xin = _inputs(s, xshape, nc + len(fc))
+        tx = _inputs(s, [xshape[i] for i in fx], nc + len(fc) + len(xin))
+        outs = inline(s, self.body, _feeds([*cin, *xin]))
+        fy = _floats([s.shape(y) for y in outs[nc:]])
+        seeds = {**{cin[j]: t for j, t in zip(fc, tc)}, **{xin[i]: t for i, t in zip(fx, tx)}}
+        tans = _tangents(s, seeds, [*(outs[j] for j in fc), *(outs[nc + k] for k in fy)])
+        s.set_outputs([*outs[:nc], *tans[: len(fc)], *outs[nc:], *tans[len(fc) :]])
+        tz = [zeros_or(g, tangents[j], ins[j]) for j in fc]
+        tz += [zeros_or(g, tangents[nc + i], ins[nc + i]) for i in fx]
+        k = nc + fc.index(o) if o < nc else len(fc) + len(outs) + fy.index(o - nc)
+        inputs = [*ins[:nc], *tz[: len(fc)], *ins[nc:], *tz[len(fc) :]]
+        return g.apply(Scan(s, self.length, nc + len(fc), k, self.reverse), inputs)
 
     def subgraphs(self) -> tuple[Graph, ...]:
         return (self.body,)
