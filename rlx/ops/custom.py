@@ -28,10 +28,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rlx.errors import RlxError, ShapeError
-from rlx.ir.mir import Graph, NodeId
+from rlx.autodiff.rules import is_diff_dtype
+from rlx.errors import AutodiffError, RlxError, ShapeError
+from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
-from rlx.ops.control import check_subgraph, run_subgraph, subgraph_output_shapes
+from rlx.ops.control import check_subgraph, inline, run_subgraph, subgraph_output_shapes
+from rlx.ops.grad_util import zeros_or
 from rlx.shape import Shape
 
 __all__ = [
@@ -46,6 +48,8 @@ __all__ = [
 
 InferFn = Callable[[tuple[Shape, ...], Mapping[str, Any]], Shape]
 ReferenceFn = Callable[[Sequence[np.ndarray], Mapping[str, Any], RefCtx], np.ndarray]
+VjpFn = Callable[[Graph, Node, NodeId], Sequence[NodeId | None]]
+JvpFn = Callable[[Graph, Node, tuple[NodeId | None, ...]], NodeId | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,8 @@ class CustomOpDef:
     reference: ReferenceFn
     arity: int | None
     kind: OpKind
+    vjp: VjpFn | None = None
+    jvp: JvpFn | None = None
 
 
 _REGISTRY: dict[str, CustomOpDef] = {}
@@ -70,6 +76,8 @@ def register_custom_op(
     kind: OpKind = OpKind.COMPUTE,
     *,
     replace: bool = False,
+    vjp: VjpFn | None = None,
+    jvp: JvpFn | None = None,
 ) -> CustomOpDef:
     """Register custom op ``name`` and return its registry entry.
 
@@ -78,6 +86,11 @@ def register_custom_op(
     with NumPy. ``attrs`` are the keyword arguments given to ``g.custom(name, inputs,
     **attrs)``. ``arity=None`` accepts any number of inputs; ``kind`` is the precision class
     for mixed precision. Registering a taken name raises ShapeError unless ``replace=True``.
+
+    ``vjp(g, node, ct) -> one cotangent id (or None) per input`` and ``jvp(g, node,
+    tangents) -> the output's tangent id (or None)`` are optional derivative rules, built
+    with the graph builders as an op's own rules are (``node.op.attr_map`` holds the
+    attributes); without them the op is not differentiable (AutodiffError naming it).
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise ShapeError(f"custom op name must be an identifier, got {name!r}")
@@ -91,7 +104,9 @@ def register_custom_op(
         raise ShapeError(f"custom op {name!r}: arity must be None or an int >= 0, got {arity!r}")
     if not isinstance(kind, OpKind):
         raise ShapeError(f"custom op {name!r}: kind must be an OpKind, got {kind!r}")
-    entry = CustomOpDef(name, infer, reference, arity, kind)
+    if any(f is not None and not callable(f) for f in (vjp, jvp)):
+        raise ShapeError(f"custom op {name!r}: vjp and jvp must be callables or None")
+    entry = CustomOpDef(name, infer, reference, arity, kind, vjp, jvp)
     _REGISTRY[name] = entry
     return entry
 
@@ -197,6 +212,23 @@ class Custom(Op):
     def attrs_str(self) -> str:
         return ", ".join([f"name={self.name}", *(f"{k}={v!r}" for k, v in self.attributes)])
 
+    def _rule(self, node: Node, which: str) -> Callable[..., Any]:
+        fn = getattr(custom_op(self.name), which)
+        if fn is None:
+            raise AutodiffError(
+                f"{node.label}: custom op {self.name!r} was registered without a {which} "
+                f"rule (pass {which}= to rlx.register_custom_op), so it is not differentiable",
+                node=node.id,
+                loc=node.loc,
+            )
+        return fn
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return tuple(self._rule(node, "vjp")(g, node, ct))
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        return self._rule(node, "jvp")(g, node, tangents)
+
 
 @graph_method
 def custom(g: Graph, name: str, inputs: Sequence[NodeId] = (), **attrs: Any) -> NodeId:
@@ -274,8 +306,9 @@ class CustomFn(Op):
       ``tangent_<k>`` (every one) and optionally ``primal_output``, and returns the
       output's tangent.
 
-    The rules are checked and carried (saved, printed) for reverse- and forward-mode
-    differentiation; running the node evaluates ``fwd_body`` only."""
+    The rules are checked and carried (saved, printed); reverse and forward mode inline
+    them (without them, they differentiate an inlined copy of ``fwd_body``). Running the
+    node evaluates ``fwd_body`` only."""
 
     mnemonic: ClassVar[str] = "custom_fn"
     kind: ClassVar[OpKind] = OpKind.COMPUTE
@@ -327,6 +360,38 @@ class CustomFn(Op):
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return run_subgraph(self.fwd_body, xs)[0]
 
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        """``vjp_body`` inlined when given, else reverse mode through an inlined copy of
+        ``fwd_body`` (each operand behind its own view, so a repeated operand's partials
+        stay apart)."""
+        ops = list(node.inputs)
+        if self.vjp_body is not None:
+            feeds = {**_in_feeds(ops), PRIMAL_OUTPUT: node.id, D_OUTPUT: ct}
+            return tuple(inline(g, self.vjp_body, feeds))
+        from rlx.autodiff.reverse import backward
+
+        ph = [g.reshape(o, list(g.shape(o).dims)) for o in ops]
+        (out,) = inline(g, self.fwd_body, _in_feeds(ph))
+        diff = [k for k, o in enumerate(ops) if is_diff_dtype(g.shape(o).dtype)]
+        grads = dict(zip(diff, backward(g, {out: ct}, [ph[k] for k in diff]), strict=True))
+        return tuple(grads.get(k) for k in range(len(ops)))
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        """``jvp_body`` inlined when given, else forward mode through ``fwd_body``."""
+        ops = list(node.inputs)
+        if self.jvp_body is not None:
+            tans = {
+                f"tangent_{k}": zeros_or(g, t, o) for k, (t, o) in enumerate(zip(tangents, ops))
+            }
+            feeds = {**_in_feeds(ops), **tans, PRIMAL_OUTPUT: node.id}
+            return inline(g, self.jvp_body, feeds)[0]
+        from rlx.autodiff.forward import forward
+
+        ph = [g.reshape(o, list(g.shape(o).dims)) for o in ops]
+        (out,) = inline(g, self.fwd_body, _in_feeds(ph))
+        seeds = {p: t for p, t in zip(ph, tangents, strict=True) if t is not None}
+        return forward(g, seeds, [out])[out]
+
     def subgraphs(self) -> tuple[Graph, ...]:
         return tuple(b for b in (self.fwd_body, self.vjp_body, self.jvp_body) if b is not None)
 
@@ -335,6 +400,10 @@ class CustomFn(Op):
             f"n_inputs={self.n_inputs}, vjp={self.vjp_body is not None}, "
             f"jvp={self.jvp_body is not None}"
         )
+
+
+def _in_feeds(ids: Sequence[NodeId]) -> dict[str, NodeId]:
+    return {f"in{k}": i for k, i in enumerate(ids)}
 
 
 BodyFn = Callable[..., NodeId | Sequence[NodeId]]

@@ -85,6 +85,9 @@ class CacheAttention(Op):
     mnemonic: ClassVar[str] = "cache_attention"
     arity: ClassVar[int] = 6
     kind: ClassVar[OpKind] = OpKind.COMPUTE
+    nondiff: ClassVar[str] = (
+        "inference only: it writes the KV cache; train with attention (g.attention)"
+    )
     pure: ClassVar[bool] = False
     num_heads: int
     head_dim: int
@@ -163,6 +166,7 @@ class DequantGather(Op):
     mnemonic: ClassVar[str] = "dequant_gather"
     arity: ClassVar[int] = 2
     kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    nondiff: ClassVar[str] = "inference only: its table is packed quantized bytes"
     scheme: QuantScheme
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:

@@ -90,6 +90,7 @@ class Sample(Op):
 
     mnemonic: ClassVar[str] = "sample"
     kind: ClassVar[OpKind] = OpKind.REDUCTION
+    nondiff: ClassVar[str] = "integer output (a sampled token id)"
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
