@@ -2,7 +2,8 @@
 (``all-MiniLM-L6-v2``), texts as arguments and/or a file of one text per line (``-``:
 stdin; blank lines are skipped). Out: a short summary on stdout (or one JSON object per
 text with ``--format jsonl``), the ``[n, dim]`` float32 matrix in ``--out FILE.npy``.
-Status lines and the progress bar go to stderr."""
+Status lines and the progress bar go to stderr. ``--ray`` embeds ``--input`` files on
+Ray Data into a shard directory ``--out DIR`` (``rlx/cli/embed_ray.py``)."""
 
 from __future__ import annotations
 
@@ -70,8 +71,8 @@ def _summary(texts: list[str], emb: np.ndarray, normalized: bool, show: int = 5)
 @click.option(
     "--out",
     "-o",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write the embeddings as a .npy file ([n, dim] float32).",
+    type=click.Path(path_type=Path),
+    help="Write the embeddings as a .npy file ([n, dim] float32); with --ray a directory.",
 )
 @precision_option()
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
@@ -89,6 +90,42 @@ def _summary(texts: list[str], emb: np.ndarray, normalized: bool, show: int = 5)
     show_default=True,
     help="stdout: a summary, one JSON object per text {text, embedding}, or nothing.",
 )
+@click.option(
+    "--ray",
+    "use_ray",
+    is_flag=True,
+    help="Embed a corpus on Ray Data (--input files, --out DIR of shards; rlx[distributed]).",
+)
+@click.option(
+    "--input",
+    "-i",
+    "inputs",
+    multiple=True,
+    help="With --ray: input files, directories or globs (Parquet, JSON lines, text).",
+)
+@click.option("--ray-address", default=None, help="With --ray: a cluster address (default: local).")
+@click.option(
+    "--actors",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="With --ray: actors in the pool, each one compiled model with --threads CPUs.",
+)
+@click.option(
+    "--shard-rows",
+    type=click.IntRange(min=1),
+    default=1024,
+    show_default=True,
+    help="With --ray: rows per output shard (one actor call).",
+)
+@click.option(
+    "--shard-format",
+    type=click.Choice(["parquet", "npy"]),
+    default="parquet",
+    show_default=True,
+    help="With --ray: the shard files (.npy: <name>.npy and <name>.ids.npy).",
+)
+@click.option("--overwrite", is_flag=True, help="With --ray: replace a non-empty --out DIR.")
 def command(
     model: str,
     texts: tuple[str, ...],
@@ -99,6 +136,13 @@ def command(
     threads: int | None,
     normalize: bool | None,
     fmt: str,
+    use_ray: bool = False,
+    inputs: tuple[str, ...] = (),
+    ray_address: str | None = None,
+    actors: int = 1,
+    shard_rows: int = 1024,
+    shard_format: str = "parquet",
+    overwrite: bool = False,
 ) -> int:
     """Embed texts with a sentence-embedding MODEL (a directory, or a known name such as
     all-MiniLM-L6-v2).
@@ -108,7 +152,21 @@ def command(
       rlx embed all-MiniLM-L6-v2 "A man plays a guitar." "Someone plays music."
       rlx embed ./my-model --file corpus.txt --out corpus.npy --precision int8
       cat corpus.txt | rlx embed all-MiniLM-L6-v2 -f - --format jsonl > vectors.jsonl
+      rlx embed all-MiniLM-L6-v2 --ray -i corpus/ --out vectors/ --actors 4
     """
+    if use_ray:
+        from rlx.cli import embed_ray
+
+        paths = list(inputs) + ([file.name] if file is not None and file.name != "<stdin>" else [])
+        return embed_ray.run(
+            model, paths, out, precision=precision, batch_size=batch_size, threads=threads,
+            normalize=normalize, address=ray_address, actors=actors, shard_rows=shard_rows,
+            shard_format=shard_format, overwrite=overwrite,
+        )  # fmt: skip
+    if out is not None and out.is_dir():
+        raise click.BadParameter(
+            f"{out} is a directory (a directory is for --ray)", param_hint="--out"
+        )
     items = read_texts(texts, file)
     if not items:
         raise click.UsageError("no text given: pass TEXT arguments or --file FILE ('-' for stdin)")

@@ -45,10 +45,13 @@ def require(*modules: str, what: str = "rlx.distributed") -> None:
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
+        what = f"rlx.distributed.{name}"
         if name in ("DataParallel", "run_data_parallel"):
-            require("torch", "torch.distributed", what=f"rlx.distributed.{name}")
+            require("torch", "torch.distributed", what=what)
+        elif name == "read_embeddings":
+            require("pyarrow", what=what)
         else:
-            require("ray", "ray.data", "pyarrow", what=f"rlx.distributed.{name}")
+            require("ray", "pyarrow", "ray.data", what=what)
         module = importlib.import_module(_LAZY[name])
         value = getattr(module, name)
         globals()[name] = value

@@ -186,3 +186,44 @@ def test_killed_worker_is_retried(cluster, data, minilm_dir, tmp_path) -> None:
     # original actors plus the restart wrote shards
     assert len(res.pids) >= 3 and killed[0] in res.pids
     check_output(res.output, keys, ref)
+
+
+@pytest.mark.slow
+def test_embed_a_ray_dataset(cluster, data, minilm_dir, tmp_path) -> None:
+    import ray
+
+    import rlx.distributed as d
+
+    root, keys, ref = data
+    texts = io.read_unit(io.plan_units(root / "part0.txt")[0])
+    n = len(texts["row"])
+    want = [i for i, k in enumerate(keys) if k[0] == str(root / "part0.txt")]
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        ds = ray.data.from_items(
+            [{"id": r, "text": t} for r, t in zip(texts["row"], texts["text"])]
+        )
+        with pytest.raises(InputError, match="integer id column 'key'"):
+            d.embed(ds, minilm_dir, output=tmp_path / "bad", id_column="key")
+        res = d.embed(ds, minilm_dir, output=tmp_path / "out", shard_rows=16, timeout_s=60)
+        assert ray.is_initialized()  # the caller's session is left running
+    finally:
+        ray.shutdown()
+    got = io.read_embeddings(res.output)
+    assert res.rows == n and list(got.row) == texts["row"] and set(got.source) == {""}
+    np.testing.assert_allclose(got.embedding, ref[want], rtol=0, atol=2e-5)
+
+
+@pytest.mark.slow
+def test_cli_embed_ray(cluster, data, minilm_dir, tmp_path, capsys) -> None:
+    from rlx.cli import main
+
+    root, keys, ref = data
+    out = tmp_path / "out"
+    argv = ["embed", str(minilm_dir), "--ray", "-i", str(root), "--out", str(out)]
+    assert main(argv + ["--ray-address", cluster.address, "--shard-rows", "128"]) == 0
+    assert f"embedded {len(keys)} row(s)" in capsys.readouterr().out
+    check_output(out, keys, ref)
+    assert main(argv) == 1  # out is not empty: a one-line error, nothing changed
+    assert "is not empty (pass overwrite=True)" in capsys.readouterr().err
+    check_output(out, keys, ref)
