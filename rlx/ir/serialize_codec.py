@@ -222,7 +222,7 @@ class Encoder:
             isinstance(d, int) and d != got for d, got in zip(want.dims, a.shape)
         ):
             raise InputError(f"param {name!r}: expected {want}, given shape {tuple(a.shape)}")
-        a = np.ascontiguousarray(a)
+        a = np.ascontiguousarray(a).reshape(a.shape)  # ascontiguousarray makes rank 0 rank 1
         blob = self.blob(a.tobytes())
         return {"name": name, "dtype": want.dtype.value, "dims": list(a.shape), "blob": blob}
 

@@ -90,7 +90,8 @@ class TrainStep:
                 raise InputError(f"TrainStep: the name {name!r} is reserved for the step graph")
         self.trainable = _trainable(graph, trainable)
         self._init = _initial(graph, params)
-        self.step_graph, self._state = self._build(recompute)
+        self._recompute = recompute
+        self.step_graph, self._state = self._build()
         self._init.update(self._state)
         self._steps = 0
         self._compiled: dict[str, CompiledGraph] = {}
@@ -117,8 +118,15 @@ class TrainStep:
             )
         wrt = [n.id for n in g.param_nodes() if n.op.name in self.trainable]  # type: ignore[attr-defined]
         seed = g.constant(np.ones(node.shape.dims, dtype=node.dtype.np))
-        grads = backward(g, {loss: seed}, wrt)
-        return g, loss, [c if c is not None else zeros(g, w) for c, w in zip(grads, wrt)]
+        found = backward(g, {loss: seed}, wrt)
+        grads = [c if c is not None else zeros(g, w) for c, w in zip(found, wrt)]
+        if self._recompute is not False:
+            from rlx.train.recompute import recompute_activations
+
+            keep = None if self._recompute is True else list(self._recompute)  # type: ignore[arg-type]
+            g, remap = recompute_activations(g, len(self.model.nodes), keep)
+            loss, grads = remap[loss], [remap[d] for d in grads]
+        return g, loss, grads
 
     def _update(
         self, g: Graph, grads: Mapping[str, NodeId]
@@ -147,14 +155,8 @@ class TrainStep:
         g.assign(t, t1)
         return state, norm
 
-    def _build(self, recompute: bool | Sequence[NodeId]) -> tuple[Graph, dict[str, np.ndarray]]:
+    def _build(self) -> tuple[Graph, dict[str, np.ndarray]]:
         g, loss, grads = self._forward_backward(f"{self.model.name}.train")
-        if recompute is not False:
-            from rlx.train.recompute import recompute_activations
-
-            keep = None if recompute is True else list(recompute)  # type: ignore[arg-type]
-            g, remap = recompute_activations(g, len(self.model.nodes), keep)
-            loss, grads = remap[loss], [remap[d] for d in grads]
         state, _ = self._update(g, dict(zip(self._wrt_names(g), grads)))
         g.set_outputs([loss])
         return g.verify(), state
