@@ -1,0 +1,597 @@
+"""Sample graphs for the generic gradient check (test_registry_rules.py): one builder per
+differentiable op (``"mnemonic"``) or per kind of a kinded op (``"unary:tanh"``). A builder
+takes a hypothesis ``data`` object and returns a :class:`Case`: an f64 graph (f32 / c64
+where the op knows no f64, with a looser step and tolerance), values for its inputs and
+the names to differentiate. Values stay away from kinks and poles (relu at 0, floor at
+integers, max ties), where a central difference is not the derivative."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+import rlx
+from rlx.ops.elementwise import Binary, BinaryKind, Unary, UnaryKind
+from rlx.ops.fft import Fft, FftKind
+from rlx.ops.reduce import ReduceKind
+from rlx.ops.trig import Trig, TrigKind
+
+
+@dataclass
+class Case:
+    graph: rlx.Graph
+    values: dict[str, np.ndarray]
+    wrt: list[str]
+    eps: float = 1e-6
+    rtol: float = 1e-5
+    atol: float = 1e-7
+    # the rules are a chosen surrogate (a straight-through estimator), not the derivative:
+    # only vjp against jvp is checked (<J^T u, v> == <u, J v>), not finite differences
+    surrogate: bool = False
+
+
+@dataclass
+class B:
+    """A sample being built: ``g``, a seeded generator, the values so far."""
+
+    data: Any
+    name: str
+    g: rlx.Graph = field(init=False)
+    rng: np.random.Generator = field(init=False)
+    values: dict[str, np.ndarray] = field(default_factory=dict)
+    diff: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.g = rlx.Graph(self.name)
+        self.rng = np.random.default_rng(self.data.draw(st.integers(0, 2**32 - 1), "seed"))
+
+    def dims(self, lo: int = 1, hi: int = 3, side: int = 3) -> list[int]:
+        n = self.data.draw(st.integers(lo, hi), "rank")
+        return [self.data.draw(st.integers(1, side)) for _ in range(n)]
+
+    def inp(self, value: np.ndarray, diff: bool = True) -> int:
+        """An input holding ``value`` (differentiated unless ``diff`` is False)."""
+        name = f"x{len(self.values)}"
+        value = np.asarray(value)
+        self.values[name] = value
+        if diff:
+            self.diff.append(name)
+        return self.g.input(name, list(value.shape), rlx.DType.from_numpy(value.dtype))
+
+    def normal(self, dims: list[int], dtype: Any = np.float64) -> np.ndarray:
+        return self.rng.standard_normal(dims).astype(dtype)
+
+    def uniform(self, dims: list[int], lo: float, hi: float) -> np.ndarray:
+        return self.rng.uniform(lo, hi, dims)
+
+    def distinct(self, dims: list[int]) -> np.ndarray:
+        """Values at least 0.2 apart (no ties for max / min / sort)."""
+        n = int(np.prod(dims))
+        return (
+            self.rng.permutation(n) * 0.3 - 0.15 * n + self.rng.uniform(-0.05, 0.05, n)
+        ).reshape(dims)
+
+    def done(self, *outs: int, **tol: float) -> Case:
+        self.g.set_outputs(list(outs))
+        return Case(self.g, self.values, list(self.diff), **tol)
+
+
+Builder = Callable[[Any], Case]
+SAMPLES: dict[str, Builder] = {}
+F32 = {"eps": 1e-2, "rtol": 1e-3, "atol": 1e-4}  # linear ops in f32 / c64
+
+
+def sample(name: str) -> Callable[[Callable[[B], Case]], Callable[[B], Case]]:
+    def deco(fn: Callable[[B], Case]) -> Callable[[B], Case]:
+        SAMPLES[name] = lambda data: fn(B(data, name.replace(":", "_")))
+        return fn
+
+    return deco
+
+
+# ---- kinded elementwise ops: the domain each kind is smooth on -----------------------
+
+
+def _away_from_zero(b: B, d: list[int]) -> np.ndarray:
+    return b.uniform(d, 0.2, 2.0) * b.rng.choice([-1.0, 1.0], d)
+
+
+def _between_integers(b: B, d: list[int]) -> np.ndarray:
+    return b.rng.integers(-3, 3, d) + b.uniform(d, 0.2, 0.8)
+
+
+def _near_integers(b: B, d: list[int]) -> np.ndarray:
+    return b.rng.integers(-3, 3, d) + b.uniform(d, -0.3, 0.3)
+
+
+ANY = lambda b, d: b.normal(d)  # noqa: E731
+POS = lambda b, d: b.uniform(d, 0.5, 2.0)  # noqa: E731
+UNARY_DOMAIN = {
+    UnaryKind.RELU: _away_from_zero,
+    UnaryKind.GELU: ANY,
+    UnaryKind.GELU_TANH: ANY,
+    UnaryKind.SILU: ANY,
+    UnaryKind.SIGMOID: ANY,
+    UnaryKind.TANH: ANY,
+    UnaryKind.EXP: ANY,
+    UnaryKind.LOG: POS,
+    UnaryKind.SQRT: POS,
+    UnaryKind.RSQRT: POS,
+    UnaryKind.NEG: ANY,
+    UnaryKind.ABS: _away_from_zero,
+    UnaryKind.SIN: ANY,
+    UnaryKind.COS: ANY,
+    UnaryKind.ROUND: _near_integers,
+    UnaryKind.FLOOR: _between_integers,
+    UnaryKind.CEIL: _between_integers,
+    UnaryKind.RECIP: _away_from_zero,
+    UnaryKind.SQUARE: ANY,
+    UnaryKind.SOFTPLUS: ANY,
+    UnaryKind.ERF: ANY,
+    UnaryKind.SIGN: _away_from_zero,
+}
+TRIG_DOMAIN = {
+    TrigKind.TAN: lambda b, d: b.uniform(d, -1.2, 1.2),
+    TrigKind.ASIN: lambda b, d: b.uniform(d, -0.8, 0.8),
+    TrigKind.ACOS: lambda b, d: b.uniform(d, -0.8, 0.8),
+    TrigKind.ATAN: ANY,
+    TrigKind.SINH: ANY,
+    TrigKind.COSH: ANY,
+    TrigKind.ASINH: ANY,
+    TrigKind.ACOSH: lambda b, d: b.uniform(d, 1.2, 3.0),
+    TrigKind.ATANH: lambda b, d: b.uniform(d, -0.8, 0.8),
+}
+KINDS: dict[str, list[Any]] = {
+    "unary": list(UnaryKind),
+    "binary": list(BinaryKind),
+    "trig": list(TrigKind),
+    "reduce": list(ReduceKind),
+    "fft": list(FftKind),
+}
+NO_GRADIENT_KINDS = {
+    ("unary", UnaryKind.NOT): "bool in, bool out",
+    ("binary", BinaryKind.AND): "bool / integer only",
+    ("binary", BinaryKind.OR): "bool / integer only",
+}
+
+
+def _unary(kind: UnaryKind) -> None:
+    @sample(f"unary:{kind.value}")
+    def build(b: B) -> Case:
+        d = b.dims(0, 3)
+        return b.done(b.g.apply(Unary(kind), [b.inp(UNARY_DOMAIN[kind](b, d))]))
+
+
+def _trig(kind: TrigKind) -> None:
+    @sample(f"trig:{kind.value}")
+    def build(b: B) -> Case:
+        d = b.dims(0, 3)
+        return b.done(b.g.apply(Trig(kind), [b.inp(TRIG_DOMAIN[kind](b, d))]))
+
+
+for _k in UNARY_DOMAIN:
+    _unary(_k)
+for _t in TRIG_DOMAIN:
+    _trig(_t)
+
+
+def _broadcast_pair(b: B) -> tuple[list[int], list[int]]:
+    """Two shapes that broadcast: ``y`` drops leading dims of ``x`` and sets some to 1."""
+    xd = b.dims(0, 3)
+    cut = b.data.draw(st.integers(0, len(xd)))
+    yd = [d if b.data.draw(st.booleans()) else 1 for d in xd[cut:]]
+    return (xd, yd) if b.data.draw(st.booleans()) else (yd, xd)
+
+
+def _binary_values(b: B, kind: BinaryKind, ad: list[int], bd: list[int]) -> tuple[Any, Any]:
+    """Operand values where ``kind`` is smooth. One operand always has the broadcast
+    shape (see _broadcast_pair); it is set relative to the other."""
+    av, bv = b.normal(ad), b.normal(bd)
+    full = np.broadcast_shapes(av.shape, bv.shape)
+    if kind is BinaryKind.DIV:
+        return av, _away_from_zero(b, bd)
+    if kind is BinaryKind.POW:
+        return POS(b, ad), bv
+    if kind in (BinaryKind.MAX, BinaryKind.MIN):  # |a - b| >= 0.2: no ties
+        gap = _away_from_zero(b, list(full))
+        if av.shape == full:
+            return np.broadcast_to(bv, full) + gap, bv
+        return av, np.broadcast_to(av, full) + gap
+    if kind is BinaryKind.MOD:  # a / b = k + frac, away from mod's jumps at integers
+        q = b.rng.integers(1, 3, full) + b.uniform(list(full), 0.2, 0.8)
+        if av.shape == full:
+            bv = _away_from_zero(b, bd)
+            return np.broadcast_to(bv, full) * q, bv
+        av = _away_from_zero(b, ad)
+        return av, np.broadcast_to(av, full) / q
+    return av, bv
+
+
+def _binary(kind: BinaryKind) -> None:
+    @sample(f"binary:{kind.value}")
+    def build(b: B) -> Case:
+        ad, bd = _broadcast_pair(b)
+        av, bv = _binary_values(b, kind, ad, bd)
+        return b.done(b.g.apply(Binary(kind), [b.inp(av), b.inp(bv)]))
+
+
+for _b in BinaryKind:
+    if ("binary", _b) not in NO_GRADIENT_KINDS:
+        _binary(_b)
+
+
+def _reduce(kind: ReduceKind) -> None:
+    @sample(f"reduce:{kind.value}")
+    def build(b: B) -> Case:
+        d = b.dims(1, 3)
+        axes = b.data.draw(st.lists(st.integers(0, len(d) - 1), min_size=1, unique=True))
+        keep = b.data.draw(st.booleans())
+        if kind is ReduceKind.PROD:
+            v = b.uniform(d, 0.5, 1.5) * b.rng.choice([-1.0, 1.0], d)
+        elif kind in (ReduceKind.MAX, ReduceKind.MIN):
+            v = b.distinct(d)
+        else:
+            v = b.normal(d)
+        return b.done(b.g.reduce(kind, b.inp(v), axes, keepdims=keep))
+
+
+for _r in ReduceKind:
+    _reduce(_r)
+
+
+def _fft(kind: FftKind) -> None:
+    @sample(f"fft:{kind.value}")
+    def build(b: B) -> Case:
+        d = b.dims(1, 2, side=4)
+        axis = b.data.draw(st.integers(-len(d), len(d) - 1))
+        if kind is FftKind.RFFT:
+            x = b.normal(d, np.float32)
+            n = None
+        else:
+            x = (b.normal(d) + 1j * b.normal(d)).astype(np.complex64)
+            n = 2 * (d[axis] - 1) if kind is FftKind.IRFFT and d[axis] > 1 else None
+            if kind is FftKind.IRFFT and n is None:
+                n = 1
+        return b.done(b.g.apply(Fft(kind, axis=axis, n=n), [b.inp(x)]), **F32)
+
+
+for _f in FftKind:
+    _fft(_f)
+
+
+# ---- one sample per op ----------------------------------------------------------------
+
+
+@sample("cast")
+def _cast(b: B) -> Case:
+    x = b.inp(b.normal(b.dims(0, 3)))
+    return b.done(b.g.cast(b.g.mul(b.g.cast(x, "f32"), b.g.cast(x, "f32")), "f64"), **F32)
+
+
+@sample("where")
+def _where(b: B) -> Case:
+    xd, yd = _broadcast_pair(b)
+    c = b.inp(b.rng.random(yd) > 0.5, diff=False)
+    return b.done(b.g.where(c, b.inp(b.normal(xd)), b.inp(b.normal(yd))))
+
+
+@sample("stop_gradient")
+def _stop_gradient(b: B) -> Case:
+    """Zero derivative by definition (finite differences see the identity)."""
+    x = b.inp(b.normal(b.dims()))
+    c = b.done(b.g.mul(x, b.g.stop_gradient(b.g.exp(x))))
+    c.surrogate = True
+    return c
+
+
+@sample("barrier")
+def _barrier(b: B) -> Case:
+    return b.done(b.g.barrier(b.g.sin(b.inp(b.normal(b.dims())))))
+
+
+@sample("reshape")
+def _reshape(b: B) -> Case:
+    d = b.dims(1, 3)
+    return b.done(b.g.reshape(b.inp(b.normal(d)), [int(np.prod(d))]))
+
+
+@sample("transpose")
+def _transpose(b: B) -> Case:
+    d = b.dims(1, 3)
+    perm = b.data.draw(st.permutations(range(len(d))))
+    return b.done(b.g.transpose(b.inp(b.normal(d)), list(perm)))
+
+
+@sample("expand")
+def _expand(b: B) -> Case:
+    d = b.dims(1, 2)
+    lo = [1 if b.data.draw(st.booleans()) else n for n in d]
+    return b.done(b.g.expand(b.inp(b.normal(lo)), [2, *d]))
+
+
+@sample("concat")
+def _concat(b: B) -> Case:
+    d = b.dims(1, 3)
+    axis = b.data.draw(st.integers(0, len(d) - 1))
+    e = list(d)
+    e[axis] += 1
+    return b.done(b.g.concat([b.inp(b.normal(d)), b.inp(b.normal(e))], axis))
+
+
+@sample("narrow")
+def _narrow(b: B) -> Case:
+    d = [n + 1 for n in b.dims(1, 3)]
+    axis = b.data.draw(st.integers(0, len(d) - 1))
+    return b.done(b.g.narrow(b.inp(b.normal(d)), axis, 1, d[axis] - 1))
+
+
+@sample("slice")
+def _slice(b: B) -> Case:
+    d = [n + 2 for n in b.dims(1, 2)]
+    step = b.data.draw(st.sampled_from([1, 2, -1]))
+    starts = [None if step < 0 else 1] * len(d)
+    return b.done(b.g.slice(b.inp(b.normal(d)), starts, [None] * len(d), [step] * len(d)))
+
+
+@sample("pad")
+def _pad(b: B) -> Case:
+    d = b.dims(1, 3)
+    pads = [(b.data.draw(st.integers(0, 2)), b.data.draw(st.integers(0, 2))) for _ in d]
+    return b.done(b.g.pad(b.inp(b.normal(d)), pads, 0.5))
+
+
+@sample("gather")
+def _gather(b: B) -> Case:
+    d = b.dims(1, 3)
+    axis = b.data.draw(st.integers(0, len(d) - 1))
+    idx = b.inp(b.rng.integers(0, d[axis], (4,)).astype(np.int32), diff=False)
+    return b.done(b.g.gather(b.inp(b.normal(d)), idx, axis))
+
+
+@sample("scatter_add")
+def _scatter_add(b: B) -> Case:
+    x = b.normal([4, 3])
+    idx = b.inp(b.rng.integers(0, 4, (5,)).astype(np.int32), diff=False)
+    return b.done(b.g.scatter_add(b.inp(x), idx, b.inp(b.normal([5, 3])), 0))
+
+
+def _indexing(name: str) -> Any:
+    from rlx.ops import indexing
+
+    return getattr(indexing, name)
+
+
+@sample("gather_elements")
+def _gather_elements(b: B) -> Case:
+    idx = b.inp(b.rng.integers(0, 4, (3, 2)).astype(np.int64), diff=False)
+    return b.done(b.g.apply(_indexing("GatherElements")(0), [b.inp(b.normal([4, 2])), idx]))
+
+
+@sample("gather_nd")
+def _gather_nd(b: B) -> Case:
+    idx = b.inp(b.rng.integers(0, 3, (4, 2)).astype(np.int64), diff=False)
+    return b.done(b.g.apply(_indexing("GatherNd")(0), [b.inp(b.normal([3, 3, 2])), idx]))
+
+
+def _scatter(b: B, name: str, x: np.ndarray, idx: np.ndarray, upd: np.ndarray) -> Case:
+    red = _indexing("ScatterReduction")
+    kind = b.data.draw(st.sampled_from([red.ADD, red.NONE]))
+    op = _indexing(name)
+    args = (0, kind) if name == "ScatterElements" else (kind,)
+    ins = [b.inp(x), b.inp(idx, diff=False), b.inp(upd)]
+    return b.done(b.g.apply(op(*args), ins))
+
+
+@sample("scatter_elements")
+def _scatter_elements(b: B) -> Case:
+    idx = np.stack([b.rng.permutation(4)[:3] for _ in range(2)], 1).astype(np.int64)
+    return _scatter(b, "ScatterElements", b.normal([4, 2]), idx, b.normal([3, 2]))
+
+
+@sample("scatter_nd")
+def _scatter_nd(b: B) -> Case:
+    idx = b.rng.permutation(4)[:3].reshape(3, 1).astype(np.int64)
+    return _scatter(b, "ScatterNd", b.normal([4, 2]), idx, b.normal([3, 2]))
+
+
+@sample("cumsum")
+def _cumsum(b: B) -> Case:
+    d = b.dims(1, 3)
+    axis = b.data.draw(st.integers(0, len(d) - 1))
+    rev, exc = b.data.draw(st.booleans()), b.data.draw(st.booleans())
+    return b.done(b.g.cumsum(b.inp(b.normal(d)), axis, rev, exc))
+
+
+@sample("cumprod")
+def _cumprod(b: B) -> Case:
+    from rlx.ops.cumulative import CumProd
+
+    d = b.dims(1, 3)
+    axis = b.data.draw(st.integers(0, len(d) - 1))
+    rev, exc = b.data.draw(st.booleans()), b.data.draw(st.booleans())
+    x = b.uniform(d, 0.5, 1.5) * b.rng.choice([-1.0, 1.0], d)
+    return b.done(b.g.apply(CumProd(axis, rev, exc), [b.inp(x)]))
+
+
+@sample("topk")
+def _topk(b: B) -> Case:
+    d = [n + 1 for n in b.dims(1, 2)]
+    k = b.data.draw(st.integers(1, d[-1]))
+    vals, _ = b.g.topk(b.inp(b.distinct(d)), k, -1, b.data.draw(st.booleans()))
+    return b.done(vals)
+
+
+@sample("softmax")
+def _softmax(b: B) -> Case:
+    d = b.dims(1, 3)
+    return b.done(b.g.softmax(b.inp(b.normal(d)), b.data.draw(st.integers(-len(d), len(d) - 1))))
+
+
+@sample("log_softmax")
+def _log_softmax(b: B) -> Case:
+    d = b.dims(1, 3)
+    return b.done(b.g.log_softmax(b.inp(b.normal(d)), -1))
+
+
+@sample("softmax_backward")
+def _softmax_backward(b: B) -> Case:
+    d = b.dims(1, 3)
+    y = b.g.softmax(b.inp(b.normal(d)), -1)
+    return b.done(b.g.softmax_backward(b.inp(b.normal(d)), y, -1))
+
+
+@sample("log_softmax_backward")
+def _log_softmax_backward(b: B) -> Case:
+    d = b.dims(1, 3)
+    y = b.g.log_softmax(b.inp(b.normal(d)), -1)
+    return b.done(b.g.log_softmax_backward(b.inp(b.normal(d)), y, -1))
+
+
+@sample("matmul")
+def _matmul(b: B) -> Case:
+    m, k, n = (b.data.draw(st.integers(1, 3)) for _ in range(3))
+    lead = b.dims(0, 1)
+    return b.done(b.g.matmul(b.inp(b.normal([*lead, m, k])), b.inp(b.normal([k, n]))))
+
+
+@sample("dot_general")
+def _dot_general(b: B) -> Case:
+    x, y = b.inp(b.normal([2, 3, 4])), b.inp(b.normal([2, 4, 3]))
+    return b.done(b.g.dot_general(x, y, ((2,), (1,)), ((0,), (0,))))
+
+
+@sample("dense_solve")
+def _dense_solve(b: B) -> Case:
+    a = b.normal([3, 3]) + 3 * np.eye(3)
+    return b.done(b.g.dense_solve(b.inp(a), b.inp(b.normal([3, 2]))))
+
+
+@sample("batched_dense_solve")
+def _batched_dense_solve(b: B) -> Case:
+    from rlx.ops.linalg import BatchedDenseSolve
+
+    a = b.normal([2, 3, 3]) + 3 * np.eye(3)
+    return b.done(b.g.apply(BatchedDenseSolve(), [b.inp(a), b.inp(b.normal([2, 3, 2]))]))
+
+
+@sample("grouped_matmul")
+def _grouped_matmul(b: B) -> Case:
+    idx = b.inp(b.rng.integers(0, 2, (4,)).astype(np.int32), diff=False)
+    return b.done(b.g.grouped_matmul(b.inp(b.normal([4, 3])), b.inp(b.normal([2, 3, 2])), idx))
+
+
+@sample("lora_matmul")
+def _lora_matmul(b: B) -> Case:
+    ins = [b.inp(b.normal(d)) for d in ([2, 3], [3, 4], [3, 2], [2, 4])]
+    return b.done(b.g.lora_matmul(*ins, scale=0.5))
+
+
+@sample("layer_norm")
+def _layer_norm(b: B) -> Case:
+    d = [*b.dims(0, 2), 4]
+    return b.done(b.g.layer_norm(b.inp(b.normal(d)), b.inp(b.normal([4])), b.inp(b.normal([4]))))
+
+
+@sample("rms_norm")
+def _rms_norm(b: B) -> Case:
+    d = [*b.dims(0, 2), 4]
+    return b.done(b.g.rms_norm(b.inp(b.normal(d)), b.inp(b.normal([4]))))
+
+
+@sample("group_norm")
+def _group_norm(b: B) -> Case:
+    x, ga, be = b.inp(b.normal([2, 4, 3])), b.inp(b.normal([4])), b.inp(b.normal([4]))
+    return b.done(b.g.group_norm(x, ga, be, 2))
+
+
+@sample("rope")
+def _rope(b: B) -> Case:
+    ang = b.uniform([3, 2], -3, 3)
+    cos, sin = b.inp(np.cos(ang), diff=False), b.inp(np.sin(ang), diff=False)
+    return b.done(b.g.rope(b.inp(b.normal([1, 3, 8])), cos, sin, 4))
+
+
+@sample("attention")
+def _attention(b: B) -> Case:
+    from rlx.ops.nn import MaskKind
+
+    mask = b.data.draw(st.sampled_from([MaskKind(), MaskKind.causal()]))
+    q, k, v = (b.inp(b.normal([1, 3, 4])) for _ in range(3))
+    return b.done(b.g.attention(q, k, v, 2, 2, mask=mask))
+
+
+@sample("conv")
+def _conv(b: B) -> Case:
+    stride = b.data.draw(st.integers(1, 2))
+    x, w = b.inp(b.normal([1, 2, 5, 4])), b.inp(b.normal([3, 2, 2, 2]))
+    return b.done(b.g.conv(x, w, b.inp(b.normal([3])), stride=stride, padding=1))
+
+
+def _pool(kind: str) -> None:
+    @sample(f"pool:{kind}")
+    def build(b: B) -> Case:
+        x = b.inp(b.distinct([1, 2, 4, 4]))
+        make = b.g.max_pool if kind == "max" else b.g.avg_pool
+        return b.done(make(x, 2, b.data.draw(st.sampled_from([1, 2]))))
+
+
+for _p in ("max", "avg"):
+    _pool(_p)
+
+
+def _pool_op(kind: str) -> Any:
+    from rlx.ops.nn import Pool, PoolKind
+
+    return Pool(PoolKind(kind), (2, 2), (2, 2), ((0, 0), (0, 0)))
+
+
+@sample("pool_backward")
+def _pool_backward(b: B) -> Case:
+    from rlx.ops.nn_grad import PoolBackward
+
+    fwd = _pool_op(b.data.draw(st.sampled_from(["max", "avg"])))
+    x = b.inp(b.distinct([1, 2, 4, 4]), diff=fwd.fn.value == "avg")
+    return b.done(b.g.apply(PoolBackward(fwd), [x, b.inp(b.normal([1, 2, 2, 2]))]))
+
+
+@sample("max_pool_select")
+def _max_pool_select(b: B) -> Case:
+    from rlx.ops.nn_grad import MaxPoolSelect
+
+    x = b.inp(b.distinct([1, 2, 4, 4]), diff=False)
+    t = b.inp(b.normal([1, 2, 4, 4]))
+    return b.done(b.g.apply(MaxPoolSelect(_pool_op("max")), [x, t]))
+
+
+@sample("fake_quantize")
+def _fake_quantize(b: B) -> Case:
+    """Straight-through: the rule is a chosen surrogate, not the (zero) derivative."""
+    x = b.inp(b.normal([2, 3]))
+    c = b.done(b.g.fake_quantize(x, 0.1))
+    c.surrogate = True
+    return c
+
+
+@sample("fake_quantize_lsq")
+def _fake_quantize_lsq(b: B) -> Case:
+    x, s = b.inp(b.normal([2, 3]).astype(np.float32)), b.inp(np.float32([0.1]))
+    c = b.done(b.g.fake_quantize_lsq(x, s), **F32)
+    c.surrogate = True
+    return c
+
+
+@sample("dequant_matmul")
+def _dequant_matmul(b: B) -> Case:
+    from rlx.quant.schemes import Int8Block
+
+    w = [
+        b.g.constant(b.rng.integers(-127, 128, (5, 8)).astype(np.int8)),
+        b.g.constant((b.rng.random((5, 2)) * 0.1 + 0.01).astype(np.float32)),
+        b.g.constant(np.zeros((5, 2), np.int32)),
+    ]
+    x = b.inp(b.normal([3, 8], np.float32))
+    return b.done(b.g.dequant_matmul(x, Int8Block(4), *w), eps=0.5, rtol=1e-4, atol=1e-4)
