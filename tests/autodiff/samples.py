@@ -595,3 +595,83 @@ def _dequant_matmul(b: B) -> Case:
     ]
     x = b.inp(b.normal([3, 8], np.float32))
     return b.done(b.g.dequant_matmul(x, Int8Block(4), *w), eps=0.5, rtol=1e-4, atol=1e-4)
+
+
+@sample("fused_matmul_bias_act")
+def _fused_matmul_bias_act(b: B) -> Case:
+    act = b.data.draw(st.sampled_from([None, UnaryKind.GELU, UnaryKind.TANH, UnaryKind.SILU]))
+    x, w, bias = b.inp(b.normal([2, 3])), b.inp(b.normal([3, 4])), b.inp(b.normal([4]))
+    return b.done(b.g.fused_matmul_bias_act(x, w, bias, act))
+
+
+@sample("fused_swiglu")
+def _fused_swiglu(b: B) -> Case:
+    x, wg, wu = b.inp(b.normal([2, 3])), b.inp(b.normal([3, 4])), b.inp(b.normal([3, 4]))
+    return b.done(b.g.fused_swiglu(x, wg, wu))
+
+
+@sample("fused_residual_rms_norm")
+def _fused_residual_rms_norm(b: B) -> Case:
+    x, r, ga = b.inp(b.normal([2, 4])), b.inp(b.normal([2, 4])), b.inp(b.normal([4]))
+    return b.done(b.g.fused_residual_rms_norm(x, r, ga))
+
+
+@sample("fused_residual_layer_norm")
+def _fused_residual_layer_norm(b: B) -> Case:
+    x, r = b.inp(b.normal([2, 4])), b.inp(b.normal([2, 4]))
+    ga, be = b.inp(b.normal([4])), b.inp(b.normal([4]))
+    return b.done(b.g.fused_residual_layer_norm(x, r, ga, be))
+
+
+@sample("if")
+def _if(b: B) -> Case:
+    pred = b.inp(np.asarray(b.data.draw(st.booleans())), diff=False)
+    x, y = b.inp(b.normal([3])), b.inp(b.normal([3]))
+    out = b.g.cond(pred, lambda s, p, q: s.mul(s.sin(p), q), lambda s, p, q: s.exp(p), [x, y])
+    return b.done(out)
+
+
+@sample("scan")
+def _scan(b: B) -> Case:
+    """A running ``c -> tanh(c * x_t + w)`` over 3 steps; the final carry and the ys."""
+    c0, xs, w = b.inp(b.normal([2])), b.inp(b.normal([3, 2])), b.inp(b.normal([2]))
+    out = b.data.draw(st.sampled_from([0, 1]), "output")
+
+    def body(s: rlx.Graph, c: int, wv: int, x: int) -> list[int]:
+        n = s.tanh(s.add(s.mul(c, x), wv))
+        return [n, wv, s.mul(n, n)]
+
+    return b.done(b.g.scan(body, [c0, w], [xs], output_index=0 if out == 0 else 2))
+
+
+@sample("custom")
+def _custom(b: B) -> Case:
+    """A custom op registered with its rules (``x * sin(x)``), as users register them."""
+    from rlx.ops.custom import register_custom_op
+
+    def vjp(g: rlx.Graph, node: Any, ct: int) -> tuple[int]:
+        (x,) = node.inputs
+        return (g.mul(ct, g.add(g.sin(x), g.mul(x, g.cos(x)))),)
+
+    def jvp(g: rlx.Graph, node: Any, t: tuple[int | None]) -> int:
+        (x,) = node.inputs
+        return g.mul(t[0], g.add(g.sin(x), g.mul(x, g.cos(x))))
+
+    register_custom_op(
+        "sample_xsinx", lambda ins, attrs: ins[0], lambda xs, attrs, ctx: xs[0] * np.sin(xs[0]),
+        1, replace=True, vjp=vjp, jvp=jvp,
+    )  # fmt: skip
+    return b.done(b.g.custom("sample_xsinx", [b.inp(b.normal(b.dims()))]))
+
+
+@sample("custom_fn")
+def _custom_fn(b: B) -> Case:
+    """``custom_fn`` with hand-written vjp / jvp bodies for ``x * y``."""
+    x, y = b.inp(b.normal([3])), b.inp(b.normal([3]))
+    out = b.g.custom_fn(
+        [x, y],
+        lambda s, p, q: s.mul(p, q),
+        vjp=lambda s, p, q, o, d: [s.mul(d, q), s.mul(d, p)],
+        jvp=lambda s, p, q, tp, tq, o: s.add(s.mul(tp, q), s.mul(p, tq)),
+    )
+    return b.done(out)
