@@ -1,0 +1,78 @@
+"""PyTorch twins of the models the training tests differentiate: the same math written
+independently with torch ops, run on the same weights, so torch autograd is the oracle.
+
+In: a CharLMConfig and its params (rlx names, ``[in, out]`` linear weights) or a
+transformers BertModel. Out: the scalar loss as a torch tensor whose ``.backward()`` gives
+the reference gradients (:func:`charlm_grads`, :func:`mnrl_loss`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rlx.models.charlm import CharLMConfig
+
+
+def charlm_loss(
+    cfg: CharLMConfig, w: Mapping[str, torch.Tensor], tokens: np.ndarray, targets: np.ndarray
+) -> torch.Tensor:
+    """Mean next-byte cross entropy of the char LM with weights ``w`` (torch tensors)."""
+    tok = torch.as_tensor(tokens)
+    b, s = tok.shape
+    nh, hd = cfg.heads, cfg.head_dim
+
+    def norm(x: torch.Tensor, name: str) -> torch.Tensor:
+        if cfg.norm == "rms":
+            return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + cfg.eps) * w[f"{name}.g"]
+        return F.layer_norm(x, (cfg.dim,), w[f"{name}.g"], w[f"{name}.b"], cfg.eps)
+
+    x = w["tok_emb"][tok] + w["pos_emb"][:s]
+    causal = torch.ones(s, s, dtype=torch.bool).tril()
+    for i in range(cfg.layers):
+        h = norm(x, f"h{i}.norm1")
+        q, k, v = ((h @ w[f"h{i}.attn.{r}"]).reshape(b, s, nh, hd).transpose(1, 2) for r in "qkv")
+        att = (q @ k.transpose(-1, -2)) / hd**0.5
+        att = att.masked_fill(~causal, float("-inf")).softmax(-1)
+        a = (att @ v).transpose(1, 2).reshape(b, s, cfg.dim)
+        x = x + a @ w[f"h{i}.attn.o"]
+        h = norm(x, f"h{i}.norm2")
+        x = x + F.gelu(h @ w[f"h{i}.mlp.up"]) @ w[f"h{i}.mlp.down"]
+    x = norm(x, "norm_f")
+    logits = x @ (w["tok_emb"].T if cfg.tied else w["head"])
+    return F.cross_entropy(logits.reshape(b * s, -1), torch.as_tensor(targets).reshape(-1))
+
+
+def charlm_grads(
+    cfg: CharLMConfig, params: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray]
+) -> tuple[float, dict[str, np.ndarray]]:
+    """(loss, {name: gradient}) by torch autograd in the params' dtype."""
+    w = {k: torch.tensor(np.array(v), requires_grad=True) for k, v in params.items()}
+    loss = charlm_loss(cfg, w, batch["tokens"], batch["targets"])
+    loss.backward()
+    return float(loss), {k: t.grad.numpy() for k, t in w.items()}
+
+
+def mean_pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of the token states ``h[B,S,H]`` over the real tokens of ``mask[B,S]``."""
+    m = mask.to(h.dtype).unsqueeze(-1)
+    return (h * m).sum(1) / m.sum(1)
+
+
+def mnrl_loss(
+    model: torch.nn.Module, batch: Mapping[str, np.ndarray], scale: float
+) -> torch.Tensor:
+    """Multiple-negatives ranking loss of a batch whose first half are anchors and second
+    half their positives: cross entropy of ``scale * cos(anchor_i, positive_j)`` rows with
+    target ``j = i`` (sentence-transformers' MultipleNegativesRankingLoss)."""
+    ids = torch.as_tensor(batch["input_ids"])
+    mask = torch.as_tensor(batch["attention_mask"])
+    kw = {"token_type_ids": torch.as_tensor(batch["token_type_ids"])}
+    h = model(input_ids=ids, attention_mask=mask, **kw).last_hidden_state
+    e = F.normalize(mean_pool(h, mask), dim=-1)
+    n = ids.shape[0] // 2
+    scores = scale * e[:n] @ e[n:].T
+    return F.cross_entropy(scores, torch.arange(n))
