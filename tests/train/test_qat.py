@@ -69,6 +69,29 @@ def test_untrained_qat_converts_to_exactly_what_rlx_quantize_builds():
     assert all("integer" in d for d in model.decisions)
 
 
+def test_convs_go_the_same_way_to_qconv2d_and_train():
+    g = rlx.Graph("cnn")
+    x = g.input("x", ("B", 1, 8, 8))
+    c = g.relu(g.conv(x, g.param("k", (4, 1, 3, 3)), padding=1))
+    g.set_outputs([g.matmul(g.flatten(c, 1), g.param("w", (256, 10)))])
+    r = np.random.default_rng(5)
+    p = {
+        "k": (r.standard_normal((4, 1, 3, 3)) * 0.3).astype(np.float32),
+        "w": (r.standard_normal((256, 10)) * 0.1).astype(np.float32),
+    }
+    xs = r.random((8, 1, 8, 8)).astype(np.float32)
+    ptq = rlx.quantize(g, [{"x": xs}], params=p, rank_layers=False)
+    qg, qp = qat.prepare(g, p, [{"x": xs}])
+    model = qat.convert(qg, qp)
+    np.testing.assert_array_equal(model.run({"x": xs})[0], ptq.compiled.run({"x": xs})[0])
+    kinds = [k.op for k in model.compiled.report().kernels]
+    assert "qconv2d" in kinds and "qmatmul" in kinds
+    lg = qg.copy()
+    lg.set_outputs([lg.sum(lg.outputs[0])])
+    _, dk, dw = Session("cpu").compile(value_and_grad(lg, ["k", "w"]), params=qp).run({"x": xs})
+    assert dk.shape == (4, 1, 3, 3) and np.abs(dk).sum() > 0 and np.abs(dw).sum() > 0
+
+
 @pytest.mark.parametrize("learn", [False, True])
 def test_converted_int8_computes_what_the_trained_qat_graph_computes(learn):
     r = np.random.default_rng(2)
