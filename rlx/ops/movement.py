@@ -140,8 +140,9 @@ class Transpose(Op):
         return same_op(g, self, tangents)
 
     def batch(self, g: Graph, node: Node, ins: tuple, bdims: tuple) -> tuple[NodeId, int]:
-        perm = (0, *(p % len(self.perm) + 1 for p in self.perm))
-        return g.apply(Transpose(perm), [front(g, ins[0], bdims[0])]), 0
+        bd = bdims[0]  # one transpose: the batch axis to the front, the others permuted
+        perm = (bd, *(p + (p >= bd) for p in (q % len(self.perm) for q in self.perm)))
+        return g.apply(Transpose(perm), [ins[0]]), 0
 
 
 def _sum_dims(op: Op, ax: int, sizes: Sequence[Dim]) -> Dim:
