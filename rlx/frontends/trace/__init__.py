@@ -11,6 +11,8 @@ signature), compiled and cached by :func:`jit`.
 * ``control.py``: ``cond`` / ``while_loop`` / ``scan`` as If / While / Scan;
 * ``pytree.py``: flattening nests of tuples, lists and dicts;
 * ``jit.py``: the per-signature cache, ``lower`` / ``inspect``.
+* ``transforms.py``: ``rlx.grad`` / ``value_and_grad`` / ``jvp`` / ``vjp`` / ``vmap`` of
+  Python functions (the graph transforms of :mod:`rlx.autodiff`, inlined into the trace).
 
 Every function maps to ops of the IR's registry; there is no second op vocabulary.
 """
