@@ -142,9 +142,31 @@ def _templates(dt: DType):
         ("quantize", Quantize(None, (0.1,), (0,)), [x]),
         ("dequantize", Dequantize(None, (0.1,), (0,)), [x]),
         ("fake_quantize", FakeQuantize(None, (0.1,), (0,)), [x]),
+        *_nn_grad_templates(dt, x, v, ncl),
         ("fake_quantize_lsq", FakeQuantizeLSQ(None, (0,)), [x, Shape((1,), dt)]),
     ]
     return out
+
+
+def _nn_grad_templates(dt: DType, x: Shape, v: Shape, ncl: Shape) -> list:
+    """The backward ops of rlx/ops/nn_grad.py on the sweep's shapes."""
+    from rlx.ops import nn_grad as ng
+    from rlx.ops.nn import Attention, Rope
+
+    att, conv = Attention(2, 2), Conv((1,), ((0, 0),), (1,), 1)
+    mx = Pool(PoolKind.MAX, (2,), (1,), ((0, 0),))
+    cout, pout = Shape((2, 4, 5), dt), Shape((2, 3, 5), dt)
+    return [
+        ("layer_norm_backward", ng.LayerNormBackward(1e-5), [x, v, x]),
+        ("rms_norm_backward.gamma", ng.RmsNormBackward(1e-5, "gamma"), [x, v, x]),
+        ("attention_backward", ng.AttentionBackward(att, "k"), [x, x, x, x]),
+        ("attention_jvp", ng.AttentionJvp(att), [x] * 6),
+        ("rope_backward", ng.RopeBackward(Rope(2, 2), "cos"), [x, x]),
+        ("conv_backward_data", ng.ConvBackwardData(conv), [ncl, Shape((4, 3, 2), dt), cout]),
+        ("conv_backward_weight", ng.ConvBackwardWeight(conv), [ncl, Shape((4, 3, 2), dt), cout]),
+        ("pool_backward", ng.PoolBackward(mx), [ncl, pout]),
+        ("max_pool_select", ng.MaxPoolSelect(mx), [ncl, ncl]),
+    ]
 
 
 @pytest.mark.parametrize("dt", list(DType), ids=lambda d: d.value)

@@ -372,6 +372,90 @@ def _cache_attention(g: rlx.Graph) -> object:
     return g.cache_attention(q, k, v, kc, vc, pos, 2, 8, 1, window=2)
 
 
+def _nn_grad_cases() -> list[Case]:
+    """The backward ops of rlx/ops/nn_grad.py (norms, attention, rope, conv, pool)."""
+    from rlx.ops import nn_grad as ng
+    from rlx.ops.nn import Attention, Conv, Pool, PoolKind, Rope
+
+    def ins(g: rlx.Graph, dt: str, **shapes: tuple[int, ...]) -> list[int]:
+        return [g.input(k, s, dt) for k, s in shapes.items()]
+
+    att = Attention(4, 3, MaskKind.causal(), 2)
+    attm = Attention(2, 3, MaskKind.custom())
+    conv = Conv((2, 1), ((1, 0), (1, 2)), (1, 2), 2)
+    mx = Pool(PoolKind.MAX, (2, 3), (1, 2), ((1, 0), (1, 1)))
+    qkv = {"q": (2, 3, 12), "k": (2, 4, 6), "v": (2, 4, 6), "ct": (2, 3, 12)}
+    cases = [
+        Case(
+            f"{op.mnemonic}_{wrt}_{dt}",
+            lambda g, op=op, wrt=wrt, dt=dt: g.apply(
+                op(1e-5, wrt), ins(g, dt, x=(3, 7), gamma=(7,), ct=(3, 7))
+            ),
+        )
+        for op in (ng.LayerNormBackward, ng.RmsNormBackward)
+        for wrt in ("x", "gamma")
+        for dt in ("f32", "f16")
+    ]
+    cases += [
+        Case(
+            f"attention_backward_{w}",
+            lambda g, w=w: g.apply(ng.AttentionBackward(att, w), ins(g, "f32", **qkv)),
+            loose=True,
+        )
+        for w in ("q", "k", "v")
+    ]
+    mqkv = {"q": (2, 3, 6), "k": (2, 4, 6), "v": (2, 4, 6), "m": (2, 1, 3, 4), "ct": (2, 3, 6)}
+    cases += [
+        Case(
+            "attention_backward_mask",
+            lambda g: g.apply(ng.AttentionBackward(attm, "mask"), ins(g, "f32", **mqkv)),
+            loose=True,
+        ),
+        Case(
+            "attention_jvp",
+            lambda g: g.apply(
+                ng.AttentionJvp(attm),
+                ins(
+                    g, "f32", **{k + t: s for t in ("", "_t") for k, s in mqkv.items() if k != "ct"}
+                ),
+            ),
+            loose=True,
+        ),
+        Case(
+            "rope_backward_sin",
+            lambda g: g.apply(
+                ng.RopeBackward(Rope(6, 4, True), "sin"), ins(g, "f32", x=(2, 3, 12), ct=(2, 3, 12))
+            ),
+        ),
+        *(
+            Case(
+                op.mnemonic,
+                lambda g, op=op: g.apply(
+                    op(conv), ins(g, "f32", x=(2, 4, 7, 6), w=(6, 2, 2, 3), ct=(2, 6, 4, 5))
+                ),
+                loose=True,
+            )
+            for op in (ng.ConvBackwardData, ng.ConvBackwardWeight)
+        ),
+        Case(
+            "pool_backward_max",
+            lambda g: g.apply(ng.PoolBackward(mx), ins(g, "f32", x=(2, 3, 5, 6), ct=(2, 3, 5, 3))),
+        ),
+        Case(
+            "pool_backward_avg_bf16",
+            lambda g: g.apply(
+                ng.PoolBackward(Pool(PoolKind.AVG, (3,), (2,), ((1, 1),))),
+                ins(g, "bf16", x=(2, 3, 7), ct=(2, 3, 4)),
+            ),
+        ),
+        Case(
+            "max_pool_select",
+            lambda g: g.apply(ng.MaxPoolSelect(mx), ins(g, "f32", x=(2, 3, 5, 6), t=(2, 3, 5, 6))),
+        ),
+    ]
+    return cases
+
+
 CASES: list[Case] = [
     *(_unary(k) for k in UnaryKind),
     *(_unary(k, "f16") for k in (UnaryKind.GELU, UnaryKind.EXP, UnaryKind.SILU)),
@@ -752,6 +836,7 @@ CASES: list[Case] = [
         ),
     ),
     *SEED_CASES,
+    *_nn_grad_cases(),
     *_import_op_cases(),
 ]
 
