@@ -22,12 +22,15 @@ __all__ = ["cross_entropy", "mse", "accuracy"]
 _REDUCTIONS = ("mean", "sum", "none")
 
 
-def _reduce(g: Graph, x: NodeId, reduction: str, what: str) -> NodeId:
+def _check_reduction(reduction: str, what: str) -> None:
     if reduction not in _REDUCTIONS:
         raise InputError(
             f"{what}: reduction must be one of {list(_REDUCTIONS)}, given {reduction!r}",
             loc=source.capture(),
         )
+
+
+def _reduce(g: Graph, x: NodeId, reduction: str) -> NodeId:
     if reduction == "none":
         return x
     return g.mean(x) if reduction == "mean" else g.sum(x)
@@ -37,12 +40,12 @@ def cross_entropy(g: Graph, logits: NodeId, target: NodeId, *, reduction: str = 
     """Cross-entropy of ``logits [..., C]`` (float) against integer ``target [...]``
     (class indices) or float ``target [..., C]`` (class probabilities)."""
     ls, ts = g.shape(logits), g.shape(target)
+    _check_reduction(reduction, "cross_entropy")
     if not ls.dtype.is_float or ls.rank < 1:
         raise InputError(
             f"cross_entropy: logits %{logits} must be float [..., classes], given {ls}",
             loc=source.capture(),
         )
-    logp = g.log_softmax(logits, -1)
     if ts.dtype.is_int:
         if ts.dims != ls.dims[:-1]:
             raise InputError(
@@ -50,6 +53,7 @@ def cross_entropy(g: Graph, logits: NodeId, target: NodeId, *, reduction: str = 
                 f"the class axis, {list(ls.dims[:-1])}; given {ts}",
                 loc=source.capture(),
             )
+        logp = g.log_softmax(logits, -1)
         picked = g.apply(GatherElements(ls.rank - 1), [logp, g.unsqueeze(target, -1)])
         nll = g.neg(g.reshape(picked, list(ts.dims)))
     elif ts.dtype.is_float:
@@ -60,20 +64,21 @@ def cross_entropy(g: Graph, logits: NodeId, target: NodeId, *, reduction: str = 
                 loc=source.capture(),
             )
         t = target if ts.dtype is ls.dtype else g.cast(target, ls.dtype)
-        nll = g.neg(g.sum(g.mul(t, logp), -1))
+        nll = g.neg(g.sum(g.mul(t, g.log_softmax(logits, -1)), -1))
     else:
         raise InputError(
             f"cross_entropy: target %{target} must hold integer labels or float "
             f"probabilities, given {ts}",
             loc=source.capture(),
         )
-    return _reduce(g, nll, reduction, "cross_entropy")
+    return _reduce(g, nll, reduction)
 
 
 def mse(g: Graph, pred: NodeId, target: NodeId, *, reduction: str = "mean") -> NodeId:
     """Mean squared error ``(pred - target)**2`` (broadcasting), reduced."""
+    _check_reduction(reduction, "mse")
     d = g.sub(pred, target)
-    return _reduce(g, g.mul(d, d), reduction, "mse")
+    return _reduce(g, g.mul(d, d), reduction)
 
 
 def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:

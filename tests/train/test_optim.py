@@ -128,3 +128,51 @@ def test_state_params_are_named_by_optimizer_and_param():
 def test_bad_hyperparameters_raise_naming_them(make, match):
     with pytest.raises(InputError, match=match):
         make()
+
+
+# ---- learning-rate schedules ----------------------------------------------------------
+
+
+def _torch_lrs(make_sched, steps: int, lr: float = 0.5) -> list[float]:
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)
+    sched = make_sched(opt)
+    out = []
+    for _ in range(steps):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
+def test_schedules_match_torch_and_transformers():
+    from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
+
+    from rlx.train import constant, cosine, step_decay, warmup_cosine, warmup_linear
+
+    lrs = torch.optim.lr_scheduler
+    cases = [
+        (constant(0.5), lambda o: lrs.ConstantLR(o, factor=1.0)),
+        (step_decay(0.5, 3, 0.5), lambda o: lrs.StepLR(o, step_size=3, gamma=0.5)),
+        (cosine(0.5, 12), lambda o: lrs.CosineAnnealingLR(o, T_max=12)),
+        (cosine(0.5, 12, 0.05), lambda o: lrs.CosineAnnealingLR(o, T_max=12, eta_min=0.05)),
+        (warmup_cosine(0.5, 3, 12), lambda o: get_cosine_schedule_with_warmup(o, 3, 12)),
+        (warmup_linear(0.5, 3, 12), lambda o: get_linear_schedule_with_warmup(o, 3, 12)),
+    ]
+    for ours, theirs in cases:
+        want = _torch_lrs(theirs, 13)
+        got = [ours(t) for t in range(13)]
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15, err_msg=repr(ours))
+
+
+def test_warmup_schedules_end_at_min_lr_and_reject_bad_arguments():
+    from rlx.train import step_decay, warmup_cosine, warmup_linear
+
+    assert warmup_cosine(1.0, 2, 10, min_lr=0.1)(10) == pytest.approx(0.1)
+    assert warmup_linear(1.0, 2, 10, min_lr=0.1)(50) == pytest.approx(0.1)
+    assert warmup_linear(1.0, 4, 10)(2) == 0.5
+    with pytest.raises(InputError, match=r"warmup_cosine: warmup \(5\) is longer than total"):
+        warmup_cosine(1.0, 5, 4)
+    with pytest.raises(InputError, match="step_decay: every must be an int >= 1, given 0"):
+        step_decay(1.0, 0)
+    with pytest.raises(InputError, match="schedule step must be an int >= 0, given -1"):
+        warmup_linear(1.0, 1, 2)(-1)
