@@ -18,7 +18,7 @@ from rlx import DType, Shape
 from rlx.backends.cpu.kernels import KERNELS, KernelKind, kernel_kind, load_kernels
 from rlx.errors import UnsupportedOpError
 from rlx.ops import OPS
-from rlx.ops.core import Constant, Input, Param
+from rlx.ops.core import Constant, Input, Param, StopGradient
 from rlx.ops.custom import Custom
 from rlx.ops.elementwise import (
     Binary,
@@ -91,7 +91,7 @@ def test_every_builtin_op_has_a_kernel_factory():
 
 def test_view_ops_are_always_planned_as_views():
     """Why view ops need no kernel: the plan aliases them to their input."""
-    assert {c for c in _builtin_ops() if c.view} == {Reshape, Barrier}
+    assert {c for c in _builtin_ops() if c.view} == {Reshape, Barrier, StopGradient}
     g = rlx.Graph("v")
     x = g.input("x", Shape((2, 3, 4), DType.BF16))
     g.set_outputs([g.reshape(g.neg(g.reshape(x, [6, 4])), [24])])

@@ -819,6 +819,7 @@ CASES: list[Case] = [
     Case("custom", _custom),
     Case("assign", lambda g: g.assign(p := g.param("p", (3,)), g.add(p, g.input("x", (3,))))),
     Case("barrier", lambda g: g.exp(g.barrier(g.input("x", (3, 2))))),
+    Case("stop_gradient", lambda g: g.exp(g.stop_gradient(g.input("x", (3, 2))))),
     Case(
         "softmax_backward",
         lambda g: g.softmax_backward(g.input("d", (3, 37)), g.input("y", (3, 37)), axis=-1),
