@@ -675,3 +675,105 @@ def _custom_fn(b: B) -> Case:
         jvp=lambda s, p, q, tp, tq, o: s.add(s.mul(tp, q), s.mul(p, tq)),
     )
     return b.done(out)
+
+
+# ---- normalisations, attention, rope, conv, pool, fused ops (rlx/ops/nn_grad.py) ----------
+
+
+def _vec(b: B, n: int) -> int:
+    return b.inp(b.normal([n]))
+
+
+@sample("layer_norm")
+def _layer_norm(b: B) -> Case:
+    d = b.dims(1, 3)
+    x = b.inp(b.normal(d) * 2 + 1)
+    return b.done(b.g.layer_norm(x, _vec(b, d[-1]), _vec(b, d[-1]), eps=1e-3))
+
+
+@sample("rms_norm")
+def _rms_norm(b: B) -> Case:
+    d = b.dims(1, 3)
+    return b.done(b.g.rms_norm(b.inp(b.normal(d)), _vec(b, d[-1]), eps=1e-3))
+
+
+@sample("group_norm")
+def _group_norm(b: B) -> Case:
+    x = b.inp(b.normal([2, 4, 3]))
+    return b.done(b.g.group_norm(x, _vec(b, 4), _vec(b, 4), 2, eps=1e-3))
+
+
+@sample("attention")
+def _attention(b: B) -> Case:
+    from rlx.ops.nn import MaskKind
+
+    mask = b.data.draw(st.sampled_from([MaskKind.none(), MaskKind.causal()]), "mask")
+    q = b.inp(b.normal([2, 3, 4]))
+    k, v = b.inp(b.normal([2, 4, 2])), b.inp(b.normal([2, 4, 2]))
+    return b.done(b.g.attention(q, k, v, 2, 2, mask=mask, num_kv_heads=1))
+
+
+@sample("rope")
+def _rope(b: B) -> Case:
+    x, c, s = b.inp(b.normal([2, 3, 8])), b.inp(b.normal([3, 1])), b.inp(b.normal([3, 1]))
+    return b.done(b.g.rope(x, c, s, 4, n_rot=2, interleaved=b.data.draw(st.booleans())))
+
+
+@sample("conv")
+def _conv(b: B) -> Case:
+    x, w = b.inp(b.normal([2, 4, 6])), b.inp(b.normal([4, 2, 3]))
+    return b.done(b.g.conv(x, w, _vec(b, 4), stride=2, padding=1, dilation=1, groups=2))
+
+
+def _pool_input(b: B) -> int:
+    return b.inp(b.distinct([2, 2, 6]))
+
+
+@sample("pool")
+def _pool(b: B) -> Case:
+    fn = b.data.draw(st.sampled_from(["max_pool", "avg_pool"]), "fn")
+    return b.done(getattr(b.g, fn)(_pool_input(b), 3, stride=2, padding=1))
+
+
+@sample("pool_backward")
+def _pool_backward(b: B) -> Case:
+    from rlx.ops.nn import Pool, PoolKind
+    from rlx.ops.nn_grad import PoolBackward
+
+    kind = b.data.draw(st.sampled_from([PoolKind.MAX, PoolKind.AVG]), "fn")
+    op = Pool(kind, (3,), (2,), ((1, 1),))
+    return b.done(b.g.apply(PoolBackward(op), [_pool_input(b), b.inp(b.normal([2, 2, 3]))]))
+
+
+@sample("max_pool_select")
+def _max_pool_select(b: B) -> Case:
+    from rlx.ops.nn import Pool, PoolKind
+    from rlx.ops.nn_grad import MaxPoolSelect
+
+    op = Pool(PoolKind.MAX, (3,), (2,), ((1, 1),))
+    return b.done(b.g.apply(MaxPoolSelect(op), [_pool_input(b), b.inp(b.normal([2, 2, 6]))]))
+
+
+@sample("fused_matmul_bias_act")
+def _fused_matmul_bias_act(b: B) -> Case:
+    act = b.data.draw(st.sampled_from([None, UnaryKind.GELU, UnaryKind.TANH]), "act")
+    x, w = b.inp(b.normal([2, 3])), b.inp(b.normal([3, 4]))
+    return b.done(b.g.fused_matmul_bias_act(x, w, _vec(b, 4), act=act))
+
+
+@sample("fused_swiglu")
+def _fused_swiglu(b: B) -> Case:
+    x, wg, wu = b.inp(b.normal([2, 3])), b.inp(b.normal([3, 4])), b.inp(b.normal([3, 4]))
+    return b.done(b.g.fused_swiglu(x, wg, wu))
+
+
+@sample("fused_residual_layer_norm")
+def _fused_residual_layer_norm(b: B) -> Case:
+    x, r = b.inp(b.normal([2, 5])), b.inp(b.normal([1, 5]))
+    return b.done(b.g.fused_residual_layer_norm(x, r, _vec(b, 5), _vec(b, 5), eps=1e-3))
+
+
+@sample("fused_residual_rms_norm")
+def _fused_residual_rms_norm(b: B) -> Case:
+    x, r = b.inp(b.normal([2, 5])), b.inp(b.normal([2, 5]))
+    return b.done(b.g.fused_residual_rms_norm(x, r, _vec(b, 5), eps=1e-3))
