@@ -226,3 +226,24 @@ def test_integer_quant_ops_refuse_gradients_with_their_reason():
     g3.set_outputs([g3.sum(g3.dynamic_qbatch_matmul(a, b))])
     with pytest.raises(AutodiffError, match="dynamic_qbatch_matmul.*piecewise constant"):
         rlx.grad(g3, ["b"])
+
+
+def test_vmap_and_hvp_through_the_fake_quantizers():
+    g = rlx.Graph("f")
+    x, s = g.input("x", (6,)), g.input("s", (1,))
+    g.set_outputs([g.fake_quantize_lsq(g.fake_quantize(x, 0.1, qmin=-8, qmax=7), s)])
+    xs = np.linspace(-1.2, 1.2, 18, dtype=np.float32).reshape(3, 6)
+    sv = np.array([0.3], np.float32)
+    (got,) = rlx.vmap(g, {"x": 0, "s": None}, size=3).evaluate({"x": xs, "s": sv}, {})
+    want = np.clip(np.rint(np.clip(np.rint(xs / 0.1), -8, 7) * np.float32(0.1) / 0.3), -128, 127)
+    np.testing.assert_allclose(got, want * np.float32(0.3), rtol=1e-6, atol=1e-7)
+    # f(x) = sum(fq(x) * x): under the estimator the gradient is mask * x + fq(x), and its
+    # derivative along v is 2 * mask * v
+    h = rlx.Graph("h")
+    xh = h.input("x", (6,), "f64")
+    h.set_outputs([h.sum(h.mul(h.fake_quantize(xh, 0.1, qmin=-5, qmax=5), xh))])
+    xv = np.linspace(-1.0, 1.0, 6)
+    v = np.arange(1.0, 7.0)
+    (hv,) = rlx.hvp(h, ["x"]).evaluate({"x": xv, "v_x": v}, {})
+    mask = np.abs(np.rint(xv / 0.1)) <= 5
+    np.testing.assert_allclose(hv, 2 * mask * v)
