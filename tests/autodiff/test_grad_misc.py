@@ -199,3 +199,68 @@ def test_inference_only_ops_say_why():
     assert "integer" in Sample.nondiff
     assert "KV cache" in CacheAttention.nondiff
     assert "quantized" in DequantGather.nondiff
+
+
+# ---- second order: hvp through these rules -------------------------------------------
+
+
+def _i64(g, a):
+    return g.constant(np.asarray(a, dtype=np.int64))
+
+
+HVP_CASES = {
+    "matmul": ([(2, 3, 4), (4, 5)], lambda g, x, w: g.sum(g.tanh(g.matmul(x, w)))),
+    "gather_pad_slice": (
+        [(5, 2)],
+        lambda g, x: g.sum(
+            g.tanh(
+                g.gather(
+                    g.pad(g.slice(x, [None], [None], [-2]), [(1, 1), (0, 0)]), _i64(g, [0, 1, 1]), 0
+                )
+            )
+        ),
+    ),
+    "dense_solve": (
+        [(3, 3), (3,)],
+        lambda g, a, b: g.sum(g.tanh(g.dense_solve(g.add(a, g.constant(4 * np.eye(3))), b))),
+    ),
+    "scan": (
+        [(3,), (4, 3)],
+        lambda g, c, xs: g.sum(
+            g.scan(lambda s, c, x: [s.tanh(s.mul(c, x)), s.mul(c, x)], [c], [xs], output_index=1)
+        ),
+    ),
+    "if": (
+        [(3,), (3,)],
+        lambda g, x, y: g.sum(
+            g.cond(
+                g.constant(np.array(True)),
+                lambda s, a, b: s.mul(s.sin(a), b),
+                lambda s, a, b: b,
+                [x, y],
+            )
+        ),
+    ),
+    "custom_fn": ([(3,), (3,)], lambda g, x, y: g.sum(g.tanh(g.custom_fn([x, y], _sin_mul)))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HVP_CASES))
+def test_hvp_through_the_rules(name):
+    """H v (forward over reverse) against central differences of the gradient graph."""
+    from rlx.autodiff.hvp import hvp
+
+    shapes, build = HVP_CASES[name]
+    g = rlx.Graph(name)
+    ids = [g.input(f"x{k}", s, "f64") for k, s in enumerate(shapes)]
+    g.set_outputs(build(g, *ids))
+    wrt = [f"x{k}" for k in range(len(shapes))]
+    rng = np.random.default_rng(7)
+    vals = {w: rng.standard_normal(s) for w, s in zip(wrt, shapes)}
+    dirs = {w: rng.standard_normal(s) for w, s in zip(wrt, shapes)}
+    got = hvp(g, wrt).evaluate({**vals, **{f"v_{w}": d for w, d in dirs.items()}})
+    gg, eps = grad(g, wrt), 1e-5
+    plus = gg.evaluate({w: vals[w] + eps * dirs[w] for w in wrt})
+    minus = gg.evaluate({w: vals[w] - eps * dirs[w] for w in wrt})
+    for a, p, m in zip(got, plus, minus, strict=True):
+        np.testing.assert_allclose(a, (p - m) / (2 * eps), rtol=1e-5, atol=1e-6)
