@@ -11,7 +11,9 @@ primal inputs (the softmax probabilities, the normalised rows).
   ``gamma`` all ones is also its forward-mode (jvp) product.
 * ``AttentionBackward(fwd, wrt)``: inputs ``(q, k, v[, mask], ct)`` of the forward
   :class:`~rlx.ops.nn.Attention` ``fwd``; ``wrt`` in q, k, v (their shapes) or mask
-  (the score gradient ``[B,H,Sq,Skv]``, reduced to the mask's shape by the rule).
+  (the score gradient ``[B,H,Sq,Skv]``, reduced to the mask's shape by the rule), or
+  ``qkv``: dq, dk, dv stacked as ``[3, B, S, E]`` from one recomputation (self-attention
+  shapes: q, k and v of one shape), split by the rule with narrow + reshape.
 * ``AttentionJvp(fwd)``: inputs ``(q, k, v[, mask], tq, tk, tv[, tmask])`` -> the output
   tangent (``[B,Sq,H*D]``).
 * ``RopeBackward(fwd, wrt)``: inputs ``(x, ct)`` -> the gradient of ``cos`` or ``sin``
@@ -180,9 +182,9 @@ class AttentionBackward(Op):
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
         expect(
-            self.wrt in ("q", "k", "v", "mask"),
+            self.wrt in ("q", "k", "v", "mask", "qkv"),
             self,
-            f"wrt must be q, k, v or mask, got {self.wrt!r}",
+            f"wrt must be q, k, v, mask or qkv, got {self.wrt!r}",
         )
         expect(len(ins) == self.num_inputs(), self, f"expected {self.num_inputs()} inputs")
         expect(self.wrt != "mask" or len(ins) == 5, self, "wrt=mask needs a custom-mask attention")
@@ -191,6 +193,9 @@ class AttentionBackward(Op):
         q, k = ins[0], ins[1]
         if self.wrt == "mask":
             return Shape((q.dims[0], self.fwd.num_heads, q.dims[1], k.dims[1]), q.dtype)
+        if self.wrt == "qkv":
+            expect(q == k == ins[2], self, f"wrt=qkv needs q, k, v of one shape, got {ins[:3]}")
+            return Shape((3, *q.dims), q.dtype)
         return ins["qkv".index(self.wrt)]
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
@@ -199,16 +204,20 @@ class AttentionBackward(Op):
         do = _heads(upcast(xs[-1]), fwd.num_heads)
         groups = fwd.num_heads // fwd.kv_heads
         with np.errstate(invalid="ignore"):
+            dv = _pack(np.matmul(p.swapaxes(-1, -2), do), groups)
             if self.wrt == "v":
-                return _pack(np.matmul(p.swapaxes(-1, -2), do), groups).astype(ctx.out_dtype)
+                return dv.astype(ctx.out_dtype)
             dp = np.matmul(do, vh.swapaxes(-1, -2))
             ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))
             sc = np.asarray(fwd.effective_scale, ds.dtype)
             if self.wrt == "mask":
                 return ds.astype(ctx.out_dtype)
-            if self.wrt == "q":
-                return _pack(np.matmul(ds, kh) * sc).astype(ctx.out_dtype)
-            return _pack(np.matmul(ds.swapaxes(-1, -2), qh) * sc, groups).astype(ctx.out_dtype)
+            dq = _pack(np.matmul(ds, kh) * sc)
+            dk = _pack(np.matmul(ds.swapaxes(-1, -2), qh) * sc, groups)
+        grads = {"q": dq, "k": dk, "v": dv}
+        if self.wrt == "qkv":
+            return np.stack([dq, dk, dv]).astype(ctx.out_dtype)
+        return grads[self.wrt].astype(ctx.out_dtype)
 
 
 @register

@@ -4,8 +4,8 @@ bodies behind ``Attention.vjp``, ``Rope.jvp``, ``Conv.vjp``, ``Pool.vjp`` and th
 In: the graph being extended, the forward node, its cotangent or its inputs' tangents.
 Out: node ids built from the backward ops of ``rlx/ops/nn_grad.py`` and ordinary ops.
 
-* Attention: one ``AttentionBackward`` node per gradient (q, k, v, an additive mask
-  reduced to the mask's shape); jvp is one ``AttentionJvp`` node; vmap folds the batch
+* Attention: one ``AttentionBackward`` node for dq, dk, dv together (self-attention
+  shapes) or per gradient, one for an additive mask (reduced to the mask's shape); jvp is one ``AttentionJvp`` node; vmap folds the batch
   axis into the attention's own batch dim.
 * Rope: dx is the inverse rotation (``rope`` with ``-sin``); cos / sin get
   ``RopeBackward``; rope is bilinear in x and the tables, so its jvp is two ropes.
@@ -51,10 +51,16 @@ Grads = tuple[NodeId | None, ...]
 
 
 def attention_vjp(op: Attention, g: Graph, node: Node, ct: NodeId) -> Grads:
+    """Self-attention shapes (q, k, v alike): one stacked ``qkv`` node split by narrow;
+    otherwise one node per gradient."""
     ins = list(node.inputs)
-    grads: list[NodeId | None] = [
-        g.apply(AttentionBackward(op, w), [*ins, ct]) for w in ("q", "k", "v")
-    ]
+    grads: list[NodeId | None]
+    if g.shape(ins[0]) == g.shape(ins[1]) == g.shape(ins[2]):
+        both = g.apply(AttentionBackward(op, "qkv"), [*ins, ct])
+        dims = list(g.shape(ins[0]).dims)
+        grads = [g.reshape(g.narrow(both, 0, i, 1), dims) for i in range(3)]
+    else:
+        grads = [g.apply(AttentionBackward(op, w), [*ins, ct]) for w in ("q", "k", "v")]
     if len(ins) == 4:
         ds = g.apply(AttentionBackward(op, "mask"), [*ins, ct])
         grads.append(unbroadcast(g, ds, ins[3]))

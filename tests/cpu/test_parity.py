@@ -404,6 +404,16 @@ def _nn_grad_cases() -> list[Case]:
         )
         for w in ("q", "k", "v")
     ]
+    cases.append(
+        Case(
+            "attention_backward_qkv",
+            lambda g: g.apply(
+                ng.AttentionBackward(Attention(2, 3), "qkv"),
+                ins(g, "f32", q=(2, 4, 6), k=(2, 4, 6), v=(2, 4, 6), ct=(2, 4, 6)),
+            ),
+            loose=True,
+        )
+    )
     mqkv = {"q": (2, 3, 6), "k": (2, 4, 6), "v": (2, 4, 6), "m": (2, 1, 3, 4), "ct": (2, 3, 6)}
     cases += [
         Case(

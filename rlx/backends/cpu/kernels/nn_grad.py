@@ -180,7 +180,8 @@ class _Grouped:
 def attention_backward_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
-    """dq, dk, dv or the score gradient of attention in the grouped layout (BLAS)."""
+    """dq, dk, dv (or all three stacked) or the score gradient of attention in the grouped
+    layout (BLAS): five batched matmuls for all three."""
     op = node.op.fwd  # type: ignore[attr-defined]
     wrt = node.op.wrt  # type: ignore[attr-defined]
     q, k, v = ins[:3]
@@ -194,14 +195,16 @@ def attention_backward_kernel(
     dkv = ctx.scratch((b, hkv, skv, d), dt, _T + 22)
     dq = ctx.scratch(do.shape, dt, _T + 23)
     tmp = ctx.scratch(s.p.shape, dt, _T + 24)
+    outs = dict(zip("qkv", out, strict=True)) if wrt == "qkv" else {wrt: out}
 
     def run() -> None:
         s.probs(q, k, mask)
         np.copyto(s.as_heads(do), s.heads_q(ct))
-        if wrt == "v":
+        if wrt in ("v", "qkv"):
             np.matmul(s.p.swapaxes(-1, -2), do, out=dkv)
-            np.copyto(out.reshape(b, skv, hkv, d), dkv.transpose(0, 2, 1, 3))
-            return
+            np.copyto(outs["v"].reshape(b, skv, hkv, d), dkv.transpose(0, 2, 1, 3))
+            if wrt == "v":
+                return
         np.copyto(s.vt, s.heads_kv(v, True))
         np.matmul(do, s.vt, out=ds)  # dP
         with np.errstate(invalid="ignore"):
@@ -213,12 +216,12 @@ def attention_backward_kernel(
             np.copyto(out, s.as_heads(ds))
             return
         np.multiply(ds, s.scale, out=ds)
-        if wrt == "q":
+        if wrt in ("q", "qkv"):
             np.matmul(ds, s.kt.swapaxes(-1, -2), out=dq)
-            np.copyto(out.reshape(b, sq, h, d), s.as_heads(dq).transpose(0, 2, 1, 3))
-            return
-        np.matmul(ds.swapaxes(-1, -2), s.qs, out=dkv)
-        np.copyto(out.reshape(b, skv, hkv, d), dkv.transpose(0, 2, 1, 3))
+            np.copyto(outs["q"].reshape(b, sq, h, d), s.as_heads(dq).transpose(0, 2, 1, 3))
+        if wrt in ("k", "qkv"):
+            np.matmul(ds.swapaxes(-1, -2), s.qs, out=dkv)
+            np.copyto(outs["k"].reshape(b, skv, hkv, d), dkv.transpose(0, 2, 1, 3))
 
     return run
 
