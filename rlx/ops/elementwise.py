@@ -140,7 +140,7 @@ class Unary(Op):
             return UNARY_FNS[self.fn](_wide(xs[0]))
 
     def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
-        return (_unary_times(g, self.fn, node, ct),)
+        return (_unary_times(g, self.fn, node, ct, True),)
 
     def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
         (t,) = tangents
@@ -238,7 +238,7 @@ class Binary(Op):
     def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
         from rlx.autodiff.rules import unbroadcast
 
-        parts = _binary_times(g, self.fn, node, ct, ct)
+        parts = _binary_times(g, self.fn, node, ct, ct, True)
         return tuple(
             None if c is None else unbroadcast(g, c, x)
             for c, x in zip(parts, node.inputs, strict=True)
@@ -395,14 +395,16 @@ class Cast(Op):
     def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
         # float -> float: the cotangent cast back; to or from an integer or bool type no
         # gradient flows (the driver carries cotangents through float values only)
+        # (complex -> real keeps the real part: its adjoint is the cotangent as a complex
+        # number; real -> complex: the real part of the cotangent)
         src = g.node(node.inputs[0]).dtype
-        if not (src.is_float and self.to.is_float):
+        if not (_diff(src) and _diff(self.to)):
             return (None,)
         return (g.apply(Cast(src), [ct]),)
 
     def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
         (t,) = tangents
-        if t is None or not (g.node(t).dtype.is_float and self.to.is_float):
+        if t is None or not (_diff(g.node(t).dtype) and _diff(self.to)):
             return None
         return g.apply(Cast(self.to), [t])
 
@@ -423,18 +425,29 @@ class Cast(Op):
         return f"cast[to={self.to}]"
 
 
-def _unary_times(g: Graph, fn: UnaryKind, node: Node, t: NodeId) -> NodeId | None:
+def _unary_times(
+    g: Graph, fn: UnaryKind, node: Node, t: NodeId, adjoint: bool = False
+) -> NodeId | None:
     from rlx.ops.pointwise_grad import unary_times
 
-    return unary_times(g, fn, node, t)
+    return unary_times(g, fn, node, t, adjoint)
 
 
 def _binary_times(
-    g: Graph, fn: BinaryKind, node: Node, ta: NodeId | None, tb: NodeId | None
+    g: Graph,
+    fn: BinaryKind,
+    node: Node,
+    ta: NodeId | None,
+    tb: NodeId | None,
+    adjoint: bool = False,
 ) -> tuple[NodeId | None, NodeId | None]:
     from rlx.ops.pointwise_grad import binary_times
 
-    return binary_times(g, fn, node, ta, tb)
+    return binary_times(g, fn, node, ta, tb, adjoint)
+
+
+def _diff(dt: DType) -> bool:
+    return dt.is_float or dt.is_complex
 
 
 def _like(g: Graph, t: NodeId | None, node: Node) -> NodeId | None:

@@ -11,6 +11,11 @@ Conventions at the kinks, as PyTorch: ``relu'(0) = 0``, ``abs'(0) = sign(0) = 0`
 its exponent derivative is 0 where the base is 0 and the exponent >= 0 (else
 ``y log a``, NaN for a negative base); ``mod`` is C's ``fmod`` (the dividend's sign):
 ``d/da = 1``, ``d/db = -trunc(a / b)``, computed as ``-(a - y) / b``.
+
+Complex values (c64): the holomorphic ones (add, sub, mul, div, pow, exp, log, sqrt,
+rsqrt, recip, square, neg, sin, cos, tanh, sigmoid) take ``t * f'(z)`` forward and
+``ct * conj(f'(z))`` in reverse (the adjoint for ``Re <u, v>``, as JAX); the others
+(abs, relu, max...) have no complex rule.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from rlx.dtype import DType
 from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.elementwise import BinaryKind, Cast, UnaryKind
 from rlx.ops.trig import Trig, TrigKind
@@ -80,14 +86,32 @@ _UNARY: dict[UnaryKind, Callable[[Graph, NodeId, NodeId], NodeId]] = {
 _ZERO = frozenset({UnaryKind.ROUND, UnaryKind.FLOOR, UnaryKind.CEIL, UnaryKind.SIGN, UnaryKind.NOT})
 
 
-def unary_times(g: Graph, fn: UnaryKind, node: Node, t: NodeId) -> NodeId | None:
-    """``t * f'(x)`` for ``y = fn(x)`` (None: zero derivative)."""
+def conj(g: Graph, z: NodeId) -> NodeId:
+    """The complex conjugate of ``z`` (``2 re(z) - z``; ``z`` itself when real)."""
+    dt = g.node(z).dtype
+    if not dt.is_complex:
+        return z
+    re = g.apply(Cast(dt), [g.apply(Cast(DType.F32), [z])])
+    return g.sub(g.mul(re, 2.0), z)
+
+
+def _times(g: Graph, t: NodeId, d: NodeId, adjoint: bool) -> NodeId:
+    """``t * d``, or ``t * conj(d)`` for a complex cotangent (``adjoint``: reverse mode,
+    the adjoint for the real inner product ``Re <u, v>``, as JAX)."""
+    return g.mul(t, conj(g, d) if adjoint else d)
+
+
+def unary_times(
+    g: Graph, fn: UnaryKind, node: Node, t: NodeId, adjoint: bool = False
+) -> NodeId | None:
+    """``t * f'(x)`` for ``y = fn(x)`` (None: zero derivative); ``adjoint``: reverse
+    mode (the derivative conjugated for complex values)."""
     if fn in _ZERO:
         return None
     if fn is UnaryKind.NEG:
         return g.neg(t)
     (x,) = node.inputs
-    return g.mul(t, _UNARY[fn](g, x, node.id))
+    return _times(g, t, _UNARY[fn](g, x, node.id), adjoint)
 
 
 def _extreme_weight(g: Graph, fn: BinaryKind, a: NodeId, b: NodeId) -> NodeId:
@@ -97,15 +121,21 @@ def _extreme_weight(g: Graph, fn: BinaryKind, a: NodeId, b: NodeId) -> NodeId:
 
 
 def binary_times(
-    g: Graph, fn: BinaryKind, node: Node, ta: NodeId | None, tb: NodeId | None
+    g: Graph,
+    fn: BinaryKind,
+    node: Node,
+    ta: NodeId | None,
+    tb: NodeId | None,
+    adjoint: bool = False,
 ) -> tuple[NodeId | None, NodeId | None]:
     """``(ta * dy/da, tb * dy/db)`` for ``y = a (fn) b`` (None where ``t`` is None or the
-    partial is zero). The products broadcast; callers unbroadcast or expand them."""
+    partial is zero; ``adjoint`` as :func:`unary_times`). The products broadcast;
+    callers unbroadcast or expand them."""
     a, b = node.inputs
     y = node.id
 
     def times(t: NodeId | None, d: Callable[[], NodeId]) -> NodeId | None:
-        return None if t is None else g.mul(t, d())
+        return None if t is None else _times(g, t, d(), adjoint)
 
     if fn is BinaryKind.ADD:
         return ta, tb
@@ -114,10 +144,7 @@ def binary_times(
     if fn is BinaryKind.MUL:
         return times(ta, lambda: b), times(tb, lambda: a)
     if fn is BinaryKind.DIV:
-        return (
-            None if ta is None else g.div(ta, b),
-            None if tb is None else g.neg(g.div(g.mul(tb, y), b)),
-        )
+        return times(ta, lambda: g.recip(b)), times(tb, lambda: g.neg(g.div(y, b)))
     if fn in (BinaryKind.MAX, BinaryKind.MIN):
         if ta is None and tb is None:
             return None, None
@@ -153,5 +180,5 @@ _TRIG: dict[TrigKind, Callable[[Graph, NodeId, NodeId], NodeId]] = {
 
 
 def trig_times(g: Graph, fn: TrigKind, node: Node, t: NodeId) -> NodeId:
-    """``t * f'(x)`` for ``y = fn(x)``."""
+    """``t * f'(x)`` for ``y = fn(x)`` (real floats only)."""
     return g.mul(t, _TRIG[fn](g, node.inputs[0], node.id))

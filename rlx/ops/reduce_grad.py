@@ -25,6 +25,7 @@ from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.axis_batch import batch_axis
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import _wide
+from rlx.ops.pointwise_grad import conj
 from rlx.ops.reduce import Reduce, ReduceKind, canon_axis, norm_axes, norm_axis
 from rlx.shape import Shape
 
@@ -150,7 +151,7 @@ def reduce_vjp(g: Graph, op: Reduce, node: Node, ct: NodeId) -> NodeId:
     if op.fn in (ReduceKind.SUM, ReduceKind.MEAN):
         dx = g.expand(ck, list(g.shape(x).dims))
         return dx if op.fn is ReduceKind.SUM else g.div(dx, _count(g, x, axes))
-    return g.mul(ck, _weight(g, op, node, axes))
+    return g.mul(ck, conj(g, _weight(g, op, node, axes)))
 
 
 def reduce_jvp(g: Graph, op: Reduce, node: Node, t: NodeId) -> NodeId:

@@ -229,3 +229,32 @@ def test_pytorch_conventions_at_kinks_and_ties() -> None:
     got = _rlx_grad(lambda g, p, q: g.mod(p, q), fa, fb)
     for gg, w in zip(got, _torch_grad(torch.fmod, fa, fb), strict=True):
         np.testing.assert_allclose(gg, w, rtol=1e-12)
+
+
+COMPLEX = [
+    ("mul", lambda g, a, b: g.mul(a, b)),
+    ("div", lambda g, a, b: g.div(a, b)),
+    ("exp", lambda g, a, b: g.mul(g.exp(a), b)),
+    ("square", lambda g, a, b: g.square(g.sub(a, b))),
+    ("recip", lambda g, a, b: g.recip(g.add(g.add(a, b), 4.0))),
+    ("sin_log_sqrt", lambda g, a, b: g.add(g.sin(a), g.mul(g.log(a), g.sqrt(b)))),
+    ("pow", lambda g, a, b: g.pow(a, b)),
+    ("prod_mean", lambda g, a, b: g.add(g.prod(g.mul(a, b), 1, True), g.mean(a, 1, True))),
+    ("to_real", lambda g, a, b: g.cast(g.mul(a, b), "f32")),
+    ("from_real", lambda g, a, b: g.mul(g.cast(g.cast(a, "f32"), "c64"), b)),
+]
+
+
+@pytest.mark.parametrize("name,build", COMPLEX, ids=[c[0] for c in COMPLEX])
+def test_complex_rules_are_the_adjoint_for_re_inner_product(name: str, build) -> None:
+    """c64 (the one complex dtype): reverse mode conjugates the derivative (JAX's
+    convention), checked in c64 with a coarse finite-difference step."""
+    rng = np.random.default_rng(5)
+    z = (rng.standard_normal((3, 4)) + 1j * rng.standard_normal((3, 4))).astype(np.complex64)
+    w = (rng.standard_normal(4) + 1j * rng.standard_normal(4)).astype(np.complex64)
+    g = rlx.Graph(name)
+    a, b = g.input("a", (3, 4), "c64"), g.input("b", (4,), "c64")
+    g.set_outputs([build(g, a, b)])
+    tol = {"eps": 1e-3, "rtol": 3e-3, "atol": 1e-3}
+    check_vjp(g, {"a": z, "b": w}, ["a", "b"], compiled=True, **tol)
+    check_jvp(g, {"a": z, "b": w}, ["a", "b"], compiled=True, **tol)
