@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx.autodiff.rules import stamp
 from rlx.backends.cpu.calibrate import CalibrationMethod
 from rlx.dtype import DType
 from rlx.errors import QuantizationError
@@ -126,6 +127,10 @@ def prepare(
         raise QuantizationError(
             f"qat.prepare: unknown calibration method {method!r}; expected one of {sorted(METHODS)}"
         )
+    if isinstance(weight_bits, bool) or weight_bits not in range(2, 9):
+        raise QuantizationError(
+            f"qat.prepare: weight_bits must be an int in 2..8 (run as i8), given {weight_bits!r}"
+        )
     graph = ExpandFusedMatMuls().run(to_mir(graph_or_module))
     graph.verify()
     np_params = {k: np.asarray(v) for k, v in params.items()}
@@ -175,7 +180,7 @@ def _insert(
 
     def act(old: NodeId) -> NodeId:
         if old not in act_fq:
-            e = acts[old]
+            start, e = len(g.nodes), acts[old]
             qmin, qmax = QUANT_RANGES[e.dtype]
             x = rw.map[old]
             if learn:
@@ -187,17 +192,18 @@ def _insert(
                 act_fq[old] = g.fake_quantize_lsq(x, s, e.zero_points, None, qmin, qmax, gf)
             else:
                 op = FakeQuantize(None, e.scales, e.zero_points, qmin, qmax)
-                act_fq[old] = rw.emit(op, [x], graph.nodes[old].loc)
+                act_fq[old] = rw.emit(op, [x])
+            stamp(g, start, graph.nodes[old])  # reports: "fake_quantize for %5 relu"
         return act_fq[old]
 
     def weight(ly: Layer) -> NodeId:
         if ly.weight not in w_fq:
             w, axis = rw.map[ly.weight], _weight_axis(ly)
-            wnode = graph.nodes[ly.weight]
+            wnode, start = graph.nodes[ly.weight], len(g.nodes)
             ws = weight_scales(weight_value(graph, ly, params), axis, wq)
             if isinstance(wnode.op, Constant):  # a fixed weight: fixed scales
                 fq = FakeQuantize(axis, tuple(ws.tolist()), (0,) * ws.size, -wq, wq)
-                w_fq[ly.weight] = rw.emit(fq, [w], wnode.loc)
+                w_fq[ly.weight] = rw.emit(fq, [w])
             elif learn:
                 name = f"{ly.name}.log_qscale"
                 out_params[name] = np.log(ws)
@@ -208,6 +214,7 @@ def _insert(
             else:
                 s = _tracked_scale(g, w, axis, wq)
                 w_fq[ly.weight] = g.fake_quantize_lsq(w, s, None, axis, -wq, wq, learn_scale=False)
+            stamp(g, start, wnode)
         return w_fq[ly.weight]
 
     for nid in graph.topo_order():

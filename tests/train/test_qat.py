@@ -144,6 +144,8 @@ def test_prepare_and_convert_errors_name_the_problem():
         qat.prepare(mlp(), init(), [x], exclude=["w9"])
     with pytest.raises(QuantizationError, match="no quantizable matmul"):
         qat.prepare(mlp(), init(), [x], exclude=["w1", "w2"])
+    with pytest.raises(QuantizationError, match="weight_bits must be an int in 2..8"):
+        qat.prepare(mlp(), init(), [x], weight_bits=1)
     with pytest.raises(QuantizationError, match="no matmul or conv with fake-quantized"):
         qat.convert(mlp(), init())
 
