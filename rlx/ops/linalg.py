@@ -453,7 +453,12 @@ class GroupedMatMul(Op):
     def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
         x, w, idx = node.inputs
         dx = g.apply(self, [ct, g.transpose(w, [0, 2, 1]), idx])
-        (m, k), n = g.shape(x).dims, node.shape.dims[1]
+        (m, k), (e, n) = g.shape(x).dims, (g.shape(w).dims[0], node.shape.dims[1])
+        if isinstance(e, int):  # dW[e] = (x masked to expert e)^T ct: one [E,M,K] x [M,N]
+            ids = g.constant(np.arange(e, dtype=g.shape(idx).dtype.np).reshape(e, 1))
+            mask = g.cast(g.eq(ids, g.reshape(idx, [1, m])), g.shape(x).dtype)
+            xm = g.mul(g.reshape(mask, [e, m, 1]), x)
+            return (dx, g.dot_general(xm, ct, ((1,), (0,))), None)
         outer = g.mul(g.reshape(x, [m, k, 1]), g.reshape(ct, [m, 1, n]))  # [M, K, N]
         return (dx, g.scatter_add(zeros(g, w), idx, outer, 0), None)
 

@@ -151,6 +151,22 @@ def test_grouped_and_lora_matmul():
     assert GroupedMatMul and LoraMatMul
 
 
+def test_grouped_matmul_with_a_symbolic_expert_count():
+    """The weight gradient scatters outer products when the expert count is symbolic."""
+    g = rlx.Graph("gs")
+    e = g.sym("experts", max=8)
+    x, w = g.input("x", (5, 3), "f64"), g.input("w", (e, 3, 4), "f64")
+    g.set_outputs(g.grouped_matmul(x, w, g.input("i", (5,), "i32")))
+    rng = np.random.default_rng(6)
+    vals = {
+        "x": rng.standard_normal((5, 3)),
+        "w": rng.standard_normal((3, 3, 4)),
+        "i": np.array([0, 2, 0, 1, 2], np.int32),
+    }
+    check_vjp(g, vals, ["x", "w"], compiled=True)
+    check_jvp(g, vals, ["x", "w"])
+
+
 @pytest.mark.parametrize(
     "sa,sb,axes",
     [
