@@ -16,6 +16,7 @@ import rlx
 from rlx.autodiff import grad, vjp, vmap
 from rlx.autodiff.check import check_jvp, check_vjp
 from rlx.ops.nn_grad import LayerNormBackward, RmsNormBackward
+from rlx.runtime.options import CompileOptions
 from rlx.runtime.session import Session
 
 FEW = settings(max_examples=3, deadline=None)
@@ -159,3 +160,27 @@ def test_layer_norm_vjp_on_a_symbolic_batch() -> None:
         }
         for got, want in zip(cg.run(feed), back.evaluate(feed, {}), strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("isa", ["auto", "avx2", "portable"])
+@pytest.mark.parametrize("op", [LayerNormBackward, RmsNormBackward])
+@pytest.mark.parametrize("wrt", ["x", "gamma"])
+def test_native_norm_backward_on_two_threads(isa: str, op: type, wrt: str, monkeypatch) -> None:
+    """The native kernel (csrc/norm_grad.c) at a size that uses the OpenMP team, per build
+    target, against the NumPy reference."""
+    monkeypatch.setenv("RLX_ISA", isa)
+    rng = np.random.default_rng(3)
+    rows, d = 300, 130
+    feed = {
+        "x": rng.standard_normal((rows, d)).astype(np.float32) * 2 + 1,
+        "gamma": rng.standard_normal(d).astype(np.float32),
+        "ct": rng.standard_normal((rows, d)).astype(np.float32),
+    }
+    g = rlx.Graph("nb")
+    ids = [g.input(k, v.shape, "f32") for k, v in feed.items()]
+    g.set_outputs([g.apply(op(1e-5, wrt), ids)])
+    cg = Session("cpu").compile(g, CompileOptions(num_threads=2, use_cache=False))
+    assert [k.kind.value for k in cg.report().kernels if k.op == op.mnemonic] == ["native"]
+    (want,) = g.evaluate(feed, {})
+    (got,) = cg.run(feed)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -6,7 +6,9 @@ in f32 (``lowp``); f64 stays f64.
 
 * Norm backward: per row ``xhat`` and ``rstd`` are recomputed; dx is
   ``rstd * (g - mean(g) - xhat * mean(g * xhat))`` with ``g = ct * gamma``; dgamma sums
-  ``ct * xhat`` over the rows.
+  ``ct * xhat`` over the rows. f32 (and f16/bf16 widened) runs ``csrc/norm_grad.c``
+  (OpenMP over rows, one pass per row after its statistics) when native kernels are on;
+  f64 and the fallback are ``out=`` ufunc passes.
 * Attention backward / jvp: the forward BLAS kernel's grouped layout (q as
   ``[B, Hkv, G*Sq, D]``, G query heads per kv head), so ``Pᵀ·dO`` and ``dSᵀ·Q`` sum the
   grouped heads into their kv head inside the matmul; the probabilities are recomputed.
@@ -20,6 +22,8 @@ in f32 (``lowp``); f64 stays f64.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -27,6 +31,7 @@ import numpy as np
 
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
 from rlx.backends.cpu.kernels.conv import window_view
+from rlx.errors import CompileError
 from rlx.ops.nn import PoolKind
 from rlx.ops.nn_grad import (
     AttentionBackward,
@@ -53,7 +58,61 @@ _T = 300  # scratch tags of this module: 300..
 # ---- norms ------------------------------------------------------------------------------
 
 
+_P = ctypes.c_void_p
+_L = ctypes.c_long
+#: below this many elements a native norm backward runs on one thread
+_PARALLEL_MIN = 1 << 15
+
+
+@functools.cache
+def _norm_grad_lib(target: object) -> ctypes.CDLL:
+    from rlx.backends.cpu import native
+
+    lib = native.load(native.build(native.csrc_source("norm_grad.c"), target, "norm_grad"))
+    lib.rlx_norm_grad_x_f32.restype = None
+    lib.rlx_norm_grad_x_f32.argtypes = [_P] * 4 + [_L, _L, ctypes.c_float] + [ctypes.c_int] * 2
+    lib.rlx_norm_grad_gamma_f32.restype = None
+    lib.rlx_norm_grad_gamma_f32.argtypes = [_P] * 4 + [_L, _L, ctypes.c_float] + [ctypes.c_int] * 2
+    return lib
+
+
+def _native_norm_backward(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """The ``csrc/norm_grad.c`` call for f32 contiguous views (None: the NumPy path)."""
+    from rlx.backends.cpu import native
+    from rlx.backends.cpu.native import cpu
+
+    if not ctx.native or not native.available():
+        return None
+    arrays = [*ins, out]
+    if any(a.dtype != np.float32 or not a.flags.c_contiguous or not a.size for a in arrays):
+        return None
+    try:
+        lib = _norm_grad_lib(cpu.selected_target())
+    except (CompileError, OSError) as e:
+        ctx.notes.append(f"norm backward: no native kernel ({str(e).splitlines()[0]})")
+        return None
+    op = node.op
+    x, gamma, ct = ins
+    d = x.shape[-1]
+    rows = x.size // d if d else 0
+    threads = ctx.num_threads if x.size >= _PARALLEL_MIN else 1
+    eps, center = ctypes.c_float(op.eps), int(op.center)  # type: ignore[attr-defined]
+    ctx.kind = KernelKind.NATIVE
+    if op.wrt == "x":  # type: ignore[attr-defined]
+        fn, args = lib.rlx_norm_grad_x_f32, (x, gamma, ct, out)
+    else:
+        ws = ctx.scratch((max(1, threads), d), np.float32, _T + 5)
+        fn, args = lib.rlx_norm_grad_gamma_f32, (x, ct, out, ws)
+    ptrs = [a.ctypes.data for a in args]
+    return functools.partial(fn, *ptrs, rows, d, eps, center, threads)
+
+
 def _norm_backward(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
+    fast = _native_norm_backward(node, ins, out, ctx)
+    if fast is not None:
+        return fast
     op = node.op
     x, gamma, ct = ins
     d = x.shape[-1]
