@@ -143,6 +143,11 @@ class Fft(Op):
         t = tangents[0]  # every transform is linear (over the reals)
         return None if t is None else g.apply(self, [t])
 
+    def batch(self, g: Graph, node: Node, ins: tuple, bdims: tuple) -> tuple[NodeId, int]:
+        x, bd = ins[0], bdims[0]
+        ax = self.axis % node.shape.rank
+        return g.apply(Fft(self.fn, self.norm, self.n, ax + (ax >= bd)), [x]), bd
+
     def __str__(self) -> str:
         parts = [f"norm={self.norm.value}", f"axis={self.axis}"]
         if self.n is not None:

@@ -294,6 +294,18 @@ class DotGeneral(Op):
         terms = [None if ta is None else g.apply(self, [ta, b])]
         return add_any(g, [*terms, None if tb is None else g.apply(self, [a, tb])])
 
+    def batch(self, g: Graph, node: Node, ins: tuple, bdims: tuple) -> tuple[NodeId, int]:
+        (a, b), (da, db) = ins, bdims
+        ra, rb = g.shape(a).rank - (da is not None), g.shape(b).rank - (db is not None)
+        lc, rc, lb, rb_, lf, _ = self._axes(ra, rb)
+        a, b = front(g, a, da), front(g, b, db)
+        up = lambda axes: tuple(x + 1 for x in axes)  # noqa: E731
+        if da is not None and db is not None:  # the batch axes pair up as one more batch
+            return g.apply(DotGeneral(up(lc), up(rc), (0, *up(lb)), (0, *up(rb_))), [a, b]), 0
+        if da is not None:  # a free lhs axis, the first of them in the output
+            return g.apply(DotGeneral(up(lc), rc, up(lb), rb_), [a, b]), len(lb)
+        return g.apply(DotGeneral(lc, up(rc), lb, up(rb_)), [a, b]), len(lb) + len(lf)
+
 
 def _float_pair(op: Op, a: Shape, b: Shape, an: str, bn: str) -> None:
     expect(a.dtype.is_float, op, f"{an} must be a float tensor, got {a}")

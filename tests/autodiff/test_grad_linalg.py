@@ -221,3 +221,24 @@ def test_mlp_backward_contracts_inside_dot_general():
     np.testing.assert_allclose(got[0], dh @ params["w1"].T, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got[1], xv.T @ dh, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got[3], np.maximum(pre, 0).T @ np.ones((8, 3)), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("axes", [{"x0": 0}, {"x1": 2}, {"x0": 1, "x1": 0}])
+def test_vmap_dot_general_matches_a_loop(axes):
+    contract, batch = ((2,), (1,)), ((0,), (0,))
+    g = _graph(lambda g, a, b: g.dot_general(a, b, contract, batch), [(2, 3, 4), (2, 4, 5)])
+    n, rng = 3, np.random.default_rng(8)
+    vals = {}
+    for name, s in (("x0", [2, 3, 4]), ("x1", [2, 4, 5])):
+        if name in axes:
+            s.insert(axes[name], n)
+        vals[name] = rng.standard_normal(s)
+    vg = vmap(g, axes, size=n)
+    assert len(vg.find(DotGeneral)) == 1
+    want = [
+        np.einsum(
+            "bik,bkj->bij", *(np.take(v, k, axes[m]) if m in axes else v for m, v in vals.items())
+        )
+        for k in range(n)
+    ]
+    np.testing.assert_allclose(vg.evaluate(vals)[0], np.stack(want), rtol=1e-12)

@@ -264,3 +264,18 @@ def test_hvp_through_the_rules(name):
     minus = gg.evaluate({w: vals[w] - eps * dirs[w] for w in wrt})
     for a, p, m in zip(got, plus, minus, strict=True):
         np.testing.assert_allclose(a, (p - m) / (2 * eps), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_vmap_fft_matches_numpy(axis):
+    from rlx.autodiff.batching import vmap
+
+    g = rlx.Graph("f")
+    g.set_outputs(g.rfft(g.input("x", (2, 8), "f32"), axis=1, norm="ortho"))
+    shape = [2, 8]
+    shape.insert(axis, 3)
+    x = np.random.default_rng(9).standard_normal(shape).astype(np.float32)
+    vg = vmap(g, {"x": axis}, size=3)
+    assert len(vg.find(Fft)) == 1
+    want = np.fft.rfft(np.moveaxis(x, axis, 0), axis=2, norm="ortho")  # batch out at 0
+    np.testing.assert_allclose(vg.evaluate({"x": x})[0], want, rtol=1e-5, atol=1e-5)
