@@ -20,7 +20,7 @@ from rlx.ops import OPS
 from rlx.ops.bitcast import Bitcast
 from rlx.ops.bitwise import Bitwise, BitwiseKind, BitwiseNot
 from rlx.ops.cumulative import CumProd
-from rlx.ops.elementwise import BinaryKind, Compare, UnaryKind
+from rlx.ops.elementwise import Binary, BinaryKind, Compare, Unary, UnaryKind
 from rlx.ops.trig import Trig, TrigKind
 
 FEW = settings(max_examples=2, deadline=None)
@@ -175,6 +175,21 @@ def test_nondiff_reasons() -> None:
     g.set_outputs([g.sum(g.mul(g.apply(Bitcast(rlx.DType.F64), [same]), x))])
     (gx,) = grad(g, ["x"]).evaluate({"x": np.array([1.0, 2.0, -3.0])})
     np.testing.assert_allclose(gx, [1.0, 2.0, -3.0])  # only the direct factor x counts
+
+
+def test_integer_unary_and_binary_carry_no_gradient() -> None:
+    """Unary / Binary on integers: their rules exist (the classes are differentiable) but
+    the driver flows only through floats, so an integer side path stays out of it."""
+    assert Unary.nondiff == "" and Binary.nondiff == ""
+    g = rlx.Graph("ints")
+    x, i = g.input("x", (3,), "f64"), g.input("i", (3,), "i32")
+    k = g.apply(Binary(BinaryKind.MUL), [g.apply(Unary(UnaryKind.ABS), [i]), i])
+    g.set_outputs([g.sum(g.mul(x, g.cast(k, "f64")))])
+    iv = np.array([-2, 0, 3], np.int32)
+    (gx,) = grad(g, ["x"]).evaluate({"x": np.ones(3), "i": iv})
+    np.testing.assert_array_equal(gx, np.abs(iv) * iv)
+    out = jvp(g, ["x"]).evaluate({"x": np.ones(3), "i": iv, "t_x": np.ones(3)})
+    np.testing.assert_array_equal(out[1], np.sum(np.abs(iv) * iv))
 
 
 def test_gradient_into_an_integer_input_is_refused() -> None:
