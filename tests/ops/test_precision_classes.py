@@ -134,6 +134,7 @@ RLX_ONLY: dict[str, tuple[OpKind, str]] = {
     "shape_of": (D, "reads the input's dims into an i64 vector (ONNX Shape); never retyped"),
     "cache_attention": (C, "attention through a KV cache (its own f32 caches), like Attention"),
     "dequant_gather": (D, "rows of a packed table decoded to f32, like Gather; never retyped"),
+    "stop_gradient": (D, "the identity with a zero derivative (a view), like Reshape"),
 }
 
 BUILTIN = {m: c for m, c in OPS.items() if c.__module__.startswith("rlx.ops.")}
