@@ -19,7 +19,8 @@ Derivatives compose the primitive ops' rules on the unfused chain (``_as``: the 
 node seen as its last link, so ``act'`` reads the fused output instead of recomputing
 it): matmul products for x and the weights, ``unbroadcast`` for the bias, the norms'
 backward ops for the residual norms. The pre-activation ``x @ w + bias`` is rebuilt only
-when ``act'`` needs it. Regions exist only after fusion: differentiate before compiling.
+when ``act'`` needs it. A region's rules differentiate its body in a sub-graph and inline
+the result (its primitive ops fuse again when the derivative graph is compiled).
 """
 
 from __future__ import annotations
@@ -252,10 +253,6 @@ class ElementwiseRegion(Op):
     arity: ClassVar[None] = None  # one input per body Input, checked by infer
     kind: ClassVar[OpKind] = OpKind.ELEMENTWISE
     elementwise: ClassVar[bool] = False
-    nondiff: ClassVar[str] = (
-        "an elementwise region exists only after fusion: differentiate the graph before "
-        "compiling (fusion makes regions)"
-    )
     body: Graph
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
@@ -280,6 +277,40 @@ class ElementwiseRegion(Op):
 
     def subgraphs(self) -> tuple[Graph, ...]:
         return (self.body,)
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        """The body's reverse pass, built in a sub-graph and inlined on the operands (the
+        primitive ops it leaves fuse again when the graph is compiled)."""
+        from rlx.autodiff.reverse import backward
+        from rlx.ops.control import inline
+
+        s = Graph(f"{self.body.name}.vjp")
+        ins = [s.input(f"in{k}", g.shape(i)) for k, i in enumerate(node.inputs)]
+        out = inline(s, self.body, {f"in{k}": i for k, i in enumerate(ins)})[0]
+        grads = backward(s, {out: s.input("ct", s.shape(out))}, ins)
+        have = [k for k, c in enumerate(grads) if c is not None]
+        s.set_outputs([grads[k] for k in have])
+        feeds = {f"in{k}": i for k, i in enumerate(node.inputs)} | {"ct": ct}
+        got = dict(zip(have, inline(g, s, feeds), strict=True))
+        return tuple(got.get(k) for k in range(len(node.inputs)))
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        """The body's forward-mode pass, built in a sub-graph and inlined."""
+        from rlx.autodiff.forward import forward
+        from rlx.ops.control import inline
+
+        s = Graph(f"{self.body.name}.jvp")
+        ins = [s.input(f"in{k}", g.shape(i)) for k, i in enumerate(node.inputs)]
+        out = inline(s, self.body, {f"in{k}": i for k, i in enumerate(ins)})[0]
+        have = [k for k, t in enumerate(tangents) if t is not None]
+        seeds = {ins[k]: s.input(f"t{k}", g.shape(tangents[k])) for k in have}
+        tan = forward(s, seeds, [out])[out]
+        if tan is None:
+            return None
+        s.set_outputs([tan])
+        feeds = {f"in{k}": i for k, i in enumerate(node.inputs)}
+        feeds |= {f"t{k}": tangents[k] for k in have}
+        return inline(g, s, feeds)[0]
 
     def attrs_str(self) -> str:
         return f"body={self.body.name}, nodes={len(self.body.nodes)}"

@@ -777,3 +777,11 @@ def _fused_residual_layer_norm(b: B) -> Case:
 def _fused_residual_rms_norm(b: B) -> Case:
     x, r = b.inp(b.normal([2, 5])), b.inp(b.normal([2, 5]))
     return b.done(b.g.fused_residual_rms_norm(x, r, _vec(b, 5), eps=1e-3))
+
+
+@sample("elementwise_region")
+def _elementwise_region(b: B) -> Case:
+    x, y = b.inp(b.normal([2, 3])), b.inp(b.normal([3]))
+    return b.done(
+        b.g.elementwise_region([x, y], lambda s, p, q: s.mul(s.tanh(p), s.exp(s.mul(q, 0.5))))
+    )

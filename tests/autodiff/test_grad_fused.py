@@ -1,8 +1,8 @@
 """Derivative rules of the fused ops (FusedMatMulBiasAct, FusedSwiGLU, FusedResidualLN,
 FusedResidualRmsNorm) against finite differences in f64 (``rlx.autodiff.check``:
 reference interpreter and compiled CPU graph) on hypothesis-drawn shapes, and the same
-gradients as the unfused chain; the ops without rules (ElementwiseRegion,
-GatedDeltaNet, SelectiveScan) fail with their stated reason, naming the node."""
+gradients as the unfused chain; ElementwiseRegion (its body's rules) and the gradient
+of a graph the compiler fused; GatedDeltaNet and SelectiveScan state why they have none."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ from hypothesis import strategies as st
 import rlx
 from rlx.autodiff import grad
 from rlx.autodiff.check import check_jvp, check_vjp
-from rlx.errors import AutodiffError
 from rlx.ops.elementwise import UnaryKind
-from rlx.ops.fused import ElementwiseRegion
 from rlx.ops.recurrent import GatedDeltaNet, SelectiveScan
 
 FEW = settings(max_examples=3, deadline=None)
@@ -111,13 +109,36 @@ def test_fused_gradients_equal_the_unfused_chain() -> None:
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
-def test_elementwise_region_names_its_reason() -> None:
-    g = rlx.Graph("r")
-    x = g.input("x", (3,), "f64")
-    g.set_outputs([g.sum(g.elementwise_region([x], lambda s, a: s.exp(s.neg(a))))])
-    assert "differentiate the graph before compiling" in ElementwiseRegion.nondiff
-    with pytest.raises(AutodiffError, match="elementwise_region.*differentiate the graph before"):
-        grad(g, ["x"])
+@FEW
+@given(rows=st.integers(1, 3), cols=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_elementwise_region(rows: int, cols: int, seed: int) -> None:
+    """ElementwiseRegion: the body's rules, with a broadcast operand, a constant and a
+    bool operand (no gradient) inside."""
+    g, i, values = _graph({"x": (rows, cols), "y": (cols,)}, seed)
+    cond = g.gt(i["x"], 0.3)
+
+    def body(s: rlx.Graph, x: int, y: int, c: int) -> int:
+        return s.where(c, s.mul(s.tanh(x), y), s.exp(s.mul(y, 0.5)))
+
+    g.set_outputs([g.elementwise_region([i["x"], i["y"], cond], body)])
+    _check(g, values)
+
+
+def test_gradient_of_a_fused_graph_equals_the_unfused_one() -> None:
+    """The graph the compiler fused (regions, fused matmuls) differentiates to the same
+    gradients as the graph as written."""
+    rng = np.random.default_rng(1)
+    vals = {"x": rng.standard_normal((4, 6)), "w": rng.standard_normal((6, 5))}
+    vals |= {"b": rng.standard_normal(5), "gamma": rng.standard_normal(5)}
+    g = rlx.Graph("mlp")
+    x, w, b, gamma = (g.input(k, v.shape, "f64") for k, v in vals.items())
+    h = g.mul(g.sigmoid(g.add(g.matmul(x, w), b)), g.exp(g.neg(g.square(g.add(g.matmul(x, w), b)))))
+    g.set_outputs([g.sum(g.square(g.layer_norm(g.add(h, b), gamma)))])
+    fused = rlx.Session("cpu").compile(g).graph
+    assert {n.op.mnemonic for n in fused.nodes} & {"elementwise_region", "fused_matmul_bias_act"}
+    got = grad(fused, list(vals)).evaluate(vals, {})
+    for a, want in zip(got, grad(g, list(vals)).evaluate(vals, {}), strict=True):
+        np.testing.assert_allclose(a, want, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("op", [GatedDeltaNet, SelectiveScan])
