@@ -21,7 +21,9 @@ aliased input only in the same elementwise call that writes ``out``.
 The kernels themselves live in one module per op family in this package
 (``kernels.elementwise``: unary, binary, compare, where; ``kernels.lowp_lib``: cast and the
 native bf16/f16 paths; ``kernels.tensor``: reductions, norms, movement; ``kernels.linalg``:
-matmul, dot_general; ``kernels.nn``: attention, rope; ``kernels.conv``: conv, pool;
+matmul, dot_general; ``kernels.nn``: attention, rope; ``kernels.nn_grad``: the backward
+ops of the norms, attention, rope, conv and pool (``csrc/norm_grad.c`` for the norms);
+``kernels.conv``: conv, pool;
 ``kernels.fused``: fused ops and elementwise regions; ``kernels.region``: native
 generated elementwise regions; ``kernels.rows``: native row kernels and matmul
 epilogues; ``kernels.quant``: quantize / dequantize; ``kernels.qgemm``: the integer
