@@ -53,7 +53,7 @@ def charlm_grads(
     w = {k: torch.tensor(np.array(v), requires_grad=True) for k, v in params.items()}
     loss = charlm_loss(cfg, w, batch["tokens"], batch["targets"])
     loss.backward()
-    return float(loss), {k: t.grad.numpy() for k, t in w.items()}
+    return float(loss.detach()), {k: t.grad.numpy() for k, t in w.items()}
 
 
 def mean_pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -76,3 +76,30 @@ def mnrl_loss(
     n = ids.shape[0] // 2
     scores = scale * e[:n] @ e[n:].T
     return F.cross_entropy(scores, torch.arange(n))
+
+
+#: (question, answer) pairs for the contrastive MiniLM tests: each answer is its
+#: question's positive and the other answers are its negatives.
+PAIRS = [
+    ("How do I open a file in Python?", "Use the built-in open() with a mode such as 'r'."),
+    ("What does a dict comprehension look like?", "{k: v for k, v in pairs} builds a dict."),
+    ("How can I sort a list in reverse?", "Call sorted(xs, reverse=True) or xs.sort()."),
+    ("How to read environment variables?", "os.environ maps names to values; os.getenv reads."),
+    ("Which module parses command-line options?", "argparse builds command-line parsers."),
+    ("How do I join paths?", "os.path.join and pathlib.Path combine path parts."),
+    ("What is a generator expression?", "(x * x for x in xs) yields values lazily."),
+    ("How to time a function?", "timeit measures snippets; time.perf_counter spans."),
+]
+
+
+def minilm_torch(path: str) -> torch.nn.Module:
+    """transformers' BertModel of all-MiniLM-L6-v2 in eval mode (no dropout), eager
+    attention."""
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(path, attn_implementation="eager").eval()
+
+
+def to_rlx_layout(name: str, grad: np.ndarray) -> np.ndarray:
+    """A torch gradient in rlx's param layout (linear weights are ``[in, out]``)."""
+    return grad.T if grad.ndim == 2 and "embeddings." not in name else grad
