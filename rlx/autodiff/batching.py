@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+from rlx.autodiff.forward import needed
 from rlx.autodiff.rules import moveaxis, stamp
 from rlx.errors import AutodiffError, RlxError
 from rlx.ir.mir import Graph, Node, NodeId
@@ -97,7 +98,7 @@ def vmap(
     g = Graph(f"{graph.name}.vmap")
     g.sym_bounds = dict(graph.sym_bounds)
     b = _size(g, size)
-    need = _needed(graph)
+    need = needed(graph, graph.outputs)
     env: dict[NodeId, tuple[NodeId, int | None]] = {}
     for nid in graph.topo_order():
         if nid not in need:
@@ -129,17 +130,6 @@ def vmap(
         env[nid] = (out, bd)
     g.set_outputs(_outputs(g, graph, env, out_axes, b))
     return g.verify()
-
-
-def _needed(graph: Graph) -> set[NodeId]:
-    seen: set[NodeId] = set()
-    stack = list(graph.outputs)
-    while stack:
-        k = stack.pop()
-        if k not in seen:
-            seen.add(k)
-            stack.extend(graph.nodes[k].inputs)
-    return seen
 
 
 def _batch(

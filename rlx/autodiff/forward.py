@@ -19,10 +19,10 @@ from rlx.errors import AutodiffError
 from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.core import Input, Param
 
-__all__ = ["forward", "jvp", "seed_inputs", "tangent_name"]
+__all__ = ["forward", "jvp", "needed", "seed_inputs", "tangent_name"]
 
 
-def _needed(graph: Graph, outs: Sequence[NodeId]) -> set[NodeId]:
+def needed(graph: Graph, outs: Sequence[NodeId]) -> set[NodeId]:
     """Every node some ``out`` depends on (itself included)."""
     seen: set[NodeId] = set()
     stack = list(outs)
@@ -41,7 +41,7 @@ def forward(
     any node, whose own inputs are then ignored) -> its tangent node. Returns the tangent
     of each node in ``outs`` (None: zero, no path from a seeded node)."""
     nforward = len(g.nodes)
-    need = _needed(g, outs)
+    need = needed(g, outs)
     tan: dict[NodeId, NodeId | None] = dict(tangents)
     for nid in g.topo_order():
         if nid >= nforward or nid in tangents or nid not in need:

@@ -122,6 +122,8 @@ def test_function_form_errors_name_the_users_line() -> None:
         rlx.grad(lambda x: rnp.tanh(x))(np.ones(3, np.float32))
     with pytest.raises(AutodiffError, match="must return one scalar"):
         rlx.grad(lambda x: (rnp.sum(x), rnp.sum(x)))(np.ones(3, np.float32))
+    with pytest.raises(AutodiffError, match=r"has_aux=True: .* a pair \(loss, aux\)"):
+        rlx.grad(lambda x: rnp.sum(x), has_aux=True)(np.ones(3, np.float32))
     op = _op("test_fn_norule")
 
     def f(x):

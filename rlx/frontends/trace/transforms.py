@@ -153,8 +153,7 @@ def value_and_grad(
         nums = _argnums(argnums, len(args))
         s = _Sub(fn, args)
         nout = len(s.graph.outputs)
-        if has_aux and (s.out_tree == pytree.LEAF or s.out_tree[0] not in ("tuple", "list")
-                        or len(s.out_tree[1]) != 2):  # fmt: skip
+        if has_aux and not _is_pair(s.out_tree):
             raise AutodiffError(
                 "has_aux=True: the function must return a pair (loss, aux)",
                 loc=source.capture(),
@@ -182,6 +181,16 @@ def value_and_grad(
     return _staged(inline, fn)
 
 
+def _is_pair(tree: Any) -> bool:
+    """Whether ``tree`` is a pair (tuple or list) whose first item is one leaf."""
+    return (
+        tree != pytree.LEAF
+        and tree[0] in ("tuple", "list")
+        and len(tree[1]) == 2
+        and tree[1][0] == pytree.LEAF
+    )
+
+
 def _arg_tree(a: Any) -> Any:
     return pytree.flatten(a)[1]
 
@@ -195,8 +204,8 @@ def grad(
 
     @functools.wraps(fn)
     def call(*args: Any) -> Any:
-        (_, aux), gr = vg(*args) if has_aux else ((None, None), vg(*args)[1])
-        return (gr, aux) if has_aux else gr
+        out, gr = vg(*args)
+        return (gr, out[1]) if has_aux else gr
 
     return call
 
