@@ -3,8 +3,9 @@ source files, with rlx's compiled training step (forward + backward + AdamW in o
 
     .venv/bin/python examples/train_charlm.py [--steps 600] [--threads 2] [--target 2.0]
 
-Prints a progress bar with the training loss, the validation loss (nats per byte, on
-held-out stdlib files) every ``--eval-every`` steps, whether it went below ``--target``,
+Prints a progress bar with the training loss (``rlx.train.fit``, one bar per
+``--eval-every`` steps), the validation loss (nats per byte, on held-out stdlib files)
+after each of them, whether it went below ``--target``,
 and a sample of generated text. Model and data: :mod:`rlx.models.charlm`.
 """
 
@@ -12,19 +13,19 @@ from __future__ import annotations
 
 import argparse
 import time
+from itertools import islice
 
 import numpy as np
-from tqdm import tqdm
 
 from rlx.models import charlm
 from rlx.runtime.options import CompileOptions
 from rlx.runtime.session import Session
-from rlx.train import AdamW, TrainStep, warmup_cosine
+from rlx.train import AdamW, TrainStep, fit, warmup_cosine
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=600, help="a multiple of --eval-every")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--dim", type=int, default=128)
@@ -39,6 +40,10 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=300, help="bytes to generate at the end")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
+    if a.steps < a.eval_every or a.steps % a.eval_every:
+        ap.error(
+            f"--steps ({a.steps}) must be a positive multiple of --eval-every ({a.eval_every})"
+        )
 
     cfg = charlm.CharLMConfig(context=a.context, dim=a.dim, heads=a.heads, layers=a.layers)
     opts = CompileOptions(num_threads=a.threads)
@@ -63,15 +68,18 @@ def main() -> None:
         return float(np.mean([evaluator.run(b)[0][0] for b in val]))
 
     curve = [(0, val_loss())]
+
+    def evaluate(epoch: int, train_loss: float) -> None:
+        curve.append(((epoch + 1) * a.eval_every, val_loss()))
+        print(
+            f"step {curve[-1][0]:5d}  train {train_loss:.3f}  validation {curve[-1][1]:.3f} "
+            "nats/byte",
+            flush=True,
+        )
+
     t0 = time.perf_counter()
-    bar = tqdm(range(1, a.steps + 1), desc="train", unit="step")
-    for step in bar:
-        loss = ts.step(next(train))
-        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{ts.lr():.2e}")
-        if step % a.eval_every == 0 or step == a.steps:
-            curve.append((step, val_loss()))
-            bar.write(f"step {step:5d}  train {loss:.3f}  validation {curve[-1][1]:.3f} nats/byte")
-    bar.close()
+    # one fit "epoch" = the next eval_every training batches, then a validation pass
+    fit(ts, lambda _: list(islice(train, a.eval_every)), a.steps // a.eval_every, on_epoch=evaluate)
     took = time.perf_counter() - t0
     print("\nvalidation loss curve (nats/byte):")
     for step, v in curve:
