@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from rlx.autodiff.rules import unbroadcast, zeros
+from rlx.autodiff.rules import moveaxis, unbroadcast, zeros
 from rlx.dtype import DType
 from rlx.errors import DTypeError, InputError
 from rlx.ir.mir import Graph, Node, NodeId
@@ -508,6 +508,23 @@ class ScatterAdd(Op):
         x, idx, upd = node.inputs
         tx, _, tu = tangents
         return g.apply(self, [zeros_or(g, tx, x), idx, zeros_or(g, tu, upd)])
+
+    def batch(self, g: Graph, node: Node, ins: tuple, bdims: tuple) -> tuple[NodeId, int]:
+        n, ax = batch_size(g, ins, bdims), self.axis % node.shape.rank
+        x, idx, upd = (
+            front(g, v, b) if b is not None or k == 1 else g.expand(v, [n, *g.shape(v).dims])
+            for k, (v, b) in enumerate(zip(ins, bdims, strict=True))
+        )
+        if bdims[1] is None:
+            return g.apply(ScatterAdd(ax + 1), [x, idx, upd]), 0
+        # batched indices: fold the batch into the axis (x and updates), offset the indices
+        dims = g.shape(x).dims
+        x, idx = fold_batch(g, x, idx, ax)
+        u = moveaxis(g, upd, 0, ax)
+        ud = g.shape(u).dims
+        u = g.reshape(u, [*ud[:ax], ud[ax] * ud[ax + 1], *ud[ax + 2 :]])
+        out = g.apply(self, [x, g.reshape(idx, [-1]), u])
+        return g.reshape(out, [*dims[1 : ax + 1], n, dims[ax + 1], *dims[ax + 2 :]]), ax
 
 
 def _pad_value_misfit(value: float, dtype: DType) -> str | None:

@@ -305,6 +305,11 @@ VMAP_CASES = {
     "slice": (Slice, [(4, 5)], lambda g, x: g.slice(x, [None, 4], [None, 0], [-1, -2])),
     "pad": (Pad, [(2, 3)], lambda g, x: g.pad(x, [(1, 0), (0, 2)], 0.5)),
     "gather": (Gather, [(3, 4)], lambda g, x: g.gather(x, _i64(g, [[1, -1], [0, 0]]), 1)),
+    "scatter_add": (
+        ScatterAdd,
+        [(3, 4), (3, 3)],
+        lambda g, x, u: g.scatter_add(x, _i64(g, [1, -1, 1]), u, 1),
+    ),
 }
 
 
@@ -343,3 +348,27 @@ def test_vmap_gather_with_batched_indices(batched):
     vg = vmap(g, axes, size=n)
     np.testing.assert_allclose(vg.evaluate(vals)[0], _per_example(g, vals, axes, n))
     assert len(vg.find(Gather)) == 1
+
+
+@pytest.mark.parametrize("w_batched", [False, True])
+def test_per_example_embedding_gradients(w_batched):
+    """vmap of grad: the gather's scatter-add adjoint batched over the ids (and the
+    table), against NumPy's per-example np.add.at."""
+    g = rlx.Graph("emb")
+    w, ids = g.input("w", (5, 3), "f64"), g.input("ids", (4,), "i64")
+    g.set_outputs(g.sum(g.tanh(g.gather(w, ids, 0))))
+    n, rng = 3, np.random.default_rng(6)
+    axes = {"ids": 0, "w": 0 if w_batched else None}
+    vals = {
+        "w": rng.standard_normal((n, 5, 3) if w_batched else (5, 3)),
+        "ids": np.array([[0, 4, 0, -1], [2, 2, 2, 1], [3, 0, 1, 2]]),
+    }
+    vg = vmap(grad(g, ["w"]), axes, size=n)
+    assert len(vg.find(ScatterAdd)) == 1, "one batched scatter_add, not a loop"
+    want = []
+    for k in range(n):
+        wk = vals["w"][k] if w_batched else vals["w"]
+        dw = np.zeros_like(wk)
+        np.add.at(dw, vals["ids"][k], 1 - np.tanh(wk[vals["ids"][k]]) ** 2)
+        want.append(dw)
+    np.testing.assert_allclose(vg.evaluate(vals)[0], np.stack(want), rtol=1e-12)
