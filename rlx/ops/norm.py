@@ -272,7 +272,7 @@ def _last_axis_batch(
     bx %= rank
     if all(b is None for b in bdims[1:]):
         return g.apply(op, [x, *ins[1:]]), bx
-    out = g.apply(type(op)(op.eps, False), [x, _unit(g, g.shape(ins[1]).dims[-1:], ins[1])])
+    out = g.apply(type(op)(op.eps, False), [x, _unit(g, g.shape(x).dims[-1:], ins[1])])
     for k, (p, bp) in enumerate(zip(ins[1:], bdims[1:], strict=True)):
         if bp is not None:
             if bp % 2 == 1:

@@ -346,3 +346,28 @@ def test_vmap_attention_folds_into_the_batch() -> None:
             {"q": vals["q"][i], "k": vals["k"][i], "v": vals["v"][i], "m": vals["m"]}, {}
         )
         np.testing.assert_allclose(got[i], want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("mask_axis", [None, 0, 2])
+def test_vmap_attention_with_a_mapped_mask_and_grouped_heads(mask_axis) -> None:
+    """A per-example additive mask (mapped on any axis, or broadcast), GQA heads, q
+    mapped on axis 1 and k / v unmapped."""
+    rng = np.random.default_rng(3)
+    g = rlx.Graph("a")
+    q = g.input("q", (2, 3, 8), "f64")
+    k, v = (g.input(n, (2, 4, 4), "f64") for n in "kv")
+    m = g.input("m", (2, 1, 3, 4), "f64")
+    g.set_outputs([g.attention(q, k, v, 4, 2, mask_input=m, num_kv_heads=2)])
+    n = 3
+    vals = {"q": rng.standard_normal((2, n, 3, 8)), "k": rng.standard_normal((2, 4, 4))}
+    vals["v"] = rng.standard_normal((2, 4, 4))
+    masks = rng.standard_normal((n, 2, 1, 3, 4))
+    vals["m"] = masks[0] if mask_axis is None else np.moveaxis(masks, 0, mask_axis)
+    mapped = vmap(g, {"q": 1, "k": None, "v": None, "m": mask_axis}, size=n)
+    assert sum(nd.op.mnemonic == "attention" for nd in mapped.nodes) == 1
+    (got,) = mapped.evaluate(vals, {})
+    for i in range(n):
+        mi = masks[0] if mask_axis is None else masks[i]
+        feed = {"q": vals["q"][:, i], "k": vals["k"], "v": vals["v"], "m": mi}
+        (want,) = g.evaluate(feed, {})
+        np.testing.assert_allclose(got[i], want, rtol=1e-12, atol=1e-12)

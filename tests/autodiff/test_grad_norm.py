@@ -184,3 +184,16 @@ def test_native_norm_backward_on_two_threads(isa: str, op: type, wrt: str, monke
     (want,) = g.evaluate(feed, {})
     (got,) = cg.run(feed)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_vmap_rms_norm_with_only_gamma_mapped() -> None:
+    rng = np.random.default_rng(4)
+    g = rlx.Graph("n")
+    x = g.input("x", (3, 5), "f64")
+    gamma = g.input("gamma", (5,), "f64")
+    g.set_outputs([g.rms_norm(x, gamma)])
+    xs, gs = rng.standard_normal((3, 5)), rng.standard_normal((5, 4))
+    (got,) = vmap(g, {"x": None, "gamma": 1}, size=4).evaluate({"x": xs, "gamma": gs}, {})
+    for i in range(4):
+        (want,) = g.evaluate({"x": xs, "gamma": gs[:, i]}, {})
+        np.testing.assert_allclose(got[i], want, rtol=1e-12, atol=1e-12)
