@@ -49,3 +49,19 @@ def test_every_parameter_gradient_matches_torch_autograd():
     worst = max(err, key=err.get)
     print(f"worst relative gradient error: {worst} {err[worst]:.2e} over {len(err)} tensors")
     assert err[worst] <= 1e-5, (worst, err[worst])
+
+
+def test_contrastive_inputs_and_params_are_checked():
+    from rlx.errors import ModelError
+
+    model = hf.load(minilm_path())
+    graph = mnrl_graph(model.config)
+    with pytest.raises(ModelError, match="as many positives as anchors"):
+        mnrl_inputs(model, ["a", "b"], ["c"])
+    with pytest.raises(ModelError, match="are not given"):
+        trainable({}, graph)
+    feed = mnrl_inputs(model, ["a", "b"], ["c", "d"])
+    assert feed["input_ids"].shape[0] == 4
+    np.testing.assert_array_equal(feed["select_positive"] @ np.arange(4.0), [2.0, 3.0])
+    params = trainable(model.params, graph)
+    assert all(p.flags.writeable and p.flags.c_contiguous for p in params.values())
