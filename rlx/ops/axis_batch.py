@@ -1,5 +1,6 @@
 """vmap rules shared by the ops that work along one ``axis`` (softmax, log-softmax, cumsum,
-cumprod, top-k, argmax / argmin, the softmax backward ops) and by ``Reduce``.
+cumprod, top-k, argmax / argmin, the softmax backward ops) and by ``Reduce``, and by the
+elementwise ops outside the driver's generic rule (trig, bitwise, bitwise_not, bitcast).
 
 In: the graph being extended, the op, its batched inputs and each input's batch axis
 (None: unbatched). Out: the op applied once to the whole batch and the output's batch
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from rlx.ir.mir import Graph, Node, NodeId
     from rlx.ops.base import Op
 
-__all__ = ["shift_axis", "align_batch", "batch_axis"]
+__all__ = ["shift_axis", "align_batch", "batch_axis", "batch_same", "batch_broadcast"]
 
 
 def shift_axis(axis: int, bd: int) -> int:
@@ -61,3 +62,36 @@ def batch_axis(
     out = g.apply(dataclasses.replace(op, axis=ax), list(ins))  # type: ignore[type-var]
     drops = getattr(op, "keepdims", True) is False
     return out, bd - 1 if drops and ax < bd else bd
+
+
+def batch_same(
+    op: Op, g: Graph, node: Node, ins: tuple[NodeId, ...], bdims: tuple[int | None, ...]
+) -> tuple[NodeId, int | None]:
+    """``Op.batch`` of a one-input op that keeps its input's dims (trig, bitwise_not,
+    bitcast): the op on the batched input, the batch axis where it was."""
+    return g.apply(op, list(ins)), bdims[0]
+
+
+def batch_broadcast(
+    op: Op, g: Graph, node: Node, ins: tuple[NodeId, ...], bdims: tuple[int | None, ...]
+) -> tuple[NodeId, int | None]:
+    """``Op.batch`` of a broadcasting elementwise op (bitwise): every operand at the
+    output's rank + 1 with the batch axis first (unbatched ones with a leading 1), then
+    the op broadcasts as it does unbatched."""
+    rank = node.shape.rank
+    size = next(g.shape(x).dims[b] for x, b in zip(ins, bdims, strict=True) if b is not None)
+    xs = []
+    for x, bd in zip(ins, bdims, strict=True):
+        dims = list(g.shape(x).dims)
+        if bd is None:
+            xs.append(g.reshape(x, [1] * (rank + 1 - len(dims)) + dims))
+            continue
+        if bd != 0:
+            perm = list(range(len(dims)))
+            perm.insert(0, perm.pop(bd))
+            x = g.transpose(x, perm)
+        rest = dims[:bd] + dims[bd + 1 :]
+        if len(rest) < rank:
+            x = g.reshape(x, [size] + [1] * (rank - len(rest)) + rest)
+        xs.append(x)
+    return g.apply(op, xs), 0

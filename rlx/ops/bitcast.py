@@ -10,6 +10,7 @@ from typing import ClassVar
 import numpy as np
 
 from rlx.dtype import DType
+from rlx.ops.axis_batch import batch_same
 from rlx.ops.base import Op, OpKind, RefCtx, expect, register
 from rlx.shape import Shape
 
@@ -39,3 +40,5 @@ class Bitcast(Op):
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         x = xs[0]
         return np.ascontiguousarray(x).view(self.to.np).reshape(x.shape)
+
+    batch = batch_same

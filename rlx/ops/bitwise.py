@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from rlx.ops.axis_batch import batch_broadcast, batch_same
 from rlx.ops.base import Op, OpKind, RefCtx, expect, register
 from rlx.shape import Shape, broadcast_dims
 
@@ -77,6 +78,8 @@ class Bitwise(Op):
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return bitwise(self.fn, xs[0], xs[1])
 
+    batch = batch_broadcast
+
     def __str__(self) -> str:
         return self.fn.value
 
@@ -97,3 +100,5 @@ class BitwiseNot(Op):
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return np.invert(xs[0])
+
+    batch = batch_same

@@ -2,7 +2,9 @@
 
 Each is fusable into an ElementwiseRegion (``elementwise = True``). Float math on
 f16/bf16/fp8 inputs is computed in f32 and rounded back to the node's dtype, the same as
-the CPU kernels do.
+the CPU kernels do. Derivative rules (``vjp`` / ``jvp``) are methods of the ops; the
+pointwise derivative formulas and their conventions at kinks and ties are in
+``pointwise_grad.py``. vmap batches these ops by broadcasting (the generic rule).
 """
 
 from __future__ import annotations

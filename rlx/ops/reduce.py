@@ -5,6 +5,10 @@ Axes given to the builders may be negative; the builders store them normalised (
 sorted, for ``reduce``) so equal ops compare and hash equal. Ops built directly with
 ``g.apply`` also accept negative axes. f16/bf16 inputs are accumulated in f32 and the
 result rounded back to the input dtype, as the CPU kernels do.
+
+Derivative rules (``vjp`` / ``jvp``) are methods of the ops; Reduce's helpers and the
+backward ops (SoftmaxBackward, LogSoftmaxBackward) are in ``reduce_grad.py``; the axis
+ops share one vmap rule (``axis_batch.batch_axis``).
 """
 
 from __future__ import annotations

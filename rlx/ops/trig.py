@@ -12,6 +12,7 @@ from typing import ClassVar
 import numpy as np
 
 from rlx.ir.mir import Graph, Node, NodeId
+from rlx.ops.axis_batch import batch_same
 from rlx.ops.base import Op, OpKind, RefCtx, expect, register
 from rlx.ops.elementwise import _wide
 from rlx.shape import Shape
@@ -77,3 +78,5 @@ class Trig(Op):
 
     def __str__(self) -> str:
         return self.fn.value
+
+    batch = batch_same

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rlx
-from rlx.autodiff import grad, jvp
+from rlx.autodiff import grad, jvp, vmap
 from rlx.autodiff.check import check_jvp, check_vjp
 from rlx.errors import AutodiffError
 from rlx.ops import OPS
@@ -22,6 +22,7 @@ from rlx.ops.bitwise import Bitwise, BitwiseKind, BitwiseNot
 from rlx.ops.cumulative import CumProd
 from rlx.ops.elementwise import Binary, BinaryKind, Compare, Unary, UnaryKind
 from rlx.ops.trig import Trig, TrigKind
+from rlx.runtime.session import Session
 
 FEW = settings(max_examples=2, deadline=None)
 
@@ -213,7 +214,7 @@ def _rlx_grad(build, *xs: np.ndarray) -> list[np.ndarray]:
     gg = grad(g, [f"x{i}" for i in range(len(xs))])
     feed = {f"x{i}": x for i, x in enumerate(xs)}
     ref = gg.evaluate(feed)
-    got = rlx.Session("cpu").compile(gg).run(feed)
+    got = Session("cpu").compile(gg).run(feed)
     for r, c in zip(ref, got, strict=True):
         np.testing.assert_allclose(c, r, rtol=1e-12, atol=1e-12)
     return ref
@@ -273,3 +274,33 @@ def test_complex_rules_are_the_adjoint_for_re_inner_product(name: str, build) ->
     tol = {"eps": 1e-3, "rtol": 3e-3, "atol": 1e-3}
     check_vjp(g, {"a": z, "b": w}, ["a", "b"], compiled=True, **tol)
     check_jvp(g, {"a": z, "b": w}, ["a", "b"], compiled=True, **tol)
+
+
+VMAPPED = [
+    ("trig", "f64", lambda g, x, y: g.apply(Trig(TrigKind.ATAN), [x])),
+    ("bitwise", "i32", lambda g, x, y: g.apply(Bitwise(BitwiseKind.XOR), [x, y])),
+    ("bitwise_not", "i32", lambda g, x, y: g.apply(BitwiseNot(), [x])),
+    ("bitcast", "f64", lambda g, x, y: g.apply(Bitcast(rlx.DType.I64), [x])),
+    ("cumprod", "f64", lambda g, x, y: g.apply(CumProd(-1, True), [x])),
+]
+
+
+@pytest.mark.parametrize("name,dt,build", VMAPPED, ids=[v[0] for v in VMAPPED])
+@pytest.mark.parametrize("axes", [(1, 0), (2, None)])
+def test_vmap_rules_with_a_symbolic_batch(name: str, dt: str, build, axes: tuple) -> None:
+    """The elementwise ops outside the driver's generic rule have batch rules: a
+    symbolic batch size (no per-example fallback) against a per-example loop."""
+    g = rlx.Graph(name)
+    x, y = g.input("x", (3, 4), dt), g.input("y", (4,), dt)
+    g.set_outputs([build(g, x, y)])
+    v = vmap(g, {"x": axes[0], "y": axes[1]}, size="n")
+    rng, npt = np.random.default_rng(2), rlx.DType.parse(dt).np
+    xs = rng.integers(-50, 50, (3, 4)[: axes[0]] + (5,) + (3, 4)[axes[0] :]).astype(npt)
+    ys = rng.integers(-50, 50, (5, 4) if axes[1] == 0 else (4,)).astype(npt)
+    feed = {k: a for k, a in (("x", xs), ("y", ys)) if k in v.input_names}
+    (got,) = Session("cpu").compile(v).run(feed)
+    want = [
+        g.evaluate({"x": np.take(xs, b, axes[0]), "y": ys[b] if axes[1] == 0 else ys})[0]
+        for b in range(5)
+    ]
+    np.testing.assert_array_equal(got, np.stack(want))

@@ -37,7 +37,8 @@ Scan as compiled sub-programs; ``kernels.corners``: complex, bool and non-f32 qu
 corners; ``kernels.seed``: selective_scan, the dense solves, grouped / LoRA matmuls,
 qconv2d without the native library, sample, custom_fn; ``kernels.indexing``:
 gather_elements, scatter_elements, gather_nd, scatter_nd; ``kernels.bitmath``: bitwise,
-bitwise_not, trig, cumprod, bitcast); ``load_kernels`` imports every module of
+bitwise_not, trig, cumprod, bitcast; ``kernels.reduce_grad``: softmax_backward,
+log_softmax_backward); ``load_kernels`` imports every module of
 the package. Every built-in op has a factory here (``tests/cpu/test_kernel_coverage.py``):
 the reference kernel is for custom ops.
 """
