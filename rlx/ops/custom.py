@@ -6,6 +6,9 @@ the entry up and delegates to it:
 
 * ``infer(ins: tuple[Shape, ...], attrs: Mapping[str, Any]) -> Shape``
 * ``reference(xs: Sequence[np.ndarray], attrs: Mapping[str, Any], ctx: RefCtx) -> ndarray``
+* optionally ``vjp(g, node, ct) -> cotangents`` and ``jvp(g, node, tangents) -> tangent``
+  (the op's derivative rules, built with graph builders; without them the op is not
+  differentiable)
 
 Attributes are hashable values (ints, floats, bools, strings, None, tuples, DTypes,
 Shapes and rlx enums / frozen dataclasses: what files can hold). A name that is not
@@ -14,7 +17,7 @@ custom ops before loading graphs that use them.
 
 :class:`CustomFn` is the seed's other extension point: a sub-graph (``fwd_body``) used as
 one op, with optional user-given differentiation rules (``vjp_body``, ``jvp_body``, as
-JAX's ``custom_vjp`` / ``custom_jvp``). It needs no registration: the bodies travel with
+JAX's ``custom_vjp`` / ``custom_jvp``; without them autodiff differentiates ``fwd_body``). It needs no registration: the bodies travel with
 the node (printed, verified, fingerprinted and saved like control-flow bodies).
 """
 
