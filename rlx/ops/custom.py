@@ -17,8 +17,9 @@ custom ops before loading graphs that use them.
 
 :class:`CustomFn` is the seed's other extension point: a sub-graph (``fwd_body``) used as
 one op, with optional user-given differentiation rules (``vjp_body``, ``jvp_body``, as
-JAX's ``custom_vjp`` / ``custom_jvp``; without them autodiff differentiates ``fwd_body``). It needs no registration: the bodies travel with
-the node (printed, verified, fingerprinted and saved like control-flow bodies).
+JAX's ``custom_vjp`` / ``custom_jvp``; without them autodiff differentiates ``fwd_body``).
+It needs no registration: the bodies travel with the node (printed, verified,
+fingerprinted and saved like control-flow bodies).
 """
 
 from __future__ import annotations
