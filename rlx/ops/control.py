@@ -22,6 +22,12 @@ results (the carries of a loop, the stacked outputs of a scan) returns the one c
   carries then the ``xs``, each with leading axis ``length``; ``body(carries, x_t) ->
   (carries, y_t)``; the results are the final carries then each ``y`` stacked over the
   steps, a ``[length, ...]`` tensor (``lax.scan``).
+
+Derivatives: ``If`` differentiates both branches (one ``If`` per operand gradient);
+``Scan``'s vjp is a reverse scan over the per-step input carries (stacked by a forward
+scan) whose body is the body's vjp, its jvp one scan carrying tangents; ``While`` has
+none (its trip count is unknown to reverse mode: use ``Scan``). ``inline`` copies a
+sub-graph into a graph, which these rules use to differentiate bodies.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@
 c64 -> f32 (``n`` samples, default ``2*(m-1)`` for ``m`` bins). ``n`` crops or zero-pads
 the input along the axis as NumPy does. Computed in double precision and rounded once.
 The builders cast other float inputs to the op's input dtype.
+
+Derivatives: every transform is linear; its vjp is the adjoint transform (the inverse
+with the dual norm; rfft / irfft weight the half-spectrum bins), its jvp itself.
 """
 
 from __future__ import annotations

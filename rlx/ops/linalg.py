@@ -8,6 +8,10 @@ are multiplied and accumulated in f32, then rounded once to the node's dtype; in
 inputs accumulate in i64 and wrap to the node's dtype, as NumPy's ``astype`` does.
 Batch and row dims may be symbolic; contracted dims must match exactly (a symbol matches
 only itself).
+
+Derivatives: matmul's cotangents are dot_generals contracting the other operand's
+transposed axes in place (no transposed copy; broadcast batch dims summed), the solves'
+are solves with ``A^T`` (``dA = -db x^T``).
 """
 
 from __future__ import annotations
