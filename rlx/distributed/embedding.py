@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from collections import Counter
@@ -103,7 +104,11 @@ class EmbedActor:
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         sources = [str(s) for s in batch["source"]]
         rows = [int(r) for r in batch["row"]]
-        texts = [str(t) for t in batch["text"]]
+        texts = list(batch["text"])
+        for s, r, t in zip(sources, rows, texts):
+            if not isinstance(t, str):
+                raise InputError(f"embed: row {r} of {s!r}: the text is {t!r}, not a string")
+        t0 = time.perf_counter()
         emb = self.encoder.encode(
             texts, batch_size=self.batch_size, normalize=self.normalize, progress=False
         )
@@ -117,6 +122,8 @@ class EmbedActor:
             "rows": len(rows),
             "pid": os.getpid(),
             "units": {u: [c, totals[u]] for u, c in units.items()},
+            "encode_s": round(time.perf_counter() - t0, 6),  # tokenize + model + write
+            "done": time.time(),  # wall clock when the shard was in place
         }
         return {"record": np.array([json.dumps(record)])}
 
@@ -215,8 +222,13 @@ def embed(
 ) -> EmbedResult:
     """Embed every row of ``data`` with the model at ``model_dir`` into ``output`` (see
     the module docstring); ``on_shard(record)`` is called in the driver as each shard is
-    reported (``name``, ``files``, ``rows``, ``pid``, ``units``)."""
+    reported (``name``, ``files``, ``rows``, ``pid``, ``units``, ``encode_s``: seconds the
+    actor spent tokenizing, embedding and writing it, ``done``: ``time.time()`` then).
+    ``timeout_s``: a DistributedError when the run is not done after that many seconds
+    (checked as shard records arrive). ``overwrite``: replace a non-empty ``output``."""
     from rlx.models.hf import check_precision
+    from rlx.models.hf.config import read_config
+    from rlx.models.hf.layout import read_layout
     from rlx.models.known import resolve
 
     check_precision(precision)
@@ -230,6 +242,7 @@ def embed(
     if fmt not in io.FORMATS:
         raise InputError(f"embed: fmt must be one of {io.FORMATS}, got {fmt!r}")
     model = resolve(model_dir)
+    read_config(read_layout(model).transformer_dir)  # a ModelError here, not in each actor
     out = Path(output).absolute()
     if out.exists() and any(out.iterdir()):
         if not overwrite:
@@ -270,14 +283,7 @@ def embed(
             compute=ray.data.ActorPoolStrategy(size=num_actors),
             num_cpus=threads_per_actor,
         )
-        records = []
-        for item in shards.iter_rows():
-            rec = json.loads(item["record"])
-            records.append(rec)
-            if on_shard is not None:
-                on_shard(rec)
-            if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
-                raise DistributedError(f"embed: not done after {timeout_s:.0f} s ({out})")
+        records = _collect(shards, on_shard, t0, timeout_s, out)
         expected = data.count() if is_dataset else None  # type: ignore[union-attr]
     seconds = time.perf_counter() - t0
     orphans = _finish(out, records, fmt, expected, verify)
@@ -306,6 +312,38 @@ def embed(
         orphans=orphans,
         pids=tuple(sorted({r["pid"] for r in records})),
     )
+
+
+def _collect(
+    shards: ray.data.Dataset,
+    on_shard: Callable[[dict[str, Any]], None] | None,
+    t0: float,
+    timeout_s: float | None,
+    out: Path,
+) -> list[dict[str, Any]]:
+    """Run the pipeline: the shard records, as the tasks finish. A task that fails for
+    good (not a dead actor: an error raised in it) is a DistributedError with its cause."""
+    records = []
+    try:
+        for item in shards.iter_rows():
+            rec = json.loads(item["record"])
+            records.append(rec)
+            if on_shard is not None:
+                on_shard(rec)
+            if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
+                raise DistributedError(f"embed: not done after {timeout_s:.0f} s ({out})")
+    except ray.exceptions.RayError as e:
+        cause = _cause(e)
+        raise DistributedError(f"embed: the Ray pipeline failed ({out}): {cause}") from e
+    return records
+
+
+def _cause(e: BaseException) -> str:
+    """The line of a Ray error that names the original exception (an rlx error first)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception): ", ln)]
+    ours = [ln for ln in errors if ln.startswith("rlx.errors.")]
+    return (ours or errors or lines or [type(e).__name__])[-1]
 
 
 def _finish(

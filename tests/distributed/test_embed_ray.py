@@ -73,6 +73,31 @@ def test_bad_inputs(tmp_path: Path) -> None:
         io.read_unit(io.plan_units(bad)[0])
 
 
+def test_embed_bad_arguments_change_nothing(tmp_path: Path, minilm_dir: Path) -> None:
+    import rlx.distributed as d
+    from rlx.errors import ModelError
+
+    (tmp_path / "a.txt").write_text("hello\n")
+    out = tmp_path / "out"
+    for kw, match in (
+        ({"num_actors": 0}, "num_actors must be an int >= 1, got 0"),
+        ({"fmt": "csv"}, "fmt must be one of"),
+        ({"precision": "f16"}, "f16"),
+    ):
+        with pytest.raises(InputError if "precision" not in kw else ModelError, match=match):
+            d.embed(tmp_path / "a.txt", minilm_dir, output=out, **kw)
+    with pytest.raises(InputError, match="not a file, directory or matching glob"):
+        d.embed(tmp_path / "missing.txt", minilm_dir, output=out)
+    with pytest.raises(ModelError):
+        d.embed(tmp_path / "a.txt", tmp_path, output=out)  # not a model directory
+    assert not out.exists()
+    out.mkdir()
+    (out / "x").write_text("")
+    with pytest.raises(InputError, match="is not empty"):
+        d.embed(tmp_path / "a.txt", minilm_dir, output=out)
+    assert [p.name for p in out.iterdir()] == ["x"]
+
+
 def test_shard_name_is_order_independent() -> None:
     a = io.shard_name(["f", "f", "g"], [3, 1, 0])
     assert a == io.shard_name(["g", "f", "f"], [0, 3, 1])
@@ -206,6 +231,9 @@ def test_embed_a_ray_dataset(cluster, data, minilm_dir, tmp_path) -> None:
         with pytest.raises(InputError, match="integer id column 'key'"):
             d.embed(ds, minilm_dir, output=tmp_path / "bad", id_column="key")
         res = d.embed(ds, minilm_dir, output=tmp_path / "out", shard_rows=16, timeout_s=60)
+        bad = ray.data.from_items([{"id": 0, "text": "fine"}, {"id": 1, "text": None}])
+        with pytest.raises(DistributedError, match="Ray pipeline failed.*[Ff]ield text"):
+            d.embed(bad, minilm_dir, output=tmp_path / "bad", timeout_s=60)
         assert ray.is_initialized()  # the caller's session is left running
     finally:
         ray.shutdown()
