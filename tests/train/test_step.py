@@ -98,6 +98,20 @@ def test_step_matches_a_pytorch_training_loop(ours, theirs):
     np.testing.assert_array_equal(params["w0"], init(g)["w0"])  # the caller's arrays stay
 
 
+@pytest.mark.parametrize(
+    "options",
+    [CompileOptions(native=False), CompileOptions(optimize=False, fuse=False)],
+    ids=["numpy_kernels", "no_passes"],
+)
+def test_step_matches_pytorch_without_native_kernels_or_passes(options):
+    g = mlp()
+    params, data = init(g), batches(3)
+    want_losses, want = torch_train(params, data, lambda ps: torch.optim.AdamW(ps, lr=1e-2))
+    step = TrainStep(g, AdamW(1e-2), params, options=options)
+    np.testing.assert_allclose([step.step(b) for b in data], want_losses, rtol=1e-5, atol=1e-6)
+    assert_params_close(step.params(), want)
+
+
 def test_schedule_feeds_the_lr_without_recompiling():
     g = mlp()
     params, data = init(g), batches(6)
@@ -174,12 +188,13 @@ def test_trainable_subset_leaves_the_other_params_alone():
     assert not np.array_equal(now["wo"], params["wo"])
 
 
-def test_symbolic_batch_trains_on_batches_of_any_size():
+@pytest.mark.parametrize("recompute", [False, True])
+def test_symbolic_batch_trains_on_batches_of_any_size(recompute):
     g = mlp(batch="batch")
     params = init(g)
     data = batches(2, 8) + batches(2, 5, seed=3)
     want_losses, want = torch_train(params, data, lambda ps: torch.optim.SGD(ps, lr=0.1))
-    step = TrainStep(g, SGD(0.1), params)
+    step = TrainStep(g, SGD(0.1), params, recompute=recompute)
     losses = [step.step(b) for b in data]
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
     assert_params_close(step.params(), want)
