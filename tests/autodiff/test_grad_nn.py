@@ -371,3 +371,37 @@ def test_vmap_attention_with_a_mapped_mask_and_grouped_heads(mask_axis) -> None:
         feed = {"q": vals["q"][:, i], "k": vals["k"], "v": vals["v"], "m": mi}
         (want,) = g.evaluate(feed, {})
         np.testing.assert_allclose(got[i], want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("isa", ["auto", "avx2", "portable"])
+@pytest.mark.parametrize(
+    "mask,hkv,sq",
+    [(MaskKind.custom(), 4, 24), (MaskKind.causal(), 2, 24), (MaskKind.sliding_window(5), 1, 30)],
+    ids=["padding", "causal-gqa", "sliding-rows-without-keys"],
+)
+def test_native_attention_backward_on_two_threads(isa, mask, hkv, sq, monkeypatch) -> None:
+    """csrc/attention_grad.c per build target at a size that runs the OpenMP team: every
+    gradient (and the score gradient of a padding mask) against the reference, NaN where
+    a query row sees no key (Sq > Skv under a causal mask), as the reference."""
+    monkeypatch.setenv("RLX_ISA", isa)
+    from rlx.ops.nn import Attention
+    from rlx.ops.nn_grad import AttentionBackward
+
+    rng = np.random.default_rng(5)
+    b, skv, h, d = 6, 24, 4, 32  # 442k score x head-dim products: two threads
+    fwd = Attention(h, d, mask, hkv)
+    shapes = {"q": (b, sq, h * d), "k": (b, skv, hkv * d), "v": (b, skv, hkv * d)}
+    feed = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    if mask.type.value == "custom":
+        m = np.zeros((b, 1, 1, skv), np.float32)
+        m[1, ..., 17:] = np.finfo(np.float32).min
+        feed["m"] = m
+    feed["ct"] = rng.standard_normal((b, sq, h * d)).astype(np.float32)
+    g = rlx.Graph("ab")
+    ids = [g.input(k, v.shape, "f32") for k, v in feed.items()]
+    wrts = ("q", "k", "v", "mask") if "m" in feed else ("q", "k", "v")
+    g.set_outputs([g.apply(AttentionBackward(fwd, w), ids) for w in wrts])
+    cg = Session("cpu").compile(g, CompileOptions(num_threads=2, use_cache=False))
+    assert {k.kind.value for k in cg.report().kernels if k.op == "attention_backward"} == {"native"}
+    for got, want in zip(cg.run(feed), g.evaluate(feed, {}), strict=True):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)

@@ -1,5 +1,5 @@
-"""CPU kernels of the backward ops (``rlx/ops/nn_grad.py``): norms, attention, rope, conv
-and pooling. In: the node and NumPy views of its input and output arena slots. Out: a
+"""CPU kernels of the backward ops (``rlx/ops/nn_grad.py``) of the norms, attention and
+rope. In: the node and NumPy views of its input and output arena slots. Out: a
 closure writing the gradient into ``out`` with ``out=`` ufuncs and BLAS matmuls into
 scratch allocated when the schedule is built (no allocation per run). f16/bf16 compute
 in f32 (``lowp``); f64 stays f64.
@@ -9,48 +9,40 @@ in f32 (``lowp``); f64 stays f64.
   ``ct * xhat`` over the rows. f32 (and f16/bf16 widened) runs ``csrc/norm_grad.c``
   (OpenMP over rows, one pass per row after its statistics) when native kernels are on;
   f64 and the fallback are ``out=`` ufunc passes.
-* Attention backward / jvp: the forward BLAS kernel's grouped layout (q as
-  ``[B, Hkv, G*Sq, D]``, G query heads per kv head), so ``Pᵀ·dO`` and ``dSᵀ·Q`` sum the
-  grouped heads into their kv head inside the matmul; the probabilities are recomputed.
+* Attention backward, native (``csrc/attention_grad.c``, f32 and widened f16/bf16): per
+  (batch, kv head) task the probabilities are recomputed row by row with lanes over the
+  keys, and dq, dk, dv (or the score gradient) come out of one pass; OpenMP over tasks.
+* Attention backward (f64, or native kernels off) / jvp: the forward BLAS kernel's grouped
+  layout (q as ``[B, Hkv, G*Sq, D]``, G query heads per kv head), so ``Pᵀ·dO`` and
+  ``dSᵀ·Q`` sum the grouped heads into their kv head inside the matmul; the probabilities
+  are recomputed.
 * Rope backward: two ``einsum`` reductions over batch and heads.
-* Conv backward: im2col. The output gradient as ``[G, O/G, N*L]`` against the columns
-  ``[G, N*L, C/G*K]`` (one batched GEMM) gives dw; ``[G, N*L, O/G] @ w[G, O/G, C/G*K]``
-  gives the column gradient, scattered back (col2im) tap by tap into a bordered buffer.
-* Pool backward / max-pool select: each window's first maximum found tap by tap with
-  strict ``>`` (the first wins ties), the gradient added tap by tap.
+* Conv and pool backward: ``kernels/nn_grad_conv.py``.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import math
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
-from rlx.backends.cpu.kernels.conv import window_view
 from rlx.errors import CompileError
-from rlx.ops.nn import PoolKind
 from rlx.ops.nn_grad import (
     AttentionBackward,
     AttentionJvp,
-    ConvBackwardData,
-    ConvBackwardWeight,
     LayerNormBackward,
-    MaxPoolSelect,
-    PoolBackward,
     RmsNormBackward,
     RopeBackward,
     rope_pairs,
-    window_taps,
 )
 
 if TYPE_CHECKING:
     from rlx.ir.mir import Node
 
-__all__ = ["norm_backward_kernel", "attention_backward_kernel", "conv_backward_kernel"]
+__all__ = ["norm_backward_kernel", "attention_backward_kernel", "attention_jvp_kernel"]
 
 _T = 300  # scratch tags of this module: 300..
 
@@ -234,6 +226,71 @@ class _Grouped:
             np.divide(p, self.row, out=p)
 
 
+@functools.cache
+def _attention_grad_lib(target: object) -> ctypes.CDLL:
+    from rlx.backends.cpu import native
+
+    src = native.csrc_source("attention_vec.c", "attention_grad.c")
+    lib = native.load(native.build("#define RLX_ATT_DT 0\n" + src, target, "attention_grad"))
+    lib.rlx_attention_grad_ws_floats.restype = _L
+    lib.rlx_attention_grad_ws_floats.argtypes = [_L, _L]
+    lib.rlx_attention_grad.restype = ctypes.c_int
+    lib.rlx_attention_grad.argtypes = (
+        [_P] * 8 + [_L] * 6 + [ctypes.c_float, ctypes.c_int, _L, _P] + [_L] * 4
+        + [_P, _L, ctypes.c_int]
+    )  # fmt: skip
+    return lib
+
+
+def _native_attention_backward(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """The ``csrc/attention_grad.c`` call for f32 contiguous views (None: the BLAS path)."""
+    from rlx.backends.cpu import native
+    from rlx.backends.cpu.native import cpu
+    from rlx.backends.cpu.native.attention import MASK_CODES
+
+    if not ctx.native or not native.available():
+        return None
+    if any(a.dtype != np.float32 or not a.flags.c_contiguous or not a.size for a in ins):
+        return None
+    try:
+        lib = _attention_grad_lib(cpu.selected_target())
+    except (CompileError, OSError) as e:
+        ctx.notes.append(f"attention backward: no native kernel ({str(e).splitlines()[0]})")
+        return None
+    op, wrt = node.op.fwd, node.op.wrt  # type: ignore[attr-defined]
+    q, k, v = ins[:3]
+    b, sq, _ = q.shape
+    skv = k.shape[1]
+    h, hkv, d = op.num_heads, op.kv_heads, op.head_dim
+    mask, strides = None, (0, 0, 0, 0)
+    if len(ins) == 5:
+        mask = ins[3]
+        full = np.broadcast_to(mask, (b, h, sq, skv))
+        strides = tuple(st // 4 for st in full.strides)  # type: ignore[assignment]
+    outs = dict(zip("qkv", out, strict=True)) if wrt == "qkv" else {wrt: out}
+    ptr = {name: outs[name].ctypes.data if name in outs else None for name in "qkv"}
+    ds = outs["mask"].ctypes.data if "mask" in outs else None
+    threads = ctx.num_threads if b * h * sq * skv * d >= _PARALLEL_MIN * 8 else 1
+    per = int(lib.rlx_attention_grad_ws_floats(skv, d))
+    ws = ctx.scratch((max(1, threads) * per,), np.float32, _T + 6)
+    args = (
+        q.ctypes.data, k.ctypes.data, v.ctypes.data, ins[-1].ctypes.data,
+        ptr["q"], ptr["k"], ptr["v"], ds, b, sq, skv, h, hkv, d,
+        op.effective_scale, MASK_CODES[op.mask.type], op.mask.window,
+        None if mask is None else mask.ctypes.data, *strides, ws.ctypes.data, ws.size, threads,
+    )  # fmt: skip
+    fn = lib.rlx_attention_grad
+    ctx.kind = KernelKind.NATIVE
+
+    def run() -> None:
+        if fn(*args) != 0:
+            raise CompileError("attention backward: the workspace is smaller than it needs")
+
+    return run
+
+
 @kernel(AttentionBackward, KernelKind.BLAS)
 @lowp
 def attention_backward_kernel(
@@ -241,6 +298,9 @@ def attention_backward_kernel(
 ) -> Kernel | None:
     """dq, dk, dv (or all three stacked) or the score gradient of attention in the grouped
     layout (BLAS): five batched matmuls for all three."""
+    fast = _native_attention_backward(node, ins, out, ctx)
+    if fast is not None:
+        return fast
     op = node.op.fwd  # type: ignore[attr-defined]
     wrt = node.op.wrt  # type: ignore[attr-defined]
     q, k, v = ins[:3]
@@ -353,200 +413,5 @@ def rope_backward_kernel(
         np.einsum("bshr,bshr->sr", *first, out=out)
         np.einsum("bshr,bshr->sr", *second, out=tmp)
         (np.subtract if sub else np.add)(out, tmp, out=out)
-
-    return run
-
-
-# ---- convolution ------------------------------------------------------------------------
-
-
-class _Cols:
-    """im2col geometry of one conv backward node: x ``[N,C,*sp]``, w ``[O,C/G,*k]``,
-    ct ``[N,O,*out]``; a zero-bordered copy of x (dw) or of dx (dx)."""
-
-    def __init__(self, node: Node, ins: list[np.ndarray], ctx: KernelCtx) -> None:
-        f = node.op.fwd  # type: ignore[attr-defined]
-        x, w, ct = ins
-        self.f = f
-        n, c = x.shape[:2]
-        o, g = w.shape[0], f.groups
-        self.k = w.shape[2:]
-        self.out_sp = ct.shape[2:]
-        kk, length = math.prod(self.k), math.prod(self.out_sp)
-        self.shape = (n, c, o, g, kk, length)
-        dt = x.dtype
-        padded = tuple(s + lo + hi for s, (lo, hi) in zip(x.shape[2:], f.padding, strict=True))
-        self.xp = np.zeros((n, c, *padded), dt)  # private: its border stays zero
-        self.inner = self.xp[
-            (..., *(slice(lo, lo + s) for s, (lo, _) in zip(x.shape[2:], f.padding, strict=True)))
-        ]
-        # [G, N*L, C/G*K] columns and [G, O/G, N*L] output gradient
-        self.cols = ctx.scratch((g, n * length, (c // g) * kk), dt, _T + 50)
-        self.ctg = ctx.scratch((g, o // g, n * length), dt, _T + 51)
-        self.ct_src = ct.reshape(n, g, o // g, length).transpose(1, 2, 0, 3)
-
-    def gather_ct(self) -> None:
-        n, _, o, g, _, length = self.shape
-        np.copyto(self.ctg.reshape(g, o // g, n, length), self.ct_src)
-
-
-@kernel(ConvBackwardWeight, KernelKind.BLAS)
-@lowp
-def conv_backward_kernel(
-    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
-) -> Kernel:
-    """dw by im2col: ``[G, O/G, N*L] @ [G, N*L, C/G*K]``, one batched GEMM."""
-    x = ins[0]
-    m = _Cols(node, ins, ctx)
-    n, c, o, g, kk, length = m.shape
-    win = window_view(m.xp, m.k, m.f.stride, m.f.dilation)  # [N,C,*out,*k], a view
-    nd = len(m.k)
-    # [N,G,C/G,*out,*k] -> [G,N,*out,C/G,*k]; splitting C keeps it a view of xp
-    perm = (1, 0, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd))
-    cols_src = win.reshape(n, g, c // g, *win.shape[2:]).transpose(perm)
-    cols_dst = m.cols.reshape(g, n, *m.out_sp, c // g, *m.k)
-    assert np.shares_memory(cols_src, m.xp)
-    dw = out.reshape(g, o // g, (c // g) * kk)
-
-    def run() -> None:
-        np.copyto(m.inner, x)
-        np.copyto(cols_dst, cols_src)
-        m.gather_ct()
-        np.matmul(m.ctg, m.cols, out=dw)
-
-    return run
-
-
-@kernel(ConvBackwardData, KernelKind.BLAS)
-@lowp
-def conv_backward_data_kernel(
-    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
-) -> Kernel:
-    """dx: the column gradient ``[G, N*L, O/G] @ w[G, O/G, C/G*K]``, then col2im tap by tap
-    into a zero-bordered buffer whose interior is dx."""
-    w = ins[1]
-    m = _Cols(node, ins, ctx)
-    n, c, o, g, kk, length = m.shape
-    wg = w.reshape(g, o // g, (c // g) * kk)
-    # dcols [G, N*L, C/G*K] -> per tap t: [N, G, C/G, *out]
-    dcols = m.cols.reshape(g, n, *m.out_sp, c // g, kk)
-    nd = len(m.k)
-    perm = (1, 0, nd + 2, *range(2, nd + 2))  # [G,N,*out,C/G] -> [N,G,C/G,*out]
-    taps = [
-        (dcols[..., ti].transpose(perm), sl)
-        for ti, (_, sl) in enumerate(window_taps(m.k, m.f.stride, m.f.dilation, m.out_sp))
-    ]
-    dxp = m.xp.reshape(n, g, c // g, *m.xp.shape[2:])
-
-    def run() -> None:
-        m.gather_ct()
-        np.matmul(m.ctg.swapaxes(-1, -2), wg, out=m.cols)
-        m.xp.fill(0)
-        for src, sl in taps:
-            view = dxp[(..., *sl)]
-            np.add(view, src, out=view)
-        np.copyto(out, m.inner)
-
-    return run
-
-
-# ---- pooling ----------------------------------------------------------------------------
-
-
-def _pool_geometry(
-    f, x: np.ndarray, out_sp: tuple, ctx: KernelCtx, fill: float
-) -> tuple[np.ndarray, np.ndarray, list]:  # noqa: ANN001
-    """(bordered buffer, its interior view, taps) of a pool over ``x``."""
-    padded = tuple(s + lo + hi for s, (lo, hi) in zip(x.shape[2:], f.padding, strict=True))
-    buf = np.full((*x.shape[:2], *padded), fill, x.dtype)
-    inner = buf[
-        (..., *(slice(lo, lo + s) for s, (lo, _) in zip(x.shape[2:], f.padding, strict=True)))
-    ]
-    taps = [sl for _, sl in window_taps(f.window, f.stride, (1,) * len(f.window), out_sp)]
-    return buf, inner, taps
-
-
-class _FirstMax:
-    """Index of each window's first maximum (strict ``>`` tap by tap: the first wins)."""
-
-    def __init__(self, f, x: np.ndarray, out_sp: tuple, ctx: KernelCtx) -> None:  # noqa: ANN001
-        self.x = x
-        self.xp, self.inner, self.taps = _pool_geometry(f, x, out_sp, ctx, -np.inf)
-        shape = (*x.shape[:2], *out_sp)
-        self.best = ctx.scratch(shape, x.dtype, _T + 60)
-        self.idx = ctx.scratch(shape, np.int32, _T + 61)
-        self.gt = ctx.scratch(shape, np.bool_, _T + 62)
-
-    def run(self) -> None:
-        np.copyto(self.inner, self.x)
-        np.copyto(self.best, self.xp[(..., *self.taps[0])])
-        self.idx.fill(0)
-        for i, sl in enumerate(self.taps[1:], 1):
-            cand = self.xp[(..., *sl)]
-            np.greater(cand, self.best, out=self.gt)
-            np.copyto(self.best, cand, where=self.gt)
-            np.copyto(self.idx, i, where=self.gt)
-
-
-@kernel(PoolBackward)
-@lowp
-def pool_backward_kernel(
-    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
-) -> Kernel:
-    """Max: the gradient added at each window's first maximum, tap by tap; average: ``ct /
-    count`` (count precomputed) added over each window."""
-    f = node.op.fwd  # type: ignore[attr-defined]
-    x, ct = ins
-    out_sp = ct.shape[2:]
-    dxp, inner, taps = _pool_geometry(f, x, out_sp, ctx, 0.0)
-    share = ctx.scratch(ct.shape, ct.dtype, _T + 63)
-    if f.fn is PoolKind.AVG:
-        ones = np.pad(np.ones(x.shape[2:], x.dtype), f.padding)
-        count = sum(ones[sl] for sl in taps)
-
-        def avg() -> None:
-            np.divide(ct, count, out=share)
-            dxp.fill(0)
-            for sl in taps:
-                view = dxp[(..., *sl)]
-                np.add(view, share, out=view)
-            np.copyto(out, inner)
-
-        return avg
-    first = _FirstMax(f, x, out_sp, ctx)
-    hit = ctx.scratch(ct.shape, np.bool_, _T + 64)
-
-    def mx() -> None:
-        first.run()
-        dxp.fill(0)
-        for i, sl in enumerate(taps):
-            np.equal(first.idx, i, out=hit)
-            np.multiply(ct, hit, out=share)
-            view = dxp[(..., *sl)]
-            np.add(view, share, out=view)
-        np.copyto(out, inner)
-
-    return mx
-
-
-@kernel(MaxPoolSelect)
-@lowp
-def max_pool_select_kernel(
-    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
-) -> Kernel:
-    """``t`` read at each window's first maximum of ``x``."""
-    f = node.op.fwd  # type: ignore[attr-defined]
-    x, t = ins
-    out_sp = out.shape[2:]
-    first = _FirstMax(f, x, out_sp, ctx)
-    tp, tin, taps = _pool_geometry(f, t, out_sp, ctx, 0.0)
-    hit = ctx.scratch(out.shape, np.bool_, _T + 64)
-
-    def run() -> None:
-        first.run()
-        np.copyto(tin, t)
-        for i, sl in enumerate(taps):
-            np.equal(first.idx, i, out=hit)
-            np.copyto(out, tp[(..., *sl)], where=hit)
 
     return run
