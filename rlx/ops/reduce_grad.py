@@ -8,10 +8,11 @@
 Both are one row pass each on the CPU (``backends/cpu/kernels/reduce_grad.py``) instead
 of the chain of temporaries the primitive ops would allocate. ``reduce_vjp`` /
 ``reduce_jvp`` are ``Reduce``'s rules: sum and mean broadcast the cotangent back (mean
-divides by the count, counted at run time over symbolic dims); max / min send it to every
-position holding the extremum, split evenly among ties (as ``torch.amax``; JAX does the
-same); prod uses the product of the other elements (exclusive running products from both
-ends), so zeros in the input are handled exactly.
+divides by the count, read from the dims at run time when one is symbolic); max / min
+send it to every position holding the extremum, split evenly among ties (as
+``torch.amax``; JAX does the same); prod uses the product of the other elements
+(exclusive running products from both ends), so zeros in the input are handled exactly.
+Complex (c64) prod conjugates that product in reverse mode.
 """
 
 from __future__ import annotations
@@ -171,14 +172,16 @@ def _kept(g: Graph, op: Reduce, ct: NodeId, axes: tuple[int, ...]) -> NodeId:
 
 
 def _count(g: Graph, x: NodeId, axes: tuple[int, ...]) -> NodeId:
-    """How many elements of ``x`` each output of a reduction over ``axes`` combines (a
-    scalar constant; counted at run time when a reduced dim is symbolic)."""
-    from rlx.autodiff.rules import ones, scalar
+    """How many elements of ``x`` each output of a reduction over ``axes`` combines: a
+    scalar constant, or the product of the reduced dims read by ``shape_of`` at run time
+    when one is symbolic."""
+    from rlx.autodiff.rules import scalar
 
     dims = [g.shape(x).dims[a] for a in axes]
     if all(isinstance(d, int) for d in dims):
         return scalar(g, float(np.prod(dims)), x)
-    return g.sum(ones(g, x), list(axes), keepdims=True)
+    sizes = g.gather(g.shape_of(x), g.constant(np.asarray(axes, np.int64)), 0)
+    return g.cast(g.prod(sizes, 0), g.shape(x).dtype)
 
 
 def _weight(g: Graph, op: Reduce, node: Node, axes: tuple[int, ...]) -> NodeId:
