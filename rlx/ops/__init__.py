@@ -33,6 +33,7 @@ _MODULES = (
     "reduce_grad",  # softmax_backward, log_softmax_backward
     "bitcast",  # bitcast (the same bytes as another dtype)
     "kvcache",  # cache_attention (attention through a KV cache), dequant_gather
+    "grad_util",  # gather_backward (and the movement / linalg rules' helpers)
     "state",  # assign (writes a param when the compiled graph runs), barrier
 )
 for _m in _MODULES:

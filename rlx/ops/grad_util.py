@@ -1,24 +1,95 @@
 """Helpers the data-movement, indexing and linear-algebra rules share (``vjp`` / ``jvp`` /
-``batch`` methods of the ops in movement.py, indexing.py, linalg.py).
+``batch`` methods of the ops in movement.py, indexing.py, linalg.py), and the one op
+they add: ``gather_backward`` (the adjoint of ``gather``: zeros with the cotangent's
+slices added at the indices, without materializing and copying a zeros operand).
 
-In: the graph being extended and node ids. Out: node ids built with the ordinary graph
-builders, so every backend already runs them. The rules' own logic stays beside the ops.
+In: the graph being extended and node ids. Out: node ids built with the graph builders,
+so every backend runs them. The rules' own logic stays beside the ops.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 
 from rlx.autodiff.rules import moveaxis, zeros
 from rlx.errors import AutodiffError
 from rlx.ir.mir import Graph, Node, NodeId
-from rlx.ops.base import Op
-from rlx.ops.elementwise import BinaryKind
-from rlx.shape import Dim
+from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
+from rlx.ops.elementwise import BinaryKind, _wide
+from rlx.shape import Dim, Shape
+
+
+@register
+class GatherBackward(Op):
+    """Inputs ``(ct, idx)``: zeros of ``dims`` (the gathered operand's dims) with ``ct``'s
+    slices added at ``idx`` along ``axis`` (repeats add): the adjoint of ``gather(x, idx,
+    axis)``, ``ct`` shaped like its output. Indices lie in ``[-n, n)`` (an InputError at
+    run time otherwise)."""
+
+    mnemonic: ClassVar[str] = "gather_backward"
+    arity: ClassVar[int] = 2
+    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
+    axis: int
+    dims: tuple[Dim, ...]
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        ct, idx = ins
+        r = len(self.dims)
+        expect(0 <= self.axis < r, self, f"axis {self.axis} out of range for dims {self.dims}")
+        expect(idx.dtype.is_int, self, f"indices must be an integer tensor, got {idx}")
+        expect(
+            ct.dtype.is_float or ct.dtype.is_complex, self, f"ct must be float or complex, got {ct}"
+        )
+        ax, d = self.axis, self.dims
+        want = (*d[:ax], *idx.dims, *d[ax + 1 :])
+        expect(ct.dims == want, self, f"ct must have dims {list(want)} (gather's output), got {ct}")
+        return Shape(d, ct.dtype)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        from rlx.ops.movement import _check_index_range
+
+        ct, idx = xs
+        out = np.zeros(ctx.out_dims, _wide(ct).dtype)
+        i64 = _check_index_range(self, idx, out.shape[self.axis], self.axis)
+        np.add.at(out, (slice(None),) * self.axis + (i64,), _wide(ct))
+        return out.astype(ctx.out_dtype)
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return (g.gather(ct, node.inputs[1], self.axis), None)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        t = tangents[0]
+        return None if t is None else g.apply(self, [t, node.inputs[1]])
+
+    def batch(self, g: Graph, node: Node, ins: tuple, bdims: tuple) -> tuple[NodeId, int]:
+        (ct, idx), (bc, bi), ax = ins, bdims, self.axis
+        n = batch_size(g, ins, bdims)
+        if bi is None:
+            return g.apply(GatherBackward(ax + 1, (n, *self.dims)), [front(g, ct, bc), idx]), 0
+        rows = self.dims[ax]
+        if not (isinstance(n, int) and isinstance(rows, int)):
+            raise NotImplementedError  # the vmap driver's generic rule
+        ct = front(g, ct, bc) if bc is not None else g.expand(ct, [n, *g.shape(ct).dims])
+        folded = (*self.dims[:ax], n * rows, *self.dims[ax + 1 :])
+        out = g.apply(
+            GatherBackward(ax, folded),
+            [moveaxis(g, ct, 0, ax), offset_rows(g, front(g, idx, bi), n, rows)],
+        )
+        return g.reshape(out, [*self.dims[:ax], n, rows, *self.dims[ax + 1 :]]), ax
+
+
+@graph_method
+def gather_backward(g: Graph, ct: NodeId, idx: NodeId, axis: int, dims: Sequence[Dim]) -> NodeId:
+    """The adjoint of ``g.gather(x, idx, axis)`` for ``x`` of ``dims`` (see
+    :class:`GatherBackward`)."""
+    return g.apply(GatherBackward(axis, tuple(dims)), [ct, idx])
+
 
 __all__ = [
+    "GatherBackward",
     "same_op",
     "front",
     "batch_size",
@@ -26,6 +97,7 @@ __all__ = [
     "zeros_or",
     "not_static",
     "fold_batch",
+    "offset_rows",
 ]
 
 
@@ -76,11 +148,9 @@ def embed(g: Graph, ct: NodeId, axis: int, size: Dim, positions: Sequence[int]) 
         return g.pad(ct, pads)
     out = list(dims)
     out[axis] = size
-    base = zeros(g, g.shape(ct).with_dims(out))
     if not pos:
-        return base
-    idx = g.constant(np.asarray(pos, dtype=np.int64))
-    return g.scatter_add(base, idx, ct, axis)
+        return zeros(g, g.shape(ct).with_dims(out))
+    return g.gather_backward(ct, g.constant(np.asarray(pos, dtype=np.int64)), axis, out)
 
 
 def fold_batch(g: Graph, x: NodeId, idx: NodeId, ax: int) -> tuple[NodeId, NodeId]:
@@ -92,9 +162,14 @@ def fold_batch(g: Graph, x: NodeId, idx: NodeId, ax: int) -> tuple[NodeId, NodeI
     b, n = dims[ax], dims[ax + 1]
     if not (isinstance(b, int) and isinstance(n, int)):
         raise NotImplementedError  # the vmap driver's generic rule handles symbolic dims
-    x = g.reshape(x, [*dims[:ax], b * n, *dims[ax + 2 :]])
+    return g.reshape(x, [*dims[:ax], b * n, *dims[ax + 2 :]]), offset_rows(g, idx, b, n)
+
+
+def offset_rows(g: Graph, idx: NodeId, b: int, n: int) -> NodeId:
+    """Indices ``idx`` (batch first, ``b`` rows, each into an axis of ``n``) with negative
+    entries wrapped and row ``k`` offset by ``k*n``: indices into the folded axis."""
     it = g.shape(idx).dtype.np
     nn = g.constant(np.asarray(n, dtype=it))
     wrapped = g.binary(BinaryKind.MOD, g.add(g.binary(BinaryKind.MOD, idx, nn), nn), nn)
     off = np.arange(b, dtype=it).reshape(b, *(1,) * (g.shape(idx).rank - 1)) * it.type(n)
-    return x, g.add(wrapped, g.constant(off))
+    return g.add(wrapped, g.constant(off))

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from rlx.autodiff.rules import moveaxis, unbroadcast, zeros
+from rlx.autodiff.rules import moveaxis, unbroadcast
 from rlx.dtype import DType
 from rlx.errors import DTypeError, InputError
 from rlx.ir.mir import Graph, Node, NodeId
@@ -439,10 +439,8 @@ class Gather(Op):
 
     def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
         x, idx = node.inputs
-        xd, m = g.shape(x).dims, g.shape(idx).numel
-        ax = self.axis % len(xd)
-        flat = g.reshape(ct, [*xd[:ax], m, *xd[ax + 1 :]])
-        return (g.scatter_add(zeros(g, x), g.reshape(idx, [m]), flat, ax), None)
+        dims = g.shape(x).dims
+        return (g.gather_backward(ct, idx, self.axis % len(dims), dims), None)
 
     def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
         t = tangents[0]

@@ -352,6 +352,12 @@ def _gather(b: B) -> Case:
     return b.done(b.g.gather(b.inp(b.normal(d)), idx, axis))
 
 
+@sample("gather_backward")
+def _gather_backward(b: B) -> Case:
+    idx = b.inp(b.rng.integers(-4, 4, (2, 3)).astype(np.int32), diff=False)
+    return b.done(b.g.gather_backward(b.inp(b.normal([3, 2, 3])), idx, 1, (3, 4)))
+
+
 @sample("scatter_add")
 def _scatter_add(b: B) -> Case:
     x = b.normal([4, 3])

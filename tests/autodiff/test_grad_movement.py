@@ -20,6 +20,7 @@ from rlx.autodiff.batching import vmap
 from rlx.autodiff.check import check_jvp, check_vjp
 from rlx.autodiff.reverse import grad, vjp
 from rlx.errors import AutodiffError
+from rlx.ops.grad_util import GatherBackward
 from rlx.ops.indexing import GatherElements, GatherNd, ScatterElements, ScatterNd
 from rlx.ops.indexing import ScatterReduction as Red
 from rlx.ops.movement import (
@@ -305,6 +306,11 @@ VMAP_CASES = {
     "slice": (Slice, [(4, 5)], lambda g, x: g.slice(x, [None, 4], [None, 0], [-1, -2])),
     "pad": (Pad, [(2, 3)], lambda g, x: g.pad(x, [(1, 0), (0, 2)], 0.5)),
     "gather": (Gather, [(3, 4)], lambda g, x: g.gather(x, _i64(g, [[1, -1], [0, 0]]), 1)),
+    "gather_backward": (
+        GatherBackward,
+        [(2, 3)],
+        lambda g, c: g.gather_backward(c, _i64(g, [1, -1, 1]), 1, (2, 4)),
+    ),
     "scatter_add": (
         ScatterAdd,
         [(3, 4), (3, 3)],
@@ -352,7 +358,7 @@ def test_vmap_gather_with_batched_indices(batched):
 
 @pytest.mark.parametrize("w_batched", [False, True])
 def test_per_example_embedding_gradients(w_batched):
-    """vmap of grad: the gather's scatter-add adjoint batched over the ids (and the
+    """vmap of grad: the gather's adjoint (gather_backward) batched over the ids (and the
     table), against NumPy's per-example np.add.at."""
     g = rlx.Graph("emb")
     w, ids = g.input("w", (5, 3), "f64"), g.input("ids", (4,), "i64")
@@ -364,7 +370,7 @@ def test_per_example_embedding_gradients(w_batched):
         "ids": np.array([[0, 4, 0, -1], [2, 2, 2, 1], [3, 0, 1, 2]]),
     }
     vg = vmap(grad(g, ["w"]), axes, size=n)
-    assert len(vg.find(ScatterAdd)) == 1, "one batched scatter_add, not a loop"
+    assert len(vg.find(GatherBackward)) == 1, "one batched gather_backward, not a loop"
     want = []
     for k in range(n):
         wk = vals["w"][k] if w_batched else vals["w"]
@@ -372,3 +378,26 @@ def test_per_example_embedding_gradients(w_batched):
         np.add.at(dw, vals["ids"][k], 1 - np.tanh(wk[vals["ids"][k]]) ** 2)
         want.append(dw)
     np.testing.assert_allclose(vg.evaluate(vals)[0], np.stack(want), rtol=1e-12)
+
+
+def test_gather_backward_op():
+    """gather's adjoint op: its own rules (a gather back; itself on tangents), and the
+    compiled gradient of an embedding lookup adds rows into zeros without an
+    expanded zeros table (no expand node of the table's size)."""
+    idx = [[0, 3, 3], [-1, 1, 0]]
+    _check(
+        lambda g, c: g.gather_backward(c, _i64(g, idx), 1, (2, 4, 3)), [(2, 2, 3, 3)], compiled=True
+    )
+    g = rlx.Graph("emb")
+    w = g.param("w", (50, 8))
+    ids = g.input("ids", (6,), "i64")
+    g.set_outputs(g.sum(g.tanh(g.gather(w, ids, 0))))
+    gg = grad(g, ["w"])
+    assert len(gg.find(GatherBackward)) == 1 and not gg.find(ScatterAdd)
+    wv = np.random.default_rng(7).standard_normal((50, 8)).astype(np.float32)
+    cg = rlx.Session("cpu").compile(gg, params={"w": wv})
+    assert not [k for k in cg.report().kernels if k.op == "expand" and k.dims == (50, 8)]
+    iv = np.array([3, 7, 3, 0, -1, 7])
+    want = np.zeros_like(wv)
+    np.add.at(want, iv, 1 - np.tanh(wv[iv]) ** 2)
+    np.testing.assert_allclose(cg.run({"ids": iv})[0], want, rtol=1e-5, atol=1e-6)

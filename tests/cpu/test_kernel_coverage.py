@@ -32,6 +32,7 @@ from rlx.ops.elementwise import (
 )
 from rlx.ops.fake_quant import FakeQuantizeLSQ
 from rlx.ops.fft import Fft, FftKind
+from rlx.ops.grad_util import GatherBackward
 from rlx.ops.linalg import DotGeneral, MatMul
 from rlx.ops.movement import (
     Concat,
@@ -128,6 +129,7 @@ def _templates(dt: DType):
         ("narrow", Narrow(2, 1, 2), [x]),
         ("slice", Slice((0, 0, 3), (2, 3, None), (1, 2, -1)), [x]),
         ("gather", Gather(1), [x, idx]),
+        ("gather_backward", GatherBackward(1, (2, 5, 4)), [Shape((2, 2, 4), dt), idx]),
         ("scatter_add", ScatterAdd(1), [x, idx, Shape((2, 2, 4), dt)]),
         ("pad", Pad(((1, 0), (0, 1), (2, 2)), 0.0), [x]),
         ("shape_of", ShapeOf(), [x]),

@@ -831,6 +831,12 @@ CASES: list[Case] = [
     Case("barrier", lambda g: g.exp(g.barrier(g.input("x", (3, 2))))),
     Case("stop_gradient", lambda g: g.exp(g.stop_gradient(g.input("x", (3, 2))))),
     Case(
+        "gather_backward",
+        lambda g: g.gather_backward(
+            g.input("c", (3, 4, 2)), g.constant(np.array([0, 4, 4, -1])), 1, (3, 5, 2)
+        ),
+    ),
+    Case(
         "softmax_backward",
         lambda g: g.softmax_backward(g.input("d", (3, 37)), g.input("y", (3, 37)), axis=-1),
     ),

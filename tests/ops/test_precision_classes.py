@@ -135,6 +135,7 @@ RLX_ONLY: dict[str, tuple[OpKind, str]] = {
     "cache_attention": (C, "attention through a KV cache (its own f32 caches), like Attention"),
     "dequant_gather": (D, "rows of a packed table decoded to f32, like Gather; never retyped"),
     "stop_gradient": (D, "the identity with a zero derivative (a view), like Reshape"),
+    "gather_backward": (D, "gather's adjoint: rows added into zeros, like ScatterAdd"),
 }
 
 BUILTIN = {m: c for m, c in OPS.items() if c.__module__.startswith("rlx.ops.")}
