@@ -38,7 +38,7 @@ corners; ``kernels.seed``: selective_scan, the dense solves, grouped / LoRA matm
 qconv2d without the native library, sample, custom_fn; ``kernels.indexing``:
 gather_elements, scatter_elements, gather_nd, scatter_nd; ``kernels.bitmath``: bitwise,
 bitwise_not, trig, cumprod, bitcast; ``kernels.reduce_grad``: softmax_backward,
-log_softmax_backward); ``load_kernels`` imports every module of
+log_softmax_backward; ``kernels.grad_util``: gather_backward); ``load_kernels`` imports every module of
 the package. Every built-in op has a factory here (``tests/cpu/test_kernel_coverage.py``):
 the reference kernel is for custom ops.
 """
