@@ -4,8 +4,7 @@ arena slots. Out: a closure writing the gradient into ``out`` (scratch and borde
 buffers allocated when the schedule is built). f16/bf16 compute in f32 (``lowp``).
 
 * Conv backward: the output gradient as ``[G, O/G, N*L]`` against the columns
-  ``[G, N*L, C/G*K]`` (one 2-D GEMM per group: NumPy's stacked matmul did not call BLAS
-  at these shapes, 0.77 s instead of 1.6 ms for 64 x 8192 x 288) gives dw; ``[G, N*L, O/G] @ w[G, O/G, C/G*K]``
+  ``[G, N*L, C/G*K]`` (one 2-D GEMM per group) gives dw; ``[G, N*L, O/G] @ w[G, O/G, C/G*K]``
   gives the column gradient, scattered back (col2im) tap by tap into a bordered buffer.
 * Pool backward / max-pool select: each window's first maximum found tap by tap with
   strict ``>`` (the first wins ties), the gradient added tap by tap.
@@ -92,7 +91,7 @@ def conv_backward_kernel(
         np.copyto(m.inner, x)
         np.copyto(cols_dst, cols_src)
         m.gather_ct()
-        for gi in range(g):  # 2-D products: NumPy's stacked matmul skips BLAS here
+        for gi in range(g):
             np.matmul(m.ctg[gi], m.cols[gi], out=dw[gi])
 
     return run
