@@ -280,3 +280,16 @@ def test_vmap_per_example_fallback_for_an_op_without_a_rule() -> None:
     with pytest.raises(AutodiffError, match="test_row_cumsum.*no batching rule") as e:
         vmap(g, {"x": 0}, size="n")
     assert e.value.loc == g.nodes[2].loc
+
+
+def test_vmap_over_a_param_and_of_a_gradient_graph() -> None:
+    """A batched param (one weight vector per example), and vmap of a grad graph:
+    per-example gradients of sum(tanh(x * w)) wrt w."""
+    g = rlx.Graph("pg")
+    x = g.input("x", [3], "f64")
+    w = g.param("w", [3], "f64")
+    g.set_outputs([g.sum(g.tanh(g.mul(x, w)), [0])])
+    v = vmap(grad(g, ["w"]), {"x": 0, "w": 0}, size=4)
+    xs, ws = _rand(4, 3), _rand(4, 3)
+    (gw,) = v.evaluate({"x": xs}, {"w": ws})
+    np.testing.assert_allclose(gw, xs * (1 - np.tanh(xs * ws) ** 2), rtol=1e-12)
