@@ -22,8 +22,8 @@ The kernels themselves live in one module per op family in this package
 (``kernels.elementwise``: unary, binary, compare, where; ``kernels.lowp_lib``: cast and the
 native bf16/f16 paths; ``kernels.tensor``: reductions, norms, movement; ``kernels.linalg``:
 matmul, dot_general; ``kernels.nn``: attention, rope; ``kernels.nn_grad``: the backward
-ops of the norms, attention, rope, conv and pool (``csrc/norm_grad.c`` for the norms);
-``kernels.conv``: conv, pool;
+ops of the norms, attention (``csrc/norm_grad.c``, ``csrc/attention_grad.c``) and rope;
+``kernels.nn_grad_conv``: conv and pool backward; ``kernels.conv``: conv, pool;
 ``kernels.fused``: fused ops and elementwise regions; ``kernels.region``: native
 generated elementwise regions; ``kernels.rows``: native row kernels and matmul
 epilogues; ``kernels.quant``: quantize / dequantize; ``kernels.qgemm``: the integer
