@@ -21,6 +21,18 @@ from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import BinaryKind, _wide
 from rlx.shape import Dim, Shape
 
+__all__ = [
+    "GatherBackward",
+    "same_op",
+    "front",
+    "batch_size",
+    "embed",
+    "zeros_or",
+    "not_static",
+    "fold_batch",
+    "offset_rows",
+]
+
 
 @register
 class GatherBackward(Op):
@@ -88,19 +100,6 @@ def gather_backward(g: Graph, ct: NodeId, idx: NodeId, axis: int, dims: Sequence
     return g.apply(GatherBackward(axis, tuple(dims)), [ct, idx])
 
 
-__all__ = [
-    "GatherBackward",
-    "same_op",
-    "front",
-    "batch_size",
-    "embed",
-    "zeros_or",
-    "not_static",
-    "fold_batch",
-    "offset_rows",
-]
-
-
 def same_op(g: Graph, op: Op, tangents: Sequence[NodeId | None]) -> NodeId | None:
     """The jvp of a linear one-input op: ``op`` applied to the tangent (None stays None)."""
     (t,) = tangents
@@ -137,7 +136,7 @@ def not_static(node: Node, what: str) -> AutodiffError:
 def embed(g: Graph, ct: NodeId, axis: int, size: Dim, positions: Sequence[int]) -> NodeId:
     """Zeros with axis ``axis`` of ``ct`` grown to ``size`` and ``ct``'s slices placed at
     ``positions`` along it (repeats add): the adjoint of taking those slices. A contiguous
-    run on a static axis pads; others scatter-add (symbolic ``size`` allowed)."""
+    run on a static axis pads; others are one gather_backward (symbolic ``size`` allowed)."""
     dims = list(g.shape(ct).dims)
     pos = list(positions)
     if dims[axis] == size and pos == list(range(len(pos))):
