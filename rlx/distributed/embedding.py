@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -243,13 +242,10 @@ def embed(
         raise InputError(f"embed: fmt must be one of {io.FORMATS}, got {fmt!r}")
     model = resolve(model_dir)
     read_config(read_layout(model).transformer_dir)  # a ModelError here, not in each actor
-    out = Path(output).absolute()
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise InputError(f"embed: output {str(out)!r} is not empty (pass overwrite=True)")
-        shutil.rmtree(out)
     is_dataset = isinstance(data, ray.data.Dataset)
     units = [] if is_dataset else io.plan_units(data)  # type: ignore[arg-type]
+    out = Path(output).absolute()
+    _clear(out, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with ray_session(address, num_actors * threads_per_actor + 1):
@@ -312,6 +308,29 @@ def embed(
         orphans=orphans,
         pids=tuple(sorted({r["pid"] for r in records})),
     )
+
+
+def _clear(out: Path, overwrite: bool) -> None:
+    """Check that ``out`` is empty or absent; with ``overwrite``, remove a previous output
+    (only its shard, temp and manifest files: any other file is an InputError)."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise InputError(f"embed: output {str(out)!r} is a file, not a directory")
+    found = list(out.iterdir())
+    if not found:
+        return
+    if not overwrite:
+        raise InputError(f"embed: output {str(out)!r} is not empty (pass overwrite=True)")
+    ours = [p for p in found if p.is_file() and io.is_output_file(p.name)]
+    other = sorted(p.name for p in found if p not in ours)
+    if other:
+        raise InputError(
+            f"embed: output {str(out)!r} holds files that are not an rlx embedding output "
+            f"({other[:3]}); overwrite removes only shards and manifest.json"
+        )
+    for p in ours:
+        p.unlink()
 
 
 def _collect(

@@ -43,6 +43,7 @@ __all__ = [
     "read_embeddings",
     "Embeddings",
     "MANIFEST",
+    "is_output_file",
 ]
 
 #: Suffixes a directory is searched for (anything else given by name is read as plain text).
@@ -155,6 +156,12 @@ def shard_name(sources: Sequence[str], rows: Sequence[int]) -> str:
     for s, r in sorted(zip(map(str, sources), map(int, rows))):
         h.update(f"{s}\0{r}\n".encode())
     return f"part-{h.hexdigest()[:24]}"
+
+
+def is_output_file(name: str) -> bool:
+    """Whether a file name is one :func:`write_shard` / :func:`write_manifest` write (or
+    their temp files)."""
+    return name == MANIFEST or name.startswith(("part-", ".part-", f".{MANIFEST}."))
 
 
 def _atomic(path: Path, write: Any) -> None:

@@ -95,6 +95,8 @@ def test_embed_bad_arguments_change_nothing(tmp_path: Path, minilm_dir: Path) ->
     (out / "x").write_text("")
     with pytest.raises(InputError, match="is not empty"):
         d.embed(tmp_path / "a.txt", minilm_dir, output=out)
+    with pytest.raises(InputError, match=r"not an rlx embedding output \(\['x'\]\)"):
+        d.embed(tmp_path / "a.txt", minilm_dir, output=out, overwrite=True)
     assert [p.name for p in out.iterdir()] == ["x"]
 
 
