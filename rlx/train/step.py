@@ -85,7 +85,7 @@ class TrainStep:
         self.schedule = schedule
         self.clip_norm = clip_norm
         self.loss_output = loss_output
-        for name in (LR_INPUT,):
+        for name in (LR_INPUT, STEP_PARAM):
             if name in graph.input_names or name in graph.param_names:
                 raise InputError(f"TrainStep: the name {name!r} is reserved for the step graph")
         self.trainable = _trainable(graph, trainable)
@@ -227,7 +227,8 @@ class TrainStep:
             return float(self.optimizer.lr)
         return float(self.schedule(self._steps))
 
-    def _feed(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    def _feed(self, inputs: Mapping[str, Any], lr: bool = True) -> dict[str, Any]:
+        """The model's inputs checked to be a dict, plus ``train.lr`` (with ``lr``)."""
         if not isinstance(inputs, Mapping):
             raise InputError(
                 f"TrainStep takes a dict of input name -> array, given {type(inputs).__name__}; "
@@ -235,7 +236,7 @@ class TrainStep:
             )
         if LR_INPUT in inputs:
             raise InputError(f"TrainStep: {LR_INPUT!r} is fed by the step (from the schedule)")
-        return {**inputs, LR_INPUT: np.float64(self.lr())}
+        return {**inputs, LR_INPUT: np.float64(self.lr())} if lr else dict(inputs)
 
     def step(self, inputs: Mapping[str, Any]) -> float:
         """One training step on ``inputs`` (the model's inputs): returns the loss (before
@@ -256,9 +257,7 @@ class TrainStep:
         if self._grads_stale:
             cg.set_params(self._read(self._compile("apply"), self._wrt_names(self.model)))
             self._grads_stale = False
-        if not isinstance(inputs, Mapping):
-            self._feed(inputs)  # raises the message
-        loss, *gs = cg.run(inputs)
+        loss, *gs = cg.run(self._feed(inputs, lr=False))
         names = self._wrt_names(self.model)
         return float(np.asarray(loss).reshape(-1)[0]), dict(zip(names, gs, strict=True))
 

@@ -250,6 +250,12 @@ def test_errors_name_what_is_wrong():
         step.apply({**{k: v for k, v in params.items() if k != "bo"}, "zz": 0})
     with pytest.raises(InputError, match=r"expected the values .* missing"):
         step.load_state_dict({"w0": params["w0"]})
+    with pytest.raises(InputError, match="TrainStep takes a dict of input name -> array"):
+        step.grads([b])  # type: ignore[arg-type]
+    r = rlx.Graph("r")
+    r.set_outputs([r.sum(r.mul(r.param("train.step", (2,)), r.input("x", (2,))))])
+    with pytest.raises(InputError, match="'train.step' is reserved"):
+        TrainStep(r, SGD(), {"train.step": np.zeros(2, np.float32)})
     before = step.params()
     with pytest.raises(InputError):
         step.step({"x": b["x"]})  # a missing input changes nothing
