@@ -87,7 +87,7 @@ class _NormBackward(Op):
     eps: float  # (fields are redeclared by each registered subclass)
     wrt: str
 
-    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+    def _infer(self, ins: tuple[Shape, ...]) -> Shape:
         x, gamma, ct = ins
         expect(self.wrt in ("x", "gamma"), self, f"wrt must be 'x' or 'gamma', got {self.wrt!r}")
         expect(x.dtype.is_float and x.rank >= 1, self, f"x must be a float tensor, got {x}")
@@ -95,7 +95,7 @@ class _NormBackward(Op):
         _same(self, x, ct, "the cotangent")
         return x if self.wrt == "x" else gamma
 
-    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+    def _reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         x, gamma, ct = (upcast(a) for a in xs)
         xhat, rstd = norm_rows(x, self.eps, self.center)
         if self.wrt == "gamma":
@@ -118,6 +118,12 @@ class LayerNormBackward(_NormBackward):
     wrt: str = "x"
     center: ClassVar[bool] = True
 
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        return self._infer(ins)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        return self._reference(xs, ctx)
+
 
 @register
 class RmsNormBackward(_NormBackward):
@@ -128,6 +134,12 @@ class RmsNormBackward(_NormBackward):
     eps: float
     wrt: str = "x"
     center: ClassVar[bool] = False
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        return self._infer(ins)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        return self._reference(xs, ctx)
 
 
 # ---- attention ----------------------------------------------------------------------
