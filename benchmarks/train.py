@@ -113,6 +113,12 @@ def _f(x: float | None, fmt: str = "{:.2f}") -> str:
 def report(res: dict[int, dict[str, Any]], cases: list[str], rounds: int) -> str:
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     out = [
+        "# Training step: rlx vs PyTorch eager vs torch.compile",
+        "",
+        "Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python "
+        "benchmarks/train.py --out BENCHMARKS_train.md` (cases and method: the script's "
+        "docstring; where rlx's time goes: `benchmarks/train_profile.py`).",
+        "",
         "## Step time",
         "",
         f"`benchmarks/train.py`, {now}, {rounds} interleaved rounds, median ms per training "

@@ -3,7 +3,7 @@
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/train_profile.py \\
         [--case mlp_large|mlp_digits|minilm] [--threads 2] [--top 25] [--steps 3]
 
-Builds the case of ``benchmarks/train.py`` (``_train_worker.rlx_build``), runs ``--steps``
+Builds the case of ``benchmarks/train.py`` (``_train_worker.rlx_setup``), runs ``--steps``
 warm steps, then one profiled step (``CompiledGraph.run(profile=True)``), and prints the
 wall time of a step, the total kernel time, the time per op kind and the ``--top`` slowest
 kernels with their node labels (``compiled.report()``).
@@ -30,19 +30,16 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--steps", type=int, default=3)
     a = ap.parse_args()
-    step, _ = w.rlx_build(a.case, a.threads)
-    for _ in range(a.steps):
-        step()
-    ts = step.__closure__  # the TrainStep and its feeds live in rlx_build's closure
-    cells = {type(c.cell_contents).__name__: c.cell_contents for c in ts or ()}
-    trainer, feeds = cells["TrainStep"], cells["list"]
+    ts, feeds = w.rlx_setup(a.case, a.threads)
+    for k in range(a.steps):
+        ts.step(feeds[k % len(feeds)])
     t0 = time.perf_counter()
-    step()
+    ts.step(feeds[0])
     wall = time.perf_counter() - t0
     from rlx.train.step import LR_INPUT
 
-    cg = trainer.compiled
-    cg.run({**feeds[0], LR_INPUT: np.float64(1e-4)}, profile=True)
+    cg = ts.compiled
+    cg.run({**feeds[0], LR_INPUT: np.float64(ts.lr())}, profile=True)
     rep = cg.report()
     recs = [k for k in rep.kernels if k.seconds is not None]
     total = rep.total_seconds

@@ -8,13 +8,26 @@ the reference gradients (:func:`charlm_grads`, :func:`mnrl_loss`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from rlx.models.charlm import CharLMConfig
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread inside the block (the CI machine is shared: OpenMP barriers
+    over a busy second core cost more than the core gives), restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def charlm_loss(
@@ -51,8 +64,9 @@ def charlm_grads(
 ) -> tuple[float, dict[str, np.ndarray]]:
     """(loss, {name: gradient}) by torch autograd in the params' dtype."""
     w = {k: torch.tensor(np.array(v), requires_grad=True) for k, v in params.items()}
-    loss = charlm_loss(cfg, w, batch["tokens"], batch["targets"])
-    loss.backward()
+    with one_thread():
+        loss = charlm_loss(cfg, w, batch["tokens"], batch["targets"])
+        loss.backward()
     return float(loss.detach()), {k: t.grad.numpy() for k, t in w.items()}
 
 
