@@ -16,9 +16,10 @@ Linear weights are params ``[in, out]``.
 
 Data: :func:`stdlib_corpus` reads the running interpreter's standard library
 (``sysconfig.get_paths()["stdlib"]``) ``.py`` files as bytes (sorted paths, so the same
-interpreter gives the same text) and splits it by file: every ``1 / val_fraction``-th file
-(hashed on its relative path, so the split does not move when files are added) is
-validation. :func:`batches_from_stdlib` draws ``(tokens, targets)`` windows from either
+interpreter gives the same text) and splits it by file: a file is validation when the
+hash of its relative path falls in the first ``val_fraction`` of the hash range (so the
+split does not move when files are added or removed); test packages and site-packages are
+left out. :func:`batches_from_stdlib` draws ``(tokens, targets)`` windows from either
 split with a seeded generator; the tokens are the bytes themselves (vocabulary 256).
 """
 
@@ -37,6 +38,7 @@ from rlx.dtype import DType
 from rlx.errors import ModelError
 from rlx.ir.mir import Graph, NodeId
 from rlx.ops.nn import MaskKind
+from rlx.train.losses import cross_entropy
 
 __all__ = [
     "CharLMConfig",
@@ -46,6 +48,8 @@ __all__ = [
     "stdlib_corpus",
     "batches_from_stdlib",
     "generate",
+    "windows",
+    "param_shapes",
     "VOCAB",
 ]
 
@@ -156,7 +160,10 @@ def _body(cfg: CharLMConfig, g: Graph, tokens: NodeId, dtype: DType) -> NodeId:
     return g.matmul(x, head)
 
 
-def _graph(cfg: CharLMConfig, name: str, batch: int | None, seq: int | None) -> tuple[Graph, Any]:
+def _graph(
+    cfg: CharLMConfig, name: str, batch: int | None, seq: int | None
+) -> tuple[Graph, tuple[Any, Any]]:
+    """A new graph and its ``(batch, seq)`` dims (symbolic where None)."""
     g = Graph(name)
     b = g.sym("batch") if batch is None else batch
     s = g.sym("seq", max=cfg.context) if seq is None else seq
@@ -176,25 +183,16 @@ def logits_graph(
     return g.verify()
 
 
-def cross_entropy(g: Graph, logits: NodeId, targets: NodeId) -> NodeId:
-    """Mean over every position of ``-log softmax(logits)[target]`` -> shape ``[1]``."""
-    vocab = g.shape(logits).dims[-1]
-    classes = g.constant(np.arange(vocab, dtype=np.int64))
-    dtype = g.shape(logits).dtype
-    onehot = g.cast(g.eq(g.unsqueeze(targets, -1), classes), dtype)
-    picked = g.sum(g.mul(g.log_softmax(logits, -1), onehot), -1)
-    return g.reshape(g.neg(g.mean(picked)), (1,))
-
-
 def loss_graph(
     cfg: CharLMConfig, batch: int | None = None, seq: int | None = None, dtype: DType = DType.F32
 ) -> Graph:
     """``tokens``, ``targets`` i64 ``[batch, seq]`` -> mean next-byte cross entropy
-    (nats) of shape ``[1]``; ``None`` makes a dim symbolic."""
+    (nats, ``rlx.train.cross_entropy``) of shape ``[1]``; ``None`` makes a dim symbolic."""
     g, dims = _graph(cfg, "charlm.loss", batch, seq)
     tokens = g.input("tokens", dims, DType.I64)
     targets = g.input("targets", dims, DType.I64)
-    g.set_outputs([cross_entropy(g, _body(cfg, g, tokens, dtype), targets)])
+    loss = cross_entropy(g, _body(cfg, g, tokens, dtype), targets)
+    g.set_outputs([g.reshape(loss, (1,))])
     return g.verify()
 
 
@@ -242,7 +240,9 @@ def stdlib_corpus(
     return train, val
 
 
-def windows(data: np.ndarray, context: int, batch_size: int, rng: np.random.Generator) -> dict:
+def windows(
+    data: np.ndarray, context: int, batch_size: int, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
     """One batch of random windows of ``data``: ``tokens`` and the next bytes ``targets``
     (i64 ``[batch_size, context]``)."""
     if len(data) <= context:

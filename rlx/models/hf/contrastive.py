@@ -24,6 +24,7 @@ from rlx.errors import ModelError
 from rlx.ir.mir import Graph
 from rlx.models.hf.arch import build_encoder
 from rlx.models.hf.config import EncoderConfig
+from rlx.train.losses import cross_entropy
 
 __all__ = ["mnrl_graph", "mnrl_inputs", "trainable"]
 
@@ -41,8 +42,7 @@ def mnrl_graph(cfg: EncoderConfig, scale: float = 20.0, name: str = "mnrl") -> G
     e = g.mul(pooled, g.rsqrt(g.sum(g.mul(pooled, pooled), -1, keepdims=True)))
     a, p = g.matmul(sel_a, e), g.matmul(sel_p, e)
     scores = g.mul(g.matmul(a, g.transpose(p, (1, 0))), float(scale))
-    picked = g.sum(g.mul(g.log_softmax(scores, -1), labels), -1)
-    g.set_outputs([g.reshape(g.neg(g.mean(picked)), (1,))])
+    g.set_outputs([g.reshape(cross_entropy(g, scores, labels), (1,))])
     return g.verify()
 
 
