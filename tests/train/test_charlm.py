@@ -143,3 +143,19 @@ def test_bad_data_arguments_are_refused(corpus):
         charlm.loss_graph(TINY, seq=17)
     with pytest.raises(ModelError, match="not more than context"):
         charlm.windows(np.zeros(8, np.uint8), 16, 2, np.random.default_rng())
+
+
+@pytest.mark.slow
+def test_example_script_prints_curve_and_sample(monkeypatch, capsys):
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "train_charlm.py"
+    argv = "--steps 4 --eval-every 2 --warmup 1 --batch 4 --context 16 --dim 32 --heads 2"
+    argv += " --layers 1 --eval-batches 2 --sample 8 --threads 1"
+    monkeypatch.setattr("sys.argv", [str(script), *argv.split()])
+    runpy.run_path(str(script), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "validation loss curve (nats/byte):" in out
+    assert "4 steps in" in out and "target < 2.0" in out
+    assert "sample (temperature 0.8, prompt 'def '):\ndef " in out
