@@ -30,6 +30,7 @@ should call ``ensure_blas_threads`` again with ``force=True``.
 from __future__ import annotations
 
 import re
+import sys
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -48,17 +49,22 @@ __all__ = [
 ]
 
 _controller: Any = None
+_scanned_at = -1  # len(sys.modules) at the last library scan
 _current: int | None = None
 _BLAS_NOTE = re.compile(r"\bblas\b", re.IGNORECASE)
 _PER_SCHEDULE: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 def _blas_libs() -> list[Any]:
-    global _controller
-    if _controller is None:
+    """The BLAS libraries loaded in the process. The scan is redone when modules were
+    imported since the last one (an import is what loads another BLAS, e.g. scipy's own
+    OpenBLAS once scikit-learn or scipy.linalg is imported)."""
+    global _controller, _scanned_at
+    if _controller is None or len(sys.modules) != _scanned_at:
         from threadpoolctl import ThreadpoolController
 
         _controller = ThreadpoolController()
+        _scanned_at = len(sys.modules)
     return [lc for lc in _controller.lib_controllers if lc.user_api == "blas"]
 
 
@@ -135,7 +141,7 @@ def ensure_blas_threads(n: int, force: bool = False) -> None:
     """Make every BLAS library use ``n`` threads (no-op when this module already set
     ``n``, unless ``force``)."""
     global _current
-    if n == _current and not force:
+    if n == _current and not force and len(sys.modules) == _scanned_at:
         return
     for lc in _blas_libs():
         lc.set_num_threads(n)

@@ -140,6 +140,8 @@ RLX_ONLY: dict[str, tuple[OpKind, str]] = {
     "attention_jvp": (C, "attention's forward-mode derivative: matmuls, like Attention"),
     "rope_backward": (R, "rope's table gradients: sums over batch and heads"),
     "max_pool_select": (D, "reads the tangent at each window's maximum, like Pool"),
+    "assign": (B, "writes a param's storage (state), like the graph's params"),
+    "barrier": (D, "the identity (a view) that keeps recomputed nodes apart, like Reshape"),
 }
 
 BUILTIN = {m: c for m, c in OPS.items() if c.__module__.startswith("rlx.ops.")}
