@@ -3,7 +3,14 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+from rlx.backends.cpu import native
 from rlx.ops.base import registry_scope
+
+# rlx's OpenMP wait policy is fixed before the first test module imports torch (whose
+# libgomp would otherwise be loaded first, and then BLAS keeps one thread beside it: the
+# documented rule, tested with explicit records in tests/cpu/test_threads_pool.py), so
+# thread-count tests do not depend on which test files were collected
+native.set_wait_policy()
 
 # CI runs keep no example database and are derandomized: a submission lands or not on
 # its own code, never on the draw. Local runs (the "dev" profile) draw new examples each

@@ -207,9 +207,12 @@ class Graph:
 
     def topo_order(self) -> list[NodeId]:
         """Node ids in a dependency-respecting order (insertion order when it is one).
-        Nodes whose op has an ``effect`` (they write state, e.g. a param's storage) come
-        last, in their own order, so they run after every reader of the old state
-        (nothing reads an effect node's output but the graph outputs)."""
+        A node whose op has an ``effect`` (it writes a param's storage: ``assign``) runs
+        right after the last node it must follow: its own inputs and every reader of the
+        param it writes (input 0; readers through view ops count), so every reader sees
+        the old value and the value written dies at once; effects on one param keep their
+        order. An effect whose input 0 is not a param, or whose param another effect reads
+        as a value, comes last (nothing reads an effect node's output but the outputs)."""
         if all(i < n.id for n in self.nodes for i in n.inputs) and all(
             n.id == k for k, n in enumerate(self.nodes)
         ):
@@ -221,8 +224,7 @@ class Graph:
         effects = [k for k in order if self.nodes[k].op.effect]
         if not effects:
             return order
-        last = set(effects)
-        return [k for k in order if k not in last] + effects
+        return _place_effects(self, order, effects)
 
     def copy(self, name: str | None = None) -> Graph:
         """A copy of the graph (same nodes, outputs and symbol bounds), optionally renamed."""
@@ -296,6 +298,43 @@ class Graph:
 
         self.verify()
         return evaluate(self, inputs or {}, params or {})
+
+
+def _place_effects(g: Graph, order: list[NodeId], effects: list[NodeId]) -> list[NodeId]:
+    """``order`` with each effect node moved right after its anchor (``topo_order``)."""
+    from rlx.ops.core import Param
+
+    last = set(effects)
+    base = [k for k in order if k not in last]
+    pos = {k: i for i, k in enumerate(base)}
+    readers = g.consumers()
+    read_by_effects = {i for e in effects for i in g.nodes[e].inputs[1:]}
+    after: dict[int, list[NodeId]] = {}
+    tail: list[NodeId] = []
+    prev: dict[NodeId, int] = {}  # param -> anchor of the previous effect writing it
+    for e in effects:
+        ins = g.nodes[e].inputs
+        t = ins[0] if ins else None
+        if t is None or not isinstance(g.nodes[t].op, Param) or t in read_by_effects:
+            tail.append(e)
+            continue
+        at = max([pos[i] for i in ins if i in pos] + [prev.get(t, -1)])
+        stack, seen = [t], {t}
+        while stack:  # the param's readers, and the readers of its views
+            for c in readers[stack.pop()]:
+                if c in seen or c in last:
+                    continue
+                seen.add(c)
+                at = max(at, pos[c])
+                if g.nodes[c].op.view:
+                    stack.append(c)
+        prev[t] = at
+        after.setdefault(at, []).append(e)
+    out = list(after.get(-1, []))
+    for i, k in enumerate(base):
+        out.append(k)
+        out.extend(after.get(i, []))
+    return out + tail
 
 
 # ---- fingerprint helpers ---------------------------------------------------------------

@@ -243,7 +243,10 @@ def compile_command(
     selected one) with the int8 GEMM path ``isa`` (the C macro ``RLX_ISA``; None: not
     defined). Part of the cache key."""
     spec = target_spec(selected_target() if target is None else target)
+    # -fno-math-errno: sqrt & co. never set errno (nothing reads it), so loops with them
+    # vectorize (the result bits are the same: sqrt is correctly rounded either way)
     cmd = [gcc_path() or "gcc", "-O3", *spec.flags, "-fPIC", "-shared", "-ffp-contract=off"]
+    cmd.append("-fno-math-errno")
     if openmp_supported():
         cmd.append("-fopenmp")
     if isa is not None:
