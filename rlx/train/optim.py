@@ -1,7 +1,11 @@
 """Optimizers as graph builders. In: the step graph being built, one trainable param and
 its gradient (node ids), the learning-rate node and the step-number node. Out: the node of
 the param's new value, plus state params (``adam.m.<name>``...) and their new values,
-which the training step writes back with ``assign`` (``rlx/ops/state.py``).
+which the training step writes back with ``assign`` (``rlx/ops/state.py``). When the
+step graph is compiled for the CPU backend (``UpdateCtx.fused``) :class:`Adam` and
+:class:`AdamW` instead emit one ``adam_update`` node per param, which writes the new param
+and its ``m``, ``v`` in place in one native pass, and :meth:`Optimizer.update` returns None
+(``fused=False`` on the optimizer keeps the graph-and-assign path).
 
 Each optimizer follows ``torch.optim``'s single-tensor update of the same name, in the
 same order of operations (tests/train/test_optim.py checks them to 1e-6 over several
@@ -36,7 +40,10 @@ class UpdateCtx:
     g: Graph
     lr: NodeId
     step: NodeId
+    fused: bool = False
     writes: dict[str, tuple[NodeId, NodeId]] = field(default_factory=dict)
+    #: state params updated in place by a fused update node (name -> node)
+    inplace: dict[str, NodeId] = field(default_factory=dict)
 
     def state(self, kind: str, name: str, like: NodeId) -> NodeId:
         """A new state param ``<kind>.<name>`` of ``like``'s shape and dtype (starts at
@@ -74,8 +81,9 @@ class Optimizer:
     prefix = "opt"
     lr: float
 
-    def update(self, ctx: UpdateCtx, name: str, p: NodeId, grad: NodeId) -> NodeId:
-        """The node of param ``name``'s new value, given its node ``p`` and gradient."""
+    def update(self, ctx: UpdateCtx, name: str, p: NodeId, grad: NodeId) -> NodeId | None:
+        """The node of param ``name``'s new value, given its node ``p`` and gradient (None:
+        the update node written into ``ctx.g`` updates the param in place)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -134,8 +142,10 @@ class Adam(Optimizer):
         betas: Sequence[float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        fused: bool = True,
     ):
         name = type(self).__name__
+        self.fused = bool(fused)
         self.lr = _check(f"{name} lr", lr, 0.0)
         if len(betas) != 2:
             raise InputError(f"{name} betas must be two floats, given {betas!r}")
@@ -146,9 +156,28 @@ class Adam(Optimizer):
         self.eps = _check(f"{name} eps", eps, 0.0)
         self.weight_decay = _check(f"{name} weight_decay", weight_decay, 0.0)
 
-    def update(self, ctx: UpdateCtx, name: str, p: NodeId, grad: NodeId) -> NodeId:
+    def update(self, ctx: UpdateCtx, name: str, p: NodeId, grad: NodeId) -> NodeId | None:
         g = ctx.g
         b1, b2 = self.betas
+        if ctx.fused and self.fused:
+            m = ctx.state(f"{self.prefix}.m", name, p)
+            v = ctx.state(f"{self.prefix}.v", name, p)
+            for s in (m, v):
+                ctx.inplace[g.nodes[s].op.name] = s  # type: ignore[attr-defined]
+            g.adam_update(
+                p,
+                grad,
+                m,
+                v,
+                ctx.lr,
+                ctx.step,
+                beta1=b1,
+                beta2=b2,
+                eps=self.eps,
+                weight_decay=self.weight_decay,
+                decoupled=self.decoupled,
+            )
+            return None
         if self.weight_decay and self.decoupled:  # AdamW: p *= 1 - lr * wd, first
             keep = g.sub(ctx.const(1.0), g.mul(ctx.lr, ctx.const(self.weight_decay)))
             p = g.mul(p, ctx.factor(keep, p))
@@ -182,8 +211,9 @@ class AdamW(Adam):
         betas: Sequence[float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
+        fused: bool = True,
     ):
-        super().__init__(lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        super().__init__(lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
 
 
 def _f(g: Graph, value: float, like: NodeId) -> NodeId:

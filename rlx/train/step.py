@@ -142,14 +142,16 @@ class TrainStep:
         if self.clip_norm is not None:
             ids, norm = clip_by_global_norm(g, ids, self.clip_norm)
         params = {n.op.name: n.id for n in g.param_nodes()}  # type: ignore[attr-defined]
-        ctx = UpdateCtx(g, lr, t1)
+        ctx = UpdateCtx(g, lr, t1, fused=True)  # compiled for the CPU backend (_compile)
         news = {k: self.optimizer.update(ctx, k, params[k], d) for k, d in zip(names, ids)}
         state: dict[str, np.ndarray] = {STEP_PARAM: np.zeros((), np.float64)}
-        for k, (node, _) in ctx.writes.items():
+        kept = {k: node for k, (node, _) in ctx.writes.items()} | ctx.inplace
+        for k, node in kept.items():
             shape = g.shape(node)
             state[k] = np.zeros(shape.concrete(), dtype=shape.dtype.np)
         for k, new in news.items():
-            g.assign(params[k], new)
+            if new is not None:  # None: updated in place by the optimizer's update node
+                g.assign(params[k], new)
         for node, value in ctx.writes.values():
             g.assign(node, value)
         g.assign(t, t1)

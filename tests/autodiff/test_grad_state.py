@@ -34,3 +34,10 @@ def test_assign_stays_off_the_gradient_path():
     (grad,) = rlx.grad(g, ["p"]).evaluate({}, {"p": pv})
     np.testing.assert_array_equal(grad, 2 * pv)
     assert Assign.nondiff == "assign writes state; its output is a token"
+
+
+def test_adam_update_is_an_effect_without_a_derivative():
+    from rlx.ops.state import AdamUpdate
+
+    assert AdamUpdate.nondiff == "optimizer state update"
+    assert AdamUpdate.effect and not AdamUpdate.pure

@@ -829,6 +829,19 @@ CASES: list[Case] = [
     Case("custom", _custom),
     Case("assign", lambda g: g.assign(p := g.param("p", (3,)), g.add(p, g.input("x", (3,))))),
     Case("barrier", lambda g: g.exp(g.barrier(g.input("x", (3, 2))))),
+    Case(
+        "adam_update",
+        lambda g: g.adam_update(
+            g.param("p", (3,)),
+            g.input("g", (3,)),
+            g.param("m", (3,)),
+            g.param("v", (3,)),
+            g.input("lr", (), "f64"),
+            g.input("t", (), "f64"),
+            weight_decay=0.01,
+            decoupled=True,
+        ),
+    ),
     Case("stop_gradient", lambda g: g.exp(g.stop_gradient(g.input("x", (3, 2))))),
     Case(
         "gather_backward",

@@ -141,6 +141,7 @@ RLX_ONLY: dict[str, tuple[OpKind, str]] = {
     "rope_backward": (R, "rope's table gradients: sums over batch and heads"),
     "max_pool_select": (D, "reads the tangent at each window's maximum, like Pool"),
     "assign": (B, "writes a param's storage (state), like the graph's params"),
+    "adam_update": (B, "optimizer state update: writes three params' storage, like assign"),
     "barrier": (D, "the identity (a view) that keeps recomputed nodes apart, like Reshape"),
 }
 

@@ -176,3 +176,26 @@ def test_warmup_schedules_end_at_min_lr_and_reject_bad_arguments():
         step_decay(1.0, 0)
     with pytest.raises(InputError, match="schedule step must be an int >= 0, given -1"):
         warmup_linear(1.0, 1, 2)(-1)
+
+
+ADAMS = [c for c in CASES if c[0].startswith("adam")]
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["adam_update", "graph"])
+@pytest.mark.parametrize("name,ours,theirs", ADAMS, ids=[c[0] for c in ADAMS])
+def test_adam_fused_node_and_graph_path_both_match_torch(name, ours, theirs, fused):
+    opt = ours()
+    opt.fused = fused
+    params, grads = _data(1)
+    want = _torch_run(theirs, params, grads, 0.5)
+    step = TrainStep(_model(), opt, params, clip_norm=0.5)
+    effects = [n.op.mnemonic for n in step.step_graph.nodes if n.op.effect]
+    assert effects.count("adam_update") == (2 if fused else 0)
+    for i, gs in enumerate(grads):
+        step.apply(gs)
+        got = step.params()
+        for k in SHAPES:
+            diff = float(np.abs(got[k] - want[i][k]).max())
+            assert diff <= 1e-6, f"{name} fused={fused} step {i + 1} {k}: {diff:.3g}"
+    state = step.state_dict()
+    assert {f"{opt.prefix}.m.w", f"{opt.prefix}.v.b"} <= set(state)

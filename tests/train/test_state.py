@@ -140,3 +140,74 @@ def test_barrier_is_identity_and_keeps_cse_from_merging():
     np.testing.assert_array_equal(ga, gb)
     np.testing.assert_allclose(ga, np.exp(xv), rtol=1e-6)
     assert Barrier.view and not Barrier.pure
+
+
+def _adam_loop(p, g, m, v, lr, t, b1, b2, eps, wd, decoupled):
+    """One Adam / AdamW step element by element in Python floats (f64): the oracle."""
+    p, m, v = p.astype(np.float64), m.astype(np.float64), v.astype(np.float64)
+    out = []
+    for i in range(p.size):
+        pi, gi = p.flat[i], float(g.flat[i])
+        if decoupled:
+            pi *= 1.0 - lr * wd
+        else:
+            gi += wd * pi
+        mi = b1 * m.flat[i] + (1.0 - b1) * gi
+        vi = b2 * v.flat[i] + (1.0 - b2) * gi * gi
+        denom = (vi**0.5) / (1.0 - b2**t) ** 0.5 + eps
+        out.append((pi - lr / (1.0 - b1**t) * mi / denom, mi, vi))
+    return [np.array([o[j] for o in out]).reshape(p.shape) for j in range(3)]
+
+
+@pytest.mark.parametrize(
+    "dtype,n,decoupled,native",
+    [
+        ("f32", 40000, True, True),  # over the parallel threshold: OpenMP chunks
+        ("f32", 37, False, True),
+        ("f64", 37, True, True),
+        ("f32", 37, True, False),  # native kernels off: the NumPy formula
+    ],
+)
+def test_adam_update_writes_p_m_v_in_place_like_the_formula(dtype, n, decoupled, native):
+    from rlx.ops.state import AdamUpdate
+
+    g = rlx.Graph("adam")
+    p, m, v = (g.param(k, (n,), dtype) for k in ("p", "m", "v"))
+    grad = g.input("g", (n,), dtype)
+    lr, step = g.input("lr", (), "f64"), g.input("t", (), "f64")
+    wd = 0.1
+    tok = g.adam_update(p, grad, m, v, lr, step, beta1=0.8, beta2=0.99, eps=1e-6,
+                        weight_decay=wd, decoupled=decoupled)  # fmt: skip
+    g.set_outputs([tok])
+    rng = np.random.default_rng(n)
+    npdt = np.float32 if dtype == "f32" else np.float64
+    state = {k: rng.standard_normal(n).astype(npdt) for k in "pm"}
+    state["v"] = rng.random(n).astype(npdt)
+    kept = {k: a.copy() for k, a in state.items()}
+    cg = rlx.Session("cpu").compile(g, CompileOptions(native=native), params=state)
+    assert any(isinstance(nd.op, AdamUpdate) for nd in cg.graph.nodes)
+    cur = [kept[k].astype(np.float64) for k in "pmv"]
+    for t in (1.0, 2.0):
+        gv = rng.standard_normal(n).astype(npdt)
+        (out,) = cg.run({"g": gv, "lr": np.float64(0.01), "t": np.float64(t)})
+        assert out.shape == (0,)
+        cur = _adam_loop(*cur[:1], gv, *cur[1:], 0.01, t, 0.8, 0.99, 1e-6, wd, decoupled)
+        tol = 1e-5 if dtype == "f32" else 1e-12
+        for k, want in zip("pmv", cur):
+            have = np.array(cg._params[k])  # the live param store
+            np.testing.assert_allclose(have, want, rtol=tol, atol=tol, err_msg=k)
+    for k in "pmv":  # the caller's arrays are never written
+        np.testing.assert_array_equal(state[k], kept[k])
+
+
+def test_adam_update_bad_inputs_raise_naming_them():
+    g = rlx.Graph("bad")
+    p, m, v = (g.param(k, (2,)) for k in "pmv")
+    x = g.input("x", (2,))
+    lr, t = g.input("lr", (), "f64"), g.input("t", (), "f64")
+    with pytest.raises(ShapeError, match=r"adam_update: m %\d+ must be a param"):
+        g.adam_update(p, x, x, v, lr, t)
+    with pytest.raises(ShapeError, match=r"adam_update.*gradient f32\[3\].*param's shape"):
+        g.adam_update(p, g.input("y", (3,)), m, v, lr, t)
+    with pytest.raises(ShapeError, match=r"adam_update.*lr must be an f64 scalar"):
+        g.adam_update(p, x, m, v, g.input("l2", ()), t)
