@@ -902,7 +902,8 @@ def test_every_registered_op_has_a_parity_case() -> None:
 
 
 FAST = {
-    "unary_gelu_f32": KernelKind.NUMPY,
+    # composite unaries as one generated C loop (kernels/elementwise.py _native_unary)
+    "unary_gelu_f32": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
     # native row kernels (kernels/rows.py) where gcc is installed
     "softmax": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
     "softmax_backward": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,

@@ -1,6 +1,7 @@
 """CPU kernels for the elementwise ops: unary, binary, compare, where (Cast lives in
-``kernels.lowp_lib``, native). Each is one ufunc call with ``out=`` into the arena, or
-(composite activations such as gelu and sigmoid) a few calls through scratch buffers that
+``kernels.lowp_lib``, native). Each is one ufunc call with ``out=`` into the arena; the
+composite activations (gelu, erf, sigmoid, ...) are one generated C loop (the region
+codegen) with native kernels on, else a few calls through scratch buffers that
 write ``out`` last, so they stay correct when the planner runs them in place. f16/bf16 go
 through f32 (``lowp``).
 """
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel, lowp
+from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
 from rlx.ops.elementwise import (
     COMPARE_FNS,
     Binary,
@@ -144,7 +145,8 @@ def _unary_composite(fn: UnaryKind, x: np.ndarray, o: np.ndarray, ctx: KernelCtx
 def unary_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
-    """Unary ops as ufuncs with ``out=`` (composites through scratch buffers)."""
+    """Unary ops as ufuncs with ``out=``; f32/f64 gelu, gelu_tanh, erf, sigmoid, silu and
+    softplus as one native C loop (``_native_unary``), else through scratch buffers."""
     (x,) = ins
     fn: UnaryKind = node.op.fn  # type: ignore[attr-defined]
     if x.dtype.kind == "c":
@@ -157,7 +159,57 @@ def unary_kernel(
         return lambda: uf(x, out=out)  # type: ignore[return-value]
     if x.dtype.kind != "f":
         return None
+    if fn in _NATIVE_UNARY and x.dtype in (np.float32, np.float64) and ctx.native:
+        run = _native_unary(node, x, out, ctx)
+        if run is not None:
+            return run
     return _unary_composite(fn, x, out, ctx)
+
+
+# Composite transcendental unaries: one generated C loop (libmvec SIMD math, OpenMP on big
+# tensors) instead of a chain of ufuncs through scratch buffers (gelu: 6 passes, erf in
+# f64 through SciPy). exp/tanh/log stay one NumPy ufunc (already SIMD, one pass, and
+# bit-equal to the reference interpreter).
+_NATIVE_UNARY = frozenset(
+    {
+        UnaryKind.GELU,
+        UnaryKind.GELU_TANH,
+        UnaryKind.ERF,
+        UnaryKind.SIGMOID,
+        UnaryKind.SILU,
+        UnaryKind.SOFTPLUS,
+    }
+)
+
+
+def _native_unary(node: Node, x: np.ndarray, out: np.ndarray, ctx: KernelCtx) -> Kernel | None:
+    """The unary op as a one-op elementwise region rendered to C (the region codegen);
+    None (NumPy kernel) when it cannot be rendered or built."""
+    from rlx.backends.cpu.codegen.elementwise import CodegenUnsupported, render_region
+    from rlx.backends.cpu.kernels.region import (
+        PARALLEL_MIN_WORK,
+        bind,
+        load_function,
+        region_work,
+    )
+    from rlx.errors import CompileError
+    from rlx.ir.mir import Graph
+    from rlx.ops.core import Input
+
+    body = Graph("unary")
+    i = body.add_node(Input("in0", node.shape), [], node.shape)
+    body.outputs = [body.add_node(node.op, [i], node.shape, node.loc)]
+    try:
+        fn, arrays = render_region(body, [x], out)
+        cfn = load_function(fn)
+    except (CodegenUnsupported, CompileError) as e:
+        ctx.notes.append(f"NumPy unary kernel ({str(e).splitlines()[0]})")
+        return None
+    ctx.kind = KernelKind.NATIVE
+    threads = ctx.num_threads if region_work(fn, out) >= PARALLEL_MIN_WORK else 1
+    team = f", OpenMP x{threads}" if threads > 1 else ""
+    ctx.notes.append(f"native: {node.op.fn.value} in one C loop{team}")  # type: ignore[attr-defined]
+    return bind(cfn, arrays, threads)
 
 
 _BINARY: dict[BinaryKind, np.ufunc] = {
