@@ -3,7 +3,8 @@ loss, an optimizer (:mod:`rlx.train.optim`) and the params' initial values. Out:
 :class:`TrainStep` whose ``step(inputs)`` runs forward, backward, gradient clipping and the
 optimizer update as ONE compiled graph and returns the loss; the params and the
 optimizer's state live in that compiled graph's param store and are updated in place by
-``assign`` nodes (``rlx/ops/state.py``) that run after every other node.
+``assign`` nodes (``rlx/ops/state.py``) that run after every other node (Adam and AdamW:
+one ``adam_update`` node per param writes the param and its ``m``, ``v`` in one pass).
 
 The step graph adds to the model graph: the backward pass (:func:`rlx.autodiff.backward`),
 two inputs, ``train.lr`` (f64 rank 0: the learning rate of this step, from the schedule,
