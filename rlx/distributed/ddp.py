@@ -146,6 +146,9 @@ def _rank_main(
             world_size=world_size,
             timeout=timedelta(seconds=timeout_s),
         )
+        # every rank has joined before any runs fn: a rank done at once must not tear the
+        # group down while a slower one is still connecting (its init would fail instead)
+        dist.barrier()
         try:
             results.put((rank, True, fn(rank, world_size, *args)))
         finally:
