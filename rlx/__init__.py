@@ -82,21 +82,17 @@ _LAZY: dict[str, str] = {
     "hvp": "rlx.autodiff",
     "vmap": "rlx.autodiff",
 }
-# Public sub-modules imported on first use (``rlx.numpy``, ``rlx.nn``: the tracing front end).
-_LAZY_MODULES = ("numpy", "nn")
-
-# Importer packages exposed as ``rlx.<name>``, imported on first use.
-_FRONTENDS: dict[str, str] = {"onnx": "rlx.frontends.onnx", "gguf": "rlx.frontends.gguf"}
+# Public sub-modules imported on first use: ``rlx.numpy`` and ``rlx.nn`` (the tracing
+# front end), ``rlx.onnx`` and ``rlx.gguf`` (the importers, aliases of rlx.frontends.*;
+# a ModelError names the extra when it is missing). Each is a real module, so
+# ``import rlx.onnx`` works as well as the attribute.
+_LAZY_MODULES = ("numpy", "nn", "onnx", "gguf")
 
 __all__ = ["DType", "Graph", "Node", "RlxError", "Shape", "Sym", "promote", "sym", *_LAZY]
 __all__ += list(_LAZY_MODULES)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _FRONTENDS:  # importer packages (ModelError naming the extra when missing)
-        value = importlib.import_module(_FRONTENDS[name])
-        globals()[name] = value
-        return value
     if name in _LAZY_MODULES:
         value = importlib.import_module(f"rlx.{name}")
         globals()[name] = value
