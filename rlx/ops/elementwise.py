@@ -344,8 +344,9 @@ class Where(Op):
 
 
 def f64_to_bf16(x: np.ndarray) -> np.ndarray:
-    """float64 ``x`` rounded once to the nearest bfloat16 (ties to even). ml_dtypes'
-    conversion goes through float32 and rounds twice (13.90625 + 2**-30 gives 13.875 where
+    """float64 ``x`` rounded once to the nearest bfloat16 (ties to even). ml_dtypes before
+    0.7 (0.4.1 to 0.6.0, inside rlx's supported range) converts through float32 and rounds
+    twice (13.90625 + 2**-30 gives 13.875 where
     13.9375 is nearest); this rounds to odd into f32 first (truncate toward zero, set the
     last bit when inexact: f32 keeps 16 more bits than bf16, so every tie and sticky bit
     survives), then to nearest even. NaN stays NaN, beyond the range gives inf."""
@@ -364,7 +365,7 @@ def f64_to_bf16(x: np.ndarray) -> np.ndarray:
 
 def int_to_bf16(x: np.ndarray) -> np.ndarray:
     """Integer ``x`` (any width, signed or not) rounded once to the nearest bfloat16 (ties
-    to even). ml_dtypes' conversion goes through float32 and rounds twice (16842753 gives
+    to even). ml_dtypes before 0.7 converts through float32 and rounds twice (16842753 gives
     16777216 where 16908288 is nearest); this keeps the top 24 bits of ``|x|`` and ORs
     the dropped ones into the last (round to odd: exact in f32, and every tie and sticky
     bit survives, as bf16 keeps 8), then rounds to nearest even once."""
@@ -415,7 +416,7 @@ class Cast(Op):
         if x.dtype.kind == "c" and not self.to.is_complex:
             x = x.real  # complex -> real keeps the real part (NumPy would warn each time)
         if self.to is DType.BF16 and x.dtype == np.float64:
-            return f64_to_bf16(x)  # once, not through f32 as ml_dtypes does
+            return f64_to_bf16(x)  # once, not through f32 as ml_dtypes < 0.7 does
         if self.to is DType.BF16 and x.dtype.kind in "iu":
             return int_to_bf16(x)  # once, as above
         if self.to.is_fp8 or x.dtype.name.startswith("float8") or x.dtype.name == "bfloat16":
