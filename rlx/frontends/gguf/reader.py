@@ -167,6 +167,11 @@ def load(path: str | os.PathLike[str]) -> GgufFile:
     """Parse the GGUF file at ``path`` (memory-mapped, tensor data not copied) -> GgufFile.
     GgufError for anything malformed (see the module docstring)."""
     p = Path(path)
+    if not p.is_file():  # as the ONNX loader: open() on a FIFO would wait for a writer
+        raise GgufError(
+            f"cannot open GGUF file {str(p)!r}: it does not exist or is not a regular file "
+            f"(a directory, a FIFO or a device)"
+        )
     try:
         with open(p, "rb") as f:
             size = os.fstat(f.fileno()).st_size
