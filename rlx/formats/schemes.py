@@ -5,7 +5,7 @@ A :class:`QuantScheme` variant is a frozen dataclass saying how ``DequantMatMul`
 inputs are laid out; every scheme stores the weight **row-major by output channel** (row
 ``n`` holds the ``K`` input weights of output ``n``, as llama.cpp and GPTQ do) and blocks
 run along K. The GGUF layouts (the legacy 32-element blocks Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
-and the 256-element K-quants Q2_K..Q8_K) are decoded by :mod:`rlx.quant.gguf`; each GGUF
+and the 256-element K-quants Q2_K..Q8_K) are decoded by :mod:`rlx.formats.gguf`; each GGUF
 variant names its ggml type (``ggml_type``, ``gguf_name``) and ``GGUF_SCHEMES`` maps the
 type names to the variants.
 """
@@ -266,7 +266,7 @@ def dequantize_weight(
 ) -> np.ndarray:
     """Decode a packed weight to f32 ``[N, K]`` (rows = output channels)."""
     if scheme.is_gguf:
-        from rlx.quant.gguf import dequantize_rows
+        from rlx.formats.gguf import dequantize_rows
 
         return dequantize_rows(scheme, w_q)
     assert scale is not None and zp is not None

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rlx.dtype import DType
-from rlx.ir.mir import Graph, Node, NodeId
 from rlx.shape import Shape
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId
 
 __all__ = [
     "unbroadcast",

@@ -10,12 +10,16 @@ probabilities of the logits' shape (``-sum(p * log_softmax(logits))``); ``mse`` 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from rlx.errors import InputError
 from rlx.ir import source
-from rlx.ir.mir import Graph, NodeId
 from rlx.ops.indexing import GatherElements
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, NodeId
 
 __all__ = ["cross_entropy", "mse", "accuracy"]
 
