@@ -82,8 +82,8 @@ Forward = Callable[[dict[str, np.ndarray]], Callable[[], np.ndarray]]
 
 def rlx_forward(precision: str, threads: int, model_dir: Path) -> Forward:
     """rlx.models.hf.load + HFModel.compile (int8: rlx.quantize, dynamic activations)."""
+    from rlx.backends.cpu import threads as rlx_threads
     from rlx.models.hf import load
-    from rlx.runtime import threads as rlx_threads
 
     compiled = load(model_dir, precision=precision, num_threads=threads).compile()
     rlx_threads.ensure_blas_threads(threads)
@@ -198,8 +198,8 @@ Encode = Callable[[list[str]], np.ndarray]
 
 def rlx_encode(precision: str, threads: int, model_dir: Path) -> Encode:
     """rlx.models.SentenceEncoder(...).encode(texts, batch_size=32)."""
+    from rlx.backends.cpu import threads as rlx_threads
     from rlx.models import SentenceEncoder
-    from rlx.runtime import threads as rlx_threads
 
     enc = SentenceEncoder(model_dir, precision=precision, num_threads=threads)
     rlx_threads.ensure_blas_threads(threads)

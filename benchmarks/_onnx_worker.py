@@ -154,7 +154,7 @@ def compile_time(file: str, threads: int) -> None:
     in-process compile cache off (``warm_*``)."""
     t0 = time.perf_counter()
     import rlx
-    from rlx.runtime.options import CompileOptions
+    from rlx.options import CompileOptions
 
     _ = rlx.onnx  # the importer package and onnx
     out: dict[str, float] = {"libs_s": time.perf_counter() - t0}

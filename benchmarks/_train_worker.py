@@ -129,7 +129,7 @@ def rlx_mlp_graph(case: str) -> Any:
 
 def rlx_setup(case: str, threads: int) -> tuple[Any, list[dict[str, np.ndarray]]]:
     """(the rlx TrainStep of ``case``, its NBATCH batches)."""
-    from rlx.runtime.options import CompileOptions
+    from rlx.options import CompileOptions
     from rlx.train import AdamW, TrainStep
 
     if case == "minilm":

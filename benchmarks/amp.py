@@ -30,10 +30,10 @@ from rlx.errors import RlxError  # noqa: E402
 from rlx.ir.mir import Graph  # noqa: E402
 from rlx.models.synthetic import encoder, random_inputs, random_params  # noqa: E402
 from rlx.ops.elementwise import Cast  # noqa: E402
+from rlx.options import CompileOptions  # noqa: E402
 from rlx.passes.pipeline import CompilePipeline  # noqa: E402
 from rlx.passes.precision import PrecisionPolicy  # noqa: E402
 from rlx.runtime.compiled import CompiledGraph  # noqa: E402
-from rlx.runtime.options import CompileOptions  # noqa: E402
 from rlx.runtime.session import Session  # noqa: E402
 
 CASES: tuple[tuple[str, Callable[[], Graph]], ...] = (

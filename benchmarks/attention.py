@@ -81,7 +81,7 @@ def _rlx_runner(engine: str, case: str, threads: int) -> tuple[Any, Any]:
     from rlx.backends.cpu.kernels import nn as knn
     from rlx.models import synthetic
     from rlx.ops.nn import MaskKind
-    from rlx.runtime.options import CompileOptions
+    from rlx.options import CompileOptions
 
     load_kernels()
     kind, b, s, skv, h, hkv, d, mask = CASES[case]

@@ -16,7 +16,7 @@ setting, rounds interleaved:
   (then torch runs on rlx's libgomp and its wait policy).
 
 Reported: rlx's time per run (min and median of ``--runs`` per round; the median of the
-later runs), the ratios to ``alone`` from the same round, the pools each worker saw (``rlx.runtime.threads.
+later runs), the ratios to ``alone`` from the same round, the pools each worker saw (``rlx.backends.cpu.threads.
 pool_info``), the CPU flags, BLAS and the load average. Target (issue 13): rlx within 1.2x
 of its time alone.
 
@@ -109,9 +109,9 @@ def worker(mode: str, runs: int, batch: int, seq: int) -> dict[str, object]:
     import numpy as np
 
     import rlx
+    from rlx.backends.cpu import threads
     from rlx.models import synthetic
-    from rlx.runtime import threads
-    from rlx.runtime.options import CompileOptions
+    from rlx.options import CompileOptions
 
     g = synthetic.encoder(batch=batch, seq=seq)
     cg = rlx.Session("cpu").compile(

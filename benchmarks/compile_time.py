@@ -23,9 +23,9 @@ import _common  # noqa: E402, F401  (puts the repository root on sys.path)
 
 from rlx.ir.mir import Graph  # noqa: E402
 from rlx.models.synthetic import decoder, encoder  # noqa: E402
+from rlx.options import CompileOptions, VerifyMode  # noqa: E402
 from rlx.passes.pipeline import CompilePipeline  # noqa: E402
 from rlx.passes.precision import PrecisionPolicy  # noqa: E402
-from rlx.runtime.options import CompileOptions, VerifyMode  # noqa: E402
 
 CASES: tuple[tuple[str, Callable[[], Graph]], ...] = (
     (

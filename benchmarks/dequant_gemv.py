@@ -59,7 +59,7 @@ M_PREFILL = 128
 
 
 def _scheme(name: str):  # noqa: ANN202
-    from rlx.quant import schemes as S
+    from rlx.formats import schemes as S
 
     return S.Int8Block(32) if name == "Int8Block" else S.Int4Block(32) if name == "Int4Block" else getattr(S, name)()  # fmt: skip
 

@@ -39,9 +39,9 @@ reexec_without_blas_pins()  # must happen before NumPy loads OpenBLAS
 import numpy as np  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
+from rlx.backends.cpu import threads  # noqa: E402
 from rlx.ir.mir import Graph  # noqa: E402
-from rlx.runtime import threads  # noqa: E402
-from rlx.runtime.options import CompileOptions  # noqa: E402
+from rlx.options import CompileOptions  # noqa: E402
 from rlx.runtime.session import Session  # noqa: E402
 
 

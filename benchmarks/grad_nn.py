@@ -57,7 +57,7 @@ def _mask() -> np.ndarray:
 def _rlx_fn(case: str, threads: int):
     import rlx
     from rlx.autodiff import vjp
-    from rlx.runtime.options import CompileOptions
+    from rlx.options import CompileOptions
 
     vals = _values(case)
     g = rlx.Graph(case.split()[0])

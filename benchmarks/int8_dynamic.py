@@ -96,7 +96,7 @@ def _engine(kind, threads, x, w, b, wq, ws):  # noqa: ANN001, ANN202
     n = w.shape[1]
     if kind in ("rlx_dyn", "rlx_f32"):
         import rlx
-        from rlx.runtime.options import CompileOptions
+        from rlx.options import CompileOptions
 
         g = rlx.Graph(kind)
         xi = g.input("x", (m, k))

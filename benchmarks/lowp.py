@@ -38,13 +38,15 @@ import ml_dtypes
 import numpy as np
 from _common import best_time, mlp  # noqa: E402
 
-from rlx.backends.cpu import native  # noqa: E402
+from rlx.backends.cpu import (
+    native,  # noqa: E402
+    threads,  # noqa: E402
+)
 from rlx.backends.cpu.kernels import lowp_lib as kl  # noqa: E402
 from rlx.ir.mir import Graph  # noqa: E402
 from rlx.models.synthetic import encoder, random_inputs, random_params  # noqa: E402
+from rlx.options import CompileOptions  # noqa: E402
 from rlx.passes.precision import PrecisionPolicy  # noqa: E402
-from rlx.runtime import threads  # noqa: E402
-from rlx.runtime.options import CompileOptions  # noqa: E402
 from rlx.runtime.session import Session  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

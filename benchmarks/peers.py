@@ -341,7 +341,7 @@ def child(threads: int, kinds: list[WorkloadKind], scale: float, out: Path) -> N
     import rlx  # noqa: F401
 
     versions, unavailable = _versions_and_imports(threads)
-    from rlx.runtime import threads as rlx_threads
+    from rlx.backends.cpu import threads as rlx_threads
 
     rlx_threads.ensure_blas_threads(threads)
     data = {

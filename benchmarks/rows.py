@@ -43,7 +43,7 @@ from rlx.backends.cpu.kernels.rows import row_kernel  # noqa: E402
 from rlx.dtype import DType  # noqa: E402
 from rlx.models import synthetic  # noqa: E402
 from rlx.ops.elementwise import UnaryKind  # noqa: E402
-from rlx.runtime.options import CompileOptions  # noqa: E402
+from rlx.options import CompileOptions  # noqa: E402
 from rlx.runtime.session import Session  # noqa: E402
 
 ROWS = [(128, 384), (128, 1536), (2048, 384)]

@@ -45,7 +45,7 @@ sys.path.insert(1, sys.argv[2])
 import numpy as np
 from rlx.models import SentenceEncoder, encoder, random_params
 from rlx.models.known import resolve
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 from rlx.shape import Sym
 what, threads, n_sent = sys.argv[3], int(sys.argv[4]), int(sys.argv[5])

@@ -63,7 +63,7 @@ def _graph(op: str, shape: tuple[int, int], primitive: bool):
 def _rlx_fn(engine: str, op: str, shape: tuple[int, int], threads: int):
     import rlx
     from rlx.backends.cpu.kernels import KERNELS, KernelCtx, ScratchPool, load_kernels
-    from rlx.runtime.options import CompileOptions
+    from rlx.options import CompileOptions
 
     dv, yv = _inputs(shape, op == "log_softmax")
     g = _graph(op, shape, engine == "run-primitive")

@@ -60,7 +60,7 @@ def scaling_worker(model: str, batch: int, seq: int, pairs: int) -> dict[str, ob
     import rlx
     from rlx.backends.cpu.native import peak
     from rlx.cli.flops import matmul_flops
-    from rlx.runtime.options import CompileOptions
+    from rlx.options import CompileOptions
 
     if model == "hf":
         from rlx.models import hf
@@ -222,7 +222,7 @@ def _small_encoder() -> dict[str, float]:
     """The MiniLM-sized encoder at 1x16 on 2 threads (dozens of small teams a run)."""
     import rlx
     from rlx.models import synthetic
-    from rlx.runtime.options import CompileOptions
+    from rlx.options import CompileOptions
 
     g = synthetic.encoder(batch=1, seq=16)
     cg = rlx.Session("cpu").compile(

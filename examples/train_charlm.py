@@ -18,7 +18,7 @@ from itertools import islice
 import numpy as np
 
 from rlx.models import charlm
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 from rlx.train import AdamW, TrainStep, fit, warmup_cosine
 

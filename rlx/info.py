@@ -176,7 +176,7 @@ def _settings() -> tuple[tuple[str, str], ...]:
 
 def _threads() -> tuple[tuple[str, str], ...]:
     from rlx import config
-    from rlx.runtime.threads import resolve_threads
+    from rlx.backends.cpu.threads import resolve_threads
 
     return (
         ("default", _safe(lambda: resolve_threads(None))),

@@ -15,8 +15,8 @@ import pytest
 
 import rlx
 from rlx import config
-from rlx.backends.cpu.calibrate import StreamingHistogram
 from rlx.errors import CompileError, ConfigError
+from rlx.quant.calibrate import StreamingHistogram
 
 
 def _tanh_mlp() -> tuple[rlx.Graph, np.ndarray]:

@@ -87,7 +87,7 @@ def test_info_json_and_callable_module(capsys: pytest.CaptureFixture[str]) -> No
 
 def test_cache_info_and_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     from rlx.backends.cpu import native
-    from rlx.runtime.options import CompileOptions
+    from rlx.options import CompileOptions
 
     if not native.available():
         pytest.skip("gcc is not installed: no native library to cache")

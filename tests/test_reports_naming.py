@@ -17,9 +17,9 @@ import pytest
 
 import rlx
 from rlx.ops.linalg import MatMul
+from rlx.options import CompileOptions
 from rlx.passes.report import FusionPattern
 from rlx.quant.api import quantize
-from rlx.runtime.options import CompileOptions
 
 B, S, H, HEADS = 2, 8, 16, 2
 HD = H // HEADS

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import rlx
-from rlx.backends.cpu.calibrate import calibrate
 from rlx.errors import (
     CompileError,
     InputError,
@@ -20,6 +19,7 @@ from rlx.errors import (
     VerifyError,
 )
 from rlx.ops.elementwise import Unary, UnaryKind
+from rlx.quant.calibrate import calibrate
 
 HERE = Path(__file__).name
 

@@ -4,7 +4,7 @@ and batching (``vmap``).
 
 Each op's rules (``vjp``, ``jvp``, ``batch``) live beside the op in ``rlx/ops``; the
 drivers here walk a graph and call them (``reverse.py``, ``forward.py``, ``hvp.py``,
-``batching.py``); ``rules.py`` holds the helpers rules share, ``check.py`` the
+``batching.py``); ``rlx/ops/rules.py`` holds the helpers rules share, ``check.py`` the
 finite-difference checks. Each public function takes a :class:`~rlx.ir.mir.Graph` (and
 returns a Graph) or a Python function (and returns what ``jax`` returns for it: a
 function, or values), traced by ``rlx.jit``'s tracer (``rlx/frontends/trace/transforms.py``).

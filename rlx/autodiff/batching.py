@@ -18,10 +18,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from rlx.autodiff.forward import needed
-from rlx.autodiff.rules import moveaxis, stamp
 from rlx.errors import AutodiffError, RlxError
 from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.core import Input, Param
+from rlx.ops.rules import moveaxis, stamp
 from rlx.shape import Shape, Sym
 
 __all__ = ["vmap"]

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from rlx.autodiff.reverse import resolve_wrt
-from rlx.autodiff.rules import is_diff_dtype, stamp, zeros
 from rlx.errors import AutodiffError
 from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.core import Input, Param
+from rlx.ops.rules import is_diff_dtype, stamp, zeros
 
 __all__ = ["forward", "jvp", "needed", "seed_inputs", "tangent_name"]
 

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from rlx.autodiff.forward import forward, seed_inputs
 from rlx.autodiff.reverse import resolve_wrt, value_and_grad
-from rlx.autodiff.rules import zeros
 from rlx.ir.mir import Graph, NodeId
+from rlx.ops.rules import zeros
 
 __all__ = ["hvp"]
 

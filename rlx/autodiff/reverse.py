@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from rlx.autodiff.rules import add_any, is_diff_dtype, stamp, zeros
 from rlx.errors import AutodiffError
 from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.core import Input, Param
+from rlx.ops.rules import add_any, is_diff_dtype, stamp, zeros
 
 __all__ = ["backward", "resolve_wrt", "grad", "value_and_grad", "vjp"]
 

@@ -103,8 +103,8 @@ class Target:
         return out
 
     def _options(self, precision: str, threads: int | None) -> Any:
+        from rlx.options import CompileOptions
         from rlx.passes.precision import PrecisionPolicy
-        from rlx.runtime.options import CompileOptions
 
         policy = PrecisionPolicy.AutoMixedBf16 if precision == "bf16" else None
         return CompileOptions(num_threads=threads, precision=policy, max_shape_plans=16)

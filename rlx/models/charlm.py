@@ -37,8 +37,8 @@ import numpy as np
 from rlx.dtype import DType
 from rlx.errors import ModelError
 from rlx.ir.mir import Graph, NodeId
+from rlx.ops.compose.losses import cross_entropy
 from rlx.ops.nn import MaskKind
-from rlx.train.losses import cross_entropy
 
 __all__ = [
     "CharLMConfig",

@@ -113,7 +113,7 @@ class Op:
     # ---- derivative and batching rules (rlx/autodiff drives them) ------------------
     # ``g`` is the graph being extended (the forward graph's nodes are in it), ``node`` the
     # forward node; rules add nodes with the graph builders (``g.mul``, ``g.apply``) and may
-    # use the helpers of ``rlx.autodiff.rules`` (``unbroadcast``, ``zeros``).
+    # use the helpers of ``rlx.ops.rules`` (``unbroadcast``, ``zeros``).
 
     def vjp(self, g: Graph, node: Node, ct: int) -> tuple[int | None, ...]:
         """Reverse mode: the cotangent of each input, given ``ct``, the cotangent of the

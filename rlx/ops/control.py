@@ -139,7 +139,7 @@ def _grads_or_zeros(s: Graph, cts: Mapping[NodeId, NodeId], wrt: Sequence[NodeId
     """Reverse mode inside a derivative sub-graph: the cotangent of each ``wrt`` node
     (zeros where none reaches it) given ``cts`` (output node -> its cotangent)."""
     from rlx.autodiff.reverse import backward
-    from rlx.autodiff.rules import zeros
+    from rlx.ops.rules import zeros
 
     grads = backward(s, cts, wrt) if cts else [None] * len(wrt)
     return [gr if gr is not None else zeros(s, w) for gr, w in zip(grads, wrt, strict=True)]
@@ -149,7 +149,7 @@ def _tangents(s: Graph, seeds: Mapping[NodeId, NodeId], outs: Sequence[NodeId]) 
     """Forward mode inside a derivative sub-graph: the tangent of each of ``outs`` (zeros
     where none reaches it) given ``seeds`` (node -> its tangent)."""
     from rlx.autodiff.forward import forward
-    from rlx.autodiff.rules import zeros
+    from rlx.ops.rules import zeros
 
     tans = forward(s, seeds, outs)
     return [tans[o] if tans[o] is not None else zeros(s, o) for o in outs]
@@ -376,7 +376,7 @@ class Scan(Op):
         """A reverse scan over the stored per-step input carries (one forward scan stacks
         them) whose body is the vjp of ``body``: carries are the carry cotangents, its ys
         the cotangents of the xs."""
-        from rlx.autodiff.rules import zeros
+        from rlx.ops.rules import zeros
 
         nc, o = self.num_carry, self.output_index
         ins = list(node.inputs)

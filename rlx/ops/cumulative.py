@@ -10,16 +10,18 @@ running product with itself set to 1; later positions get 0)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.axis_batch import batch_axis
 from rlx.ops.base import Op, OpKind, RefCtx, expect, register
 from rlx.ops.elementwise import _wide
 from rlx.ops.reduce import Cumsum, norm_axis, running
 from rlx.shape import Shape
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId
 
 __all__ = ["CumProd", "cumprod"]
 

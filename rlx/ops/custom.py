@@ -32,12 +32,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rlx.autodiff.rules import is_diff_dtype
 from rlx.errors import AutodiffError, RlxError, ShapeError
 from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.control import check_subgraph, inline, run_subgraph, subgraph_output_shapes
 from rlx.ops.grad_util import zeros_or
+from rlx.ops.rules import is_diff_dtype
 from rlx.shape import Shape
 
 __all__ = [

@@ -12,15 +12,17 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from rlx.dtype import DType, promote
-from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.core import operand
 from rlx.shape import Shape, broadcast_dims
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -238,7 +240,7 @@ class Binary(Op):
             return BINARY_FNS[self.fn](_wide(xs[0]), _wide(xs[1]))
 
     def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
-        from rlx.autodiff.rules import unbroadcast
+        from rlx.ops.rules import unbroadcast
 
         parts = _binary_times(g, self.fn, node, ct, ct, True)
         return tuple(
@@ -247,7 +249,7 @@ class Binary(Op):
         )
 
     def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
-        from rlx.autodiff.rules import add_any
+        from rlx.ops.rules import add_any
 
         ta, tb = tangents
         return _like(g, add_any(g, _binary_times(g, self.fn, node, ta, tb)), node)
@@ -320,7 +322,7 @@ class Where(Op):
         return np.where(xs[0], xs[1], xs[2])
 
     def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
-        from rlx.autodiff.rules import unbroadcast, zeros
+        from rlx.ops.rules import unbroadcast, zeros
 
         c, a, b = node.inputs
         z = zeros(g, ct)
@@ -331,7 +333,7 @@ class Where(Op):
         )
 
     def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
-        from rlx.autodiff.rules import zeros
+        from rlx.ops.rules import zeros
 
         _, ta, tb = tangents
         if ta is None and tb is None:

@@ -103,7 +103,7 @@ class FusedMatMulBiasAct(Op):
         return _act(self.act, y, ctx)
 
     def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
-        from rlx.autodiff.rules import unbroadcast
+        from rlx.ops.rules import unbroadcast
 
         x, w = node.inputs[:2]
         dz = ct if self.act is None else _act_times(g, self.act, node, _pre_act(g, node), ct)
@@ -113,7 +113,7 @@ class FusedMatMulBiasAct(Op):
         return (dx, dw, unbroadcast(g, dz, node.inputs[2])) if self.has_bias else (dx, dw)
 
     def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
-        from rlx.autodiff.rules import add_any
+        from rlx.ops.rules import add_any
 
         x, w = node.inputs[:2]
         tz = MatMul().jvp(g, _as(node, MatMul(), (x, w)), tangents[:2])
@@ -159,7 +159,7 @@ class FusedSwiGLU(Op):
         return g.add(dx1, dx2), dwg, dwu
 
     def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
-        from rlx.autodiff.rules import add_any
+        from rlx.ops.rules import add_any
 
         x, wg, wu = node.inputs
         tx, twg, twu = tangents
@@ -345,7 +345,7 @@ def _full(g: Graph, t: NodeId | None, node: Node) -> NodeId | None:
 
 
 def _residual_vjp(norm: Op, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
-    from rlx.autodiff.rules import unbroadcast
+    from rlx.ops.rules import unbroadcast
 
     x, r = node.inputs[:2]
     h = g.add(x, r)
@@ -356,7 +356,7 @@ def _residual_vjp(norm: Op, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | 
 def _residual_jvp(
     norm: Op, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]
 ) -> NodeId | None:
-    from rlx.autodiff.rules import add_any
+    from rlx.ops.rules import add_any
 
     x, r = node.inputs[:2]
     h = g.add(x, r)

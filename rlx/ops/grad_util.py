@@ -10,16 +10,18 @@ so every backend runs them. The rules' own logic stays beside the ops.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from rlx.autodiff.rules import moveaxis, zeros
 from rlx.errors import AutodiffError
-from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import BinaryKind, _wide
+from rlx.ops.rules import moveaxis, zeros
 from rlx.shape import Dim, Shape
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId
 
 __all__ = [
     "GatherBackward",

@@ -11,19 +11,21 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from rlx.autodiff.rules import ones, scalar, zeros
 from rlx.dtype import DType
 from rlx.errors import AutodiffError, InputError
-from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, register
 from rlx.ops.elementwise import _wide
 from rlx.ops.grad_util import not_static, zeros_or
 from rlx.ops.reduce import norm_axis
+from rlx.ops.rules import ones, scalar, zeros
 from rlx.shape import Shape
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId
 
 __all__ = ["ScatterReduction", "GatherElements", "ScatterElements", "GatherNd", "ScatterNd"]
 

@@ -27,17 +27,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from rlx.dtype import DType
 from rlx.errors import InputError
-from rlx.ir.mir import Graph, NodeId
+from rlx.formats.schemes import QuantScheme
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.nn import MaskKind, _softmax_rows, split_heads
-from rlx.quant.schemes import QuantScheme
 from rlx.shape import Shape
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, NodeId
 
 __all__ = ["CacheAttention", "DequantGather", "cache_start", "cache_mask", "CACHE_DTYPES"]
 
@@ -185,7 +187,7 @@ class DequantGather(Op):
         return Shape((*ids.dims, k), DType.F32)
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
-        from rlx.quant.gguf import dequantize_rows
+        from rlx.formats.gguf import dequantize_rows
 
         w, ids = xs
         flat = check_ids(self.mnemonic, ids, w.shape[0])

@@ -18,18 +18,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from rlx.autodiff.rules import add_any, scalar, unbroadcast, zeros
 from rlx.errors import InputError, ShapeError
 from rlx.ir import source
-from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import Binary, BinaryKind
 from rlx.ops.grad_util import batch_size, front
+from rlx.ops.rules import add_any, scalar, unbroadcast, zeros
 from rlx.shape import Dim, Shape, broadcast_dims
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId
 
 __all__ = [
     "MatMul",

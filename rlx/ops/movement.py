@@ -14,18 +14,17 @@ Only :class:`Reshape` is a view (its output is input 0's bytes); the others copy
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from rlx.autodiff.rules import moveaxis, unbroadcast
 from rlx.dtype import DType
 from rlx.errors import DTypeError, InputError
-from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, register
 from rlx.ops.elementwise import _wide
 from rlx.ops.grad_util import batch_size, embed, fold_batch, front, same_op, zeros_or
 from rlx.ops.reduce import norm_axis
+from rlx.ops.rules import moveaxis, unbroadcast
 from rlx.shape import Dim, Shape, Sym, dims_product
 
 __all__ = [
@@ -619,3 +618,6 @@ class ShapeOf(Op):
 
 # the graph builders (g.reshape, g.slice, g.squeeze...) register with their module
 from rlx.ops import movement_builders as _builders  # noqa: E402,F401
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId

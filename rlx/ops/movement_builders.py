@@ -10,10 +10,10 @@ ShapeError pointing at the user's line.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rlx.errors import ShapeError
 from rlx.ir import source
-from rlx.ir.mir import Graph, NodeId
 from rlx.ops.base import graph_method
 from rlx.ops.movement import (
     Concat,
@@ -30,6 +30,9 @@ from rlx.ops.movement import (
 )
 from rlx.ops.reduce import canon_axis, norm_axis
 from rlx.shape import Dim, Shape, Sym, dims_product
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, NodeId
 
 
 def _fail(msg: str) -> ShapeError:

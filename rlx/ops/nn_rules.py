@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlx.autodiff.rules import add_any, unbroadcast, zeros
 from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.nn import Attention, Conv, Pool, PoolKind, Rope
 from rlx.ops.nn_grad import (
@@ -31,6 +30,7 @@ from rlx.ops.nn_grad import (
     PoolBackward,
     RopeBackward,
 )
+from rlx.ops.rules import add_any, unbroadcast, zeros
 
 __all__ = [
     "attention_vjp",

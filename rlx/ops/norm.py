@@ -14,14 +14,16 @@ Group norm is a layer norm of the ``[N, groups, C/groups * spatial]`` reshape.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import _wide
 from rlx.shape import Shape, Sym
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId
 
 __all__ = ["LayerNorm", "RmsNorm", "GroupNorm"]
 
@@ -217,7 +219,7 @@ def _lead_sum(g: Graph, t: NodeId, keep: int) -> NodeId:
 
 def _unit(g: Graph, dims: tuple, like: NodeId) -> NodeId:
     """Ones of ``dims`` in ``like``'s dtype (the gamma of a bare normalisation)."""
-    from rlx.autodiff.rules import ones
+    from rlx.ops.rules import ones
 
     return ones(g, Shape(tuple(dims), g.shape(like).dtype))
 
@@ -245,7 +247,7 @@ def _last_axis_vjp(op: LayerNorm | RmsNorm, g: Graph, node: Node, ct: NodeId) ->
 
 def _last_axis_jvp(op: LayerNorm | RmsNorm, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
     """``gamma * J tx + xhat * tgamma + tbeta`` (J symmetric: the dx op with unit gamma)."""
-    from rlx.autodiff.rules import add_any
+    from rlx.ops.rules import add_any
 
     x, gamma = node.inputs[:2]
     tx, tg = tangents[:2]
@@ -324,7 +326,7 @@ def _group_vjp(op: GroupNorm, g: Graph, node: Node, ct: NodeId) -> tuple:
 
 
 def _group_jvp(op: GroupNorm, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
-    from rlx.autodiff.rules import add_any
+    from rlx.ops.rules import add_any
 
     x, gamma, _ = node.inputs
     tx, tg, tb = tangents

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rlx.dtype import DType
-from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.elementwise import BinaryKind, Cast, UnaryKind
 from rlx.ops.trig import Trig, TrigKind
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId
 
 __all__ = ["unary_times", "binary_times", "trig_times"]
 

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from rlx.dtype import DType
 from rlx.errors import ShapeError
-from rlx.ir.mir import Graph, NodeId
 from rlx.ops.base import OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.nn import Conv, _pads, _per_dim, _window_view
 from rlx.ops.quant import IntEpilogueOp, _scales
 from rlx.shape import Shape
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, NodeId
 
 __all__ = ["QConv2d", "qconv2d_accumulate"]
 

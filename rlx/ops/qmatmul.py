@@ -38,16 +38,18 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from rlx.dtype import DType
-from rlx.ir.mir import Graph, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import UNARY_FNS, UnaryKind
 from rlx.ops.quant import QUANT_RANGES, _scales, _short, quantize_array
 from rlx.shape import Shape
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, NodeId
 
 __all__ = [
     "ActQuant",

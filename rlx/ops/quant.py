@@ -12,7 +12,7 @@ The division is done in f32 (f64 for f64 inputs), exactly as the CPU kernels do;
 quantizes to the zero point and +-inf saturate.
 
 Weight-only quantized matmuls (:class:`DequantMatMul`) describe the packed weight with a
-:class:`QuantScheme` (the variants live in ``rlx.quant.schemes`` and are re-exported
+:class:`QuantScheme` (the variants live in ``rlx.formats.schemes`` and are re-exported
 here). The integer matmuls live in :mod:`rlx.ops.qmatmul` and are re-exported here:
 :class:`QMatMul` (the integer GEMM that the quantization lowering, ``rlx.quant.lower``,
 produces from Q/DQ-bracketed matmuls) and :class:`DynamicQMatMul` (activations quantized
@@ -28,14 +28,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from rlx.dtype import DType
-from rlx.ir.mir import Graph, Node, NodeId
-from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
-from rlx.quant.schemes import (
+from rlx.formats.schemes import (
     WEIGHT_DTYPES,
     Fp8E4m3,
     Fp8E5m2,
@@ -49,6 +47,7 @@ from rlx.quant.schemes import (
     QuantScheme,
     dequantize_weight,
 )
+from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.shape import Shape
 
 __all__ = [
@@ -473,3 +472,6 @@ from rlx.ops.qmatmul import (  # noqa: E402
     IntEpilogueOp,
     QMatMul,
 )
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId

@@ -36,13 +36,15 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from rlx.ir.mir import Graph, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.shape import Shape
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, NodeId
 
 __all__ = ["GatedDeltaNet", "GdnResult", "gated_delta_rule", "SelectiveScan", "selective_scan_ref"]
 

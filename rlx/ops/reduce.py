@@ -23,14 +23,13 @@ import numpy as np
 from rlx.dtype import DType
 from rlx.errors import InputError, ShapeError
 from rlx.ir import source
-from rlx.ir.mir import Graph, NodeId
 from rlx.ops.axis_batch import batch_axis, shift_axis
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import _wide
 from rlx.shape import Shape
 
 if TYPE_CHECKING:
-    from rlx.ir.mir import Node
+    from rlx.ir.mir import Graph, Node, NodeId
 
 __all__ = [
     "ReduceKind",
@@ -371,8 +370,8 @@ class TopK(Op):
 
     # the values' cotangent is scattered back to where they came from; indices: none
     def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
-        from rlx.autodiff.rules import zeros
         from rlx.ops.indexing import ScatterElements, ScatterReduction
+        from rlx.ops.rules import zeros
 
         if self.indices:
             return (None,)

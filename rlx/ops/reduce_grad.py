@@ -18,17 +18,19 @@ Complex (c64) prod conjugates that product in reverse mode.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.axis_batch import batch_axis
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import _wide
 from rlx.ops.pointwise_grad import conj
 from rlx.ops.reduce import Reduce, ReduceKind, canon_axis, norm_axes, norm_axis
 from rlx.shape import Shape
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId
 
 __all__ = ["SoftmaxBackward", "LogSoftmaxBackward", "reduce_vjp", "reduce_jvp"]
 
@@ -71,7 +73,7 @@ class SoftmaxBackward(Op):
         return g.apply(self, [ct, y]), d_y
 
     def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
-        from rlx.autodiff.rules import add_any
+        from rlx.ops.rules import add_any
 
         dy, y = node.inputs
         tdy, ty = tangents
@@ -112,7 +114,7 @@ class LogSoftmaxBackward(Op):
         return d_dy, d_y
 
     def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
-        from rlx.autodiff.rules import add_any
+        from rlx.ops.rules import add_any
 
         dy, y = node.inputs
         tdy, ty = tangents
@@ -175,7 +177,7 @@ def _count(g: Graph, x: NodeId, axes: tuple[int, ...]) -> NodeId:
     """How many elements of ``x`` each output of a reduction over ``axes`` combines: a
     scalar constant, or the product of the reduced dims read by ``shape_of`` at run time
     when one is symbolic."""
-    from rlx.autodiff.rules import scalar
+    from rlx.ops.rules import scalar
 
     dims = [g.shape(x).dims[a] for a in axes]
     if all(isinstance(d, int) for d in dims):

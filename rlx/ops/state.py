@@ -30,17 +30,19 @@ copy, no kernel.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from rlx.dtype import DType
 from rlx.errors import ShapeError
 from rlx.ir import source
-from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.core import Param
 from rlx.shape import Shape
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId
 
 __all__ = ["Assign", "AdamUpdate", "Barrier", "adam_formula"]
 

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.axis_batch import batch_same
 from rlx.ops.base import Op, OpKind, RefCtx, expect, register
 from rlx.ops.elementwise import _wide
 from rlx.shape import Shape
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId
 
 __all__ = ["TrigKind", "Trig", "TRIG_FNS"]
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from rlx.errors import CompileError, RlxError, VerifyError
 from rlx.ir.mir import Graph
+from rlx.options import CompileOptions, VerifyMode
 from rlx.passes.base import Pass, PassRecord
 from rlx.passes.broadcast import BroadcastLegalization
 from rlx.passes.cast_elim import CastElimination
@@ -45,7 +46,6 @@ from rlx.passes.fusion import fusion_passes
 from rlx.passes.precision import AutoMixedPrecision, resolve_policy
 from rlx.passes.report import FusionReport, with_provenance
 from rlx.passes.simplify import AlgebraicSimplification
-from rlx.runtime.options import CompileOptions, VerifyMode
 
 __all__ = ["CompilePipeline", "CompileResult", "default_passes", "PASS_NAMES"]
 

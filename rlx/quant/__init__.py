@@ -2,8 +2,8 @@
 Q/DQ-bracketed matmuls and convs to integer kernels, dynamic (per-row) activation
 lowering, SmoothQuant, and the one-call ``rlx.quantize``.
 
-Names are imported on first use (``rlx.quant.insert_q_dq``), so ``rlx.ops.quant`` can
-use ``rlx.quant.gguf`` without import cycles.
+Names are imported on first use (``rlx.quant.insert_q_dq``), so importing the package
+stays cheap (the packed-weight layouts live in ``rlx.formats``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ _LAZY: dict[str, str] = {
     "AccuracyReport": "rlx.quant.report",
     "fake_quant_graph": "rlx.quant.api",
     "find_layers": "rlx.quant.api",
-    "dequantize_rows": "rlx.quant.gguf",
+    "dequantize_rows": "rlx.formats.gguf",
     "DynamicLowering": "rlx.quant.dynamic",
     "smooth_graph": "rlx.quant.smooth",
     "SmoothResult": "rlx.quant.smooth",

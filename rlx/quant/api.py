@@ -63,13 +63,14 @@ from typing import Any
 
 import numpy as np
 
-from rlx.backends.cpu.calibrate import CalibrationMethod
 from rlx.errors import QuantizationError
 from rlx.ir.mir import Graph
 from rlx.ops.linalg import DotGeneral
 from rlx.ops.nn import Attention
 from rlx.ops.qmatmul import ActQuant
+from rlx.options import CompileOptions
 from rlx.passes.pipeline import to_mir
+from rlx.quant.calibrate import CalibrationMethod
 from rlx.quant.layers import (
     Layer,
     canonical_weights,
@@ -83,7 +84,6 @@ from rlx.quant.mix import VariantBuilder, fake_quant_graph
 from rlx.quant.record import CalibrationEntry
 from rlx.quant.report import AccuracyReport, ErrorAccumulator, LayerError
 from rlx.quant.static import act_entry, calibrate_taps, degenerate_taps, session
-from rlx.runtime.options import CompileOptions
 
 __all__ = ["quantize", "QuantizeResult", "Layer", "find_layers", "fake_quant_graph"]
 

@@ -1,5 +1,5 @@
 """Weight packing for weight-only quantization. In: an f32 weight ``[N, K]`` (rows = output
-channels, blocks along K) and a :class:`~rlx.quant.schemes.QuantScheme`. Out: the arrays
+channels, blocks along K) and a :class:`~rlx.formats.schemes.QuantScheme`. Out: the arrays
 ``DequantMatMul`` reads for it (:func:`pack`): ``(packed,)`` for the GGUF schemes,
 ``(w_q, scale, zp)`` otherwise.
 
@@ -26,7 +26,7 @@ import ml_dtypes
 import numpy as np
 
 from rlx.errors import QuantizationError
-from rlx.quant import schemes as S
+from rlx.formats import schemes as S
 
 __all__ = ["pack", "can_pack"]
 

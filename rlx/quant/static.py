@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from rlx.backends.cpu.calibrate import CalibrationMethod
 from rlx.dtype import DType
 from rlx.errors import QuantizationError
 from rlx.ir.mir import Graph, NodeId
+from rlx.options import CompileOptions
+from rlx.quant.calibrate import CalibrationMethod
 from rlx.quant.layers import Layer, tensor_name
 from rlx.quant.record import CalibrationEntry
-from rlx.runtime.options import CompileOptions
 
 __all__ = ["TapStats", "calibrate_taps", "act_entry", "degenerate_taps", "ASYM_STEP_RATIO"]
 
@@ -65,7 +65,7 @@ def calibrate_taps(
 ) -> tuple[list[TapStats], int]:
     """Run ``graph`` with the taps as outputs over ``batches`` with ``method``'s
     calibrator; returns (statistics aligned with ``taps``, number of batches seen)."""
-    from rlx.backends.cpu.calibrate import calibrate
+    from rlx.quant.calibrate import calibrate
 
     it = iter(batches)
     first = next(it, None)

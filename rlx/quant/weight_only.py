@@ -1,6 +1,6 @@
 """Weight-only quantization (``rlx.quantize(..., weights_only=True, scheme=...)``).
 
-In: a float graph (or GraphModule), its params and a :class:`~rlx.quant.schemes.QuantScheme`
+In: a float graph (or GraphModule), its params and a :class:`~rlx.formats.schemes.QuantScheme`
 (Int8Block, Int8BlockAsym, Int4Block, Fp8E4m3, Fp8E5m2 or a GGUF scheme with a packer, see
 :mod:`rlx.quant.pack`). Out: a :class:`~rlx.quant.api.QuantizeResult` whose graph has
 every eligible ``matmul(x, W)`` (``W`` a 2-D f32 param given in ``params`` or a constant,
@@ -26,14 +26,14 @@ from typing import Any
 import numpy as np
 
 from rlx.errors import QuantizationError
+from rlx.formats.schemes import QuantScheme
 from rlx.ir.mir import Graph, NodeId
 from rlx.ops.core import Constant, ConstValue, Param
 from rlx.ops.quant import DequantMatMul
+from rlx.options import CompileOptions
 from rlx.passes.base import Rewriter
 from rlx.passes.pipeline import to_mir
 from rlx.quant.pack import can_pack, pack
-from rlx.quant.schemes import QuantScheme
-from rlx.runtime.options import CompileOptions
 from rlx.shape import Shape
 
 __all__ = ["quantize_weights_only", "weight_only_graph"]

@@ -1,1 +1,1 @@
-"""The user-facing runtime: Session, CompiledGraph, CompileOptions."""
+"""The user-facing runtime: Session, CompiledGraph (CompileOptions: ``rlx/options.py``)."""

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rlx.backends.cpu import threads
 from rlx.backends.cpu.executor import Executor
 from rlx.backends.cpu.memory import ParamStore, Workspace, check_param_dims
 from rlx.backends.cpu.program import BindingKey, CpuProgram, binding_key
@@ -57,9 +58,8 @@ from rlx.errors import InputError
 from rlx.ir.lir import BufferPlan, LirModule
 from rlx.ir.mir import Graph, Node
 from rlx.ops.core import Input, Param
-from rlx.runtime import threads
+from rlx.options import CompileOptions
 from rlx.runtime.inputs import bind_inputs, check_dims, check_finite, to_array
-from rlx.runtime.options import CompileOptions
 
 if TYPE_CHECKING:
     from rlx.backends.cpu.report import Report

@@ -17,15 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from rlx.backends.cpu import threads
 from rlx.backends.cpu.cache import CacheInfo, CompileCache, params_digest
 from rlx.backends.cpu.program import CpuProgram, compile_program
 from rlx.errors import CompileError, InputError
 from rlx.ir.mir import Graph
+from rlx.options import CompileOptions
 from rlx.passes.pipeline import to_mir
-from rlx.runtime import threads
 from rlx.runtime.compiled import CompiledGraph
 from rlx.runtime.inputs import check_dims, to_array
-from rlx.runtime.options import CompileOptions
 
 __all__ = ["Session", "compile_cache_info", "clear_compile_cache", "available_backends"]
 

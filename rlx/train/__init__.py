@@ -4,7 +4,7 @@ params updated in place), optimizers, learning-rate schedules, losses and a ``fi
 
 ``rlx.train.TrainStep`` (:mod:`rlx.train.step`), ``SGD`` / ``Adam`` / ``AdamW``
 (:mod:`rlx.train.optim`), the schedules (:mod:`rlx.train.schedules`), ``cross_entropy`` /
-``mse`` / ``accuracy`` (:mod:`rlx.train.losses`), ``fit`` and the progress bar
+``mse`` / ``accuracy`` (:mod:`rlx.ops.compose.losses`), ``fit`` and the progress bar
 (:mod:`rlx.train.progress`). See docs/training.md.
 """
 
@@ -25,9 +25,9 @@ _LAZY: dict[str, str] = {
     "cosine": "rlx.train.schedules",
     "warmup_cosine": "rlx.train.schedules",
     "warmup_linear": "rlx.train.schedules",
-    "cross_entropy": "rlx.train.losses",
-    "mse": "rlx.train.losses",
-    "accuracy": "rlx.train.losses",
+    "cross_entropy": "rlx.ops.compose.losses",
+    "mse": "rlx.ops.compose.losses",
+    "accuracy": "rlx.ops.compose.losses",
     "fit": "rlx.train.progress",
     "progress": "rlx.train.progress",
     "recompute_activations": "rlx.train.recompute",

@@ -38,8 +38,6 @@ from typing import Any
 
 import numpy as np
 
-from rlx.autodiff.rules import stamp
-from rlx.backends.cpu.calibrate import CalibrationMethod
 from rlx.dtype import DType
 from rlx.errors import QuantizationError
 from rlx.ir.mir import Graph, NodeId
@@ -49,8 +47,11 @@ from rlx.ops.fake_quant import FakeQuantizeLSQ
 from rlx.ops.linalg import MatMul
 from rlx.ops.nn import Conv
 from rlx.ops.quant import QUANT_RANGES, FakeQuantize
+from rlx.ops.rules import stamp
+from rlx.options import CompileOptions
 from rlx.passes.base import Rewriter, live_nodes
 from rlx.passes.pipeline import to_mir
+from rlx.quant.calibrate import CalibrationMethod
 from rlx.quant.layers import (
     Layer,
     canonical_weights,
@@ -64,7 +65,6 @@ from rlx.quant.lower import ExpandFusedMatMuls
 from rlx.quant.mix import VariantBuilder
 from rlx.quant.record import CalibrationEntry
 from rlx.quant.static import act_entry, calibrate_taps, degenerate_taps
-from rlx.runtime.options import CompileOptions
 
 __all__ = ["prepare", "convert", "QatModel", "METHODS", "weight_scales"]
 

@@ -28,12 +28,12 @@ from typing import Any
 import numpy as np
 
 from rlx.autodiff.reverse import backward
-from rlx.autodiff.rules import is_diff_dtype, zeros
 from rlx.dtype import DType
 from rlx.errors import AutodiffError, InputError
 from rlx.ir.mir import Graph, NodeId
+from rlx.ops.rules import is_diff_dtype, zeros
+from rlx.options import CompileOptions
 from rlx.runtime.compiled import CompiledGraph
-from rlx.runtime.options import CompileOptions
 from rlx.runtime.session import Session
 from rlx.train.optim import Optimizer, UpdateCtx, clip_by_global_norm
 

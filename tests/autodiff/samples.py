@@ -592,7 +592,7 @@ def _fake_quantize_lsq(b: B) -> Case:
 
 @sample("dequant_matmul")
 def _dequant_matmul(b: B) -> Case:
-    from rlx.quant.schemes import Int8Block
+    from rlx.formats.schemes import Int8Block
 
     w = [
         b.g.constant(b.rng.integers(-127, 128, (5, 8)).astype(np.int8)),

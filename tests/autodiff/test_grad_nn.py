@@ -18,7 +18,7 @@ import rlx
 from rlx.autodiff import grad, vjp, vmap
 from rlx.autodiff.check import check_jvp, check_vjp
 from rlx.ops.nn import MaskKind
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 FEW = settings(max_examples=3, deadline=None)

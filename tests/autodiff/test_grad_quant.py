@@ -19,8 +19,8 @@ import rlx
 from rlx.autodiff import jvp, vjp
 from rlx.autodiff.check import check_jvp, check_vjp
 from rlx.errors import AutodiffError
+from rlx.formats.schemes import Int8Block
 from rlx.ops import OPS
-from rlx.quant.schemes import Int8Block
 from rlx.runtime.session import Session
 
 QUANT_OPS = (

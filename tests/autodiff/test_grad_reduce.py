@@ -22,7 +22,7 @@ from rlx.backends.cpu.kernels import KernelKind
 from rlx.backends.cpu.native import cpu
 from rlx.ops.reduce import ArgMax, ArgMin, Cumsum, LogSoftmax, Reduce, ReduceKind, Softmax, TopK
 from rlx.ops.reduce_grad import LogSoftmaxBackward, SoftmaxBackward
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 FEW = settings(max_examples=3, deadline=None)

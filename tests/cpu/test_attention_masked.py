@@ -15,8 +15,8 @@ import pytest
 import rlx
 from rlx.ir.mir import Graph, NodeId
 from rlx.ops.nn import Attention, MaskKind, MaskType
+from rlx.options import CompileOptions
 from rlx.passes.precision import PrecisionPolicy
-from rlx.runtime.options import CompileOptions
 from rlx.runtime.session import Session
 
 B, H, D = 2, 2, 4

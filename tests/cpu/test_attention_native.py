@@ -27,7 +27,7 @@ from rlx.dtype import DType
 from rlx.errors import CompileError
 from rlx.models import synthetic
 from rlx.ops.nn import MaskKind, MaskType
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not installed")
 

@@ -12,7 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rlx
-from rlx.backends.cpu.calibrate import (
+from rlx.errors import QuantizationError
+from rlx.options import CompileOptions
+from rlx.quant.calibrate import (
     CalibrationMethod,
     Calibrator,
     EntropyCalibrator,
@@ -21,8 +23,6 @@ from rlx.backends.cpu.calibrate import (
     calibrate,
     kl_threshold,
 )
-from rlx.errors import QuantizationError
-from rlx.runtime.options import CompileOptions
 from rlx.runtime.session import Session
 
 

@@ -26,7 +26,7 @@ from rlx.backends.cpu import native
 from rlx.backends.cpu.kernels import KernelKind
 from rlx.backends.reference import evaluate
 from rlx.dtype import DType
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 RAW = CompileOptions(optimize=False, fuse=False, use_cache=False)

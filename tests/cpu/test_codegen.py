@@ -27,7 +27,7 @@ from rlx.backends.reference import evaluate
 from rlx.dtype import DType
 from rlx.ops.elementwise import BinaryKind, Compare, CompareKind, UnaryKind
 from rlx.ops.fused import ElementwiseRegion
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not installed")

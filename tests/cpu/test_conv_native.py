@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from rlx.backends.cpu.kernels import KernelKind
 from rlx.ir.mir import Graph
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 

@@ -17,8 +17,8 @@ from rlx.backends.cpu import native
 from rlx.backends.cpu.native import cpu
 from rlx.backends.cpu.native.dqgemm import dqgemm_lib, uses_q8
 from rlx.errors import QuantizationError, ShapeError
-from rlx.quant import schemes as S
-from rlx.runtime.options import CompileOptions
+from rlx.formats import schemes as S
+from rlx.options import CompileOptions
 from tests.quant.gguf_blocks import set_f16_scales
 
 gguf = pytest.importorskip("gguf")

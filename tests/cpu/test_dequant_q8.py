@@ -17,7 +17,7 @@ from rlx.backends.cpu import native
 from rlx.backends.cpu.native import cpu
 from rlx.backends.cpu.native.dqgemm import dqgemm_lib, uses_q8
 from rlx.errors import ConfigError, InputError
-from rlx.quant import schemes as S
+from rlx.formats import schemes as S
 from tests.cpu.test_dequant_kernels import check_close, check_q8, make_weight
 
 gguf = pytest.importorskip("gguf")
@@ -112,7 +112,7 @@ def test_rlx_dq_act_flag(monkeypatch):
 @pytest.mark.parametrize("act", ["f32", "q8"])
 def test_compiled_graph_follows_rlx_dq_act(monkeypatch, act):
     import rlx
-    from rlx.runtime.options import CompileOptions
+    from rlx.options import CompileOptions
 
     monkeypatch.setenv("RLX_DQ_ACT", act)
     rng = np.random.default_rng(6)

@@ -10,7 +10,7 @@ import rlx
 from rlx.backends.cpu.kernels import KERNELS, load_kernels
 from rlx.errors import InputError, UnsupportedOpError
 from rlx.ops.custom import Custom, register_custom_op
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 HERE = "test_errors.py"

@@ -111,7 +111,7 @@ PROBE = textwrap.dedent(
     import rlx
     from rlx.backends.cpu import native
     from rlx.backends.cpu.kernels import lowp_lib as kl
-    from rlx.runtime.options import CompileOptions
+    from rlx.options import CompileOptions
     g = rlx.Graph("p")
     x = g.input("x", (8, 64))
     y = g.softmax(g.mul(g.tanh(x), g.constant(np.float32(1.5))), -1)

@@ -52,7 +52,7 @@ from rlx.ops.quant import Dequantize, FakeQuantize, Quantize
 from rlx.ops.reduce import ArgMax, ArgMin, Cumsum, LogSoftmax, Reduce, ReduceKind, Softmax, TopK
 from rlx.ops.reduce_grad import LogSoftmaxBackward, SoftmaxBackward
 from rlx.ops.state import Barrier
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 
 RAW = CompileOptions(optimize=False, fuse=False, use_cache=False)
 

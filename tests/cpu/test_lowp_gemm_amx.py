@@ -21,8 +21,8 @@ from rlx.errors import InputError
 from rlx.ir.mir import Graph
 from rlx.ops.elementwise import UnaryKind
 from rlx.ops.fused import FusedMatMulBiasAct
+from rlx.options import CompileOptions
 from rlx.passes.precision import PrecisionPolicy
-from rlx.runtime.options import CompileOptions
 from rlx.runtime.session import Session
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -15,7 +15,7 @@ import rlx
 from rlx.backends.cpu.kernels import KernelKind
 from rlx.errors import InputError
 from rlx.ops.elementwise import BinaryKind
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 RAW = CompileOptions(optimize=False, fuse=False, use_cache=False)

@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     import rlx
     from rlx.backends.cpu import native
-    from rlx.runtime.options import CompileOptions
+    from rlx.options import CompileOptions
     SRC = @SRC@
     warnings.simplefilter("always")
     with warnings.catch_warnings(record=True) as caught:

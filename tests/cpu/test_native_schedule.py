@@ -16,7 +16,7 @@ import rlx
 from rlx.backends.cpu import native
 from rlx.backends.cpu.native.schedule import MAX_INT_ARGS, Segment, native_call, segments
 from rlx.models import encoder, random_params
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="needs gcc")

@@ -26,14 +26,14 @@ from hypothesis import strategies as st
 import rlx
 from rlx.backends.cpu import native
 from rlx.backends.cpu.kernels import KernelKind
+from rlx.backends.cpu.threads import resolve_threads
+from rlx.formats.schemes import GgufQ8_0
 from rlx.ops import OPS
 from rlx.ops.elementwise import BinaryKind, CompareKind, UnaryKind
 from rlx.ops.nn import MaskKind
 from rlx.ops.reduce import ReduceKind
-from rlx.quant.schemes import GgufQ8_0
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
-from rlx.runtime.threads import resolve_threads
 
 RAW = CompileOptions(optimize=False, fuse=False, use_cache=False)
 TOL = {

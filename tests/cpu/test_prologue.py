@@ -17,9 +17,9 @@ from rlx.backends.cpu.executor import Executor
 from rlx.backends.cpu.plancheck import check_plan
 from rlx.backends.cpu.planner import param_derived_nodes, plan_memory
 from rlx.ir.mir import Graph
+from rlx.options import CompileOptions
 from rlx.passes.precision import PrecisionPolicy
 from rlx.runtime.compiled import CompiledGraph
-from rlx.runtime.options import CompileOptions
 from rlx.runtime.session import Session
 from tests.cpu.call_counts import count_calls
 

@@ -18,8 +18,8 @@ import pytest
 
 import rlx
 from rlx.ir.mir import Graph
+from rlx.options import CompileOptions
 from rlx.passes.precision import PrecisionPolicy
-from rlx.runtime.options import CompileOptions
 from rlx.runtime.session import Session
 
 POLICIES = {

@@ -11,7 +11,7 @@ import pytest
 import rlx
 from rlx.backends.cpu import native
 from rlx.backends.cpu.native import cpu
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 
 F = np.float32
 TARGETS = [t.value for t in cpu.runnable_targets()] if native.available() else []

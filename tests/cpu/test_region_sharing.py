@@ -32,7 +32,7 @@ from rlx.backends.cpu.kernels import region as kernels_region
 from rlx.backends.reference import evaluate
 from rlx.dtype import DType
 from rlx.errors import CompileError
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not installed")
@@ -248,7 +248,7 @@ import numpy as np
 import rlx
 from rlx.backends.cpu import native
 from rlx.backends.reference import evaluate
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 paths = []

@@ -13,7 +13,7 @@ from rlx.backends.cpu.kernels import KernelKind
 from rlx.backends.cpu.report import Report
 from rlx.errors import RlxError
 from rlx.ops.custom import register_custom_op
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 

@@ -28,7 +28,7 @@ from rlx.dtype import DType
 from rlx.ir.mir import Node
 from rlx.ops.base import RefCtx
 from rlx.ops.elementwise import Unary, UnaryKind
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not installed")

@@ -12,8 +12,8 @@ from threadpoolctl import threadpool_info
 import rlx
 from rlx.errors import CompileError
 from rlx.ir.module import GraphModule
+from rlx.options import CompileOptions
 from rlx.runtime.compiled import CompiledGraph
-from rlx.runtime.options import CompileOptions
 from rlx.runtime.session import Session, available_backends, clear_compile_cache, compile_cache_info
 
 

@@ -25,7 +25,7 @@ from rlx.backends.cpu.native.sgemm import blocking, cache_sizes, sgemm_lib
 from rlx.dtype import DType
 from rlx.errors import InputError
 from rlx.ir.mir import Graph
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not installed")

@@ -20,7 +20,7 @@ from rlx.backends.cpu.memory import ParamStore, Workspace, safe_to_share
 from rlx.backends.cpu.plancheck import check_plan
 from rlx.backends.cpu.planner import PlanTemplate, plan_memory
 from rlx.models import encoder, random_params
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 from tests.cpu.call_counts import count_calls
 

@@ -19,13 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rlx
-from rlx.backends.cpu import native
+from rlx.backends.cpu import native, threads
 from rlx.backends.cpu.kernels import KernelKind
 from rlx.backends.cpu.native import peak
 from rlx.backends.cpu.native.cpu import Target
 from rlx.errors import CompileError
-from rlx.runtime import threads
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 needs_gcc = pytest.mark.skipif(not native.available(), reason="gcc is not installed")

@@ -16,7 +16,7 @@ from rlx.backends.cpu import native
 from rlx.backends.cpu.kernels import KernelKind
 from rlx.dtype import DType
 from rlx.ops.elementwise import Unary, UnaryKind
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not installed")

@@ -14,9 +14,9 @@ import torch
 import rlx
 from rlx.distributed.ddp import DataParallel, run_data_parallel
 from rlx.errors import DistributedError, InputError
-from rlx.runtime.options import CompileOptions
+from rlx.ops.compose.losses import cross_entropy
+from rlx.options import CompileOptions
 from rlx.train import SGD, Adam, TrainStep
-from rlx.train.losses import cross_entropy
 
 D, H, C = 6, 16, 3
 GLOBAL, STEPS = 16, 10

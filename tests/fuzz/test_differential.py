@@ -31,8 +31,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from rlx.ops.base import OpKind
+from rlx.options import CompileOptions
 from rlx.passes.precision import Precision, PrecisionPolicy
-from rlx.runtime.options import CompileOptions
 from rlx.runtime.session import Session
 
 from . import oracle

@@ -19,7 +19,7 @@ from rlx.ir.mir import Graph
 from rlx.ir.module import GraphModule, GraphStage
 from rlx.ops.linalg import MatMul
 from rlx.ops.nn import MaskKind
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 RNG = np.random.default_rng(0)
@@ -186,7 +186,7 @@ def _relu_graph() -> tuple[Graph, int, int]:
 def test_calibrator_steps_over_inputs_written_into_the_arena():
     """The seed's calibrator test: write each batch into the arena, step(), then max-abs
     and scales (an independent NumPy fold over the same batches is the oracle)."""
-    from rlx.backends.cpu.calibrate import Calibrator
+    from rlx.quant.calibrate import Calibrator
 
     g, x, y = _relu_graph()
     cal = Calibrator(Session("cpu").compile(g, CompileOptions(use_cache=False)), [x, y])
@@ -217,7 +217,7 @@ def test_calibrator_steps_over_inputs_written_into_the_arena():
 
 
 def test_calibrator_arena_rejects_unknown_nodes_and_bad_writes():
-    from rlx.backends.cpu.calibrate import Calibrator
+    from rlx.quant.calibrate import Calibrator
 
     g, x, y = _relu_graph()
     hidden = g.exp(x)  # neither a tap, an output nor an input of the compiled graph

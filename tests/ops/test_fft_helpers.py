@@ -1,4 +1,4 @@
-"""The fft helpers built from primitive ops (rlx/ops/fft_ops.py): fftfreq / rfftfreq
+"""The fft helpers built from primitive ops (rlx/ops/compose/fft.py): fftfreq / rfftfreq
 against numpy.fft, stft against a NumPy loop of torch.stft's definition, psd_real against
 scipy.signal.periodogram / welch, fft_conv1d against scipy.signal.fftconvolve and
 numpy.convolve; each through the reference interpreter and the compiled CPU graph."""

@@ -27,7 +27,7 @@ import rlx
 from rlx.dtype import DType
 from rlx.errors import DTypeError, ShapeError, VerifyError
 from rlx.ops.movement import Pad
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.shape import Shape
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

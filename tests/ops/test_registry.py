@@ -148,7 +148,7 @@ def test_adding_an_op_takes_one_class_and_one_builder():
     from rlx.ir.mir import Graph
     from rlx.ir.serialize import dumps, loads
     from rlx.ops.base import graph_method, register, registry_scope
-    from rlx.runtime.options import CompileOptions
+    from rlx.options import CompileOptions
     from rlx.runtime.session import Session
 
     with registry_scope():

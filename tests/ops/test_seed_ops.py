@@ -24,7 +24,7 @@ from rlx.ops.linalg import BatchedDenseSolve, DenseSolve, GroupedMatMul, LoraMat
 from rlx.ops.qconv import QConv2d
 from rlx.ops.recurrent import SelectiveScan
 from rlx.ops.sample import Sample
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 RAW = CompileOptions(optimize=False, fuse=False, use_cache=False)

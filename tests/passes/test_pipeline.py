@@ -13,10 +13,10 @@ from rlx.ir.mir import Graph
 from rlx.ops.core import Constant, Param
 from rlx.ops.elementwise import Unary, UnaryKind
 from rlx.ops.fused import FusedMatMulBiasAct
+from rlx.options import CompileOptions, VerifyMode
 from rlx.passes.pipeline import PASS_NAMES, CompilePipeline, default_passes
 from rlx.passes.precision import PrecisionPolicy
 from rlx.passes.report import FusionPattern
-from rlx.runtime.options import CompileOptions, VerifyMode
 from rlx.shape import Shape
 
 from .graphs import (

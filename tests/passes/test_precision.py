@@ -268,7 +268,7 @@ def test_low_precision_within_tolerance_of_f32(policy, model):
 
 
 def test_compiled_cpu_path_bf16_and_f16():
-    from rlx.runtime.options import CompileOptions, VerifyMode
+    from rlx.options import CompileOptions, VerifyMode
     from rlx.runtime.session import Session
 
     g = transformer_block()

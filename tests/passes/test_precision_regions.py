@@ -21,8 +21,8 @@ from rlx.dtype import DType
 from rlx.ir.mir import Graph
 from rlx.ops.base import OpKind
 from rlx.ops.fused import ElementwiseRegion
+from rlx.options import CompileOptions
 from rlx.passes.precision import AutoMixedPrecision, Precision, PrecisionPolicy
-from rlx.runtime.options import CompileOptions
 from rlx.runtime.session import Session
 
 P = PrecisionPolicy

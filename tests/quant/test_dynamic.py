@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import rlx
-import rlx.backends.cpu.calibrate as calibrate_mod
+import rlx.quant.calibrate as calibrate_mod
 from rlx.errors import QuantizationError
 from rlx.ops.linalg import MatMul
 from rlx.ops.qmatmul import DynamicQMatMul

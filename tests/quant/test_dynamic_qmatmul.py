@@ -21,7 +21,7 @@ from rlx.errors import ShapeError
 from rlx.ir import serialize
 from rlx.ops.elementwise import UnaryKind
 from rlx.ops.quant import ActQuant, DynamicQBatchMatMul, DynamicQMatMul, QMatMul
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 
 F = np.float32
 RNG = np.random.default_rng(0)

@@ -8,8 +8,8 @@ import pytest
 
 import rlx
 from rlx.errors import QuantizationError, ShapeError
+from rlx.formats.gguf import BLOCK_BYTES, dequantize_blocks, dequantize_rows, scale_min_k4
 from rlx.ops.quant import DequantMatMul, GgufQ4K, GgufQ5K, GgufQ6K, GgufQ8K
-from rlx.quant.gguf import BLOCK_BYTES, dequantize_blocks, dequantize_rows, scale_min_k4
 
 SCHEMES = [GgufQ4K(), GgufQ5K(), GgufQ6K(), GgufQ8K()]
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 import rlx
 from rlx.errors import QuantizationError, ShapeError
-from rlx.quant.gguf import BLOCK_BYTES, check_packed, dequantize_blocks, dequantize_rows
-from rlx.quant.schemes import (
+from rlx.formats.gguf import BLOCK_BYTES, check_packed, dequantize_blocks, dequantize_rows
+from rlx.formats.schemes import (
     GGUF_SCHEMES,
     GgufQ2K,
     GgufQ3K,

@@ -11,15 +11,14 @@ from hypothesis import strategies as st
 
 import rlx
 from rlx import config
-from rlx.backends.cpu import native
+from rlx.backends.cpu import native, threads
 from rlx.backends.cpu.executor import Executor
 from rlx.backends.cpu.kernels import KernelCtx, KernelKind, ScratchPool
 from rlx.backends.cpu.program import compile_program
 from rlx.dtype import DType
 from rlx.errors import CompileError
 from rlx.ops.quant import QMatMul, Quantize
-from rlx.runtime import threads
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 
 RNG = np.random.default_rng(0)
 K, N = 48, 20

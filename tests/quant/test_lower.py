@@ -13,9 +13,9 @@ from rlx.dtype import DType
 from rlx.errors import CompileError
 from rlx.ops.linalg import MatMul
 from rlx.ops.quant import QMatMul, Quantize
+from rlx.options import CompileOptions
 from rlx.quant.lower import QuantLowering, quantize_weight
 from rlx.quant.record import CalibrationEntry, insert_q_dq
-from rlx.runtime.options import CompileOptions
 
 RNG = np.random.default_rng(0)
 W = RNG.standard_normal((32, 24)).astype(np.float32)

@@ -20,8 +20,8 @@ from scipy.special import erf
 
 import rlx
 from rlx.errors import QuantizationError
+from rlx.formats import schemes as S
 from rlx.models import synthetic as syn
-from rlx.quant import schemes as S
 from rlx.quant.pack import pack
 
 gguf = pytest.importorskip("gguf")

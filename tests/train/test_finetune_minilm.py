@@ -14,7 +14,7 @@ import torch
 
 from rlx.models import hf
 from rlx.models.hf.contrastive import mnrl_graph, mnrl_inputs, trainable
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.train import AdamW, TrainStep
 from tests.models.conftest import minilm_path
 from tests.train.torch_twins import PAIRS, minilm_torch, mnrl_loss, one_thread, to_rlx_layout

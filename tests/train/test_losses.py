@@ -1,4 +1,4 @@
-"""Losses (rlx/train/losses.py) against torch.nn.functional: values and gradients with
+"""Losses (rlx/ops/compose/losses.py) against torch.nn.functional: values and gradients with
 respect to the predictions (rlx.value_and_grad, compiled), f64, and the NumPy accuracy."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 
 import rlx
 from rlx.errors import InputError
-from rlx.runtime.options import CompileOptions
-from rlx.train.losses import accuracy, cross_entropy, mse
+from rlx.ops.compose.losses import accuracy, cross_entropy, mse
+from rlx.options import CompileOptions
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

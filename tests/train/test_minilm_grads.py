@@ -11,7 +11,7 @@ import pytest
 import rlx
 from rlx.models import hf
 from rlx.models.hf.contrastive import mnrl_graph, mnrl_inputs, trainable
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 from tests.models.conftest import minilm_path
 from tests.train.torch_twins import PAIRS, minilm_torch, mnrl_loss, one_thread, to_rlx_layout

@@ -9,8 +9,8 @@ import pytest
 
 import rlx
 from rlx.errors import InputError
+from rlx.ops.compose.losses import mse
 from rlx.train import SGD, Adam, AdamW, TrainStep
-from rlx.train.losses import mse
 
 torch = pytest.importorskip("torch")
 

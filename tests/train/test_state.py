@@ -9,7 +9,7 @@ import pytest
 import rlx
 from rlx.errors import ShapeError
 from rlx.ops.state import Assign, Barrier
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 
 RAW = CompileOptions(optimize=False, fuse=False, use_cache=False)
 

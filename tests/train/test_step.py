@@ -9,9 +9,9 @@ import pytest
 
 import rlx
 from rlx.errors import AutodiffError, InputError
-from rlx.runtime.options import CompileOptions
+from rlx.ops.compose.losses import cross_entropy
+from rlx.options import CompileOptions
 from rlx.train import SGD, Adam, AdamW, TrainStep, warmup_linear
-from rlx.train.losses import cross_entropy
 
 torch = pytest.importorskip("torch")
 

@@ -29,7 +29,7 @@ prologue kernel's own steps run inside it, just before it: their inputs are prol
 values computed by the kernels before it.
 
 Every kernel factory gets ``KernelCtx.num_threads`` (``num_threads``, resolved by
-:func:`rlx.runtime.threads.resolve_threads`) and ``KernelCtx.native``: pass the
+:func:`rlx.backends.cpu.threads.resolve_threads`) and ``KernelCtx.native``: pass the
 CompileOptions' values (``CpuProgram`` does).
 """
 
@@ -60,11 +60,11 @@ from rlx.backends.cpu.memory import (
     aligned_arena,
 )
 from rlx.backends.cpu.native.schedule import segments
+from rlx.backends.cpu.threads import resolve_threads
 from rlx.errors import RlxError, UnsupportedOpError
 from rlx.ir.lir import BufferPlan, BufferSlot
 from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.core import Constant, Input, Param
-from rlx.runtime.threads import resolve_threads
 
 __all__ = ["Executor", "ScheduleEntry", "ARENA_ALIGNMENT", "aligned_arena"]
 

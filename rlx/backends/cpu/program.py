@@ -33,8 +33,8 @@ from rlx.backends.cpu.planner import PlanTemplate, param_derived_nodes
 from rlx.ir.lir import BufferPlan
 from rlx.ir.mir import Graph
 from rlx.ops.core import Input, Param
+from rlx.options import CompileOptions
 from rlx.passes.pipeline import CompilePipeline, CompileResult, to_mir
-from rlx.runtime.options import CompileOptions
 from rlx.shape import Shape
 
 __all__ = ["CpuProgram", "BindingKey", "compile_program", "binding_key"]

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from rlx.errors import GgufError
+from rlx.formats.schemes import GGUF_SCHEMES
 from rlx.frontends.gguf.tensor import PLAIN_TYPES, GgufTensor, type_layout
-from rlx.quant.schemes import GGUF_SCHEMES
 
 __all__ = ["GgufFile", "load", "VALUE_TYPES"]
 

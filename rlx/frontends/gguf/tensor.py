@@ -1,12 +1,12 @@
 """GGUF tensor types and :class:`GgufTensor`. In: a ggml type id, the dims as the file
 stores them (``ne``, fastest first) and the tensor's bytes. Out: a tensor in rlx terms:
 numpy-order shape (``ne`` reversed: a weight used as ``y = x @ W.T`` has shape
-``(out, in)``), the :class:`~rlx.quant.schemes.QuantScheme` variant of its block layout
+``(out, in)``), the :class:`~rlx.formats.schemes.QuantScheme` variant of its block layout
 (None for the plain types), its raw data (zero copy) and the decoded f32 values.
 
 Types rlx maps: the float types F32, F16, BF16, F64 and the integer types I8..I64 (plain
 arrays, no scheme) and the block types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q8_K (the GGUF
-schemes of :mod:`rlx.quant.schemes`, decoded by :mod:`rlx.quant.gguf`). Any other type
+schemes of :mod:`rlx.formats.schemes`, decoded by :mod:`rlx.formats.gguf`). Any other type
 (Q8_1, IQ*, TQ*, MXFP4, ...) is a :class:`~rlx.errors.GgufError` naming it and the tensor.
 """
 
@@ -18,8 +18,8 @@ import ml_dtypes
 import numpy as np
 
 from rlx.errors import GgufError
-from rlx.quant.gguf import dequantize_blocks
-from rlx.quant.schemes import GGUF_SCHEMES, QuantScheme
+from rlx.formats.gguf import dequantize_blocks
+from rlx.formats.schemes import GGUF_SCHEMES, QuantScheme
 
 __all__ = ["GgufTensor", "PLAIN_TYPES", "BLOCK_TYPES", "TYPE_NAMES", "type_layout"]
 

@@ -4,7 +4,7 @@ written with ``gguf.GGUFWriter``, quantized with rlx's packers (:mod:`rlx.quant.
 the GGUF block bytes), which ``gguf.GGUFReader`` and :func:`rlx.gguf.load` read back
 bit-exactly; :func:`save` returns the ggml type written for each tensor.
 
-A scheme is a GGUF :class:`~rlx.quant.schemes.QuantScheme` (``GgufQ4K()``), a ggml type
+A scheme is a GGUF :class:`~rlx.formats.schemes.QuantScheme` (``GgufQ4K()``), a ggml type
 name (``"Q4_K"``, ``"F16"``, ``"BF16"``, ``"F32"``) or None (float arrays as F32, integer
 arrays as their own type). The default ``scheme`` applies to the tensors that can hold
 it (rank >= 2, last dim a multiple of its block); 1-D tensors (norms, biases) and the
@@ -29,10 +29,10 @@ import ml_dtypes
 import numpy as np
 
 from rlx.errors import GgufError, QuantizationError
+from rlx.formats.schemes import GGUF_SCHEMES, QuantScheme
 from rlx.frontends.gguf.reader import VALUE_TYPES
 from rlx.frontends.gguf.tensor import PLAIN_TYPES, GgufTensor
 from rlx.quant.pack import can_pack, pack
-from rlx.quant.schemes import GGUF_SCHEMES, QuantScheme
 
 __all__ = ["save", "save_graph_weights"]
 

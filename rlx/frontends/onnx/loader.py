@@ -78,7 +78,7 @@ class OnnxModel:
 
     def compile(self, options: Any = None, **kw: Any) -> Any:
         """A CompiledGraph for the CPU with the params set (``kw``: CompileOptions fields)."""
-        from rlx.runtime.options import CompileOptions
+        from rlx.options import CompileOptions
         from rlx.runtime.session import Session
 
         opts = options or CompileOptions(**kw)

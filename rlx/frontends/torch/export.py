@@ -67,7 +67,7 @@ class TorchModel:
     def compile(self, options: Any = None, **kw: Any) -> Any:
         """A CompiledGraph for the CPU with the params set (``kw``: CompileOptions fields;
         ``num_threads`` defaults to the one given to ``from_torch``)."""
-        from rlx.runtime.options import CompileOptions
+        from rlx.options import CompileOptions
         from rlx.runtime.session import Session
 
         if options is None:

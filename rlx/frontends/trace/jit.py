@@ -42,7 +42,7 @@ from rlx.frontends.trace.tracer import Trace, current, lift, tracing
 from rlx.frontends.trace.values import Traced
 from rlx.ir import source
 from rlx.ir.mir import Graph
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.shape import Shape, Sym
 
 __all__ = ["jit", "Jitted", "Lowered", "freeze"]

@@ -119,8 +119,8 @@ class HFModel:
     def options(self, precision: str | None = None, **kw: Any) -> Any:
         """The CompileOptions for ``precision`` (default: the model's) and this thread
         count; ``kw`` overrides any field (``num_threads=2`` included)."""
+        from rlx.options import CompileOptions
         from rlx.passes.precision import PrecisionPolicy
-        from rlx.runtime.options import CompileOptions
 
         p = check_precision(precision or self.precision)
         policy = PrecisionPolicy.AutoMixedBf16 if p == "bf16" else None

@@ -24,7 +24,7 @@ from rlx.errors import ModelError
 from rlx.ir.mir import Graph
 from rlx.models.hf.arch import build_encoder
 from rlx.models.hf.config import EncoderConfig
-from rlx.train.losses import cross_entropy
+from rlx.ops.compose.losses import cross_entropy
 
 __all__ = ["mnrl_graph", "mnrl_inputs", "trainable"]
 

@@ -71,7 +71,7 @@ class LlmModel:
         num_threads: int | None,
         kv_dtype: str = "f32",
     ) -> None:
-        from rlx.runtime.options import CompileOptions
+        from rlx.options import CompileOptions
         from rlx.runtime.session import Session
 
         self.path = path

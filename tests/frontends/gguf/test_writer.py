@@ -11,9 +11,9 @@ import pytest
 
 import rlx
 from rlx.errors import GgufError
+from rlx.formats.schemes import GGUF_SCHEMES, GgufQ6K, Int8Block
 from rlx.frontends.gguf import save, save_graph_weights
 from rlx.quant.pack import pack
-from rlx.quant.schemes import GGUF_SCHEMES, GgufQ6K, Int8Block
 from tests.frontends.gguf.blocks import gguf
 
 QT = gguf.GGMLQuantizationType

@@ -12,7 +12,7 @@ import pytest
 from rlx.dtype import DType
 from rlx.errors import InputError
 from rlx.ir.mir import Graph
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 from tests.models.llm.conftest import gemma_path
 from tests.models.llm.test_kvcache_ops import cache_graph, loop_attention, run_steps

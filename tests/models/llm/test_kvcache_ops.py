@@ -12,7 +12,7 @@ from rlx.dtype import DType
 from rlx.errors import InputError
 from rlx.ir.mir import Graph
 from rlx.ops.kvcache import CacheAttention, DequantGather
-from rlx.runtime.options import CompileOptions
+from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
 
@@ -137,7 +137,7 @@ def test_dequant_gather_matches_gguf_quants(type_name) -> None:
     gq = pytest.importorskip("gguf.quants")
     import gguf
 
-    from rlx.quant import schemes
+    from rlx.formats import schemes
 
     qtype = gguf.GGMLQuantizationType[type_name]
     scheme = schemes.GGUF_SCHEMES[type_name]()

@@ -189,7 +189,7 @@ class KernelCtx:
 
 
 def _default_threads() -> int:
-    from rlx.runtime.threads import resolve_threads
+    from rlx.backends.cpu.threads import resolve_threads
 
     return resolve_threads(None)
 

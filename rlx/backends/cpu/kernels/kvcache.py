@@ -13,7 +13,7 @@ kernel reads the low-precision cache directly. Without the native library
 be given by the caller (the runtime's zeroed storage is the cache): a given one is a
 CompileError naming it.
 
-``dequant_gather``: the ids' packed rows are decoded with ``rlx.quant.gguf`` into the
+``dequant_gather``: the ids' packed rows are decoded with ``rlx.formats.gguf`` into the
 output view (only those rows: one row per token).
 """
 
@@ -153,7 +153,7 @@ def dequant_gather_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel:
     """Decode the packed rows the ids pick into the output view."""
-    from rlx.quant.gguf import dequantize_rows
+    from rlx.formats.gguf import dequantize_rows
 
     op: DequantGather = node.op  # type: ignore[assignment]
     w, ids = ins

@@ -203,7 +203,7 @@ def choose(
         got = _choices[where].get(key)
     if got is not None:
         return got == "native", "recorded choice"
-    from rlx.runtime.threads import ensure_blas_threads
+    from rlx.backends.cpu.threads import ensure_blas_threads
 
     ensure_blas_threads(threads)
     native, blas = make()

@@ -31,7 +31,7 @@ One thread pool. Every native kernel (regions, rows, GEMMs, attention, int8, bf1
 runs its threads as an OpenMP team (``#pragma omp parallel num_threads(n)``, ``n`` from
 ``KernelCtx.num_threads``), so libgomp's workers are rlx's one pool; BLAS gets threads
 only for schedules that call it, and then only while libgomp's workers spin briefly
-(``rlx/runtime/threads.py``), so OpenBLAS's pthreads do not run beside spinning ones.
+(``rlx/backends/cpu/threads.py``), so OpenBLAS's pthreads do not run beside spinning ones.
 
 OpenMP wait policy. :func:`load` calls :func:`set_wait_policy` before the first native
 library (and so libgomp) loads: it sets ``GOMP_SPINCOUNT=<SPIN_COUNT>`` (10000) in the

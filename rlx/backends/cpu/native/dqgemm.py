@@ -1,6 +1,6 @@
 """The weight-only quantized matmul library (``csrc/dqgemm_decode.c``, ``dqgemm_rows.c``,
 ``dqgemm.c``, ``dqgemm_q8.c``). In: f32 activations ``[M, K]`` and a weight packed in a
-:class:`~rlx.quant.schemes.QuantScheme` layout (``[N, ...]``, rows = output channels).
+:class:`~rlx.formats.schemes.QuantScheme` layout (``[N, ...]``, rows = output channels).
 Out: ``y = x @ dequant(w).T`` f32 ``[M, N]`` computed from the packed bytes
 (:meth:`DqGemmLib.gemm`, :meth:`DqGemmLib.bind`), the decoded weight
 (:meth:`DqGemmLib.decode`) and a streaming-read bandwidth probe
@@ -26,8 +26,8 @@ import numpy as np
 
 from rlx.backends.cpu.native import cpu
 from rlx.errors import CompileError, InputError, QuantizationError
-from rlx.quant import schemes as S
-from rlx.quant.gguf import check_packed
+from rlx.formats import schemes as S
+from rlx.formats.gguf import check_packed
 
 __all__ = [
     "DqGemmLib",

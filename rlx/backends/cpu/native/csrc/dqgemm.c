@@ -3,12 +3,12 @@
  * the whole weight).
  *
  * W is stored row-major by output channel (row n = the K weights of output n), in one of
- * the layouts of rlx.quant.schemes (codes below): the llama.cpp GGUF blocks (scales inside
+ * the layouts of rlx.formats.schemes (codes below): the llama.cpp GGUF blocks (scales inside
  * the bytes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 with 32 weights per block, Q2_K..Q8_K with 256)
  * or rlx's Int8Block / Int4Block (separate f32 scale and i32 zero point per block) and
  * per-tensor FP8 (a 256-entry byte -> f32 table from the caller).
  *
- * Every block is decoded exactly as ggml-quants.c (and rlx.quant.gguf) decode it, into a
+ * Every block is decoded exactly as ggml-quants.c (and rlx.formats.gguf) decode it, into a
  * small f32 buffer that stays in L1; the products are f32 FMAs (f32 accumulation):
  *
  *   decode (M < 4, a GEMV streaming W once): on AVX2 / AVX-512, Q8_0, Q5_0, Q4_K, Q6_K,

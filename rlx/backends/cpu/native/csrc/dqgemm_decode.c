@@ -122,7 +122,7 @@ typedef struct {
 } dq_t;
 
 /* Decode block b of row n into out[0 .. qk). Same arithmetic, in the same order, as
- * rlx.quant.gguf / rlx.quant.schemes.dequantize_weight (so the values are bit-exact). */
+ * rlx.formats.gguf / rlx.formats.schemes.dequantize_weight (so the values are bit-exact). */
 static void decode_block(const dq_t *s, long n, long b, float *restrict out) {
     const uint8_t *p = s->w + n * s->row_bytes + b * s->bb;
     switch (s->code) {

@@ -23,16 +23,18 @@ so the transformed axis must be static: a symbolic length is a ShapeError saying
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rlx.dtype import DType
 from rlx.errors import ShapeError
 from rlx.ir import source
-from rlx.ir.mir import Graph, NodeId
 from rlx.ops.base import graph_method
 from rlx.ops.fft import FftNorm
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, NodeId
 
 __all__ = ["fftfreq", "rfftfreq", "stft", "psd_real", "fft_conv1d"]
 

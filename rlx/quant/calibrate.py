@@ -142,7 +142,7 @@ class Calibrator:
 
     def _run_arena(self) -> list[np.ndarray]:
         """Run the schedule on the arena as it is; copies of the outputs (source order)."""
-        from rlx.runtime import threads
+        from rlx.backends.cpu import threads
 
         cg = self.compiled
         with cg._lock:

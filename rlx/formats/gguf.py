@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from rlx.errors import QuantizationError
-from rlx.quant.schemes import (
+from rlx.formats.schemes import (
     GGUF_SCHEMES,
     GgufQ2K,
     GgufQ3K,
