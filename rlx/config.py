@@ -2,18 +2,22 @@
 
 RLX_VERBOSE=1|0          print the pass, fusion and dispatch reports after each compile
                          (true: 1, true, yes, on; false: 0, false, no, off, empty)
-RLX_CACHE_DIR=path       where native kernels are cached (default ~/.cache/rlx; an empty
-                         value means the default). See docs/security.md for what the
-                         cache trusts.
-RLX_NUM_THREADS=n        default thread count for BLAS and native kernels (>= 1; clamped
-                         to the CPUs this process may use, with a warning)
-RLX_VERIFY=each|end|off  default graph verification mode of the compile pipeline
+RLX_CACHE_DIR=path       where native kernels are cached (default ~/.cache/rlx when
+                         unset; a relative path is taken from the working directory; an
+                         empty value is an error: it is most often an unset shell variable,
+                         and silently using the default would put the kernels somewhere
+                         else than asked). See docs/security.md for what the cache trusts.
+RLX_NUM_THREADS=n        default thread count for BLAS and native kernels (decimal digits,
+                         >= 1; clamped to the CPUs this process may use, with a warning)
+RLX_VERIFY=each|end|off  default graph verification mode of the compile pipeline (end
+                         when unset)
 RLX_ISA=auto|avx512|avx2|portable
                          the instruction set native kernels are built for: auto (the
                          default) picks the best this CPU has; the others force a lower
                          path (a test and debugging aid); asking for one the CPU lacks
                          is an error
-RLX_CACHE_MAX_MB=n       size bound of the native cache, pruned oldest-first (default 512)
+RLX_CACHE_MAX_MB=n       size bound of the native cache, pruned oldest-first (decimal
+                         digits, >= 1; default 512)
 RLX_SGEMM=auto|native|blas
                          f32 matmuls: auto (the default) times rlx's packed sgemm against
                          BLAS once per shape class and records the winner; native / blas
@@ -24,8 +28,11 @@ RLX_DQ_ACT=f32|auto|q8   activations of weight-only GGUF matmuls (Q8_0, Q5_0, Q4
                          llama.cpp) and keeps f32 above; q8 at every batch (error bound
                          and why f32 is the default: docs/weight_only.md)
 
-A value that does not parse raises :class:`rlx.errors.ConfigError` naming the variable,
-the value given and what is accepted.
+Each flag accepts exactly the values listed: words in any case, surrounding whitespace
+ignored. An unset flag takes its default; a flag set to an empty value is an error (except
+RLX_VERBOSE, where empty is documented as off). Anything else raises
+:class:`rlx.errors.ConfigError` naming the variable, the value given and the values
+accepted.
 """
 
 from __future__ import annotations
@@ -50,9 +57,22 @@ __all__ = [
     "clamp_threads",
 ]
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"", "0", "false", "no", "off"})
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_DIGITS = frozenset("0123456789")
 ISA_CHOICES = ("auto", "avx512", "avx2", "portable")
+
+
+def _get(name: str, allowed: str) -> str | None:
+    """The value of ``name`` stripped of surrounding whitespace; None when unset.
+    ConfigError when it is set but empty (``allowed`` says what to give instead)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    v = raw.strip()
+    if not v:
+        raise ConfigError(f"{name}={raw!r} is empty; {allowed}")
+    return v
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -62,25 +82,41 @@ def _flag(name: str, default: bool) -> bool:
     v = raw.strip().lower()
     if v in _TRUE:
         return True
-    if v in _FALSE:
+    if v in _FALSE or not v:
         return False
     raise ConfigError(
-        f"{name}={raw!r} is not a boolean; use one of "
-        f"{sorted(_TRUE)} for on or {sorted(_FALSE - {''})} for off"
+        f"{name}={raw!r} is not a boolean; use one of {', '.join(_TRUE)} for on or "
+        f"{', '.join(_FALSE)} (or an empty value) for off, in any case"
     )
 
 
-def _int(name: str, minimum: int) -> int | None:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
+def _int(name: str, minimum: int, default: str) -> int | None:
+    allowed = f"use an integer >= {minimum} (decimal digits), or unset it for {default}"
+    v = _get(name, allowed)
+    if v is None:
         return None
-    try:
-        v = int(raw.strip())
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from None
-    if v < minimum:
-        raise ConfigError(f"{name}={raw!r} must be >= {minimum}")
-    return v
+    if not set(v) <= _DIGITS or int(v) < minimum:  # not int(): it takes "+4", "1_0", "٤"
+        raise ConfigError(f"{name}={os.environ[name]!r} is not an integer >= {minimum}; {allowed}")
+    return int(v)
+
+
+def _choice(
+    name: str, choices: tuple[str, ...], default: str | None, shown: str | None = None
+) -> str | None:
+    """One of ``choices`` (any case), or ``default`` when unset (``shown``: the default
+    as messages name it, when ``default`` is None)."""
+    allowed = (
+        f"use one of {', '.join(choices)} (any case), or unset it for the default "
+        f"({shown or default})"
+    )
+    v = _get(name, allowed)
+    if v is None:
+        return default
+    if v.lower() not in choices:
+        raise ConfigError(
+            f"{name}={os.environ[name]!r} is not one of {', '.join(choices)}; {allowed}"
+        )
+    return v.lower()
 
 
 def verbose() -> bool:
@@ -89,9 +125,10 @@ def verbose() -> bool:
 
 
 def cache_dir() -> Path:
-    """RLX_CACHE_DIR, or ``~/.cache/rlx`` when unset or empty. Always absolute: a
-    relative value is taken relative to the working directory at the time of the call."""
-    raw = os.environ.get("RLX_CACHE_DIR", "").strip()
+    """RLX_CACHE_DIR, or ``~/.cache/rlx`` when unset; ConfigError when set but empty.
+    Always absolute: a relative value is taken relative to the working directory at the
+    time of the call."""
+    raw = _get("RLX_CACHE_DIR", "give a directory path, or unset it for the default (~/.cache/rlx)")
     cwd = os.getcwd() if raw and not raw.startswith(("/", "~")) else ""
     key = (raw, os.environ.get("HOME"), cwd)  # memoized: kernel builds ask often
     got = _CACHE_DIRS.get(key)
@@ -101,36 +138,27 @@ def cache_dir() -> Path:
     return got
 
 
-_CACHE_DIRS: dict[tuple[str, str | None, str], Path] = {}
+_CACHE_DIRS: dict[tuple[str | None, str | None, str], Path] = {}
 
 
 def num_threads() -> int | None:
     """RLX_NUM_THREADS (None when unset), validated (>= 1) and clamped to
     :func:`available_cpus` with a warning."""
-    v = _int("RLX_NUM_THREADS", 1)
+    v = _int("RLX_NUM_THREADS", 1, "the default (the physical cores)")
     return None if v is None else clamp_threads(v, "RLX_NUM_THREADS")
+
+
+VERIFY_CHOICES = ("each", "end", "off")
 
 
 def verify_mode() -> str | None:
     """RLX_VERIFY (each, end or off), None when unset."""
-    raw = os.environ.get("RLX_VERIFY")
-    if raw is None or raw.strip() == "":
-        return None
-    v = raw.strip().lower()
-    if v not in ("each", "end", "off"):
-        raise ConfigError(f"RLX_VERIFY={raw!r} is not one of 'each', 'end', 'off'")
-    return v
+    return _choice("RLX_VERIFY", VERIFY_CHOICES, None, shown="end")
 
 
 def isa() -> str:
     """RLX_ISA: 'auto' (default), 'avx512', 'avx2' or 'portable'."""
-    raw = os.environ.get("RLX_ISA")
-    if raw is None or raw.strip() == "":
-        return "auto"
-    v = raw.strip().lower()
-    if v not in ISA_CHOICES:
-        raise ConfigError(f"RLX_ISA={raw!r} is not one of {', '.join(ISA_CHOICES)}")
-    return v
+    return _choice("RLX_ISA", ISA_CHOICES, "auto") or "auto"
 
 
 SGEMM_CHOICES = ("auto", "native", "blas")
@@ -138,13 +166,7 @@ SGEMM_CHOICES = ("auto", "native", "blas")
 
 def sgemm() -> str:
     """RLX_SGEMM: 'auto' (default), 'native' or 'blas'."""
-    raw = os.environ.get("RLX_SGEMM")
-    if raw is None or raw.strip() == "":
-        return "auto"
-    v = raw.strip().lower()
-    if v not in SGEMM_CHOICES:
-        raise ConfigError(f"RLX_SGEMM={raw!r} is not one of {', '.join(SGEMM_CHOICES)}")
-    return v
+    return _choice("RLX_SGEMM", SGEMM_CHOICES, "auto") or "auto"
 
 
 DQ_ACT_CHOICES = ("auto", "q8", "f32")
@@ -152,18 +174,12 @@ DQ_ACT_CHOICES = ("auto", "q8", "f32")
 
 def dq_act() -> str:
     """RLX_DQ_ACT: 'f32' (default), 'auto' or 'q8'."""
-    raw = os.environ.get("RLX_DQ_ACT")
-    if raw is None or raw.strip() == "":
-        return "f32"
-    v = raw.strip().lower()
-    if v not in DQ_ACT_CHOICES:
-        raise ConfigError(f"RLX_DQ_ACT={raw!r} is not one of {', '.join(DQ_ACT_CHOICES)}")
-    return v
+    return _choice("RLX_DQ_ACT", DQ_ACT_CHOICES, "f32") or "f32"
 
 
 def cache_max_bytes() -> int:
     """RLX_CACHE_MAX_MB in bytes (default 512 MiB)."""
-    v = _int("RLX_CACHE_MAX_MB", 1)
+    v = _int("RLX_CACHE_MAX_MB", 1, "the default (512)")
     return (512 if v is None else v) << 20
 
 

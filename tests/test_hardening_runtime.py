@@ -164,8 +164,11 @@ def test_rlx_verbose_garbage_names_the_variable(monkeypatch):
         config.verbose()
 
 
-def test_empty_cache_dir_means_the_default_not_the_working_directory(monkeypatch):
-    monkeypatch.setenv("RLX_CACHE_DIR", "")
+def test_empty_cache_dir_is_refused_not_the_working_directory(monkeypatch):
+    monkeypatch.setenv("RLX_CACHE_DIR", "")  # neither the cwd nor, silently, the default
+    with pytest.raises(ConfigError, match="RLX_CACHE_DIR='' is empty"):
+        config.cache_dir()
+    monkeypatch.delenv("RLX_CACHE_DIR")
     assert config.cache_dir() == Path.home() / ".cache" / "rlx"
     monkeypatch.setenv("RLX_CACHE_DIR", "relative/dir")
     assert config.cache_dir().is_absolute()

@@ -9,9 +9,11 @@ Layout (all integers little-endian)::
     sha256 of everything above (32 bytes)
 
 The header holds the graph (nodes: op mnemonic, attributes, inputs, shape, optional
-source line; outputs; symbolic-dim bounds), the params (name, dtype, dims, blob) and the
-blob table (offset, length). How attributes are encoded, and how decoding checks them, is
-in :mod:`rlx.ir.serialize_codec`.
+source line; outputs; symbolic-dim bounds), its sub-graphs (a flat table, children first,
+so no depth of nesting makes the JSON or the code that walks it recurse), the params
+(name, dtype, dims, blob) and the blob table (offset, length). How attributes are encoded,
+and how decoding checks them, is in :mod:`rlx.ir.serialize_codec`. Version 2 added the
+sub-graph table; version 1 files (sub-graphs nested in place) still load.
 
 ``load`` takes the file's size from the open file (``os.fstat``) and checks the magic, the
 version and that the prelude's lengths add up to exactly that size before it reads
@@ -39,7 +41,7 @@ import numpy as np
 
 from rlx.errors import SerializationError
 from rlx.ir.mir import Graph
-from rlx.ir.serialize_codec import ALIGN, Encoder, decode
+from rlx.ir.serialize_codec import ALIGN, MAX_NESTING, Encoder, decode, nesting_depth
 
 if TYPE_CHECKING:
     from rlx.ir.module import GraphModule
@@ -47,7 +49,8 @@ if TYPE_CHECKING:
 __all__ = ["save", "load", "dumps", "loads", "MAGIC", "FORMAT_VERSION"]
 
 MAGIC = b"RLXG"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: sub-graphs in a table (serialize_codec); 1: nested in place
+READ_VERSIONS = (1, 2)
 _PRELUDE = struct.Struct("<4sIQQ")  # magic, version, header_len, blob_len
 _DIGEST = 32  # sha256
 _CHUNK = 1 << 24  # the largest single read from a file
@@ -62,7 +65,14 @@ def save(
 ) -> None:
     """Write ``graph`` (and ``params``: param name -> array) to ``path`` atomically. A
     GraphModule is saved as its MIR graph (HIR is lowered first). ``locations`` keeps each
-    node's source line for error messages after loading."""
+    node's source line for error messages after loading.
+
+    Params follow the runtime's rule (``CompiledGraph.set_param``, ``run``; see
+    :mod:`rlx.runtime.inputs`): an array is converted to the param's declared dtype only
+    when no value can change (i8 -> f32, f32 -> f64), Python lists and scalars take the
+    declared dtype when their kind fits, and anything else (an f64 array for an f32
+    param, i32 -> f32, f32 -> bf16) is an InputError: cast it first. A param declared f64
+    is stored as f64."""
     data = dumps(graph, params, locations=locations)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -104,11 +114,25 @@ def dumps(
                 f"save takes a Graph or a GraphModule, got {type(graph).__name__}"
             )
         g = into()
-    g.verify()
+    depth = nesting_depth(g)  # before verify, which recurses into sub-graphs
+    if depth > MAX_NESTING:
+        raise SerializationError(
+            f"graph {g.name!r}: sub-graphs nested more than {MAX_NESTING} deep; a graph file "
+            f"holds at most {MAX_NESTING} levels"
+        )
+    try:
+        g.verify()
+    except RecursionError:
+        raise SerializationError(
+            f"graph {g.name!r}: its sub-graphs nest {depth} deep, too deep to verify under "
+            f"Python's recursion limit ({sys.getrecursionlimit()})"
+        ) from None
     enc = Encoder(locations)
+    main, subgraphs = enc.graphs(g)
     header: dict[str, Any] = {
         "producer": "rlx",
-        "graph": enc.graph(g, "graph"),
+        "graph": main,
+        "subgraphs": subgraphs,
         "params": [enc.param(g, k, v) for k, v in (params or {}).items()],
     }
     blob_section = bytearray()
@@ -176,7 +200,7 @@ class _FileSource:
 def _load(src: _BytesSource | _FileSource) -> tuple[Graph, dict[str, np.ndarray]]:
     n = src.size
     prelude = src.read(min(n, _PRELUDE.size))
-    header_len, blob_len = _check_prelude(prelude, n)
+    version, header_len, blob_len = _check_prelude(prelude, n)
     digest = hashlib.sha256(prelude)
     text = src.read(header_len)
     digest.update(text)
@@ -192,7 +216,7 @@ def _load(src: _BytesSource | _FileSource) -> tuple[Graph, dict[str, np.ndarray]
         raise SerializationError("checksum mismatch: the file is corrupted")
     if problem is not None or header is None:
         raise problem or SerializationError("the header is missing")
-    return decode(header, table, blobs)
+    return decode(header, table, blobs, version)
 
 
 def _check_host() -> None:
@@ -200,9 +224,9 @@ def _check_host() -> None:
         raise SerializationError("rlx graph files are little-endian; this host is big-endian")
 
 
-def _check_prelude(prelude: memoryview, n: int) -> tuple[int, int]:
-    """Magic, version, and the lengths against the whole size ``n``: (header_len,
-    blob_len)."""
+def _check_prelude(prelude: memoryview, n: int) -> tuple[int, int, int]:
+    """Magic, version, and the lengths against the whole size ``n``: (version,
+    header_len, blob_len)."""
     head = bytes(prelude[: len(MAGIC)])
     if head != MAGIC[: len(head)]:
         raise SerializationError(f"not an rlx graph file: starts with {head!r}, expected {MAGIC!r}")
@@ -211,9 +235,9 @@ def _check_prelude(prelude: memoryview, n: int) -> tuple[int, int]:
             f"truncated at byte {n}: the fixed header alone needs {_PRELUDE.size} bytes"
         )
     _, version, header_len, blob_len = _PRELUDE.unpack_from(prelude)
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         raise SerializationError(
-            f"unsupported version {version} (this build reads {FORMAT_VERSION})"
+            f"unsupported version {version} (this build reads {', '.join(map(str, READ_VERSIONS))})"
         )
     want = _PRELUDE.size + header_len + blob_len + _DIGEST
     if n < want:
@@ -226,7 +250,7 @@ def _check_prelude(prelude: memoryview, n: int) -> tuple[int, int]:
             f"{n - want} unexpected bytes after the checksum (file is {n} bytes, its "
             f"lengths say {want})"
         )
-    return header_len, blob_len
+    return version, header_len, blob_len
 
 
 def _parse_header(text: memoryview) -> dict[str, Any]:

@@ -10,6 +10,17 @@ and ``{"dataclass", "fields"}`` (classes by qualname). Only classes found in the
 that define registered ops (and the modules those classes come from) can be named, so a
 file can never make the loader build an arbitrary type.
 
+Sub-graphs (control flow, fused regions) are not nested in the JSON: the header's
+``subgraphs`` table lists every sub-graph once, children before their parents, and an
+attribute holding one is ``{"graph": k}``, the index of an earlier entry (the main graph
+may name any entry). Encoding and decoding walk that table with loops, not recursion, so
+the depth of nesting is bounded by :data:`MAX_NESTING` only (a graph nested 150 ``If``
+deep round-trips; a crafted file nested 10**5 deep is a SerializationError at its entry
+MAX_NESTING, never a RecursionError); every entry must be used exactly once, so a file
+cannot make the loader share one sub-graph between nodes, or loop. A sub-graph object
+that several nodes hold is stored once per node. Version 1 files held sub-graphs inline
+(nested at most :data:`MAX_DEPTH` deep); they still load.
+
 Decoding trusts nothing: every value is type-checked against the field it fills
 (:mod:`rlx.ir.serialize_validate`), dims and symbol bounds are validated, constants are
 only read through the ``const`` tag (whose blob must hold exactly dims x itemsize bytes),
@@ -37,10 +48,16 @@ from rlx.ir.source import SourceLoc
 from rlx.ops.base import OPS
 from rlx.shape import Shape, Sym, check_bounds
 
-__all__ = ["Encoder", "decode", "known_classes", "ALIGN"]
+__all__ = ["Encoder", "decode", "known_classes", "nesting_depth", "ALIGN", "MAX_NESTING"]
 
 ALIGN = 64  # blobs (and the blob section) start at multiples of this
-MAX_DEPTH = 64  # nesting of tuples, dataclasses and sub-graphs a file may use
+MAX_DEPTH = 64  # nesting of tuples and dataclasses (and, in version 1, sub-graphs)
+# Sub-graphs nested in sub-graphs a file may hold. Python's default recursion limit lets
+# the verifier and the reference interpreter handle about 980 levels; the bound leaves
+# room for a process that raised it and refuses absurd depths (10**5) before building
+# anything.
+MAX_NESTING = 4096
+_WHERE = 300  # characters of a nested location kept in messages (head and tail)
 MAX_DIM = 2**62  # a stored dim (or symbol coefficient) at or above this is refused
 # a symbol's power above this is refused: evaluating ``value ** power`` for a crafted
 # power of 2**60 would never finish (any real dim is < 2**62, so its powers are < 63)
@@ -113,6 +130,29 @@ def _lookup(classes: dict[str, list[type]], name: str, where: str) -> type:
 # ---- encoding -------------------------------------------------------------------------
 
 
+def _clip(where: str) -> str:
+    """``where`` shortened in the middle: the locations of deeply nested sub-graphs would
+    otherwise grow with their depth (and cost time quadratic in it)."""
+    if len(where) <= 2 * _WHERE:
+        return where
+    return f"{where[:_WHERE]} ... {where[-_WHERE:]}"
+
+
+def nesting_depth(g: Graph, limit: int = MAX_NESTING) -> int:
+    """How deep ``g``'s sub-graphs (``op.subgraphs()``) nest (0: none), by a loop, not
+    recursion; stops counting once above ``limit``."""
+    deepest = 0
+    todo = [(g, 0)]
+    while todo:
+        graph, depth = todo.pop()
+        deepest = max(deepest, depth)
+        if depth > limit:
+            break
+        for n in graph.nodes:
+            todo.extend((sub, depth + 1) for sub in n.op.subgraphs())
+    return deepest
+
+
 class Encoder:
     """Graph and params -> JSON-able header parts; ``blobs`` collects the byte strings
     they reference (identical bytes are stored once)."""
@@ -122,6 +162,7 @@ class Encoder:
         self.classes = known_classes()
         self.blobs: list[bytes] = []
         self._index: dict[bytes, int] = {}
+        self._found: list[tuple[Graph, dict[str, Any], str]] = []
 
     def blob(self, data: bytes) -> int:
         if data not in self._index:
@@ -129,7 +170,49 @@ class Encoder:
             self.blobs.append(data)
         return self._index[data]
 
+    def graphs(self, root: Graph) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The main graph's entry and the sub-graph table (module docstring): every
+        sub-graph reached from ``root``, once per place that holds it, children first.
+        A loop over the nesting, not recursion; SerializationError beyond MAX_NESTING."""
+        entries: list[dict[str, Any]] = []
+        kids: list[list[tuple[dict[str, Any], int]]] = []  # (placeholder, child entry)
+        todo: list[tuple[Graph, str, int, int, dict[str, Any] | None]] = [
+            (root, "graph", 0, -1, None)
+        ]
+        while todo:  # pre-order: each graph once, its sub-graphs left as placeholders
+            g, where, depth, parent, placeholder = todo.pop()
+            if depth > MAX_NESTING:
+                raise SerializationError(
+                    f"{where}: sub-graphs nested more than {MAX_NESTING} deep; a graph file "
+                    f"holds at most {MAX_NESTING} levels"
+                )
+            self._found = []
+            me = len(entries)
+            entries.append(self.graph(g, where))
+            kids.append([])
+            if placeholder is not None:
+                kids[parent].append((placeholder, me))
+            todo.extend((sub, w, depth + 1, me, ph) for sub, ph, w in reversed(self._found))
+        table: list[dict[str, Any]] = []
+        index: dict[int, int] = {}
+        stack = [(0, False)]
+        while stack:  # post-order: an entry's sub-graphs get lower indices than itself
+            e, done = stack.pop()
+            if done:
+                if e:
+                    index[e] = len(table)
+                    table.append(entries[e])
+                continue
+            stack.append((e, True))
+            stack.extend((c, False) for _, c in reversed(kids[e]))
+        for refs in kids:
+            for placeholder, c in refs:
+                placeholder["graph"] = index[c]
+        return entries[0], table
+
     def graph(self, g: Graph, where: str) -> dict[str, Any]:
+        """One graph's entry; its sub-graphs become ``{"graph": None}`` placeholders,
+        listed in ``_found`` (:meth:`graphs` numbers them)."""
         nodes = []
         for n in g.nodes:
             w = f"{where} node %{n.id} ({n.op.mnemonic})"
@@ -162,16 +245,21 @@ class Encoder:
             return {"sym": [[k, p] for k, p in d.terms], "coeff": d.coeff}
         return d
 
-    def value(self, v: Any, where: str) -> Any:
+    def value(self, v: Any, where: str, depth: int = 0) -> Any:
         from rlx.ops.core import ConstValue
 
         t = type(v)
         if v is None or t in (bool, int, str):
             return v
+        if depth > MAX_DEPTH:
+            raise SerializationError(
+                f"{where}: values nested more than {MAX_DEPTH} deep (tuples, dataclasses) "
+                "cannot be stored"
+            )
         if t is float:
             return {"float": v.hex()}
         if t is tuple:
-            return {"tuple": [self.value(x, f"{where}[{k}]") for k, x in enumerate(v)]}
+            return {"tuple": [self.value(x, f"{where}[{k}]", depth + 1) for k, x in enumerate(v)]}
         if t is DType:
             return {"dtype": v.value}
         if t is Sym:
@@ -181,7 +269,9 @@ class Encoder:
         if t is ConstValue:
             return {"const": self.blob(v.data), "dims": list(v.dims), "dtype": v.dtype.value}
         if isinstance(v, Graph):
-            return {"graph": self.graph(v, f"{where} sub-graph {v.name!r}")}
+            placeholder: dict[str, Any] = {"graph": None}
+            self._found.append((v, placeholder, _clip(f"{where} sub-graph {v.name!r}")))
+            return placeholder
         if isinstance(v, enum.Enum) or _is_frozen_dataclass(t):
             if t not in self.classes.get(t.__qualname__, []):
                 self.classes = known_classes(fresh=True)
@@ -194,7 +284,7 @@ class Encoder:
             if isinstance(v, enum.Enum):
                 return {"enum": t.__qualname__, "member": v.name}
             fields = {
-                f.name: self.value(getattr(v, f.name), f"{where}.{f.name}")
+                f.name: self.value(getattr(v, f.name), f"{where}.{f.name}", depth + 1)
                 for f in dataclasses.fields(v)
                 if f.init
             }
@@ -206,22 +296,19 @@ class Encoder:
         )
 
     def param(self, g: Graph, name: str, value: Any) -> dict[str, Any]:
+        """A param's entry. ``value`` is checked and converted exactly as
+        ``CompiledGraph.set_param`` does (:func:`rlx.runtime.inputs.to_array`): lossless
+        conversions only, so an f64 array for an f32 param is an InputError here too,
+        never rounded to f32 on the way to the file."""
+        from rlx.runtime.inputs import check_dims, to_array
+
         nodes = {n.op.name: n for n in g.param_nodes()}  # type: ignore[attr-defined]
         if name not in nodes:
             raise InputError(f"unknown param {name!r}; params of graph {g.name!r}: {sorted(nodes)}")
-        want = nodes[name].shape
-        a = np.asarray(value)
-        if a.dtype != want.dtype.np:
-            if np.can_cast(a.dtype, want.dtype.np, "same_kind") or (
-                a.dtype.kind in "iub" and want.dtype.is_float
-            ):
-                a = a.astype(want.dtype.np)
-            else:
-                raise InputError(f"param {name!r}: expected {want}, given dtype {a.dtype}")
-        if a.ndim != want.rank or any(
-            isinstance(d, int) and d != got for d, got in zip(want.dims, a.shape)
-        ):
-            raise InputError(f"param {name!r}: expected {want}, given shape {tuple(a.shape)}")
+        node = nodes[name]
+        want = node.shape
+        a = to_array("param", name, value, want, node)
+        check_dims("param", name, a, want, node)
         a = np.ascontiguousarray(a).reshape(a.shape)  # ascontiguousarray makes rank 0 rank 1
         blob = self.blob(a.tobytes())
         return {"name": name, "dtype": want.dtype.value, "dims": list(a.shape), "blob": blob}
@@ -246,16 +333,27 @@ _TAGS = {
 
 
 def decode(
-    header: dict[str, Any], table: list[tuple[int, int]], blobs: memoryview
+    header: dict[str, Any], table: list[tuple[int, int]], blobs: memoryview, version: int = 2
 ) -> tuple[Graph, dict[str, np.ndarray]]:
-    """The graph and params of a framed, checksummed file whose blob ``table`` (offset,
-    length) has been checked against ``blobs``. The graph is verified; anything wrong is a
-    SerializationError."""
-    dec = _Decoder(table, blobs)
+    """The graph and params of a framed, checksummed file of format ``version`` whose
+    blob ``table`` (offset, length) has been checked against ``blobs``. The graph is
+    verified; anything wrong is a SerializationError."""
+    dec = _Decoder(table, blobs, version)
     try:
-        graph = dec.graph(dec.field(header, "graph", dict, "header"), "graph", 0)
+        main = dec.field(header, "graph", dict, "header")
+        if version == 1:
+            graph = dec.graph(main, "graph", 0)
+        else:
+            graph = dec.graphs(main, dec.field(header, "subgraphs", list, "header"))
         params = dec.params(dec.field(header, "params", list, "header"))
-        graph.verify()
+        try:
+            graph.verify()
+        except RecursionError:
+            raise SerializationError(
+                f"graph {graph.name!r}: its sub-graphs nest {dec.nesting} deep, too deep to "
+                f"verify under Python's recursion limit ({sys.getrecursionlimit()}); raise "
+                "it with sys.setrecursionlimit to load this file"
+            ) from None
         _check_params(graph, params)
     except SerializationError:
         raise
@@ -302,11 +400,59 @@ def _const_class() -> type:
 
 
 class _Decoder:
-    def __init__(self, table: list[tuple[int, int]], blobs: memoryview):
+    def __init__(self, table: list[tuple[int, int]], blobs: memoryview, version: int = 2):
         self.classes = known_classes()
         self.section = blobs
         self.table = table
+        self.version = version
         self._shapes: dict[tuple[Any, ...], Shape] = {}  # a file repeats a few shapes
+        # the sub-graph table (version 2): decoded entries, their nesting heights, which
+        # are taken; entries below ``_usable`` may be referenced by the graph being decoded
+        self._subs: list[Graph] = []
+        self._heights: list[int] = []
+        self._taken: list[bool] = []
+        self._usable = 0
+        self._below = 0  # the greatest height among the references of the current graph
+        self.nesting = 0  # how deep the main graph's sub-graphs nest
+
+    def graphs(self, main: dict[str, Any], entries: list[Any]) -> Graph:
+        """The main graph of a version 2 header and its sub-graph ``entries``, decoded in
+        order by a loop (module docstring). SerializationError for a reference to an entry
+        that is not an earlier one, an entry used twice or never, or nesting deeper than
+        MAX_NESTING."""
+        self._taken = [False] * len(entries)
+        for k, entry in enumerate(entries):
+            self._usable, self._below = k, 0
+            g = self.graph(entry, f"sub-graph {k}", 0)
+            height = self._below + 1
+            if height > MAX_NESTING:
+                raise SerializationError(
+                    f"sub-graph {k} ({g.name!r}): sub-graphs nested more than {MAX_NESTING} deep"
+                )
+            self._subs.append(g)
+            self._heights.append(height)
+        self._usable, self._below = len(entries), 0
+        graph = self.graph(main, "graph", 0)
+        self.nesting = self._below
+        unused = [k for k, taken in enumerate(self._taken) if not taken]
+        if unused:
+            raise SerializationError(
+                f"malformed file: sub-graph table entries {unused[:8]} are used by no node"
+            )
+        return graph
+
+    def subgraph(self, ref: Any, where: str) -> Graph:
+        """The sub-graph of table entry ``ref`` (version 2), taken once."""
+        if type(ref) is not int or not 0 <= ref < self._usable:
+            raise SerializationError(
+                f"{where}: sub-graph {ref!r} is not an earlier entry of the sub-graph table "
+                f"(0 to {self._usable - 1})"
+            )
+        if self._taken[ref]:
+            raise SerializationError(f"{where}: sub-graph {ref} is used a second time")
+        self._taken[ref] = True
+        self._below = max(self._below, self._heights[ref])
+        return self._subs[ref]
 
     @staticmethod
     def field(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -392,6 +538,8 @@ class _Decoder:
         if tag == "const":
             return self.const(v, where)
         if tag == "graph":
+            if self.version != 1:
+                return self.subgraph(v["graph"], where)
             return self.graph(self.field(v, "graph", dict, where), f"{where} sub-graph", depth + 1)
         if tag == "enum":
             cls = _lookup(self.classes, self.field(v, "enum", str, where), where)

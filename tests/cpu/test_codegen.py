@@ -297,7 +297,10 @@ def test_executor_uses_native_and_shares_libraries(monkeypatch: pytest.MonkeyPat
         cg, entry = compiled_entry(g)
         assert entry.kind is KernelKind.NATIVE  # type: ignore[attr-defined]
         np.testing.assert_allclose(cg.run(feed)[0], evaluate(g, feed)[0], 2e-6, 1e-6)
-    assert len(built) >= 2 and len(set(built)) == 1
+    # the region modules only: the first compile in a process also builds the native
+    # schedule's own library (already built when other tests ran first)
+    regions = [p for p in built if str(getattr(p, "name", p)).startswith("region-")]
+    assert len(regions) >= 2 and len(set(regions)) == 1, built
 
 
 def _simple() -> tuple[rlx.Graph, dict[str, np.ndarray]]:

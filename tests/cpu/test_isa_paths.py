@@ -1,7 +1,7 @@
 """Native build targets follow RLX_ISA (issue 19 fault 7): the selected target and its gcc
 flags, separate cache keys per target, the instructions in the built code (checked with
-objdump, an independent oracle), and the whole test suite under RLX_ISA=avx2 and
-RLX_ISA=portable (slow: one full suite run each, in a subprocess)."""
+objdump, an independent oracle), and the suite's fast tier under RLX_ISA=avx2 and
+RLX_ISA=portable (slow: one run each, in a subprocess)."""
 
 from __future__ import annotations
 
@@ -168,12 +168,18 @@ def test_forced_target_builds_only_its_instructions(tmp_path, target) -> None:
 @pytest.mark.skipif(bool(os.environ.get(INNER)), reason="inside the RLX_ISA suite run")
 @pytest.mark.parametrize("target", ["avx2", "portable"])
 def test_full_suite_passes_on_forced_target(target) -> None:
-    """The whole suite (minus this file) with every native path forced to ``target``."""
+    """The suite's fast tier (everything not marked ``slow``, minus this file) with every
+    native path forced to ``target`` (on one pytest-xdist worker when this run has several,
+    so the two targets run side by side; on every core otherwise). The end-to-end
+    ``slow`` tests run once, on the CPU's own target."""
     if Target(target) not in native.runnable_targets():
         pytest.skip(f"this CPU cannot run the {target} target (flags lack its features)")
     env = {**os.environ, "RLX_ISA": target, INNER: "1"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]
-    cmd += ["--ignore", str(Path(__file__).relative_to(ROOT))]
+    for var in [v for v in env if v.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))]:
+        del env[var]
+    workers = "1" if "PYTEST_XDIST_WORKER" in os.environ else "auto"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
+    cmd += ["-n", workers, "tests", "--ignore", str(Path(__file__).relative_to(ROOT))]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
     tail = "\n".join(r.stdout.strip().splitlines()[-30:])
     print(f"RLX_ISA={target}: {r.stdout.strip().splitlines()[-1] if r.stdout else ''}")

@@ -58,13 +58,15 @@ from rlx.backends.cpu.memory import (
     ParamStore,
     Workspace,
     aligned_arena,
+    check_memory,
 )
 from rlx.backends.cpu.native.schedule import segments
 from rlx.backends.cpu.threads import resolve_threads
-from rlx.errors import RlxError, UnsupportedOpError
-from rlx.ir.lir import BufferPlan, BufferSlot
+from rlx.errors import CompileError, RlxError, UnsupportedOpError
+from rlx.ir.lir import BufferPlan, BufferSlot, format_bytes
 from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.core import Constant, Input, Param
+from rlx.shape import Shape
 
 __all__ = ["Executor", "ScheduleEntry", "ARENA_ALIGNMENT", "aligned_arena"]
 
@@ -149,18 +151,62 @@ class Executor:
         self._private: dict[NodeId, np.ndarray] = {}  # prologue values of symbolic shape
         working = plan.arena_bytes - plan.persistent_bytes
         ws = self.workspace
+        need = self._new_bytes(working)
+        check_memory(need, lambda: self._memory_text(need))
         for attempt in range(2):
-            ws.ensure(working + (ws.scratch_hint if ws.shared else 0))
-            self._layout()
+            try:
+                ws.ensure(working + (ws.scratch_hint if ws.shared else 0))
+                self._layout()
+            except MemoryError as e:  # under the RAM, but the OS said no
+                raise CompileError(
+                    f"{self._memory_text(need)}; allocating it failed: {e}"
+                ) from None
             self._build(store.params, inputs)
             pool = self.pool
             ws.scratch_hint = max(ws.scratch_hint, pool.scratch_bytes)
             if attempt or not ws.shared or pool.spilled <= SPILL_REBUILD_BYTES:
                 break
-            ws.ensure(pool.needed)  # grows: this schedule is rebuilt on the bigger buffer
+            try:
+                ws.ensure(pool.needed)  # grows: this schedule is rebuilt on the bigger buffer
+            except MemoryError as e:
+                raise CompileError(
+                    f"{self._memory_text(need)}; allocating it failed: {e}"
+                ) from None
         self._generations = (ws.generation, store.generation)
         self.fast: list[Kernel] = self.schedule  # what run() calls
         self.use_native_schedule(native_schedule)
+
+    def _new_bytes(self, working: int) -> int:
+        """Bytes this schedule allocates: its working region, its prologue values and
+        zeroed storage for the params not set yet (set ones are the caller's arrays)."""
+        slots = self.plan.slots
+        unset = sum(
+            slots[n.id].nbytes
+            for n in self.graph.nodes
+            if isinstance(n.op, Param) and n.op.name not in self.store.params
+        )
+        return working + unset + sum(slots[h].nbytes for h in self.hoisted)
+
+    def _memory_text(self, need: int) -> str:
+        """What needs ``need`` bytes: the graph, its bindings and its largest buffers."""
+        at = ", ".join(f"{k}={v}" for k, v in sorted(self.bindings.items()))
+        head = f"graph {self.graph.name!r}" + (f" at {at}" if at else "")
+        owners = [
+            s
+            for s in self.plan.slots.values()
+            if s.view_of is None and s.inplace_of is None and s.nbytes
+        ]
+        owners.sort(key=lambda s: -s.nbytes)
+        parts = []
+        for slot in owners[:3]:
+            n = self.graph.nodes[slot.node]
+            name = f"{n.op.name!r} " if isinstance(n.op, (Input, Param)) else ""
+            shape = Shape(n.shape.concrete(self.bindings), n.dtype)
+            parts.append(f"{n.label}: {name}{shape}, {format_bytes(slot.nbytes)}")
+        return (
+            f"{head}: its memory plan needs {format_bytes(need)} ({need} bytes); the largest "
+            f"buffers: {'; '.join(parts)}"
+        )
 
     def use_native_schedule(self, on: bool) -> None:
         """Make :meth:`run` call each run of consecutive native kernels as one C call

@@ -19,17 +19,27 @@ Both carry a ``generation`` that changes when bytes an executor holds views into
 older generation is stale and is rebuilt (:meth:`Executor.is_current`). ``version``
 counts param value changes: an executor whose prologue ran at an older version runs it
 again (its param-derived values and the kernels' packed weights are out of date).
+
+Before an executor allocates, :func:`check_memory` compares what its schedule needs with
+this machine's memory (``/proc/meminfo``): more than the RAM is a CompileError naming the
+largest buffers and their shapes (a static shape of 2**40 elements used to reach NumPy's
+bare MemoryError, or worse, a zeroed arena NumPy hands out lazily); more than half the
+RAM, or more than is available now, is allocated with a RuntimeWarning saying so.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, MutableMapping, Sequence
+import os
+import warnings
+from collections.abc import Callable, Hashable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from rlx.backends.cpu.kernels import ScratchPool
+from rlx.errors import CompileError
+from rlx.ir.lir import format_bytes
 from rlx.ir.mir import Graph, NodeId
 from rlx.ops.core import Param
 
@@ -40,11 +50,70 @@ __all__ = [
     "ArenaScratch",
     "aligned_arena",
     "safe_to_share",
+    "check_memory",
+    "machine_memory",
 ]
 
 ARENA_ALIGNMENT = 64
 _GROWTH = 1.25  # a workspace that must grow takes at least this factor (fewer rebuilds)
 _PAGE = 4096
+#: Below this many bytes a schedule is not compared with the machine's memory (every
+#: machine rlx runs on has it; reading /proc/meminfo costs a new shape ~20 us).
+CHECK_MEMORY_FROM = 64 << 20
+
+
+def machine_memory() -> tuple[int | None, int | None]:
+    """``(total, available)``: this machine's RAM and the memory available now, in bytes
+    (``MemTotal`` and ``MemAvailable`` of ``/proc/meminfo``; ``os.sysconf`` where that
+    file is missing); None for a figure that cannot be read."""
+    found: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("MemTotal", "MemAvailable"):
+                    found[key] = int(rest.split()[0]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    for key, pages in (("MemTotal", "SC_PHYS_PAGES"), ("MemAvailable", "SC_AVPHYS_PAGES")):
+        if key not in found:
+            try:
+                found[key] = os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
+            except (AttributeError, OSError, ValueError):
+                pass
+    return found.get("MemTotal"), found.get("MemAvailable")
+
+
+def _size(n: int) -> str:
+    return f"{format_bytes(n)} ({n} bytes)"
+
+
+def check_memory(nbytes: int, describe: Callable[[], str]) -> None:
+    """Whether ``nbytes`` (what a schedule is about to allocate) fit this machine:
+    CompileError above its RAM; a RuntimeWarning above half of it or above the memory
+    available now (NumPy hands out a zeroed buffer lazily, so nothing else would say so
+    before a run swaps or the process is killed). ``describe()`` names what needs the
+    bytes (graph, bindings, largest buffers) for the messages."""
+    if nbytes < CHECK_MEMORY_FROM:
+        return
+    total, available = machine_memory()
+    if total is not None and nbytes > total:
+        raise CompileError(
+            f"{describe()}; that is more than this machine's RAM ({_size(total)}, MemTotal), "
+            "so it is not allocated"
+        )
+    over = []
+    if total is not None and nbytes > total // 2:
+        over.append(f"more than half of this machine's RAM ({format_bytes(total)})")
+    if available is not None and nbytes > available:
+        over.append(f"more than is available now ({format_bytes(available)}, MemAvailable)")
+    if over:
+        warnings.warn(
+            f"rlx: {describe()}; that is {' and '.join(over)}: it is allocated, but runs "
+            "may swap or the process may be killed for want of memory",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def aligned_arena(nbytes: int, alignment: int = ARENA_ALIGNMENT) -> np.ndarray:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -29,12 +30,36 @@ from typing import Any
 
 import numpy as np
 
-from rlx.errors import GgufError
+from rlx.errors import GgufError, InputError
 from rlx.frontends.gguf.bpe import ByteLevelBpe, bytes_to_unicode, spm_encode
 
-__all__ = ["GgufTokenizer", "StreamDecoder"]
+__all__ = ["GgufTokenizer", "StreamDecoder", "check_text"]
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_text(text: object, what: str = "text") -> str:
+    """``text`` itself when it is a str of valid Unicode; InputError for another type or
+    for a lone surrogate (what ``os.fsdecode`` / a shell argument makes of bytes that are
+    not UTF-8), naming the text (shortened) and the surrogate's position."""
+    if not isinstance(text, str):
+        raise InputError(f"{what} must be a str, given {type(text).__name__} ({text!r:.40})")
+    m = _SURROGATE.search(text)
+    if m is not None:
+        i = m.start()
+        shown = (
+            repr(text)
+            if len(text) <= 40
+            else f"{text[:37]!r}... (near {text[max(0, i - 10) : i + 10]!r})"
+        )
+        raise InputError(
+            f"{what} {shown} holds a lone surrogate U+{ord(m.group()):04X} at position {i}: "
+            f"not valid Unicode, it cannot be encoded as UTF-8 (bytes that were not UTF-8, "
+            f"e.g. a shell argument; decode them with errors='replace')"
+        )
+    return text
+
 
 #: texts llama.cpp also treats as end of generation when they are control tokens
 _EOG_TEXTS = (
@@ -140,7 +165,11 @@ class GgufTokenizer:
         parse_special: bool = True,
     ) -> list[int]:
         """Token ids of ``text``; BOS / EOS as the file says unless given. Control tokens
-        written in the text (``<start_of_turn>``) are matched only with ``parse_special``."""
+        written in the text (``<start_of_turn>``) are matched only with ``parse_special``.
+        As llama.cpp's ``llama_tokenize``, a text that starts with the BOS token's text
+        and gets a BOS has two (``LlmModel.encode`` puts one). InputError for a text that
+        is not a str or holds a lone surrogate (:func:`check_text`)."""
+        check_text(text)
         ids: list[int] = []
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             ids.append(self.bos_id)

@@ -11,6 +11,7 @@ says, with its pad id.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,14 @@ from rlx.models.hf.weights import extra_import
 
 __all__ = ["Tokenizer", "check_texts"]
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
 
 def check_texts(texts: Any) -> list[str]:
     """``texts`` as a list of str; InputError naming the first non-string by its index
-    (a single str is refused: it would be read as characters)."""
+    (a single str is refused: it would be read as characters) or the first text holding a
+    lone surrogate (what a shell argument or ``os.fsdecode`` makes of bytes that are not
+    UTF-8: the tokenizer cannot take it), with the surrogate's position."""
     if isinstance(texts, (str, bytes)):
         raise InputError(f"texts must be a list of strings, got a single {type(texts).__name__}")
     try:
@@ -35,6 +40,17 @@ def check_texts(texts: Any) -> list[str]:
     for i, t in enumerate(out):
         if not isinstance(t, str):
             raise InputError(f"texts[{i}] is a {type(t).__name__} ({t!r:.40}), expected a str")
+        m = _SURROGATE.search(t)
+        if m is not None:
+            j = m.start()
+            shown = (
+                repr(t) if len(t) <= 40 else f"{t[:37]!r}... (near {t[max(0, j - 10) : j + 10]!r})"
+            )
+            raise InputError(
+                f"texts[{i}] {shown} holds a lone surrogate U+{ord(m.group()):04X} at "
+                f"position {j}: not valid Unicode, it cannot be encoded as UTF-8 (bytes that "
+                f"were not UTF-8, e.g. a shell argument; decode them with errors='replace')"
+            )
     return out
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlx.models.llm.config import ARCHS, ArchSpec, LlmConfig, read_config
-from rlx.models.llm.model import LlmModel, StepTimes, open_model
+from rlx.models.llm.model import LlmModel, SequenceState, StepTimes, open_model
 from rlx.models.llm.sampling import SamplingParams
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "ArchSpec",
     "ARCHS",
     "SamplingParams",
+    "SequenceState",
     "StepTimes",
     "read_config",
 ]

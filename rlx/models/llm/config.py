@@ -97,11 +97,23 @@ def _get(meta: Mapping[str, Any], key: str, kind: type, default: Any = None) -> 
     return kind(v)
 
 
+def _positive(meta: Mapping[str, Any], key: str, kind: type, use: str, default: Any = None) -> Any:
+    """``_get`` of a value that must be > 0 (and finite): ``use`` says what divides by it
+    or takes its log (the ModelError names the key, the value and that use)."""
+    v = _get(meta, key, kind, default)
+    if not (v > 0 and math.isfinite(v)):
+        what = "an integer" if kind is int else "a finite number"
+        raise ModelError(f"GGUF metadata {key!r} must be {what} > 0 ({use}), got {v!r}")
+    return v
+
+
 def read_config(
     arch_name: str | None, meta: Mapping[str, Any], tensors: Mapping[str, Any]
 ) -> LlmConfig:
     """The :class:`LlmConfig` of a GGUF file with ``general.architecture`` ``arch_name``;
-    ModelError naming an unknown architecture or a missing / bad metadata key."""
+    ModelError naming an unknown architecture or a missing / bad metadata key: every size,
+    head count, rope base, epsilon and scale that rlx divides by or takes a power or log of
+    must be > 0 and finite (a rope base of 0 would give NaN logits)."""
     spec = ARCHS.get(arch_name or "")
     if spec is None:
         raise ModelError(
@@ -109,39 +121,83 @@ def read_config(
             f"supported: {', '.join(sorted(ARCHS))}"
         )
     a = spec.name
-    d = _get(meta, f"{a}.embedding_length", int)
-    heads = _get(meta, f"{a}.attention.head_count", int)
-    head_dim = _get(meta, f"{a}.attention.key_length", int, d // max(heads, 1))
-    layers = _get(meta, f"{a}.block_count", int)
+    d = _positive(meta, f"{a}.embedding_length", int, "the hidden size")
+    heads = _positive(meta, f"{a}.attention.head_count", int, "the number of query heads")
+    kv_heads = _positive(
+        meta, f"{a}.attention.head_count_kv", int, "the number of key / value heads", heads
+    )
+    if heads % kv_heads:
+        raise ModelError(
+            f"GGUF metadata {a}.attention.head_count_kv = {kv_heads} must divide "
+            f"{a}.attention.head_count = {heads} (each key / value head serves a whole "
+            f"group of query heads)"
+        )
+    head_dim = _positive(
+        meta, f"{a}.attention.key_length", int, "the head size; attention scales by "
+        "1/sqrt of it", d // heads,
+    )  # fmt: skip
+    layers = _positive(meta, f"{a}.block_count", int, "the number of layers")
+    ffn = _positive(meta, f"{a}.feed_forward_length", int, "the FFN size")
+    eps = _positive(
+        meta, f"{a}.attention.layer_norm_rms_epsilon", float, "RMS norm divides by "
+        "sqrt(mean(x^2) + eps)",
+    )  # fmt: skip
+    rope_base = _positive(
+        meta, f"{a}.rope.freq_base", float, "rope frequencies are base^(-2i/dims)", 10000.0
+    )
+    rope_dims = _positive(
+        meta, f"{a}.rope.dimension_count", int, "the rotated part of each head", head_dim
+    )
+    if rope_dims % 2 or rope_dims > head_dim:
+        raise ModelError(
+            f"GGUF metadata {a}.rope.dimension_count = {rope_dims} must be even and at most "
+            f"the head size {head_dim} (rope rotates pairs of a head's dimensions)"
+        )
+    window = _get(meta, f"{a}.attention.sliding_window", int, 0)
+    if window < 0:
+        raise ModelError(
+            f"GGUF metadata {a}.attention.sliding_window must be >= 0 (0: none), got {window}"
+        )
+    context = _positive(meta, f"{a}.context_length", int, "the longest context", 2048)
     emb = tensors.get("token_embd.weight")
     if emb is None:
         raise ModelError("GGUF tensor 'token_embd.weight' is missing (the token embedding)")
+    if not emb.shape or int(emb.shape[0]) < 1:
+        raise ModelError(f"GGUF tensor 'token_embd.weight' has shape {list(emb.shape)}: no tokens")
     scaling = meta.get(f"{a}.rope.scaling.type")
-    factor = float(meta.get(f"{a}.rope.scaling.factor", 1.0) or 1.0)
     if scaling not in (None, "none", "linear"):
         raise ModelError(f"GGUF rope scaling {scaling!r} is not supported (only linear)")
+    factor = 1.0
+    if scaling == "linear":
+        factor = _positive(
+            meta, f"{a}.rope.scaling.factor", float, "positions are divided by it", 1.0
+        )
     if a == "gemma3":  # llama.cpp: 27B scales queries by (d / heads)^-1/2, others head_dim
         attn_scale = 1.0 / math.sqrt(d / heads if layers == 62 else head_dim)
     else:
         attn_scale = 1.0 / math.sqrt(head_dim)
-    softcap = meta.get(f"{a}.final_logit_softcapping")
+    softcap = None
+    if meta.get(f"{a}.final_logit_softcapping"):  # absent or 0: no soft-capping
+        softcap = _positive(
+            meta, f"{a}.final_logit_softcapping", float, "logits become c * tanh(logits / c)"
+        )
     return LlmConfig(
         arch=spec,
         num_layers=layers,
         hidden=d,
-        ffn=_get(meta, f"{a}.feed_forward_length", int),
+        ffn=ffn,
         num_heads=heads,
-        num_kv_heads=_get(meta, f"{a}.attention.head_count_kv", int, heads),
+        num_kv_heads=kv_heads,
         head_dim=head_dim,
         vocab=int(emb.shape[0]),
-        eps=_get(meta, f"{a}.attention.layer_norm_rms_epsilon", float),
-        rope_base=_get(meta, f"{a}.rope.freq_base", float, 10000.0),
-        rope_dims=_get(meta, f"{a}.rope.dimension_count", int, head_dim),
-        rope_scale=factor if scaling == "linear" else 1.0,
-        sliding_window=_get(meta, f"{a}.attention.sliding_window", int, 0),
-        context_length=_get(meta, f"{a}.context_length", int, 2048),
+        eps=eps,
+        rope_base=rope_base,
+        rope_dims=rope_dims,
+        rope_scale=factor,
+        sliding_window=window,
+        context_length=context,
         attn_scale=attn_scale,
-        logit_softcap=float(softcap) if softcap else None,
+        logit_softcap=softcap,
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
         attn_bias="blk.0.attn_q.bias" in tensors,
         tied_embeddings="output.weight" not in tensors,

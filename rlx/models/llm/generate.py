@@ -8,17 +8,25 @@ token (the tokenizer's end-of-generation ids: eos / end-of-turn), at a stop stri
 text is cut before it and never streamed past it), or after ``max_tokens``. Streamed
 pieces hold back what may still change: an incomplete UTF-8 character (decoded as
 U+FFFD) and the last ``len(longest stop string) - 1`` characters.
+
+Every argument is checked when ``generate`` is called (also with ``stream=True``, before
+the first ``next``): an InputError names the argument, what it must be and what was
+given. Each call runs on its own :class:`~rlx.models.llm.model.SequenceState`, so calls
+from several threads and interleaved streams give the text they would give one after
+the other. Logits that are not finite (NaN / inf: a broken weight) end the generation
+with a ModelError naming the step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from rlx.errors import InputError, ModelError
+from rlx.models.llm.model import check_token_ids
 from rlx.models.llm.sampling import SamplingParams, choose
 
 __all__ = ["Generation", "GenerationStats", "TextStream", "generate"]
@@ -72,15 +80,48 @@ class TextStream:
         return self._pieces
 
 
-def _prompt_ids(model: Any, prompt: str | Sequence[int], add_bos: bool) -> list[int]:
+def _prompt_ids(model: Any, prompt: str | Sequence[int], add_bos: bool | None) -> list[int]:
     if isinstance(prompt, str):
         if model.tokenizer is None:
             raise ModelError(f"{model.path}: no tokenizer in the file; pass token ids")
-        return model.encode(prompt, add_bos=add_bos)
-    ids = [int(t) for t in prompt]
+        ids = model.encode(prompt, add_bos=add_bos)
+    else:
+        ids = check_token_ids(prompt, model.config.vocab, "generate: prompt").tolist()
     if not ids:
-        raise InputError("generate: the prompt has no tokens")
+        raise InputError("generate: the prompt has no tokens (an empty text without a BOS)")
     return ids
+
+
+def _stop_strings(stop: str | Sequence[str] | None) -> list[str]:
+    """``stop`` as a list of non-empty stop strings: a str is one stop string."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop] if stop else []
+    if isinstance(stop, bytes) or not isinstance(stop, Iterable):
+        raise InputError(
+            f"stop must be a str or a list of str, given {type(stop).__name__} ({stop!r:.40})"
+        )
+    out = list(stop)
+    for i, s in enumerate(out):
+        if not isinstance(s, str):
+            raise InputError(f"stop[{i}] is {s!r:.40} ({type(s).__name__}), expected a str")
+    return [s for s in out if s]
+
+
+def _extra_stop_ids(stop_ids: int | Sequence[int] | None, vocab: int) -> set[int]:
+    """``stop_ids`` (one id or a sequence of ids) checked against the vocabulary."""
+    if stop_ids is None:
+        return set()
+    if isinstance(stop_ids, (int, np.integer)) and not isinstance(stop_ids, bool):
+        stop_ids = [stop_ids]
+    return set(check_token_ids(stop_ids, vocab, "generate: stop_ids").tolist())
+
+
+def _number(name: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise InputError(f"{name} must be a number, given {v!r:.40} ({type(v).__name__})")
+    return float(v)
 
 
 def _stop_ids(model: Any) -> frozenset[int]:
@@ -101,23 +142,29 @@ def generate(
     top_k: int = 0,
     top_p: float = 1.0,
     seed: int | None = None,
-    stop: Sequence[str] = (),
+    stop: str | Sequence[str] | None = (),
     stream: bool = False,
     on_text: Callable[[str], None] | None = None,
-    add_bos: bool = True,
+    add_bos: bool | None = None,
     stop_at_eos: bool = True,
-    stop_ids: Sequence[int] = (),
+    stop_ids: int | Sequence[int] | None = (),
 ) -> Generation | TextStream:
-    """Generate up to ``max_tokens`` tokens after ``prompt`` (module docstring).
-    ``temperature`` 0 is greedy; ``seed`` makes sampling reproducible; ``stop``: stop
-    strings; ``on_text`` is called with each piece of text; ``add_bos``: a text prompt
-    gets the file's BOS; ``stop_at_eos=False`` ignores the tokenizer's stop tokens;
-    ``stop_ids``: more stop tokens. InputError when the
-    prompt plus ``max_tokens`` does not fit the model's ``max_context``."""
+    """Generate up to ``max_tokens`` tokens after ``prompt`` (text, or token ids used as
+    given) (module docstring). ``temperature`` 0 is greedy; ``seed`` (an int >= 0) makes
+    sampling reproducible; ``stop``: a stop string or a list of them; ``on_text`` is
+    called with each piece of text; ``add_bos``: None puts a BOS before a text prompt when
+    the file says so (``tokenizer.ggml.add_bos_token``), True / False always / never (a
+    text that starts with the BOS, as a chat template renders it, never gets a second
+    one); ``stop_at_eos=False`` ignores the tokenizer's stop tokens; ``stop_ids``: more
+    stop tokens (an id or a list of ids in ``[0, vocab)``). InputError for a bad argument
+    and when the prompt plus ``max_tokens`` does not fit the model's ``max_context``."""
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise InputError(f"max_tokens must be an int >= 1, given {max_tokens!r}")
-    sp = SamplingParams(float(temperature), top_k, float(top_p), seed)
-    stops = [s for s in stop if s]
+    sp = SamplingParams(_number("temperature", temperature), top_k, _number("top_p", top_p), seed)
+    if on_text is not None and not callable(on_text):
+        raise InputError(f"on_text must be a callable or None, given {on_text!r:.40}")
+    stops = _stop_strings(stop)
+    extra = _extra_stop_ids(stop_ids, model.config.vocab)
     ids = _prompt_ids(model, prompt, add_bos)
     need = len(ids) + max_tokens - 1  # the last new token is never run through the model
     if need > model.max_context:
@@ -126,8 +173,10 @@ def generate(
             f"{need} positions, more than max_context={model.max_context}"
         )
     stream_obj = TextStream(iter(()))
-    ends = (_stop_ids(model) if stop_at_eos else frozenset()) | {int(i) for i in stop_ids}
-    pieces = _loop(model, ids, max_tokens, sp, stops, stream_obj, frozenset(ends))
+    ends = (_stop_ids(model) if stop_at_eos else frozenset()) | extra
+    rng = np.random.default_rng(sp.seed)
+    state = model.new_state()
+    pieces = _loop(model, state, ids, max_tokens, sp, rng, stops, stream_obj, frozenset(ends))
     if on_text is not None:
         pieces = _tee(pieces, on_text)
     if stream:
@@ -145,22 +194,39 @@ def _tee(pieces: Iterator[str], fn: Callable[[str], None]) -> Iterator[str]:
         yield p
 
 
+def _check_finite(logits: np.ndarray, step: int, prompt_tokens: int) -> None:
+    """ModelError when ``logits`` hold NaN / inf; ``step`` 0 is the prompt's prefill."""
+    if np.isfinite(logits).all():
+        return
+    nan = int(np.isnan(logits).sum())
+    if step == 0:
+        where = f"after the prompt of {prompt_tokens} tokens (step 0, the prefill)"
+    else:
+        at = prompt_tokens + step - 1
+        where = f"at step {step} (after generated token {step}, at position {at})"
+    raise ModelError(
+        f"generate: the logits {where} are not finite: {nan} NaN and "
+        f"{logits.size - nan - int(np.isfinite(logits).sum())} inf of {logits.size} values "
+        f"(a NaN / inf weight, or a config value the model cannot run with)"
+    )
+
+
 def _loop(
     model: Any,
+    state: Any,
     ids: list[int],
     max_tokens: int,
     sp: SamplingParams,
+    rng: np.random.Generator,
     stops: list[str],
     sink: TextStream,
     stop_ids: frozenset[int],
 ) -> Iterator[str]:
-    rng = np.random.default_rng(sp.seed)
     hold = max((len(s) for s in stops), default=1) - 1
     has_text = model.tokenizer is not None
-    times = model.times
-    times.decode_tokens, times.decode_s = 0, 0.0
-    times.prefill_tokens, times.prefill_s = 0, 0.0
-    logits = model.prefill(ids)
+    times = state.times
+    logits = state.prefill(ids)
+    _check_finite(logits, 0, len(ids))
     out: list[int] = []
     text, emitted, finish = "", 0, "max_tokens"
     for i in range(max_tokens):
@@ -181,7 +247,8 @@ def _loop(
                 yield text[emitted:safe]
                 emitted = safe
         if i + 1 < max_tokens:
-            logits = model.step(tok)
+            logits = state.step(tok)
+            _check_finite(logits, i + 1, len(ids))
     if len(text) > emitted:
         yield text[emitted:]
     stats = GenerationStats(

@@ -10,12 +10,23 @@ layer and k / v, f32 or, with ``kv_dtype``, bf16 / f16: half the memory, rows ro
 when written); a step writes only its own rows. Padding rows of a prompt land in
 the cache beyond the prompt and are overwritten by the decode steps before any query can
 see them (a query at position ``p`` reads rows ``<= p`` only).
+
+Per-call state: a :class:`SequenceState` is one token sequence's place in the model (its
+position and step times). ``generate`` and ``logits`` make their own, so calls from
+several threads, and streams left half-read while other calls run, never see each
+other's tokens. The one KV cache holds the rows of the state that ran last; a lock
+serialises the steps, and when another state runs its rows are first copied out of the
+cache (only the rows in use, on a switch only) and copied back when it runs again: the
+results are those of the calls made one after the other. ``prefill`` / ``step`` /
+``extend`` / ``position`` / ``times`` of the model itself use its default state.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,11 +34,11 @@ from typing import Any
 import numpy as np
 
 from rlx.dtype import DType
-from rlx.errors import InputError
+from rlx.errors import InputError, ModelError
 from rlx.models.llm.config import LlmConfig, read_config
 from rlx.models.llm.graph import build_decoder
 
-__all__ = ["LlmModel", "StepTimes", "open_model"]
+__all__ = ["LlmModel", "SequenceState", "StepTimes", "check_token_ids", "open_model"]
 
 _MIN_CLASS = 8
 #: The KV cache size when none is given (capped by the model's context length).
@@ -46,6 +57,77 @@ class StepTimes:
     decode_s: float = 0.0
 
 
+class SequenceState:
+    """One token sequence's place in an :class:`LlmModel`: ``position`` (tokens in its
+    context) and ``times``; while another state runs, its KV rows are kept here. Make one
+    with :meth:`LlmModel.new_state`; it runs through the model that made it."""
+
+    __slots__ = ("model", "position", "times", "_saved", "__weakref__")
+
+    def __init__(self, model: LlmModel):
+        self.model = model
+        self.position = 0
+        self.times = StepTimes()
+        self._saved: list[np.ndarray] | None = None  # its cache rows while another runs
+
+    def reset(self) -> None:
+        """Empty this state's context (the next :meth:`prefill` starts at position 0)."""
+        self.position = 0
+        self._saved = None
+
+    def prefill(self, ids: Sequence[int]) -> np.ndarray:
+        """Reset, run ``ids`` (a prompt, BOS included if wanted) and return the next-token
+        logits f32 ``[vocab]``."""
+        return self.model._run(self, ids, reset=True)
+
+    def step(self, token: int) -> np.ndarray:
+        """Append one token to the context and return the next-token logits."""
+        return self.model._run(self, [token])
+
+    def extend(self, ids: Sequence[int]) -> np.ndarray:
+        """Append ``ids`` to the context (no reset) and return the next-token logits."""
+        return self.model._run(self, ids)
+
+    def __repr__(self) -> str:
+        return f"SequenceState(position={self.position})"
+
+
+def _int_like(v: object) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def check_token_ids(ids: object, vocab: int, what: str = "llm") -> np.ndarray:
+    """``ids`` (a sequence of ints or an integer array) as i64 ``[n]``; InputError naming
+    the first entry that is not an int (a float, a str, a bool: never coerced) or lies
+    outside ``[0, vocab)``."""
+    if isinstance(ids, np.ndarray):
+        if ids.dtype.kind not in "iu":
+            raise InputError(f"{what}: token ids must be integers, given an array of {ids.dtype}")
+        flat = ids.reshape(-1)
+        bad = np.flatnonzero((flat < 0) | (flat >= vocab)) if flat.size else []
+        if len(bad):
+            i = int(bad[0])
+            raise InputError(
+                f"{what}: token id [{i}] = {flat[i]} is outside the vocabulary [0, {vocab})"
+            )
+        return flat.astype(np.int64)
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise InputError(
+            f"{what}: token ids must be a sequence of ints, given {type(ids).__name__} "
+            f"({ids!r:.40})"
+        )
+    items = list(ids)
+    for i, t in enumerate(items):
+        if not _int_like(t):
+            raise InputError(
+                f"{what}: token id [{i}] is {t!r:.40} ({type(t).__name__}), expected an int "
+                f"in [0, {vocab})"
+            )
+        if not 0 <= t < vocab:
+            raise InputError(f"{what}: token id [{i}] = {t} is outside the vocabulary [0, {vocab})")
+    return np.array(items, dtype=np.int64)
+
+
 def _length_class(n: int, room: int) -> int:
     """The padded prefill length of ``n`` tokens: the next power of two >= 8, at most
     ``room`` (what is left of the context); ``n`` itself for one token."""
@@ -59,7 +141,8 @@ class LlmModel:
     """A decoder language model from a GGUF file (see :func:`rlx.models.llm.load`).
 
     ``config``: the :class:`LlmConfig`; ``tokenizer``: the file's tokenizer; ``compiled``:
-    the CompiledGraph; ``position``: tokens in the KV cache now."""
+    the CompiledGraph; ``position``: tokens in the default state's context (module
+    docstring: ``generate`` and ``logits`` have their own state and are thread-safe)."""
 
     def __init__(
         self,
@@ -86,75 +169,135 @@ class LlmModel:
         opts = CompileOptions(num_threads=num_threads, max_shape_plans=16, use_cache=False)
         self.compiled = Session("cpu").compile(self.graph, opts)
         self.compiled.set_params(dec.params)
-        self.position = 0
-        self.times = StepTimes()
+        self._kv_names = [n for n in dec.params if n.startswith("kv.")]
+        self._lock = threading.RLock()
+        self._holder: weakref.ref[SequenceState] | None = None  # whose rows the cache holds
+        self._state = SequenceState(self)
 
     # ---- token-level steps -----------------------------------------------------------
 
-    def reset(self) -> None:
-        """Empty the KV cache (the next :meth:`prefill` starts at position 0)."""
-        self.position = 0
+    def new_state(self) -> SequenceState:
+        """A fresh :class:`SequenceState` (an empty context) of this model."""
+        return SequenceState(self)
 
-    def _run(self, ids: Sequence[int]) -> np.ndarray:
-        n = len(ids)
-        start = self.position
+    @property
+    def position(self) -> int:
+        """Tokens in the default state's context."""
+        return self._state.position
+
+    @property
+    def times(self) -> StepTimes:
+        """Step times of the default state (``prefill`` / ``step`` / ``extend``)."""
+        return self._state.times
+
+    def reset(self) -> None:
+        """Empty the default state (the next :meth:`prefill` starts at position 0)."""
+        self._state.reset()
+
+    def _cache(self, name: str) -> np.ndarray:
+        own = self.compiled._store.private(name)
+        assert own is not None, f"the KV cache {name} has no private storage"
+        return own
+
+    def _hold(self, state: SequenceState) -> None:
+        """Make the cache hold ``state``'s rows (module docstring); under the lock."""
+        held = self._holder() if self._holder is not None else None
+        if held is state:
+            return
+        if held is not None and held.position > 0:
+            held._saved = [self._cache(n)[:, : held.position].copy() for n in self._kv_names]
+        if state._saved is not None:
+            for n, rows in zip(self._kv_names, state._saved, strict=True):
+                self._cache(n)[:, : rows.shape[1]] = rows
+            state._saved = None
+        self._holder = weakref.ref(state)
+
+    def _run(self, state: SequenceState, ids: Sequence[int], reset: bool = False) -> np.ndarray:
+        if state.model is not self:
+            raise InputError("llm: a SequenceState runs only through the model that made it")
+        arr = check_token_ids(ids, self.config.vocab)
+        n = len(arr)
         if n == 0:
             raise InputError("llm: no tokens to run (an empty prompt needs at least a BOS)")
-        if start + n > self.max_context:
-            raise InputError(
-                f"llm: {start} tokens in the context + {n} new tokens = {start + n} exceeds "
-                f"max_context={self.max_context} (load with a larger max_context, at most "
-                f"the model's {self.config.context_length})"
-            )
-        arr = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if arr.min() < 0 or arr.max() >= self.config.vocab:
-            bad = int(arr[(arr < 0) | (arr >= self.config.vocab)][0])
-            raise InputError(
-                f"llm: token id {bad} is outside the vocabulary of {self.config.vocab}"
-            )
-        length = _length_class(n, self.max_context - start)
-        padded = np.zeros((1, length), np.int64)
-        padded[0, :n] = arr
-        feed = {
-            "input_ids": padded,
-            "positions": np.arange(start, start + length, dtype=np.int64),
-            "last": np.array([n - 1], np.int64),
-        }
-        t0 = time.perf_counter()
-        (logits,) = self.compiled.run(feed)
-        dt = time.perf_counter() - t0
-        self.position = start + n
+        with self._lock:
+            if reset:
+                state.reset()
+            start = state.position
+            if start + n > self.max_context:
+                raise InputError(
+                    f"llm: {start} tokens in the context + {n} new tokens = {start + n} "
+                    f"exceeds max_context={self.max_context} (load with a larger max_context, "
+                    f"at most the model's {self.config.context_length})"
+                )
+            self._hold(state)
+            length = _length_class(n, self.max_context - start)
+            padded = np.zeros((1, length), np.int64)
+            padded[0, :n] = arr
+            feed = {
+                "input_ids": padded,
+                "positions": np.arange(start, start + length, dtype=np.int64),
+                "last": np.array([n - 1], np.int64),
+            }
+            t0 = time.perf_counter()
+            (logits,) = self.compiled.run(feed)
+            dt = time.perf_counter() - t0
+            state.position = start + n
+        times = state.times
         if n == 1 and start > 0:
-            self.times.decode_tokens += 1
-            self.times.decode_s += dt
+            times.decode_tokens += 1
+            times.decode_s += dt
         else:
-            self.times.prefill_tokens += n
-            self.times.prefill_s += dt
+            times.prefill_tokens += n
+            times.prefill_s += dt
         return logits.reshape(-1)
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
-        """Reset the cache, run ``ids`` (a prompt, BOS included if wanted) and return the
-        next-token logits f32 ``[vocab]``."""
-        self.reset()
-        return self._run(ids)
+        """Reset the default state, run ``ids`` (a prompt, BOS included if wanted) and
+        return the next-token logits f32 ``[vocab]``."""
+        return self._state.prefill(ids)
 
     def step(self, token: int) -> np.ndarray:
-        """Append one token to the context and return the next-token logits."""
-        return self._run([int(token)])
+        """Append one token to the default state's context and return the next-token
+        logits."""
+        return self._state.step(token)
 
     def extend(self, ids: Sequence[int]) -> np.ndarray:
-        """Append ``ids`` to the context (no reset) and return the next-token logits."""
-        return self._run(ids)
+        """Append ``ids`` to the default state's context (no reset) and return the
+        next-token logits."""
+        return self._state.extend(ids)
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
-        """The next-token logits after ``ids`` from an empty cache (f32 ``[vocab]``)."""
-        return self.prefill(ids)
+        """The next-token logits after ``ids`` from an empty context (f32 ``[vocab]``; a
+        state of its own: the default state is not touched)."""
+        return self.new_state().prefill(ids)
 
     # ---- text ------------------------------------------------------------------------
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        """Token ids of ``text`` (with the BOS the file asks for when ``add_bos``)."""
-        return list(self.tokenizer.encode(text, add_bos=add_bos))
+    def encode(
+        self, text: str, add_bos: bool | None = None, add_eos: bool | None = None
+    ) -> list[int]:
+        """Token ids of a prompt ``text``. ``add_bos`` None follows the file
+        (``tokenizer.ggml.add_bos_token``, as llama.cpp and transformers do), True puts a
+        BOS first, False none; a text that already starts with the BOS (a chat template
+        that renders one) does not get a second one. ``add_eos`` likewise at the end
+        (``tokenizer.ggml.add_eos_token``, usually absent: no EOS). InputError for a text
+        that is not a str or holds a lone surrogate."""
+        tok = self.tokenizer
+        if tok is None:
+            raise ModelError(f"{self.path}: no tokenizer in the file; pass token ids")
+        for name, flag in (("add_bos", add_bos), ("add_eos", add_eos)):
+            if flag is not None and not isinstance(flag, bool):
+                raise InputError(
+                    f"{name} must be None (as the file says) or a bool, given {flag!r}"
+                )
+        ids = list(tok.encode(text, add_bos=False, add_eos=False))
+        bos = tok.add_bos if add_bos is None else add_bos
+        if bos and tok.bos_id is not None and ids[:1] != [tok.bos_id]:
+            ids.insert(0, tok.bos_id)
+        eos = tok.add_eos if add_eos is None else add_eos
+        if eos and tok.eos_id is not None and ids[-1:] != [tok.eos_id]:
+            ids.append(tok.eos_id)
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of token ids (special tokens dropped)."""

@@ -34,6 +34,14 @@ class SamplingParams:
             raise InputError(f"top_k must be an int >= 0 (0: no limit), given {self.top_k!r}")
         if not (0.0 < self.top_p <= 1.0):
             raise InputError(f"top_p must be in (0, 1], given {self.top_p}")
+        s = self.seed
+        if s is not None and (
+            isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)) or s < 0
+        ):
+            raise InputError(
+                f"seed must be None (a fresh seed) or an int >= 0, given {s!r:.40} "
+                f"({type(s).__name__})"
+            )
 
     @property
     def greedy(self) -> bool:

@@ -13,6 +13,7 @@ weights are Q8_0 (transformers gets their decoded values), the rest F32.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,9 +30,12 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def hf_weights(seed: int = 0, arch: str = "llama") -> dict[str, np.ndarray]:
-    """Random weights of ``arch`` by transformers' names ([out, in])."""
-    c = CFG
+def hf_weights(
+    seed: int = 0, arch: str = "llama", vocab: int | None = None
+) -> dict[str, np.ndarray]:
+    """Random weights of ``arch`` by transformers' names ([out, in]); ``vocab`` tokens
+    (default ``CFG["vocab"]``)."""
+    c = dict(CFG, vocab=vocab or CFG["vocab"])
     rng = np.random.default_rng(seed)
     hd = c["d"] // c["heads"]
 
@@ -63,21 +67,42 @@ def hf_weights(seed: int = 0, arch: str = "llama") -> dict[str, np.ndarray]:
 
 
 def write_gguf(path: Path, weights: dict[str, np.ndarray], arch: str = "llama",
-               skip: str | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+               skip: str | None = None, meta: dict[str, Any] | None = None,
+               ) -> dict[str, np.ndarray]:  # fmt: skip
     """Write ``weights`` as a llama GGUF at ``path``; returns the weights transformers
-    must use (Q8_0 ones replaced by their decoded values)."""
+    must use (Q8_0 ones replaced by their decoded values). ``meta``: metadata keys to
+    write instead of / besides the sizes (``{arch}`` in a key is the architecture; a bool
+    is a bool, an int u32 (i32 when negative), a float f32, a str a string, a list an
+    array; None leaves the key out)."""
     import gguf
 
     c = CFG
     wr = gguf.GGUFWriter(str(path), arch)
-    wr.add_block_count(c["layers"])
-    wr.add_context_length(c["ctx"])
-    wr.add_embedding_length(c["d"])
-    wr.add_feed_forward_length(c["ff"])
-    wr.add_head_count(c["heads"])
-    wr.add_head_count_kv(c["kv_heads"])
-    wr.add_layer_norm_rms_eps(c["eps"])
-    wr.add_rope_freq_base(c["base"])
+    kv: dict[str, Any] = {
+        "{arch}.block_count": c["layers"],
+        "{arch}.context_length": c["ctx"],
+        "{arch}.embedding_length": c["d"],
+        "{arch}.feed_forward_length": c["ff"],
+        "{arch}.attention.head_count": c["heads"],
+        "{arch}.attention.head_count_kv": c["kv_heads"],
+        "{arch}.attention.layer_norm_rms_epsilon": float(c["eps"]),
+        "{arch}.rope.freq_base": float(c["base"]),
+    }
+    kv.update(meta or {})
+    for key, val in kv.items():
+        key = key.replace("{arch}", arch)
+        if val is None:
+            continue
+        if isinstance(val, bool):
+            wr.add_bool(key, val)
+        elif isinstance(val, int):
+            (wr.add_uint32 if val >= 0 else wr.add_int32)(key, val)
+        elif isinstance(val, float):
+            wr.add_float32(key, val)
+        elif isinstance(val, str):
+            wr.add_string(key, val)
+        else:
+            wr.add_array(key, list(val))
     names = {
         "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
         "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -134,7 +159,7 @@ def hf_model(weights: dict[str, np.ndarray], arch: str = "llama"):  # noqa: ANN2
     import torch
     import transformers as tr
 
-    c = CFG
+    c = dict(CFG, vocab=weights["model.embed_tokens.weight"].shape[0])
     config, model = {
         "llama": (tr.LlamaConfig, tr.LlamaForCausalLM),
         "qwen2": (tr.Qwen2Config, tr.Qwen2ForCausalLM),
@@ -153,3 +178,26 @@ def hf_model(weights: dict[str, np.ndarray], arch: str = "llama"):  # noqa: ANN2
     m = model(cfg).eval()
     m.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in weights.items()})
     return m
+
+
+def bpe_meta() -> dict[str, Any]:
+    """The ``tokenizer.ggml.*`` keys of a byte-level BPE (Llama 3's split, ~700 tokens)
+    trained by tests/frontends/gguf/test_bpe.py (needs ``tokenizers`` and ``regex``); no
+    add_bos / add_eos flag (the file's default for "gpt2": no BOS, no EOS)."""
+    import json
+
+    from tests.frontends.gguf.test_bpe import SPECIALS, trained
+
+    tk = trained("llama-bpe")
+    vocab = tk.get_vocab()
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    merges = json.loads(tk.to_str())["model"]["merges"]
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "llama-bpe",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [3 if t in SPECIALS else 1 for t in tokens],
+        "tokenizer.ggml.merges": [m if isinstance(m, str) else " ".join(m) for m in merges],
+        "tokenizer.ggml.bos_token_id": vocab["<|begin_of_text|>"],
+        "tokenizer.ggml.eos_token_id": vocab["<|end_of_text|>"],
+    }
