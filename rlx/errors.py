@@ -30,6 +30,7 @@ __all__ = [
     "GgufError",
     "AutodiffError",
     "DistributedError",
+    "QuantizationWarning",
 ]
 
 
@@ -117,3 +118,8 @@ class DistributedError(RlxError, RuntimeError):
     """Running rlx on Ray or a collective library failed: the ``distributed`` extra is not
     installed, an embedding output is incomplete or holds a row twice, or the ranks of a
     data-parallel run disagree."""
+
+
+class QuantizationWarning(RuntimeWarning):
+    """Calibration or quantization went on, but the data deserves a look (e.g. NaN / Inf
+    among a tensor's calibration values); the message names the tensor."""

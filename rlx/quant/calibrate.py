@@ -2,9 +2,14 @@
 
 In: a CompiledGraph whose outputs include the *taps* (the tensors to calibrate), and
 batches of inputs. Out: per tap, a clipping threshold ``amax`` and the symmetric INT8
-scale ``max(amax / 127, 1e-6)`` (the floor avoids a zero scale on a flat tensor); also the
-signed min / max of each tap (asymmetric u8 ranges) and, on request, the max ``|x|`` of
-each channel of the last axis (SmoothQuant's per-channel statistics).
+scale ``max(amax / 127, SCALE_FLOOR)`` (the floor, 1e-6, avoids a zero scale on a flat
+tensor); also the signed min / max of each tap (asymmetric u8 ranges) and, on request, the
+max ``|x|`` of each channel of the last axis (SmoothQuant's per-channel statistics).
+
+The floor coarsens the grid of a tap whose step ``amax / 127`` is below it (and below
+``SCALE_FLOOR / 2`` every value quantizes to 0): ``rlx.quantize`` does not use such a
+scale. :mod:`rlx.quant.static` applies the same floor to the s8 and the u8 step and keeps
+the layers of a tap whose step the floor would change in float, saying so.
 
 Three calibrators share one interface (``step(inputs)``, ``amax()``, ``scales()``, and
 the seed's arena access: ``arena()`` / ``arena_mut()`` give the compiled graph's arena,
@@ -13,7 +18,9 @@ written into the arena, as the seed's harness does):
 
 * :class:`Calibrator`: the running max-abs (the seed's behaviour: worst-case-correct for
   roughly zero-centred activations, but one outlier stretches the range);
-* :class:`PercentileCalibrator`: the ``percentile`` of ``|x|`` over every value seen;
+* :class:`PercentileCalibrator`: the ``percentile`` of ``|x|`` over every value seen (the
+  value of rank ``ceil(percentile / 100 * n)``, np.percentile's ``inverted_cdf``, with the
+  rank computed exactly: see :meth:`StreamingHistogram.percentile`);
 * :class:`EntropyCalibrator`: the threshold minimising the KL divergence between the
   distribution of ``|x|`` and its 128-level quantization (TensorRT's entropy
   calibration, Migacz 2017, "8-bit Inference with TensorRT", as NVIDIA's
@@ -38,6 +45,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -57,7 +65,10 @@ __all__ = [
     "kl_threshold",
 ]
 
+#: The smallest symmetric INT8 scale :meth:`Calibrator.scales` gives (and the smallest
+#: activation step ``rlx.quantize`` uses, s8 or u8: see :mod:`rlx.quant.static`).
 SCALE_FLOOR = 1e-6
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 class CalibrationMethod(enum.Enum):
@@ -319,17 +330,40 @@ class StreamingHistogram:
         self._exp = exp
 
     def percentile(self, q: float) -> float:
-        """The upper edge of the bin where the cumulative count reaches ``q`` percent
-        (within one bin width of the exact percentile; at most the f64 maximum)."""
+        """The upper edge of the bin holding the value of rank ``ceil(q / 100 * n)``
+        (1-based, ``n`` values seen): the smallest value whose empirical CDF reaches ``q``
+        percent, np.percentile's ``inverted_cdf``, within one bin width above it; at most
+        the f64 maximum.
+
+        The rank is computed exactly, with ``q`` read as the decimal it prints as (99.9,
+        not the binary double just above it): in floating point ``99.9 / 100 * 1000`` is
+        ``999.0000000000001``, whose ceiling moved the threshold up one rank (999 N(0,1)
+        values and one 40.0 gave 40.0 at p99.9, not 3.3)."""
+        if not 0.0 <= q <= 100.0:
+            raise QuantizationError(f"percentile must be in [0, 100], got {q}")
         if self._exp is None:
             return 0.0
         cdf = np.cumsum(self.counts)
-        k = int(np.searchsorted(cdf, q / 100.0 * cdf[-1], side="left"))
+        rank = max(1, math.ceil(_percentile_fraction(q) * int(cdf[-1])))
+        k = int(np.searchsorted(cdf, rank, side="left"))
         top = float(np.finfo(np.float64).max)
         try:
             return min(math.ldexp(float(min(k + 1, self.bins)), self._exp - self._log2_bins), top)
         except OverflowError:
             return top
+
+
+def _percentile_fraction(q: float) -> Fraction:
+    """``q / 100`` exactly, ``q`` read as the shortest decimal that prints as it (the
+    percentile the caller wrote): ``Fraction(999, 1000)`` for 99.9."""
+    return Fraction(repr(float(q))) / 100
+
+
+def _as_f32_threshold(vals: Sequence[float], max_abs: np.ndarray) -> np.ndarray:
+    """Thresholds (f64, possibly above the f32 range: a histogram's top edge can be
+    2**128) capped at each tap's max-abs, as f32 without an overflowing cast."""
+    capped = np.minimum(np.asarray(vals, np.float64), max_abs.astype(np.float64))
+    return np.minimum(capped, _F32_MAX).astype(np.float32)
 
 
 def kl_threshold(
@@ -410,8 +444,10 @@ class _HistogramCalibrator(Calibrator):
 
 
 class PercentileCalibrator(_HistogramCalibrator):
-    """Threshold = the ``percentile`` of ``|x|`` over all batches (from the histogram,
-    within one bin width; never above the max-abs)."""
+    """Threshold = the ``percentile`` of ``|x|`` over all batches: the value of rank
+    ``ceil(percentile / 100 * n)`` (np.percentile's ``inverted_cdf``, rank computed
+    exactly), from the histogram, within one bin width above it; never above the
+    max-abs."""
 
     def __init__(
         self,
@@ -429,7 +465,7 @@ class PercentileCalibrator(_HistogramCalibrator):
 
     def amax(self) -> np.ndarray:
         vals = [h.percentile(self.percentile) for h in self.histograms]
-        return np.minimum(np.array(vals, np.float32), self._max_abs)
+        return _as_f32_threshold(vals, self._max_abs)
 
 
 class EntropyCalibrator(_HistogramCalibrator):
@@ -454,7 +490,7 @@ class EntropyCalibrator(_HistogramCalibrator):
 
     def amax(self) -> np.ndarray:
         vals = [kl_threshold(h.counts, h.width, self.num_quant_bins) for h in self.histograms]
-        return np.minimum(np.array(vals, np.float32), self._max_abs)
+        return _as_f32_threshold(vals, self._max_abs)
 
 
 def _progress(batches: Iterable[Any], enabled: bool) -> Iterable[Any]:

@@ -10,11 +10,35 @@ threshold, is covered by 255 steps with a zero point instead of ``[-amax, amax]`
 The rounding error of a uniform quantizer grows with its step, so u8 is taken when its
 step is at most 0.9x the symmetric one (a clearly one-sided tensor, such as a GELU or
 ReLU output); ``asymmetric=True`` / ``False`` forces it either way.
+
+One scale floor for both: every activation step, s8 or u8, is at least
+:data:`~rlx.quant.calibrate.SCALE_FLOOR` (1e-6). A tap whose symmetric step ``amax / 127``
+is below it would have its grid coarsened by the floor (and below ``SCALE_FLOOR / 2``
+every value would quantize to 0, relative error 1.0), so :func:`degenerate_taps` keeps its
+layers in float and says why instead. (When the s8 step clears the floor, a floored u8
+step is still no coarser than the s8 one: such a tap is quantized.)
+
+Calibration data that cannot describe real inputs is refused or worked around, never
+quantized silently (:func:`degenerate_taps`, naming the tensor):
+
+* only NaN / Inf values: QuantizationError; NaN / Inf among finite values: a
+  :class:`~rlx.errors.QuantizationWarning` (the range is that of the finite values);
+* a saturating range, ``max |x|`` at or above ``sqrt(f32 max)`` (~1.8e19, e.g. data
+  scaled by 1e30, or the f32 maximum), where the square of a value overflows f32 (a
+  product, a norm): QuantizationError (such a range would quantize every real input to
+  0), and so is a threshold or scale that is not finite;
+* only zeros, or no spread (every finite value within one s8 step ``max |x| / 127`` of the
+  others, e.g. constant data: int8 cannot tell the values apart, and their range says
+  nothing about real inputs; u8 clipped real inputs of the other sign to 0, relative
+  error 0.58 on a one-layer model): kept in float;
+* a step below the scale floor: kept in float (above).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,17 +46,27 @@ from typing import Any
 import numpy as np
 
 from rlx.dtype import DType
-from rlx.errors import QuantizationError
+from rlx.errors import QuantizationError, QuantizationWarning
 from rlx.ir.mir import Graph, NodeId
 from rlx.options import CompileOptions
-from rlx.quant.calibrate import CalibrationMethod
+from rlx.quant.calibrate import SCALE_FLOOR, CalibrationMethod
 from rlx.quant.layers import Layer, tensor_name
 from rlx.quant.record import CalibrationEntry
 
-__all__ = ["TapStats", "calibrate_taps", "act_entry", "degenerate_taps", "ASYM_STEP_RATIO"]
+__all__ = [
+    "TapStats",
+    "calibrate_taps",
+    "act_entry",
+    "degenerate_taps",
+    "ASYM_STEP_RATIO",
+    "SATURATION_LIMIT",
+]
 
 #: u8 is chosen (``asymmetric=None``) when its step is at most this times the s8 step.
 ASYM_STEP_RATIO = 0.9
+#: A calibration range at or above this (``sqrt`` of the f32 maximum, ~1.84e19) saturates:
+#: the square of such a value overflows f32.
+SATURATION_LIMIT = math.sqrt(float(np.finfo(np.float32).max))
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +80,12 @@ class TapStats:
     finite: int
     nonfinite: int
     channel_max_abs: np.ndarray | None = None
+    amax: float = math.nan  # the method's clipping threshold (NaN: unknown, ``scale * 127``)
+
+    @property
+    def threshold(self) -> float:
+        """The method's clipping threshold (``scale * 127`` when not recorded)."""
+        return self.scale * 127.0 if math.isnan(self.amax) else self.amax
 
 
 def session() -> Any:
@@ -90,9 +130,9 @@ def calibrate_taps(
     lo, hi = cal.min_max()
     chans = cal.channel_max_abs()
     stats = [
-        TapStats(float(s), float(m), float(a), float(b), int(f), int(n), c)
-        for s, m, a, b, f, n, c in zip(
-            cal.scales(), cal.max_abs(), lo, hi, finite, nonfinite, chans, strict=True
+        TapStats(float(s), float(m), float(a), float(b), int(f), int(n), c, float(t))
+        for s, m, a, b, f, n, c, t in zip(
+            cal.scales(), cal.max_abs(), lo, hi, finite, nonfinite, chans, cal.amax(), strict=True
         )
     ]
     return stats, cal.batches
@@ -100,8 +140,8 @@ def calibrate_taps(
 
 def act_entry(st: TapStats, asymmetric: bool | None) -> CalibrationEntry:
     """The activation's per-tensor entry: symmetric i8, or u8 with a zero point (see the
-    module docstring for the choice)."""
-    scale = max(st.scale, 1e-12)
+    module docstring for the choice); either step is at least ``SCALE_FLOOR``."""
+    scale = max(st.scale, SCALE_FLOOR)
     sym = CalibrationEntry.per_tensor(scale)
     if asymmetric is False or not np.isfinite(st.lo) or not np.isfinite(st.hi):
         return sym
@@ -110,7 +150,7 @@ def act_entry(st: TapStats, asymmetric: bool | None) -> CalibrationEntry:
     hi = max(min(st.hi, amax), 0.0)
     if not hi - lo > 0:
         return sym
-    s = (hi - lo) / 255.0
+    s = max((hi - lo) / 255.0, SCALE_FLOOR)
     if asymmetric is None and not s <= ASYM_STEP_RATIO * scale:
         return sym
     zp = int(np.clip(np.rint(-lo / s), 0, 255))
@@ -120,9 +160,12 @@ def act_entry(st: TapStats, asymmetric: bool | None) -> CalibrationEntry:
 def degenerate_taps(
     graph: Graph, layers: Sequence[Layer], taps: Sequence[NodeId], stats: Sequence[TapStats]
 ) -> dict[NodeId, str]:
-    """Taps whose calibration gives no usable int8 range, with the reason. Raises
-    QuantizationError for a tap that saw only non-finite values (the data is broken);
-    a tap that saw only zeros (or nothing) is returned: its layers stay in float."""
+    """Taps whose calibration gives no usable int8 range, with the reason (see the module
+    docstring). Raises QuantizationError for a tap that saw only non-finite values, a
+    saturating range or a non-finite threshold (the data is broken); warns
+    (QuantizationWarning) for NaN / Inf among finite values; a tap that saw only zeros,
+    nothing, values without spread, or whose step is below the scale floor is returned:
+    its layers stay in float."""
     out: dict[NodeId, str] = {}
     for t, st in zip(taps, stats, strict=True):
         users = [ly.name for ly in layers if ly.act == t]
@@ -133,10 +176,59 @@ def degenerate_taps(
                 f"({st.nonfinite} NaN/Inf, no finite value), so its int8 range cannot be "
                 f"calibrated; check the calibration data, or exclude={users}"
             )
+        if st.nonfinite > 0:
+            warnings.warn(
+                f"quantize: {what} saw {st.nonfinite} NaN/Inf values among "
+                f"{st.finite + st.nonfinite} during calibration (NaN/Inf in the data, or an "
+                "overflow in the float model); its int8 range is that of the finite values: "
+                "check the calibration data",
+                QuantizationWarning,
+                stacklevel=3,
+            )
         if st.max_abs == 0.0:
             seen = "no value at all" if st.finite == 0 else f"only zeros ({st.finite} values)"
             out[t] = (
                 f"{what} saw {seen} during calibration: no range to calibrate (scale 0), "
                 "so int8 would saturate every real input"
+            )
+            continue
+        if not st.max_abs < SATURATION_LIMIT:
+            raise QuantizationError(
+                f"quantize: {what} saw values up to {st.max_abs:.4g} in magnitude during "
+                f"calibration (range [{st.lo:.4g}, {st.hi:.4g}]): at or above "
+                f"{SATURATION_LIMIT:.3g}, where the square of a value overflows f32, so "
+                "this range cannot describe the inputs of a working f32 model (its int8 "
+                f"step {st.max_abs / 127:.3g} would quantize every ordinary input to 0); "
+                f"check the calibration data, or exclude={users}"
+            )
+        thr = st.threshold
+        if not (math.isfinite(thr) and math.isfinite(st.scale) and thr >= 0):
+            raise QuantizationError(
+                f"quantize: {what} has a non-finite calibration threshold {thr} (scale "
+                f"{st.scale}) with max |x| {st.max_abs:.4g}; check the calibration data, "
+                f"or exclude={users}"
+            )
+        spread = st.hi - st.lo
+        if spread < st.max_abs / 127.0:
+            seen = (
+                f"a single value ({st.lo:.6g})"
+                if spread == 0
+                else f"values within [{st.lo:.6g}, {st.hi:.6g}]"
+            )
+            out[t] = (
+                f"{what} saw {seen} in {st.finite} values during calibration: no spread "
+                f"(less than one int8 step, max |x| / 127 = {st.max_abs / 127:.3g}): int8 "
+                "cannot tell them apart and their range says nothing about real inputs; "
+                "calibrate on real inputs"
+            )
+            continue
+        if thr / 127.0 < SCALE_FLOOR:
+            levels = int(thr / SCALE_FLOOR)
+            out[t] = (
+                f"{what} has calibrated range {thr:.3g} (max |x| {st.max_abs:.3g}): its int8 "
+                f"step {thr / 127.0:.3g} is below the scale floor {SCALE_FLOOR:g}, which would "
+                f"leave it {levels} of 127 levels"
+                + (" (every value would quantize to 0)" if thr < SCALE_FLOOR / 2 else "")
+                + "; scale the tensor up to quantize it"
             )
     return out
