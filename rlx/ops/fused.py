@@ -26,12 +26,11 @@ the result (its primitive ops fuse again when the derivative graph is compiled).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from rlx.errors import ShapeError
-from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.control import build_subgraph, check_subgraph, run_subgraph, subgraph_output_shapes
 from rlx.ops.elementwise import Binary, BinaryKind, Unary, UnaryKind
@@ -47,6 +46,9 @@ __all__ = [
     "FusedResidualLN",
     "ElementwiseRegion",
 ]
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId
 
 Activation = UnaryKind
 """The activations a fused op may apply: any :class:`UnaryKind`."""
@@ -282,6 +284,7 @@ class ElementwiseRegion(Op):
         """The body's reverse pass, built in a sub-graph and inlined on the operands (the
         primitive ops it leaves fuse again when the graph is compiled)."""
         from rlx.autodiff.reverse import backward
+        from rlx.ir.mir import Graph
         from rlx.ops.control import inline
 
         s = Graph(f"{self.body.name}.vjp")
@@ -297,6 +300,7 @@ class ElementwiseRegion(Op):
     def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
         """The body's forward-mode pass, built in a sub-graph and inlined."""
         from rlx.autodiff.forward import forward
+        from rlx.ir.mir import Graph
         from rlx.ops.control import inline
 
         s = Graph(f"{self.body.name}.jvp")
@@ -322,6 +326,8 @@ class ElementwiseRegion(Op):
 def _as(node: Node, op: Op, inputs: tuple[NodeId, ...]) -> Node:
     """The fused ``node`` seen as one link of its chain: ``op`` applied to ``inputs`` with
     the fused output's id and shape (a rule reads ``node.id`` as that link's output)."""
+    from rlx.ir.mir import Node
+
     return Node(node.id, op, inputs, node.shape, node.loc)
 
 
@@ -422,6 +428,8 @@ def elementwise_region(
 ) -> NodeId:
     """One ElementwiseRegion over ``inputs``; ``body`` is a Graph or a function
     ``fn(sub, *input_ids) -> out_id`` that builds it on the inputs' shapes."""
+    from rlx.ir.mir import Graph
+
     if not isinstance(body, Graph):
         body = build_subgraph(f"{g.name}.region", [g.shape(i) for i in inputs], body)
     return g.apply(ElementwiseRegion(body), list(inputs))

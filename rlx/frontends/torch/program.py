@@ -27,8 +27,8 @@ from rlx.frontends.torch.context import NodeCtx, TVal, source_frame, where_from
 from rlx.frontends.torch.dims import SymTable, to_dtype
 from rlx.frontends.torch.errors import TorchImportError, TorchUnsupportedError
 from rlx.ir.mir import Graph
-from rlx.ir.source import SourceLoc
 from rlx.shape import Shape
+from rlx.source import SourceLoc
 
 __all__ = ["unmapped", "convert_program", "to_numpy"]
 

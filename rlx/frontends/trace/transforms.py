@@ -20,12 +20,12 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rlx import source
 from rlx.errors import AutodiffError, TraceError
 from rlx.frontends.trace import pytree
 from rlx.frontends.trace.jit import Jitted
 from rlx.frontends.trace.tracer import Trace, current, lift, tracing
 from rlx.frontends.trace.values import Traced
-from rlx.ir import source
 from rlx.ir.mir import Graph, NodeId
 from rlx.ops.core import Input
 
