@@ -60,7 +60,7 @@ class Traced:
 
     @property
     def shape(self) -> tuple[Dim, ...]:
-        """Dims: ints, or symbolic dims (``rlx.Sym``) for dims declared dynamic."""
+        """Dims: ints, or symbolic dims (``rlx.shape.Sym``) for dims declared dynamic."""
         return self.aval.dims
 
     @property
