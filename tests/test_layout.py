@@ -11,6 +11,8 @@
 2. No module is longer than ``MAX_LINES`` lines.
 3. ``dir(rlx)`` is the curated ``rlx.__all__``, every name in it resolves, and nothing
    else public sits in the module (no ``Any``, ``annotations`` or ``importlib``).
+4. mypy (run by .ci/run) checks the public API modules: none is among the modules whose
+   errors pyproject.toml ignores.
 
 The checkers take a source tree (or a module object), so the tests at the end run them
 on planted violations and check that each one is caught.
@@ -19,6 +21,7 @@ on planted violations and check that each one is caught.
 from __future__ import annotations
 
 import ast
+import tomllib
 import types
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -274,6 +277,42 @@ def surface_problems(mod: types.ModuleType) -> list[str]:
     return problems
 
 
+def public_modules(pkg: types.ModuleType) -> set[str]:
+    """``pkg`` and the modules the names of its ``__all__`` come from: where each is
+    defined, where the package imports it from (its ``_LAZY`` table) and, for a
+    sub-module, the module itself under both its names."""
+    lazy: Mapping[str, str] = getattr(pkg, "_LAZY", {})
+    out = {pkg.__name__}
+    for name in pkg.__all__:
+        obj = getattr(pkg, name)
+        if isinstance(obj, types.ModuleType):
+            out |= {obj.__name__, f"{pkg.__name__}.{name}"}
+            continue
+        out.add(obj.__module__)
+        if name in lazy:
+            out.add(lazy[name])
+    return out
+
+
+def mypy_ignored(module: str, patterns: Sequence[str]) -> bool:
+    """Whether a mypy ``[[tool.mypy.overrides]]`` module pattern matches ``module``
+    (``a.b.*`` matches ``a.b`` and everything under it)."""
+    return any(
+        module == p or (p.endswith(".*") and (module + ".").startswith(p[:-1])) for p in patterns
+    )
+
+
+def ignored_patterns(pyproject: Path) -> list[str]:
+    """The module patterns of the overrides that set ``ignore_errors``."""
+    overrides = tomllib.loads(pyproject.read_text())["tool"]["mypy"].get("overrides", [])
+    out: list[str] = []
+    for o in overrides:
+        if o.get("ignore_errors"):
+            mods = o["module"]
+            out += [mods] if isinstance(mods, str) else list(mods)
+    return out
+
+
 # ---- the rules, on rlx ------------------------------------------------------------
 
 
@@ -313,6 +352,12 @@ def test_known_long_modules_are_still_long() -> None:
 def test_dir_rlx_is_the_curated_all() -> None:
     assert not surface_problems(rlx), surface_problems(rlx)
     assert sorted(dir(rlx)) == sorted(rlx.__all__)
+
+
+def test_public_api_modules_are_type_checked() -> None:
+    patterns = ignored_patterns(ROOT / "pyproject.toml")
+    ignored = sorted(m for m in public_modules(rlx) if mypy_ignored(m, patterns))
+    assert not ignored, f"public API modules whose type errors mypy ignores: {ignored}"
 
 
 # ---- the checkers catch planted violations ----------------------------------------
@@ -451,3 +496,15 @@ def test_planted_surface_problems_are_caught() -> None:
     # a name listed but missing
     broken = _module("pkg", __all__=["one", "two"], one=one, __dir__=lambda: ["one", "two"])
     assert surface_problems(broken) == ["'two' is in __all__ but does not resolve"]
+
+
+def test_planted_mypy_ignore_of_a_public_module_is_caught(tmp_path: Path) -> None:
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(
+        '[tool.mypy]\n[[tool.mypy.overrides]]\nmodule = ["rlx.ir.*", "rlx.viz.svg"]\n'
+        "ignore_errors = true\n"
+    )
+    patterns = ignored_patterns(pyproject)
+    assert "rlx.ir.mir" in public_modules(rlx)
+    assert mypy_ignored("rlx.ir.mir", patterns) and mypy_ignored("rlx.ir", patterns)
+    assert not mypy_ignored("rlx.irx", patterns) and not mypy_ignored("rlx.viz", patterns)

@@ -156,6 +156,7 @@ class FusedSwiGLU(Op):
         a, u = g.matmul(x, wg), g.matmul(x, wu)
         s = g.silu(a)
         da = _act_times(g, UnaryKind.SILU, g.node(s), a, g.mul(ct, u))
+        assert da is not None  # silu has a derivative
         dx1, dwg = MatMul().vjp(g, _as(node, MatMul(), (x, wg)), da)
         dx2, dwu = MatMul().vjp(g, _as(node, MatMul(), (x, wu)), g.mul(ct, s))
         return g.add(dx1, dx2), dwg, dwu
@@ -292,7 +293,7 @@ class ElementwiseRegion(Op):
         out = inline(s, self.body, {f"in{k}": i for k, i in enumerate(ins)})[0]
         grads = backward(s, {out: s.input("ct", s.shape(out))}, ins)
         have = [k for k, c in enumerate(grads) if c is not None]
-        s.set_outputs([grads[k] for k in have])
+        s.set_outputs([c for c in grads if c is not None])
         feeds = {f"in{k}": i for k, i in enumerate(node.inputs)} | {"ct": ct}
         got = dict(zip(have, inline(g, s, feeds), strict=True))
         return tuple(got.get(k) for k in range(len(node.inputs)))
@@ -306,14 +307,14 @@ class ElementwiseRegion(Op):
         s = Graph(f"{self.body.name}.jvp")
         ins = [s.input(f"in{k}", g.shape(i)) for k, i in enumerate(node.inputs)]
         out = inline(s, self.body, {f"in{k}": i for k, i in enumerate(ins)})[0]
-        have = [k for k, t in enumerate(tangents) if t is not None]
-        seeds = {ins[k]: s.input(f"t{k}", g.shape(tangents[k])) for k in have}
+        given = {k: t for k, t in enumerate(tangents) if t is not None}
+        seeds = {ins[k]: s.input(f"t{k}", g.shape(t)) for k, t in given.items()}
         tan = forward(s, seeds, [out])[out]
         if tan is None:
             return None
         s.set_outputs([tan])
         feeds = {f"in{k}": i for k, i in enumerate(node.inputs)}
-        feeds |= {f"t{k}": tangents[k] for k in have}
+        feeds |= {f"t{k}": t for k, t in given.items()}
         return inline(g, s, feeds)[0]
 
     def attrs_str(self) -> str:
@@ -356,6 +357,7 @@ def _residual_vjp(norm: Op, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | 
     x, r = node.inputs[:2]
     h = g.add(x, r)
     dh, *rest = norm.vjp(g, _as(node, norm, (h, *node.inputs[2:])), ct)
+    assert dh is not None  # a norm's input always has a cotangent
     return (unbroadcast(g, dh, x), unbroadcast(g, dh, r), *rest)
 
 

@@ -44,7 +44,10 @@ class _Sub:
         t = current()
         assert t is not None
         names = _arg_names(fn, len(args))
-        trees, leaves, paths, owners = [], [], [], []
+        trees: list[Any] = []
+        leaves: list[Any] = []
+        paths: list[str] = []
+        owners: list[int] = []
         for k, (a, name) in enumerate(zip(args, names)):
             n0 = len(leaves)
             _, tree = pytree.flatten(a, leaves)
