@@ -1,4 +1,5 @@
-"""Coverage-guided fuzzing of ``rlx.loads`` with atheris (libFuzzer for Python).
+"""Coverage-guided fuzzing of ``rlx.ir.serialize.loads`` with atheris (libFuzzer for
+Python).
 
 In: byte strings from libFuzzer. Out: nothing, or a crash report (and the input that
 caused it, saved by libFuzzer as ``crash-<sha1>``) when ``loads``

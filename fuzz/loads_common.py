@@ -1,6 +1,6 @@
-"""What the two fuzzers of ``rlx.loads`` share (``fuzz/fuzz_loads.py``, the atheris harness,
-and ``tests/ir/test_serialize_fuzz.py``, the seeded test): the file's framing and running
-what loads.
+"""What the two fuzzers of ``rlx.ir.serialize.loads`` share (``fuzz/fuzz_loads.py``, the
+atheris harness, and ``tests/ir/test_serialize_fuzz.py``, the seeded test): the file's
+framing and running what loads.
 
 In: a graph file's bytes (split into header text and blobs, framed again with the right
 lengths and sha256), a header's JSON tree (the paths to its values), or a loaded graph and

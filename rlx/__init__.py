@@ -3,73 +3,77 @@
 Build a graph (``rlx.Graph``) or a HIR module (``rlx.GraphModule.define``), evaluate it
 with the reference interpreter (``graph.evaluate``), compile it with
 ``rlx.Session("cpu").compile(graph)`` and run it.
+
+The public surface is ``__all__`` (``dir(rlx)`` shows exactly it; docs/api.md says what
+each name is). Everything else is reachable by its module path: ``rlx.ir.lir.BufferPlan``,
+``rlx.quant.calibrate.Calibrator``, ``rlx.ops.nn.MaskKind``.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
+import importlib as _importlib
 
 from rlx import ops as _ops  # noqa: F401  (registers the built-in ops)
-from rlx.dtype import DType, promote
+from rlx.dtype import DType
 from rlx.errors import RlxError
-from rlx.ir.mir import Graph, Node
-from rlx.shape import Shape, Sym, sym
+from rlx.ir.mir import Graph
+from rlx.shape import Shape, sym
 
 __version__ = "0.1.0"
+
+__all__ = [
+    # build a model
+    "Graph",
+    "GraphModule",
+    "Shape",
+    "DType",
+    "sym",
+    "Activation",
+    "register_custom_op",
+    # compile and run it
+    "Session",
+    "CompiledGraph",
+    "CompileOptions",
+    "PrecisionPolicy",
+    # keep it
+    "save",
+    "load",
+    # quantize it
+    "quantize",
+    # trace Python functions
+    "jit",
+    "cond",
+    "while_loop",
+    "scan",
+    "freeze",
+    "numpy",
+    "nn",
+    # transform them
+    "grad",
+    "value_and_grad",
+    "vjp",
+    "jvp",
+    "hvp",
+    "vmap",
+    # import models
+    "onnx",
+    "gguf",
+    "from_torch",
+    # errors and the environment
+    "RlxError",
+    "info",
+]
 
 # Public names that live in heavier modules, imported on first use.
 _LAZY: dict[str, str] = {
     "GraphModule": "rlx.ir.module",
-    "GraphStage": "rlx.ir.module",
-    "HirModule": "rlx.ir.hir",
-    "FusionPolicy": "rlx.ir.hir",
     "Activation": "rlx.ops.fused",
-    "LirModule": "rlx.ir.lir",
-    "BufferPlan": "rlx.ir.lir",
-    "save": "rlx.ir.serialize",
-    "load": "rlx.ir.serialize",
+    "register_custom_op": "rlx.ops.custom",
     "Session": "rlx.runtime.session",
     "CompiledGraph": "rlx.runtime.compiled",
     "CompileOptions": "rlx.options",
-    "Calibrator": "rlx.quant.calibrate",
-    "CompilePipeline": "rlx.passes.pipeline",
     "PrecisionPolicy": "rlx.passes.precision",
+    "save": "rlx.ir.serialize",
+    "load": "rlx.ir.serialize",
     "quantize": "rlx.quant.api",
-    "MaskKind": "rlx.ops.nn",
-    "QuantScheme": "rlx.ops.quant",
-    "register_custom_op": "rlx.ops.custom",
-    "MaskType": "rlx.ops.nn",
-    "PoolKind": "rlx.ops.nn",
-    "FftKind": "rlx.ops.fft",
-    "FftNorm": "rlx.ops.fft",
-    "ReduceKind": "rlx.ops.reduce",
-    "UnaryKind": "rlx.ops.elementwise",
-    "BinaryKind": "rlx.ops.elementwise",
-    "CompareKind": "rlx.ops.elementwise",
-    "dumps": "rlx.ir.serialize",
-    "loads": "rlx.ir.serialize",
-    "BufferSlot": "rlx.ir.lir",
-    "PlanStrategy": "rlx.ir.lir",
-    "plan_memory": "rlx.backends.cpu.planner",
-    "check_plan": "rlx.backends.cpu.plancheck",
-    "Precision": "rlx.passes.precision",
-    "FusionReport": "rlx.passes.report",
-    "PercentileCalibrator": "rlx.quant.calibrate",
-    "EntropyCalibrator": "rlx.quant.calibrate",
-    "CalibrationMethod": "rlx.quant.calibrate",
-    "calibrate": "rlx.quant.calibrate",
-    "compile_cache_info": "rlx.runtime.session",
-    "clear_compile_cache": "rlx.runtime.session",
-    "native_cache_info": "rlx.backends.cpu.native",
-    "clear_native_cache": "rlx.backends.cpu.native",
-    "Report": "rlx.backends.cpu.report",
-    "KernelKind": "rlx.backends.cpu.kernels",
-    "QuantizeResult": "rlx.quant.api",
-    "AccuracyReport": "rlx.quant.report",
-    "QuantLowering": "rlx.quant.lower",
-    "info": "rlx.info",
-    "from_torch": "rlx.frontends.torch.export",
     "jit": "rlx.frontends.trace",
     "cond": "rlx.frontends.trace",
     "while_loop": "rlx.frontends.trace",
@@ -81,25 +85,35 @@ _LAZY: dict[str, str] = {
     "jvp": "rlx.autodiff",
     "hvp": "rlx.autodiff",
     "vmap": "rlx.autodiff",
+    "from_torch": "rlx.frontends.torch.export",
+    "info": "rlx.info",
 }
 # Public sub-modules imported on first use: ``rlx.numpy`` and ``rlx.nn`` (the tracing
 # front end), ``rlx.onnx`` and ``rlx.gguf`` (the importers, aliases of rlx.frontends.*;
 # a ModelError names the extra when it is missing). Each is a real module, so
 # ``import rlx.onnx`` works as well as the attribute.
-_LAZY_MODULES = ("numpy", "nn", "onnx", "gguf")
+_MODULES = ("numpy", "nn", "onnx", "gguf")
+# Names that left the public surface and that code written against it still reads: they
+# resolve (from their module, not cached here) but are not in __all__ or dir(rlx).
+_MOVED: dict[str, str] = {
+    "MaskKind": "rlx.ops.nn",
+    "native_cache_info": "rlx.backends.cpu.native",
+    "clear_native_cache": "rlx.backends.cpu.native",
+}
 
-__all__ = ["DType", "Graph", "Node", "RlxError", "Shape", "Sym", "promote", "sym", *_LAZY]
-__all__ += list(_LAZY_MODULES)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY_MODULES:
-        value = importlib.import_module(f"rlx.{name}")
-        globals()[name] = value
-        return value
-    mod = _LAZY.get(name)
-    if mod is None:
+def __getattr__(name: str) -> object:
+    if name in _MODULES:
+        value: object = _importlib.import_module(f"rlx.{name}")
+    elif name in _LAZY:
+        value = getattr(_importlib.import_module(_LAZY[name]), name)
+    elif name in _MOVED:
+        return getattr(_importlib.import_module(_MOVED[name]), name)
+    else:
         raise AttributeError(f"module 'rlx' has no attribute {name!r}")
-    value = getattr(importlib.import_module(mod), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return list(__all__)

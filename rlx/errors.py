@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rlx.ir.source import SourceLoc
+    from rlx.source import SourceLoc
 
 __all__ = [
     "RlxError",

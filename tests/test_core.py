@@ -5,20 +5,21 @@ from hypothesis.extra import numpy as hnp
 
 import rlx
 from rlx import DType, Shape, sym
+from rlx.dtype import promote
 from rlx.errors import DTypeError, InputError, ShapeError, VerifyError
 from rlx.shape import broadcast_dims
 
 
 def test_promotion_lattice():
     D = DType
-    assert rlx.promote(D.I8, D.U8) is D.I16
-    assert rlx.promote(D.U32, D.I32) is D.I64
-    assert rlx.promote(D.F16, D.BF16) is D.F32
-    assert rlx.promote(D.I32, D.F16) is D.F16
-    assert rlx.promote(D.BOOL, D.F32) is D.F32
-    assert rlx.promote(D.F64, D.C64) is D.C64
+    assert promote(D.I8, D.U8) is D.I16
+    assert promote(D.U32, D.I32) is D.I64
+    assert promote(D.F16, D.BF16) is D.F32
+    assert promote(D.I32, D.F16) is D.F16
+    assert promote(D.BOOL, D.F32) is D.F32
+    assert promote(D.F64, D.C64) is D.C64
     with pytest.raises(DTypeError):
-        rlx.promote(D.F8E4M3, D.F32)
+        promote(D.F8E4M3, D.F32)
 
 
 @pytest.mark.parametrize("d", list(DType))

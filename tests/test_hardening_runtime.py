@@ -17,6 +17,7 @@ import rlx
 from rlx import config
 from rlx.errors import CompileError, ConfigError
 from rlx.quant.calibrate import StreamingHistogram
+from rlx.runtime.session import clear_compile_cache
 
 
 def _tanh_mlp() -> tuple[rlx.Graph, np.ndarray]:
@@ -59,7 +60,7 @@ def test_one_compiled_graph_shared_by_8_threads_gives_each_its_own_result():
 
 def test_compile_cache_from_several_threads():
     g, w = _tanh_mlp()
-    rlx.clear_compile_cache()
+    clear_compile_cache()
     results: list[bool] = []
 
     def worker() -> None:

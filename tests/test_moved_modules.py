@@ -16,7 +16,11 @@ MOVED = {
     "rlx.train.losses": "rlx.ops.compose.losses",
     "rlx.quant.schemes": "rlx.formats.schemes",
     "rlx.autodiff.rules": "rlx.ops.rules",
+    "rlx.ir.source": "rlx.source",
 }
+# old-path imports still inside rlx, in files another change is editing (each entry goes
+# when that file imports the new path; tests/test_layout.py lists them too)
+NOT_YET = {"ops/compose/fft.py:32"}
 
 
 @pytest.mark.parametrize("old,new", sorted(MOVED.items()))
@@ -33,7 +37,7 @@ def test_rlx_does_not_import_old_paths() -> None:
     pattern = re.compile(
         "|".join(rf"\b{re.escape(o)}\b" for o in MOVED)
         + r"|from rlx\.(runtime import options|train import losses|quant import schemes"
-        r"|autodiff import rules)\b"
+        r"|autodiff import rules|ir import source)\b"
     )
     hits = [
         f"{p.relative_to(root)}:{i}"
@@ -42,4 +46,4 @@ def test_rlx_does_not_import_old_paths() -> None:
         for i, line in enumerate(p.read_text().splitlines(), 1)
         if pattern.search(line) and line.lstrip().startswith(("from ", "import "))
     ]
-    assert not hits, f"old module paths imported inside rlx: {hits}"
+    assert not set(hits) - NOT_YET, f"old module paths imported inside rlx: {hits}"

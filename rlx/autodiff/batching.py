@@ -105,8 +105,7 @@ def vmap(
             continue
         node = graph.nodes[nid]
         op = node.op
-        if isinstance(op, (Input, Param)) and axes.get(op.name) is not None:
-            a = axes[op.name]
+        if isinstance(op, (Input, Param)) and (a := axes.get(op.name)) is not None:
             shape = _with_batch(node.shape, a, b)
             new = dataclasses.replace(op, shape=shape)  # type: ignore[type-var]
             env[nid] = (g.add_node(new, (), shape, node.loc), a)

@@ -41,8 +41,9 @@ def numeric_directional(
     values: Mapping[str, np.ndarray],
     direction: Mapping[str, np.ndarray],
     eps: float = 1e-6,
-) -> list[np.ndarray]:
-    """``(f(x + eps v) - f(x - eps v)) / (2 eps)`` for every output of ``graph``."""
+) -> list[np.ndarray | None]:
+    """``(f(x + eps v) - f(x - eps v)) / (2 eps)`` for every output of ``graph`` (None for
+    an output that is not float)."""
     plus = dict(values)
     minus = dict(values)
     for k, v in direction.items():

@@ -34,5 +34,5 @@ def hvp(
     grads = list(g.outputs[1:])
     seeds = seed_inputs(g, ids, "v_")
     tans = forward(g, seeds, grads)
-    g.set_outputs([zeros(g, w) if tans[d] is None else tans[d] for d, w in zip(grads, ids)])
+    g.set_outputs([zeros(g, w) if (t := tans[d]) is None else t for d, w in zip(grads, ids)])
     return g.verify()

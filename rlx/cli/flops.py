@@ -61,9 +61,9 @@ def _node_flops(graph: Graph, n: Node, b: Mapping[str, int]) -> int:
         k, nn, r = x[-1], w[-1], a[-1]
         return 2 * rows * (k * nn + k * r + r * nn)
     if name == "attention":
-        q, k = _dims(graph, n.inputs[0], b), _dims(graph, n.inputs[1], b)
+        q, kv = _dims(graph, n.inputs[0], b), _dims(graph, n.inputs[1], b)
         h, d = n.op.num_heads, n.op.head_dim  # type: ignore[attr-defined]
-        return 4 * q[0] * h * q[1] * k[1] * d
+        return 4 * q[0] * h * q[1] * kv[1] * d
     return 0
 
 

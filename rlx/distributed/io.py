@@ -142,9 +142,10 @@ def read_unit(unit: dict[str, Any], text_column: str = "text") -> dict[str, list
                         obj = json.loads(text)
                     except json.JSONDecodeError as e:
                         raise InputError(f"{source} line {i + 1}: not JSON ({e.msg})") from None
-                    text = _text_of(obj, text_column, f"{source} line {i + 1}")
-                    if not text:
+                    got = _text_of(obj, text_column, f"{source} line {i + 1}")
+                    if not got:
                         continue
+                    text = got
                 rows.append(i)
                 texts.append(text)
     return {"source": [source] * len(rows), "row": rows, "text": texts}

@@ -15,9 +15,9 @@ import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from rlx import source
 from rlx.dtype import DType
 from rlx.errors import RlxError, ShapeError
-from rlx.ir import source
 from rlx.ir.hir_blocks import (
     AttentionBlock,
     ConstantBlock,

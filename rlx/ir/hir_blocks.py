@@ -17,7 +17,7 @@ from rlx.ops.elementwise import UnaryKind
 from rlx.shape import Shape
 
 if TYPE_CHECKING:
-    from rlx.ir.source import SourceLoc
+    from rlx.source import SourceLoc
 
 __all__ = [
     "FusionPolicy",

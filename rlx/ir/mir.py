@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rlx import source
 from rlx.dtype import DType
 from rlx.errors import RlxError, ShapeError, VerifyError
-from rlx.ir import source
-from rlx.ir.source import SourceLoc
 from rlx.ops.base import Op
 from rlx.shape import Shape, Sym, check_bounds
+from rlx.source import SourceLoc
 
 __all__ = ["Node", "Graph", "NodeId", "op_name"]
 

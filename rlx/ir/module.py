@@ -187,7 +187,7 @@ class GraphModule:
     @property
     def name(self) -> str:
         v = self._value
-        return v.graph.name if self.stage is GraphStage.LIR else v.name
+        return v.name if isinstance(v, HirModule | Graph) else v.graph.name
 
     @property
     def fusion_policy(self) -> FusionPolicy | None:
@@ -303,12 +303,12 @@ class GraphModule:
 
     def __len__(self) -> int:
         v = self._value
-        return len(v.graph) if self.stage is GraphStage.LIR else len(v)
+        return len(v) if isinstance(v, HirModule | Graph) else len(v.graph)
 
     def inspect(self) -> str:
         """HIR listing at HIR, the graph listing at MIR, the plan-annotated listing at LIR."""
         v = self._value
-        if self.stage is not GraphStage.LIR:
+        if isinstance(v, HirModule | Graph):  # not LIR stage
             return v.inspect()
         own = getattr(v, "inspect", None)
         if callable(own):

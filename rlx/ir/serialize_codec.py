@@ -44,9 +44,9 @@ from rlx.dtype import DType
 from rlx.errors import InputError, RlxError, SerializationError
 from rlx.ir.mir import Graph
 from rlx.ir.serialize_validate import check_fields
-from rlx.ir.source import SourceLoc
 from rlx.ops.base import OPS
 from rlx.shape import Shape, Sym, check_bounds
+from rlx.source import SourceLoc
 
 __all__ = ["Encoder", "decode", "known_classes", "nesting_depth", "ALIGN", "MAX_NESTING"]
 

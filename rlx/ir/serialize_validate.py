@@ -23,10 +23,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlx.errors import SerializationError
+from rlx.ir.mir import Graph, Node, NodeId
 
 __all__ = ["check_fields", "conforms", "describe"]
 
 _HINTS: dict[type, dict[str, Any]] = {}
+# the IR names op modules import for type checking only (ops sit below the IR): an op's
+# sub-graph field (``body: Graph``) resolves to the class all the same
+_IR_NAMES: dict[str, Any] = {"Graph": Graph, "Node": Node, "NodeId": NodeId}
 
 
 def _field_hints(cls: type) -> dict[str, Any]:
@@ -36,10 +40,10 @@ def _field_hints(cls: type) -> dict[str, Any]:
     if hints is not None:
         return hints
     try:
-        resolved = typing.get_type_hints(cls)
+        resolved = typing.get_type_hints(cls, localns=_IR_NAMES)
     except Exception:  # an annotation names something only a type checker sees
         resolved = {}
-        ns = vars(sys.modules.get(cls.__module__, typing))
+        ns = {**vars(sys.modules.get(cls.__module__, typing)), **_IR_NAMES}
         for f in dataclasses.fields(cls):
             try:
                 resolved[f.name] = (

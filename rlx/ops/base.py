@@ -169,7 +169,7 @@ def register(cls: T) -> T:
         if getattr(cls, facet) is getattr(Op, facet):
             raise TypeError(f"op {name} lacks its {facet}() facet")
     dc = dataclass(frozen=True, slots=True, eq=True)(cls)
-    facets = sorted({f.name for f in fields(dc)} & _CLASS_FACETS)
+    facets = sorted({f.name for f in fields(dc)} & _CLASS_FACETS)  # type: ignore[arg-type]
     if facets:
         raise TypeError(
             f"op {name}: {', '.join(facets)} became dataclass fields; annotate them "

@@ -34,13 +34,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from rlx.dtype import DType
 from rlx.errors import InputError, ShapeError
-from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.shape import Dim, Shape, Sym
 
@@ -54,13 +53,19 @@ __all__ = [
     "subgraph_output_shapes",
 ]
 
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId
+
+    SubgraphFn = Callable[..., NodeId | Sequence[NodeId]]
+
 _IN_NAME = re.compile(r"in(0|[1-9][0-9]*)")
-SubgraphFn = Callable[..., NodeId | Sequence[NodeId]]
 
 
 def build_subgraph(name: str, shapes: Sequence[Shape], fn: SubgraphFn) -> Graph:
     """A sub-graph with Inputs ``in0..inN`` of ``shapes``, built by ``fn(g, *input_ids)``,
     which returns the output node id (or a sequence of them)."""
+    from rlx.ir.mir import Graph
+
     g = Graph(name)
     ids = [g.input(f"in{k}", s) for k, s in enumerate(shapes)]
     outs = fn(g, *ids)
@@ -71,6 +76,7 @@ def build_subgraph(name: str, shapes: Sequence[Shape], fn: SubgraphFn) -> Graph:
 def check_subgraph(op: Op, sub: Graph, role: str, shapes: Sequence[Shape]) -> None:
     """Check that ``sub`` reads operands of ``shapes`` through Inputs named ``in<k>``, has no
     Params and declares outputs; ShapeError naming ``op`` and ``role`` otherwise."""
+    from rlx.ir.mir import Graph
     from rlx.ops.core import Input, Param
 
     expect(isinstance(sub, Graph), op, f"{role} must be a Graph, got {type(sub).__name__}")
@@ -211,6 +217,8 @@ class If(Op):
 
     def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
         # one If per operand over (pred, *operands, ct), its branches each branch's vjp
+        from rlx.ir.mir import Graph
+
         pred, *ops = node.inputs
         shapes = [g.shape(o) for o in ops]
         diff = _floats(shapes)
@@ -226,6 +234,8 @@ class If(Op):
         return (None, *(grads.get(k) for k in range(len(ops))))
 
     def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
+        from rlx.ir.mir import Graph
+
         pred, *ops = node.inputs
         shapes = [g.shape(o) for o in ops]
         have = [k for k, t in enumerate(tangents[1:]) if t is not None]
@@ -376,6 +386,7 @@ class Scan(Op):
         """A reverse scan over the stored per-step input carries (one forward scan stacks
         them) whose body is the vjp of ``body``: carries are the carry cotangents, its ys
         the cotangents of the xs."""
+        from rlx.ir.mir import Graph
         from rlx.ops.rules import zeros
 
         nc, o = self.num_carry, self.output_index
@@ -411,6 +422,7 @@ class Scan(Op):
 
     def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
         """One scan whose carries and ys gain their tangents (the body's jvp)."""
+        from rlx.ir.mir import Graph
         from rlx.ops.grad_util import zeros_or
 
         nc, o = self.num_carry, self.output_index
@@ -447,6 +459,8 @@ class Scan(Op):
 
 
 def _sub(g: Graph, role: str, branch: Graph | SubgraphFn, shapes: Sequence[Shape]) -> Graph:
+    from rlx.ir.mir import Graph
+
     if isinstance(branch, Graph):
         return branch
     if not callable(branch):

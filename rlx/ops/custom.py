@@ -28,12 +28,11 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from rlx.errors import AutodiffError, RlxError, ShapeError
-from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.control import check_subgraph, inline, run_subgraph, subgraph_output_shapes
 from rlx.ops.grad_util import zeros_or
@@ -50,10 +49,15 @@ __all__ = [
     "CustomFn",
 ]
 
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId
+
+    VjpFn = Callable[[Graph, Node, NodeId], Sequence[NodeId | None]]
+    JvpFn = Callable[[Graph, Node, tuple[NodeId | None, ...]], NodeId | None]
+    BodyFn = Callable[..., NodeId | Sequence[NodeId]]
+
 InferFn = Callable[[tuple[Shape, ...], Mapping[str, Any]], Shape]
 ReferenceFn = Callable[[Sequence[np.ndarray], Mapping[str, Any], RefCtx], np.ndarray]
-VjpFn = Callable[[Graph, Node, NodeId], Sequence[NodeId | None]]
-JvpFn = Callable[[Graph, Node, tuple[NodeId | None, ...]], NodeId | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +263,7 @@ def _check_rule_body(
     """Check a differentiation-rule body: it reads operand ``k`` as Input ``in<k>`` and
     the values in ``special`` by name (those in ``required`` must be read), holds no
     Params and returns ``outputs``. ShapeError naming ``op``, ``role`` and the culprit."""
+    from rlx.ir.mir import Graph
     from rlx.ops.core import Input, Param
 
     if sub is None:
@@ -410,13 +415,12 @@ def _in_feeds(ids: Sequence[NodeId]) -> dict[str, NodeId]:
     return {f"in{k}": i for k, i in enumerate(ids)}
 
 
-BodyFn = Callable[..., NodeId | Sequence[NodeId]]
-
-
 def _body(
     role: str, body: Graph | BodyFn | None, shapes: Sequence[Shape], names: Sequence[str]
 ) -> Graph | None:
     """A body given as a Graph, or built by ``body(g, *input_ids)`` over Inputs ``names``."""
+    from rlx.ir.mir import Graph
+
     if body is None or isinstance(body, Graph):
         return body
     if not callable(body):

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from rlx import source
 from rlx.dtype import DType
 from rlx.errors import ShapeError
-from rlx.ir import source
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import Cast
 from rlx.shape import Dim, Shape

@@ -26,12 +26,11 @@ the result (its primitive ops fuse again when the derivative graph is compiled).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from rlx.errors import ShapeError
-from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.control import build_subgraph, check_subgraph, run_subgraph, subgraph_output_shapes
 from rlx.ops.elementwise import Binary, BinaryKind, Unary, UnaryKind
@@ -47,6 +46,9 @@ __all__ = [
     "FusedResidualLN",
     "ElementwiseRegion",
 ]
+
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId
 
 Activation = UnaryKind
 """The activations a fused op may apply: any :class:`UnaryKind`."""
@@ -154,6 +156,7 @@ class FusedSwiGLU(Op):
         a, u = g.matmul(x, wg), g.matmul(x, wu)
         s = g.silu(a)
         da = _act_times(g, UnaryKind.SILU, g.node(s), a, g.mul(ct, u))
+        assert da is not None  # silu has a derivative
         dx1, dwg = MatMul().vjp(g, _as(node, MatMul(), (x, wg)), da)
         dx2, dwu = MatMul().vjp(g, _as(node, MatMul(), (x, wu)), g.mul(ct, s))
         return g.add(dx1, dx2), dwg, dwu
@@ -282,6 +285,7 @@ class ElementwiseRegion(Op):
         """The body's reverse pass, built in a sub-graph and inlined on the operands (the
         primitive ops it leaves fuse again when the graph is compiled)."""
         from rlx.autodiff.reverse import backward
+        from rlx.ir.mir import Graph
         from rlx.ops.control import inline
 
         s = Graph(f"{self.body.name}.vjp")
@@ -289,7 +293,7 @@ class ElementwiseRegion(Op):
         out = inline(s, self.body, {f"in{k}": i for k, i in enumerate(ins)})[0]
         grads = backward(s, {out: s.input("ct", s.shape(out))}, ins)
         have = [k for k, c in enumerate(grads) if c is not None]
-        s.set_outputs([grads[k] for k in have])
+        s.set_outputs([c for c in grads if c is not None])
         feeds = {f"in{k}": i for k, i in enumerate(node.inputs)} | {"ct": ct}
         got = dict(zip(have, inline(g, s, feeds), strict=True))
         return tuple(got.get(k) for k in range(len(node.inputs)))
@@ -297,19 +301,20 @@ class ElementwiseRegion(Op):
     def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
         """The body's forward-mode pass, built in a sub-graph and inlined."""
         from rlx.autodiff.forward import forward
+        from rlx.ir.mir import Graph
         from rlx.ops.control import inline
 
         s = Graph(f"{self.body.name}.jvp")
         ins = [s.input(f"in{k}", g.shape(i)) for k, i in enumerate(node.inputs)]
         out = inline(s, self.body, {f"in{k}": i for k, i in enumerate(ins)})[0]
-        have = [k for k, t in enumerate(tangents) if t is not None]
-        seeds = {ins[k]: s.input(f"t{k}", g.shape(tangents[k])) for k in have}
+        given = {k: t for k, t in enumerate(tangents) if t is not None}
+        seeds = {ins[k]: s.input(f"t{k}", g.shape(t)) for k, t in given.items()}
         tan = forward(s, seeds, [out])[out]
         if tan is None:
             return None
         s.set_outputs([tan])
         feeds = {f"in{k}": i for k, i in enumerate(node.inputs)}
-        feeds |= {f"t{k}": tangents[k] for k in have}
+        feeds |= {f"t{k}": t for k, t in given.items()}
         return inline(g, s, feeds)[0]
 
     def attrs_str(self) -> str:
@@ -322,6 +327,8 @@ class ElementwiseRegion(Op):
 def _as(node: Node, op: Op, inputs: tuple[NodeId, ...]) -> Node:
     """The fused ``node`` seen as one link of its chain: ``op`` applied to ``inputs`` with
     the fused output's id and shape (a rule reads ``node.id`` as that link's output)."""
+    from rlx.ir.mir import Node
+
     return Node(node.id, op, inputs, node.shape, node.loc)
 
 
@@ -350,6 +357,7 @@ def _residual_vjp(norm: Op, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | 
     x, r = node.inputs[:2]
     h = g.add(x, r)
     dh, *rest = norm.vjp(g, _as(node, norm, (h, *node.inputs[2:])), ct)
+    assert dh is not None  # a norm's input always has a cotangent
     return (unbroadcast(g, dh, x), unbroadcast(g, dh, r), *rest)
 
 
@@ -422,6 +430,8 @@ def elementwise_region(
 ) -> NodeId:
     """One ElementwiseRegion over ``inputs``; ``body`` is a Graph or a function
     ``fn(sub, *input_ids) -> out_id`` that builds it on the inputs' shapes."""
+    from rlx.ir.mir import Graph
+
     if not isinstance(body, Graph):
         body = build_subgraph(f"{g.name}.region", [g.shape(i) for i in inputs], body)
     return g.apply(ElementwiseRegion(body), list(inputs))

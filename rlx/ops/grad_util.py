@@ -17,6 +17,7 @@ import numpy as np
 from rlx.errors import AutodiffError
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import BinaryKind, _wide
+from rlx.ops.movement_checks import check_index_range
 from rlx.ops.rules import moveaxis, zeros
 from rlx.shape import Dim, Shape
 
@@ -63,11 +64,9 @@ class GatherBackward(Op):
         return Shape(d, ct.dtype)
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
-        from rlx.ops.movement import _check_index_range
-
         ct, idx = xs
         out = np.zeros(ctx.out_dims, _wide(ct).dtype)
-        i64 = _check_index_range(self, idx, out.shape[self.axis], self.axis)
+        i64 = check_index_range(self, idx, out.shape[self.axis], self.axis)
         np.add.at(out, (slice(None),) * self.axis + (i64,), _wide(ct))
         return out.astype(ctx.out_dtype)
 

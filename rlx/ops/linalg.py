@@ -11,7 +11,8 @@ only itself).
 
 Derivatives: matmul's cotangents are dot_generals contracting the other operand's
 transposed axes in place (no transposed copy; broadcast batch dims summed), the solves'
-are solves with ``A^T`` (``dA = -db x^T``).
+are solves with ``A^T`` (``dA = -db x^T``). The graph builders (``g.matmul``,
+``g.linear``...) are in ``linalg_builders.py``.
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from rlx.errors import InputError, ShapeError
-from rlx.ir import source
-from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
-from rlx.ops.elementwise import Binary, BinaryKind
+from rlx.ops.base import Op, OpKind, RefCtx, expect, register
 from rlx.ops.grad_util import batch_size, front
 from rlx.ops.rules import add_any, scalar, unbroadcast, zeros
 from rlx.shape import Dim, Shape, broadcast_dims
@@ -570,67 +569,5 @@ def _solve_jvp(g: Graph, node: Node, tangents: tuple) -> NodeId | None:
     return None if rhs is None else g.dense_solve(a, rhs)
 
 
-# ---- builder conveniences ---------------------------------------------------------
-
-
-@graph_method
-def matmul(g: Graph, a: NodeId, b: NodeId) -> NodeId:
-    """``a @ b`` with ``np.matmul`` semantics (batched, broadcast); equal dtypes."""
-    return g.apply(MatMul(), [a, b])
-
-
-@graph_method
-def dot_general(
-    g: Graph,
-    a: NodeId,
-    b: NodeId,
-    contract: tuple[Sequence[int], Sequence[int]],
-    batch: tuple[Sequence[int], Sequence[int]] = ((), ()),
-) -> NodeId:
-    """``lax.dot_general(a, b, (contract, batch))``; negative axes are normalised."""
-    ra, rb = g.node(a).shape.rank, g.node(b).shape.rank
-
-    def norm(axes: Sequence[int], rank: int) -> tuple[int, ...]:
-        return tuple(int(x) % rank if -rank <= int(x) < rank else int(x) for x in axes)
-
-    op = DotGeneral(
-        norm(contract[0], ra), norm(contract[1], rb), norm(batch[0], ra), norm(batch[1], rb)
-    )
-    return g.apply(op, [a, b])
-
-
-@graph_method
-def linear(g: Graph, x: NodeId, w: NodeId, b: NodeId | None = None) -> NodeId:
-    """``x @ w (+ b)`` with ``w`` stored [in, out] and ``b`` [out]; x is [..., in]."""
-    ws = g.node(w).shape
-    if ws.rank != 2:
-        raise ShapeError(f"linear: weight %{w} must be [in, out], got {ws}", loc=source.capture())
-    if b is not None and g.node(b).shape.dims != (ws.dims[1],):
-        raise ShapeError(
-            f"linear: bias %{b} must be [{ws.dims[1]}] for weight {ws}, got {g.node(b).shape}",
-            loc=source.capture(),
-        )
-    y = g.apply(MatMul(), [x, w])
-    if b is None:
-        return y
-    return g.apply(Binary(BinaryKind.ADD), [y, b])
-
-
-@graph_method
-def dense_solve(g: Graph, a: NodeId, b: NodeId) -> NodeId:
-    """``x`` with ``A x = b``: :class:`DenseSolve` for ``A [N, N]``,
-    :class:`BatchedDenseSolve` for ``A [*batch, N, N]``."""
-    op: Op = DenseSolve() if g.shape(a).rank == 2 else BatchedDenseSolve()
-    return g.apply(op, [a, b])
-
-
-@graph_method
-def grouped_matmul(g: Graph, x: NodeId, weight: NodeId, expert_idx: NodeId) -> NodeId:
-    """``out[i] = x[i] @ weight[expert_idx[i]]`` (see :class:`GroupedMatMul`)."""
-    return g.apply(GroupedMatMul(), [x, weight, expert_idx])
-
-
-@graph_method
-def lora_matmul(g: Graph, x: NodeId, w: NodeId, a: NodeId, b: NodeId, scale: float = 1.0) -> NodeId:
-    """``x @ w + scale * (x @ a) @ b`` (see :class:`LoraMatMul`)."""
-    return g.apply(LoraMatMul(float(scale)), [x, w, a, b])
+# the graph builders (g.matmul, g.linear, g.dense_solve...) register with their module
+from rlx.ops import linalg_builders as _builders  # noqa: E402,F401

@@ -23,6 +23,14 @@ from rlx.errors import DTypeError, InputError
 from rlx.ops.base import Op, OpKind, RefCtx, expect, register
 from rlx.ops.elementwise import _wide
 from rlx.ops.grad_util import batch_size, embed, fold_batch, front, same_op, zeros_or
+from rlx.ops.movement_checks import (
+    check_index_range,
+    dims_txt,
+    pad_value_misfit,
+    slice_len,
+    sum_dims,
+    valid_dim,
+)
 from rlx.ops.reduce import norm_axis
 from rlx.ops.rules import moveaxis, unbroadcast
 from rlx.shape import Dim, Shape, Sym, dims_product
@@ -41,28 +49,6 @@ __all__ = [
 ]
 
 
-def _dims_txt(dims: Sequence[object]) -> str:
-    return "[" + ",".join(str(d) for d in dims) + "]"
-
-
-def _valid_dim(d: object) -> bool:
-    return isinstance(d, Sym) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)
-
-
-def _check_index_range(op: Op, idx: np.ndarray, n: int, ax: int) -> np.ndarray:
-    """``idx`` as int64 when every entry is in ``[-n, n)``; InputError naming the first
-    offending index otherwise."""
-    i64 = np.asarray(idx).astype(np.int64)
-    bad = (i64 < -n) | (i64 >= n)
-    if bad.any():
-        first = int(i64[bad].flat[0])
-        raise InputError(
-            f"{op.mnemonic}: index {first} out of range for axis {ax} of size {n} "
-            f"(expected -{n} <= index < {n}; {int(bad.sum())} such indices)"
-        )
-    return i64
-
-
 @register
 class Reshape(Op):
     """The same elements in row-major order with new ``dims`` (static or symbolic, no -1:
@@ -77,16 +63,16 @@ class Reshape(Op):
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
         (x,) = ins
         expect(
-            all(_valid_dim(d) for d in self.dims),
+            all(valid_dim(d) for d in self.dims),
             self,
-            f"dims must be ints >= 0 or symbolic dims, got {_dims_txt(self.dims)} "
+            f"dims must be ints >= 0 or symbolic dims, got {dims_txt(self.dims)} "
             "(g.reshape resolves a -1)",
         )
         src, dst = x.numel, dims_product(self.dims)
         expect(
             src == dst,
             self,
-            f"cannot reshape {x} ({src} elements) to {_dims_txt(self.dims)} ({dst} elements)",
+            f"cannot reshape {x} ({src} elements) to {dims_txt(self.dims)} ({dst} elements)",
         )
         return Shape(self.dims, x.dtype)
 
@@ -104,7 +90,7 @@ class Reshape(Op):
         return g.apply(Reshape((n, *self.dims)), [front(g, ins[0], bdims[0])]), 0
 
     def attrs_str(self) -> str:
-        return f"dims={_dims_txt(self.dims)}"
+        return f"dims={dims_txt(self.dims)}"
 
 
 @register
@@ -144,23 +130,6 @@ class Transpose(Op):
         return g.apply(Transpose(perm), [ins[0]]), 0
 
 
-def _sum_dims(op: Op, ax: int, sizes: Sequence[Dim]) -> Dim:
-    """Sum of concatenated sizes: ints add; symbolic sizes add when all are multiples of
-    one monomial (``seq + 2*seq = 3*seq``); anything else is a ShapeError."""
-    ints = [d for d in sizes if isinstance(d, int)]
-    syms = [d for d in sizes if isinstance(d, Sym)]
-    if not syms:
-        return sum(ints)
-    expect(
-        not any(ints) and all(d.terms == syms[0].terms for d in syms),
-        op,
-        f"cannot concatenate along axis {ax} with sizes {_dims_txt(sizes)}: a sum of "
-        "different symbolic (or symbolic and static) dims is not representable; make "
-        "these dims static or multiples of one symbol",
-    )
-    return Sym(syms[0].terms, sum(d.coeff for d in syms))
-
-
 @register
 class Concat(Op):
     """Join any number (>= 1) of inputs along ``axis``; all other dims and the dtype must
@@ -194,7 +163,7 @@ class Concat(Op):
                     f"input {k} {s} has dim {i} = {b}, expected {a} like input 0 {x0} "
                     f"(only axis {ax} may differ)",
                 )
-        total = _sum_dims(self, ax, [s.dims[ax] for s in ins])
+        total = sum_dims(self, ax, [s.dims[ax] for s in ins])
         return Shape(x0.dims[:ax] + (total,) + x0.dims[ax + 1 :], x0.dtype)
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
@@ -245,14 +214,14 @@ class Expand(Op):
         (x,) = ins
         dims = self.dims
         expect(
-            all(_valid_dim(d) for d in dims),
+            all(valid_dim(d) for d in dims),
             self,
-            f"dims must be ints >= 0 or symbolic dims, got {_dims_txt(dims)}",
+            f"dims must be ints >= 0 or symbolic dims, got {dims_txt(dims)}",
         )
         expect(
             len(dims) >= x.rank,
             self,
-            f"cannot broadcast {x} to {_dims_txt(dims)}: target rank {len(dims)} is below "
+            f"cannot broadcast {x} to {dims_txt(dims)}: target rank {len(dims)} is below "
             f"the input rank {x.rank}",
         )
         lead = len(dims) - x.rank
@@ -260,7 +229,7 @@ class Expand(Op):
             expect(
                 d == 1 or d == dims[lead + i],
                 self,
-                f"cannot broadcast {x} to {_dims_txt(dims)}: input dim {i} is {d}, expected "
+                f"cannot broadcast {x} to {dims_txt(dims)}: input dim {i} is {d}, expected "
                 f"1 or {dims[lead + i]}",
             )
         return Shape(dims, x.dtype)
@@ -281,7 +250,7 @@ class Expand(Op):
         return g.apply(Expand((n, *self.dims)), [x]), 0
 
     def attrs_str(self) -> str:
-        return f"dims={_dims_txt(self.dims)}"
+        return f"dims={dims_txt(self.dims)}"
 
 
 @register
@@ -338,22 +307,6 @@ class Narrow(Op):
         return g.apply(op, [front(g, ins[0], bdims[0])]), 0
 
 
-def _slice_len(op: Op, x: Shape, i: int, a: int | None, b: int | None, c: int) -> Dim:
-    d = x.dims[i]
-    if isinstance(d, int):
-        return len(range(*slice(a, b, c).indices(d)))
-    if c == 1 and a in (None, 0) and b is None:
-        return d
-    expect(
-        c > 0 and a is not None and a >= 0 and b is not None and b >= 0,
-        op,
-        f"axis {i} of {x} is symbolic ({d}): slice it whole or with static, non-negative "
-        f"start and stop and a positive step, got start={a}, stop={b}, step={c}",
-    )
-    assert a is not None and b is not None  # checked just above
-    return max(0, -(-(b - a) // c))
-
-
 @register
 class Slice(Op):
     """Python/NumPy basic slicing, one ``(start, stop, step)`` per axis (``None`` start or
@@ -378,7 +331,7 @@ class Slice(Op):
                 f"step {c!r} on axis {i} must be a non-zero int",
             )
         dims = tuple(
-            _slice_len(self, x, i, a, b, c)
+            slice_len(self, x, i, a, b, c)
             for i, (a, b, c) in enumerate(zip(self.starts, self.stops, self.steps))
         )
         return Shape(dims, x.dtype)
@@ -434,7 +387,7 @@ class Gather(Op):
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         x, idx = xs
         ax = self.axis % x.ndim
-        return np.take(x, _check_index_range(self, idx, x.shape[ax], ax), axis=ax)
+        return np.take(x, check_index_range(self, idx, x.shape[ax], ax), axis=ax)
 
     def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
         x, idx = node.inputs
@@ -485,7 +438,7 @@ class ScatterAdd(Op):
         expect(
             upd.dims == want,
             self,
-            f"updates must have dims {_dims_txt(want)} (input {x} with axis {ax} sized like "
+            f"updates must have dims {dims_txt(want)} (input {x} with axis {ax} sized like "
             f"indices {idx}), got {upd}",
         )
         return x
@@ -494,7 +447,7 @@ class ScatterAdd(Op):
         x, idx, upd = xs
         ax = self.axis % x.ndim
         out = np.array(_wide(x), copy=True)
-        i64 = _check_index_range(self, idx, x.shape[ax], ax)
+        i64 = check_index_range(self, idx, x.shape[ax], ax)
         np.add.at(out, (slice(None),) * ax + (i64,), _wide(upd))
         return out
 
@@ -524,22 +477,6 @@ class ScatterAdd(Op):
         return g.reshape(out, [*dims[1 : ax + 1], n, dims[ax + 1], *dims[ax + 2 :]]), ax
 
 
-def _pad_value_misfit(value: float, dtype: DType) -> str | None:
-    """Why ``value`` cannot fill a tensor of ``dtype`` exactly, or None when it can. A
-    float (or complex) dtype takes any value as a cast would (NaN, +-inf, rounding)."""
-    if dtype.is_float or dtype.is_complex:
-        return None
-    v = float(value)
-    if dtype.is_bool:
-        return None if v in (0.0, 1.0) else "a bool pad value must be 0 or 1"
-    if not v.is_integer():
-        return "an integer dtype needs an integral pad value"
-    info = np.iinfo(dtype.np)
-    if not info.min <= int(v) <= info.max:
-        return f"outside the range [{info.min}, {info.max}] of {dtype}"
-    return None
-
-
 @register
 class Pad(Op):
     """Constant padding: ``pads[i] = (before, after)`` elements of ``value`` around axis
@@ -564,7 +501,7 @@ class Pad(Op):
             f"pads must be one (before, after) pair of ints >= 0 per axis of {x} "
             f"({x.rank} pairs), got {self.pads}",
         )
-        why = _pad_value_misfit(self.value, x.dtype)
+        why = pad_value_misfit(self.value, x.dtype)
         if why is not None:
             raise DTypeError(f"pad: pad value {self.value!r} is not representable in {x}: {why}")
         dims: list[Dim] = []

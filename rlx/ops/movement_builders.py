@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from rlx import source
 from rlx.errors import ShapeError
-from rlx.ir import source
 from rlx.ops.base import graph_method
 from rlx.ops.movement import (
     Concat,
@@ -26,8 +26,8 @@ from rlx.ops.movement import (
     ShapeOf,
     Slice,
     Transpose,
-    _dims_txt,
 )
+from rlx.ops.movement_checks import dims_txt
 from rlx.ops.reduce import canon_axis, norm_axis
 from rlx.shape import Dim, Shape, Sym, dims_product
 
@@ -60,7 +60,7 @@ def _resolve_minus_one(x: Shape, dims: Sequence[object]) -> tuple[Dim, ...]:
     if not holes:
         return tuple(_user_dims("reshape", dims))
     if len(holes) > 1:
-        raise _fail(f"reshape: at most one -1 allowed in dims {_dims_txt(dims)}, got {len(holes)}")
+        raise _fail(f"reshape: at most one -1 allowed in dims {dims_txt(dims)}, got {len(holes)}")
     h = holes[0]
     rest = _user_dims("reshape", [d for i, d in enumerate(dims) if i != h])
     known, total = dims_product(rest), x.numel
@@ -73,7 +73,7 @@ def _resolve_minus_one(x: Shape, dims: Sequence[object]) -> tuple[Dim, ...]:
         missing = total.divide(known)
     if missing is None:
         raise _fail(
-            f"reshape: cannot infer the -1 in {_dims_txt(dims)} for input {x}: its "
+            f"reshape: cannot infer the -1 in {dims_txt(dims)} for input {x}: its "
             f"{total} elements are not a whole multiple of {known}"
         )
     rest.insert(h, missing)
@@ -114,7 +114,7 @@ def expand(g: Graph, x: NodeId, dims: Sequence[object]) -> NodeId:
         if isinstance(d, int) and d == -1:
             if i < lead:
                 raise _fail(
-                    f"expand: -1 at position {i} of {_dims_txt(dims)} has no input dim "
+                    f"expand: -1 at position {i} of {dims_txt(dims)} has no input dim "
                     f"of {shape} to keep"
                 )
             d = shape.dims[i - lead]

@@ -18,8 +18,8 @@ Out: node ids built from the backward ops of ``rlx/ops/nn_grad.py`` and ordinary
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.nn import Attention, Conv, Pool, PoolKind, Rope
 from rlx.ops.nn_grad import (
     AttentionBackward,
@@ -44,7 +44,10 @@ __all__ = [
     "pool_jvp",
 ]
 
-Grads = tuple[NodeId | None, ...]
+if TYPE_CHECKING:
+    from rlx.ir.mir import Graph, Node, NodeId
+
+    Grads = tuple[NodeId | None, ...]
 
 
 # ---- attention --------------------------------------------------------------------

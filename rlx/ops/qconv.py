@@ -20,7 +20,8 @@ import numpy as np
 from rlx.dtype import DType
 from rlx.errors import ShapeError
 from rlx.ops.base import OpKind, RefCtx, expect, graph_method, register
-from rlx.ops.nn import Conv, _pads, _per_dim, _window_view
+from rlx.ops.nn import Conv, _window_view
+from rlx.ops.nn_builders import _pads, _per_dim
 from rlx.ops.quant import IntEpilogueOp, _scales
 from rlx.shape import Shape
 

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from rlx import source
 from rlx.dtype import DType
 from rlx.errors import InputError, ShapeError
-from rlx.ir import source
 from rlx.ops.axis_batch import batch_axis, shift_axis
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.elementwise import _wide

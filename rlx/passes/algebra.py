@@ -61,7 +61,8 @@ def product(view: FusionView, nid: NodeId, depth: int = 8) -> Product:
                 return Product(1.0, (nid,), ())
             pa = _inner(view, a, depth)
             return Product(pa.coef / cb, pa.factors, (nid, *pa.nodes))
-        coef, factors, nodes = 1.0, [], [nid]
+        coef, nodes = 1.0, [nid]
+        factors: list[NodeId] = []
         for s in (a, b):
             c = scalar(view, s)
             if c is not None:

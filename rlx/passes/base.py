@@ -17,9 +17,9 @@ from typing import Protocol
 import numpy as np
 
 from rlx.ir.mir import Graph, Node, NodeId
-from rlx.ir.source import SourceLoc
 from rlx.ops.base import Op
 from rlx.shape import Shape
+from rlx.source import SourceLoc
 
 __all__ = ["Pass", "PassRecord", "Rewriter", "use_counts", "live_nodes", "const_array"]
 

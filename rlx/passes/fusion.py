@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from rlx import source
 from rlx.errors import RlxError
-from rlx.ir import source
 from rlx.ir.mir import Graph, Node, NodeId, op_name
 from rlx.ops.base import Op
 from rlx.passes.base import Rewriter, use_counts

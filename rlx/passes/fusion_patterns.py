@@ -171,8 +171,10 @@ class SwiGLUFusion(PatternFusion):
             x, wg = view.node(gate).inputs
             x2, wu = view.node(up).inputs
             if x != x2:
-                why = f"gate and up matmuls read different inputs {view.ref(x)} and {view.ref(x2)}"
-                self.miss(nodes, desc, why)
+                mismatch = (
+                    f"gate and up matmuls read different inputs {view.ref(x)} and {view.ref(x2)}"
+                )
+                self.miss(nodes, desc, mismatch)
                 return None
             for inner in (gate, silu, up):
                 why = view.why_not_inner(inner)

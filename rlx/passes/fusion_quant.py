@@ -134,8 +134,8 @@ class QuantEpilogueFusion(PatternFusion):
                     nodes.append(nxt)
                 elif len(nodes) == 1:
                     desc = f"{view.desc(cur)} + {view.desc(nxt)}"
-                    why = f"addend {dims_str(s.dims)} is neither a bias [{n}] nor a residual"
-                    self.miss([*nodes, nxt], desc, f"{why} {dims_str(out.dims)}")
+                    not_bias = f"addend {dims_str(s.dims)} is neither a bias [{n}] nor a residual"
+                    self.miss([*nodes, nxt], desc, f"{not_bias} {dims_str(out.dims)}")
         if len(nodes) == 1 and x_float is None:
             return None
         fused = dataclasses.replace(

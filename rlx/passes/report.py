@@ -20,7 +20,7 @@ import dataclasses
 import enum
 from dataclasses import dataclass, field
 
-from rlx.ir import source
+from rlx import source
 from rlx.ir.mir import Graph, op_name
 
 __all__ = ["FusionPattern", "Fused", "NoFuse", "FusionReport", "with_provenance"]

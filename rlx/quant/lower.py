@@ -294,8 +294,8 @@ class QuantLowering:
             assert isinstance(act, int) and isinstance(wt, tuple)
             w_src, w_value, w_scales, folded = wt
             bias = self._match_bias(graph, node, uses, readers)
-            plan = _Plan(node.id, act, w_src, w_value, w_scales, folded, *(bias or (None, None)))
-            plans[plan.add if plan.add is not None else node.id] = plan
+            new = _Plan(node.id, act, w_src, w_value, w_scales, folded, *(bias or (None, None)))
+            plans[new.add if new.add is not None else node.id] = new
             how = "weight quantized now" if w_value is not None else "weight quantized at run time"
             chan = "per-channel" if len(w_scales) > 1 else "per-tensor"
             extra = ", bias folded" if bias else ""

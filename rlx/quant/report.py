@@ -223,7 +223,7 @@ class AccuracyReport:
         if self.layers:
             lines.append("  per-layer error (that layer alone in int8), worst first:")
             for le in self.layers:
-                where = self.labels.get(le.layer, f"%{le.node}")
+                where: str | None = self.labels.get(le.layer, f"%{le.node}")
                 lines.append(f"    {le.layer:<16} {where:<32} {le.error}")
         if self.methods:
             lines.append("  per-layer method:")

@@ -172,7 +172,7 @@ class TrainStep:
         g, loss, grads = self._forward_backward(f"{self.model.name}.grads")
         g.set_outputs([loss, *grads])
         u = Graph(f"{self.model.name}.apply")
-        ids = {}
+        ids: dict[str, NodeId] = {}
         for n in self.model.param_nodes():
             if n.op.name in self.trainable:  # type: ignore[attr-defined]
                 u.param(n.op.name, n.shape)  # type: ignore[attr-defined]

@@ -1,5 +1,5 @@
 """The promotion lattice against JAX's: every pair of our dtypes is promoted by
-``rlx.promote`` exactly as JAX's ``promote_types`` lattice (x64, "standard" mode) joins
+``rlx.dtype.promote`` exactly as JAX's ``promote_types`` lattice (x64, "standard" mode) joins
 them, except the differences documented in ``rlx/dtype.py``."""
 
 from __future__ import annotations

@@ -260,7 +260,7 @@ def test_an_op_serialize_py_has_never_seen_round_trips():
         mnemonic: ClassVar[str] = "test_only_fancy"
         arity: ClassVar[int] = 1
         recipe: Recipe
-        dims: tuple[int | rlx.Sym, ...]
+        dims: tuple[int | rlx.shape.Sym, ...]
         shape: Shape
         nothing: None = None
         ratio: float = 0.1

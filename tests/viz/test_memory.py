@@ -12,11 +12,12 @@ import pytest
 
 import rlx
 from rlx.backends.cpu.planner import plan_memory
+from rlx.ir.lir import BufferPlan
 from rlx.models import synthetic
 from rlx.viz.memory import _H, _LEFT, _TOP, buffers, live_bytes, plot_width, timeline_svg
 
 
-def _owned_working(plan: rlx.BufferPlan) -> set[int]:
+def _owned_working(plan: BufferPlan) -> set[int]:
     return {
         n
         for n, s in plan.slots.items()

@@ -213,6 +213,7 @@ def model_cases(kinds: tuple[str, ...] = MODEL_KINDS) -> list[ModelCase]:
             warnings.simplefilter("ignore")
             tests = load_model_tests(kind=kind)
         for t in tests:
+            assert t.model_dir is not None  # node tests live in a directory
             d = Path(t.model_dir)
             model = onnx.load(str(d / "model.onnx"))
             inits = {i.name for i in model.graph.initializer}

@@ -218,7 +218,7 @@ class NodeCtx:
             from rlx.frontends.onnx.symbolic import dims_of
 
             return dims_of(v)
-        return self.ints(i, what)
+        return [*self.ints(i, what)]
 
     def ints(self, i: int, what: str = "") -> list[int]:
         return [int(v) for v in np.asarray(self.value(i, what)).reshape(-1)]

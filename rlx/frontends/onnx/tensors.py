@@ -22,7 +22,7 @@ from rlx.frontends.onnx.errors import OnnxImportError
 
 __all__ = ["to_array"]
 
-_FIELD = {
+_FIELD: dict[int, str] = {
     TensorProto.FLOAT: "float_data",
     TensorProto.DOUBLE: "double_data",
     TensorProto.INT64: "int64_data",

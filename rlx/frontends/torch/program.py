@@ -27,8 +27,8 @@ from rlx.frontends.torch.context import NodeCtx, TVal, source_frame, where_from
 from rlx.frontends.torch.dims import SymTable, to_dtype
 from rlx.frontends.torch.errors import TorchImportError, TorchUnsupportedError
 from rlx.ir.mir import Graph
-from rlx.ir.source import SourceLoc
 from rlx.shape import Shape
+from rlx.source import SourceLoc
 
 __all__ = ["unmapped", "convert_program", "to_numpy"]
 
@@ -214,7 +214,8 @@ class _Converter:
         sig = self.ep.graph_signature
         out_node = next(n for n in self.ep.graph.nodes if n.op == "output")
         vals = list(out_node.args[0])
-        ids, names = [], []
+        ids: list[int] = []
+        names: list[str] = []
         for spec, v in zip(sig.output_specs, vals, strict=True):
             if spec.kind is not OutputKind.USER_OUTPUT:
                 what = "buffer" if spec.kind is OutputKind.BUFFER_MUTATION else "input"

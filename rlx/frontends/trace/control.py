@@ -17,11 +17,11 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rlx import source
 from rlx.errors import TraceError
 from rlx.frontends.trace import pytree
 from rlx.frontends.trace.tracer import Trace, find_trace, lift, result_type, tracing
 from rlx.frontends.trace.values import Traced, cast, compare
-from rlx.ir import source
 from rlx.ir.mir import Graph
 from rlx.ops.control import If, Scan, While
 from rlx.ops.core import Input

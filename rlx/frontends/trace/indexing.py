@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from rlx import source
 from rlx.errors import TraceError
 from rlx.frontends.trace.tracer import lift
 from rlx.frontends.trace.values import Traced
-from rlx.ir import source
 from rlx.ops.movement import Gather, Reshape, Slice
 
 __all__ = ["getitem"]

@@ -34,13 +34,13 @@ from typing import Any
 
 import numpy as np
 
+from rlx import source
 from rlx.backends.cpu.memory import safe_to_share
 from rlx.dtype import DType
 from rlx.errors import TraceError
 from rlx.frontends.trace import pytree
 from rlx.frontends.trace.tracer import Trace, current, lift, tracing
 from rlx.frontends.trace.values import Traced
-from rlx.ir import source
 from rlx.ir.mir import Graph
 from rlx.options import CompileOptions
 from rlx.shape import Shape, Sym

@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from rlx import source
 from rlx.errors import TraceError
 from rlx.frontends.trace import numpy_math as m
 from rlx.frontends.trace.numpy_shape import reshape
 from rlx.frontends.trace.tracer import find_trace, lift
 from rlx.frontends.trace.values import Traced, cast, promote_args, unary
-from rlx.ir import source
 from rlx.ops.elementwise import UnaryKind
 from rlx.ops.nn import Attention, MaskKind
 from rlx.ops.norm import LayerNorm, RmsNorm

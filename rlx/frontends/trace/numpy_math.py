@@ -12,6 +12,7 @@ import builtins
 from collections.abc import Sequence
 from typing import Any
 
+from rlx import source
 from rlx.dtype import DType
 from rlx.errors import TraceError
 from rlx.frontends.trace.tracer import find_trace, lift
@@ -24,7 +25,6 @@ from rlx.frontends.trace.values import (
     true_divide,
     unary,
 )
-from rlx.ir import source
 from rlx.ops.elementwise import BinaryKind, CompareKind, UnaryKind, Where
 from rlx.ops.linalg import DotGeneral, MatMul
 from rlx.ops.reduce import ArgMax, ArgMin, Cumsum, Reduce, ReduceKind

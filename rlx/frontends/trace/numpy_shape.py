@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from rlx import source
 from rlx.dtype import DType
 from rlx.errors import TraceError
 from rlx.frontends.trace.tracer import current, find_trace, lift, to_dtype
 from rlx.frontends.trace.values import Traced, cast, promote_args
-from rlx.ir import source
 from rlx.ops.movement import Concat, Expand, Gather, Transpose
 
 __all__ = [

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rlx import source
 from rlx.dtype import DType, promote
 from rlx.errors import TraceError
-from rlx.ir import source
 from rlx.ir.mir import Graph, NodeId
 from rlx.shape import Shape
 

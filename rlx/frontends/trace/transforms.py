@@ -20,12 +20,12 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rlx import source
 from rlx.errors import AutodiffError, TraceError
 from rlx.frontends.trace import pytree
 from rlx.frontends.trace.jit import Jitted
 from rlx.frontends.trace.tracer import Trace, current, lift, tracing
 from rlx.frontends.trace.values import Traced
-from rlx.ir import source
 from rlx.ir.mir import Graph, NodeId
 from rlx.ops.core import Input
 
@@ -44,7 +44,10 @@ class _Sub:
         t = current()
         assert t is not None
         names = _arg_names(fn, len(args))
-        trees, leaves, paths, owners = [], [], [], []
+        trees: list[Any] = []
+        leaves: list[Any] = []
+        paths: list[str] = []
+        owners: list[int] = []
         for k, (a, name) in enumerate(zip(args, names)):
             n0 = len(leaves)
             _, tree = pytree.flatten(a, leaves)

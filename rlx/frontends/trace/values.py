@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rlx import source
 from rlx.dtype import DType
 from rlx.errors import TraceError
 from rlx.frontends.trace.tracer import find_trace, lift, result_type, scalar_kind
-from rlx.ir import source
 from rlx.ir.mir import NodeId
 from rlx.ops.bitwise import Bitwise, BitwiseKind, BitwiseNot
 from rlx.ops.elementwise import Binary, BinaryKind, Cast, Compare, CompareKind, Unary, UnaryKind
@@ -60,7 +60,7 @@ class Traced:
 
     @property
     def shape(self) -> tuple[Dim, ...]:
-        """Dims: ints, or symbolic dims (``rlx.Sym``) for dims declared dynamic."""
+        """Dims: ints, or symbolic dims (``rlx.shape.Sym``) for dims declared dynamic."""
         return self.aval.dims
 
     @property

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rlx import source
 from rlx.errors import InputError
-from rlx.ir import source
 from rlx.ops.indexing import GatherElements
 
 if TYPE_CHECKING:
