@@ -104,7 +104,7 @@ def check_token_ids(ids: object, vocab: int, what: str = "llm") -> np.ndarray:
         if ids.dtype.kind not in "iu":
             raise InputError(f"{what}: token ids must be integers, given an array of {ids.dtype}")
         flat = ids.reshape(-1)
-        bad = np.flatnonzero((flat < 0) | (flat >= vocab)) if flat.size else []
+        bad = np.flatnonzero((flat < 0) | (flat >= vocab))
         if len(bad):
             i = int(bad[0])
             raise InputError(
