@@ -35,7 +35,6 @@ import enum
 import math
 import sys
 from collections.abc import Mapping
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -43,6 +42,7 @@ import numpy as np
 from rlx.dtype import DType
 from rlx.errors import InputError, RlxError, SerializationError
 from rlx.ir.mir import Graph
+from rlx.ir.serialize_classes import is_frozen_dataclass, known_classes, lookup
 from rlx.ir.serialize_validate import check_fields
 from rlx.ops.base import OPS
 from rlx.shape import Shape, Sym, check_bounds
@@ -62,69 +62,6 @@ MAX_DIM = 2**62  # a stored dim (or symbol coefficient) at or above this is refu
 # a symbol's power above this is refused: evaluating ``value ** power`` for a crafted
 # power of 2**60 would never finish (any real dim is < 2**62, so its powers are < 63)
 MAX_POWER = 64
-
-
-# ---- the classes a file may name ----------------------------------------------------
-
-
-def _is_frozen_dataclass(cls: type) -> bool:
-    return dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
-
-
-_KNOWN: tuple[tuple[type, ...], dict[str, list[type]]] | None = None
-
-
-def known_classes(fresh: bool = False) -> dict[str, list[type]]:
-    """Qualname -> enum and frozen dataclass classes found in the modules of registered
-    ops (and in the rlx modules those classes are defined in). Cached while the op
-    registry is unchanged; ``fresh`` rescans."""
-    global _KNOWN
-    ops = tuple(OPS.values())
-    if not fresh and _KNOWN is not None and _KNOWN[0] == ops:
-        return _KNOWN[1]
-    found = _scan()
-    _KNOWN = (ops, found)
-    return found
-
-
-def _scan() -> dict[str, list[type]]:
-    found: dict[str, list[type]] = {}
-    todo = [sys.modules[c.__module__] for c in OPS.values() if c.__module__ in sys.modules]
-    seen: set[str] = set()
-
-    def visit(cls: type) -> None:
-        if not (issubclass(cls, enum.Enum) or _is_frozen_dataclass(cls)):
-            return
-        entry = found.setdefault(cls.__qualname__, [])
-        if cls in entry:
-            return
-        entry.append(cls)
-        mod = sys.modules.get(cls.__module__)
-        if mod is not None and mod.__name__.startswith("rlx."):
-            todo.append(mod)
-        for v in vars(cls).values():
-            if isinstance(v, type) and v.__qualname__.startswith(cls.__qualname__ + "."):
-                visit(v)
-
-    while todo:
-        mod: ModuleType = todo.pop()
-        if mod.__name__ in seen:
-            continue
-        seen.add(mod.__name__)
-        for v in list(vars(mod).values()):
-            if isinstance(v, type):
-                visit(v)
-    return found
-
-
-def _lookup(classes: dict[str, list[type]], name: str, where: str) -> type:
-    got = classes.get(name) or known_classes(fresh=True).get(name, [])
-    if not got:
-        raise SerializationError(f"{where}: unknown class {name!r} (not an rlx enum or dataclass)")
-    if len(got) > 1:
-        mods = sorted(c.__module__ for c in got)
-        raise SerializationError(f"{where}: class name {name!r} is ambiguous, defined in {mods}")
-    return got[0]
 
 
 # ---- encoding -------------------------------------------------------------------------
@@ -272,7 +209,7 @@ class Encoder:
             placeholder: dict[str, Any] = {"graph": None}
             self._found.append((v, placeholder, _clip(f"{where} sub-graph {v.name!r}")))
             return placeholder
-        if isinstance(v, enum.Enum) or _is_frozen_dataclass(t):
+        if isinstance(v, enum.Enum) or is_frozen_dataclass(t):
             if t not in self.classes.get(t.__qualname__, []):
                 self.classes = known_classes(fresh=True)
             if t not in self.classes.get(t.__qualname__, []):
@@ -280,7 +217,7 @@ class Encoder:
                     f"{where}: {t.__module__}.{t.__qualname__} is not an enum or frozen "
                     "dataclass of an op module, so files cannot hold it"
                 )
-            _lookup(self.classes, t.__qualname__, where)
+            lookup(self.classes, t.__qualname__, where)
             if isinstance(v, enum.Enum):
                 return {"enum": t.__qualname__, "member": v.name}
             fields = {
@@ -542,12 +479,12 @@ class _Decoder:
                 return self.subgraph(v["graph"], where)
             return self.graph(self.field(v, "graph", dict, where), f"{where} sub-graph", depth + 1)
         if tag == "enum":
-            cls = _lookup(self.classes, self.field(v, "enum", str, where), where)
+            cls = lookup(self.classes, self.field(v, "enum", str, where), where)
             member = self.field(v, "member", str, where)
             if not issubclass(cls, enum.Enum) or member not in cls.__members__:
                 raise SerializationError(f"{where}: {cls.__qualname__} has no member {member!r}")
             return cls[member]
-        cls = _lookup(self.classes, self.field(v, "dataclass", str, where), where)
+        cls = lookup(self.classes, self.field(v, "dataclass", str, where), where)
         if not dataclasses.is_dataclass(cls):
             raise SerializationError(f"{where}: {cls.__qualname__} is not a dataclass")
         if cls is _const_class():
