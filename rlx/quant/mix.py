@@ -12,8 +12,9 @@ matmuls and convs into integer ops; weight params folded into i8 constants leave
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -27,7 +28,9 @@ from rlx.quant.lower import QuantLowering, drop_params
 from rlx.quant.products import QuantizeActivationProducts
 from rlx.quant.record import CalibrationEntry
 
-__all__ = ["fake_quant_graph", "VariantBuilder", "MODES"]
+__all__ = ["fake_quant_graph", "rewrite_layer_edges", "VariantBuilder", "MODES"]
+
+T = TypeVar("T")
 
 #: Per-layer modes, cheapest first (what ``accuracy_budget`` tries in turn).
 MODES = ("static", "dynamic", "float")
@@ -51,14 +54,30 @@ def fake_quant_graph(
             shared[key] = rw.emit(Dequantize(e.axis, e.scales, e.zero_points), [q], loc)
         return shared[key]
 
+    return rewrite_layer_edges(
+        graph, rw, entries, lambda a, pair: qdq(a, pair[0]), lambda w, pair: qdq(w, pair[1])
+    )
+
+
+def rewrite_layer_edges(
+    graph: Graph,
+    rw: Rewriter,
+    layers: Mapping[NodeId, T],
+    act: Callable[[NodeId, T], NodeId],
+    weight: Callable[[NodeId, T], NodeId],
+) -> Graph:
+    """Copy ``graph`` through ``rw``, each node of ``layers`` (a matmul / conv: node id ->
+    what the callbacks need) reading ``act(activation, item)`` and ``weight(weight,
+    item)`` (old ids in, new ids out) in place of its first two inputs; its other inputs
+    (a conv's bias) are kept. The loop QAT's fake quantizers and PTQ's Q/DQ pairs share."""
     for nid in graph.topo_order():
         node = graph.nodes[nid]
-        pair = entries.get(nid)
-        if pair is None:
+        item = layers.get(nid)
+        if item is None:
             rw.copy(node)
             continue
         a, w, *rest = node.inputs
-        ins = [qdq(a, pair[0]), qdq(w, pair[1]), *(rw.map[i] for i in rest)]
+        ins = [act(a, item), weight(w, item), *(rw.map[i] for i in rest)]
         rw.map[nid] = rw.dst.add_node(node.op, ins, node.shape, node.loc)
     return rw.finish()
 

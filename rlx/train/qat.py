@@ -62,7 +62,7 @@ from rlx.quant.layers import (
     weight_value,
 )
 from rlx.quant.lower import ExpandFusedMatMuls
-from rlx.quant.mix import VariantBuilder
+from rlx.quant.mix import VariantBuilder, rewrite_layer_edges
 from rlx.quant.record import CalibrationEntry
 from rlx.quant.static import act_entry, calibrate_taps, degenerate_taps
 
@@ -217,16 +217,9 @@ def _insert(
             stamp(g, start, wnode)
         return w_fq[ly.weight]
 
-    for nid in graph.topo_order():
-        node = graph.nodes[nid]
-        ly = by_node.get(nid)
-        if ly is None:
-            rw.copy(node)
-            continue
-        a, _w, *rest = node.inputs
-        ins = [act(a), weight(ly), *(rw.map[i] for i in rest)]
-        rw.map[nid] = g.add_node(node.op, ins, node.shape, node.loc)
-    qat = rw.finish().verify()
+    qat = rewrite_layer_edges(
+        graph, rw, by_node, lambda a, _ly: act(a), lambda _w, ly: weight(ly)
+    ).verify()
     qat.name = f"{graph.name}.qat"
     return qat, out_params
 
