@@ -15,7 +15,7 @@ ReLU output); ``asymmetric=True`` / ``False`` forces it either way.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,14 @@ from rlx.quant.calibrate import CalibrationMethod
 from rlx.quant.layers import Layer, tensor_name
 from rlx.quant.record import CalibrationEntry
 
-__all__ = ["TapStats", "calibrate_taps", "act_entry", "degenerate_taps", "ASYM_STEP_RATIO"]
+__all__ = [
+    "TapStats",
+    "Tee",
+    "calibrate_taps",
+    "act_entry",
+    "degenerate_taps",
+    "ASYM_STEP_RATIO",
+]
 
 #: u8 is chosen (``asymmetric=None``) when its step is at most this times the s8 step.
 ASYM_STEP_RATIO = 0.9
@@ -140,3 +147,22 @@ def degenerate_taps(
                 "so int8 would saturate every real input"
             )
     return out
+
+
+class Tee:
+    """Iterate once over the calibration data while keeping its first ``keep`` batches."""
+
+    def __init__(self, data: Iterable[Mapping[str, Any]], keep: int):
+        self.data = data
+        self.keep = keep
+        self.kept: list[dict[str, np.ndarray]] = []
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        for i, batch in enumerate(self.data):
+            if not isinstance(batch, Mapping):
+                raise QuantizationError(
+                    f"calibration batch {i} is a {type(batch).__name__}; expected a dict of input name -> array"
+                )
+            if i < self.keep:
+                self.kept.append({k: np.array(v, copy=True) for k, v in batch.items()})
+            yield batch

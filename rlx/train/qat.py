@@ -55,6 +55,7 @@ from rlx.quant.calibrate import CalibrationMethod
 from rlx.quant.layers import (
     Layer,
     canonical_weights,
+    check_exclude,
     check_weights,
     find_conv_layers,
     find_layers,
@@ -136,14 +137,7 @@ def prepare(
     np_params = {k: np.asarray(v) for k, v in params.items()}
     graph, np_params, _ = canonical_weights(graph, np_params)
     layers = find_layers(graph, np_params)[0] + find_conv_layers(graph, np_params)[0]
-    excl = list(exclude)
-    known = {ly.name for ly in layers} | {ly.node for ly in layers}
-    unknown = [e for e in excl if e not in known]
-    if unknown:
-        raise QuantizationError(
-            f"qat.prepare: exclude names unknown layers {unknown}; layers of graph "
-            f"{graph.name!r}: {[ly.name for ly in layers]}"
-        )
+    excl = check_exclude(graph, layers, exclude, "qat.prepare: ")
     layers = [ly for ly in layers if ly.name not in excl and ly.node not in excl]
     if not layers:
         raise QuantizationError(
