@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from rlx.ir.mir import Graph
 
 ROOT = Path(__file__).resolve().parents[1]
+#: where the scripts write their ``BENCHMARKS_*.md`` reports (linked from BENCHMARKS.md)
+RESULTS = ROOT / "benchmarks" / "results"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

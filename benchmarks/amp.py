@@ -1,6 +1,6 @@
 """Auto mixed precision benchmark: bf16 / f16 vs f32 through ``rlx.Session`` on the CPU.
 
-    python benchmarks/amp.py [--repeat 20] [--markdown BENCHMARKS_amp.md]
+    python benchmarks/amp.py [--repeat 20] [--markdown benchmarks/results/BENCHMARKS_amp.md]
 
 Workloads: an MLP (batch 64, 512 -> 2048 -> 2048 -> 512, gelu) and an attention
 workload (a 2-layer encoder, hidden 256, 4 heads, seq 128, spelled-out attention that

@@ -1,7 +1,7 @@
 """Native fused attention vs the BLAS attention kernel vs torch's scaled_dot_product_attention.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/attention.py \\
-        [--threads 1 2] [--rounds 9] [--quick] [--cases NAME ...] [--out BENCHMARKS_attention.md]
+        [--threads 1 2] [--rounds 9] [--quick] [--cases NAME ...] [--out benchmarks/results/BENCHMARKS_attention.md]
 
 Cases: the attention op alone at all-MiniLM-L6-v2's shapes (H=12, D=32; B x S = 1x16,
 8x128, 32x128; no mask, and 8x128 with a BERT padding mask: a custom additive f32
@@ -273,7 +273,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="three cases, 3 rounds")
     ap.add_argument("--cases", nargs="+", choices=list(CASES), help="a subset of the cases")
     ap.add_argument("--torch-python", default=PEERS_PY)
-    ap.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS_attention.md")
+    ap.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks/results" / "BENCHMARKS_attention.md"
+    )
     a = ap.parse_args(argv)
     if a.worker:
         worker(a.worker[0], int(a.worker[1]))

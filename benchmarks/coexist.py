@@ -1,4 +1,4 @@
-"""rlx next to other runtimes' thread pools in one process, written to BENCHMARKS_coexist.md.
+"""rlx next to other runtimes' thread pools in one process, written to benchmarks/results/BENCHMARKS_coexist.md.
 
 Measures the MiniLM-sized encoder (``rlx.models.synthetic.encoder``, 6 layers, hidden 384,
 batch x seq 8x128 by default) on ``--threads`` threads (2) in a fresh worker process per
@@ -21,7 +21,7 @@ pool_info``), the CPU flags, BLAS and the load average. Target (issue 13): rlx w
 of its time alone.
 
 Usage: ``python benchmarks/coexist.py [--rounds 3] [--runs 20] [--threads 2] [--batch 8]
-[--seq 128] [--python PATH] [--out BENCHMARKS_coexist.md]``. The workers need torch and
+[--seq 128] [--python PATH] [--out benchmarks/results/BENCHMARKS_coexist.md]``. The workers need torch and
 onnxruntime: ``--python`` defaults to this interpreter when it has both, else
 ``/tmp/rlx/peers/bin/python``; the repository root is put on their ``sys.path``.
 OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are removed from the environment first.
@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, reexec_without_blas_pins, removed_blas_pins
+from _common import RESULTS, ROOT, reexec_without_blas_pins, removed_blas_pins
 
 reexec_without_blas_pins()  # must happen before NumPy loads OpenBLAS
 
@@ -186,7 +186,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--python", default=None)
-    ap.add_argument("--out", default=str(ROOT / "BENCHMARKS_coexist.md"))
+    ap.add_argument("--out", default=str(RESULTS / "BENCHMARKS_coexist.md"))
     ap.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     args = ap.parse_args()
     global THREADS

@@ -1,6 +1,6 @@
 """Compile-time benchmark: graphs of about 1,000 nodes through every pass.
 
-    python benchmarks/compile_time.py [--repeat 5] [--markdown BENCHMARKS_compile.md]
+    python benchmarks/compile_time.py [--repeat 5] [--markdown benchmarks/results/BENCHMARKS_compile.md]
 
 For each graph and precision it runs ``CompilePipeline`` (verification once at the end,
 as ``Session.compile`` does by default, and after every pass, as tests do) ``--repeat``

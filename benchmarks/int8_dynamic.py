@@ -3,7 +3,7 @@ Runtime's DynamicQuantizeMatMul and MatMulInteger, each engine in its own proces
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/int8_dynamic.py \\
         [--rounds 3] [--reps 15] [--threads 1 2] [--peer-python /tmp/rlx/peers/bin/python] \\
-        [--out BENCHMARKS_int8_dynamic.md]
+        [--out benchmarks/results/BENCHMARKS_int8_dynamic.md]
 
 Problem: ``y = x @ W + b`` with ``x`` f32 ``[M, K]``, M = 1024 rows (8 sentences x 128
 tokens), (K, N) in {(384, 384), (384, 1536), (1536, 384)} (all-MiniLM-L6-v2's attention
@@ -40,7 +40,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _common import best_time, reexec_without_blas_pins, removed_blas_pins
+from _common import RESULTS, best_time, reexec_without_blas_pins, removed_blas_pins
 
 if "--worker" not in sys.argv:  # a worker keeps the BLAS pin its engine was given
     reexec_without_blas_pins()
@@ -193,7 +193,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--peer-python", default="/tmp/rlx/peers/bin/python")
     ap.add_argument("--engines", nargs="+", default=list(ENGINES))
-    ap.add_argument("--out", default="BENCHMARKS_int8_dynamic.md")
+    ap.add_argument("--out", default=str(RESULTS / "BENCHMARKS_int8_dynamic.md"))
     ap.add_argument(
         "--worker", nargs=3, metavar=("KIND", "THREADS", "REPS"), help=argparse.SUPPRESS
     )

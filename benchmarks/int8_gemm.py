@@ -1,7 +1,7 @@
 """INT8 GEMM (rlx native kernel) vs F32 GEMM (NumPy -> OpenBLAS sgemm), in one run.
 
     .venv/bin/python benchmarks/int8_gemm.py [--sizes 256 512 1024 2048] [--threads 1 2]
-                                             [--reps 7] [--out BENCHMARKS_int8.md]
+                                             [--reps 7] [--out benchmarks/results/BENCHMARKS_int8.md]
 
 Square M = K = N problems. F32: ``a @ b`` with BLAS limited to the thread count by
 threadpoolctl. INT8: ``rlx.backends.cpu.native`` GEMM of int8 activations x packed int8
@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import best_time, reexec_without_blas_pins, removed_blas_pins
+from _common import RESULTS, best_time, reexec_without_blas_pins, removed_blas_pins
 
 reexec_without_blas_pins()
 
@@ -61,7 +61,7 @@ def main() -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--out", default="BENCHMARKS_int8.md")
+    ap.add_argument("--out", default=str(RESULTS / "BENCHMARKS_int8.md"))
     ap.add_argument(
         "--isa",
         choices=["auto"] + [i.name.lower() for i in native.Isa],

@@ -1,7 +1,7 @@
-"""rlx.jit vs jax.jit vs torch.compile on the same functions, written to BENCHMARKS_jit.md.
+"""rlx.jit vs jax.jit vs torch.compile on the same functions, written to benchmarks/results/BENCHMARKS_jit.md.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/jit.py \\
-        [--threads 1 2] [--rounds 15] [--out BENCHMARKS_jit.md]
+        [--threads 1 2] [--rounds 15] [--out benchmarks/results/BENCHMARKS_jit.md]
 
 Workloads (benchmarks/_jit_worker.py): a jitted MLP and a jitted pre-norm transformer
 block (causal attention), each at a small (latency-bound) and a moderate size, taking
@@ -214,7 +214,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--first-threads", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS_jit.md")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results" / "BENCHMARKS_jit.md")
     args = ap.parse_args()
     args.load0 = os.getloadavg()
     steady_res = {}

@@ -24,7 +24,7 @@ runs every engine once); the figures are the median over rounds:
   source with the system gcc, GGML_NATIVE): ``Llama.eval`` of the same token ids,
   n_batch 512 (the prompt is one batch), then greedy ``eval([token])`` steps (logits of
   the last token only). ``use_extra_bufts`` is off unless ``--llama-extra-bufts``: this
-  build's AMX matmul segfaults here (see BENCHMARKS_llm.md).
+  build's AMX matmul segfaults here (see benchmarks/results/BENCHMARKS_llm.md).
 * ``torch``: transformers' ``Gemma3ForCausalLM`` (f32, eager) with the file's weights
   decoded by ``gguf.quants`` (``scripts/make_llm_references.py``; cached as a pickled
   module under ``--cache``), ``torch.set_num_threads(t)``, ``logits_to_keep=1``, a

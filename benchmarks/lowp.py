@@ -1,7 +1,7 @@
 """Low-precision CPU kernels benchmark: native bf16 GEMM vs f32 sgemm, and AMP workloads.
 
     python benchmarks/lowp.py [--repeat 10] [--threads 2] [--gemm-threads 1,2]
-                              [--markdown BENCHMARKS_lowp.md]
+                              [--markdown benchmarks/results/BENCHMARKS_lowp.md]
 
 Part 0, casts f32 <-> bf16 / f16 on 16 Mi elements: native vs NumPy / ml_dtypes.
 

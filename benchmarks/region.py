@@ -1,5 +1,5 @@
 """Native elementwise regions vs the NumPy region kernel vs no fusion, written to
-BENCHMARKS_region.md.
+benchmarks/results/BENCHMARKS_region.md.
 
 Measures, in one run:
 
@@ -14,7 +14,7 @@ Measures, in one run:
 4. build time of a region library: cold (empty cache dir) and cached;
 5. accuracy of the native f32 math against the reference interpreter, in ulps.
 
-Usage: ``python benchmarks/region.py [--out BENCHMARKS_region.md] [--quick]``.
+Usage: ``python benchmarks/region.py [--out benchmarks/results/BENCHMARKS_region.md] [--quick]``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 from unittest import mock
 
 import numpy as np  # noqa: E402
-from _common import best_time, chain  # noqa: E402
+from _common import RESULTS, best_time, chain  # noqa: E402
 
 import rlx  # noqa: E402
 from rlx.backends.cpu import native
@@ -224,7 +224,7 @@ def bench_accuracy() -> list[tuple[str, float, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="BENCHMARKS_region.md")
+    ap.add_argument("--out", default=str(RESULTS / "BENCHMARKS_region.md"))
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
     args = ap.parse_args()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")

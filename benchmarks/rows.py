@@ -1,5 +1,5 @@
 """Native row kernels (kernels/rows.py) vs the NumPy kernels they supersede, written to
-BENCHMARKS_rows.md.
+benchmarks/results/BENCHMARKS_rows.md.
 
 Measures, in one run:
 
@@ -17,7 +17,7 @@ Measures, in one run:
 3. the largest difference between native and NumPy outputs.
 
 Times are the best of several rounds (the slower rounds measure the other jobs on a
-shared machine). Usage: ``python benchmarks/rows.py [--out BENCHMARKS_rows.md] [--quick]``.
+shared machine). Usage: ``python benchmarks/rows.py [--out benchmarks/results/BENCHMARKS_rows.md] [--quick]``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np  # noqa: E402
-from _common import best_time  # noqa: E402
+from _common import RESULTS, best_time  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 import rlx  # noqa: E402
@@ -151,7 +151,7 @@ GRAPHS: tuple[tuple[str, Callable[[], rlx.Graph]], ...] = (
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="BENCHMARKS_rows.md")
+    ap.add_argument("--out", default=str(RESULTS / "BENCHMARKS_rows.md"))
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     if not native.available():

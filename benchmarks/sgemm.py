@@ -2,7 +2,7 @@
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/sgemm.py \\
         [--threads 1 2] [--rounds 5] [--inner 5] [--peer-python /tmp/rlx/peers/bin/python] \\
-        [--shapes 1024x1024x1024 ...] [--out BENCHMARKS_sgemm.md]
+        [--shapes 1024x1024x1024 ...] [--out benchmarks/results/BENCHMARKS_sgemm.md]
     ... benchmarks/sgemm.py --encoder [--encoder-shapes 1x16 8x128 32x128] [--threads 1 2]
 
 Shapes are M x N x K: 1024 and 2048 square and the MiniLM encoder's 1024x384x384,

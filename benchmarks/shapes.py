@@ -1,8 +1,8 @@
 """What a new input shape costs, and the memory of encoding a corpus (issue 13 "a new
-input shape must be cheap", issue 20's peak RSS), written to BENCHMARKS_shapes.md.
+input shape must be cheap", issue 20's peak RSS), written to benchmarks/results/BENCHMARKS_shapes.md.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/shapes.py \\
-        [--threads 1] [--sentences 2000] [--out BENCHMARKS_shapes.md] [--src DIR ...]
+        [--threads 1] [--sentences 2000] [--out benchmarks/results/BENCHMARKS_shapes.md] [--src DIR ...]
 
 Measures, each in its own process, for each rlx source tree given with ``--src`` (default:
 this checkout; give an older checkout's directory to compare before / after):
@@ -140,7 +140,7 @@ def main() -> None:
     ap.add_argument("--src", nargs="*", type=Path, default=[HERE.parent])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--sentences", type=int, default=2000)
-    ap.add_argument("--out", default=str(HERE.parent / "BENCHMARKS_shapes.md"))
+    ap.add_argument("--out", default=str(_common.RESULTS / "BENCHMARKS_shapes.md"))
     ap.add_argument("--what", nargs="*", default=["new", "evict", "encode"])
     args = ap.parse_args()
     load = os.getloadavg()[0]

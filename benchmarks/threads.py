@@ -1,5 +1,5 @@
 """Thread scaling, team thresholds and the OpenMP wait policy, written to
-BENCHMARKS_threads.md.
+benchmarks/results/BENCHMARKS_threads.md.
 
 Measures, in one run:
 
@@ -21,7 +21,7 @@ Measures, in one run:
    reads them once), rounds interleaved.
 
 Usage: ``python benchmarks/threads.py [--parts scaling,thresholds,policy] [--rounds 3]
-[--out BENCHMARKS_threads.md]``. OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are removed first.
+[--out benchmarks/results/BENCHMARKS_threads.md]``. OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are removed first.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, reexec_without_blas_pins, removed_blas_pins
+from _common import RESULTS, ROOT, reexec_without_blas_pins, removed_blas_pins
 
 reexec_without_blas_pins()  # must happen before NumPy loads OpenBLAS
 
@@ -352,7 +352,7 @@ def main() -> None:
     ap.add_argument("--parts", default="scaling,thresholds,policy")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pairs", type=int, default=20)
-    ap.add_argument("--out", default=str(ROOT / "BENCHMARKS_threads.md"))
+    ap.add_argument("--out", default=str(RESULTS / "BENCHMARKS_threads.md"))
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:

@@ -2,7 +2,7 @@
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/train.py \\
         [--cases mlp_digits mlp_large minilm] [--threads 1 2] [--rounds 5] \\
-        [--out BENCHMARKS_train.md]
+        [--out benchmarks/results/BENCHMARKS_train.md]
 
 Cases (seeded weights and batches, the same in every engine; one step = forward +
 backward + AdamW update of every param, lr 1e-4, weight decay 0.01, cycling through 8
@@ -116,7 +116,7 @@ def report(res: dict[int, dict[str, Any]], cases: list[str], rounds: int) -> str
         "# Training step: rlx vs PyTorch eager vs torch.compile",
         "",
         "Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python "
-        "benchmarks/train.py --out BENCHMARKS_train.md` (cases and method: the script's "
+        "benchmarks/train.py --out benchmarks/results/BENCHMARKS_train.md` (cases and method: the script's "
         "docstring; where rlx's time goes: `benchmarks/train_profile.py`).",
         "",
         "## Step time",

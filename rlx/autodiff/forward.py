@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from rlx.autodiff.call import call_rule
 from rlx.autodiff.reverse import resolve_wrt
 from rlx.errors import AutodiffError
 from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.core import Input, Param
-from rlx.ops.rules import is_diff_dtype, stamp, zeros
+from rlx.ops.rules import is_diff_dtype, zeros
 
 __all__ = ["forward", "jvp", "needed", "seed_inputs", "tangent_name"]
 
@@ -55,34 +56,14 @@ def forward(
 
 
 def _rule(g: Graph, node: Node, ins: tuple[NodeId | None, ...]) -> NodeId | None:
-    """``node.op.jvp`` with its errors turned into AutodiffErrors naming the node, its
-    result checked, and the nodes it adds stamped with the forward node's location."""
-    op = node.op
-    if op.nondiff:
-        raise AutodiffError(
-            f"{node.label}: not differentiable ({op.nondiff}), but a tangent flows "
-            f"through it; leave its inputs out of wrt",
-            node=node.id,
-            loc=node.loc,
-        )
-    start = len(g.nodes)
-    try:
-        out = op.jvp(g, node, ins)
-    except NotImplementedError:
-        raise AutodiffError(
-            f"{node.label}: op {op.mnemonic!r} has no forward-mode rule (jvp)",
-            node=node.id,
-            loc=node.loc,
-        ) from None
-    if out is not None and g.nodes[out].shape != node.shape:
-        raise AutodiffError(
-            f"{node.label}: jvp rule of {op.mnemonic!r} gave a tangent "
-            f"{g.nodes[out].shape} for an output of shape {node.shape}",
-            node=node.id,
-            loc=node.loc,
-        )
-    stamp(g, start, node)
-    return out
+    """``node.op.jvp`` through :func:`call_rule`, the tangent checked against the node's shape."""
+
+    def check(out: NodeId | None) -> str | None:
+        if out is not None and g.nodes[out].shape != node.shape:
+            return f"gave a tangent {g.nodes[out].shape} for an output of shape {node.shape}"
+        return None
+
+    return call_rule(g, node, "jvp", lambda: node.op.jvp(g, node, ins), check)
 
 
 def tangent_name(g: Graph, nid: NodeId, prefix: str, taken: set[str]) -> str:

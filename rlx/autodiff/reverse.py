@@ -14,10 +14,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from rlx.autodiff.call import call_rule
 from rlx.errors import AutodiffError
 from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.core import Input, Param
-from rlx.ops.rules import add_any, is_diff_dtype, stamp, zeros
+from rlx.ops.rules import add_any, is_diff_dtype, zeros
 
 __all__ = ["backward", "resolve_wrt", "grad", "value_and_grad", "vjp"]
 
@@ -114,43 +115,21 @@ def backward(g: Graph, cts: Mapping[NodeId, NodeId], wrt: Sequence[NodeId]) -> l
 
 
 def _rule(g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
-    """``node.op.vjp`` with its errors turned into AutodiffErrors naming the node, and the
-    nodes it adds stamped with the forward node's location."""
-    op = node.op
-    if op.nondiff:
-        raise AutodiffError(
-            f"{node.label}: not differentiable ({op.nondiff}), but a gradient flows "
-            f"through it; stop the gradient before it or leave its inputs out of wrt",
-            node=node.id,
-            loc=node.loc,
-        )
-    start = len(g.nodes)
-    try:
-        out = op.vjp(g, node, ct)
-    except NotImplementedError:
-        raise AutodiffError(
-            f"{node.label}: op {op.mnemonic!r} has no derivative rule (vjp)",
-            node=node.id,
-            loc=node.loc,
-        ) from None
-    out = tuple(out)
-    if len(out) != len(node.inputs):
-        raise AutodiffError(
-            f"{node.label}: vjp rule of {op.mnemonic!r} returned {len(out)} cotangents for "
-            f"{len(node.inputs)} inputs",
-            node=node.id,
-            loc=node.loc,
-        )
-    for i, c in zip(node.inputs, out, strict=True):
-        if c is not None and g.nodes[c].shape != g.nodes[i].shape:
-            raise AutodiffError(
-                f"{node.label}: vjp rule of {op.mnemonic!r} gave a cotangent "
-                f"{g.nodes[c].shape} for input %{i} of shape {g.nodes[i].shape}",
-                node=node.id,
-                loc=node.loc,
-            )
-    stamp(g, start, node)
-    return out
+    """``node.op.vjp`` through :func:`call_rule`, one cotangent per input checked against
+    its shape."""
+
+    def check(out: tuple[NodeId | None, ...]) -> str | None:
+        if len(out) != len(node.inputs):
+            return f"returned {len(out)} cotangents for {len(node.inputs)} inputs"
+        for i, c in zip(node.inputs, out, strict=True):
+            if c is not None and g.nodes[c].shape != g.nodes[i].shape:
+                return (
+                    f"gave a cotangent {g.nodes[c].shape} for input %{i} of shape "
+                    f"{g.nodes[i].shape}"
+                )
+        return None
+
+    return call_rule(g, node, "vjp", lambda: tuple(node.op.vjp(g, node, ct)), check)
 
 
 def _loss(g: Graph, output: int) -> NodeId:

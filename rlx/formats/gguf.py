@@ -30,24 +30,12 @@ with i8 scales: ``y = d * sc * (q - 32)``. Q8_K: ``y = d * q``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from rlx.errors import QuantizationError
-from rlx.formats.schemes import (
-    GGUF_SCHEMES,
-    GgufQ2K,
-    GgufQ3K,
-    GgufQ4_0,
-    GgufQ4_1,
-    GgufQ4K,
-    GgufQ5_0,
-    GgufQ5_1,
-    GgufQ5K,
-    GgufQ6K,
-    GgufQ8_0,
-    GgufQ8K,
-    QuantScheme,
-)
+from rlx.formats.schemes import GGUF_SCHEMES, QuantScheme
 
 __all__ = [
     "dequantize_rows",
@@ -196,18 +184,19 @@ def _q8_k(b: np.ndarray) -> np.ndarray:
     return d * qs
 
 
-_DECODERS = {
-    GgufQ4_0: _q4_0,
-    GgufQ4_1: _q4_1,
-    GgufQ5_0: _q5_0,
-    GgufQ5_1: _q5_1,
-    GgufQ8_0: _q8_0,
-    GgufQ2K: _q2_k,
-    GgufQ3K: _q3_k,
-    GgufQ4K: _q4_k,
-    GgufQ5K: _q5_k,
-    GgufQ6K: _q6_k,
-    GgufQ8K: _q8_k,
+#: ggml type name -> the decoder of a [nb, block_bytes] array of its blocks
+_DECODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "Q4_0": _q4_0,
+    "Q4_1": _q4_1,
+    "Q5_0": _q5_0,
+    "Q5_1": _q5_1,
+    "Q8_0": _q8_0,
+    "Q2_K": _q2_k,
+    "Q3_K": _q3_k,
+    "Q4_K": _q4_k,
+    "Q5_K": _q5_k,
+    "Q6_K": _q6_k,
+    "Q8_K": _q8_k,
 }
 
 
@@ -222,7 +211,8 @@ def dequantize_blocks(scheme: QuantScheme, data: np.ndarray) -> np.ndarray:
         raise QuantizationError(
             f"{scheme}: {raw.size} bytes is not a whole number of {bb}-byte blocks"
         )
-    return _DECODERS[type(scheme)](raw.reshape(-1, bb)).reshape(-1)
+    decode = _DECODERS[type(scheme).gguf_name]  # type: ignore[attr-defined]
+    return decode(raw.reshape(-1, bb)).reshape(-1)
 
 
 def dequantize_rows(scheme: QuantScheme, packed: np.ndarray) -> np.ndarray:

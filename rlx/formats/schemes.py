@@ -6,8 +6,9 @@ inputs are laid out; every scheme stores the weight **row-major by output channe
 ``n`` holds the ``K`` input weights of output ``n``, as llama.cpp and GPTQ do) and blocks
 run along K. The GGUF layouts (the legacy 32-element blocks Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 and the 256-element K-quants Q2_K..Q8_K) are decoded by :mod:`rlx.formats.gguf`; each GGUF
-variant names its ggml type (``ggml_type``, ``gguf_name``) and ``GGUF_SCHEMES`` maps the
-type names to the variants.
+variant is made from one row of the table ``GGUF_TYPES`` (its ggml type ``ggml_type`` /
+``gguf_name``, ``qk``, ``block_bytes``) and ``GGUF_SCHEMES`` maps the type names to the
+variants.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ __all__ = [
     "GgufQ2K",
     "GgufQ3K",
     "GGUF_SCHEMES",
+    "GGUF_TYPES",
+    "GgufType",
     "WEIGHT_DTYPES",
     "dequantize_weight",
 ]
@@ -103,11 +106,48 @@ class Fp8E5m2(QuantScheme):
     """Per-tensor FP8 E5M2: w_q F8E5M2 [N, K], scale F32 [1], zp I32 [1] (zero)."""
 
 
+@dataclass(frozen=True, slots=True)
+class GgufType:
+    """One llama.cpp block layout, a row of :data:`GGUF_TYPES`: its ggml type (name and
+    ``GGMLQuantizationType`` value), elements and bytes per block, bits per weight x 10 and
+    the block's fields (the variant's docstring)."""
+
+    name: str
+    ggml_type: int
+    qk: int
+    block_bytes: int
+    bits_per_elem_x10: int
+    layout: str
+
+    @property
+    def scheme_name(self) -> str:
+        """The QuantScheme variant's name: ``Q4_0`` -> ``GgufQ4_0``, ``Q4_K`` -> ``GgufQ4K``."""
+        return "Gguf" + self.name.replace("_K", "K")
+
+
+#: Every GGUF block layout rlx reads (legacy qk = 32, then the K-quants, qk = 256).
+GGUF_TYPES: tuple[GgufType, ...] = (
+    GgufType("Q4_0", 2, 32, 18, 45, "half d; u8 qs[16]; ``y = d * (q - 8)``"),
+    GgufType("Q4_1", 3, 32, 20, 50, "half d, m; u8 qs[16]; ``y = d * q + m``"),
+    GgufType("Q5_0", 6, 32, 22, 55, "half d; u32 qh; u8 qs[16]; ``y = d * (q - 16)``"),
+    GgufType("Q5_1", 7, 32, 24, 60, "half d, m; u32 qh; u8 qs[16]; ``y = d * q + m``"),
+    GgufType("Q8_0", 8, 32, 34, 85, "half d; i8 qs[32]; ``y = d * q``"),
+    GgufType("Q2_K", 10, 256, 84, 26, "u8 scales[16]; u8 qs[64]; half d, dmin"),
+    GgufType("Q3_K", 11, 256, 110, 34, "u8 hmask[32]; u8 qs[64]; u8 scales[12]; half d"),
+    GgufType("Q4_K", 12, 256, 144, 45, "half d, dmin; u8 scales[12]; u8 qs[128]"),
+    GgufType("Q5_K", 13, 256, 176, 55, "half d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]"),
+    GgufType("Q6_K", 14, 256, 210, 66, "u8 ql[128]; u8 qh[64]; i8 scales[16]; half d"),
+    GgufType("Q8_K", 15, 256, 292, 91, "f32 d; i8 qs[256]; i16 bsums[16]"),
+)
+
+
 class _Gguf(QuantScheme):
-    """A llama.cpp block layout: packed U8 ``[N, K / qk * block_bytes]`` (scales inside)."""
+    """A llama.cpp block layout: packed U8 ``[N, K / qk * block_bytes]`` (scales inside).
+    The variants (``GgufQ4K``...) are made from the rows of :data:`GGUF_TYPES`."""
 
     __slots__ = ()
     is_gguf: ClassVar[bool] = True
+    gguf: ClassVar[GgufType]  # the variant's row
     block_bytes: ClassVar[int] = 0
     qk: ClassVar[int] = 256  # elements per block (32 for the legacy types)
     ggml_type: ClassVar[int] = -1  # the GGMLQuantizationType value
@@ -122,131 +162,37 @@ class _Gguf(QuantScheme):
         return k // self.qk * self.block_bytes
 
 
-@dataclass(frozen=True, slots=True)
-class GgufQ4_0(_Gguf):  # noqa: N801 (the ggml type name)
-    """llama.cpp block_q4_0 (18 bytes per 32): half d; u8 qs[16]; ``y = d * (q - 8)``."""
-
-    bits_per_elem_x10: ClassVar[int] = 45
-    block_bytes: ClassVar[int] = 18
-    qk: ClassVar[int] = 32
-    ggml_type: ClassVar[int] = 2
-    gguf_name: ClassVar[str] = "Q4_0"
-
-
-@dataclass(frozen=True, slots=True)
-class GgufQ4_1(_Gguf):  # noqa: N801
-    """llama.cpp block_q4_1 (20 bytes per 32): half d, m; u8 qs[16]; ``y = d * q + m``."""
-
-    bits_per_elem_x10: ClassVar[int] = 50
-    block_bytes: ClassVar[int] = 20
-    qk: ClassVar[int] = 32
-    ggml_type: ClassVar[int] = 3
-    gguf_name: ClassVar[str] = "Q4_1"
-
-
-@dataclass(frozen=True, slots=True)
-class GgufQ5_0(_Gguf):  # noqa: N801
-    """llama.cpp block_q5_0 (22 bytes per 32): half d; u32 qh; u8 qs[16];
-    ``y = d * (q - 16)``."""
-
-    bits_per_elem_x10: ClassVar[int] = 55
-    block_bytes: ClassVar[int] = 22
-    qk: ClassVar[int] = 32
-    ggml_type: ClassVar[int] = 6
-    gguf_name: ClassVar[str] = "Q5_0"
-
-
-@dataclass(frozen=True, slots=True)
-class GgufQ5_1(_Gguf):  # noqa: N801
-    """llama.cpp block_q5_1 (24 bytes per 32): half d, m; u32 qh; u8 qs[16];
-    ``y = d * q + m``."""
-
-    bits_per_elem_x10: ClassVar[int] = 60
-    block_bytes: ClassVar[int] = 24
-    qk: ClassVar[int] = 32
-    ggml_type: ClassVar[int] = 7
-    gguf_name: ClassVar[str] = "Q5_1"
-
-
-@dataclass(frozen=True, slots=True)
-class GgufQ8_0(_Gguf):  # noqa: N801
-    """llama.cpp block_q8_0 (34 bytes per 32): half d; i8 qs[32]; ``y = d * q``."""
-
-    bits_per_elem_x10: ClassVar[int] = 85
-    block_bytes: ClassVar[int] = 34
-    qk: ClassVar[int] = 32
-    ggml_type: ClassVar[int] = 8
-    gguf_name: ClassVar[str] = "Q8_0"
-
-
-@dataclass(frozen=True, slots=True)
-class GgufQ2K(_Gguf):
-    """llama.cpp block_q2_K (84 bytes per 256): packed U8 [N, K/256*84]."""
-
-    bits_per_elem_x10: ClassVar[int] = 26
-    block_bytes: ClassVar[int] = 84
-    ggml_type: ClassVar[int] = 10
-    gguf_name: ClassVar[str] = "Q2_K"
-
-
-@dataclass(frozen=True, slots=True)
-class GgufQ3K(_Gguf):
-    """llama.cpp block_q3_K (110 bytes per 256): packed U8 [N, K/256*110]."""
-
-    bits_per_elem_x10: ClassVar[int] = 34
-    block_bytes: ClassVar[int] = 110
-    ggml_type: ClassVar[int] = 11
-    gguf_name: ClassVar[str] = "Q3_K"
-
-
-@dataclass(frozen=True, slots=True)
-class GgufQ4K(_Gguf):
-    """llama.cpp block_q4_K (144 bytes per 256): packed U8 [N, K/256*144]."""
-
-    bits_per_elem_x10: ClassVar[int] = 45
-    block_bytes: ClassVar[int] = 144
-    ggml_type: ClassVar[int] = 12
-    gguf_name: ClassVar[str] = "Q4_K"
-
-
-@dataclass(frozen=True, slots=True)
-class GgufQ5K(_Gguf):
-    """llama.cpp block_q5_K (176 bytes per 256): packed U8 [N, K/256*176]."""
-
-    bits_per_elem_x10: ClassVar[int] = 55
-    block_bytes: ClassVar[int] = 176
-    ggml_type: ClassVar[int] = 13
-    gguf_name: ClassVar[str] = "Q5_K"
-
-
-@dataclass(frozen=True, slots=True)
-class GgufQ6K(_Gguf):
-    """llama.cpp block_q6_K (210 bytes per 256): packed U8 [N, K/256*210]."""
-
-    bits_per_elem_x10: ClassVar[int] = 66
-    block_bytes: ClassVar[int] = 210
-    ggml_type: ClassVar[int] = 14
-    gguf_name: ClassVar[str] = "Q6_K"
-
-
-@dataclass(frozen=True, slots=True)
-class GgufQ8K(_Gguf):
-    """llama.cpp block_q8_K (292 bytes per 256): packed U8 [N, K/256*292]."""
-
-    bits_per_elem_x10: ClassVar[int] = 91
-    block_bytes: ClassVar[int] = 292
-    ggml_type: ClassVar[int] = 15
-    gguf_name: ClassVar[str] = "Q8_K"
+def _variant(t: GgufType) -> type[_Gguf]:
+    """The frozen dataclass (no fields) of the GGUF layout ``t``, named ``t.scheme_name``."""
+    ns = {
+        "__doc__": f"llama.cpp block_{t.name.lower()} ({t.block_bytes} bytes per {t.qk}): "
+        f"{t.layout}",
+        "__module__": __name__,
+        "__qualname__": t.scheme_name,
+        "gguf": t,
+        "bits_per_elem_x10": t.bits_per_elem_x10,
+        "block_bytes": t.block_bytes,
+        "qk": t.qk,
+        "ggml_type": t.ggml_type,
+        "gguf_name": t.name,
+    }
+    return dataclass(frozen=True, slots=True)(type(t.scheme_name, (_Gguf,), ns))
 
 
 #: ggml type name (``"Q4_K"``) -> the GGUF scheme variant
-GGUF_SCHEMES: dict[str, type[QuantScheme]] = {
-    c.gguf_name: c
-    for c in (
-        GgufQ4_0, GgufQ4_1, GgufQ5_0, GgufQ5_1, GgufQ8_0,
-        GgufQ2K, GgufQ3K, GgufQ4K, GgufQ5K, GgufQ6K, GgufQ8K,
-    )
-}  # fmt: skip
+GGUF_SCHEMES: dict[str, type[QuantScheme]] = {t.name: _variant(t) for t in GGUF_TYPES}
+
+GgufQ4_0 = GGUF_SCHEMES["Q4_0"]
+GgufQ4_1 = GGUF_SCHEMES["Q4_1"]
+GgufQ5_0 = GGUF_SCHEMES["Q5_0"]
+GgufQ5_1 = GGUF_SCHEMES["Q5_1"]
+GgufQ8_0 = GGUF_SCHEMES["Q8_0"]
+GgufQ2K = GGUF_SCHEMES["Q2_K"]
+GgufQ3K = GGUF_SCHEMES["Q3_K"]
+GgufQ4K = GGUF_SCHEMES["Q4_K"]
+GgufQ5K = GGUF_SCHEMES["Q5_K"]
+GgufQ6K = GGUF_SCHEMES["Q6_K"]
+GgufQ8K = GGUF_SCHEMES["Q8_K"]
 
 
 WEIGHT_DTYPES: dict[type, tuple[DType, ...]] = {

@@ -12,7 +12,7 @@ with the dual norm; rfft / irfft weight the half-spectrum bins), its jvp itself.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -222,49 +222,29 @@ def _fft(g: Graph, fn: FftKind, x: NodeId, n: int | None, axis: int, norm: FftNo
     return g.apply(Fft(fn, nm, n, axis % s.rank), [x])
 
 
-@graph_method
-def fft(
-    g: Graph,
-    x: NodeId,
-    n: int | None = None,
-    axis: int = -1,
-    norm: FftNorm | str = FftNorm.BACKWARD,
-) -> NodeId:
-    """Complex FFT along ``axis`` (real inputs are cast to c64)."""
-    return _fft(g, FftKind.FFT, x, n, axis, norm)
+def _builder(kind: FftKind, doc: str) -> Callable[..., NodeId]:
+    """The ``g.<kind>(x, n=None, axis=-1, norm="backward")`` builder for one transform."""
+
+    def build(
+        g: Graph,
+        x: NodeId,
+        n: int | None = None,
+        axis: int = -1,
+        norm: FftNorm | str = FftNorm.BACKWARD,
+    ) -> NodeId:
+        return _fft(g, kind, x, n, axis, norm)
+
+    build.__name__ = build.__qualname__ = kind.value
+    build.__doc__ = doc
+    return graph_method(build)
 
 
-@graph_method
-def ifft(
-    g: Graph,
-    x: NodeId,
-    n: int | None = None,
-    axis: int = -1,
-    norm: FftNorm | str = FftNorm.BACKWARD,
-) -> NodeId:
-    """Inverse complex FFT along ``axis`` (real inputs are cast to c64)."""
-    return _fft(g, FftKind.IFFT, x, n, axis, norm)
-
-
-@graph_method
-def rfft(
-    g: Graph,
-    x: NodeId,
-    n: int | None = None,
-    axis: int = -1,
-    norm: FftNorm | str = FftNorm.BACKWARD,
-) -> NodeId:
-    """Real FFT: f32 ``[..., n]`` -> c64 ``[..., n//2+1]`` (other floats cast to f32)."""
-    return _fft(g, FftKind.RFFT, x, n, axis, norm)
-
-
-@graph_method
-def irfft(
-    g: Graph,
-    x: NodeId,
-    n: int | None = None,
-    axis: int = -1,
-    norm: FftNorm | str = FftNorm.BACKWARD,
-) -> NodeId:
-    """Inverse real FFT: c64 ``[..., m]`` -> f32 ``[..., n]`` (default ``n = 2*(m-1)``)."""
-    return _fft(g, FftKind.IRFFT, x, n, axis, norm)
+fft = _builder(FftKind.FFT, "Complex FFT along ``axis`` (real inputs are cast to c64).")
+ifft = _builder(FftKind.IFFT, "Inverse complex FFT along ``axis`` (real inputs are cast to c64).")
+rfft = _builder(
+    FftKind.RFFT, "Real FFT: f32 ``[..., n]`` -> c64 ``[..., n//2+1]`` (other floats cast to f32)."
+)
+irfft = _builder(
+    FftKind.IRFFT,
+    "Inverse real FFT: c64 ``[..., m]`` -> f32 ``[..., n]`` (default ``n = 2*(m-1)``).",
+)

@@ -5,7 +5,8 @@ SmoothQuant) an iterable of calibration input dicts. Out: a :class:`QuantizeResu
 the compiled INT8 graph, the compiled float graph and an
 :class:`~rlx.quant.report.AccuracyReport`.
 
-Steps:
+Steps (stages 1-3 are :func:`_plan`, :func:`_calibrate` and :func:`_lower`; the report,
+:func:`_result`):
 
 1. *Layers*: fused matmul ops are expanded first (``ExpandFusedMatMuls``), and
    ``matmul(x, transpose(W))`` / weight-shaped ``dot_general`` become ``matmul(x, W.T)``
@@ -44,12 +45,18 @@ Steps:
    The report says per layer which method it got (:attr:`AccuracyReport.methods`) and why
    a layer stayed float.
 
-Degenerate data is refused or worked around, never quantized silently: a weight holding
-NaN / Inf, or an activation that saw only non-finite values during calibration, raises
-:class:`~rlx.errors.QuantizationError` naming it; an activation that saw only zeros (or
-no value at all) has no range to calibrate (its scale would be the 1e-6 floor, which
-saturates every real input: relative error 1.0), so its layers stay in float with a
-``RuntimeWarning`` and a ``kept_float`` entry saying why. Evaluation data whose float
+Degenerate data is refused or worked around, never quantized silently, and the message
+names the tensor:
+- a weight holding NaN / Inf, an activation that saw only non-finite values, a
+  calibrated range at or above ~1.8e19 (where squaring a value overflows f32: calibration
+  on 1e30 or the f32 maximum) or a non-finite threshold raises
+  :class:`~rlx.errors.QuantizationError`;
+- an activation that saw only zeros (or no value at all), values with no spread (within
+  one int8 step of each other, e.g. constant data), or a range whose int8 step falls
+  below the 1e-6 scale floor (the same floor for s8 and u8) keeps its layers in float
+  with a :class:`~rlx.errors.QuantizationWarning` (a RuntimeWarning) and a ``kept_float``
+  entry saying why;
+- NaN / Inf among otherwise finite calibration values is a QuantizationWarning. Evaluation data whose float
 outputs are all zero or non-finite cannot measure an error: the report says so instead
 of printing 0 or nan.
 """
@@ -57,16 +64,14 @@ of printing 0 or nan.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from rlx.errors import QuantizationError
+from rlx.errors import QuantizationError, QuantizationWarning
 from rlx.ir.mir import Graph
-from rlx.ops.linalg import DotGeneral
-from rlx.ops.nn import Attention
 from rlx.ops.qmatmul import ActQuant
 from rlx.options import CompileOptions
 from rlx.passes.pipeline import to_mir
@@ -74,22 +79,20 @@ from rlx.quant.calibrate import CalibrationMethod
 from rlx.quant.layers import (
     Layer,
     canonical_weights,
+    check_exclude,
     check_weights,
     find_conv_layers,
     find_layers,
+    float_products,
     weight_value,
 )
 from rlx.quant.lower import ExpandFusedMatMuls, quantize_weight
-from rlx.quant.mix import VariantBuilder, fake_quant_graph
+from rlx.quant.mix import VariantBuilder, fake_quant_graph, meet_budget
 from rlx.quant.record import CalibrationEntry
-from rlx.quant.report import AccuracyReport, ErrorAccumulator, LayerError
-from rlx.quant.static import act_entry, calibrate_taps, degenerate_taps, session
+from rlx.quant.report import AccuracyReport, ErrorAccumulator, LayerError, measure, method_text
+from rlx.quant.static import Tee, act_entry, calibrate_taps, degenerate_taps, session
 
 __all__ = ["quantize", "QuantizeResult", "Layer", "find_layers", "fake_quant_graph"]
-
-# names other modules of rlx.quant import from here
-_weight_value = weight_value
-_session = session
 
 
 @dataclass
@@ -116,37 +119,6 @@ _METHODS: dict[str, CalibrationMethod] = {
     "entropy": CalibrationMethod.ENTROPY,
 }
 _ACTIVATIONS = ("static", "dynamic")
-
-
-class _Tee:
-    """Iterate once over the calibration data while keeping its first ``keep`` batches."""
-
-    def __init__(self, data: Iterable[Mapping[str, Any]], keep: int):
-        self.data = data
-        self.keep = keep
-        self.kept: list[dict[str, np.ndarray]] = []
-
-    def __iter__(self) -> Iterator[Mapping[str, Any]]:
-        for i, batch in enumerate(self.data):
-            if not isinstance(batch, Mapping):
-                raise QuantizationError(
-                    f"calibration batch {i} is a {type(batch).__name__}; expected a dict of input name -> array"
-                )
-            if i < self.keep:
-                self.kept.append({k: np.array(v, copy=True) for k, v in batch.items()})
-            yield batch
-
-
-def _measure(
-    compiled: Any,
-    float_outs: list[list[np.ndarray]],
-    batches: list[dict[str, np.ndarray]],
-    n_outputs: int,
-) -> ErrorAccumulator:
-    acc = ErrorAccumulator(n_outputs)
-    for batch, ref in zip(batches, float_outs, strict=True):
-        acc.add(compiled.run(batch), ref)
-    return acc
 
 
 def _check_args(
@@ -182,102 +154,11 @@ def _check_args(
     return meth, mode
 
 
-def _float_compute(graph: Graph, layers: Sequence[Layer]) -> dict[str, str]:
-    """Products that are not layers and stay float, node label -> why: attention (its
-    activation x activation products run in the fused float attention kernel) and
-    matmul / dot_general whose operands are both computed."""
-    done = {ly.node for ly in layers}
-    out: dict[str, str] = {}
-    for node in graph.nodes:
-        if node.id in done:
-            continue
-        if isinstance(node.op, Attention):
-            out[node.label] = (
-                "activation x activation products (q k^T, probabilities x v): the fused "
-                "float attention kernel; there is no integer attention kernel"
-            )
-        elif isinstance(node.op, DotGeneral):
-            out[node.label] = "both operands are activations (no weight to quantize now)"
-    return out
-
-
 def _no_data(graph: Graph, why: str) -> QuantizationError:
     return QuantizationError(
         f"quantize: {why} needs calibration_data (an iterable of input dicts with the "
         f"inputs of graph {graph.name!r}: {graph.input_names})"
     )
-
-
-def _method_text(
-    mode: str, entry: CalibrationEntry | None, method: str, dyn: ActQuant, smooth: str | None
-) -> str:
-    if mode == "dynamic":
-        text = f"dynamic {dyn.value} per-row activations"
-    else:
-        assert entry is not None
-        if entry.dtype.name == "U8":
-            kind = f"u8 asymmetric (zero point {entry.zero_points[0]})"
-        else:
-            kind = "s8 symmetric"
-        text = f"static {method} {kind}, scale {entry.scales[0]:.4g}"
-    if smooth is not None and smooth.startswith("smooth"):
-        text += f"; {smooth}"
-    return text
-
-
-def _meet_budget(
-    modes: dict[str, str],
-    order: list[str],
-    activations: str,
-    budget: float,
-    kept_float: dict[str, str],
-    builder: VariantBuilder,
-    build: Any,
-    acc: ErrorAccumulator,
-    measure: Any,
-    float_variant: tuple[Graph, Any, dict[str, np.ndarray]],
-) -> tuple[Graph, Any, dict[str, np.ndarray], ErrorAccumulator] | None:
-    """The cheapest mix meeting ``budget`` (relative error), found greedily over the
-    layers in ``order`` (worst first), ``modes`` updated in place: (A) static -> dynamic
-    one layer at a time (static activations only; convs stay static); (B) if still over,
-    layers go float one at a time; (C) the dynamic layers, best first, go back to static
-    when the budget still holds. None when the first variant met it already."""
-    if acc.worst().relative <= budget:
-        return None
-    variant: tuple[Graph, Any, dict[str, np.ndarray]] | None = None
-
-    def rebuild() -> tuple[tuple[Graph, Any, dict[str, np.ndarray]], ErrorAccumulator]:
-        v = build(modes) if modes else float_variant
-        return v, measure(v[1])
-
-    if activations == "static":
-        for name in order:
-            if modes.get(name) != "static" or builder.layers[name].kind == "conv2d":
-                continue
-            modes[name] = "dynamic"
-            variant, acc = rebuild()
-            if acc.worst().relative <= budget:
-                break
-    for name in order:
-        if acc.worst().relative <= budget:
-            break
-        if name not in modes:
-            continue
-        del modes[name]
-        kept_float[name] = f"kept in float to meet the accuracy budget {budget:g}"
-        variant, acc = rebuild()
-    if activations == "static":
-        for name in reversed(order):
-            if modes.get(name) != "dynamic":
-                continue
-            modes[name] = "static"
-            trial, trial_acc = rebuild()
-            if trial_acc.worst().relative <= budget:
-                variant, acc = trial, trial_acc
-            else:
-                modes[name] = "dynamic"
-    assert variant is not None
-    return (*variant, acc)
 
 
 def quantize(
@@ -321,8 +202,9 @@ def quantize(
     :class:`QuantizeResult`.
 
     Raises QuantizationError naming the tensor for a NaN / Inf weight of a quantized
-    layer and for an activation that saw only non-finite values; an activation that saw
-    only zeros keeps its layers in float with a RuntimeWarning (see the module docstring).
+    layer, an activation that saw only non-finite values or a saturating range; an
+    activation with no usable range keeps its layers in float with a QuantizationWarning
+    (see the module docstring).
 
     ``weights_only=True`` with ``scheme=`` a QuantScheme (Int8Block(32), Int4Block(32),
     Fp8E4m3(), a GGUF scheme...) packs the weights instead and emits DequantMatMul
@@ -339,6 +221,55 @@ def quantize(
             options=options, eval_data=eval_data, eval_batches=eval_batches,
             rank_layers=rank_layers, accuracy_budget=accuracy_budget,
         )  # fmt: skip
+    plan = _plan(
+        graph_or_module, calibration_data, params, activations, method, smooth_alpha,
+        dynamic_mode, exclude, accuracy_budget, options,
+    )  # fmt: skip
+    cal = _calibrate(
+        plan, calibration_data, activations, asymmetric, per_channel, smooth_alpha,
+        eval_data, eval_batches,
+    )  # fmt: skip
+    low = _lower(
+        plan, cal, activations, per_channel, activation_products, rank_layers, accuracy_budget
+    )
+    return _result(plan, cal, low, activations, method, accuracy_budget, smooth_alpha)
+
+
+# ---- 1. validate and plan --------------------------------------------------------------
+
+
+@dataclass
+class _Plan:
+    """What :func:`_plan` found: the float graph (fused matmuls expanded, weights made
+    canonical) and its params, every layer, those to quantize (``active``), those kept
+    float and why, the float-only products, and the checked arguments."""
+
+    graph: Graph
+    params: dict[str, np.ndarray]
+    layers: list[Layer]
+    active: list[Layer]
+    kept_float: dict[str, str]
+    float_compute: dict[str, str]
+    method: CalibrationMethod
+    dyn_mode: ActQuant
+    opts: CompileOptions
+
+
+def _plan(
+    graph_or_module: Any,
+    calibration_data: Iterable[Mapping[str, Any]] | None,
+    params: Mapping[str, Any],
+    activations: str,
+    method: CalibrationMethod | str,
+    smooth_alpha: float | None,
+    dynamic_mode: str,
+    exclude: Iterable[str | int],
+    accuracy_budget: float | None,
+    options: CompileOptions | None,
+) -> _Plan:
+    """Stage 1: check the arguments, bring the graph to MIR with canonical weights, find
+    its layers (matmuls and convs) and pick those to quantize (not excluded, not a conv
+    without calibration data); refuses NaN / Inf weights."""
     meth, dyn_mode = _check_args(method, activations, accuracy_budget, smooth_alpha, dynamic_mode)
     graph = ExpandFusedMatMuls().run(to_mir(graph_or_module))
     graph.verify()
@@ -358,14 +289,8 @@ def quantize(
     if convs:
         kept_float.update(conv_skipped)
     all_layers = layers + convs
-    float_compute = _float_compute(graph, all_layers)
-    names = {ly.name for ly in all_layers} | {ly.node for ly in all_layers}
-    excl = list(exclude)
-    unknown = [e for e in excl if e not in names]
-    if unknown:
-        raise QuantizationError(
-            f"exclude names unknown layers {unknown}; layers of graph {graph.name!r}: {[ly.name for ly in all_layers]}"
-        )
+    float_compute = float_products(graph, all_layers)
+    excl = check_exclude(graph, all_layers, exclude)
     for ly in all_layers:
         if ly.name in excl or ly.node in excl:
             kept_float[ly.name] = "excluded by the caller"
@@ -382,98 +307,182 @@ def quantize(
                 "a conv needs calibrated (static) activation scales: give calibration_data"
             )
         active = [ly for ly in active if ly.name not in kept_float]
+    return _Plan(
+        graph, np_params, all_layers, active, kept_float, float_compute, meth, dyn_mode, opts
+    )
 
-    # ---- SmoothQuant, then static calibration --------------------------------------
+
+# ---- 2. calibrate ----------------------------------------------------------------------
+
+
+@dataclass
+class _Calibration:
+    """What :func:`_calibrate` made: the graph and params to lower (smoothed when
+    SmoothQuant ran), the layers still to quantize, each static layer's (activation,
+    weight) entries, SmoothQuant's note per layer, the number of calibration batches read
+    and the evaluation batches."""
+
+    graph: Graph
+    params: dict[str, np.ndarray]
+    active: list[Layer]
+    entries: dict[str, tuple[CalibrationEntry, CalibrationEntry]]
+    smooth_info: dict[str, str]
+    n_cal: int
+    evals: list[dict[str, np.ndarray]]
+
+
+def _calibrate(
+    plan: _Plan,
+    calibration_data: Iterable[Mapping[str, Any]] | None,
+    activations: str,
+    asymmetric: bool | None,
+    per_channel: bool,
+    smooth_alpha: float | None,
+    eval_data: Iterable[Mapping[str, Any]] | None,
+    eval_batches: int,
+) -> _Calibration:
+    """Stage 2: read the calibration data once (twice with SmoothQuant): SmoothQuant's
+    per-channel statistics and smoothed graph, then the static layers' activation and
+    weight entries (layers whose activation saw no usable range stay float, with a
+    QuantizationWarning); keeps the batches that measure the accuracy."""
     keep = 0 if eval_data is not None else eval_batches
     data: Iterable[Mapping[str, Any]] | None = calibration_data
     if smooth_alpha is not None and data is not None and not isinstance(data, Sequence):
         data = list(data)  # read twice: per-channel statistics, then the smoothed ranges
-    tee = _Tee(data, keep) if data is not None else None
-    qgraph, qparams = graph, np_params
-    smooth_info: dict[str, str] = {}
-    n_cal = 0
+    tee = Tee(data, keep) if data is not None else None
+    cal = _Calibration(plan.graph, plan.params, plan.active, {}, {}, 0, [])
     if smooth_alpha is not None:
-        from rlx.quant.smooth import smooth_graph
-
-        mm = [ly for ly in active if ly.kind == "matmul"]
-        taps = sorted({ly.act for ly in mm})
         assert tee is not None
-        # per-channel max |x| is all smoothing needs: the cheap max-abs calibrator
-        stats, n_cal = calibrate_taps(
-            graph, taps, tee, np_params, CalibrationMethod.MAX_ABS, opts, channel_stats=True
-        )
-        degenerate_taps(graph, mm, taps, stats)  # raises on non-finite-only data
-        sm = smooth_graph(
-            graph,
-            mm,
-            np_params,
-            {t: st.channel_max_abs for t, st in zip(taps, stats, strict=True)},
-            float(smooth_alpha),
-        )
-        qgraph, qparams, smooth_info = sm.graph, sm.params, sm.info
-        by_name = {
-            ly.name: ly
-            for ly in find_layers(qgraph, qparams)[0] + find_conv_layers(qgraph, qparams)[0]
-        }
-        active = [by_name[ly.name] for ly in active]
-        tee = _Tee(data, 0) if data is not None else None  # type: ignore[arg-type]
-
-    static_layers = [ly for ly in active if activations == "static" or ly.kind == "conv2d"]
-    entries: dict[str, tuple[CalibrationEntry, CalibrationEntry]] = {}
+        _smooth(plan, cal, tee, float(smooth_alpha))
+        tee = Tee(data, 0) if data is not None else None  # type: ignore[arg-type]
+    static_layers = [ly for ly in cal.active if activations == "static" or ly.kind == "conv2d"]
     if static_layers:
-        cal_layers = static_layers
-        taps = sorted({ly.act for ly in cal_layers})
         assert tee is not None
-        stats, n2 = calibrate_taps(qgraph, taps, tee, qparams, meth, opts)
-        n_cal = max(n_cal, n2)
-        degenerate = degenerate_taps(qgraph, cal_layers, taps, stats)
-        static_names = {ly.name for ly in static_layers}
-        for ly in cal_layers:
-            if ly.act in degenerate and ly.name in static_names:
-                why = degenerate[ly.act]
-                warnings.warn(
-                    f"rlx.quantize: layer {ly.name!r} is kept in float: {why}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                kept_float[ly.name] = why
-        active = [ly for ly in active if ly.name not in kept_float]
-        by_tap = {t: act_entry(st, asymmetric) for t, st in zip(taps, stats, strict=True)}
-        for ly in active:
-            if ly.act not in by_tap or ly.act in degenerate:
-                continue
-            axis = 0 if ly.kind == "conv2d" else 1
-            _, ws = quantize_weight(weight_value(qgraph, ly, qparams), per_channel, axis)
-            w_entry = (
-                CalibrationEntry.per_channel(axis, ws)
-                if per_channel
-                else CalibrationEntry.per_tensor(ws[0])
-            )
-            entries[ly.name] = (by_tap[ly.act], w_entry)
+        _static_entries(plan, cal, static_layers, tee, asymmetric, per_channel)
     elif tee is not None:
         for _ in tee:  # dynamic: the data only feeds the accuracy measurement
             if len(tee.kept) >= keep:
                 break
-
-    # ---- evaluation ------------------------------------------------------------------
     if eval_data is not None:
-        evals = [dict(b) for b in eval_data]
+        cal.evals = [dict(b) for b in eval_data]
     elif smooth_alpha is not None and isinstance(data, Sequence):
-        evals = [dict(b) for b in list(data)[:eval_batches]]
+        cal.evals = [dict(b) for b in list(data)[:eval_batches]]
     else:
-        evals = tee.kept if tee is not None else []
-    if not evals and accuracy_budget is not None:
+        cal.evals = tee.kept if tee is not None else []
+    return cal
+
+
+def _smooth(plan: _Plan, cal: _Calibration, tee: Tee, alpha: float) -> None:
+    """SmoothQuant: one max-abs pass over ``tee`` for each matmul input's per-channel
+    max ``|x|``, then ``cal``'s graph, params, layers and notes become the smoothed ones."""
+    from rlx.quant.smooth import smooth_graph
+
+    graph, params = plan.graph, plan.params
+    mm = [ly for ly in cal.active if ly.kind == "matmul"]
+    taps = sorted({ly.act for ly in mm})
+    # per-channel max |x| is all smoothing needs: the cheap max-abs calibrator
+    stats, cal.n_cal = calibrate_taps(
+        graph, taps, tee, params, CalibrationMethod.MAX_ABS, plan.opts, channel_stats=True
+    )
+    degenerate_taps(graph, mm, taps, stats)  # raises on non-finite-only data
+    channel_max = {t: st.channel_max_abs for t, st in zip(taps, stats, strict=True)}
+    sm = smooth_graph(graph, mm, params, channel_max, alpha)
+    cal.graph, cal.params, cal.smooth_info = sm.graph, sm.params, sm.info
+    by_name = {
+        ly.name: ly
+        for ly in find_layers(cal.graph, cal.params)[0] + find_conv_layers(cal.graph, cal.params)[0]
+    }
+    cal.active = [by_name[ly.name] for ly in cal.active]
+
+
+def _static_entries(
+    plan: _Plan,
+    cal: _Calibration,
+    static_layers: list[Layer],
+    tee: Tee,
+    asymmetric: bool | None,
+    per_channel: bool,
+) -> None:
+    """Calibrate the static layers' activations with ``plan.method`` and fill
+    ``cal.entries`` (activation entry, symmetric weight entry); a layer whose activation
+    has no usable range stays float with a QuantizationWarning."""
+    taps = sorted({ly.act for ly in static_layers})
+    stats, n2 = calibrate_taps(cal.graph, taps, tee, cal.params, plan.method, plan.opts)
+    cal.n_cal = max(cal.n_cal, n2)
+    degenerate = degenerate_taps(cal.graph, static_layers, taps, stats)
+    for ly in static_layers:
+        if ly.act in degenerate:
+            why = degenerate[ly.act]
+            warnings.warn(
+                f"rlx.quantize: layer {ly.name!r} is kept in float: {why}",
+                QuantizationWarning,
+                stacklevel=4,  # the caller of quantize
+            )
+            plan.kept_float[ly.name] = why
+    cal.active = [ly for ly in cal.active if ly.name not in plan.kept_float]
+    by_tap = {t: act_entry(st, asymmetric) for t, st in zip(taps, stats, strict=True)}
+    for ly in cal.active:
+        if ly.act not in by_tap or ly.act in degenerate:
+            continue
+        axis = 0 if ly.kind == "conv2d" else 1
+        _, ws = quantize_weight(weight_value(cal.graph, ly, cal.params), per_channel, axis)
+        w_entry = (
+            CalibrationEntry.per_channel(axis, ws)
+            if per_channel
+            else CalibrationEntry.per_tensor(ws[0])
+        )
+        cal.entries[ly.name] = (by_tap[ly.act], w_entry)
+
+
+# ---- 3. lower, rank and meet the budget --------------------------------------------------
+
+
+@dataclass
+class _Lowered:
+    """What :func:`_lower` picked: the lowered graph, its compiled form and params, its
+    error, the per-layer ranking, each quantized layer's mode, the builder (its integer
+    products) and the compiled float graph."""
+
+    graph: Graph
+    compiled: Any
+    params: dict[str, np.ndarray]
+    acc: ErrorAccumulator
+    ranking: list[LayerError]
+    modes: dict[str, str]
+    builder: VariantBuilder
+    products: bool
+    float_compiled: Any
+
+
+def _lower(
+    plan: _Plan,
+    cal: _Calibration,
+    activations: str,
+    per_channel: bool,
+    activation_products: bool,
+    rank_layers: bool,
+    accuracy_budget: float | None,
+) -> _Lowered:
+    """Stage 3: compile the float graph and the quantized variant(s) and measure them:
+    each layer alone (the ranking, worst first), all layers in their mode, then, with an
+    ``accuracy_budget``, the products back to float and the cheapest mix that meets it."""
+    if not cal.evals and accuracy_budget is not None:
         raise QuantizationError(
             "accuracy_budget needs evaluation batches (eval_data or eval_batches >= 1)"
         )
+    graph, evals, opts = plan.graph, cal.evals, plan.opts
     n_out = len(graph.outputs)
     sess = session()
-    float_compiled = sess.compile(graph, opts, params=np_params)
+    float_compiled = sess.compile(graph, opts, params=plan.params)
     float_outs = [float_compiled.run(b) for b in evals]
     builder = VariantBuilder(
-        qgraph, qparams, {ly.name: ly for ly in active}, entries, dyn_mode, per_channel
+        cal.graph,
+        cal.params,
+        {ly.name: ly for ly in cal.active},
+        cal.entries,
+        plan.dyn_mode,
+        per_channel,
     )
-
     use_products = [activation_products]
 
     def build(
@@ -482,25 +491,26 @@ def quantize(
         low, kept = builder.lower(modes, products=use_products[0] and not alone)
         return low, sess.compile(low, opts, params=kept), kept
 
+    def error(compiled: Any) -> ErrorAccumulator:
+        return measure(compiled, float_outs, evals, n_out)
+
     def start_mode(ly: Layer) -> str:
         return "static" if ly.kind == "conv2d" or activations == "static" else "dynamic"
 
-    modes = {ly.name: start_mode(ly) for ly in active}
+    modes = {ly.name: start_mode(ly) for ly in cal.active}
     ranking: list[LayerError] = []
     if rank_layers or accuracy_budget is not None:
-        for ly in active:
+        for ly in cal.active:
             _, comp, _ = build({ly.name: modes[ly.name]}, alone=True)
-            ranking.append(
-                LayerError(ly.name, ly.node, _measure(comp, float_outs, evals, n_out).worst())
-            )
+            ranking.append(LayerError(ly.name, ly.node, error(comp).worst()))
         # worst first; an unmeasured error (NaN) sorts last
         ranking.sort(key=lambda le: le.error.relative if le.error.measured else -1.0, reverse=True)
 
     if modes:
         low, compiled, low_params = build(modes)
     else:  # every layer kept in float (degenerate calibration data)
-        low, compiled, low_params = graph, float_compiled, np_params
-    acc = _measure(compiled, float_outs, evals, n_out)
+        low, compiled, low_params = graph, float_compiled, plan.params
+    acc = error(compiled)
     if accuracy_budget is not None and not acc.worst().measured:
         raise QuantizationError(
             f"quantize: accuracy_budget {accuracy_budget:g} cannot be checked: the error is "
@@ -510,45 +520,63 @@ def quantize(
     if accuracy_budget is not None and use_products[0] and acc.worst().relative > accuracy_budget:
         use_products[0] = False  # the products go back to float before any layer does
         for label in builder.products_done:
-            float_compute[label] = f"kept in float to meet the accuracy budget {accuracy_budget:g}"
+            plan.float_compute[label] = (
+                f"kept in float to meet the accuracy budget {accuracy_budget:g}"
+            )
         builder.products_done = {}
         low, compiled, low_params = build(modes)
-        acc = _measure(compiled, float_outs, evals, n_out)
+        acc = error(compiled)
     if accuracy_budget is not None and modes:
-        low, compiled, low_params, acc = _meet_budget(
-            modes, [le.layer for le in ranking], activations, accuracy_budget, kept_float,
-            builder, build, acc, lambda c: _measure(c, float_outs, evals, n_out),
-            (graph, float_compiled, np_params),
+        low, compiled, low_params, acc = meet_budget(
+            modes, [le.layer for le in ranking], activations, accuracy_budget, plan.kept_float,
+            builder, build, acc, error, (graph, float_compiled, plan.params),
         ) or (low, compiled, low_params, acc)  # fmt: skip
+    return _Lowered(
+        low, compiled, low_params, acc, ranking, modes, builder, use_products[0], float_compiled
+    )
 
+
+# ---- 4. report -------------------------------------------------------------------------
+
+
+def _result(
+    plan: _Plan,
+    cal: _Calibration,
+    low: _Lowered,
+    activations: str,
+    method: CalibrationMethod | str,
+    accuracy_budget: float | None,
+    smooth_alpha: float | None,
+) -> QuantizeResult:
+    """Stage 4: the :class:`AccuracyReport` (errors, ranking, each layer's method, what
+    stayed float and why) and the :class:`QuantizeResult`."""
+    graph, modes, builder = plan.graph, low.modes, low.builder
+    spelled = method if isinstance(method, str) else plan.method.value  # as the user spelled it
     methods = {
-        n: _method_text(
-            m,
-            entries.get(n, (None,))[0],
-            str(method if isinstance(method, str) else meth.value),
-            dyn_mode,
-            smooth_info.get(n),
+        n: method_text(
+            m, cal.entries.get(n, (None,))[0], str(spelled), plan.dyn_mode, cal.smooth_info.get(n)
         )
         for n, m in modes.items()
     }
-    out_names = [graph.nodes[o].label for o in graph.outputs]
     report = AccuracyReport(
-        method=method if isinstance(method, str) else meth.value,  # as the user spelled it
-        labels={ly.name: graph.nodes[ly.node].label for ly in all_layers},
-        outputs=acc.stats(),
-        output_names=out_names,
-        layers=ranking,
-        quantized=[ly.name for ly in active if ly.name in modes],
-        kept_float=kept_float,
+        method=spelled,
+        labels={ly.name: graph.nodes[ly.node].label for ly in plan.layers},
+        outputs=low.acc.stats(),
+        output_names=[graph.nodes[o].label for o in graph.outputs],
+        layers=low.ranking,
+        quantized=[ly.name for ly in cal.active if ly.name in modes],
+        kept_float=plan.kept_float,
         accuracy_budget=accuracy_budget,
-        eval_batches=len(evals),
-        calibration_batches=n_cal,
+        eval_batches=len(cal.evals),
+        calibration_batches=cal.n_cal,
         activations=activations,
         methods=methods,
         smooth_alpha=smooth_alpha,
-        smoothing={n: t for n, t in smooth_info.items() if n in modes},
-        float_compute={k: v for k, v in float_compute.items() if k not in builder.products_done},
-        products=dict(builder.products_done) if use_products[0] else {},
+        smoothing={n: t for n, t in cal.smooth_info.items() if n in modes},
+        float_compute={
+            k: v for k, v in plan.float_compute.items() if k not in builder.products_done
+        },
+        products=dict(builder.products_done) if low.products else {},
     )
-    record = {n: entries[n] for n, m in modes.items() if m == "static"}
-    return QuantizeResult(compiled, float_compiled, report, low, record, low_params)
+    record = {n: cal.entries[n] for n, m in modes.items() if m == "static"}
+    return QuantizeResult(low.compiled, low.float_compiled, report, low.graph, record, low.params)

@@ -8,7 +8,7 @@ reason, weight values, the tensor names errors and reports use, and
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,19 +19,21 @@ from rlx.ir.mir import Graph, NodeId
 from rlx.ops.core import Constant, ConstValue, Input, Param
 from rlx.ops.linalg import DotGeneral, MatMul
 from rlx.ops.movement import Transpose
-from rlx.ops.nn import Conv
+from rlx.ops.nn import Attention, Conv
 from rlx.passes.base import Rewriter
 from rlx.passes.dce import DeadCodeElimination
 from rlx.shape import Shape
 
 __all__ = [
     "Layer",
+    "check_exclude",
     "find_layers",
     "find_conv_layers",
     "weight_value",
     "check_weights",
     "tensor_name",
     "canonical_weights",
+    "float_products",
 ]
 
 
@@ -116,6 +118,22 @@ def tensor_name(graph: Graph, nid: NodeId) -> str:
     return f"%{nid} {fn if isinstance(fn, str) else op.mnemonic}{where}"
 
 
+def check_exclude(
+    graph: Graph, layers: Sequence[Layer], exclude: Iterable[str | int], who: str = ""
+) -> list[str | int]:
+    """``exclude`` (layer names or node ids) as a list; QuantizationError (its message
+    prefixed with ``who``) when it names something that is not one of ``layers``."""
+    excl = list(exclude)
+    known = {ly.name for ly in layers} | {ly.node for ly in layers}
+    unknown = [e for e in excl if e not in known]
+    if unknown:
+        raise QuantizationError(
+            f"{who}exclude names unknown layers {unknown}; layers of graph {graph.name!r}: "
+            f"{[ly.name for ly in layers]}"
+        )
+    return excl
+
+
 def check_weights(graph: Graph, layers: Sequence[Layer], params: Mapping[str, np.ndarray]) -> None:
     """QuantizationError naming the first weight that holds NaN or +-inf: int8 has no
     code for them (a NaN weight would silently become a finite int8)."""
@@ -198,3 +216,22 @@ def canonical_weights(
             w_new = transposed[w]
         rw.map[nid] = rw.emit(MatMul(), [rw.map[x], w_new], node.loc)
     return DeadCodeElimination().run(rw.finish()), out_params, made
+
+
+def float_products(graph: Graph, layers: Sequence[Layer]) -> dict[str, str]:
+    """Products that are not layers and stay float, node label -> why: attention (its
+    activation x activation products run in the fused float attention kernel) and
+    matmul / dot_general whose operands are both computed."""
+    done = {ly.node for ly in layers}
+    out: dict[str, str] = {}
+    for node in graph.nodes:
+        if node.id in done:
+            continue
+        if isinstance(node.op, Attention):
+            out[node.label] = (
+                "activation x activation products (q k^T, probabilities x v): the fused "
+                "float attention kernel; there is no integer attention kernel"
+            )
+        elif isinstance(node.op, DotGeneral):
+            out[node.label] = "both operands are activations (no weight to quantize now)"
+    return out

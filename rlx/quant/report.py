@@ -17,10 +17,23 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-__all__ = ["ErrorStats", "ErrorAccumulator", "LayerError", "AccuracyReport", "worst_of"]
+if TYPE_CHECKING:
+    from rlx.ops.qmatmul import ActQuant
+    from rlx.quant.record import CalibrationEntry
+
+__all__ = [
+    "ErrorStats",
+    "ErrorAccumulator",
+    "LayerError",
+    "AccuracyReport",
+    "worst_of",
+    "measure",
+    "method_text",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,3 +254,35 @@ class AccuracyReport:
         for label, why in self.float_compute.items():
             lines.append(f"  float compute: {label}: {why}")
         return "\n".join(lines)
+
+
+def measure(
+    compiled: Any,
+    float_outs: list[list[np.ndarray]],
+    batches: list[dict[str, np.ndarray]],
+    n_outputs: int,
+) -> ErrorAccumulator:
+    """The error of ``compiled`` run on ``batches`` against the float outputs."""
+    acc = ErrorAccumulator(n_outputs)
+    for batch, ref in zip(batches, float_outs, strict=True):
+        acc.add(compiled.run(batch), ref)
+    return acc
+
+
+def method_text(
+    mode: str, entry: CalibrationEntry | None, method: str, dyn: ActQuant, smooth: str | None
+) -> str:
+    """How the report names one layer's method: its mode, the activation's calibration
+    (method, s8 / u8, scale) or dynamic mode, and SmoothQuant's note."""
+    if mode == "dynamic":
+        text = f"dynamic {dyn.value} per-row activations"
+    else:
+        assert entry is not None
+        if entry.dtype.name == "U8":
+            kind = f"u8 asymmetric (zero point {entry.zero_points[0]})"
+        else:
+            kind = "s8 symmetric"
+        text = f"static {method} {kind}, scale {entry.scales[0]:.4g}"
+    if smooth is not None and smooth.startswith("smooth"):
+        text += f"; {smooth}"
+    return text

@@ -39,7 +39,7 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,7 @@ from rlx.quant.record import CalibrationEntry
 
 __all__ = [
     "TapStats",
+    "Tee",
     "calibrate_taps",
     "act_entry",
     "degenerate_taps",
@@ -232,3 +233,22 @@ def degenerate_taps(
                 + "; scale the tensor up to quantize it"
             )
     return out
+
+
+class Tee:
+    """Iterate once over the calibration data while keeping its first ``keep`` batches."""
+
+    def __init__(self, data: Iterable[Mapping[str, Any]], keep: int):
+        self.data = data
+        self.keep = keep
+        self.kept: list[dict[str, np.ndarray]] = []
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        for i, batch in enumerate(self.data):
+            if not isinstance(batch, Mapping):
+                raise QuantizationError(
+                    f"calibration batch {i} is a {type(batch).__name__}; expected a dict of input name -> array"
+                )
+            if i < self.keep:
+                self.kept.append({k: np.array(v, copy=True) for k, v in batch.items()})
+            yield batch

@@ -33,7 +33,10 @@ from rlx.ops.quant import DequantMatMul
 from rlx.options import CompileOptions
 from rlx.passes.base import Rewriter
 from rlx.passes.pipeline import to_mir
+from rlx.quant.layers import check_exclude, find_layers, weight_value
 from rlx.quant.pack import can_pack, pack
+from rlx.quant.report import measure
+from rlx.quant.static import session as new_session
 from rlx.shape import Shape
 
 __all__ = ["quantize_weights_only", "weight_only_graph"]
@@ -47,18 +50,9 @@ def weight_only_graph(
 ) -> tuple[Graph, list[str], dict[str, str], dict[str, str]]:
     """Rewrite ``graph`` (MIR, fused matmuls expanded): returns (new graph, quantized
     layer names, kept-float layer -> reason, layer name -> matmul label)."""
-    from rlx.quant.api import _weight_value, find_layers
-
     layers, kept = find_layers(graph, params)
     labels = {ly.name: graph.nodes[ly.node].label for ly in layers}
-    excl = list(exclude)
-    names = {ly.name for ly in layers} | {ly.node for ly in layers}
-    unknown = [e for e in excl if e not in names]
-    if unknown:
-        raise QuantizationError(
-            f"exclude names unknown layers {unknown}; layers of graph {graph.name!r}: "
-            f"{[ly.name for ly in layers]}"
-        )
+    excl = check_exclude(graph, layers, exclude)
     packed: dict[NodeId, tuple[np.ndarray, ...]] = {}
     by_weight: dict[NodeId, tuple[np.ndarray, ...]] = {}
     for ly in layers:
@@ -71,7 +65,7 @@ def weight_only_graph(
             kept[ly.name] = why
             continue
         if ly.weight not in by_weight:  # a weight shared by several matmuls is packed once
-            w = _weight_value(graph, ly, params)
+            w = weight_value(graph, ly, params)
             by_weight[ly.weight] = pack(scheme, w.T, ly.name)
         packed[ly.node] = by_weight[ly.weight]
     if not packed:
@@ -137,7 +131,7 @@ def quantize_weights_only(
     ``eval_data`` is given (may be None or empty: the error is then unmeasured).
     ``rank_layers``: also measure each layer quantized alone (one compile each).
     ``accuracy_budget`` is not supported here (QuantizationError): use ``exclude``."""
-    from rlx.quant.api import QuantizeResult, _measure, _session
+    from rlx.quant.api import QuantizeResult
     from rlx.quant.lower import ExpandFusedMatMuls
     from rlx.quant.report import AccuracyReport, LayerError
 
@@ -166,7 +160,7 @@ def quantize_weights_only(
         evals = [dict(b) for b in eval_data]
     else:
         evals = [dict(b) for b in itertools.islice(data or (), eval_batches)]
-    session = _session()
+    session = new_session()
     float_compiled = session.compile(graph, opts, params=np_params)
     float_outs = [float_compiled.run(b) for b in evals]
     n_out = len(graph.outputs)
@@ -177,14 +171,14 @@ def quantize_weights_only(
         )
 
     compiled = build(low)
-    acc = _measure(compiled, float_outs, evals, n_out)
+    acc = measure(compiled, float_outs, evals, n_out)
     ranking: list[LayerError] = []
     if rank_layers:
         node_of = _layer_nodes(graph, np_params)
         for name in done:
             others = [n for n in done if n != name]
             one, *_ = weight_only_graph(graph, np_params, scheme, others)
-            err = _measure(build(one), float_outs, evals, n_out).worst()
+            err = measure(build(one), float_outs, evals, n_out).worst()
             ranking.append(LayerError(name, node_of[name], err))
         ranking.sort(key=lambda le: le.error.relative if le.error.measured else -1.0, reverse=True)
     report = AccuracyReport(
@@ -201,6 +195,4 @@ def quantize_weights_only(
 
 
 def _layer_nodes(graph: Graph, params: Mapping[str, np.ndarray]) -> dict[str, int]:
-    from rlx.quant.api import find_layers
-
     return {ly.name: int(ly.node) for ly in find_layers(graph, params)[0]}

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from rlx.dtype import DType
-from rlx.errors import QuantizationError
+from rlx.errors import QuantizationError, QuantizationWarning
 from rlx.ir.mir import Graph, NodeId
 from rlx.ops.core import Constant, Input, Param
 from rlx.ops.elementwise import Unary, UnaryKind
@@ -55,6 +55,7 @@ from rlx.quant.calibrate import CalibrationMethod
 from rlx.quant.layers import (
     Layer,
     canonical_weights,
+    check_exclude,
     check_weights,
     find_conv_layers,
     find_layers,
@@ -62,7 +63,7 @@ from rlx.quant.layers import (
     weight_value,
 )
 from rlx.quant.lower import ExpandFusedMatMuls
-from rlx.quant.mix import VariantBuilder
+from rlx.quant.mix import VariantBuilder, rewrite_layer_edges
 from rlx.quant.record import CalibrationEntry
 from rlx.quant.static import act_entry, calibrate_taps, degenerate_taps
 
@@ -136,14 +137,7 @@ def prepare(
     np_params = {k: np.asarray(v) for k, v in params.items()}
     graph, np_params, _ = canonical_weights(graph, np_params)
     layers = find_layers(graph, np_params)[0] + find_conv_layers(graph, np_params)[0]
-    excl = list(exclude)
-    known = {ly.name for ly in layers} | {ly.node for ly in layers}
-    unknown = [e for e in excl if e not in known]
-    if unknown:
-        raise QuantizationError(
-            f"qat.prepare: exclude names unknown layers {unknown}; layers of graph "
-            f"{graph.name!r}: {[ly.name for ly in layers]}"
-        )
+    excl = check_exclude(graph, layers, exclude, "qat.prepare: ")
     layers = [ly for ly in layers if ly.name not in excl and ly.node not in excl]
     if not layers:
         raise QuantizationError(
@@ -156,7 +150,7 @@ def prepare(
     stats, _ = calibrate_taps(graph, taps, calibration_inputs, np_params, meth, opts)
     degenerate = degenerate_taps(graph, layers, taps, stats)
     for why in degenerate.values():
-        warnings.warn(f"qat.prepare: {why}; its layers stay float", RuntimeWarning, 2)
+        warnings.warn(f"qat.prepare: {why}; its layers stay float", QuantizationWarning, 2)
     layers = [ly for ly in layers if ly.act not in degenerate]
     acts = {t: act_entry(st, asymmetric) for t, st in zip(taps, stats, strict=True)}
     return _insert(graph, np_params, layers, acts, learn_scales, 2 ** (weight_bits - 1) - 1)
@@ -217,16 +211,9 @@ def _insert(
             stamp(g, start, wnode)
         return w_fq[ly.weight]
 
-    for nid in graph.topo_order():
-        node = graph.nodes[nid]
-        ly = by_node.get(nid)
-        if ly is None:
-            rw.copy(node)
-            continue
-        a, _w, *rest = node.inputs
-        ins = [act(a), weight(ly), *(rw.map[i] for i in rest)]
-        rw.map[nid] = g.add_node(node.op, ins, node.shape, node.loc)
-    qat = rw.finish().verify()
+    qat = rewrite_layer_edges(
+        graph, rw, by_node, lambda a, _ly: act(a), lambda _w, ly: weight(ly)
+    ).verify()
     qat.name = f"{graph.name}.qat"
     return qat, out_params
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from rlx.errors import GgufError
 from rlx.formats.gguf import dequantize_blocks
-from rlx.formats.schemes import GGUF_SCHEMES, QuantScheme
+from rlx.formats.schemes import GGUF_TYPES, QuantScheme
 
 __all__ = ["GgufTensor", "PLAIN_TYPES", "BLOCK_TYPES", "TYPE_NAMES", "type_layout"]
 
@@ -40,10 +40,7 @@ PLAIN_TYPES: dict[str, np.dtype] = {
 }
 
 #: block type name -> (elements per block, bytes per block), from the rlx schemes
-BLOCK_TYPES: dict[str, tuple[int, int]] = {
-    name: (cls.qk, cls.block_bytes)  # type: ignore[attr-defined]
-    for name, cls in GGUF_SCHEMES.items()
-}
+BLOCK_TYPES: dict[str, tuple[int, int]] = {t.name: (t.qk, t.block_bytes) for t in GGUF_TYPES}
 
 
 def _load_type_names() -> None:

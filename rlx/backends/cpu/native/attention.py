@@ -166,7 +166,7 @@ def _attention_lib(target: cpu.Target, dtype: np.dtype) -> AttentionLib:
     code = DTYPES[dtype]
     if code == 2 and target is cpu.Target.PORTABLE:
         raise CompileError("native f16 attention needs F16C: not on the portable target")
-    parts = [(native.CSRC / f).read_text() for f in ("attention_vec.c", "attention.c")]
-    source = f"#define RLX_ATT_DT {code}\n" + "".join(parts)
+    parts = native.csrc_source("attention_vec.c", "attention.c")
+    source = f"#define RLX_ATT_DT {code}\n" + parts
     name = "attention" if code == 0 else f"attention_{dtype.name}"
     return AttentionLib(native.load(native.build(source, target, name)), dtype)

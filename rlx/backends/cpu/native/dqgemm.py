@@ -296,10 +296,11 @@ SOURCES = ("dqgemm_decode.c", "dqgemm_rows.c", "dqgemm.c", "dqgemm_q8.c")
 
 
 def dqgemm_source() -> str:
-    """The library's C source: :data:`SOURCES` concatenated."""
+    """The library's C source: :data:`SOURCES` concatenated, the headers they include
+    inlined (:func:`rlx.backends.cpu.native.csrc_source`)."""
     from rlx.backends.cpu import native
 
-    return "\n".join((native.CSRC / f).read_text() for f in SOURCES)
+    return native.csrc_source(*SOURCES)
 
 
 def dqgemm_lib(target: cpu.Target | None = None) -> DqGemmLib:

@@ -23,6 +23,7 @@
  * of 0 and gives 0/0 = NaN; while a row has seen only hidden keys its max is -inf and
  * exp is taken against 0 instead (so no NaN leaks into rows that see keys later).
  */
+#include "omp_workspace.h"
 #define RMAX 4           /* row vectors per task: MB = RMAX * W query rows */
 #define MB (RMAX * W)
 #define NB 64            /* keys per block */
@@ -419,18 +420,11 @@ int rlx_attention(const elt *q, const elt *k, const elt *v, elt *out, long B, lo
     const long rows = (H / Hkv) * Sq; /* query rows per kv head */
     const long nblk = (rows + MB - 1) / MB;
     const long ntask = B * Hkv * nblk;
-    if (threads < 1) threads = 1;
-    if (threads > ntask) threads = (int)ntask;
-    if ((long)threads * per > ws_floats) return -1;
     if (ntask == 0) return 0;
+    if (!(threads = rlx_ws_team(threads, ntask, per, ws_floats))) return -1;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
     for (long t = 0; t < ntask; t++) {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
-        float *w = ws + (long)tid * per;
-        w = (float *)(((uintptr_t)w + 63) & ~(uintptr_t)63);
+        float *w = rlx_ws_slice(ws, per);
         /* later query blocks (more keys under a causal mask) first */
         long blk = nblk - 1 - t % nblk;
         long bh = t / nblk;

@@ -19,6 +19,7 @@
  * The per-row arithmetic is in the order of the NumPy kernel up to summation order.
  * Tasks run in an OpenMP loop; each writes only its own (batch, kv head) slices.
  */
+#include "omp_workspace.h"
 enum { AG_NONE = 0, AG_CAUSAL = 1, AG_SLIDING = 2, AG_CUSTOM = 3 };
 
 int rlx_attention_grad_isa(void) { return RLX_ATT_ISA; }
@@ -216,17 +217,10 @@ int rlx_attention_grad(const float *q, const float *k, const float *v, const flo
     ag_args a = {q, k, v, dout, mask, dq, dk, dv, ds, B, Sq, Skv, H, Hkv, D, scale, mtype,
                  window, msb, msh, msq, msk};
     const long per = rlx_attention_grad_ws_floats(Skv, D), ntask = B * Hkv;
-    if (threads < 1) threads = 1;
-    if (threads > ntask) threads = (int)(ntask > 0 ? ntask : 1);
-    if ((long)threads * per > ws_floats) return -1;
+    if (!(threads = rlx_ws_team(threads, ntask, per, ws_floats))) return -1;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
     for (long t = 0; t < ntask; t++) {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
-        float *w = ws + (long)tid * per;
-        w = (float *)(((uintptr_t)w + 63) & ~(uintptr_t)63);
+        float *w = rlx_ws_slice(ws, per);
         ag_task(&a, t / Hkv, t % Hkv, w);
     }
     return 0;

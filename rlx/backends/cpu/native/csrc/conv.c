@@ -25,9 +25,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "omp_workspace.h"
 
 static inline int64_t lo_index(int64_t off, int64_t step) {
     /* smallest i >= 0 with i*step + off >= 0 */
@@ -113,11 +111,7 @@ void rlx_conv2d_wide_f32(const float *x, float *xp, float *ws, const float *w,
                            (size_t)(w1 - w0) * sizeof(float));
             }
         }
-#ifdef _OPENMP
-        float *acc = ws + (int64_t)omp_get_thread_num() * RLX_CONV_BLOCK * Lpad;
-#else
-        float *acc = ws;
-#endif
+        float *acc = ws + (int64_t)rlx_tid() * RLX_CONV_BLOCK * Lpad;
 #pragma omp for collapse(3) schedule(static)
         for (int64_t n = 0; n < N; n++) {
             for (int64_t g = 0; g < G; g++) {

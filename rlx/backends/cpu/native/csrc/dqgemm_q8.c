@@ -20,6 +20,7 @@
  */
 
 #include <math.h>
+#include "gguf_unpack.h"
 
 #if VW >= 8
 #define Q8_HF(p) hf(p) /* F16C */
@@ -186,36 +187,25 @@ static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict
         return 1;
     default: /* S_Q6_K */
         for (long b = 0; b < s->nb; b++, p += 210, wq += 256) {
-            const uint8_t *ql = p, *qh = p + 128;
             const int8_t *sc = (const int8_t *)(p + 192);
             float d = Q8_HF(p + 208);
             float *w8 = ws + 64 * b;
             for (int i = 0; i < 16; i++) wo[16 * b + i] = -32.0f * (d * (float)sc[i]);
 #if VW >= 8
-            __m128i s8 = _mm_loadu_si128((const __m128i *)sc);
-            __m256 dv = _mm256_set1_ps(d);
-            __m256 lo8 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)));
-            __m256 hi8 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                               _mm_srli_si128(s8, 8))));
+            __m256 lo8, hi8;
+            q6k_scales(p, d, &lo8, &hi8);
             for (int i = 0; i < 8; i++) {
                 __m256i idx = _mm256_set_m128i(_mm_set1_epi32((2 * i + 1) & 7),
                                                _mm_set1_epi32((2 * i) & 7));
                 _mm256_storeu_ps(w8 + 8 * i, _mm256_permutevar8x32_ps(i < 4 ? lo8 : hi8, idx));
             }
-            const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
             for (int h = 0; h < 2; h++) {
-                __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + h * 64));
-                __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + h * 64 + 32));
-                __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + h * 32));
-                for (int g = 0; g < 4; g++) {
-                    __m256i lo = g & 1 ? l1 : l0;
-                    lo = _mm256_and_si256(g >> 1 ? _mm256_srli_epi16(lo, 4) : lo, m4);
-                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * g), m2);
-                    _mm256_storeu_si256((__m256i *)(wq + h * 128 + g * 32),
-                                        _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)));
-                }
+                q6k_half_t half = q6k_half(p, h);
+                for (int g = 0; g < 4; g++)
+                    _mm256_storeu_si256((__m256i *)(wq + h * 128 + g * 32), q6k_codes(half, g));
             }
 #else
+            const uint8_t *ql = p, *qh = p + 128;
             for (int i = 0; i < 16; i++)
                 for (int l = 0; l < 4; l++) w8[4 * i + l] = d * (float)sc[i];
             for (int h = 0; h < 2; h++)

@@ -1,4 +1,5 @@
 /* dqgemm part 2 of 4 (see dqgemm.c): fused decode-dot row kernels for AVX2 / AVX-512. */
+#include "gguf_unpack.h"
 
 /* ---- fused decode-dot rows (AVX2 / AVX-512): the packed bytes go straight to vector
  * registers, widened to i32 lanes, converted and multiplied with X (no decode buffer).
@@ -183,24 +184,17 @@ __attribute__((unused)) static float row_q4_k_v(const uint8_t *p, long nb, const
 /* q6 values are assembled 32 at a time in bytes (AVX2 byte ops), then widened */
 static float row_q6_k(const uint8_t *p, long nb, const float *x) {
     vf t0 = VZERO(), t1 = VZERO();
-    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
+    const __m256i c32 = _mm256_set1_epi8(32);
     float dsc[16];
     for (long b = 0; b < nb; b++, p += 210, x += 256) {
-        const uint8_t *ql = p, *qh = p + 128;
-        __m128i s8 = _mm_loadu_si128((const __m128i *)(p + 192));
-        __m256 dv = _mm256_set1_ps(hf(p + 208));
-        _mm256_storeu_ps(dsc, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8))));
-        _mm256_storeu_ps(dsc + 8, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                                      _mm_srli_si128(s8, 8)))));
+        __m256 s_lo, s_hi;
+        q6k_scales(p, hf(p + 208), &s_lo, &s_hi);
+        _mm256_storeu_ps(dsc, s_lo);
+        _mm256_storeu_ps(dsc + 8, s_hi);
         for (int h = 0; h < 2; h++) {
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + h * 64));
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + h * 64 + 32));
-            __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + h * 32));
+            q6k_half_t half = q6k_half(p, h);
             for (int g = 0; g < 4; g++) {
-                __m256i lo = g & 1 ? l1 : l0;
-                lo = _mm256_and_si256(g >> 1 ? _mm256_srli_epi16(lo, 4) : lo, m4);
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * g), m2);
-                __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), c32);
+                __m256i q = _mm256_sub_epi8(q6k_codes(half, g), c32);
                 const float *xg = x + h * 128 + g * 32;
                 for (int v = 0; v < 32; v += VW) {
                     vf a = VMUL(VCVT(VI8R(part32(q, v))), VLOAD(xg + v));

@@ -12,9 +12,7 @@
  * vectorises for the build target (omp simd reductions: -fopenmp).
  */
 #include <math.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "omp_workspace.h"
 
 static inline float row_stats(const float *xr, long D, float eps, int center, float *mean) {
     float m = 0.0f;
@@ -64,11 +62,7 @@ void rlx_norm_grad_gamma_f32(const float *x, const float *ct, float *dgamma, flo
     if (threads < 1) threads = 1;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        int t = 0, nt = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
+        int t = rlx_tid(), nt = rlx_nthreads();
         float *acc = ws + (long)t * D;
         for (long d = 0; d < D; d++) acc[d] = 0.0f;
         const long per = (rows + nt - 1) / nt, r0 = t * per;

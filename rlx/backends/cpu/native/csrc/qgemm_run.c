@@ -11,6 +11,7 @@
  * epilogue. Taken when K is a multiple of 64 (rlx_qgemm_has_amx() says whether the CPU and
  * kernel allow it; flag bit 0 of rlx_qgemm_run turns it off). Integer sums are exact
  * either way, so results equal the VNNI path's bit for bit. */
+#include "omp_workspace.h"
 #if RLX_ISA == 2 && defined(__x86_64__) && defined(__linux__)
 #define RLX_AMX_CPUID_EDX ((1u << 24) | (1u << 25)) /* AMX-TILE, AMX-INT8 */
 #include "amx.h"
@@ -93,11 +94,7 @@ static int amx_run(long M, long N, long K, int a_kind, const void *A, long lda, 
     {
         float *fbuf = (float *)malloc((size_t)(K + 16) * sizeof(float));
         int32_t *ct = (int32_t *)aligned_alloc(64, 32 * 32 * sizeof(int32_t));
-        int T = 1, t = 0;
-#ifdef _OPENMP
-        T = omp_get_num_threads();
-        t = omp_get_thread_num();
-#endif
+        int T = rlx_nthreads(), t = rlx_tid();
         if (!fbuf || !ct) {
 #pragma omp atomic write
             oom = 1;
@@ -234,11 +231,7 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
         float *fbuf = (float *)malloc((size_t)(K + 16) * sizeof(float));
         a_t *qbuf = (a_t *)malloc((size_t)(kp + 64) * sizeof(a_t));
         int32_t *acc = (int32_t *)aligned_alloc(64, (size_t)(mcb * MR * NR) * sizeof(int32_t));
-        int T = 1, t = 0;
-#ifdef _OPENMP
-        T = omp_get_num_threads();
-        t = omp_get_thread_num();
-#endif
+        int T = rlx_nthreads(), t = rlx_tid();
         int mine = fbuf && qbuf && acc;
         if (!mine) {
 #pragma omp atomic write
