@@ -78,11 +78,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 # Known violations, each with the change that removes it. Only files another change is
 # rewriting are listed; every entry must still be a violation (a fixed one is deleted).
-KNOWN_IMPORTS = {
-    # compose/fft.py is being rewritten (its four fft builders become one); it should
-    # import ``from rlx import source`` (rlx.ir.source re-exports rlx.source)
-    "rlx.ops.compose.fft -> rlx.ir.source",
-}
+KNOWN_IMPORTS: set[str] = set()
 KNOWN_LONG = {
     # moved by the kernels restructuring of rlx/backends/cpu (kernels into families,
     # engines/, dispatch.py), which splits this module

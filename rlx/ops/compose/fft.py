@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rlx import source
 from rlx.dtype import DType
 from rlx.errors import ShapeError
-from rlx.ir import source
 from rlx.ops.base import graph_method
 from rlx.ops.fft import FftNorm
 
