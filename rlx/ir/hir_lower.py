@@ -17,7 +17,8 @@ attention              attention                        reshape/transpose, matmu
                                                         mask (constant; for symbolic S
                                                         compare of position counters; or
                                                         the mask input), softmax,
-                                                        matmul, transpose/reshape
+                                                        matmul, transpose/reshape, then
+                                                        0 on queries that see no key
 rope                   rope                             narrow, mul, sub/add, concat
 depthwise_conv1d       concat, transpose, conv          concat, K shifted narrows * w, add
                        (symbolic S, both policies: conv of the input with left padding
@@ -294,15 +295,52 @@ def _attention(ctx: LowerCtx, node: HirNode, ins: list[NodeId]) -> NodeId:
     else:
         s = _add_mask(g, s, b.mask, sq, skv)
     o = g.matmul(g.softmax(s, axis=-1), vh)  # [B,H,Sq,D]
-    return g.reshape(g.transpose(o, (0, 2, 1, 3)), (bsz, sq, h * d))
+    out = g.reshape(g.transpose(o, (0, 2, 1, 3)), (bsz, sq, h * d))
+    # a query that sees no key gives 0 (the Attention op's rule), where softmax gives NaN:
+    # selected after the chain, so fuse_attention still takes the chain (then it is a no-op)
+    if len(ins) == 4:
+        dead = _keyless_heads(g, ins[3], d)  # [mB,mSq,1 or H*D]
+    else:
+        dead = _keyless_rows(g, b.mask, sq, skv)  # [Sq,1] or None
+    return out if dead is None else g.where(dead, 0.0, out)
+
+
+def _keyless_heads(g: Graph, mask: NodeId, d: int) -> NodeId:
+    """Bool ``[mB,mSq,1]``, or ``[mB,mSq,H*D]`` for a mask with a head axis (the custom
+    mask's dims, broadcasting against the packed output ``[B,Sq,H*D]``): True where the
+    mask hides every key of a query (and head) with ``-inf``. The comparison reads the mask
+    as given (a precision policy never rounds a compared value)."""
+    ms = g.shape(mask)
+    m = g.reshape(mask, (1,) * (4 - ms.rank) + tuple(ms.dims))
+    mb, mh, msq, _ = g.shape(m).dims
+    hidden = g.cast(g.eq(m, float("-inf")), DType.I32)
+    dead = g.eq(g.min(hidden, -1, keepdims=True), g.constant(np.ones((), np.int32)))
+    if mh == 1:
+        return g.reshape(dead, (mb, msq, 1))
+    dead = g.expand(g.transpose(dead, (0, 2, 1, 3)), (mb, msq, mh, d))  # [mB,mSq,H,D]
+    return g.reshape(dead, (mb, msq, mh * d))
+
+
+def _keyless_rows(g: Graph, mask: Any, sq: Any, skv: Any) -> NodeId | None:
+    """Bool ``[Sq,1]``: True for the queries a causal / sliding-window ``mask`` lets see no
+    key (``Sq - 1 - i >= Skv``: more queries than keys); None when there cannot be any."""
+    from rlx.ops.nn import MaskType
+
+    if mask.type is MaskType.NONE or sq == skv:
+        return None
+    if isinstance(sq, int) and isinstance(skv, int):
+        dead = ~mask.allowed(sq, skv).any(axis=1, keepdims=True)
+        return g.constant(dead) if dead.any() else None
+    q_back = g.reshape(_iota_from_end(g, sq), (sq, 1))
+    return g.ge(q_back, g.sum(_ones(g, skv), 0, keepdims=True))
 
 
 def _add_mask(g: Graph, scores: NodeId, mask: Any, sq: Any, skv: Any) -> NodeId:
     """Add the causal / sliding-window mask as ``[Sq, Skv]`` of 0 / -inf: a constant for
     static lengths, built from position counters (expand, cumsum, compare, where) for
     symbolic ones.
-    A query row that sees no key (only possible when ``Skv < Sq``) then gives NaN here,
-    as the fused Attention op does."""
+    A query row that sees no key (only possible when ``Skv < Sq``) gets NaN from the
+    softmax; ``_attention`` selects 0 for it (:func:`_keyless_rows`)."""
     from rlx.ops.nn import MaskType
 
     if mask.type is MaskType.NONE:

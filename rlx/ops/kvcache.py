@@ -35,7 +35,7 @@ from rlx.dtype import DType
 from rlx.errors import InputError
 from rlx.formats.schemes import QuantScheme
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
-from rlx.ops.nn import MaskKind, _softmax_rows, split_heads
+from rlx.ops.nn import MaskKind, attend, split_heads
 from rlx.shape import Shape
 
 if TYPE_CHECKING:
@@ -82,7 +82,9 @@ class CacheAttention(Op):
     f32, bf16 or f16 (the same for both).
     ``window`` 0 is causal, else a sliding window of that many keys; ``num_kv_heads``
     divides ``num_heads`` (query head ``h`` reads kv head ``h // (H // Hkv)``); ``scale``
-    defaults to ``1/sqrt(head_dim)``. Not ``pure``: its CPU kernel updates the caches."""
+    defaults to ``1/sqrt(head_dim)``. Not ``pure``: its CPU kernel updates the caches.
+    Query ``i`` always sees key ``p+i`` (its own new row), so no row sees no key (one
+    would give 0, as :class:`~rlx.ops.nn.Attention` defines)."""
 
     mnemonic: ClassVar[str] = "cache_attention"
     arity: ClassVar[int] = 6
@@ -153,7 +155,7 @@ class CacheAttention(Op):
         sc = np.matmul(qh, kh.swapaxes(-1, -2)) * np.float32(self.effective_scale)
         allowed = cache_mask(self.window).allowed(s, p + s)
         sc = np.where(allowed, sc, -np.inf)
-        o = np.matmul(_softmax_rows(sc), vh).transpose(0, 2, 1, 3).reshape(b, s, h * d)
+        o = attend(sc, vh).transpose(0, 2, 1, 3).reshape(b, s, h * d)
         if low:  # and so is its output
             o = o.astype(kc.dtype)
         return o.astype(ctx.out_dtype)

@@ -117,11 +117,22 @@ def split_heads(
 
 
 def _softmax_rows(s: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis as the ``softmax`` op computes it: the row max is
-    subtracted first, so a row of only ``-inf`` gives NaN and a row of only
-    ``finfo.min`` a uniform distribution."""
-    e = np.exp(s - np.max(s, axis=-1, keepdims=True))
-    return e / np.sum(e, axis=-1, keepdims=True)
+    """Attention's softmax over the last axis: the ``softmax`` op's math (the row max is
+    subtracted first, so a row of only ``finfo.min`` gives a uniform distribution), except
+    that a row of only ``-inf`` (a query that sees no key) gives zeros, not NaN. NaN
+    scores still give NaN."""
+    m = np.max(s, axis=-1, keepdims=True)
+    e = np.exp(s - np.where(np.isneginf(m), 0, m))
+    t = np.sum(e, axis=-1, keepdims=True)  # >= 1 on a row that sees a key, else 0
+    return e / np.where(t == 0, 1, t)
+
+
+def attend(s: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``softmax(s) · v`` over the last axis of the scores ``s[..., Sq, Skv]`` with
+    ``v[..., Skv, D]``; a query row whose every score is ``-inf`` gives exactly 0 (also
+    when v holds non-finite values)."""
+    o = np.matmul(_softmax_rows(s), v)
+    return np.where(np.all(np.isneginf(s), axis=-1, keepdims=True), 0, o).astype(o.dtype)
 
 
 def _float_input(op: Op, x: Shape, what: str) -> None:
@@ -138,13 +149,17 @@ class Attention(Op):
     query head ``h`` reads kv head ``h // (H // Hkv)``. ``scale`` defaults to
     ``1/sqrt(head_dim)``.
 
-    The result is exactly the unfused chain ``softmax(q·kᵀ·scale + mask) · v`` (the
-    ``softmax`` op's math: max subtracted, f32 for f16/bf16 operands), so fusion never
-    changes it, also on edge rows: a query row whose every key is hidden by ``-inf`` (a
-    custom mask, or a causal / sliding-window mask with ``Sq > Skv``) gives NaN, as
-    PyTorch's and ONNX's softmax math do; a row hidden by ``finfo.min`` gives the mean
-    of v (all scores equal after the max is subtracted). The mask keeps its dtype under
-    a reduced-precision policy (an f32 ``finfo.min`` would overflow to ``-inf`` in
+    The result is ``softmax(q·kᵀ·scale + mask) · v`` with the ``softmax`` op's math (max
+    subtracted, f32 for f16/bf16 operands), with one rule for a query row that sees no
+    key (every key hidden by ``-inf``: a custom mask, a causal / sliding-window mask with
+    ``Sq > Skv``, a fully padded sequence): its output is exactly 0, not NaN, on every
+    path (reference, native and BLAS kernels, every precision policy, HIR lowering) and
+    its gradients are 0 too, as ONNX's Attention specifies and padded batches need (one
+    NaN row would poison whatever reads it). The unfused chain's ``softmax`` op gives NaN
+    there; fusing it into this op turns those rows into 0 and changes nothing else. A row
+    hidden by ``finfo.min`` instead still sees its keys: it gives the mean of v (all
+    scores equal after the max is subtracted). The mask keeps its dtype under a
+    reduced-precision policy (an f32 ``finfo.min`` would overflow to ``-inf`` in
     f16/bf16) and is added in f32.
     """
 
@@ -221,7 +236,7 @@ class Attention(Op):
         if allowed is not None:
             s = np.where(allowed, s, -np.inf)
         with np.errstate(invalid="ignore", over="ignore"):
-            o = np.matmul(_softmax_rows(s), vh)
+            o = attend(s, vh)
         return o.transpose(0, 2, 1, 3).reshape(b, sq, h * d).astype(ctx.out_dtype)
 
     def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:

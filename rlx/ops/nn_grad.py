@@ -40,7 +40,7 @@ import numpy as np
 
 from rlx.ops.base import Op, OpKind, RefCtx, expect, register
 from rlx.ops.linalg import upcast
-from rlx.ops.nn import Attention, Conv, Pool, PoolKind, Rope, split_heads
+from rlx.ops.nn import Attention, Conv, Pool, PoolKind, Rope, _softmax_rows, split_heads
 from rlx.shape import Shape
 
 if TYPE_CHECKING:
@@ -158,8 +158,7 @@ def attention_probs(op: Attention, xs: Sequence[np.ndarray]) -> tuple[np.ndarray
     if allowed is not None:
         s = np.where(allowed, s, -np.inf)
     with np.errstate(invalid="ignore", over="ignore"):
-        e = np.exp(s - np.max(s, axis=-1, keepdims=True))
-        p = e / np.sum(e, axis=-1, keepdims=True)
+        p = _softmax_rows(s)  # a query that sees no key: zeros, so its gradients are 0
     return qh, kh, vh, p
 
 
@@ -181,7 +180,8 @@ class AttentionBackward(Op):
     """Gradient of the attention ``fwd`` wrt ``q``, ``k``, ``v`` or the additive ``mask``
     (as the full score gradient ``[B,H,Sq,Skv]``); inputs ``(q, k, v[, mask], ct)``.
     Probabilities are recomputed: ``dv = Pᵀ·dO``, ``dS = P ⊙ (dO·vᵀ - rowsum(dO ⊙ O))``,
-    ``dq = dS·k·scale``, ``dk = dSᵀ·q·scale`` (grouped heads summed into their kv head)."""
+    ``dq = dS·k·scale``, ``dk = dSᵀ·q·scale`` (grouped heads summed into their kv head).
+    A query row that sees no key has ``P = 0`` (its output is 0), so its gradients are 0."""
 
     mnemonic: ClassVar[str] = "attention_backward"
     kind: ClassVar[OpKind] = OpKind.COMPUTE

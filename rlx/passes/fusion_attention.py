@@ -16,12 +16,14 @@ and its grouped-query form with 5-D heads (``G`` kv heads, ``R = H / G``): q res
 The chain becomes ``attention[num_heads=H, head_dim=D, num_kv_heads, scale](q, k, v[,
 mask])``, the scale being ``c``, ``1/c`` or 1. A constant mask equal to the end-aligned
 causal mask (0 where visible, ``-inf`` elsewhere, or the dtype's lowest value when every
-query sees a key: a row that sees none gives NaN under ``-inf``, the mean of v under the
+query sees a key: a row that sees none gives 0 under ``-inf``, the mean of v under the
 lowest value) becomes ``MaskKind.causal()`` with no mask input; any other mask is a
 ``custom`` mask input (an ``expand`` in front of it, from broadcast legalisation, is
-looked through, also when other layers share it: attention broadcasts its mask itself). The fused op computes exactly what
-the chain does (see :class:`~rlx.ops.nn.Attention`). Every node of the chain but the final reshape must have no
-user outside the chain.
+looked through, also when other layers share it: attention broadcasts its mask itself).
+The fused op computes what the chain does (see :class:`~rlx.ops.nn.Attention`) except on
+a query row that sees no key (every score ``-inf``): the chain's softmax gives NaN
+there, the fused op 0 (the one semantics of attention on every path). Every node of the
+chain but the final reshape must have no user outside the chain.
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ def _is_causal(arr: np.ndarray) -> bool:
     if np.all(np.isneginf(a[~allowed])):
         return True
     # the dtype's lowest value hides a key as -inf does, except in a row that sees no
-    # key: there the chain gives the mean of v, the causal kernel (-inf) NaN
+    # key: there the chain gives the mean of v, the causal kernel (-inf) 0
     lowest = float(np.finfo(arr.dtype).min) if arr.dtype.kind == "f" else -np.inf
     blocked = np.isneginf(a) | (a <= lowest)
     return bool(np.all(blocked[~allowed]) and np.all(allowed.any(axis=1)))

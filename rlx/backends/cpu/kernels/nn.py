@@ -20,8 +20,8 @@ schedule is built (no allocation per run).
 Layout: q is copied to [B, Hkv, G*Sq, D] (G = H / Hkv query heads share one kv head, so
 grouped-query attention is one matmul per kv head), k to [B, Hkv, D, Skv], v to
 [B, Hkv, Skv, D]; scores [B, Hkv, G*Sq, Skv] are scaled, masked, soft-maxed in place
-exactly as the unfused ``softmax`` (max subtracted; a row of only ``-inf`` gives NaN, as
-the reference), multiplied by v, and the heads are copied back into the packed
+(max subtracted; a row of only ``-inf``, a query that sees no key, gives zeros, as the
+reference), multiplied by v, and the heads are copied back into the packed
 [B, Sq, H*D] output. f16/bf16 compute in f32 (an f32 mask is added in f32). With native
 kernels on, the scale and the softmax are one native row pass (``kernels.rows``; the
 scale is applied by NumPy first when a mask is added); the NumPy passes otherwise.
@@ -162,7 +162,7 @@ def blas_attention(
     scale = dt.type(op.effective_scale)
     allowed = op.mask.allowed(sq, skv)
     hidden = None if allowed is None else ~allowed
-    ninf = dt.type(-np.inf)
+    ninf, lowest = dt.type(-np.inf), np.finfo(dt).min
     premask = mask is not None or hidden is not None
     fast = _native_softmax(s, scale, premask, ctx)
 
@@ -187,11 +187,13 @@ def blas_attention(
             np.add(s4, mask, out=s4)
         if hidden is not None:
             np.copyto(s4, ninf, where=hidden)
-        with np.errstate(invalid="ignore"):  # a row of only -inf: NaN, as softmax gives
+        with np.errstate(invalid="ignore"):
             np.max(s, axis=-1, keepdims=True, out=row)
+            np.maximum(row, lowest, out=row)  # a row of only -inf: exp against finfo.min, 0
             np.subtract(s, row, out=s)
             np.exp(s, out=s)
             np.sum(s, axis=-1, keepdims=True, out=row)
+            np.maximum(row, 1, out=row)  # >= 1 when the row sees a key; else 0 -> 1
             np.divide(s, row, out=s)
         np.matmul(s, vs, out=o)
         np.copyto(out_dst, o_src)
@@ -201,11 +203,12 @@ def blas_attention(
 
 def _native_softmax(s: np.ndarray, scale: float, premask: bool, ctx: KernelCtx) -> Kernel | None:
     """The native in-place softmax of the score rows (times ``scale`` unless a mask is
-    added first, so NumPy scales), a row of -inf giving NaN; None (noted) without it."""
+    added first, so NumPy scales), a row of -inf giving zeros; None (noted) without it."""
     if not ctx.native:
         return None
     try:
-        spec = RowSpec(RowKind.SOFTMAX, C_TYPES[DType.from_numpy(s.dtype)], scaled=not premask)
+        ct = C_TYPES[DType.from_numpy(s.dtype)]
+        spec = RowSpec(RowKind.SOFTMAX, ct, scaled=not premask, safe=True)
         return row_kernel(spec, [s, s], [], 0.0, ctx, scale=float(scale))
     except (CodegenUnsupported, CompileError, KeyError) as e:
         ctx.notes.append(f"NumPy softmax ({str(e).splitlines()[0]})")

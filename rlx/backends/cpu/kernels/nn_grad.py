@@ -218,11 +218,13 @@ class _Grouped:
             np.add(self.as_heads(p), mask, out=self.as_heads(p))
         if self.hidden is not None:
             np.copyto(self.as_heads(p), self.ninf, where=self.hidden)
-        with np.errstate(invalid="ignore"):
+        with np.errstate(invalid="ignore"):  # a row that sees no key: p = 0 (forward's)
             np.max(p, axis=-1, keepdims=True, out=self.row)
+            np.maximum(self.row, np.finfo(p.dtype).min, out=self.row)
             np.subtract(p, self.row, out=p)
             np.exp(p, out=p)
             np.sum(p, axis=-1, keepdims=True, out=self.row)
+            np.maximum(self.row, 1, out=self.row)
             np.divide(p, self.row, out=p)
 
 

@@ -19,9 +19,10 @@
  * overwrites st and ot[d][i] += sum_j v[j,d] * p[j][i]. Only an NB x MB block of
  * scores exists at a time.
  *
- * Edge rows as the unfused softmax: a row whose every key is hidden (-inf) keeps a sum
- * of 0 and gives 0/0 = NaN; while a row has seen only hidden keys its max is -inf and
- * exp is taken against 0 instead (so no NaN leaks into rows that see keys later).
+ * A row whose every key is hidden (-inf: a query that sees no key) gives exactly 0, not
+ * NaN (rlx/ops/nn.py Attention): it keeps a sum of 0 and is selected to 0 at the end;
+ * while a row has seen only hidden keys its max is -inf and exp is taken against 0
+ * instead (so no NaN leaks into rows that see keys later).
  */
 #include "omp_workspace.h"
 #define RMAX 4           /* row vectors per task: MB = RMAX * W query rows */
@@ -306,9 +307,9 @@ static inline __attribute__((always_inline)) void task_r(
             if (jlo < 0) jlo = 0;
         }
     }
-    if (jhi < jlo) { /* every row sees no key: NaN, as softmax of only -inf */
+    if (jhi < jlo) { /* every row sees no key: 0 */
         for (long ii = 0; ii < m; ii++)
-            for (long d = 0; d < D; d++) st1(a->out + qoff[ii] + d, NAN);
+            for (long d = 0; d < D; d++) st1(a->out + qoff[ii] + d, 0.0f);
         return;
     }
     const float *qrows[MB];
@@ -372,10 +373,11 @@ static inline __attribute__((always_inline)) void task_r(
         }
         pv_block(ot, st, vb, kvs, nb, D, R);
     }
+    const vf zero = VZERO();
     for (long d = 0; d < D; d++)
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < R; r++) { /* a sum of 0: the row saw no key, 0 */
             float *o = ot + d * MB + r * W;
-            VSTORE(o, VDIV(VLOAD(o), sum[r]));
+            VSTORE(o, VSEL_EQ(sum[r], zero, VDIV(VLOAD(o), sum[r]), zero));
         }
     float *orows[MB];
     for (long ii = 0; ii < m; ii++) {

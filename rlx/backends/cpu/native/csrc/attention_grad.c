@@ -15,7 +15,8 @@
  * and per block of AG_RB rows the task's accumulators dk_j += scale * ds_j q_i and
  * dv_j += p_j dout_i (lanes over D, each accumulator row loaded and stored once per
  * block).
- * A row whose every key is hidden gives NaN (0/0, as the forward and the reference).
+ * A row whose every key is hidden (a query that sees no key) has p = 0, so its dq, ds
+ * and its share of dk, dv are 0, as the forward's 0 output (rlx/ops/nn_grad.py).
  * The per-row arithmetic is in the order of the NumPy kernel up to summation order.
  * Tasks run in an OpenMP loop; each writes only its own (batch, kv head) slices.
  */
@@ -165,8 +166,8 @@ static void ag_task(const ag_args *a, long b, long hk, float *ws) {
                 float lanes[W], mx = -INFINITY, sum = 0.0f, dsum = 0.0f;
                 VSTORE(lanes, vmax);
                 for (int l = 0; l < W; l++) mx = lanes[l] > mx ? lanes[l] : mx;
-                /* exp(s - max) lane-wise; a row of only -inf: -inf - -inf = NaN, as softmax */
-                const vf vmx = VSET1(mx);
+                /* exp(s - max) lane-wise; a row of only -inf: exp against 0 (all 0) */
+                const vf vmx = VSET1(mx == -INFINITY ? 0.0f : mx);
                 vf vsum = VZERO();
                 for (long j = 0; j < sp; j += W) {
                     vf e = vexp(VSUB(VLOAD(s + j), vmx));
@@ -175,7 +176,7 @@ static void ag_task(const ag_args *a, long b, long hk, float *ws) {
                 }
                 VSTORE(lanes, vsum);
                 for (int l = 0; l < W; l++) sum += lanes[l];
-                const vf vinv = VSET1(1.0f / sum);
+                const vf vinv = VSET1(sum == 0.0f ? 0.0f : 1.0f / sum); /* no key: p = 0 */
                 vf vd = VZERO();
                 for (long j = 0; j < sp; j += W) { /* p (0 on the padding), sum(p * dp) */
                     vf p = VMUL(VLOAD(s + j), vinv);
