@@ -268,18 +268,24 @@ def test_native_kernel_long_rows_and_blocks() -> None:
             check(_native(target, f, kind), f, kind, 2e-5, f"{target.value} {kind}")
 
 
-# each (target, dtype) is a library build: the selected target's are fast, the others slow
-LOWP_TARGETS = [
-    t if t is native.selected_target() else pytest.param(t, marks=pytest.mark.slow) for t in TARGETS
+# each (target, dtype) is a library build: the selected target's are fast, the others slow;
+# f16 needs F16C, so the portable target has no f16 library (that pair is not a case)
+LOWP_CASES = [
+    pytest.param(
+        t,
+        dt,
+        id=f"{name}-{t.value}",
+        marks=() if t is native.selected_target() else (pytest.mark.slow,),
+    )
+    for name, dt in (("bf16", ml_dtypes.bfloat16), ("f16", np.float16))
+    for t in TARGETS
+    if not (dt == np.float16 and t is native.Target.PORTABLE)
 ]
 
 
 @needs_gcc
-@pytest.mark.parametrize("target", LOWP_TARGETS, ids=lambda t: t.value)
-@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize(("target", "dtype"), LOWP_CASES)
 def test_native_kernel_low_precision(target, dtype) -> None:  # noqa: ANN001
-    if dtype == np.float16 and target is native.Target.PORTABLE:
-        pytest.skip("f16 needs F16C: no portable library")
     for name in CASES:
         f, kind = case(name)
         with np.errstate(over="ignore"):  # the rounded inputs (f16: finfo.min -> -inf)
