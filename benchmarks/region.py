@@ -36,7 +36,7 @@ from _common import best_time, chain  # noqa: E402
 import rlx  # noqa: E402
 from rlx.backends.cpu import native
 from rlx.backends.cpu.codegen import elementwise as codegen
-from rlx.backends.cpu.kernels import region as kernels_region  # noqa: E402
+from rlx.backends.cpu.engines import region as kernels_region  # noqa: E402
 from rlx.options import CompileOptions  # noqa: E402
 from rlx.runtime.session import Session  # noqa: E402
 

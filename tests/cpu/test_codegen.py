@@ -21,8 +21,9 @@ import rlx
 from rlx.backends.cpu import native
 from rlx.backends.cpu.codegen import elementwise as codegen
 from rlx.backends.cpu.codegen.elementwise import BINARY_C, COMPARE_C, UNARY_C, CFunction, CModule
-from rlx.backends.cpu.kernels import KERNELS, KernelKind, load_kernels
-from rlx.backends.cpu.kernels import region as kernels_region
+from rlx.backends.cpu.dispatch import ORDER, KernelKind, load_kernels
+from rlx.backends.cpu.engines import region as kernels_region
+from rlx.backends.cpu.kernels.fused import native_region_kernel, region_kernel
 from rlx.backends.reference import evaluate
 from rlx.dtype import DType
 from rlx.ops.elementwise import BinaryKind, Compare, CompareKind, UnaryKind
@@ -105,9 +106,9 @@ def test_tables_cover_every_kind() -> None:
     assert set(COMPARE_C) == set(CompareKind)
 
 
-def test_native_kernel_supersedes_numpy_region_kernel() -> None:
+def test_native_region_kernel_is_tried_before_the_numpy_one() -> None:
     load_kernels()
-    assert KERNELS[ElementwiseRegion] is kernels_region.native_region_kernel
+    assert ORDER[ElementwiseRegion] == (native_region_kernel, region_kernel)
 
 
 @pytest.mark.parametrize("dt", [DType.F32, DType.F64, DType.F16, DType.BF16])

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlx.backends.cpu import native
-from rlx.backends.cpu.kernels import lowp_gemm as klg
-from rlx.backends.cpu.kernels import lowp_lib as kl
+from rlx.backends.cpu.engines import lowp_gemm as klg
+from rlx.backends.cpu.engines import lowp_lib as kl
 from rlx.dtype import DType
 from rlx.errors import InputError
 from rlx.ir.mir import Graph

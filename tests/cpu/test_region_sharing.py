@@ -27,8 +27,8 @@ from rlx.backends.cpu import native
 from rlx.backends.cpu.codegen import elementwise as codegen
 from rlx.backends.cpu.codegen.elementwise import C_TYPES, CModule
 from rlx.backends.cpu.codegen.rows import RowKind, RowSpec, render_rows
+from rlx.backends.cpu.engines import region as kernels_region
 from rlx.backends.cpu.kernels import KernelKind
-from rlx.backends.cpu.kernels import region as kernels_region
 from rlx.backends.reference import evaluate
 from rlx.dtype import DType
 from rlx.errors import CompileError

@@ -21,9 +21,9 @@ import rlx
 from rlx.backends.cpu import native
 from rlx.backends.cpu.codegen.elementwise import C_TYPES, UNARY_C, CModule
 from rlx.backends.cpu.codegen.rows import RowKind, RowSpec, render_rows
+from rlx.backends.cpu.engines import region as kernels_region
+from rlx.backends.cpu.engines.rows import row_kernel
 from rlx.backends.cpu.kernels import KernelCtx, KernelKind, ScratchPool, load_kernels
-from rlx.backends.cpu.kernels import region as kernels_region
-from rlx.backends.cpu.kernels.rows import row_kernel
 from rlx.dtype import DType
 from rlx.ir.mir import Node
 from rlx.ops.base import RefCtx

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from scipy.special import erf
 
 from rlx.backends.cpu import native
-from rlx.backends.cpu.kernels import sgemm as ks
+from rlx.backends.cpu.engines import sgemm as ks
 from rlx.backends.cpu.native import cpu
 from rlx.backends.cpu.native.sgemm import blocking, cache_sizes, sgemm_lib
 from rlx.dtype import DType

@@ -12,7 +12,7 @@ import weakref
 import numpy as np
 
 from rlx import CompileOptions, Graph, Session
-from rlx.backends.cpu.kernels import sgemm as ksgemm
+from rlx.backends.cpu.engines import sgemm as ksgemm
 from rlx.backends.cpu.native import sgemm as nsgemm
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import ScratchPool
+from rlx.backends.cpu.dispatch import ScratchPool
 from rlx.ir.mir import Graph, NodeId
 from rlx.ops.core import Param
 

@@ -449,7 +449,7 @@ class CFunction:
 class CModule:
     """A translation unit: the prelude and some functions (one gcc run builds them all).
     ``vector_math``: declare libmvec's SIMD math (the loader must make libmvec's symbols
-    visible, see ``kernels.region.vector_math_available``)."""
+    visible, see ``engines.region.vector_math_available``)."""
 
     functions: tuple[CFunction, ...]
     vector_math: bool = False

@@ -3,7 +3,7 @@ norm, RMS norm, matmul epilogue), the dtype's :class:`~rlx.backends.cpu.codegen.
 and the variant flags (residual input, beta, activation). Out: a
 :class:`~rlx.backends.cpu.codegen.elementwise.CFunction` for one translation unit of
 :class:`~rlx.backends.cpu.codegen.elementwise.CModule` (same prelude, libmvec declarations and
-loader as the elementwise regions: ``kernels.region.load_function`` / ``bind``).
+loader as the elementwise regions: ``engines.region.load_function`` / ``bind``).
 
 Every function has the signature ``void name(const long* m, P0* p0, ..., const double*
 c, long nthreads)``: ``m = [rows, n]`` (a C-contiguous ``[rows, n]`` view of every

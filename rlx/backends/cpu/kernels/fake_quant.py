@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx
 from rlx.backends.cpu.kernels.quant import quantize_to_int64
 from rlx.ops.fake_quant import SCALE_EPS, FakeQuantizeLSQ
 
@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 __all__ = ["fake_quantize_lsq_kernel"]
 
 
-@kernel(FakeQuantizeLSQ)
 def fake_quantize_lsq_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
@@ -53,3 +52,9 @@ def fake_quantize_lsq_kernel(
             np.copyto(out, t, casting="unsafe")
 
     return run
+
+
+# each op's kernel factories, in the order they are tried
+ATTEMPTS = {
+    FakeQuantizeLSQ: (fake_quantize_lsq_kernel,),
+}

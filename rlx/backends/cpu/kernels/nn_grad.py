@@ -1,5 +1,5 @@
-"""CPU kernels of the backward ops (``rlx/ops/nn_grad.py``) of the norms, attention and
-rope. In: the node and NumPy views of its input and output arena slots. Out: a
+"""CPU kernels of the backward ops (``rlx/ops/nn_grad.py``) of the norms, attention, rope,
+convolution and pooling. In: the node and NumPy views of its input and output arena slots. Out: a
 closure writing the gradient into ``out`` with ``out=`` ufuncs and BLAS matmuls into
 scratch allocated when the schedule is built (no allocation per run). f16/bf16 compute
 in f32 (``lowp``); f64 stays f64.
@@ -17,32 +17,55 @@ in f32 (``lowp``); f64 stays f64.
   ``dSᵀ·Q`` sum the grouped heads into their kv head inside the matmul; the probabilities
   are recomputed.
 * Rope backward: two ``einsum`` reductions over batch and heads.
-* Conv and pool backward: ``kernels/nn_grad_conv.py``.
+* Conv backward: im2col + BLAS. The output gradient as ``[G, O/G, N*L]`` against the
+  columns ``[G, N*L, C/G*K]`` (one 2-D GEMM per group) gives dw; ``[G, N*L, O/G] @
+  w[G, O/G, C/G*K]`` gives the column gradient, scattered back (col2im) tap by tap into a
+  bordered buffer.
+* Pool backward / max-pool select: each window's first maximum found tap by tap with
+  strict ``>`` (the first wins ties), the gradient added tap by tap.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind, kind, lowp
+from rlx.backends.cpu.engines.conv import window_view
 from rlx.errors import CompileError
+from rlx.ops.nn import PoolKind
 from rlx.ops.nn_grad import (
     AttentionBackward,
     AttentionJvp,
+    ConvBackwardData,
+    ConvBackwardWeight,
     LayerNormBackward,
+    MaxPoolSelect,
+    PoolBackward,
     RmsNormBackward,
     RopeBackward,
     rope_pairs,
+    window_taps,
 )
 
 if TYPE_CHECKING:
     from rlx.ir.mir import Node
 
-__all__ = ["norm_backward_kernel", "attention_backward_kernel", "attention_jvp_kernel"]
+__all__ = [
+    "norm_backward_kernel",
+    "rms_norm_backward_kernel",
+    "attention_backward_kernel",
+    "attention_jvp_kernel",
+    "rope_backward_kernel",
+    "conv_backward_kernel",
+    "conv_backward_data_kernel",
+    "pool_backward_kernel",
+    "max_pool_select_kernel",
+]
 
 _T = 300  # scratch tags of this module: 300..
 
@@ -150,7 +173,6 @@ def _norm_backward(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: Kern
     return run
 
 
-@kernel(LayerNormBackward)
 @lowp
 def norm_backward_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
@@ -159,7 +181,6 @@ def norm_backward_kernel(
     return _norm_backward(node, ins, out, ctx)
 
 
-@kernel(RmsNormBackward)
 @lowp
 def rms_norm_backward_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
@@ -291,7 +312,7 @@ def _native_attention_backward(
     return run
 
 
-@kernel(AttentionBackward, KernelKind.BLAS)
+@kind(KernelKind.BLAS)
 @lowp
 def attention_backward_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
@@ -345,7 +366,7 @@ def attention_backward_kernel(
     return run
 
 
-@kernel(AttentionJvp, KernelKind.BLAS)
+@kind(KernelKind.BLAS)
 @lowp
 def attention_jvp_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
@@ -396,7 +417,6 @@ def attention_jvp_kernel(
 # ---- rope --------------------------------------------------------------------------------
 
 
-@kernel(RopeBackward)
 @lowp
 def rope_backward_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
@@ -415,3 +435,215 @@ def rope_backward_kernel(
         (np.subtract if sub else np.add)(out, tmp, out=out)
 
     return run
+
+
+# ---- convolution and pooling backward --------------------------------------------------
+
+
+_TC = 350  # scratch tags of the conv and pool backward kernels: 350..
+
+
+class _Cols:
+    """im2col geometry of one conv backward node: x ``[N,C,*sp]``, w ``[O,C/G,*k]``,
+    ct ``[N,O,*out]``; a zero-bordered copy of x (dw) or of dx (dx)."""
+
+    def __init__(self, node: Node, ins: list[np.ndarray], ctx: KernelCtx) -> None:
+        f = node.op.fwd  # type: ignore[attr-defined]
+        x, w, ct = ins
+        self.f = f
+        n, c = x.shape[:2]
+        o, g = w.shape[0], f.groups
+        self.k = w.shape[2:]
+        self.out_sp = ct.shape[2:]
+        kk, length = math.prod(self.k), math.prod(self.out_sp)
+        self.shape = (n, c, o, g, kk, length)
+        dt = x.dtype
+        padded = tuple(s + lo + hi for s, (lo, hi) in zip(x.shape[2:], f.padding, strict=True))
+        self.xp = np.zeros((n, c, *padded), dt)  # private: its border stays zero
+        self.inner = self.xp[
+            (..., *(slice(lo, lo + s) for s, (lo, _) in zip(x.shape[2:], f.padding, strict=True)))
+        ]
+        # [G, N*L, C/G*K] columns and [G, O/G, N*L] output gradient
+        self.cols = ctx.scratch((g, n * length, (c // g) * kk), dt, _TC)
+        self.ctg = ctx.scratch((g, o // g, n * length), dt, _TC + 1)
+        self.ct_src = ct.reshape(n, g, o // g, length).transpose(1, 2, 0, 3)
+
+    def gather_ct(self) -> None:
+        n, _, o, g, _, length = self.shape
+        np.copyto(self.ctg.reshape(g, o // g, n, length), self.ct_src)
+
+
+@kind(KernelKind.BLAS)
+@lowp
+def conv_backward_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """dw by im2col: ``[G, O/G, N*L] @ [G, N*L, C/G*K]``, one GEMM per group."""
+    x = ins[0]
+    m = _Cols(node, ins, ctx)
+    n, c, o, g, kk, length = m.shape
+    win = window_view(m.xp, m.k, m.f.stride, m.f.dilation)  # [N,C,*out,*k], a view
+    nd = len(m.k)
+    # [N,G,C/G,*out,*k] -> [G,N,*out,C/G,*k]; splitting C keeps it a view of xp
+    perm = (1, 0, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd))
+    cols_src = win.reshape(n, g, c // g, *win.shape[2:]).transpose(perm)
+    cols_dst = m.cols.reshape(g, n, *m.out_sp, c // g, *m.k)
+    assert np.may_share_memory(cols_src, m.xp)  # a view: read afresh on every run
+    dw = out.reshape(g, o // g, (c // g) * kk)
+
+    def run() -> None:
+        np.copyto(m.inner, x)
+        np.copyto(cols_dst, cols_src)
+        m.gather_ct()
+        for gi in range(g):
+            np.matmul(m.ctg[gi], m.cols[gi], out=dw[gi])
+
+    return run
+
+
+@kind(KernelKind.BLAS)
+@lowp
+def conv_backward_data_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """dx: the column gradient ``[G, N*L, O/G] @ w[G, O/G, C/G*K]``, then col2im tap by tap
+    into a zero-bordered buffer whose interior is dx."""
+    w = ins[1]
+    m = _Cols(node, ins, ctx)
+    n, c, o, g, kk, length = m.shape
+    wg = w.reshape(g, o // g, (c // g) * kk)
+    # dcols [G, N*L, C/G*K] -> per tap t: [N, G, C/G, *out]
+    dcols = m.cols.reshape(g, n, *m.out_sp, c // g, kk)
+    nd = len(m.k)
+    perm = (1, 0, nd + 2, *range(2, nd + 2))  # [G,N,*out,C/G] -> [N,G,C/G,*out]
+    taps = [
+        (dcols[..., ti].transpose(perm), sl)
+        for ti, (_, sl) in enumerate(window_taps(m.k, m.f.stride, m.f.dilation, m.out_sp))
+    ]
+    dxp = m.xp.reshape(n, g, c // g, *m.xp.shape[2:])
+
+    def run() -> None:
+        m.gather_ct()
+        for gi in range(g):
+            np.matmul(m.ctg[gi].T, wg[gi], out=m.cols[gi])
+        m.xp.fill(0)
+        for src, sl in taps:
+            view = dxp[(..., *sl)]
+            np.add(view, src, out=view)
+        np.copyto(out, m.inner)
+
+    return run
+
+
+# ---- pooling ----------------------------------------------------------------------------
+
+
+def _pool_geometry(
+    f, x: np.ndarray, out_sp: tuple, ctx: KernelCtx, fill: float
+) -> tuple[np.ndarray, np.ndarray, list]:  # noqa: ANN001
+    """(bordered buffer, its interior view, taps) of a pool over ``x``."""
+    padded = tuple(s + lo + hi for s, (lo, hi) in zip(x.shape[2:], f.padding, strict=True))
+    buf = np.full((*x.shape[:2], *padded), fill, x.dtype)
+    inner = buf[
+        (..., *(slice(lo, lo + s) for s, (lo, _) in zip(x.shape[2:], f.padding, strict=True)))
+    ]
+    taps = [sl for _, sl in window_taps(f.window, f.stride, (1,) * len(f.window), out_sp)]
+    return buf, inner, taps
+
+
+class _FirstMax:
+    """Index of each window's first maximum (strict ``>`` tap by tap: the first wins)."""
+
+    def __init__(self, f, x: np.ndarray, out_sp: tuple, ctx: KernelCtx) -> None:  # noqa: ANN001
+        self.x = x
+        self.xp, self.inner, self.taps = _pool_geometry(f, x, out_sp, ctx, -np.inf)
+        shape = (*x.shape[:2], *out_sp)
+        self.best = ctx.scratch(shape, x.dtype, _TC + 10)
+        self.idx = ctx.scratch(shape, np.int32, _TC + 11)
+        self.gt = ctx.scratch(shape, np.bool_, _TC + 12)
+
+    def run(self) -> None:
+        np.copyto(self.inner, self.x)
+        np.copyto(self.best, self.xp[(..., *self.taps[0])])
+        self.idx.fill(0)
+        for i, sl in enumerate(self.taps[1:], 1):
+            cand = self.xp[(..., *sl)]
+            np.greater(cand, self.best, out=self.gt)
+            np.copyto(self.best, cand, where=self.gt)
+            np.copyto(self.idx, i, where=self.gt)
+
+
+@lowp
+def pool_backward_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """Max: the gradient added at each window's first maximum, tap by tap; average: ``ct /
+    count`` (count precomputed) added over each window."""
+    f = node.op.fwd  # type: ignore[attr-defined]
+    x, ct = ins
+    out_sp = ct.shape[2:]
+    dxp, inner, taps = _pool_geometry(f, x, out_sp, ctx, 0.0)
+    share = ctx.scratch(ct.shape, ct.dtype, _TC + 13)
+    if f.fn is PoolKind.AVG:
+        ones = np.pad(np.ones(x.shape[2:], x.dtype), f.padding)
+        count = sum(ones[sl] for sl in taps)
+
+        def avg() -> None:
+            np.divide(ct, count, out=share)
+            dxp.fill(0)
+            for sl in taps:
+                view = dxp[(..., *sl)]
+                np.add(view, share, out=view)
+            np.copyto(out, inner)
+
+        return avg
+    first = _FirstMax(f, x, out_sp, ctx)
+    hit = ctx.scratch(ct.shape, np.bool_, _TC + 14)
+
+    def mx() -> None:
+        first.run()
+        dxp.fill(0)
+        for i, sl in enumerate(taps):
+            np.equal(first.idx, i, out=hit)
+            np.multiply(ct, hit, out=share)
+            view = dxp[(..., *sl)]
+            np.add(view, share, out=view)
+        np.copyto(out, inner)
+
+    return mx
+
+
+@lowp
+def max_pool_select_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """``t`` read at each window's first maximum of ``x``."""
+    f = node.op.fwd  # type: ignore[attr-defined]
+    x, t = ins
+    out_sp = out.shape[2:]
+    first = _FirstMax(f, x, out_sp, ctx)
+    tp, tin, taps = _pool_geometry(f, t, out_sp, ctx, 0.0)
+    hit = ctx.scratch(out.shape, np.bool_, _TC + 14)
+
+    def run() -> None:
+        first.run()
+        np.copyto(tin, t)
+        for i, sl in enumerate(taps):
+            np.equal(first.idx, i, out=hit)
+            np.copyto(out, tp[(..., *sl)], where=hit)
+
+    return run
+
+
+# each op's kernel factories, in the order they are tried
+ATTEMPTS = {
+    LayerNormBackward: (norm_backward_kernel,),
+    RmsNormBackward: (rms_norm_backward_kernel,),
+    AttentionBackward: (attention_backward_kernel,),
+    AttentionJvp: (attention_jvp_kernel,),
+    RopeBackward: (rope_backward_kernel,),
+    ConvBackwardWeight: (conv_backward_kernel,),
+    ConvBackwardData: (conv_backward_data_kernel,),
+    PoolBackward: (pool_backward_kernel,),
+    MaxPoolSelect: (max_pool_select_kernel,),
+}

@@ -19,7 +19,7 @@ import functools
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind
 from rlx.errors import CompileError
 from rlx.ir.mir import Node
 from rlx.ops.core import Param
@@ -28,7 +28,6 @@ from rlx.ops.state import AdamUpdate, Assign, adam_formula, adam_scalars
 __all__ = ["assign_kernel", "adam_update_kernel"]
 
 
-@kernel(Assign)
 def assign_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
     """``param <- value`` in the store; the token output holds no bytes."""
     src = ctx.graph.nodes[node.inputs[0]]
@@ -83,7 +82,6 @@ def _native_adam(dtype: np.dtype, ctx: KernelCtx):  # noqa: ANN202 - a ctypes fu
     return lib.rlx_adam_update_f32 if dtype == np.float32 else lib.rlx_adam_update_f64
 
 
-@kernel(AdamUpdate)
 def adam_update_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel:
@@ -140,3 +138,10 @@ def adam_update_kernel(
         store.version += 1
 
     return run
+
+
+# each op's kernel factories, in the order they are tried
+ATTEMPTS = {
+    Assign: (assign_kernel,),
+    AdamUpdate: (adam_update_kernel,),
+}

@@ -261,7 +261,7 @@ def sgemm_lib(target: cpu.Target | None = None) -> SgemmLib:
 def _sgemm_lib(target: cpu.Target) -> SgemmLib:
     from rlx.backends.cpu import native
     from rlx.backends.cpu.codegen.prelude import PRELUDE, vector_math_decls
-    from rlx.backends.cpu.kernels.region import vector_math_available
+    from rlx.backends.cpu.engines.region import vector_math_available
 
     if not native.available():
         raise CompileError("the native sgemm needs gcc, which is not on PATH")

@@ -15,7 +15,7 @@ import pytest
 
 import rlx
 from rlx import DType, Shape
-from rlx.backends.cpu.kernels import KERNELS, KernelKind, kernel_kind, load_kernels
+from rlx.backends.cpu.dispatch import KERNELS, KernelKind, kernel_kind, load_kernels
 from rlx.errors import UnsupportedOpError
 from rlx.ops import OPS
 from rlx.ops.core import Constant, Input, Param, StopGradient

@@ -1,5 +1,6 @@
-"""Native low-precision CPU kernels. In: bf16/f16 nodes (Cast, and the MatMul/DotGeneral
-kernels of ``kernels.linalg``) and their arena views. Out: closures calling the C library
+"""Native low-precision CPU kernels. In: bf16/f16 nodes (the Cast kernel of
+``kernels/elementwise.py``, the MatMul/DotGeneral kernels of ``kernels/linalg.py`` through
+``engines.lowp_gemm``) and their arena views. Out: closures calling the C library
 built from ``native/csrc/lowp_cast.c`` + ``native/csrc/lowp_gemm.c`` (through
 ``native.build``, for the selected native target: ``RLX_ISA``).
 
@@ -20,12 +21,13 @@ built from ``native/csrc/lowp_cast.c`` + ``native/csrc/lowp_gemm.c`` (through
   f32 BLAS sgemm, native rounding of the result: the same f32 products as the
   reference interpreter); ``NUMPY`` when the library cannot be built (no gcc, failed
   build) or ``CompileOptions.native`` is False: the ``lowp`` NumPy widening of
-  ``kernels.py``.
-The matmul kernels live in :mod:`rlx.backends.cpu.kernels.lowp_gemm`; this module holds
-the library, the path choice and the casts.
+  ``dispatch.py``.
+The matmul kernels live in :mod:`rlx.backends.cpu.engines.lowp_gemm`; this module holds
+the library and the path choice (the Cast kernel, ``kernels/elementwise.py``, calls its
+conversions).
 
 * **matmul + bias + activation** (``lowp_fused_matmul``, called by the
-  FusedMatMulBiasAct kernel of ``kernels.rows``): the GEMM above, the bias added in f32,
+  FusedMatMulBiasAct kernel of ``kernels/fused.py``): the GEMM above, the bias added in f32,
   and the activation looked up in a 2^16-entry table of the op's reference
   (``activation_table``): the reference applies it to a rounded 16-bit value, so the
   table is exact. On the ``DPBF16`` path with a bias of N values, both are applied as
@@ -51,12 +53,11 @@ import numpy as np
 
 from rlx import config
 from rlx.backends.cpu import native
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
+from rlx.backends.cpu.dispatch import KernelCtx
 from rlx.errors import CompileError, InputError
-from rlx.ops.elementwise import Cast, f64_to_bf16, int_to_bf16
 
 if TYPE_CHECKING:
-    from rlx.ir.mir import Node
+    pass
 
 __all__ = [
     "SimdLevel",
@@ -66,7 +67,8 @@ __all__ = [
     "lowp_lib",
     "lowp_override",
     "gemm_path",
-    "cast_kernel",
+    "lib_or_none",
+    "CASTS",
     "BF16",
     "F16",
 ]
@@ -125,7 +127,7 @@ _L = ctypes.c_long
 _I = ctypes.c_int
 
 # (source dtype, target dtype) -> C function name
-_CASTS = {
+CASTS = {
     (F32, BF16): "rlx_f32_to_bf16",
     (BF16, F32): "rlx_bf16_to_f32",
     (F32, F16): "rlx_f32_to_f16",
@@ -138,7 +140,7 @@ class LowpLib:
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
-        for name in _CASTS.values():
+        for name in CASTS.values():
             fn = getattr(lib, name)
             fn.restype = None
             fn.argtypes = [_P, _P, _L, _I, _I]
@@ -164,7 +166,7 @@ class LowpLib:
 
     def cast_fn(self, src: np.dtype, dst: np.dtype) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
         """The C conversion ``src -> dst`` (None when this library has none)."""
-        name = _CASTS.get((np.dtype(src), np.dtype(dst)))
+        name = CASTS.get((np.dtype(src), np.dtype(dst)))
         return None if name is None else getattr(self.lib, name)
 
     def cast(self, x: np.ndarray, out: np.ndarray, threads: int = 1) -> None:
@@ -303,7 +305,7 @@ def _lowp_lib(target: native.Target) -> LowpLib:
 lowp_lib.cache_clear = _lowp_lib.cache_clear  # type: ignore[attr-defined]
 
 
-def _lib_or_none(ctx: KernelCtx | None = None) -> LowpLib | None:
+def lib_or_none(ctx: KernelCtx | None = None) -> LowpLib | None:
     """The library, or None (noted in ``ctx``) when ``CompileOptions.native`` is False, the
     override says so, or it cannot be built."""
     if not _override.native or (ctx is not None and not ctx.native):
@@ -334,72 +336,3 @@ def gemm_path(dtype: np.dtype, lib: LowpLib | None) -> GemmPath:
 
 
 # ---- cast ------------------------------------------------------------------------------
-
-
-def _native_cast(x: np.ndarray, out: np.ndarray, ctx: KernelCtx, lib: LowpLib) -> Kernel | None:
-    """A native conversion closure, or None when the pair has none."""
-    pair = (x.dtype, out.dtype)
-    if not (x.flags.c_contiguous and out.flags.c_contiguous) or x.size == 0:
-        return None
-    level, nt = int(lib.level()), ctx.num_threads
-    n = x.size
-    if pair in _CASTS and not (
-        x.dtype.itemsize != out.dtype.itemsize and np.may_share_memory(x, out)
-    ):
-        fn = lib.cast_fn(*pair)
-        ps, pd = x.ctypes.data, out.ctypes.data
-        return lambda: fn(ps, pd, n, level, nt)  # type: ignore[misc]
-    if {x.dtype, out.dtype} <= {BF16, F16, F32}:  # bf16 <-> f16, or an aliased pair
-        s = ctx.scratch(x.shape, F32, 310)
-        up = lib.cast_fn(x.dtype, F32) if x.dtype != F32 else None
-        down = lib.cast_fn(F32, out.dtype) if out.dtype != F32 else None
-        ps, pm, pd = x.ctypes.data, s.ctypes.data, out.ctypes.data
-
-        def run() -> None:
-            if up is None:
-                np.copyto(s, x)
-            else:
-                up(ps, pm, n, level, nt)
-            if down is None:
-                np.copyto(out, s)
-            else:
-                down(pm, pd, n, level, nt)
-
-        return run
-    return None
-
-
-@kernel(Cast)
-def cast_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
-    """A converting copy: native between f32/bf16/f16; f64 and integers -> bf16 rounded
-    once (``f64_to_bf16`` / ``int_to_bf16``, as the reference); otherwise NumPy, bf16/fp8
-    sources or fp8 targets through f32 as the reference."""
-    (x,) = ins
-    if x.dtype.kind == "c" and out.dtype.kind != "c":
-        x = x.real  # a view: complex -> real keeps the real part, without NumPy's warning
-    if x.dtype != out.dtype and {x.dtype, out.dtype} <= {BF16, F16, F32}:
-        lib = _lib_or_none(ctx)
-        if lib is not None:
-            fn = _native_cast(x, out, ctx, lib)
-            if fn is not None:
-                ctx.kind = KernelKind.NATIVE
-                return fn
-    if x.dtype == np.float64 and out.dtype == BF16:  # rounded once (ml_dtypes: twice)
-        return lambda: np.copyto(out, f64_to_bf16(x))  # type: ignore[return-value]
-    if x.dtype.kind in "iu" and out.dtype == BF16:  # rounded once (ml_dtypes: twice)
-        return lambda: np.copyto(out, int_to_bf16(x))  # type: ignore[return-value]
-    via_f32 = x.dtype.name in (
-        "bfloat16",
-        "float8_e4m3fn",
-        "float8_e5m2",
-    ) or out.dtype.name.startswith("float8")
-    if via_f32:
-        wide = np.float64 if out.dtype == np.float64 else np.float32
-        s = ctx.scratch(x.shape, wide, 1)
-
-        def run() -> None:
-            np.copyto(s, x, casting="unsafe")
-            np.copyto(out, s, casting="unsafe")
-
-        return run
-    return lambda: np.copyto(out, x, casting="unsafe")  # type: ignore[return-value]

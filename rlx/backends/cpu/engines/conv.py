@@ -1,6 +1,8 @@
-"""Native direct convolution and pooling (``native/csrc/conv.c``) for f32 NCHW 1-D / 2-D
-convolutions and pools: the path the Conv and Pool kernels (``kernels/conv.py``) take
-first. In: the node, its input / output views and the kernel context. Out: a bound C call
+"""Convolution and pooling helpers of the Conv / Pool kernels (``kernels/nn.py``) and their
+backward (``kernels/nn_grad.py``): every strided, dilated window of a bordered input as a
+view (``window_view``, ``bordered``), and the native direct convolution and pooling
+(``native/csrc/conv.c``) for f32 NCHW 1-D / 2-D convolutions and pools, the path the Conv
+and Pool kernels take first. In: the node, its input / output views and the kernel context. Out: a bound C call
 (a ctypes partial, so it joins the native schedule), or None with a note when it does not
 apply (another dtype, a non-contiguous view, native kernels off or no gcc), and the
 caller keeps its im2col + BLAS / NumPy path.
@@ -15,18 +17,19 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind
 from rlx.errors import CompileError
 from rlx.ops.nn import Conv, Pool, PoolKind
 
 if TYPE_CHECKING:
     from rlx.ir.mir import Node
 
-__all__ = ["native_conv", "native_pool", "conv_lib", "DIRECT_MAX_MACS"]
+__all__ = ["window_view", "bordered", "native_conv", "native_pool", "conv_lib", "DIRECT_MAX_MACS"]
 
 #: above this many multiply-adds per (image, output channel) the BLAS path is taken
 DIRECT_MAX_MACS = 1 << 17
@@ -34,6 +37,39 @@ _PARALLEL_MIN_MACS = 1 << 21  # below this many multiply-adds (~30-60 us on one 
 _PARALLEL_MIN_POOL = 1 << 16  # window reads below which a pool runs on one thread
 _P = ctypes.c_void_p
 _CHUNK = 16  # RLX_CONV_CHUNK of conv.c
+
+
+def window_view(
+    xp: np.ndarray, k: Sequence[int], stride: Sequence[int], dil: Sequence[int]
+) -> np.ndarray:
+    """``[N,C,*sp]`` -> ``[N,C,*out,*k]``: every (strided, dilated) window, as a view."""
+    nd = len(k)
+    spans = [d * (kk - 1) + 1 for kk, d in zip(k, dil, strict=True)]
+    v = np.lib.stride_tricks.sliding_window_view(xp, spans, axis=tuple(range(2, 2 + nd)))
+    idx = (
+        slice(None),
+        slice(None),
+        *(slice(None, None, s) for s in stride),
+        *(slice(None, None, d) for d in dil),
+    )
+    return v[idx]
+
+
+def bordered(
+    x: np.ndarray, pads: Sequence[tuple[int, int]], fill: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """A private buffer of ``x``'s shape plus ``pads`` on the spatial axes, filled with
+    ``fill``, and the view of its interior where ``x`` goes."""
+    shape = x.shape[:2] + tuple(n + lo + hi for n, (lo, hi) in zip(x.shape[2:], pads, strict=True))
+    buf = np.full(shape, fill, dtype=x.dtype)
+    inner = buf[
+        (
+            slice(None),
+            slice(None),
+            *(slice(lo, lo + n) for n, (lo, _) in zip(x.shape[2:], pads, strict=True)),
+        )
+    ]
+    return buf, inner
 
 
 @functools.cache

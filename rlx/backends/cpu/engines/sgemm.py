@@ -1,5 +1,5 @@
 """f32 matmuls on rlx's packed sgemm (``native/sgemm.py``). In: f32 MatMul / DotGeneral /
-FusedMatMulBiasAct nodes (called by ``kernels.linalg`` and ``kernels.rows``) with their
+FusedMatMulBiasAct nodes (called by ``kernels/linalg.py`` and ``kernels/fused.py``) with their
 arena views. Out: closures running the native GEMM with its epilogue, or None when BLAS
 should run the node (the caller keeps its BLAS path).
 
@@ -42,7 +42,7 @@ import numpy as np
 
 from rlx import config
 from rlx.backends.cpu import native
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind
 from rlx.backends.cpu.native.sgemm import ACT_CODES, SgemmLib, aligned_empty, sgemm_lib
 from rlx.dtype import DType
 from rlx.errors import CompileError, RlxError

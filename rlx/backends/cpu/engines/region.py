@@ -1,6 +1,9 @@
-"""Native kernel for elementwise regions. In: an ElementwiseRegion node and NumPy views of
-its input and output arena slots. Out: a closure calling ONE generated C function that
-computes the whole body per output element in registers (no intermediate in memory).
+"""Generated elementwise C loops: build, load and bind (the native attempt of
+ElementwiseRegion, ``kernels/fused.py``, and of the composite unaries,
+``kernels/elementwise.py``; the row kernels of ``engines.rows`` load through it too). In: a
+rendered ``CFunction`` and the NumPy views it runs on. Out: a closure calling ONE generated
+C function that computes the whole body per output element in registers (no intermediate
+in memory).
 
 At schedule-build time (never in a run) the body is rendered to C by
 :mod:`rlx.backends.cpu.codegen.elementwise`, built by :func:`rlx.backends.cpu.native.build` (cached by
@@ -15,9 +18,9 @@ arguments precomputed. Regions whose work estimate (:func:`region_work`) reaches
 (``CompileOptions.num_threads``).
 
 When native kernels are off (``CompileOptions.native=False``), gcc is missing, the build
-fails, or the body has something the C tables cannot render, the node gets the NumPy
-region kernel of ``kernels.fused`` instead: its report kind is then ``numpy`` and its
-notes say why.
+fails, or the body has something the C tables cannot render, the region's next attempt,
+the NumPy region kernel of ``kernels/fused.py``, runs instead: its report kind is then
+``numpy`` and its notes say why.
 """
 
 from __future__ import annotations
@@ -31,17 +34,9 @@ from typing import Any
 import numpy as np
 
 from rlx.backends.cpu import native
-from rlx.backends.cpu.codegen.elementwise import (
-    CFunction,
-    CModule,
-    CodegenUnsupported,
-    render_region,
-)
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
-from rlx.backends.cpu.kernels.fused import region_kernel
+from rlx.backends.cpu.codegen.elementwise import CFunction, CModule
+from rlx.backends.cpu.dispatch import Kernel
 from rlx.errors import CompileError
-from rlx.ir.mir import Node
-from rlx.ops.fused import ElementwiseRegion
 
 __all__ = [
     "PARALLEL_MIN_WORK",
@@ -50,7 +45,6 @@ __all__ = [
     "vector_math_available",
     "load_function",
     "bind",
-    "native_region_kernel",
 ]
 
 # A team pays when the region's one-thread time is well above what starting it costs.
@@ -116,34 +110,3 @@ def bind(cfn: Any, arrays: list[np.ndarray], nthreads: int = 1) -> Kernel:
     run: Any = functools.partial(cfn, *ptrs, ctypes.c_long(nthreads))
     run.keepalive = arrays  # constants rendered as arrays live as long as the kernel
     return run  # type: ignore[no-any-return]
-
-
-@kernel(ElementwiseRegion, KernelKind.NATIVE, supersedes=region_kernel)
-def native_region_kernel(
-    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
-) -> Kernel | None:
-    """The whole region as one generated C loop; the NumPy region kernel when it cannot."""
-    body = node.op.body  # type: ignore[attr-defined]
-    if not ctx.native:
-        return _fallback(node, ins, out, ctx, "native kernels disabled (CompileOptions.native)")
-    try:
-        fn, arrays = render_region(body, ins, out)
-        cfn = load_function(fn)
-    except CodegenUnsupported as e:
-        return _fallback(node, ins, out, ctx, f"no C rendering: {e}")
-    except CompileError as e:
-        return _fallback(node, ins, out, ctx, f"native build failed: {e.bare_message}")
-    ctx.kind = KernelKind.NATIVE
-    threads = ctx.num_threads if region_work(fn, out) >= PARALLEL_MIN_WORK else 1
-    team = f", OpenMP x{threads}" if threads > 1 else ""
-    ctx.notes.append(f"native: {fn.ops} ops in one C loop{team}")
-    return bind(cfn, arrays, threads)
-
-
-def _fallback(
-    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx, why: str
-) -> Kernel | None:
-    first = why.splitlines()[0]
-    ctx.kind = KernelKind.NUMPY
-    ctx.notes.append(f"NumPy region kernel ({first})")
-    return region_kernel(node, ins, out, ctx)

@@ -1,5 +1,6 @@
-"""CPU kernels for integer ``matmul`` and ``dot_general``. In: the node and its arena
-views. Out: a closure writing the product into the output view.
+"""Exact integer products (the integer ``matmul`` and ``dot_general`` kernels of
+``kernels/linalg.py``). In: integer operand views, the output view, the contracted length
+and the kernel context. Out: a closure writing the wrapped product into the output view.
 
 The reference accumulates integer products in i64 and wraps to the node's dtype (as
 ``astype``). Here: operands of 16 bits or fewer multiply exactly in f64 BLAS when every
@@ -10,24 +11,17 @@ and take four such exact products, recombined with wrapping int64 shifts and add
 otherwise (64-bit operands) the operands are widened into i64 scratch and
 ``np.matmul(..., out=)`` (NumPy's integer loop, wrapping like the reference) writes an
 i64 scratch that wraps into ``out``. Operands already i64 multiply straight into ``out``.
-Float products go to the BLAS kernels of ``kernels.linalg`` unchanged.
+Float products take the BLAS kernels of ``kernels/linalg.py``.
 """
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
-from rlx.backends.cpu.kernels.linalg import as_3d, dot_general_kernel, matmul_into, matmul_kernel
-from rlx.ops.linalg import DotGeneral, MatMul
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind
+from rlx.backends.cpu.engines.blas import matmul_into
 
-if TYPE_CHECKING:
-    from rlx.ir.mir import Node
-
-__all__ = ["int_matmul_kernel", "int_dot_general_kernel", "int_product"]
+__all__ = ["int_product"]
 
 _EXACT = 2**53
 
@@ -124,47 +118,5 @@ def _split_product(
             np.copyto(part, ll, casting="unsafe")
             np.add(acc, part, out=acc)
         np.copyto(out, acc, casting="unsafe")
-
-    return run
-
-
-@kernel(MatMul, KernelKind.BLAS, supersedes=matmul_kernel)
-def int_matmul_kernel(
-    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
-) -> Kernel | None:
-    """Integer matmul (see the module docstring); float nodes go to ``matmul_kernel``."""
-    a, b = ins
-    if a.dtype.kind not in "iu":
-        return matmul_kernel(node, ins, out, ctx)
-    k = a.shape[-1]
-    return int_product(a, b, out, k, ctx, 400)
-
-
-@kernel(DotGeneral, KernelKind.BLAS, supersedes=dot_general_kernel)
-def int_dot_general_kernel(
-    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
-) -> Kernel | None:
-    """Integer dot_general as one batched product [batch, free, contract] x [batch,
-    contract, free] (operands transposed into scratch when needed); float nodes go to
-    ``dot_general_kernel``."""
-    a, b = ins
-    if a.dtype.kind not in "iu":
-        return dot_general_kernel(node, ins, out, ctx)
-    lc, rc, lb, rb, lf, rf = node.op._axes(a.ndim, b.ndim)  # type: ignore[attr-defined]
-    nb = math.prod(a.shape[i] for i in lb)
-    m = math.prod(a.shape[i] for i in lf)
-    k = math.prod(a.shape[i] for i in lc)
-    n = math.prod(b.shape[j] for j in rf)
-    a3, prep_a = as_3d(a, lb + lf + lc, (nb, m, k), ctx, 410)
-    b3, prep_b = as_3d(b, rb + rc + rf, (nb, k, n), ctx, 411)
-    prod = int_product(a3, b3, out.reshape(nb, m, n), k, ctx, 420)
-    preps = [p for p in (prep_a, prep_b) if p is not None]
-    if not preps:
-        return prod
-
-    def run() -> None:
-        for p in preps:
-            p()
-        prod()
 
     return run

@@ -1,11 +1,11 @@
 """Low-precision matmul kernels. In: bf16/f16 MatMul / DotGeneral nodes (called by
-``kernels.linalg``) and FusedMatMulBiasAct nodes (called by ``kernels.rows``) with their
+``kernels/linalg.py``) and FusedMatMulBiasAct nodes (called by ``kernels/fused.py``) with their
 arena views. Out: closures running the native bf16 GEMM (vdpbf16ps or AMX tiles), the
 widen + sgemm path, and the fused bias + activation epilogue.
 
 The paths, the weight-packing schedule and the epilogue's exactness are described in the
-docstring of :mod:`rlx.backends.cpu.kernels.lowp_lib`, which owns the native library
-(:class:`~rlx.backends.cpu.kernels.lowp_lib.LowpLib`), the path choice (``gemm_path``) and the
+docstring of :mod:`rlx.backends.cpu.engines.lowp_lib`, which owns the native library
+(:class:`~rlx.backends.cpu.engines.lowp_lib.LowpLib`), the path choice (``gemm_path``) and the
 casts.
 """
 
@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind
+from rlx.backends.cpu.engines.blas import matmul_into
 from rlx.ops.base import RefCtx
 from rlx.ops.core import Constant
 from rlx.ops.elementwise import Unary, UnaryKind
@@ -26,15 +27,15 @@ from rlx.ops.elementwise import Unary, UnaryKind
 if TYPE_CHECKING:
     from rlx.ir.mir import Node
 
-from rlx.backends.cpu.kernels.lowp_lib import (
+from rlx.backends.cpu.engines.lowp_lib import (
     BF16,
     F16,
     F32,
     GemmPath,
     LowpLib,
-    _lib_or_none,
     _padded_table,
     gemm_path,
+    lib_or_none,
 )
 
 __all__ = ["lowp_matmul", "lowp_fused_matmul", "activation_table"]
@@ -76,7 +77,7 @@ def lowp_matmul(
     ``out`` when that path is taken (then ``epilogue.fused`` is set)."""
     if a.dtype != b.dtype or a.dtype != out.dtype or a.dtype not in (BF16, F16):
         return None
-    lib = _lib_or_none(ctx)
+    lib = lib_or_none(ctx)
     if lib is None:
         return None
     const = _is_constant(ctx, node, 1) if b_constant is None else b_constant
@@ -131,7 +132,6 @@ def _convert(
 ) -> Kernel:
     """Widen natively, f32 BLAS matmul into scratch, round natively into ``out``. With
     ``defer`` (a list), ``b`` is widened into a private buffer by a step appended there."""
-    from rlx.backends.cpu.kernels.linalg import matmul_into
 
     level, nt = int(lib.level()), ctx.num_threads
     up = lib.cast_fn(a.dtype, F32)
@@ -307,7 +307,7 @@ def lowp_fused_matmul(
     value). None when the node is not bf16/f16 throughout or the library is unavailable
     (the caller keeps its own path).
 
-    ``kernels.fused`` may call this first from its FusedMatMulBiasAct factory."""
+    ``kernels/fused.py`` calls this first from its FusedMatMulBiasAct factory."""
     x, w = ins[:2]
     bias = ins[2] if len(ins) == 3 else None
     dt = out.dtype
@@ -315,7 +315,7 @@ def lowp_fused_matmul(
         return None
     if bias is not None and not bias.flags.c_contiguous:
         return None
-    lib = _lib_or_none(ctx)
+    lib = lib_or_none(ctx)
     if lib is None:
         return None
     act = node.op.act  # type: ignore[attr-defined]
