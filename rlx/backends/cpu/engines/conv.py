@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind
-from rlx.errors import CompileError
+from rlx.backends.cpu.native import bindings
+from rlx.backends.cpu.native.cpu import selected_target
 from rlx.ops.nn import Conv, Pool, PoolKind
 
 if TYPE_CHECKING:
@@ -35,7 +36,6 @@ __all__ = ["window_view", "bordered", "native_conv", "native_pool", "conv_lib", 
 DIRECT_MAX_MACS = 1 << 17
 _PARALLEL_MIN_MACS = 1 << 21  # below this many multiply-adds (~30-60 us on one thread) no team
 _PARALLEL_MIN_POOL = 1 << 16  # window reads below which a pool runs on one thread
-_P = ctypes.c_void_p
 _CHUNK = 16  # RLX_CONV_CHUNK of conv.c
 
 
@@ -72,39 +72,14 @@ def bordered(
     return buf, inner
 
 
-@functools.cache
-def _conv_lib(target: object) -> ctypes.CDLL:
-    from rlx.backends.cpu import native
-
-    lib = native.load(native.build(native.csrc_source("conv.c"), target, "conv"))
-    lib.rlx_conv2d_f32.restype = None
-    lib.rlx_conv2d_f32.argtypes = [_P, _P, _P, _P, _P, ctypes.c_int]
-    lib.rlx_conv2d_wide_f32.restype = None
-    lib.rlx_conv2d_wide_f32.argtypes = [_P] * 7 + [ctypes.c_int]
-    lib.rlx_pool2d_f32.restype = None
-    lib.rlx_pool2d_f32.argtypes = [_P, _P, _P, ctypes.c_int]
-    return lib
-
-
 def conv_lib() -> ctypes.CDLL:
     """The conv library for the selected native target. CompileError without gcc or when
     the build fails."""
-    from rlx.backends.cpu import native
-    from rlx.backends.cpu.native import cpu
-
-    if not native.available():
-        raise CompileError("native conv needs gcc, which is not on PATH")
-    return _conv_lib(cpu.selected_target())
+    return bindings.csrc_library(("conv.c",), selected_target(), "conv")
 
 
 def _lib(ctx: KernelCtx, what: str) -> ctypes.CDLL | None:
-    if not ctx.native:
-        return None
-    try:
-        return conv_lib()
-    except (CompileError, OSError) as e:
-        ctx.notes.append(f"{what}: no native kernel ({str(e).splitlines()[0]})")
-        return None
+    return bindings.lib_or_note(ctx, what, conv_lib)
 
 
 def _f32_contiguous(*xs: np.ndarray) -> bool:

@@ -54,6 +54,7 @@ import numpy as np
 from rlx import config
 from rlx.backends.cpu import native
 from rlx.backends.cpu.dispatch import KernelCtx
+from rlx.backends.cpu.native import bindings
 from rlx.errors import CompileError, InputError
 
 if TYPE_CHECKING:
@@ -122,10 +123,6 @@ def lowp_override(
         _override = prev
 
 
-_P = ctypes.c_void_p
-_L = ctypes.c_long
-_I = ctypes.c_int
-
 # (source dtype, target dtype) -> C function name
 CASTS = {
     (F32, BF16): "rlx_f32_to_bf16",
@@ -140,21 +137,6 @@ class LowpLib:
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
-        for name in CASTS.values():
-            fn = getattr(lib, name)
-            fn.restype = None
-            fn.argtypes = [_P, _P, _L, _I, _I]
-        lib.rlx_lut16.restype = None
-        lib.rlx_lut16.argtypes = [_P, _P, _P, _L, _I]
-        lib.rlx_bf16_packed_size.restype = _L
-        lib.rlx_bf16_packed_size.argtypes = [_L, _L]
-        lib.rlx_bf16_pack_b.restype = None
-        lib.rlx_bf16_pack_b.argtypes = [_P, _L, _L, _L, _P, _I]
-        lib.rlx_bf16_gemm.restype = _I
-        lib.rlx_bf16_gemm.argtypes = [_L, _L, _L, _P, _L, _P, _P, _L, _I, _I]
-        lib.rlx_bf16_gemm_ep.restype = _I
-        lib.rlx_bf16_gemm_ep.argtypes = [_L, _L, _L, _P, _L, _P, _P, _L, _I, _I, _P, _P]
-        lib.rlx_bf16_has_amx.restype = _I
         self.max_level = SimdLevel(int(lib.rlx_lowp_max_level()))
         self.has_dpbf16 = bool(lib.rlx_lowp_has_dpbf16())
         self.openmp = bool(lib.rlx_lowp_openmp())
@@ -295,7 +277,7 @@ def _lowp_lib(target: native.Target) -> LowpLib:
         raise CompileError("native low-precision kernels need gcc, which is not on PATH")
     source = native.csrc_source("lowp_cast.c", "lowp_gemm.c")
     try:
-        return LowpLib(native.load(native.build(source, target, "lowp")))
+        return LowpLib(bindings.typed(native.load(native.build(source, target, "lowp")), source))
     except OSError as e:
         raise CompileError(
             f"native low-precision kernels: {e} (cache dir {config.cache_dir()})"

@@ -36,6 +36,9 @@ import numpy as np
 
 from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind, kind, lowp
 from rlx.backends.cpu.engines.conv import window_view
+from rlx.backends.cpu.native import bindings
+from rlx.backends.cpu.native.attention import MASK_CODES
+from rlx.backends.cpu.native.cpu import selected_target
 from rlx.errors import CompileError
 from rlx.ops.nn import PoolKind
 from rlx.ops.nn_grad import (
@@ -73,40 +76,30 @@ _T = 300  # scratch tags of this module: 300..
 # ---- norms ------------------------------------------------------------------------------
 
 
-_P = ctypes.c_void_p
-_L = ctypes.c_long
 #: below this many elements a native norm backward runs on one thread
 _PARALLEL_MIN = 1 << 15
 
 
-@functools.cache
-def _norm_grad_lib(target: object) -> ctypes.CDLL:
-    from rlx.backends.cpu import native
-
-    lib = native.load(native.build(native.csrc_source("norm_grad.c"), target, "norm_grad"))
-    lib.rlx_norm_grad_x_f32.restype = None
-    lib.rlx_norm_grad_x_f32.argtypes = [_P] * 4 + [_L, _L, ctypes.c_float] + [ctypes.c_int] * 2
-    lib.rlx_norm_grad_gamma_f32.restype = None
-    lib.rlx_norm_grad_gamma_f32.argtypes = [_P] * 4 + [_L, _L, ctypes.c_float] + [ctypes.c_int] * 2
-    return lib
+def _native_lib(
+    ctx: KernelCtx, arrays: list[np.ndarray], what: str, files: tuple[str, ...], defines: str = ""
+) -> ctypes.CDLL | None:
+    """The library of ``csrc/<files>`` for the selected target when native kernels are on
+    and every array is a non-empty C-contiguous f32 view; None (the NumPy / BLAS path)
+    otherwise, with a note when the build failed."""
+    if any(a.dtype != np.float32 or not a.flags.c_contiguous or not a.size for a in arrays):
+        return None
+    name = files[-1].removesuffix(".c")
+    return bindings.lib_or_note(
+        ctx, what, lambda: bindings.csrc_library(files, selected_target(), name, defines)
+    )
 
 
 def _native_norm_backward(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
     """The ``csrc/norm_grad.c`` call for f32 contiguous views (None: the NumPy path)."""
-    from rlx.backends.cpu import native
-    from rlx.backends.cpu.native import cpu
-
-    if not ctx.native or not native.available():
-        return None
-    arrays = [*ins, out]
-    if any(a.dtype != np.float32 or not a.flags.c_contiguous or not a.size for a in arrays):
-        return None
-    try:
-        lib = _norm_grad_lib(cpu.selected_target())
-    except (CompileError, OSError) as e:
-        ctx.notes.append(f"norm backward: no native kernel ({str(e).splitlines()[0]})")
+    lib = _native_lib(ctx, [*ins, out], "norm backward", ("norm_grad.c",))
+    if lib is None:
         return None
     op = node.op
     x, gamma, ct = ins
@@ -247,38 +240,13 @@ class _Grouped:
             np.divide(p, self.row, out=p)
 
 
-@functools.cache
-def _attention_grad_lib(target: object) -> ctypes.CDLL:
-    from rlx.backends.cpu import native
-
-    src = native.csrc_source("attention_vec.c", "attention_grad.c")
-    lib = native.load(native.build("#define RLX_ATT_DT 0\n" + src, target, "attention_grad"))
-    lib.rlx_attention_grad_ws_floats.restype = _L
-    lib.rlx_attention_grad_ws_floats.argtypes = [_L, _L]
-    lib.rlx_attention_grad.restype = ctypes.c_int
-    lib.rlx_attention_grad.argtypes = (
-        [_P] * 8 + [_L] * 6 + [ctypes.c_float, ctypes.c_int, _L, _P] + [_L] * 4
-        + [_P, _L, ctypes.c_int]
-    )  # fmt: skip
-    return lib
-
-
 def _native_attention_backward(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
     """The ``csrc/attention_grad.c`` call for f32 contiguous views (None: the BLAS path)."""
-    from rlx.backends.cpu import native
-    from rlx.backends.cpu.native import cpu
-    from rlx.backends.cpu.native.attention import MASK_CODES
-
-    if not ctx.native or not native.available():
-        return None
-    if any(a.dtype != np.float32 or not a.flags.c_contiguous or not a.size for a in ins):
-        return None
-    try:
-        lib = _attention_grad_lib(cpu.selected_target())
-    except (CompileError, OSError) as e:
-        ctx.notes.append(f"attention backward: no native kernel ({str(e).splitlines()[0]})")
+    files = ("attention_vec.c", "attention_grad.c")
+    lib = _native_lib(ctx, ins, "attention backward", files, "#define RLX_ATT_DT 0\n")
+    if lib is None:
         return None
     op, wrt = node.op.fwd, node.op.wrt  # type: ignore[attr-defined]
     q, k, v = ins[:3]
