@@ -26,11 +26,22 @@ from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind
 from rlx.backends.cpu.native import bindings
 from rlx.backends.cpu.native.cpu import selected_target
 from rlx.ops.nn import Conv, Pool, PoolKind
+from rlx.ops.nn_grad import window_taps
 
 if TYPE_CHECKING:
     from rlx.ir.mir import Node
 
-__all__ = ["window_view", "bordered", "native_conv", "native_pool", "conv_lib", "DIRECT_MAX_MACS"]
+__all__ = [
+    "window_view",
+    "bordered",
+    "native_conv",
+    "native_pool",
+    "conv_lib",
+    "DIRECT_MAX_MACS",
+    "ConvColumns",
+    "pool_geometry",
+    "FirstMax",
+]
 
 #: above this many multiply-adds per (image, output channel) the BLAS path is taken
 DIRECT_MAX_MACS = 1 << 17
@@ -181,3 +192,67 @@ def native_pool(
     ctx.kind = KernelKind.NATIVE
     ctx.notes.append(f"native {op.fn.value} pool")
     return call
+
+
+# ---- backward: im2col geometry and pooling windows ---------------------------------------
+
+
+class ConvColumns:
+    """im2col geometry of one conv backward node: x ``[N,C,*sp]``, w ``[O,C/G,*k]``,
+    ct ``[N,O,*out]``; a zero-bordered private copy of x (dw) or of dx (dx); the columns
+    and the gathered output gradient in scratch (tags ``tag``, ``tag + 1``)."""
+
+    def __init__(self, node: Node, ins: list[np.ndarray], ctx: KernelCtx, tag: int) -> None:
+        f = node.op.fwd  # type: ignore[attr-defined]
+        x, w, ct = ins
+        self.f = f
+        n, c = x.shape[:2]
+        o, g = w.shape[0], f.groups
+        self.k = w.shape[2:]
+        self.out_sp = ct.shape[2:]
+        kk, length = math.prod(self.k), math.prod(self.out_sp)
+        self.shape = (n, c, o, g, kk, length)
+        dt = x.dtype
+        self.xp, self.inner = bordered(x, f.padding, 0.0)  # private: its border stays zero
+        # [G, N*L, C/G*K] columns and [G, O/G, N*L] output gradient
+        self.cols = ctx.scratch((g, n * length, (c // g) * kk), dt, tag)
+        self.ctg = ctx.scratch((g, o // g, n * length), dt, tag + 1)
+        self.ct_src = ct.reshape(n, g, o // g, length).transpose(1, 2, 0, 3)
+
+    def gather_ct(self) -> None:
+        """Copy the output gradient into ``ctg``."""
+        n, _, o, g, _, length = self.shape
+        np.copyto(self.ctg.reshape(g, o // g, n, length), self.ct_src)
+
+
+def pool_geometry(
+    f, x: np.ndarray, out_sp: tuple, fill: float
+) -> tuple[np.ndarray, np.ndarray, list]:  # noqa: ANN001
+    """(private bordered buffer, its interior view, taps) of the pool ``f`` over ``x``."""
+    buf, inner = bordered(x, f.padding, fill)
+    taps = [sl for _, sl in window_taps(f.window, f.stride, (1,) * len(f.window), out_sp)]
+    return buf, inner, taps
+
+
+class FirstMax:
+    """Index of each window's first maximum (strict ``>`` tap by tap: the first wins);
+    scratch tags ``tag`` to ``tag + 2``."""
+
+    def __init__(self, f, x: np.ndarray, out_sp: tuple, ctx: KernelCtx, tag: int) -> None:  # noqa: ANN001
+        self.x = x
+        self.xp, self.inner, self.taps = pool_geometry(f, x, out_sp, -np.inf)
+        shape = (*x.shape[:2], *out_sp)
+        self.best = ctx.scratch(shape, x.dtype, tag)
+        self.idx = ctx.scratch(shape, np.int32, tag + 1)
+        self.gt = ctx.scratch(shape, np.bool_, tag + 2)
+
+    def run(self) -> None:
+        """Fill ``idx`` from the current ``x``."""
+        np.copyto(self.inner, self.x)
+        np.copyto(self.best, self.xp[(..., *self.taps[0])])
+        self.idx.fill(0)
+        for i, sl in enumerate(self.taps[1:], 1):
+            cand = self.xp[(..., *sl)]
+            np.greater(cand, self.best, out=self.gt)
+            np.copyto(self.best, cand, where=self.gt)
+            np.copyto(self.idx, i, where=self.gt)

@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind, kind, lowp
-from rlx.backends.cpu.engines.conv import window_view
+from rlx.backends.cpu.engines.conv import ConvColumns, FirstMax, pool_geometry, window_view
 from rlx.backends.cpu.native import bindings
 from rlx.backends.cpu.native.attention import MASK_CODES
 from rlx.backends.cpu.native.cpu import selected_target
@@ -411,36 +410,6 @@ def rope_backward_kernel(
 _TC = 350  # scratch tags of the conv and pool backward kernels: 350..
 
 
-class _Cols:
-    """im2col geometry of one conv backward node: x ``[N,C,*sp]``, w ``[O,C/G,*k]``,
-    ct ``[N,O,*out]``; a zero-bordered copy of x (dw) or of dx (dx)."""
-
-    def __init__(self, node: Node, ins: list[np.ndarray], ctx: KernelCtx) -> None:
-        f = node.op.fwd  # type: ignore[attr-defined]
-        x, w, ct = ins
-        self.f = f
-        n, c = x.shape[:2]
-        o, g = w.shape[0], f.groups
-        self.k = w.shape[2:]
-        self.out_sp = ct.shape[2:]
-        kk, length = math.prod(self.k), math.prod(self.out_sp)
-        self.shape = (n, c, o, g, kk, length)
-        dt = x.dtype
-        padded = tuple(s + lo + hi for s, (lo, hi) in zip(x.shape[2:], f.padding, strict=True))
-        self.xp = np.zeros((n, c, *padded), dt)  # private: its border stays zero
-        self.inner = self.xp[
-            (..., *(slice(lo, lo + s) for s, (lo, _) in zip(x.shape[2:], f.padding, strict=True)))
-        ]
-        # [G, N*L, C/G*K] columns and [G, O/G, N*L] output gradient
-        self.cols = ctx.scratch((g, n * length, (c // g) * kk), dt, _TC)
-        self.ctg = ctx.scratch((g, o // g, n * length), dt, _TC + 1)
-        self.ct_src = ct.reshape(n, g, o // g, length).transpose(1, 2, 0, 3)
-
-    def gather_ct(self) -> None:
-        n, _, o, g, _, length = self.shape
-        np.copyto(self.ctg.reshape(g, o // g, n, length), self.ct_src)
-
-
 @kind(KernelKind.BLAS)
 @lowp
 def conv_backward_kernel(
@@ -448,7 +417,7 @@ def conv_backward_kernel(
 ) -> Kernel:
     """dw by im2col: ``[G, O/G, N*L] @ [G, N*L, C/G*K]``, one GEMM per group."""
     x = ins[0]
-    m = _Cols(node, ins, ctx)
+    m = ConvColumns(node, ins, ctx, _TC)
     n, c, o, g, kk, length = m.shape
     win = window_view(m.xp, m.k, m.f.stride, m.f.dilation)  # [N,C,*out,*k], a view
     nd = len(m.k)
@@ -477,7 +446,7 @@ def conv_backward_data_kernel(
     """dx: the column gradient ``[G, N*L, O/G] @ w[G, O/G, C/G*K]``, then col2im tap by tap
     into a zero-bordered buffer whose interior is dx."""
     w = ins[1]
-    m = _Cols(node, ins, ctx)
+    m = ConvColumns(node, ins, ctx, _TC)
     n, c, o, g, kk, length = m.shape
     wg = w.reshape(g, o // g, (c // g) * kk)
     # dcols [G, N*L, C/G*K] -> per tap t: [N, G, C/G, *out]
@@ -503,44 +472,6 @@ def conv_backward_data_kernel(
     return run
 
 
-# ---- pooling ----------------------------------------------------------------------------
-
-
-def _pool_geometry(
-    f, x: np.ndarray, out_sp: tuple, ctx: KernelCtx, fill: float
-) -> tuple[np.ndarray, np.ndarray, list]:  # noqa: ANN001
-    """(bordered buffer, its interior view, taps) of a pool over ``x``."""
-    padded = tuple(s + lo + hi for s, (lo, hi) in zip(x.shape[2:], f.padding, strict=True))
-    buf = np.full((*x.shape[:2], *padded), fill, x.dtype)
-    inner = buf[
-        (..., *(slice(lo, lo + s) for s, (lo, _) in zip(x.shape[2:], f.padding, strict=True)))
-    ]
-    taps = [sl for _, sl in window_taps(f.window, f.stride, (1,) * len(f.window), out_sp)]
-    return buf, inner, taps
-
-
-class _FirstMax:
-    """Index of each window's first maximum (strict ``>`` tap by tap: the first wins)."""
-
-    def __init__(self, f, x: np.ndarray, out_sp: tuple, ctx: KernelCtx) -> None:  # noqa: ANN001
-        self.x = x
-        self.xp, self.inner, self.taps = _pool_geometry(f, x, out_sp, ctx, -np.inf)
-        shape = (*x.shape[:2], *out_sp)
-        self.best = ctx.scratch(shape, x.dtype, _TC + 10)
-        self.idx = ctx.scratch(shape, np.int32, _TC + 11)
-        self.gt = ctx.scratch(shape, np.bool_, _TC + 12)
-
-    def run(self) -> None:
-        np.copyto(self.inner, self.x)
-        np.copyto(self.best, self.xp[(..., *self.taps[0])])
-        self.idx.fill(0)
-        for i, sl in enumerate(self.taps[1:], 1):
-            cand = self.xp[(..., *sl)]
-            np.greater(cand, self.best, out=self.gt)
-            np.copyto(self.best, cand, where=self.gt)
-            np.copyto(self.idx, i, where=self.gt)
-
-
 @lowp
 def pool_backward_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
@@ -550,7 +481,7 @@ def pool_backward_kernel(
     f = node.op.fwd  # type: ignore[attr-defined]
     x, ct = ins
     out_sp = ct.shape[2:]
-    dxp, inner, taps = _pool_geometry(f, x, out_sp, ctx, 0.0)
+    dxp, inner, taps = pool_geometry(f, x, out_sp, 0.0)
     share = ctx.scratch(ct.shape, ct.dtype, _TC + 13)
     if f.fn is PoolKind.AVG:
         ones = np.pad(np.ones(x.shape[2:], x.dtype), f.padding)
@@ -565,7 +496,7 @@ def pool_backward_kernel(
             np.copyto(out, inner)
 
         return avg
-    first = _FirstMax(f, x, out_sp, ctx)
+    first = FirstMax(f, x, out_sp, ctx, _TC + 10)
     hit = ctx.scratch(ct.shape, np.bool_, _TC + 14)
 
     def mx() -> None:
@@ -589,8 +520,8 @@ def max_pool_select_kernel(
     f = node.op.fwd  # type: ignore[attr-defined]
     x, t = ins
     out_sp = out.shape[2:]
-    first = _FirstMax(f, x, out_sp, ctx)
-    tp, tin, taps = _pool_geometry(f, t, out_sp, ctx, 0.0)
+    first = FirstMax(f, x, out_sp, ctx, _TC + 10)
+    tp, tin, taps = pool_geometry(f, t, out_sp, 0.0)
     hit = ctx.scratch(out.shape, np.bool_, _TC + 14)
 
     def run() -> None:
