@@ -53,6 +53,7 @@ from rlx.ops.reduce import ArgMax, ArgMin, Cumsum, LogSoftmax, Reduce, ReduceKin
 from rlx.ops.reduce_grad import LogSoftmaxBackward, SoftmaxBackward
 from rlx.ops.state import Barrier
 from rlx.options import CompileOptions
+from tests.cpu.kernels.checks import rand
 
 RAW = CompileOptions(optimize=False, fuse=False, use_cache=False)
 
@@ -277,3 +278,21 @@ def test_complex_and_bool_corners_match_numpy():
     for i, (c, w) in enumerate(zip(got, want, strict=True)):
         np.testing.assert_allclose(c, w, rtol=2e-5, atol=2e-5, err_msg=f"output {i}")
     assert KernelKind.REFERENCE not in {k.kind for k in cg.report().kernels}
+
+
+def test_float_and_inclusive_nodes_pass_the_corner_attempts() -> None:
+    """The corner attempts (integer division, exclusive cumsum) pass float division and
+    inclusive cumsums on to the next attempt in the op's order."""
+    g = rlx.Graph("back")
+    x = g.input("x", (3, 4))
+    g.set_outputs([g.cumsum(g.div(x, g.input("y", (3, 4))), 1, reverse=True)])
+    cg = rlx.Session("cpu").compile(g, RAW)
+    rng = np.random.default_rng(1)
+    feed = {"x": rand(rng, (3, 4), "float32"), "y": rand(rng, (3, 4), "float32") + 3}
+    (want,) = g.evaluate(feed)
+    (got,) = cg.run(feed)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert {k.op: k.kind for k in cg.report().kernels} == {
+        "binary": KernelKind.NUMPY,
+        "cumsum": KernelKind.NUMPY,
+    }

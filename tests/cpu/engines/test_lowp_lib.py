@@ -1,8 +1,8 @@
-"""Native low-precision kernels (rlx/backends/cpu/kernels/lowp.py): casts bit-for-bit
-against ml_dtypes / NumPy at every SIMD level, the bf16 GEMM against float64 within the
-f32-accumulation bound, every matmul path (vdpbf16ps, native widening + sgemm, the NumPy
-fallback) through Session against the reference interpreter, weight repacking after
-set_param, and the fallback when the library cannot be built."""
+"""Native low-precision kernels (rlx/backends/cpu/engines/lowp_lib.py, lowp_gemm.py): casts
+bit-for-bit against ml_dtypes / NumPy at every SIMD level, the bf16 GEMM against float64
+within the f32-accumulation bound, every matmul path (vdpbf16ps, native widening +
+sgemm, the NumPy fallback) through Session against the reference interpreter, weight
+repacking after set_param, and the fallback when the library cannot be built."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The native direct convolution and pooling (``kernels/conv_native.py``, ``csrc/conv.c``)
+"""The native direct convolution and pooling (``engines/conv.py``, ``csrc/conv.c``)
 against the NumPy reference interpreter and a plain loop: strides, dilations, uneven
 padding, groups, bias, 1-D, windows over padding only, NaN in max pools; the report names
 them native, and larger convolutions keep the BLAS path. Runs on the selected native

@@ -139,7 +139,7 @@ def test_reference_keeps_its_own_rounding_while_old_ml_dtypes_are_supported() ->
     import tomllib
     from pathlib import Path
 
-    meta = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    meta = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
     (req,) = [d for d in meta["project"]["dependencies"] if d.startswith("ml_dtypes")]
     lower = re.search(r">=\s*([\d.]+)", req)
     assert lower is not None, req

@@ -1,4 +1,5 @@
-"""Native elementwise regions (codegen.py + kernels_region.py) vs the reference interpreter.
+"""Native elementwise regions (codegen/elementwise.py + engines/region.py) vs the reference
+interpreter.
 
 Per-kind tests render many one-op bodies into one C module (one gcc run) and compare each
 function's output with ``evaluate`` of the body. Tolerances: f64 rtol 1e-12; f32 rtol

@@ -18,7 +18,7 @@ from rlx.backends.cpu.native import cpu
 from rlx.backends.cpu.native.dqgemm import dqgemm_lib, uses_q8
 from rlx.errors import ConfigError, InputError
 from rlx.formats import schemes as S
-from tests.cpu.test_dequant_kernels import check_close, check_q8, make_weight
+from tests.cpu.kernels.test_quant_dequant import check_close, check_q8, make_weight
 
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not installed")

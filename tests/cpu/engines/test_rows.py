@@ -1,4 +1,4 @@
-"""Native row kernels (codegen/rows.py + kernels/rows.py) vs the reference interpreter.
+"""Native row kernels (codegen/rows.py + engines/rows.py) vs the reference interpreter.
 
 Softmax / log-softmax / layer norm / RMS norm / residual norms go through Session.compile
 (fusion off, so each node is the op under test) and are compared with ``evaluate``.
@@ -392,7 +392,7 @@ def test_attention_native_softmax(mask: str, dtype: np.dtype) -> None:
         return g.attention(q, k, v, h, d, mask=kind, mask_input=m, num_kv_heads=hkv)
 
     got, want, recs = run_op(build, arrays)
-    # f32 / bf16 take the fused native attention kernel (tests/cpu/test_attention_native.py),
+    # f32 / bf16 take the fused native attention kernel (tests/cpu/kernels/test_nn.py),
     # f64 the BLAS kernel with the native softmax
     native_note = "native: softmax" if dtype == np.float64 else "native attention"
     assert any(s.startswith(native_note) for s in recs[0].notes), recs[0].notes

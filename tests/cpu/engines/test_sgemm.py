@@ -1,4 +1,4 @@
-"""rlx's packed sgemm (native/csrc/sgemm.c, native/sgemm.py, kernels/sgemm.py).
+"""rlx's packed sgemm (native/csrc/sgemm.c, native/sgemm.py, engines/sgemm.py).
 
 Oracles: NumPy float64 matmul (tolerance ``2 K eps32 (|a| @ |b|)``, the bound of an f32
 dot product of K terms in any order), NumPy/SciPy formulas for the epilogues in float64,

@@ -1,4 +1,4 @@
-"""Regression: the 1-thread measurement of native vs BLAS GEMM (``kernels/sgemm.py``
+"""Regression: the 1-thread measurement of native vs BLAS GEMM (``engines/sgemm.py``
 ``weight_matmul``'s ``make``) must keep its packed weight alive while the native call
 holds its raw address. It passed ``lib.pack_b(tb)`` straight into ``gemm_args``, so the
 packed buffer was freed before the timed call: a use-after-free that segfaulted once the
