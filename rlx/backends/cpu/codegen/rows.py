@@ -37,13 +37,16 @@ import enum
 from dataclasses import dataclass
 
 from rlx.backends.cpu.codegen.elementwise import (
+    C_TYPES,
     NAME_PLACEHOLDER,
     UNARY_C,
     CFunction,
     CType,
     content_symbol,
+    math_calls,
 )
 from rlx.backends.cpu.codegen.loop import team_loop
+from rlx.dtype import DType
 from rlx.ops.elementwise import UnaryKind
 
 __all__ = ["RowKind", "RowSpec", "render_rows", "ACT_CALLS"]
@@ -60,21 +63,9 @@ class RowKind(enum.Enum):
     GATE_MUL = "gate_mul"  # out = act(x) * out (SwiGLU epilogue: x the gate, out the up)
 
 
-# activations calling a math-library function once per element (the OpenMP work estimate)
+# activations calling a math-library function per element (the OpenMP work estimate)
 ACT_CALLS = frozenset(
-    {
-        UnaryKind.GELU,
-        UnaryKind.GELU_TANH,
-        UnaryKind.SILU,
-        UnaryKind.SIGMOID,
-        UnaryKind.TANH,
-        UnaryKind.EXP,
-        UnaryKind.LOG,
-        UnaryKind.SOFTPLUS,
-        UnaryKind.ERF,
-        UnaryKind.SIN,
-        UnaryKind.COS,
-    }
+    k for k, render in UNARY_C.items() if math_calls(render(["a"], C_TYPES[DType.F32]))
 )
 
 

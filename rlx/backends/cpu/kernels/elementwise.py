@@ -39,6 +39,7 @@ from rlx.ops.elementwise import (
     f64_to_bf16,
     int_to_bf16,
 )
+from rlx.ops.unary_kinds import UNARY, Complex
 
 if TYPE_CHECKING:
     from rlx.ir.mir import Node
@@ -68,21 +69,9 @@ __all__ = [
 ]
 
 
+# the kinds one NumPy ufunc computes (the ``ufunc`` of their rows)
 _DIRECT_UNARY: dict[UnaryKind, np.ufunc] = {
-    UnaryKind.TANH: np.tanh,
-    UnaryKind.EXP: np.exp,
-    UnaryKind.LOG: np.log,
-    UnaryKind.SQRT: np.sqrt,
-    UnaryKind.NEG: np.negative,
-    UnaryKind.ABS: np.absolute,
-    UnaryKind.SIN: np.sin,
-    UnaryKind.COS: np.cos,
-    UnaryKind.ROUND: np.rint,
-    UnaryKind.FLOOR: np.floor,
-    UnaryKind.CEIL: np.ceil,
-    UnaryKind.SQUARE: np.square,
-    UnaryKind.SIGN: np.sign,
-    UnaryKind.NOT: np.logical_not,
+    k: f.ufunc for k, f in UNARY.items() if f.ufunc is not None
 }
 _SQRT1_2 = np.float64(1.0 / np.sqrt(2.0))
 
@@ -170,8 +159,9 @@ def _unary_composite(fn: UnaryKind, x: np.ndarray, o: np.ndarray, ctx: KernelCtx
 def unary_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
-    """Unary ops as ufuncs with ``out=``; f32/f64 gelu, gelu_tanh, erf, sigmoid, silu and
-    softplus as one native C loop (``_native_unary``), else through scratch buffers."""
+    """Unary ops as ufuncs with ``out=``; f32/f64 composites (gelu, gelu_tanh, erf,
+    sigmoid, silu, softplus, ...) as one native C loop (``_native_unary``), else through
+    scratch buffers (a composite without NumPy code here: the reference kernel)."""
     (x,) = ins
     fn: UnaryKind = node.op.fn  # type: ignore[attr-defined]
     if x.dtype.kind == "c":
@@ -191,20 +181,13 @@ def unary_kernel(
     return _unary_composite(fn, x, out, ctx)
 
 
-# Composite transcendental unaries: one generated C loop (libmvec SIMD math, OpenMP on big
-# tensors) instead of a chain of ufuncs through scratch buffers (gelu: 6 passes, erf in
-# f64 through SciPy). exp/tanh/log stay one NumPy ufunc (already SIMD, one pass, and
+# Composite unaries (no single ufunc) run as one generated C loop (libmvec SIMD math,
+# OpenMP on big tensors) instead of a chain of ufuncs through scratch buffers (gelu: 6
+# passes, erf in f64 through SciPy), except relu, rsqrt and recip, which NumPy computes in
+# one or two passes. exp/tanh/log stay one NumPy ufunc (already SIMD, one pass, and
 # bit-equal to the reference interpreter).
-_NATIVE_UNARY = frozenset(
-    {
-        UnaryKind.GELU,
-        UnaryKind.GELU_TANH,
-        UnaryKind.ERF,
-        UnaryKind.SIGMOID,
-        UnaryKind.SILU,
-        UnaryKind.SOFTPLUS,
-    }
-)
+_NUMPY_COMPOSITES = frozenset({UnaryKind.RELU, UnaryKind.RSQRT, UnaryKind.RECIP})
+_NATIVE_UNARY = frozenset(k for k in UnaryKind if k not in _DIRECT_UNARY) - _NUMPY_COMPOSITES
 
 
 def _native_unary(node: Node, x: np.ndarray, out: np.ndarray, ctx: KernelCtx) -> Kernel | None:
@@ -296,22 +279,12 @@ def where_kernel(
 # ---- dtype corners: complex unaries, where over its condition, integer division / power
 
 
+# what a complex input runs (the ``complex`` of each kind's row): the kind's ufunc, the
+# code below (relu, rsqrt, recip), the reference (REFERENCE) or a compile error (UNDEFINED)
 _COMPLEX_UNARY: dict[UnaryKind, np.ufunc] = {
-    UnaryKind.TANH: np.tanh,
-    UnaryKind.EXP: np.exp,
-    UnaryKind.LOG: np.log,
-    UnaryKind.SQRT: np.sqrt,
-    UnaryKind.NEG: np.negative,
-    UnaryKind.ABS: np.absolute,  # f32 magnitudes stored as complex, as the reference
-    UnaryKind.SIN: np.sin,
-    UnaryKind.COS: np.cos,
-    UnaryKind.ROUND: np.rint,
-    UnaryKind.SQUARE: np.square,
-    UnaryKind.SIGN: np.sign,
+    k: f.ufunc for k, f in UNARY.items() if f.complex is Complex.KERNEL and f.ufunc is not None
 }
-
-
-_UNDEFINED = (UnaryKind.FLOOR, UnaryKind.CEIL, UnaryKind.SOFTPLUS)
+_UNDEFINED = frozenset(k for k, f in UNARY.items() if f.complex is Complex.UNDEFINED)
 
 
 def complex_unary_kernel(
@@ -341,7 +314,7 @@ def complex_unary_kernel(
             np.divide(one, s, out=out)
 
         return rsqrt
-    return None  # gelu, gelu_tanh, silu, sigmoid, erf: see the module docstring
+    return None  # Complex.REFERENCE (gelu, gelu_tanh, silu, sigmoid, erf): the reference
 
 
 def where_over_cond_kernel(
