@@ -17,6 +17,7 @@ import rlx
 from rlx.dtype import DType
 from rlx.errors import ShapeError
 from rlx.ops.elementwise import (
+    UNARY_FNS,
     Binary,
     BinaryKind,
     Cast,
@@ -26,6 +27,7 @@ from rlx.ops.elementwise import (
     UnaryKind,
     Where,
 )
+from rlx.ops.unary_kinds import UNARY
 from rlx.shape import Shape
 
 
@@ -75,6 +77,11 @@ def _run(build, *arrays: np.ndarray) -> np.ndarray:
 
 def test_every_unary_kind_has_an_expectation():
     assert set(UNARY_EXPECT) | {UnaryKind.NOT} == set(UnaryKind)
+
+
+def test_every_unary_kind_has_one_row_of_facts():
+    assert set(UNARY) == set(UnaryKind)
+    assert UNARY_FNS == {k: f.numpy for k, f in UNARY.items()}
 
 
 @pytest.mark.parametrize("kind", list(UNARY_EXPECT), ids=lambda k: k.value)
