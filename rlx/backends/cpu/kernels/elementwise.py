@@ -26,6 +26,7 @@ import numpy as np
 from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind, lowp
 from rlx.backends.cpu.engines.lowp_lib import BF16, CASTS, F16, F32, LowpLib, lib_or_none
 from rlx.backends.cpu.engines.region import PARALLEL_MIN_WORK, bind, load_function, region_work
+from rlx.dtype import DType
 from rlx.errors import UnsupportedOpError
 from rlx.ops.elementwise import (
     COMPARE_FNS,
@@ -191,16 +192,18 @@ _NATIVE_UNARY = frozenset(k for k in UnaryKind if k not in _DIRECT_UNARY) - _NUM
 
 
 def _native_unary(node: Node, x: np.ndarray, out: np.ndarray, ctx: KernelCtx) -> Kernel | None:
-    """The unary op as a one-op elementwise region rendered to C (the region codegen);
-    None (NumPy kernel) when it cannot be rendered or built."""
+    """The unary op as a one-op elementwise region rendered to C (the region codegen) over
+    ``x``'s dtype; None (NumPy kernel) when it cannot be rendered or built."""
     from rlx.backends.cpu.codegen.elementwise import CodegenUnsupported, render_region
     from rlx.errors import CompileError
     from rlx.ir.mir import Graph
     from rlx.ops.core import Input
 
+    # f16 / bf16 / fp8 nodes arrive widened to f32 (``lowp``): the loop runs on those
+    shape = node.shape.with_dtype(DType.from_numpy(x.dtype))
     body = Graph("unary")
-    i = body.add_node(Input("in0", node.shape), [], node.shape)
-    body.outputs = [body.add_node(node.op, [i], node.shape, node.loc)]
+    i = body.add_node(Input("in0", shape), [], shape)
+    body.outputs = [body.add_node(node.op, [i], shape, node.loc)]
     try:
         fn, arrays = render_region(body, [x], out)
         cfn = load_function(fn)

@@ -122,7 +122,9 @@ def activation_in_place(act: UnaryKind, y: np.ndarray, ctx: KernelCtx) -> Kernel
     """``y = act(y)`` (``y`` real) with the unary kernel (its composites are safe in
     place), or the reference through a scratch copy when it has no fast path."""
     fake = Node(-1, Unary(act), (), ctx.node.shape)
+    kind = ctx.kind
     fn = unary_kernel(fake, [y], y, ctx)
+    ctx.kind = kind  # the fused node's kind (its matmul's), not its activation's
     if fn is not None:
         return fn
     tmp = ctx.scratch(y.shape, y.dtype, 60)
