@@ -78,6 +78,7 @@ class UnaryKind(enum.Enum):
     ERF = "erf"
     SIGN = "sign"
     NOT = "not"
+    HARDSWISH = "hardswish"
 
 
 class Inputs(enum.Enum):
@@ -291,5 +292,14 @@ UNARY: dict[UnaryKind, UnaryFacts] = {
     ),
     UnaryKind.NOT: UnaryFacts(
         np.logical_not, "(!{x})", None, inputs=Inputs.BOOL, ufunc=np.logical_not, complex=_U
+    ),
+    UnaryKind.HARDSWISH: UnaryFacts(
+        lambda x: x * np.clip(x + 3, 0, 6) / 6,  # x * relu6(x + 3) / 6, as PyTorch
+        "({x} * fmin{f}(fmax{f}({x} + ({t})3, ({t})0), ({t})6) / ({t})6)",
+        # 0 up to -3, x / 3 + 1/2 below 3, 1 from 3 on (PyTorch's values at the kinks)
+        lambda g, x, y: g.where(
+            g.le(x, -3.0), 0.0, g.where(g.lt(x, 3.0), g.add(g.div(x, 3.0), 0.5), 1.0)
+        ),
+        complex=_U,
     ),
 }
