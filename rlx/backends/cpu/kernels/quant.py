@@ -56,6 +56,7 @@ from rlx.ops.quant import (
 
 __all__ = [
     "quantize_to_int64",
+    "fake_quantize_into",
     "wide_quantize_kernel",
     "quantize_kernel",
     "dequantize_kernel",
@@ -218,25 +219,23 @@ def wide_quantize_kernel(
     return run
 
 
-def fake_quantize_kernel(
-    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
-) -> Kernel | None:
-    """``(clip(rint(x / s) + z, qmin, qmax) - z) * s`` in f32 (f64 for f64 inputs): the
-    float scratch holds x, the integer step runs in an int64 scratch (exact, as the
-    reference); NaN maps to the zero point, +-inf saturate."""
-    (x,) = ins
-    op = node.op
-    ct = np.dtype(np.float64) if x.dtype == np.float64 else np.dtype(np.float32)
-    ax = None if op.axis is None else op.axis % x.ndim  # type: ignore[attr-defined]
-    cs: tuple[int, ...] = ()
-    if ax is not None:
-        cs = tuple(len(op.scales) if i == ax else 1 for i in range(x.ndim))  # type: ignore[attr-defined]
-    s = np.asarray(op.scales, dtype=ct).reshape(cs)  # type: ignore[attr-defined]
-    z = np.asarray(op.zero_points, dtype=np.int64).reshape(cs)  # type: ignore[attr-defined]
+def fake_quantize_into(
+    x: np.ndarray,
+    s: np.ndarray,
+    z: np.ndarray,
+    qmin: int,
+    qmax: int,
+    out: np.ndarray,
+    ctx: KernelCtx,
+) -> Kernel:
+    """A step writing ``(clip(rint(x / s) + z, qmin, qmax) - z) * s`` into ``out``,
+    computed in ``s``'s float dtype: a float scratch holds x, the integer step runs in an
+    int64 scratch (exact, as the reference); NaN maps to the zero point, +-inf saturate.
+    ``z``: int64 zero points; ``s`` may be a scratch its caller refills before each run."""
+    ct = s.dtype
     t = ctx.scratch(x.shape, ct, 60)
     q = ctx.scratch(x.shape, np.int64, 61)
     nan = ctx.scratch(x.shape, np.bool_, 62)
-    qmin, qmax = op.qmin, op.qmax  # type: ignore[attr-defined]
     direct = out.dtype == ct
 
     def run() -> None:
@@ -251,6 +250,23 @@ def fake_quantize_kernel(
             np.copyto(out, t, casting="unsafe")
 
     return run
+
+
+def fake_quantize_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """``(clip(rint(x / s) + z, qmin, qmax) - z) * s`` in f32 (f64 for f64 inputs), the
+    scales and zero points the op's (``fake_quantize_into``)."""
+    (x,) = ins
+    op = node.op
+    ct = np.dtype(np.float64) if x.dtype == np.float64 else np.dtype(np.float32)
+    ax = None if op.axis is None else op.axis % x.ndim  # type: ignore[attr-defined]
+    cs: tuple[int, ...] = ()
+    if ax is not None:
+        cs = tuple(len(op.scales) if i == ax else 1 for i in range(x.ndim))  # type: ignore[attr-defined]
+    s = np.asarray(op.scales, dtype=ct).reshape(cs)  # type: ignore[attr-defined]
+    z = np.asarray(op.zero_points, dtype=np.int64).reshape(cs)  # type: ignore[attr-defined]
+    return fake_quantize_into(x, s, z, op.qmin, op.qmax, out, ctx)  # type: ignore[attr-defined]
 
 
 # ---- dequant_matmul (weight-only quantization) ----------------------------------------------
