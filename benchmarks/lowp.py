@@ -6,7 +6,7 @@
 Part 0, casts f32 <-> bf16 / f16 on 16 Mi elements: native vs NumPy / ml_dtypes.
 
 Part 1, GEMM (square M = K = N in 256..2048): f32 ``np.matmul`` (OpenBLAS sgemm) against
-the native bf16 GEMM of ``rlx/backends/cpu/kernels/lowp.py`` with its weight packed
+the native bf16 GEMM of ``rlx/backends/cpu/engines/lowp_gemm.py`` with its weight packed
 beforehand (``vdpbf16ps`` where the CPU has avx512_bf16, AMX tiles where it has
 amx_bf16), the same including the weight packing, and the widening path CPUs without
 avx512_bf16 use (native bf16 -> f32 of both operands, sgemm, native rounding), at each
@@ -17,8 +17,8 @@ Part 2, end to end through ``rlx.Session``: the AMP benchmark's MLP (batch 64,
 512-2048-2048-512, gelu) and 2-layer encoder (hidden 256, seq 128) under
 ``PrecisionPolicy.AlwaysF32`` (precision=None) and ``AutoMixedBf16``, params given at run
 time or frozen, in two modes: ``fused`` (the default fusion: bf16 FusedMatMulBiasAct
-nodes run ``kernels.lowp_gemm.lowp_fused_matmul`` through ``kernels.rows``) and ``fuse=False``
-(plain matmul nodes run by ``kernels.linalg`` / ``kernels.lowp_lib``; the bf16 bias and gelu
+nodes run ``engines.lowp_gemm.lowp_fused_matmul`` through ``kernels/fused.py``) and ``fuse=False``
+(plain matmul nodes run by ``kernels/linalg.py`` / ``engines.lowp_lib``; the bf16 bias and gelu
 nodes by the elementwise kernels). Variants are interleaved round by round; median and
 minimum latency.
 """
@@ -42,7 +42,7 @@ from rlx.backends.cpu import (
     native,  # noqa: E402
     threads,  # noqa: E402
 )
-from rlx.backends.cpu.kernels import lowp_lib as kl  # noqa: E402
+from rlx.backends.cpu.engines import lowp_lib as kl  # noqa: E402
 from rlx.ir.mir import Graph  # noqa: E402
 from rlx.models.synthetic import encoder, random_inputs, random_params  # noqa: E402
 from rlx.options import CompileOptions  # noqa: E402

@@ -36,7 +36,7 @@ from _common import RESULTS, best_time, chain  # noqa: E402
 import rlx  # noqa: E402
 from rlx.backends.cpu import native
 from rlx.backends.cpu.codegen import elementwise as codegen
-from rlx.backends.cpu.kernels import region as kernels_region  # noqa: E402
+from rlx.backends.cpu.engines import region as kernels_region  # noqa: E402
 from rlx.options import CompileOptions  # noqa: E402
 from rlx.runtime.session import Session  # noqa: E402
 
@@ -295,7 +295,7 @@ def main() -> None:
         "",
         "## How to read these",
         "",
-        "* native region: one generated C function per region (kernels_region.py), libm",
+        "* native region: one generated C function per region (engines/region.py), libm",
         "  math through glibc's libmvec SIMD variants (exp, log, log1p, tanh, erf, sin, cos,",
         "  pow; glibc documents at most 4 ulp, the table above measures them against the",
         "  reference, itself NumPy's or SciPy's), bodies with two or more math calls on one path run in",

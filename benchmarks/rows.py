@@ -38,8 +38,8 @@ import rlx  # noqa: E402
 from rlx.backends.cpu import native  # noqa: E402
 from rlx.backends.cpu.codegen.elementwise import C_TYPES  # noqa: E402
 from rlx.backends.cpu.codegen.rows import RowKind, RowSpec  # noqa: E402
+from rlx.backends.cpu.engines.rows import row_kernel  # noqa: E402
 from rlx.backends.cpu.kernels import KERNELS, KernelCtx, ScratchPool, load_kernels  # noqa: E402
-from rlx.backends.cpu.kernels.rows import row_kernel  # noqa: E402
 from rlx.dtype import DType  # noqa: E402
 from rlx.models import synthetic  # noqa: E402
 from rlx.ops.elementwise import UnaryKind  # noqa: E402

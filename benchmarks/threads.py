@@ -12,7 +12,7 @@ Measures, in one run:
    the FMA peak measured in the same worker (``rlx.backends.cpu.native.peak``);
 2. ``thresholds``: one thread vs a team of 2 on a region (add; gelu + residual, one erf per
    element) and on row kernels (layer norm over rows of 384, softmax over rows of 128),
-   by size: where ``kernels.region.PARALLEL_MIN_WORK`` comes from;
+   by size: where ``engines.region.PARALLEL_MIN_WORK`` comes from;
 3. ``policy``: a 2-thread ``parallel for`` called back to back (16K and 262K elements),
    an OpenBLAS sgemm on 2 threads alternating with it, the CPU the process burns in
    the 100 ms after its last team, and the MiniLM-sized encoder at 1x16 on 2 threads
@@ -110,8 +110,8 @@ def thresholds_worker() -> list[dict[str, float]]:
     from rlx.backends.cpu.codegen import elementwise as codegen
     from rlx.backends.cpu.codegen.elementwise import C_TYPES
     from rlx.backends.cpu.codegen.rows import RowKind, RowSpec
-    from rlx.backends.cpu.kernels import region as kr
-    from rlx.backends.cpu.kernels.rows import row_function
+    from rlx.backends.cpu.engines import region as kr
+    from rlx.backends.cpu.engines.rows import row_function
     from rlx.dtype import DType
 
     def best(fn: object, number: int, repeat: int = 25) -> float:

@@ -79,11 +79,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # Known violations, each with the change that removes it. Only files another change is
 # rewriting are listed; every entry must still be a violation (a fixed one is deleted).
 KNOWN_IMPORTS: set[str] = set()
-KNOWN_LONG = {
-    # moved by the kernels restructuring of rlx/backends/cpu (kernels into families,
-    # engines/, dispatch.py), which splits this module
-    "rlx/backends/cpu/codegen/elementwise.py",
-}
+KNOWN_LONG: set[str] = set()
 
 
 # ---- the checkers -----------------------------------------------------------------

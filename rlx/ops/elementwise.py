@@ -1,4 +1,6 @@
-"""Elementwise ops: unary activations, binary arithmetic, compares, where, cast.
+"""Elementwise ops: unary activations, binary arithmetic, compares, where, cast. The
+unary kinds and their facts (reference, C expression, derivative, complex support) are
+one row each in ``unary_kinds.py``.
 
 Each is fusable into an ElementwiseRegion (``elementwise = True``). Float math on
 f16/bf16/fp8 inputs is computed in f32 and rounded back to the node's dtype, the same as
@@ -10,7 +12,6 @@ pointwise derivative formulas and their conventions at kinks and ties are in
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -19,20 +20,11 @@ import numpy as np
 from rlx.dtype import DType, promote
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.core import operand
+from rlx.ops.unary_kinds import UNARY, Inputs, UnaryKind
 from rlx.shape import Shape, broadcast_dims
 
 if TYPE_CHECKING:
     from rlx.ir.mir import Graph, Node, NodeId
-
-
-def _erf(x: np.ndarray) -> np.ndarray:
-    """scipy's exact erf (imported on first use: scipy.special costs ~0.2 s to import);
-    math.erf vectorised without scipy."""
-    try:
-        from scipy.special import erf
-    except ImportError:  # pragma: no cover
-        return np.vectorize(math.erf, otypes=[np.float64])(x)
-    return erf(x)
 
 
 def _wide(x: np.ndarray) -> np.ndarray:
@@ -44,80 +36,16 @@ def _wide(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)).astype(x.dtype))
-
-
-def _gelu_tanh(x: np.ndarray) -> np.ndarray:
-    c = np.asarray(math.sqrt(2.0 / math.pi), dtype=x.dtype)
-    return 0.5 * x * (1.0 + np.tanh(c * (x + np.asarray(0.044715, x.dtype) * x * x * x)))
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    # numerically stable in both tails
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(x.dtype)
-
-
-class UnaryKind(enum.Enum):
-    """Unary elementwise functions. ``float_only`` ones reject integer inputs."""
-
-    RELU = "relu"
-    GELU = "gelu"
-    GELU_TANH = "gelu_tanh"
-    SILU = "silu"
-    SIGMOID = "sigmoid"
-    TANH = "tanh"
-    EXP = "exp"
-    LOG = "log"
-    SQRT = "sqrt"
-    RSQRT = "rsqrt"
-    NEG = "neg"
-    ABS = "abs"
-    SIN = "sin"
-    COS = "cos"
-    ROUND = "round"
-    FLOOR = "floor"
-    CEIL = "ceil"
-    RECIP = "recip"
-    SQUARE = "square"
-    SOFTPLUS = "softplus"
-    ERF = "erf"
-    SIGN = "sign"
-    NOT = "not"
-
-
+#: kind -> its NumPy reference (the ``numpy`` of each row of :data:`UNARY`)
 UNARY_FNS: dict[UnaryKind, Callable[[np.ndarray], np.ndarray]] = {
-    UnaryKind.RELU: lambda x: np.maximum(x, np.zeros((), x.dtype)),
-    UnaryKind.GELU: _gelu,
-    UnaryKind.GELU_TANH: _gelu_tanh,
-    UnaryKind.SILU: lambda x: x * _sigmoid(x),
-    UnaryKind.SIGMOID: _sigmoid,
-    UnaryKind.TANH: np.tanh,
-    UnaryKind.EXP: np.exp,
-    UnaryKind.LOG: np.log,
-    UnaryKind.SQRT: np.sqrt,
-    UnaryKind.RSQRT: lambda x: 1.0 / np.sqrt(x),
-    UnaryKind.NEG: np.negative,
-    UnaryKind.ABS: np.abs,
-    UnaryKind.SIN: np.sin,
-    UnaryKind.COS: np.cos,
-    UnaryKind.ROUND: np.rint,  # round half to even, as NumPy, JAX and ONNX
-    UnaryKind.FLOOR: np.floor,
-    UnaryKind.CEIL: np.ceil,
-    UnaryKind.RECIP: lambda x: 1.0 / x,
-    UnaryKind.SQUARE: np.square,
-    UnaryKind.SOFTPLUS: lambda x: np.logaddexp(np.zeros((), x.dtype), x),
-    UnaryKind.ERF: lambda x: _erf(x).astype(x.dtype),
-    UnaryKind.SIGN: np.sign,
-    UnaryKind.NOT: np.logical_not,
+    k: f.numpy for k, f in UNARY.items()
 }
-_INT_OK = {UnaryKind.RELU, UnaryKind.NEG, UnaryKind.ABS, UnaryKind.SQUARE, UnaryKind.SIGN}
 
 
 @register
 class Unary(Op):
-    """``y = f(x)`` elementwise, ``f`` one of :class:`UnaryKind`."""
+    """``y = f(x)`` elementwise, ``f`` one of :class:`UnaryKind` (its facts: the row
+    ``UNARY[f]`` of ``rlx/ops/unary_kinds.py``)."""
 
     mnemonic: ClassVar[str] = "unary"
     arity: ClassVar[int] = 1
@@ -127,9 +55,10 @@ class Unary(Op):
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
         (x,) = ins
-        if self.fn is UnaryKind.NOT:
-            expect(x.dtype is DType.BOOL, self, f"not needs a bool input, got {x}")
-        elif self.fn not in _INT_OK:
+        inputs = UNARY[self.fn].inputs
+        if inputs is Inputs.BOOL:
+            expect(x.dtype is DType.BOOL, self, f"{self.fn.value} needs a bool input, got {x}")
+        elif inputs is Inputs.FLOAT:
             expect(
                 x.dtype.is_float or x.dtype.is_complex,
                 self,
@@ -141,7 +70,7 @@ class Unary(Op):
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         with np.errstate(all="ignore"):
-            return UNARY_FNS[self.fn](_wide(xs[0]))
+            return UNARY[self.fn].numpy(_wide(xs[0]))
 
     def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
         return (_unary_times(g, self.fn, node, ct, True),)

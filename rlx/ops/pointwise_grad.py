@@ -1,5 +1,6 @@
 """Derivative formulas of the pointwise ops (``Unary``, ``Binary``, ``Trig``), as graph
-builders their ``vjp`` / ``jvp`` methods share.
+builders their ``vjp`` / ``jvp`` methods share (a unary kind's ``f'`` is the
+``derivative`` of its row in ``unary_kinds.py``).
 
 In: the graph being extended, the forward node (``node.inputs`` the primal inputs,
 ``node.id`` the primal output ``y``) and a tangent or cotangent ``t``. Out: ``t * f'(x)``
@@ -20,73 +21,23 @@ rsqrt, recip, square, neg, sin, cos, tanh, sigmoid) take ``t * f'(z)`` forward a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rlx.dtype import DType
 from rlx.ops.elementwise import BinaryKind, Cast, UnaryKind
 from rlx.ops.trig import Trig, TrigKind
+from rlx.ops.unary_kinds import UNARY
 
 if TYPE_CHECKING:
     from rlx.ir.mir import Graph, Node, NodeId
 
 __all__ = ["unary_times", "binary_times", "trig_times"]
 
-_SQRT1_2 = 1.0 / math.sqrt(2.0)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-_SQRT_2_PI = math.sqrt(2.0 / math.pi)
-_TWO_SQRT_PI = 2.0 / math.sqrt(math.pi)
-_GELU_K = 0.044715
-
 
 def _indicator(g: Graph, cond: NodeId, like: NodeId) -> NodeId:
     """``cond`` (bool) as 0/1 in ``like``'s dtype."""
     return g.apply(Cast(g.node(like).dtype), [cond])
-
-
-def _gelu(g: Graph, x: NodeId, y: NodeId) -> NodeId:
-    cdf = g.mul(g.add(g.erf(g.mul(x, _SQRT1_2)), 1.0), 0.5)
-    pdf = g.mul(g.exp(g.mul(g.square(x), -0.5)), _INV_SQRT_2PI)
-    return g.add(cdf, g.mul(x, pdf))
-
-
-def _gelu_tanh(g: Graph, x: NodeId, y: NodeId) -> NodeId:
-    x2 = g.square(x)
-    th = g.tanh(g.mul(g.add(x, g.mul(g.mul(x2, x), _GELU_K)), _SQRT_2_PI))
-    du = g.mul(g.add(g.mul(x2, 3.0 * _GELU_K), 1.0), _SQRT_2_PI)
-    left = g.mul(g.add(th, 1.0), 0.5)
-    right = g.mul(g.mul(g.mul(x, 0.5), g.sub(1.0, g.square(th))), du)
-    return g.add(left, right)
-
-
-def _silu(g: Graph, x: NodeId, y: NodeId) -> NodeId:
-    s = g.sigmoid(x)
-    return g.mul(s, g.add(g.mul(x, g.sub(1.0, s)), 1.0))
-
-
-# f'(x) from x and y = f(x)
-_UNARY: dict[UnaryKind, Callable[[Graph, NodeId, NodeId], NodeId]] = {
-    UnaryKind.RELU: lambda g, x, y: _indicator(g, g.gt(x, 0.0), x),
-    UnaryKind.GELU: _gelu,
-    UnaryKind.GELU_TANH: _gelu_tanh,
-    UnaryKind.SILU: _silu,
-    UnaryKind.SIGMOID: lambda g, x, y: g.mul(y, g.sub(1.0, y)),
-    UnaryKind.TANH: lambda g, x, y: g.sub(1.0, g.square(y)),
-    UnaryKind.EXP: lambda g, x, y: y,
-    UnaryKind.LOG: lambda g, x, y: g.recip(x),
-    UnaryKind.SQRT: lambda g, x, y: g.div(0.5, y),
-    UnaryKind.RSQRT: lambda g, x, y: g.mul(g.mul(g.square(y), y), -0.5),
-    UnaryKind.ABS: lambda g, x, y: g.sign(x),
-    UnaryKind.SIN: lambda g, x, y: g.cos(x),
-    UnaryKind.COS: lambda g, x, y: g.neg(g.sin(x)),
-    UnaryKind.RECIP: lambda g, x, y: g.neg(g.square(y)),
-    UnaryKind.SQUARE: lambda g, x, y: g.mul(x, 2.0),
-    UnaryKind.SOFTPLUS: lambda g, x, y: g.sigmoid(x),
-    UnaryKind.ERF: lambda g, x, y: g.mul(g.exp(g.neg(g.square(x))), _TWO_SQRT_PI),
-}
-# piecewise constant (zero derivative) or bool: no gradient flows
-_ZERO = frozenset({UnaryKind.ROUND, UnaryKind.FLOOR, UnaryKind.CEIL, UnaryKind.SIGN, UnaryKind.NOT})
 
 
 def conj(g: Graph, z: NodeId) -> NodeId:
@@ -107,14 +58,16 @@ def _times(g: Graph, t: NodeId, d: NodeId, adjoint: bool) -> NodeId:
 def unary_times(
     g: Graph, fn: UnaryKind, node: Node, t: NodeId, adjoint: bool = False
 ) -> NodeId | None:
-    """``t * f'(x)`` for ``y = fn(x)`` (None: zero derivative); ``adjoint``: reverse
-    mode (the derivative conjugated for complex values)."""
-    if fn in _ZERO:
+    """``t * f'(x)`` for ``y = fn(x)``, ``f'`` the ``derivative`` of the kind's row
+    (None: zero derivative); ``adjoint``: reverse mode (the derivative conjugated for
+    complex values)."""
+    d = UNARY[fn].derivative
+    if d is None:
         return None
-    if fn is UnaryKind.NEG:
-        return g.neg(t)
+    if isinstance(d, float):  # a constant derivative
+        return t if d == 1.0 else g.neg(t) if d == -1.0 else g.mul(t, d)
     (x,) = node.inputs
-    return _times(g, t, _UNARY[fn](g, x, node.id), adjoint)
+    return _times(g, t, d(g, x, node.id), adjoint)
 
 
 def _extreme_weight(g: Graph, fn: BinaryKind, a: NodeId, b: NodeId) -> NodeId:

@@ -7,7 +7,7 @@ every eligible ``matmul(x, W)`` (``W`` a 2-D f32 param given in ``params`` or a 
 K a multiple of the scheme's block) replaced by ``dequant_matmul(x, scheme, packed...)``
 with the packed weight as constants (the f32 weight param leaves the graph); bias adds and
 activations stay as the ops that followed the matmul (the compile pipeline fuses what it
-can). Activations stay f32: no calibration. The CPU kernel (``kernels.dequant``) reads
+can). Activations stay f32: no calibration. The CPU kernel (``kernels/quant.py``) reads
 the packed bytes directly.
 
 Accuracy is measured as ``rlx.quantize`` does (the report's per-layer ranking is skipped

@@ -163,7 +163,8 @@ def _unary(kind: UnaryKind) -> None:
     @sample(f"unary:{kind.value}")
     def build(b: B) -> Case:
         d = b.dims(0, 3)
-        return b.done(b.g.apply(Unary(kind), [b.inp(UNARY_DOMAIN[kind](b, d))]))
+        domain = UNARY_DOMAIN.get(kind, ANY)  # a kind not listed: smooth on the real line
+        return b.done(b.g.apply(Unary(kind), [b.inp(domain(b, d))]))
 
 
 def _trig(kind: TrigKind) -> None:
@@ -173,8 +174,9 @@ def _trig(kind: TrigKind) -> None:
         return b.done(b.g.apply(Trig(kind), [b.inp(TRIG_DOMAIN[kind](b, d))]))
 
 
-for _k in UNARY_DOMAIN:
-    _unary(_k)
+for _k in UnaryKind:
+    if ("unary", _k) not in NO_GRADIENT_KINDS:
+        _unary(_k)
 for _t in TRIG_DOMAIN:
     _trig(_t)
 

@@ -110,7 +110,7 @@ PROBE = textwrap.dedent(
     import numpy as np
     import rlx
     from rlx.backends.cpu import native
-    from rlx.backends.cpu.kernels import lowp_lib as kl
+    from rlx.backends.cpu.engines import lowp_lib as kl
     from rlx.options import CompileOptions
     g = rlx.Graph("p")
     x = g.input("x", (8, 64))

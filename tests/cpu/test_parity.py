@@ -904,7 +904,7 @@ def test_every_registered_op_has_a_parity_case() -> None:
 FAST = {
     # composite unaries as one generated C loop (kernels/elementwise.py _native_unary)
     "unary_gelu_f32": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
-    # native row kernels (kernels/rows.py) where gcc is installed
+    # native row kernels (engines/rows.py) where gcc is installed
     "softmax": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
     "softmax_backward": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
     "log_softmax_backward_axis0_f16": KernelKind.NUMPY,
@@ -915,7 +915,7 @@ FAST = {
     "attention_causal_2_f32_False": KernelKind.NATIVE if native.available() else KernelKind.BLAS,
     "fused_swiglu": KernelKind.NATIVE if native.available() else KernelKind.BLAS,
     "gather": KernelKind.NUMPY,
-    # one generated C loop (kernels/region.py) where gcc is installed
+    # one generated C loop (engines/region.py) where gcc is installed
     "elementwise_region": KernelKind.NATIVE if native.available() else KernelKind.NUMPY,
     "matmul_i32": KernelKind.BLAS,  # exact f64 products of 16-bit halves
     "cumsum": KernelKind.NUMPY,

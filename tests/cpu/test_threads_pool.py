@@ -283,7 +283,7 @@ def test_team_chunks_cover_every_row_once(rows: int, width: int, threads_: int) 
     """The team loop's chunking (codegen.loop.team_loop), called directly at any size and
     team size: every element computed once, as on one thread and as NumPy computes it."""
     from rlx.backends.cpu.codegen import elementwise as codegen
-    from rlx.backends.cpu.kernels import region as kernels_region
+    from rlx.backends.cpu.engines import region as kernels_region
 
     g = rlx.Graph("team")
     a, b = g.input("in0", (rows, width)), g.input("in1", (width,))

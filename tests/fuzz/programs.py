@@ -193,7 +193,7 @@ def programs(draw: st.DrawFn) -> Program:
             sa = p.shapes[a]
             # the spelled-out chain (fuse_attention fuses it when fuse=True) with q = a
             # and k = v = another [1, Skv, H*D] value; masks hide keys so that every query
-            # sees one (a row that sees none is covered by tests/cpu/test_attention_masked.py)
+            # sees one (a row that sees none is covered by tests/cpu/kernels/test_nn_attention_masked.py)
             fits = [i for i, s in enumerate(p.shapes) if len(s) == 3 and s[::2] == sa[::2]]
             kv = draw(st.sampled_from(fits))
             heads = draw(st.sampled_from([h for h in (1, 2, 4) if sa[2] % h == 0]))

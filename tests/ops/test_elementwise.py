@@ -14,9 +14,12 @@ from hypothesis.extra import numpy as hnp
 from scipy.special import erf
 
 import rlx
+from rlx.autodiff.reverse import grad
+from rlx.backends.cpu import native
 from rlx.dtype import DType
 from rlx.errors import ShapeError
 from rlx.ops.elementwise import (
+    UNARY_FNS,
     Binary,
     BinaryKind,
     Cast,
@@ -26,6 +29,7 @@ from rlx.ops.elementwise import (
     UnaryKind,
     Where,
 )
+from rlx.ops.unary_kinds import UNARY
 from rlx.shape import Shape
 
 
@@ -58,6 +62,7 @@ UNARY_EXPECT = {
     UnaryKind.SOFTPLUS: lambda x: np.log1p(np.exp(x)),
     UnaryKind.ERF: erf,
     UnaryKind.SIGN: np.sign,
+    UnaryKind.HARDSWISH: lambda x: x * np.minimum(np.maximum(x + 3, 0), 6) / 6,
 }
 POSITIVE = {UnaryKind.LOG, UnaryKind.SQRT, UnaryKind.RSQRT}
 
@@ -75,6 +80,11 @@ def _run(build, *arrays: np.ndarray) -> np.ndarray:
 
 def test_every_unary_kind_has_an_expectation():
     assert set(UNARY_EXPECT) | {UnaryKind.NOT} == set(UnaryKind)
+
+
+def test_every_unary_kind_has_one_row_of_facts():
+    assert set(UNARY) == set(UnaryKind)
+    assert UNARY_FNS == {k: f.numpy for k, f in UNARY.items()}
 
 
 @pytest.mark.parametrize("kind", list(UNARY_EXPECT), ids=lambda k: k.value)
@@ -273,3 +283,43 @@ def test_integer_div_truncates_toward_zero_at_the_type_minimum():
     b = np.array([-128, -128, 5, -5, 1, 0, 2, -2, 3], np.int8)
     want = [int(math.trunc(x / y)) if y else 0 for x, y in zip(a.tolist(), b.tolist())]
     assert _div(a, b).tolist() == want
+
+
+@pytest.mark.parametrize("dt", [DType.F32, DType.F64, DType.BF16])
+def test_hardswish_against_torch(dt: DType):
+    """hardswish's reference, its compiled CPU kernels (the standalone native loop and a
+    fused region) and its gradient against torch.nn.functional.hardswish and torch's
+    autograd, on a grid through the kinks at -3 and 3, the signed zeros and infinities."""
+    torch = pytest.importorskip("torch")
+    x = np.concatenate([np.linspace(-5, 5, 41), [-3.0, 3.0, -0.0, 0.0, np.inf, -np.inf]])
+    xd = x.astype(dt.np)
+    tx = torch.tensor(xd.astype(np.float64), requires_grad=True)
+    want = torch.nn.functional.hardswish(tx)
+    want.sum().backward()
+    # exact in f64, rounded once to the dtype (every grid value is exact in bf16)
+    expect = want.detach().numpy().astype(dt.np).astype(np.float64)
+    outs = {}
+    for name, build in {
+        "alone": lambda g, a: g.hardswish(a),
+        "region": lambda g, a: g.mul(g.hardswish(a), 0.5),
+    }.items():
+        g = rlx.Graph(name)
+        g.set_outputs([build(g, g.input("x", x.shape, dt))])
+        cg = rlx.Session("cpu").compile(g)
+        (ref,) = g.evaluate({"x": xd})
+        (got,) = cg.run({"x": xd})
+        np.testing.assert_array_equal(got.astype(np.float64), ref.astype(np.float64))
+        assert (np.signbit(got) == np.signbit(ref)).all()
+        outs[name] = (ref, {k.op: k.kind.value for k in cg.report().kernels})
+    ref, kinds = outs["alone"]
+    np.testing.assert_array_equal(ref.astype(np.float64), expect)
+    assert (np.signbit(ref) == np.signbit(expect)).all()
+    if native.available():
+        assert kinds == {"unary": "native"}
+        assert outs["region"][1] == {"elementwise_region": "native"}
+    s = rlx.Graph("sum_hardswish")
+    v = s.input("x", x.shape, dt)
+    s.set_outputs([s.sum(s.hardswish(v))])
+    (dx,) = grad(s, ["x"]).evaluate({"x": xd})
+    tol = {DType.F64: 0.0, DType.F32: 1e-6, DType.BF16: 1e-2}[dt]
+    np.testing.assert_allclose(dx.astype(np.float64), tx.grad.numpy(), rtol=tol, atol=tol)

@@ -90,7 +90,7 @@ def test_block_count_errors():
 @pytest.mark.parametrize("scheme", SCHEMES, ids=str)
 def test_dequant_matmul_gguf_reference_and_compiled(scheme, monkeypatch):
     # the exact f32 kernel (batch < 4 would take the int8-activation path by default,
-    # tests/cpu/test_dequant_q8.py checks that one within its bound)
+    # tests/cpu/kernels/test_quant_dequant_q8.py checks that one within its bound)
     monkeypatch.setenv("RLX_DQ_ACT", "f32")
     n, k = 5, 512
     packed = random_blocks(scheme, n * k // 256, seed=3).reshape(n, -1)

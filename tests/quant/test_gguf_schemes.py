@@ -136,7 +136,7 @@ def test_decode_rejects_partial_block():
 @pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K"])
 def test_dequant_matmul_reference_and_compiled(name, monkeypatch):
     # the exact f32 kernel (batch < 4 would take the int8-activation path by default,
-    # tests/cpu/test_dequant_q8.py checks that one within its bound)
+    # tests/cpu/kernels/test_quant_dequant_q8.py checks that one within its bound)
     monkeypatch.setenv("RLX_DQ_ACT", "f32")
     cls = GGUF_SCHEMES[name]
     n, k = 5, 512

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import (
+from rlx.backends.cpu.dispatch import (
     KERNELS,
     Kernel,
     KernelCtx,
@@ -298,7 +298,7 @@ class Executor:
         return off
 
     def _build(self, params: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> None:
-        from rlx.backends.cpu.kernels.sgemm import prebuild
+        from rlx.backends.cpu.engines.sgemm import prebuild
 
         prebuild(self.graph, self.native)  # gcc in the background while other kernels build
         unsupported: list[str] = []

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import ScratchPool
+from rlx.backends.cpu.dispatch import ScratchPool
 from rlx.errors import CompileError
 from rlx.ir.lir import format_bytes
 from rlx.ir.mir import Graph, NodeId

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlx.backends.cpu.kernels import KernelKind
+from rlx.backends.cpu.dispatch import KernelKind
 from rlx.errors import RlxError
 from rlx.ir.lir import BufferPlan, format_bytes
 from rlx.passes.base import PassRecord
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Report", "KernelRecord", "native_summary"]
 
-# what kernels.lowp_lib notes about a bf16/f16 matmul:
+# what engines.lowp_lib notes about a bf16/f16 matmul:
 # "<dtype> matmul: <path>[, f32 accumulation][ (<instructions>)], weight ..."
 _LOWP_NOTE = re.compile(r"(b?float16|b?f16) matmul: ([^,]+)(?:, f32 accumulation)?( \([^)]*\))?")
 

@@ -10,7 +10,8 @@ Three tables, keyed like tinygrad's ``code_for_op``, say what C an op is:
   (f16/bf16 are held as ``float`` and rounded through their type after every node, as
   the reference rounds every node's result to its dtype);
 * :data:`UNARY_C`, :data:`BINARY_C`, :data:`COMPARE_C`: one renderer per kind,
-  ``(args, CType) -> C expression``; ``Where`` and ``Cast`` are rendered by
+  ``(args, CType) -> C expression`` (a unary kind's is the ``c`` of its row in
+  ``rlx/ops/unary_kinds.py``); ``Where`` and ``Cast`` are rendered by
   :func:`render_node`.
 
 Math functions are libm's (``expf``, ``tanhf``, ``erf`` in f64 for gelu/erf as the
@@ -69,6 +70,7 @@ from rlx.ops.elementwise import (
     UnaryKind,
     Where,
 )
+from rlx.ops.unary_kinds import UNARY
 
 __all__ = [
     "CType",
@@ -90,6 +92,7 @@ __all__ = [
     "NAME_PLACEHOLDER",
     "content_symbol",
     "render_region",
+    "math_calls",
 ]
 
 
@@ -160,75 +163,20 @@ def _lit(v: float, t: CType) -> str:
     return f"(({t.value}){float(v).hex()})"
 
 
-def _neg(a: Sequence[str], t: CType) -> str:
-    return f"({t.value})(0 - ({t.unsigned}){a[0]})" if t.signed_int else f"(-{a[0]})"
+def _unary_render(kind: UnaryKind) -> Render | None:
+    """The renderer of a kind's C expression (the ``c`` of its row in
+    ``rlx/ops/unary_kinds.py``: a template or a function); None when it has none."""
+    c = UNARY[kind].c
+    if c is None or callable(c):
+        return c
+
+    def render(a: Sequence[str], t: CType) -> str:
+        return c.format(x=a[0], t=t.value, f="f" if t.value == "float" else "")
+
+    return render
 
 
-def _abs(a: Sequence[str], t: CType) -> str:
-    if t.is_float:
-        return f"{t.fn('fabs')}({a[0]})"
-    if t.signed_int:
-        return f"({a[0]} < 0 ? {_neg(a, t)} : {a[0]})"
-    return a[0]
-
-
-def _square(a: Sequence[str], t: CType) -> str:
-    return _wrap("*")([a[0], a[0]], t)
-
-
-def _gelu(a: Sequence[str], t: CType) -> str:
-    x = a[0]
-    # erf's argument in f64, as the reference divides by np.sqrt(2.0) (a float64)
-    erf = f"({t.value})erf((double){x} / {math.sqrt(2.0)!r})"
-    return f"(({_lit(0.5, t)} * {x}) * ({_lit(1.0, t)} + {erf}))"
-
-
-def _gelu_tanh(a: Sequence[str], t: CType) -> str:
-    x = a[0]
-    # the reference makes both constants arrays of x's dtype: round them to it
-    cast = np.float32 if t.value == "float" else np.float64
-    c = _lit(float(cast(math.sqrt(2.0 / math.pi))), t)
-    k = _lit(float(cast(0.044715)), t)
-    inner = f"{c} * ({x} + (({k} * {x}) * {x}) * {x})"
-    return f"(({_lit(0.5, t)} * {x}) * ({_lit(1.0, t)} + {t.fn('tanh')}({inner})))"
-
-
-def _libm(name: str) -> Render:
-    return lambda a, t: f"{t.fn(name)}({a[0]})"
-
-
-def _sigmoid(a: Sequence[str], t: CType) -> str:
-    return f"rlx_sigmoid{'f' if t.value == 'float' else ''}({a[0]})"
-
-
-UNARY_C: dict[UnaryKind, Render] = {
-    UnaryKind.RELU: lambda a, t: f"({a[0]} < 0 ? ({t.value})0 : {a[0]})",
-    UnaryKind.GELU: _gelu,
-    UnaryKind.GELU_TANH: _gelu_tanh,
-    UnaryKind.SILU: lambda a, t: f"({a[0]} * {_sigmoid(a, t)})",
-    UnaryKind.SIGMOID: _sigmoid,
-    UnaryKind.TANH: _libm("tanh"),
-    UnaryKind.EXP: _libm("exp"),
-    UnaryKind.LOG: _libm("log"),
-    UnaryKind.SQRT: _libm("sqrt"),
-    UnaryKind.RSQRT: lambda a, t: f"({_lit(1.0, t)} / {t.fn('sqrt')}({a[0]}))",
-    UnaryKind.NEG: _neg,
-    UnaryKind.ABS: _abs,
-    UnaryKind.SIN: _libm("sin"),
-    UnaryKind.COS: _libm("cos"),
-    UnaryKind.ROUND: _libm("rint"),  # half to even in the default rounding mode
-    UnaryKind.FLOOR: _libm("floor"),
-    UnaryKind.CEIL: _libm("ceil"),
-    UnaryKind.RECIP: lambda a, t: f"({_lit(1.0, t)} / {a[0]})",
-    UnaryKind.SQUARE: _square,
-    UnaryKind.SOFTPLUS: lambda a, t: f"rlx_softplus{'f' if t.value == 'float' else ''}({a[0]})",
-    # scipy's f32 erf computes in f64 and rounds once
-    UnaryKind.ERF: lambda a, t: f"({t.value})erf((double){a[0]})",
-    UnaryKind.SIGN: lambda a, t: (
-        f"({a[0]} > 0 ? ({t.value})1 : ({a[0]} < 0 ? ({t.value})-1 : {a[0]}))"
-    ),
-    UnaryKind.NOT: lambda a, t: f"(!{a[0]})",
-}
+UNARY_C: dict[UnaryKind, Render] = {k: r for k in UnaryKind if (r := _unary_render(k)) is not None}
 
 
 def _div(a: Sequence[str], t: CType) -> str:
@@ -236,7 +184,8 @@ def _div(a: Sequence[str], t: CType) -> str:
     if t.is_float:
         return f"({x} / {y})"
     if t.signed_int:  # truncating; x / 0 is 0; MIN / -1 wraps
-        return f"({y} == 0 ? ({t.value})0 : ({y} == -1 ? {_neg([x], t)} : {x} / {y}))"
+        neg = UNARY_C[UnaryKind.NEG]([x], t)
+        return f"({y} == 0 ? ({t.value})0 : ({y} == -1 ? {neg} : {x} / {y}))"
     return f"({y} == 0 ? ({t.value})0 : {x} / {y})"
 
 
@@ -449,7 +398,7 @@ class CFunction:
 class CModule:
     """A translation unit: the prelude and some functions (one gcc run builds them all).
     ``vector_math``: declare libmvec's SIMD math (the loader must make libmvec's symbols
-    visible, see ``kernels.region.vector_math_available``)."""
+    visible, see ``engines.region.vector_math_available``)."""
 
     functions: tuple[CFunction, ...]
     vector_math: bool = False
@@ -544,6 +493,14 @@ def render_region(
 
 
 _CALL = re.compile(r"\b(?:" + "|".join(VECTOR_MATH) + r")f?\(|rlx_sigmoid|rlx_softplus")
+
+
+def math_calls(expr: str) -> int:
+    """How many math-library calls (libm / libmvec functions, the prelude's sigmoid and
+    softplus) C text ``expr`` makes: what the OpenMP work estimates weigh."""
+    return len(_CALL.findall(expr))
+
+
 MAX_TEMPS = 64  # block temporaries of a staged body (beyond: one stage)
 
 

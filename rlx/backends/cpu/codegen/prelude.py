@@ -45,7 +45,7 @@ __all__ = ["PRELUDE", "VECTOR_MATH", "vector_math_decls"]
 #
 # gcc 12.2 miscompiles the SLP-vectorised tail of a fully unrolled loop that rounds f64
 # through f32 ((double)(float)x becomes a plain copy of x: the last 4 of 60 elements of
-# tests/cpu/test_codegen.py's f64 round trip); loop vectorisation is unaffected, so the
+# tests/cpu/engines/test_region.py's f64 round trip); loop vectorisation is unaffected, so the
 # generated code turns SLP off.
 PRELUDE = r"""#pragma GCC optimize("no-tree-slp-vectorize")
 #include <math.h>

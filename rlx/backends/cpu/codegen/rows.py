@@ -3,7 +3,7 @@ norm, RMS norm, matmul epilogue), the dtype's :class:`~rlx.backends.cpu.codegen.
 and the variant flags (residual input, beta, activation). Out: a
 :class:`~rlx.backends.cpu.codegen.elementwise.CFunction` for one translation unit of
 :class:`~rlx.backends.cpu.codegen.elementwise.CModule` (same prelude, libmvec declarations and
-loader as the elementwise regions: ``kernels.region.load_function`` / ``bind``).
+loader as the elementwise regions: ``engines.region.load_function`` / ``bind``).
 
 Every function has the signature ``void name(const long* m, P0* p0, ..., const double*
 c, long nthreads)``: ``m = [rows, n]`` (a C-contiguous ``[rows, n]`` view of every
@@ -37,13 +37,16 @@ import enum
 from dataclasses import dataclass
 
 from rlx.backends.cpu.codegen.elementwise import (
+    C_TYPES,
     NAME_PLACEHOLDER,
     UNARY_C,
     CFunction,
     CType,
     content_symbol,
+    math_calls,
 )
 from rlx.backends.cpu.codegen.loop import team_loop
+from rlx.dtype import DType
 from rlx.ops.elementwise import UnaryKind
 
 __all__ = ["RowKind", "RowSpec", "render_rows", "ACT_CALLS"]
@@ -60,21 +63,9 @@ class RowKind(enum.Enum):
     GATE_MUL = "gate_mul"  # out = act(x) * out (SwiGLU epilogue: x the gate, out the up)
 
 
-# activations calling a math-library function once per element (the OpenMP work estimate)
+# activations calling a math-library function per element (the OpenMP work estimate)
 ACT_CALLS = frozenset(
-    {
-        UnaryKind.GELU,
-        UnaryKind.GELU_TANH,
-        UnaryKind.SILU,
-        UnaryKind.SIGMOID,
-        UnaryKind.TANH,
-        UnaryKind.EXP,
-        UnaryKind.LOG,
-        UnaryKind.SOFTPLUS,
-        UnaryKind.ERF,
-        UnaryKind.SIN,
-        UnaryKind.COS,
-    }
+    k for k, render in UNARY_C.items() if math_calls(render(["a"], C_TYPES[DType.F32]))
 )
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx
 from rlx.errors import InputError
 from rlx.ir.mir import Graph
 from rlx.ops.control import If, Scan, While
@@ -81,7 +81,6 @@ def _note(ctx: KernelCtx, role: str, sp: SubProgram) -> None:
     ctx.notes.append(f"{role}: compiled sub-program ({kinds})")
 
 
-@kernel(If)
 def if_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
     """Run the taken branch's sub-program and copy its result into ``out``."""
     op: If = node.op  # type: ignore[assignment]
@@ -105,7 +104,6 @@ def if_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
     return run
 
 
-@kernel(While)
 def while_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
     """Carries in scratch; per iteration: cond sub-program, body sub-program, carries
     updated from the body's outputs. ``max_iterations`` as the reference (InputError)."""
@@ -144,7 +142,6 @@ def while_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: Kernel
     return run
 
 
-@kernel(Scan)
 def scan_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
     """Carries in scratch; per step the body sub-program reads the carries and ``xs[t]``;
     a stacked ``y`` is copied into ``out[t]``, a carry result into ``out`` at the end."""
@@ -180,3 +177,11 @@ def scan_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelC
             np.copyto(out, carries[j])
 
     return run
+
+
+# each op's kernel factories, in the order they are tried
+ATTEMPTS = {
+    If: (if_kernel,),
+    While: (while_kernel,),
+    Scan: (scan_kernel,),
+}

@@ -1,6 +1,7 @@
 """CPU kernel of ``fake_quantize_lsq`` (fake quantization with the scale as an input, see
-:mod:`rlx.ops.fake_quant`): NumPy calls writing into build-time scratch and the output
-view, in the steps of the reference (``quantize_to_int64``, then ``(q - zp) * s``)."""
+:mod:`rlx.ops.fake_quant`): the scale clamped into a scratch, then the steps of
+``fake_quantize`` (``kernels/quant.py``: ``fake_quantize_into``), NumPy calls writing into
+build-time scratch and the output view."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel
-from rlx.backends.cpu.kernels.quant import quantize_to_int64
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx
+from rlx.backends.cpu.kernels.quant import fake_quantize_into
 from rlx.ops.fake_quant import SCALE_EPS, FakeQuantizeLSQ
 
 if TYPE_CHECKING:
@@ -18,7 +19,6 @@ if TYPE_CHECKING:
 __all__ = ["fake_quantize_lsq_kernel"]
 
 
-@kernel(FakeQuantizeLSQ)
 def fake_quantize_lsq_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
@@ -33,23 +33,18 @@ def fake_quantize_lsq_kernel(
         cs = tuple(len(op.zero_points) if i == ax else 1 for i in range(x.ndim))
     z = np.asarray(op.zero_points, dtype=np.int64).reshape(cs)
     s = ctx.scratch(cs, ct, 63)
-    t = ctx.scratch(x.shape, ct, 60)
-    q = ctx.scratch(x.shape, np.int64, 61)
-    nan = ctx.scratch(x.shape, np.bool_, 62)
     eps = ct.type(SCALE_EPS)
-    direct = out.dtype == ct
+    step = fake_quantize_into(x, s, z, op.qmin, op.qmax, out, ctx)
 
     def run() -> None:
         np.copyto(s, scale.reshape(cs), casting="unsafe")
         np.maximum(s, eps, out=s)
-        np.copyto(t, x, casting="unsafe")
-        quantize_to_int64(t, s, z, op.qmin, op.qmax, t, q, nan)
-        np.subtract(q, z, out=q)
-        np.copyto(t, q, casting="unsafe")
-        if direct:
-            np.multiply(t, s, out=out)
-        else:
-            np.multiply(t, s, out=t)
-            np.copyto(out, t, casting="unsafe")
+        step()
 
     return run
+
+
+# each op's kernel factories, in the order they are tried
+ATTEMPTS = {
+    FakeQuantizeLSQ: (fake_quantize_lsq_kernel,),
+}

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx
 from rlx.ops.fft import Fft, FftKind
 
 if TYPE_CHECKING:
@@ -31,7 +31,6 @@ _FNS = {
 }
 
 
-@kernel(Fft)
 def fft_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel | None:
     """Widen + pad into scratch, ``np.fft.<fn>(..., out=)``, round into ``out``."""
     (x,) = ins
@@ -70,3 +69,9 @@ def fft_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCt
         np.copyto(dst, s_out, casting="unsafe")
 
     return run
+
+
+# each op's kernel factories, in the order they are tried
+ATTEMPTS = {
+    Fft: (fft_kernel,),
+}

@@ -1,5 +1,7 @@
-"""CPU kernels for the fused ops: matmul + bias + activation, SwiGLU, residual + norm,
-and elementwise regions.
+"""CPU kernels for the fused ops (``rlx/ops/fused.py``): matmul + bias + activation,
+SwiGLU, residual + norm, and elementwise regions. Each op tries its native kernel first
+(``engines.rows``: the row kernels and matmul epilogues; ``engines.region``: one generated
+C loop per region), then the NumPy one below.
 
 The matmul-based fused ops compute in f32 for f16/bf16 nodes (``staged``); their
 references round each intermediate (the product, the biased product, the gate...) to the
@@ -12,21 +14,38 @@ region compiles its body into a sub-schedule of elementwise kernels over scratch
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import (
+from rlx.backends.cpu.codegen.elementwise import CodegenUnsupported, render_region
+from rlx.backends.cpu.codegen.rows import RowKind, RowSpec
+from rlx.backends.cpu.dispatch import (
     F32,
     KERNELS,
     Kernel,
     KernelCtx,
     KernelKind,
     is_lowp,
-    kernel,
+    kind,
     reference_kernel,
 )
-from rlx.backends.cpu.kernels.linalg import matmul_into
-from rlx.backends.cpu.kernels.tensor import norm_into
+from rlx.backends.cpu.engines.blas import matmul_into
+from rlx.backends.cpu.engines.lowp_gemm import lowp_fused_matmul
+from rlx.backends.cpu.engines.lowp_lib import BF16, F16
+from rlx.backends.cpu.engines.region import PARALLEL_MIN_WORK, bind, load_function, region_work
+from rlx.backends.cpu.engines.rows import (
+    Decline,
+    column,
+    ctype_of,
+    native_or_none,
+    norm_factory,
+    row_kernel,
+)
+from rlx.backends.cpu.engines.sgemm import EPILOGUE_ACTS, weight_matmul
+from rlx.backends.cpu.kernels.elementwise import unary_kernel
+from rlx.backends.cpu.kernels.norm import norm_into
+from rlx.errors import CompileError
 from rlx.ir.mir import Node
 from rlx.ops.core import Constant, Input
 from rlx.ops.elementwise import Unary, UnaryKind
@@ -100,10 +119,12 @@ def _steps(*fns: Kernel | None) -> list[Kernel]:
 
 
 def activation_in_place(act: UnaryKind, y: np.ndarray, ctx: KernelCtx) -> Kernel:
-    """``y = act(y)`` with the unary kernel (its composites are safe in place), or the
-    reference through a scratch copy when it has no fast path."""
+    """``y = act(y)`` (``y`` real) with the unary kernel (its composites are safe in
+    place), or the reference through a scratch copy when it has no fast path."""
     fake = Node(-1, Unary(act), (), ctx.node.shape)
-    fn = KERNELS[Unary](fake, [y], y, ctx)
+    kind = ctx.kind
+    fn = unary_kernel(fake, [y], y, ctx)
+    ctx.kind = kind  # the fused node's kind (its matmul's), not its activation's
     if fn is not None:
         return fn
     tmp = ctx.scratch(y.shape, y.dtype, 60)
@@ -117,7 +138,7 @@ def activation_in_place(act: UnaryKind, y: np.ndarray, ctx: KernelCtx) -> Kernel
     return via_reference
 
 
-@kernel(FusedMatMulBiasAct, KernelKind.BLAS)
+@kind(KernelKind.BLAS)
 @staged
 def fused_matmul_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx, rnd: Rounder
@@ -139,7 +160,7 @@ def fused_matmul_kernel(
     return run
 
 
-@kernel(FusedSwiGLU, KernelKind.BLAS)
+@kind(KernelKind.BLAS)
 @staged
 def fused_swiglu_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx, rnd: Rounder
@@ -183,7 +204,6 @@ def _residual_norm(
     return run
 
 
-@kernel(FusedResidualRmsNorm)
 @staged
 def fused_residual_rms_norm_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx, rnd: Rounder
@@ -192,7 +212,6 @@ def fused_residual_rms_norm_kernel(
     return _residual_norm(node, ins, out, ctx, rnd, center=False)
 
 
-@kernel(FusedResidualLN)
 @staged
 def fused_residual_ln_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx, rnd: Rounder
@@ -201,7 +220,6 @@ def fused_residual_ln_kernel(
     return _residual_norm(node, ins, out, ctx, rnd, center=True)
 
 
-@kernel(ElementwiseRegion)
 def region_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
@@ -248,3 +266,155 @@ def region_kernel(
             f()
 
     return run
+
+
+# ---- native attempts -----------------------------------------------------------------------
+
+
+@kind(KernelKind.NATIVE)
+def native_fused_matmul_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """f32: rlx's packed sgemm with the bias and activation applied in its output tiles
+    (``engines.sgemm``; an activation the tile epilogue lacks runs as one native pass
+    after it) when it beat BLAS on the shape class; else the BLAS matmul into ``out``,
+    then one native pass ``out = act(out + bias)`` (f32/f64); bf16/f16 through
+    ``engines.lowp_gemm.lowp_fused_matmul``; None (noted) otherwise."""
+    x, w = ins[:2]
+    bias = ins[2] if len(ins) == 3 else None
+    act = node.op.act  # type: ignore[attr-defined]
+
+    def build() -> Kernel:
+        if out.dtype in (BF16, F16):
+            fn = lowp_fused_matmul(node, ins, out, ctx)
+            if fn is None:
+                raise Decline(f"the {out.dtype} matmul has no native low-precision path here")
+            ctx.notes.append("native low-precision GEMM and epilogue (engines.lowp_gemm)")
+            return fn
+        if out.dtype not in (np.float32, np.float64):
+            raise Decline(f"dtype {out.dtype} has no native epilogue")
+        t = ctype_of(out, ins)
+        if bias is None and act is None:
+            raise Decline("no bias and no activation: the plain BLAS matmul")
+        if out.size == 0 or not out.flags.c_contiguous:
+            raise Decline(f"output {out.shape} is empty or not C-contiguous")
+        n = out.shape[-1]
+        cols = [] if bias is None else [column(bias, n, f"bias of %{node.id}")]
+        fn = _sgemm_fused(node, x, w, cols, act, out, t, ctx)
+        if fn is not None:
+            return fn
+        mm = matmul_into(x, w, out)
+        epi = row_kernel(
+            RowSpec(RowKind.BIAS_ACT, t, beta=bias is not None, act=act), [out], cols, 0.0, ctx
+        )
+        ctx.notes.append("BLAS matmul, then the native bias/activation pass")
+
+        def run() -> None:
+            mm()
+            epi()
+
+        return run
+
+    return native_or_none(build, ctx)
+
+
+def _sgemm_fused(
+    node: Node,
+    x: np.ndarray,
+    w: np.ndarray,
+    cols: list[np.ndarray],
+    act: UnaryKind | None,
+    out: np.ndarray,
+    t: Any,
+    ctx: KernelCtx,
+) -> Kernel | None:
+    """The f32 product on rlx's sgemm with the bias (and the activation when the tile
+    epilogue has it) fused, or None for the BLAS path."""
+    if out.dtype != np.float32:
+        return None
+    bias = cols[0] if cols else None
+    in_tile = act is None or act.value in EPILOGUE_ACTS
+    fn = weight_matmul(node, x, w, out, ctx, bias=bias, act=act.value if in_tile and act else None)
+    if fn is None or in_tile:
+        return fn
+    epi = row_kernel(RowSpec(RowKind.BIAS_ACT, t, beta=False, act=act), [out], [], 0.0, ctx)
+    ctx.notes.append(f"then the native {act.value} pass")  # type: ignore[union-attr]
+
+    def run() -> None:
+        fn()
+        epi()
+
+    return run
+
+
+@kind(KernelKind.NATIVE)
+def native_swiglu_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """BLAS ``gate = x @ w_gate`` into scratch and ``out = x @ w_up``, then one native
+    pass ``out = silu(gate) * out`` (f32/f64); None (noted) otherwise."""
+
+    def build() -> Kernel:
+        if out.dtype not in (np.float32, np.float64):
+            raise Decline(f"dtype {out.dtype} has no native SwiGLU epilogue")
+        t = ctype_of(out, ins)
+        if out.size == 0 or not out.flags.c_contiguous:
+            raise Decline(f"output {out.shape} is empty or not C-contiguous")
+        x, wg, wu = ins
+        gate = ctx.scratch(out.shape, out.dtype, 63)
+        mm_gate, mm_up = matmul_into(x, wg, gate), matmul_into(x, wu, out)
+        spec = RowSpec(RowKind.GATE_MUL, t, act=UnaryKind.SILU)
+        epi = row_kernel(spec, [gate, out], [], 0.0, ctx)
+        ctx.notes.append("BLAS matmuls, then the native silu(gate) * up pass")
+
+        def run() -> None:
+            mm_gate()
+            mm_up()
+            epi()
+
+        return run
+
+    return native_or_none(build, ctx)
+
+
+native_residual_ln_kernel = kind(KernelKind.NATIVE)(norm_factory(RowKind.LAYER_NORM, True))
+
+
+native_residual_rms_norm_kernel = kind(KernelKind.NATIVE)(norm_factory(RowKind.RMS_NORM, True))
+
+
+@kind(KernelKind.NATIVE)
+def native_region_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """The whole region as one generated C loop; None (noted: the NumPy region kernel
+    runs) when it cannot."""
+    body = node.op.body  # type: ignore[attr-defined]
+    if not ctx.native:
+        return _declined(ctx, "native kernels disabled (CompileOptions.native)")
+    try:
+        fn, arrays = render_region(body, ins, out)
+        cfn = load_function(fn)
+    except CodegenUnsupported as e:
+        return _declined(ctx, f"no C rendering: {e}")
+    except CompileError as e:
+        return _declined(ctx, f"native build failed: {e.bare_message}")
+    ctx.kind = KernelKind.NATIVE
+    threads = ctx.num_threads if region_work(fn, out) >= PARALLEL_MIN_WORK else 1
+    team = f", OpenMP x{threads}" if threads > 1 else ""
+    ctx.notes.append(f"native: {fn.ops} ops in one C loop{team}")
+    return bind(cfn, arrays, threads)
+
+
+def _declined(ctx: KernelCtx, why: str) -> None:
+    ctx.notes.append(f"NumPy region kernel ({why.splitlines()[0]})")
+
+
+# each op's kernel factories, in the order they are tried
+ATTEMPTS = {
+    FusedMatMulBiasAct: (native_fused_matmul_kernel, fused_matmul_kernel),
+    FusedSwiGLU: (native_swiglu_kernel, fused_swiglu_kernel),
+    FusedResidualLN: (native_residual_ln_kernel, fused_residual_ln_kernel),
+    FusedResidualRmsNorm: (native_residual_rms_norm_kernel, fused_residual_rms_norm_kernel),
+    ElementwiseRegion: (native_region_kernel, region_kernel),
+}

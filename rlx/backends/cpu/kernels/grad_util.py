@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel, lowp
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx, lowp
 from rlx.ops.grad_util import GatherBackward
 
 if TYPE_CHECKING:
@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 __all__ = ["gather_backward_kernel"]
 
 
-@kernel(GatherBackward)
 @lowp
 def gather_backward_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
@@ -42,3 +41,9 @@ def gather_backward_kernel(
             raise
 
     return run
+
+
+# each op's kernel factories, in the order they are tried
+ATTEMPTS = {
+    GatherBackward: (gather_backward_kernel,),
+}

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, kernel
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx
 from rlx.ops import indexing as ix
 
 if TYPE_CHECKING:
@@ -33,5 +33,5 @@ def indexing_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: Ker
     return run
 
 
-for _cls in _FNS:
-    kernel(_cls)(indexing_kernel)
+# each op's kernel factories, in the order they are tried
+ATTEMPTS = {cls: (indexing_kernel,) for cls in _FNS}

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind, kind
 from rlx.errors import CompileError
 from rlx.ir.mir import Node
 from rlx.ops.core import Param
@@ -123,7 +123,7 @@ def _native_call(op: CacheAttention, q, kc, vc, out, ctx: KernelCtx):  # type: i
     return call
 
 
-@kernel(CacheAttention, KernelKind.NATIVE)
+@kind(KernelKind.NATIVE)
 def cache_attention_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel:
@@ -148,7 +148,6 @@ def cache_attention_kernel(
     return run
 
 
-@kernel(DequantGather, KernelKind.NUMPY)
 def dequant_gather_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel:
@@ -166,3 +165,10 @@ def dequant_gather_kernel(
         flat_out[...] = dequantize_rows(op.scheme, w[rows])
 
     return run
+
+
+# each op's kernel factories, in the order they are tried
+ATTEMPTS = {
+    CacheAttention: (cache_attention_kernel,),
+    DequantGather: (dequant_gather_kernel,),
+}

@@ -1,4 +1,5 @@
-"""CPU kernels for multi-head attention and rotary embedding.
+"""CPU kernels of the ``rlx/ops/nn.py`` family: multi-head attention, rotary embedding,
+convolution and pooling.
 
 Attention, native (``native/attention.py``, ``csrc/attention.c``): one fused kernel per
 node, flash style (per batch, head and block of query rows: scores against blocks of
@@ -23,32 +24,51 @@ grouped-query attention is one matmul per kv head), k to [B, Hkv, D, Skv], v to
 (max subtracted; a row of only ``-inf``, a query that sees no key, gives zeros, as the
 reference), multiplied by v, and the heads are copied back into the packed
 [B, Sq, H*D] output. f16/bf16 compute in f32 (an f32 mask is added in f32). With native
-kernels on, the scale and the softmax are one native row pass (``kernels.rows``; the
+kernels on, the scale and the softmax are one native row pass (``engines.rows``; the
 scale is applied by NumPy first when a mask is added); the NumPy passes otherwise.
 
 Rotary embedding writes both halves of each rotated pair with ufuncs into strided views
 of the output (two scratch products per half), and copies the pass-through dims.
+
+Convolution and pooling (1-D and 2-D): f32 through the native direct loops of
+``engines/conv.py`` when they apply (small convolutions, every pool), else by im2col +
+BLAS. Each kernel owns a zero- (or -inf-) bordered copy of its input, allocated when the
+schedule is built (private, not pooled, so its border survives between runs); a run
+copies the input into its interior and reads every window through a strided view. Conv:
+the windows are gathered into a ``[G, N*L, C/G*K]`` column buffer (L output positions, K
+kernel taps) and multiplied by the ``[G, C/G*K, O/G]`` weights, one 2-D GEMM per group,
+then scattered into ``[N, O, *out]`` (plus bias). Pool: max or sum over the window axes
+with ``out=``; average divides by the precomputed count of real (unpadded) elements per
+window, as the reference. f16/bf16 compute in f32.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rlx.backends.cpu.codegen.elementwise import C_TYPES, CodegenUnsupported
 from rlx.backends.cpu.codegen.rows import RowKind, RowSpec
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
-from rlx.backends.cpu.kernels.rows import row_kernel
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind, kind, lowp
+from rlx.backends.cpu.engines.conv import bordered, native_conv, native_pool, window_view
+from rlx.backends.cpu.engines.rows import row_kernel
 from rlx.backends.cpu.native.attention import DTYPES, attention_lib
 from rlx.dtype import DType
 from rlx.errors import CompileError
-from rlx.ops.nn import Attention, Rope
+from rlx.ops.nn import Attention, Conv, Pool, PoolKind, Rope
 
 if TYPE_CHECKING:
     from rlx.ir.mir import Node
 
-__all__ = ["attention_kernel", "blas_attention", "native_attention", "rope_kernel"]
+__all__ = [
+    "native_attention",
+    "blas_attention",
+    "rope_kernel",
+    "conv_kernel",
+    "pool_kernel",
+]
 
 F32 = np.dtype(np.float32)
 #: Below this many (score x head dim) products a native call runs on one thread, as the
@@ -59,22 +79,12 @@ F32 = np.dtype(np.float32)
 _MIN_PARALLEL_WORK = 1 << 18
 
 
-@kernel(Attention, KernelKind.BLAS)
-def attention_kernel(
-    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
-) -> Kernel | None:
-    """Scaled dot-product attention: the native fused kernel, else BLAS (module docstring)."""
-    fused = native_attention(node, ins, out, ctx)
-    if fused is not None:
-        return fused
-    return blas_attention(node, ins, out, ctx)
-
-
+@kind(KernelKind.NATIVE)
 def native_attention(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
     """The fused native kernel for contiguous f32 / bf16 / f16 views (module docstring);
-    None, with a note in ``ctx.notes``, when it does not apply."""
+    None, with a note in ``ctx.notes``, when it does not apply (``blas_attention`` runs)."""
     op: Attention = node.op  # type: ignore[assignment]
     q, k, v = ins[:3]
     mask = ins[3] if len(ins) == 4 else None
@@ -131,6 +141,7 @@ def _native_declines(
     return None
 
 
+@kind(KernelKind.BLAS)
 @lowp
 def blas_attention(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
@@ -215,7 +226,6 @@ def _native_softmax(s: np.ndarray, scale: float, premask: bool, ctx: KernelCtx) 
         return None
 
 
-@kernel(Rope)
 @lowp
 def rope_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
@@ -250,3 +260,106 @@ def rope_kernel(
         np.add(t1, t2, out=o_hi)
 
     return run
+
+
+# ---- convolution and pooling --------------------------------------------------------------
+
+
+@kind(KernelKind.BLAS)
+@lowp
+def conv_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """The native direct loop for small f32 convolutions (``engines/conv.py``),
+    else im2col + one GEMM per group (see module docstring)."""
+    direct = native_conv(node, ins, out, ctx)
+    if direct is not None:
+        return direct
+    op: Conv = node.op  # type: ignore[assignment]
+    x, w = ins[:2]
+    bias = ins[2] if len(ins) == 3 else None
+    if x.dtype.kind != "f":
+        return None
+    n, c = x.shape[:2]
+    o, g = w.shape[0], op.groups
+    k = w.shape[2:]
+    nd = len(k)
+    cg, og, kk = c // g, o // g, math.prod(k)
+    buf, inner = bordered(x, op.padding, 0.0)
+    win = window_view(buf, k, op.stride, op.dilation)  # [N, C, *out, *k]
+    out_sp = win.shape[2 : 2 + nd]
+    length = math.prod(out_sp)
+    cols = ctx.scratch((g, n, *out_sp, cg, *k), x.dtype, 72)
+    src = win.reshape(n, g, cg, *out_sp, *k)
+    if not np.may_share_memory(src, buf):  # splitting C is always a view; stay safe
+        return None
+    perm = (1, 0, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd))
+    src_t = src.transpose(perm)
+    cols2 = cols.reshape(g, n * length, cg * kk)
+    wt = ctx.scratch((g, cg * kk, og), x.dtype, 70)
+    w_src = w.reshape(g, og, cg * kk).transpose(0, 2, 1)
+    ys = ctx.scratch((g, n * length, og), x.dtype, 71)
+    y_src = ys.reshape(g, n, length, og).transpose(1, 0, 3, 2)
+    o4 = out.reshape(n, g, og, length)
+    b_view = None if bias is None else bias.reshape((o,) + (1,) * nd)
+
+    def run() -> None:
+        np.copyto(inner, x)
+        np.copyto(cols.reshape(src_t.shape), src_t)
+        np.copyto(wt, w_src)
+        for gi in range(g):
+            np.matmul(cols2[gi], wt[gi], out=ys[gi])
+        np.copyto(o4, y_src)
+        if b_view is not None:
+            np.add(out, b_view, out=out)
+
+    return run
+
+
+@lowp
+def pool_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """The native f32 pool (``engines/conv.py``), else max or average over a
+    strided window view of a bordered private copy."""
+    fast = native_pool(node, ins, out, ctx)
+    if fast is not None:
+        return fast
+    op: Pool = node.op  # type: ignore[assignment]
+    (x,) = ins
+    if x.dtype.kind not in "fiu":
+        return None
+    nd = len(op.window)
+    axes = tuple(range(-nd, 0))
+    ones = (1,) * nd
+    if op.fn is PoolKind.MAX:
+        low = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        buf, inner = bordered(x, op.padding, low)
+        win = window_view(buf, op.window, op.stride, ones)
+
+        def max_pool() -> None:
+            np.copyto(inner, x)
+            np.max(win, axis=axes, out=out)
+
+        return max_pool
+    buf, inner = bordered(x, op.padding, 0.0)
+    win = window_view(buf, op.window, op.stride, ones)
+    count_buf, count_inner = bordered(np.ones((1, 1, *x.shape[2:]), x.dtype), op.padding, 0.0)
+    count_inner[...] = 1
+    count = window_view(count_buf, op.window, op.stride, ones).sum(axis=axes)
+
+    def avg_pool() -> None:
+        np.copyto(inner, x)
+        np.sum(win, axis=axes, out=out)
+        np.divide(out, count, out=out)
+
+    return avg_pool
+
+
+# each op's kernel factories, in the order they are tried
+ATTEMPTS = {
+    Attention: (native_attention, blas_attention),
+    Rope: (rope_kernel,),
+    Conv: (conv_kernel,),
+    Pool: (pool_kernel,),
+}

@@ -1,5 +1,5 @@
-"""CPU kernels of the backward ops (``rlx/ops/nn_grad.py``) of the norms, attention and
-rope. In: the node and NumPy views of its input and output arena slots. Out: a
+"""CPU kernels of the backward ops (``rlx/ops/nn_grad.py``) of the norms, attention, rope,
+convolution and pooling. In: the node and NumPy views of its input and output arena slots. Out: a
 closure writing the gradient into ``out`` with ``out=`` ufuncs and BLAS matmuls into
 scratch allocated when the schedule is built (no allocation per run). f16/bf16 compute
 in f32 (``lowp``); f64 stays f64.
@@ -17,7 +17,12 @@ in f32 (``lowp``); f64 stays f64.
   ``dSᵀ·Q`` sum the grouped heads into their kv head inside the matmul; the probabilities
   are recomputed.
 * Rope backward: two ``einsum`` reductions over batch and heads.
-* Conv and pool backward: ``kernels/nn_grad_conv.py``.
+* Conv backward: im2col + BLAS. The output gradient as ``[G, O/G, N*L]`` against the
+  columns ``[G, N*L, C/G*K]`` (one 2-D GEMM per group) gives dw; ``[G, N*L, O/G] @
+  w[G, O/G, C/G*K]`` gives the column gradient, scattered back (col2im) tap by tap into a
+  bordered buffer.
+* Pool backward / max-pool select: each window's first maximum found tap by tap with
+  strict ``>`` (the first wins ties), the gradient added tap by tap.
 """
 
 from __future__ import annotations
@@ -28,21 +33,41 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind, kind, lowp
+from rlx.backends.cpu.engines.conv import ConvColumns, FirstMax, pool_geometry, window_view
+from rlx.backends.cpu.native import bindings
+from rlx.backends.cpu.native.attention import MASK_CODES
+from rlx.backends.cpu.native.cpu import selected_target
 from rlx.errors import CompileError
+from rlx.ops.nn import PoolKind
 from rlx.ops.nn_grad import (
     AttentionBackward,
     AttentionJvp,
+    ConvBackwardData,
+    ConvBackwardWeight,
     LayerNormBackward,
+    MaxPoolSelect,
+    PoolBackward,
     RmsNormBackward,
     RopeBackward,
     rope_pairs,
+    window_taps,
 )
 
 if TYPE_CHECKING:
     from rlx.ir.mir import Node
 
-__all__ = ["norm_backward_kernel", "attention_backward_kernel", "attention_jvp_kernel"]
+__all__ = [
+    "norm_backward_kernel",
+    "rms_norm_backward_kernel",
+    "attention_backward_kernel",
+    "attention_jvp_kernel",
+    "rope_backward_kernel",
+    "conv_backward_kernel",
+    "conv_backward_data_kernel",
+    "pool_backward_kernel",
+    "max_pool_select_kernel",
+]
 
 _T = 300  # scratch tags of this module: 300..
 
@@ -50,40 +75,30 @@ _T = 300  # scratch tags of this module: 300..
 # ---- norms ------------------------------------------------------------------------------
 
 
-_P = ctypes.c_void_p
-_L = ctypes.c_long
 #: below this many elements a native norm backward runs on one thread
 _PARALLEL_MIN = 1 << 15
 
 
-@functools.cache
-def _norm_grad_lib(target: object) -> ctypes.CDLL:
-    from rlx.backends.cpu import native
-
-    lib = native.load(native.build(native.csrc_source("norm_grad.c"), target, "norm_grad"))
-    lib.rlx_norm_grad_x_f32.restype = None
-    lib.rlx_norm_grad_x_f32.argtypes = [_P] * 4 + [_L, _L, ctypes.c_float] + [ctypes.c_int] * 2
-    lib.rlx_norm_grad_gamma_f32.restype = None
-    lib.rlx_norm_grad_gamma_f32.argtypes = [_P] * 4 + [_L, _L, ctypes.c_float] + [ctypes.c_int] * 2
-    return lib
+def _native_lib(
+    ctx: KernelCtx, arrays: list[np.ndarray], what: str, files: tuple[str, ...], defines: str = ""
+) -> ctypes.CDLL | None:
+    """The library of ``csrc/<files>`` for the selected target when native kernels are on
+    and every array is a non-empty C-contiguous f32 view; None (the NumPy / BLAS path)
+    otherwise, with a note when the build failed."""
+    if any(a.dtype != np.float32 or not a.flags.c_contiguous or not a.size for a in arrays):
+        return None
+    name = files[-1].removesuffix(".c")
+    return bindings.lib_or_note(
+        ctx, what, lambda: bindings.csrc_library(files, selected_target(), name, defines)
+    )
 
 
 def _native_norm_backward(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
     """The ``csrc/norm_grad.c`` call for f32 contiguous views (None: the NumPy path)."""
-    from rlx.backends.cpu import native
-    from rlx.backends.cpu.native import cpu
-
-    if not ctx.native or not native.available():
-        return None
-    arrays = [*ins, out]
-    if any(a.dtype != np.float32 or not a.flags.c_contiguous or not a.size for a in arrays):
-        return None
-    try:
-        lib = _norm_grad_lib(cpu.selected_target())
-    except (CompileError, OSError) as e:
-        ctx.notes.append(f"norm backward: no native kernel ({str(e).splitlines()[0]})")
+    lib = _native_lib(ctx, [*ins, out], "norm backward", ("norm_grad.c",))
+    if lib is None:
         return None
     op = node.op
     x, gamma, ct = ins
@@ -150,7 +165,6 @@ def _norm_backward(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: Kern
     return run
 
 
-@kernel(LayerNormBackward)
 @lowp
 def norm_backward_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
@@ -159,7 +173,6 @@ def norm_backward_kernel(
     return _norm_backward(node, ins, out, ctx)
 
 
-@kernel(RmsNormBackward)
 @lowp
 def rms_norm_backward_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
@@ -228,38 +241,13 @@ class _Grouped:
             np.divide(p, self.row, out=p)
 
 
-@functools.cache
-def _attention_grad_lib(target: object) -> ctypes.CDLL:
-    from rlx.backends.cpu import native
-
-    src = native.csrc_source("attention_vec.c", "attention_grad.c")
-    lib = native.load(native.build("#define RLX_ATT_DT 0\n" + src, target, "attention_grad"))
-    lib.rlx_attention_grad_ws_floats.restype = _L
-    lib.rlx_attention_grad_ws_floats.argtypes = [_L, _L]
-    lib.rlx_attention_grad.restype = ctypes.c_int
-    lib.rlx_attention_grad.argtypes = (
-        [_P] * 8 + [_L] * 6 + [ctypes.c_float, ctypes.c_int, _L, _P] + [_L] * 4
-        + [_P, _L, ctypes.c_int]
-    )  # fmt: skip
-    return lib
-
-
 def _native_attention_backward(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
     """The ``csrc/attention_grad.c`` call for f32 contiguous views (None: the BLAS path)."""
-    from rlx.backends.cpu import native
-    from rlx.backends.cpu.native import cpu
-    from rlx.backends.cpu.native.attention import MASK_CODES
-
-    if not ctx.native or not native.available():
-        return None
-    if any(a.dtype != np.float32 or not a.flags.c_contiguous or not a.size for a in ins):
-        return None
-    try:
-        lib = _attention_grad_lib(cpu.selected_target())
-    except (CompileError, OSError) as e:
-        ctx.notes.append(f"attention backward: no native kernel ({str(e).splitlines()[0]})")
+    files = ("attention_vec.c", "attention_grad.c")
+    lib = _native_lib(ctx, ins, "attention backward", files, "#define RLX_ATT_DT 0\n")
+    if lib is None:
         return None
     op, wrt = node.op.fwd, node.op.wrt  # type: ignore[attr-defined]
     q, k, v = ins[:3]
@@ -293,7 +281,7 @@ def _native_attention_backward(
     return run
 
 
-@kernel(AttentionBackward, KernelKind.BLAS)
+@kind(KernelKind.BLAS)
 @lowp
 def attention_backward_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
@@ -347,7 +335,7 @@ def attention_backward_kernel(
     return run
 
 
-@kernel(AttentionJvp, KernelKind.BLAS)
+@kind(KernelKind.BLAS)
 @lowp
 def attention_jvp_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
@@ -398,7 +386,6 @@ def attention_jvp_kernel(
 # ---- rope --------------------------------------------------------------------------------
 
 
-@kernel(RopeBackward)
 @lowp
 def rope_backward_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
@@ -417,3 +404,147 @@ def rope_backward_kernel(
         (np.subtract if sub else np.add)(out, tmp, out=out)
 
     return run
+
+
+# ---- convolution and pooling backward --------------------------------------------------
+
+
+_TC = 350  # scratch tags of the conv and pool backward kernels: 350..
+
+
+@kind(KernelKind.BLAS)
+@lowp
+def conv_backward_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """dw by im2col: ``[G, O/G, N*L] @ [G, N*L, C/G*K]``, one GEMM per group."""
+    x = ins[0]
+    m = ConvColumns(node, ins, ctx, _TC)
+    n, c, o, g, kk, length = m.shape
+    win = window_view(m.xp, m.k, m.f.stride, m.f.dilation)  # [N,C,*out,*k], a view
+    nd = len(m.k)
+    # [N,G,C/G,*out,*k] -> [G,N,*out,C/G,*k]; splitting C keeps it a view of xp
+    perm = (1, 0, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd))
+    cols_src = win.reshape(n, g, c // g, *win.shape[2:]).transpose(perm)
+    cols_dst = m.cols.reshape(g, n, *m.out_sp, c // g, *m.k)
+    assert np.may_share_memory(cols_src, m.xp)  # a view: read afresh on every run
+    dw = out.reshape(g, o // g, (c // g) * kk)
+
+    def run() -> None:
+        np.copyto(m.inner, x)
+        np.copyto(cols_dst, cols_src)
+        m.gather_ct()
+        for gi in range(g):
+            np.matmul(m.ctg[gi], m.cols[gi], out=dw[gi])
+
+    return run
+
+
+@kind(KernelKind.BLAS)
+@lowp
+def conv_backward_data_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """dx: the column gradient ``[G, N*L, O/G] @ w[G, O/G, C/G*K]``, then col2im tap by tap
+    into a zero-bordered buffer whose interior is dx."""
+    w = ins[1]
+    m = ConvColumns(node, ins, ctx, _TC)
+    n, c, o, g, kk, length = m.shape
+    wg = w.reshape(g, o // g, (c // g) * kk)
+    # dcols [G, N*L, C/G*K] -> per tap t: [N, G, C/G, *out]
+    dcols = m.cols.reshape(g, n, *m.out_sp, c // g, kk)
+    nd = len(m.k)
+    perm = (1, 0, nd + 2, *range(2, nd + 2))  # [G,N,*out,C/G] -> [N,G,C/G,*out]
+    taps = [
+        (dcols[..., ti].transpose(perm), sl)
+        for ti, (_, sl) in enumerate(window_taps(m.k, m.f.stride, m.f.dilation, m.out_sp))
+    ]
+    dxp = m.xp.reshape(n, g, c // g, *m.xp.shape[2:])
+
+    def run() -> None:
+        m.gather_ct()
+        for gi in range(g):
+            np.matmul(m.ctg[gi].T, wg[gi], out=m.cols[gi])
+        m.xp.fill(0)
+        for src, sl in taps:
+            view = dxp[(..., *sl)]
+            np.add(view, src, out=view)
+        np.copyto(out, m.inner)
+
+    return run
+
+
+@lowp
+def pool_backward_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """Max: the gradient added at each window's first maximum, tap by tap; average: ``ct /
+    count`` (count precomputed) added over each window."""
+    f = node.op.fwd  # type: ignore[attr-defined]
+    x, ct = ins
+    out_sp = ct.shape[2:]
+    dxp, inner, taps = pool_geometry(f, x, out_sp, 0.0)
+    share = ctx.scratch(ct.shape, ct.dtype, _TC + 13)
+    if f.fn is PoolKind.AVG:
+        ones = np.pad(np.ones(x.shape[2:], x.dtype), f.padding)
+        count = sum(ones[sl] for sl in taps)
+
+        def avg() -> None:
+            np.divide(ct, count, out=share)
+            dxp.fill(0)
+            for sl in taps:
+                view = dxp[(..., *sl)]
+                np.add(view, share, out=view)
+            np.copyto(out, inner)
+
+        return avg
+    first = FirstMax(f, x, out_sp, ctx, _TC + 10)
+    hit = ctx.scratch(ct.shape, np.bool_, _TC + 14)
+
+    def mx() -> None:
+        first.run()
+        dxp.fill(0)
+        for i, sl in enumerate(taps):
+            np.equal(first.idx, i, out=hit)
+            np.multiply(ct, hit, out=share)
+            view = dxp[(..., *sl)]
+            np.add(view, share, out=view)
+        np.copyto(out, inner)
+
+    return mx
+
+
+@lowp
+def max_pool_select_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """``t`` read at each window's first maximum of ``x``."""
+    f = node.op.fwd  # type: ignore[attr-defined]
+    x, t = ins
+    out_sp = out.shape[2:]
+    first = FirstMax(f, x, out_sp, ctx, _TC + 10)
+    tp, tin, taps = pool_geometry(f, t, out_sp, 0.0)
+    hit = ctx.scratch(out.shape, np.bool_, _TC + 14)
+
+    def run() -> None:
+        first.run()
+        np.copyto(tin, t)
+        for i, sl in enumerate(taps):
+            np.equal(first.idx, i, out=hit)
+            np.copyto(out, tp[(..., *sl)], where=hit)
+
+    return run
+
+
+# each op's kernel factories, in the order they are tried
+ATTEMPTS = {
+    LayerNormBackward: (norm_backward_kernel,),
+    RmsNormBackward: (rms_norm_backward_kernel,),
+    AttentionBackward: (attention_backward_kernel,),
+    AttentionJvp: (attention_jvp_kernel,),
+    RopeBackward: (rope_backward_kernel,),
+    ConvBackwardWeight: (conv_backward_kernel,),
+    ConvBackwardData: (conv_backward_data_kernel,),
+    PoolBackward: (pool_backward_kernel,),
+    MaxPoolSelect: (max_pool_select_kernel,),
+}

@@ -1,61 +1,68 @@
-"""CPU kernels of the quantized ops. In: a Quantize / Dequantize node and its arena views.
-Out: closures computing the node into its output view. (The integer GEMMs ``qmatmul`` and
-``dynamic_qmatmul`` are in ``kernels.qgemm``.)
+"""CPU kernels of the quantized ops (``rlx/ops/quant.py``): quantize, dequantize,
+fake_quantize and the weight-only dequant_matmul. In: the node and its arena views. Out:
+closures computing the node into its output view. (The integer GEMMs are in
+``kernels/qmatmul.py`` and ``kernels/qconv.py``.)
 
-``DequantMatMul``'s kernel is in ``kernels.dequant``. ``Quantize`` of f32 runs natively when per-tensor to 8 bits (and
-``native`` is on), otherwise as a few NumPy calls into a scratch buffer; ``Dequantize`` is NumPy. They all round
-exactly as the ops' reference implementations.
+``Quantize`` of f32 runs natively when per-tensor to 8 bits (and ``native`` is on),
+otherwise as a few NumPy calls into a scratch buffer; f64 inputs (computed in f64) and
+f16 / bf16 / fp8 inputs (widened to f32) have their own attempt, tried first.
+``Dequantize`` and ``FakeQuantize`` are NumPy. They all round exactly as the ops'
+reference implementations.
+
+``DequantMatMul`` (weight-only quantized matmul). In: its activation view ``x [..., K]``
+and its packed weight views (``(packed,)`` for the GGUF schemes, ``(w_q, scale, zp)``
+otherwise). Out: a closure computing ``x @ dequant(w).T`` into the f32 output view.
+
+The native kernel (``native/dqgemm.py``, ``csrc/dqgemm.c``, built for the selected target,
+``RLX_ISA``) reads the packed bytes on every run: nothing is decoded ahead of time, so a
+param weight needs no cache and a new ``set_param`` is seen at once. Batch < 4 rows run
+as a GEMV streaming the weight once (fused decode-dot row kernels for Q8_0, Q5_0, Q4_K,
+Q6_K, Int8Block and Int4Block on AVX2 / AVX-512; a block-decode-then-FMA path for the
+rest); larger batches decode panels of the weight into L1-sized f32 tiles for an FMA
+micro-kernel. With ``RLX_DQ_ACT=auto`` (Q8_0, Q5_0, Q4_K and Q6_K at batch < 4) or
+``q8`` the activations are quantized to int8 per 32 inputs and the products are
+integer dot products (``csrc/dqgemm_q8.c``, VNNI / AVX2 / C), as llama.cpp decodes; the
+default ``f32`` keeps them exact. Threads: ``KernelCtx.num_threads``. Non-f32 or strided
+``x`` is copied into an f32 scratch first.
+
+Without gcc, when the build fails, or with ``CompileOptions(native=False)``, the weight
+is decoded to f32 once (again only when a param's bytes change) and each run is one BLAS
+matmul; the kernel notes say which path was taken.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from rlx import config
 from rlx.backends.cpu import native
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind, kind
+from rlx.backends.cpu.engines.weights import WeightCache
+from rlx.backends.cpu.native import dqgemm
 from rlx.dtype import DType
-from rlx.errors import CompileError
+from rlx.errors import CompileError, QuantizationError
 from rlx.ir.mir import Node
-from rlx.ops.core import Constant
+from rlx.ops.core import Constant, Param
 from rlx.ops.quant import (
     QUANT_RANGES,
     Dequantize,
+    DequantMatMul,
+    FakeQuantize,
     Quantize,
+    dequantize_weight,
 )
 
 __all__ = [
-    "WeightCache",
+    "quantize_to_int64",
+    "fake_quantize_into",
+    "wide_quantize_kernel",
     "quantize_kernel",
     "dequantize_kernel",
+    "fake_quantize_kernel",
+    "dequant_matmul_kernel",
 ]
-
-
-class WeightCache:
-    """A value derived from some input arrays (a packed or decoded weight), rebuilt only
-    when those inputs change. Constant inputs (already in the arena when the kernels are
-    built) are derived right away, at compile time, and never re-checked."""
-
-    def __init__(self, ins: list[np.ndarray], constant: bool, derive: Callable[..., Any]):
-        self.ins = ins
-        self.constant = constant
-        self.derive = derive
-        self.value: Any = None
-        self.seen: list[np.ndarray] | None = None
-        if constant:
-            self.value = derive(*ins)
-
-    def get(self) -> Any:
-        if self.value is not None and (
-            self.constant or all(np.array_equal(a, b) for a, b in zip(self.ins, self.seen or []))
-        ):
-            return self.value
-        self.value = self.derive(*self.ins)
-        if not self.constant:
-            self.seen = [a.copy() for a in self.ins]
-        return self.value
 
 
 def _all_constant(ctx: KernelCtx, node: Node, idx: range) -> bool:
@@ -104,7 +111,6 @@ def quantize_to_int64(
     np.clip(q, qmin, qmax, out=q)
 
 
-@kernel(Quantize, KernelKind.NUMPY)
 def quantize_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
@@ -166,7 +172,6 @@ def _quantize_wide(
     return run
 
 
-@kernel(Dequantize, KernelKind.NUMPY)
 def dequantize_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
     """``f32(q - zp) * s`` (the difference is exact in int32 / int64)."""
     op: Dequantize = node.op  # type: ignore[assignment]
@@ -182,3 +187,181 @@ def dequantize_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: K
         np.multiply(out, s, out=out)
 
     return run
+
+
+def wide_quantize_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """Quantize from f64 (computed in f64) or f16 / bf16 / fp8 (widened to f32), in the
+    reference's steps: ``rint(x / s)``, NaN to 0, clip to +-2**40, int64, ``+ zp``,
+    clip to the dtype's range. f32 inputs are ``quantize_kernel``'s."""
+    (x,) = ins
+    if x.dtype == np.float32:
+        return None
+    op: Quantize = node.op  # type: ignore[assignment]
+    ct = np.dtype(np.float64) if x.dtype == np.float64 else np.dtype(np.float32)
+    cs: tuple[int, ...] = ()
+    if op.axis is not None:
+        ax = op.axis % x.ndim
+        cs = tuple(len(op.scales) if i == ax else 1 for i in range(x.ndim))
+    s = np.asarray(op.scales, dtype=ct).reshape(cs)
+    z = np.asarray(op.zero_points, dtype=np.int64).reshape(cs)
+    qmin, qmax = QUANT_RANGES[op.dtype]
+    t = ctx.scratch(x.shape, ct, 703)
+    q = ctx.scratch(x.shape, np.int64, 704)
+    nan = ctx.scratch(x.shape, np.bool_, 705)
+
+    def run() -> None:
+        np.copyto(t, x, casting="unsafe")
+        quantize_to_int64(t, s, z, qmin, qmax, t, q, nan)
+        np.copyto(out, q, casting="unsafe")
+
+    return run
+
+
+def fake_quantize_into(
+    x: np.ndarray,
+    s: np.ndarray,
+    z: np.ndarray,
+    qmin: int,
+    qmax: int,
+    out: np.ndarray,
+    ctx: KernelCtx,
+) -> Kernel:
+    """A step writing ``(clip(rint(x / s) + z, qmin, qmax) - z) * s`` into ``out``,
+    computed in ``s``'s float dtype: a float scratch holds x, the integer step runs in an
+    int64 scratch (exact, as the reference); NaN maps to the zero point, +-inf saturate.
+    ``z``: int64 zero points; ``s`` may be a scratch its caller refills before each run."""
+    ct = s.dtype
+    t = ctx.scratch(x.shape, ct, 60)
+    q = ctx.scratch(x.shape, np.int64, 61)
+    nan = ctx.scratch(x.shape, np.bool_, 62)
+    direct = out.dtype == ct
+
+    def run() -> None:
+        np.copyto(t, x, casting="unsafe")
+        quantize_to_int64(t, s, z, qmin, qmax, t, q, nan)
+        np.subtract(q, z, out=q)
+        np.copyto(t, q, casting="unsafe")
+        if direct:
+            np.multiply(t, s, out=out)
+        else:
+            np.multiply(t, s, out=t)
+            np.copyto(out, t, casting="unsafe")
+
+    return run
+
+
+def fake_quantize_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """``(clip(rint(x / s) + z, qmin, qmax) - z) * s`` in f32 (f64 for f64 inputs), the
+    scales and zero points the op's (``fake_quantize_into``)."""
+    (x,) = ins
+    op = node.op
+    ct = np.dtype(np.float64) if x.dtype == np.float64 else np.dtype(np.float32)
+    ax = None if op.axis is None else op.axis % x.ndim  # type: ignore[attr-defined]
+    cs: tuple[int, ...] = ()
+    if ax is not None:
+        cs = tuple(len(op.scales) if i == ax else 1 for i in range(x.ndim))  # type: ignore[attr-defined]
+    s = np.asarray(op.scales, dtype=ct).reshape(cs)  # type: ignore[attr-defined]
+    z = np.asarray(op.zero_points, dtype=np.int64).reshape(cs)  # type: ignore[attr-defined]
+    return fake_quantize_into(x, s, z, op.qmin, op.qmax, out, ctx)  # type: ignore[attr-defined]
+
+
+# ---- dequant_matmul (weight-only quantization) ----------------------------------------------
+
+
+def _input_name(ctx: KernelCtx, node: Node, i: int) -> str:
+    op = ctx.graph.nodes[node.inputs[i]].op
+    return op.name if isinstance(op, Param) else f"%{node.inputs[i]}"  # type: ignore[attr-defined]
+
+
+def _dequant_lib(ctx: KernelCtx, node: Node, op: DequantMatMul):  # noqa: ANN202
+    """The native library when it can run this node, else None (with a note saying why)."""
+    if not ctx.native:
+        ctx.notes.append(
+            f"dequant_matmul %{node.id}: native kernels off (CompileOptions.native=False), "
+            "weight decoded once + BLAS"
+        )
+        return None
+    if type(op.scheme) not in dqgemm.SUPPORTED:
+        ctx.notes.append(f"dequant_matmul %{node.id}: no native kernel for {op.scheme}, BLAS")
+        return None
+    try:
+        return dqgemm.dqgemm_lib()
+    except CompileError as e:
+        first = e.bare_message.splitlines()[0]
+        ctx.notes.append(
+            f"dequant_matmul %{node.id}: native kernel unavailable, decode + BLAS ({first})"
+        )
+        return None
+
+
+@kind(KernelKind.NATIVE)
+def dequant_matmul_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """Native: GEMV / tiled GEMM on the packed bytes. Fallback: decode once + BLAS."""
+    op: DequantMatMul = node.op  # type: ignore[assignment]
+    x = ins[0]
+    k = x.shape[-1]
+    n = out.shape[-1]
+    weights = tuple(ins[1:])
+    m = int(np.prod(x.shape[:-1], dtype=np.int64))
+    y = out.reshape(m, n)
+    needs_copy = x.dtype != np.float32 or not x.flags.c_contiguous
+    x_f32 = ctx.scratch(x.shape, np.float32, tag=node.id) if needs_copy else None
+    lib = _dequant_lib(ctx, node, op) if out.flags.c_contiguous else None
+    if lib is not None:
+        names = tuple(_input_name(ctx, node, i) for i in range(1, len(node.inputs)))
+        threads = ctx.num_threads
+        act = config.dq_act()
+        path = "GEMV" if m < 4 else "tiled GEMM"
+        if dqgemm.uses_q8(op.scheme, m, act):
+            path = "int8-activation GEMV" if m < 4 else "int8-activation GEMM"
+        try:
+            xa = (x if x_f32 is None else x_f32).reshape(m, k)
+            call = lib.bind(op.scheme, xa, weights, y, num_threads=threads, names=names, act=act)
+        except QuantizationError as e:
+            raise QuantizationError(f"dequant_matmul %{node.id}: {e.bare_message}") from None
+        ctx.notes.append(
+            f"dequant_matmul %{node.id}: native {op.scheme} {path} on the packed bytes "
+            f"({lib.target.value}, {threads} thread(s))"
+        )
+        if x_f32 is None:
+            return call
+
+        def run() -> None:
+            np.copyto(x_f32, x, casting="unsafe")
+            call()
+
+        return run
+
+    ctx.kind = KernelKind.BLAS
+    const = all(
+        isinstance(ctx.graph.nodes[node.inputs[i]].op, Constant) for i in range(1, len(node.inputs))
+    )
+    decoded = WeightCache(
+        list(weights),
+        const,
+        lambda *ws: np.ascontiguousarray(dequantize_weight(op.scheme, *ws).T),
+    )
+
+    def run_blas() -> None:
+        xa = x
+        if x_f32 is not None:
+            np.copyto(x_f32, x, casting="unsafe")
+            xa = x_f32
+        np.matmul(xa.reshape(-1, k), decoded.get(), out=y)
+
+    return run_blas
+
+
+# each op's kernel factories, in the order they are tried
+ATTEMPTS = {
+    Quantize: (wide_quantize_kernel, quantize_kernel),
+    Dequantize: (dequantize_kernel,),
+    FakeQuantize: (fake_quantize_kernel,),
+    DequantMatMul: (dequant_matmul_kernel,),
+}

@@ -1,8 +1,8 @@
-"""CPU kernel for ``GatedDeltaNet`` (the gated delta rule, see ``rlx/ops/recurrent.py``).
-In: the node and its arena views. Out: a closure running the recurrence into the output
-view.
+"""CPU kernels of the recurrent ops (``rlx/ops/recurrent.py``): ``GatedDeltaNet`` (the
+gated delta rule) and ``SelectiveScan``. In: the node and its arena views. Out: a closure
+running the recurrence into the output view.
 
-The state ``S [B, H, K, V]``, the widened inputs and the per-step temporaries live in
+Gated delta net: the state ``S [B, H, K, V]``, the widened inputs and the per-step temporaries live in
 scratch made when the schedule is built (f32, f64 for f64 inputs, as the reference); each
 step is a handful of NumPy calls with ``out=``: ``S *= exp(g_t)``, ``r = k_t S`` and
 ``o_t = q_t S`` as batched BLAS products, the rank-1 write ``S += k_t (beta_t (v_t -
@@ -11,6 +11,9 @@ scale one call after it. No array is allocated per run; NumPy's ufunc iterator m
 take a transient buffer of its own (up to ~32 KB, whatever the sizes) for the broadcast
 multiplies on small states (the rank-1 write as a K=1 matmul avoids it but is 1.5x
 slower).
+
+Selective scan: the recurrence one time step at a time over the whole ``[B, H, N]`` state
+in build-time scratch, in the reference's order (f16/bf16 through f32 with ``lowp``).
 """
 
 from __future__ import annotations
@@ -20,16 +23,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
-from rlx.ops.recurrent import GatedDeltaNet, GdnResult
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind, kind, lowp
+from rlx.ops.recurrent import GatedDeltaNet, GdnResult, SelectiveScan
 
 if TYPE_CHECKING:
     from rlx.ir.mir import Node
 
-__all__ = ["gated_delta_net_kernel"]
+__all__ = ["gated_delta_net_kernel", "selective_scan_kernel"]
 
 
-@kernel(GatedDeltaNet, KernelKind.BLAS)
+@kind(KernelKind.BLAS)
 def gated_delta_net_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel | None:
@@ -91,3 +94,62 @@ def gated_delta_net_kernel(
             np.copyto(out, o, casting="unsafe")
 
     return run
+
+
+@lowp
+def selective_scan_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """The recurrence one time step at a time over the whole [B, H, N] state, in the
+    reference's order (state, then ``c``-contraction, then ``d`` and the ``z`` gate)."""
+    op: SelectiveScan = node.op  # type: ignore[assignment]
+    x, delta, a, b, c = ins[:5]
+    d, z, bias = op.optional_inputs(ins)
+    if x.dtype not in (np.float32, np.float64):
+        return None
+    bs, s, h = x.shape
+    n = a.shape[1]
+    dt = x.dtype
+    dts = ctx.scratch((bs, s, h), dt, 60)
+    state = ctx.scratch((bs, h, n), dt, 61)
+    decay = ctx.scratch((bs, h, n), dt, 62)
+    inp = ctx.scratch((bs, h, n), dt, 63)
+    yt = ctx.scratch((bs, h, 1), dt, 64)
+    tmp = ctx.scratch((bs, s, h), dt, 65)
+    zero = dt.type(0)
+
+    def run() -> None:
+        np.copyto(dts, delta)
+        if bias is not None:
+            np.add(dts, bias, out=dts)
+        if op.delta_softplus:
+            np.logaddexp(dts, zero, out=dts)
+        state.fill(0)
+        for t in range(s):
+            dtt = dts[:, t, :, None]
+            np.multiply(dtt, a, out=decay)
+            np.exp(decay, out=decay)
+            np.multiply(decay, state, out=state)
+            np.multiply(dtt, b[:, t, None, :], out=inp)
+            np.multiply(inp, x[:, t, :, None], out=inp)
+            np.add(state, inp, out=state)
+            np.matmul(state, c[:, t, :, None], out=yt)
+            np.copyto(out[:, t], yt[:, :, 0])
+        if d is not None:
+            np.multiply(x, d, out=tmp)
+            np.add(out, tmp, out=out)
+        if z is not None:  # y * z * sigmoid(z), as z / (1 + exp(-z))
+            np.negative(z, out=tmp)
+            np.exp(tmp, out=tmp)
+            np.add(tmp, 1, out=tmp)
+            np.divide(z, tmp, out=tmp)
+            np.multiply(out, tmp, out=out)
+
+    return run
+
+
+# each op's kernel factories, in the order they are tried
+ATTEMPTS = {
+    GatedDeltaNet: (gated_delta_net_kernel,),
+    SelectiveScan: (selective_scan_kernel,),
+}

@@ -8,11 +8,11 @@ writing ``dx`` into the output view.
   (``y * (dy - s)`` / ``dy - exp(y) * s``, exp the prelude's ``rlx_expneg``, libmvec's
   SIMD exp). Built by ``native.build`` for the selected target (``RLX_ISA``:
   AVX-512 / AVX2 / portable: gcc vectorises the same text for each) and cached by
-  content, like the row kernels of ``kernels.rows``; rows are shared by an OpenMP team
-  of ``KernelCtx.num_threads`` above ``kernels.region.PARALLEL_MIN_WORK``.
+  content, like the row kernels of ``engines.rows``; rows are shared by an OpenMP team
+  of ``KernelCtx.num_threads`` above ``engines.region.PARALLEL_MIN_WORK``.
 * NumPy otherwise (another axis, native kernels off, no gcc, fp8): ufuncs writing into
   one scratch row vector and one scratch tensor, then ``out``; no allocation per run
-  (16-bit and fp8 floats computed in f32 scratch and rounded once, ``kernels.lowp``).
+  (16-bit and fp8 floats computed in f32 scratch and rounded once, ``lowp``).
 """
 
 from __future__ import annotations
@@ -31,17 +31,17 @@ from rlx.backends.cpu.codegen.elementwise import (
     content_symbol,
 )
 from rlx.backends.cpu.codegen.loop import team_loop
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel, lowp
-from rlx.backends.cpu.kernels.region import CALL_WEIGHT, PARALLEL_MIN_WORK, bind, load_function
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind, kind, lowp
+from rlx.backends.cpu.engines.region import CALL_WEIGHT, PARALLEL_MIN_WORK, bind, load_function
+from rlx.backends.cpu.engines.rows import native_or_none
 from rlx.backends.cpu.native.cpu import Target, selected_target
 from rlx.dtype import DType
-from rlx.errors import CompileError
 from rlx.ops.reduce_grad import LogSoftmaxBackward, SoftmaxBackward
 
 if TYPE_CHECKING:
     from rlx.ir.mir import Node
 
-__all__ = ["render_backward_rows", "softmax_backward_kernel", "log_softmax_backward_kernel"]
+__all__ = ["render_backward_rows", "native_backward_kernel", "numpy_backward_kernel"]
 
 _NATIVE_DTYPES = frozenset({DType.F32, DType.F64, DType.F16, DType.BF16})
 
@@ -124,7 +124,9 @@ def _native(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) 
 
 
 @lowp
-def _numpy(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
+def numpy_backward_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
     """Ufuncs into scratch (a row vector and one full tensor), the last one into ``out``."""
     dy, y = ins
     if out.size == 0:
@@ -151,22 +153,16 @@ def _numpy(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -
     return softmax_backward
 
 
-def _factory(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
-    why = "native kernels disabled (CompileOptions.native)"
-    if ctx.native:
-        try:
-            fn = _native(node, ins, out, ctx)
-        except CodegenUnsupported as e:
-            why = str(e)
-        except CompileError as e:
-            why = f"native build failed: {e.bare_message.splitlines()[0]}"
-        else:
-            ctx.kind = KernelKind.NATIVE
-            return fn
-    ctx.kind = KernelKind.NUMPY
-    ctx.notes.append(f"NumPy kernel ({why})")
-    return _numpy(node, ins, out, ctx)  # type: ignore[return-value]
+@kind(KernelKind.NATIVE)
+def native_backward_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """The native row kernel, or None (noted) when native kernels are off or it declines."""
+    return native_or_none(lambda: _native(node, ins, out, ctx), ctx)
 
 
-softmax_backward_kernel = kernel(SoftmaxBackward, KernelKind.NATIVE)(_factory)
-log_softmax_backward_kernel = kernel(LogSoftmaxBackward, KernelKind.NATIVE)(_factory)
+# each op's kernel factories, in the order they are tried
+ATTEMPTS = {
+    SoftmaxBackward: (native_backward_kernel, numpy_backward_kernel),
+    LogSoftmaxBackward: (native_backward_kernel, numpy_backward_kernel),
+}

@@ -14,12 +14,11 @@ store's ``version`` moves like ``assign``'s. The step's scalars come from the ``
 
 from __future__ import annotations
 
-import ctypes
-import functools
-
 import numpy as np
 
-from rlx.backends.cpu.kernels import Kernel, KernelCtx, KernelKind, kernel
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind
+from rlx.backends.cpu.native import bindings
+from rlx.backends.cpu.native.cpu import selected_target
 from rlx.errors import CompileError
 from rlx.ir.mir import Node
 from rlx.ops.core import Param
@@ -28,7 +27,6 @@ from rlx.ops.state import AdamUpdate, Assign, adam_formula, adam_scalars
 __all__ = ["assign_kernel", "adam_update_kernel"]
 
 
-@kernel(Assign)
 def assign_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
     """``param <- value`` in the store; the token output holds no bytes."""
     src = ctx.graph.nodes[node.inputs[0]]
@@ -51,39 +49,21 @@ def assign_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: Kerne
 
 #: below this many elements the native update runs on one thread
 _PARALLEL_MIN = 1 << 15
-_P = ctypes.c_void_p
-
-
-@functools.cache
-def _adam_lib(target: object) -> ctypes.CDLL:
-    from rlx.backends.cpu import native
-
-    lib = native.load(native.build(native.csrc_source("adam_update.c"), target, "adam_update"))
-    for name, t in (
-        ("rlx_adam_update_f32", ctypes.c_float),
-        ("rlx_adam_update_f64", ctypes.c_double),
-    ):
-        fn = getattr(lib, name)
-        fn.restype = None
-        fn.argtypes = [_P] * 4 + [ctypes.c_long] + [t] * 8 + [ctypes.c_int] * 2
-    return lib
 
 
 def _native_adam(dtype: np.dtype, ctx: KernelCtx):  # noqa: ANN202 - a ctypes function or None
-    from rlx.backends.cpu import native
-    from rlx.backends.cpu.native import cpu
-
-    if not ctx.native or not native.available() or dtype not in (np.float32, np.float64):
+    if dtype not in (np.float32, np.float64):
         return None
-    try:
-        lib = _adam_lib(cpu.selected_target())
-    except (CompileError, OSError) as e:
-        ctx.notes.append(f"adam_update: no native kernel ({str(e).splitlines()[0]})")
+    lib = bindings.lib_or_note(
+        ctx,
+        "adam_update",
+        lambda: bindings.csrc_library(("adam_update.c",), selected_target(), "adam_update"),
+    )
+    if lib is None:
         return None
     return lib.rlx_adam_update_f32 if dtype == np.float32 else lib.rlx_adam_update_f64
 
 
-@kernel(AdamUpdate)
 def adam_update_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel:
@@ -140,3 +120,10 @@ def adam_update_kernel(
         store.version += 1
 
     return run
+
+
+# each op's kernel factories, in the order they are tried
+ATTEMPTS = {
+    Assign: (assign_kernel,),
+    AdamUpdate: (adam_update_kernel,),
+}

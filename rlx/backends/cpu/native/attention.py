@@ -19,14 +19,12 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
-from rlx.backends.cpu.native import cpu
+from rlx.backends.cpu.native import bindings, cpu
 from rlx.errors import CompileError, InputError
 from rlx.ops.nn import MaskType
 
 __all__ = ["AttentionLib", "attention_lib", "MASK_CODES"]
 
-_P = ctypes.c_void_p
-_L = ctypes.c_long
 
 #: the C kernel's mask codes
 MASK_CODES = {MaskType.NONE: 0, MaskType.CAUSAL: 1, MaskType.SLIDING_WINDOW: 2, MaskType.CUSTOM: 3}
@@ -41,19 +39,8 @@ class AttentionLib:
     def __init__(self, lib: ctypes.CDLL, dtype: np.dtype):
         self.lib = lib
         self.dtype = np.dtype(dtype)
-        lib.rlx_attention_isa.restype = ctypes.c_int
-        lib.rlx_attention_openmp.restype = ctypes.c_int
-        lib.rlx_attention_block_rows.restype = ctypes.c_int
-        lib.rlx_attention_dtype.restype = ctypes.c_int
         if lib.rlx_attention_dtype() != DTYPES[self.dtype]:
             raise CompileError(f"attention library {lib} is not the {self.dtype} one")
-        lib.rlx_attention_ws_floats.restype = _L
-        lib.rlx_attention_ws_floats.argtypes = [_L]
-        lib.rlx_attention.restype = ctypes.c_int
-        lib.rlx_attention.argtypes = [
-            _P, _P, _P, _P, _L, _L, _L, _L, _L, _L, ctypes.c_float, ctypes.c_int, _L,
-            _P, _L, _L, _L, _L, _P, _L, ctypes.c_int,
-        ]  # fmt: skip
         self.path: str = _PATHS[int(lib.rlx_attention_isa())]
         self.openmp = bool(lib.rlx_attention_openmp())
         self.block_rows = int(lib.rlx_attention_block_rows())
@@ -169,4 +156,6 @@ def _attention_lib(target: cpu.Target, dtype: np.dtype) -> AttentionLib:
     parts = native.csrc_source("attention_vec.c", "attention.c")
     source = f"#define RLX_ATT_DT {code}\n" + parts
     name = "attention" if code == 0 else f"attention_{dtype.name}"
-    return AttentionLib(native.load(native.build(source, target, name)), dtype)
+    return AttentionLib(
+        bindings.typed(native.load(native.build(source, target, name)), source), dtype
+    )

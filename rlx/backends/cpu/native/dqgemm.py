@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from rlx.backends.cpu.native import cpu
+from rlx.backends.cpu.native import bindings, cpu
 from rlx.errors import CompileError, InputError, QuantizationError
 from rlx.formats import schemes as S
 from rlx.formats.gguf import check_packed
@@ -41,8 +41,6 @@ __all__ = [
     "uses_q8",
 ]
 
-_P = ctypes.c_void_p
-_L = ctypes.c_long
 
 _GGUF_CODES: dict[type, int] = {
     S.GgufQ4_0: 10,
@@ -162,17 +160,6 @@ class DqGemmLib:
     def __init__(self, lib: ctypes.CDLL, target: cpu.Target):
         self.lib = lib
         self.target = target
-        lib.rlx_dq_gemm.restype = ctypes.c_int
-        lib.rlx_dq_gemm.argtypes = [ctypes.c_int, _L, _L, _L, _L, _L, _P, _L, _P, _L]
-        lib.rlx_dq_gemm.argtypes += [_P, _P, _P, _P, _L, ctypes.c_int]
-        lib.rlx_dq_decode.restype = ctypes.c_int
-        lib.rlx_dq_decode.argtypes = [ctypes.c_int, _L, _L, _L, _P, _L, _P, _P, _P, _L, _L, _P]
-        lib.rlx_dq_stream_read.restype = ctypes.c_double
-        lib.rlx_dq_stream_read.argtypes = [_P, _L, ctypes.c_int]
-        lib.rlx_dq_lanes.restype = ctypes.c_int
-        lib.rlx_dq_gemm_q8.restype = ctypes.c_int
-        lib.rlx_dq_gemm_q8.argtypes = [ctypes.c_int, _L, _L, _L, _L, _L, _P, _L, _P, _L, _P, _L]
-        lib.rlx_dq_gemm_q8.argtypes += [ctypes.c_int]
         self.openmp = bool(lib.rlx_dq_openmp())
         self.lanes = int(lib.rlx_dq_lanes())
         self._luts: dict[type, np.ndarray] = {}
@@ -316,4 +303,6 @@ def _lib(target: cpu.Target) -> DqGemmLib:
     if not native.available():
         raise CompileError("the dequant-matmul kernel needs gcc, which is not on PATH")
     source = dqgemm_source()
-    return DqGemmLib(native.load(native.build(source, target, "dqgemm")), target)
+    return DqGemmLib(
+        bindings.typed(native.load(native.build(source, target, "dqgemm")), source), target
+    )

@@ -19,6 +19,7 @@ import functools
 import time
 from dataclasses import dataclass
 
+from rlx.backends.cpu.native import bindings
 from rlx.backends.cpu.native.cpu import Target
 from rlx.errors import CompileError
 
@@ -69,13 +70,8 @@ def peak_source() -> str:
 def _lib(target: Target) -> ctypes.CDLL:
     from rlx.backends.cpu import native
 
-    lib = native.load(native.build(peak_source(), target, name="fma_peak"))
-    lib.rlx_peak_run.restype = ctypes.c_double
-    lib.rlx_peak_run.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
-    for f in ("rlx_peak_lanes", "rlx_peak_chains", "rlx_peak_fused"):
-        getattr(lib, f).restype = ctypes.c_int
-        getattr(lib, f).argtypes = []
-    return lib
+    source = peak_source()
+    return bindings.typed(native.load(native.build(source, target, name="fma_peak")), source)
 
 
 def measure_peak(

@@ -18,15 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from rlx.backends.cpu.native import cpu
+from rlx.backends.cpu.native import bindings, cpu
 from rlx.backends.cpu.native.cpu import Isa
 from rlx.errors import CompileError, InputError
 
 __all__ = ["QGemmLib", "qgemm_lib", "ACT_CODES", "A_KINDS"]
 
-_P = ctypes.c_void_p
-_L = ctypes.c_long
-_I = ctypes.c_int
 
 #: The C sources, joined in this order into one translation unit.
 SOURCES = ("qgemm.c", "qgemm_epilogue.c", "qgemm_run.c")
@@ -54,52 +51,6 @@ class QGemmLib:
     def __init__(self, lib: ctypes.CDLL, isa: Isa):
         self.lib = lib
         self.isa = isa
-        lib.rlx_qgemm_packed_size.restype = _L
-        lib.rlx_qgemm_packed_size.argtypes = [_L, _L]
-        lib.rlx_qgemm_pack_b.restype = None
-        lib.rlx_qgemm_pack_b.argtypes = [_P, _L, _L, _L, _P, _P]
-        lib.rlx_qgemm.restype = ctypes.c_int
-        lib.rlx_qgemm.argtypes = [
-            _L,
-            _L,
-            _L,
-            _P,
-            _L,
-            ctypes.c_int32,
-            _P,
-            _P,
-            _P,
-            _P,
-            _L,
-            _P,
-            _P,
-            ctypes.c_int,
-        ]
-        lib.rlx_qgemm_pack_b_strided.restype = None
-        lib.rlx_qgemm_pack_b_strided.argtypes = [_P, _L, _L, _L, _L, _P, _P]
-        lib.rlx_qgemm_run.restype = _I
-        lib.rlx_qgemm_run.argtypes = [
-            _L, _L, _L, _I, _P, _L, ctypes.c_int32, ctypes.c_float, _I, _P, _P, _P, _P, _I,
-            _P, _L, _P, _L, _P, _L, _P, _P, _I, _I,
-        ]  # fmt: skip
-        lib.rlx_qgemm_quantize_rows.restype = _I
-        lib.rlx_qgemm_quantize_rows.argtypes = [_P, _L, _L, _L, _I, _P, _L, _P, _P]
-        lib.rlx_qbatch_run.restype = _I
-        lib.rlx_qbatch_run.argtypes = [
-            _L, _L, _L, _L, _I, _P, _L, _L, _I, _P, _L, _L, ctypes.c_float, _P, _L, _L, _I,
-        ]  # fmt: skip
-        lib.rlx_qgemm_has_amx.restype = _I
-        lib.rlx_qgemm_has_amx.argtypes = []
-        lib.rlx_quantize_f32_q8.restype = None
-        lib.rlx_quantize_f32_q8.argtypes = [
-            _P,
-            _L,
-            ctypes.c_float,
-            ctypes.c_int32,
-            ctypes.c_int32,
-            ctypes.c_int32,
-            _P,
-        ]
         self.openmp = bool(lib.rlx_qgemm_openmp())
 
     def quantize(self, x: np.ndarray, scale: float, zero_point: int, out: np.ndarray) -> None:
@@ -355,4 +306,5 @@ def _qgemm_lib(isa: Isa, target: cpu.Target) -> QGemmLib:
     from rlx.backends.cpu import native
 
     source = native.csrc_source(*SOURCES)
-    return QGemmLib(native.load(native.build(source, isa, "qgemm", target=target)), isa)
+    lib = native.load(native.build(source, isa, "qgemm", target=target))
+    return QGemmLib(bindings.typed(lib, source), isa)

@@ -7,7 +7,7 @@ conversion between them.
 A kernel takes part when it says which C function and arguments it is:
 
 * a ``functools.partial`` of a ctypes function with every argument bound (what
-  ``kernels.region.bind`` and the row kernels return), or
+  ``engines.region.bind`` and the row kernels return), or
 * any callable with a ``native_call`` attribute ``(ctypes function, args, checked)``:
   calling the kernel is exactly ``function(*args)``; ``checked``: a non-zero (int)
   return means failure (the Python kernel is then run to raise its error).

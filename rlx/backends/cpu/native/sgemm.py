@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from rlx import config
-from rlx.backends.cpu.native import cpu
+from rlx.backends.cpu.native import bindings, cpu
 from rlx.errors import CompileError, InputError
 
 __all__ = [
@@ -31,10 +31,6 @@ __all__ = [
     "ACT_CODES",
 ]
 
-_P = ctypes.c_void_p
-_L = ctypes.c_long
-_I = ctypes.c_int
-_F = ctypes.c_float
 
 # activation name -> the C epilogue's code
 ACT_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
@@ -82,19 +78,6 @@ class SgemmLib:
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
-        for name in ("rlx_sgemm_level", "rlx_sgemm_mr", "rlx_sgemm_nr", "rlx_sgemm_openmp"):
-            getattr(lib, name).restype = _I
-        lib.rlx_sgemm_set_blocking.restype = None
-        lib.rlx_sgemm_set_blocking.argtypes = [_L, _L, _L]
-        lib.rlx_sgemm_packed_size.restype = _L
-        lib.rlx_sgemm_packed_size.argtypes = [_L, _L]
-        lib.rlx_sgemm_pack_b.restype = None
-        lib.rlx_sgemm_pack_b.argtypes = [_P, _L, _L, _L, _L, _P, _I]
-        lib.rlx_sgemm.restype = _I
-        lib.rlx_sgemm.argtypes = [_L, _L, _L, _P, _L, _L, _P, _P, _L, _I, _P, _P, _L, _F, _I, _I]
-        lib.rlx_sgemm_batched.restype = _I
-        lib.rlx_sgemm_batched.argtypes = [_L] * 4 + [_P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L]
-        lib.rlx_sgemm_batched.argtypes += [_F, _I]
         self.isa = _ISA_NAMES[int(lib.rlx_sgemm_level())]
         self.mr = int(lib.rlx_sgemm_mr())
         self.nr = int(lib.rlx_sgemm_nr())
@@ -261,7 +244,7 @@ def sgemm_lib(target: cpu.Target | None = None) -> SgemmLib:
 def _sgemm_lib(target: cpu.Target) -> SgemmLib:
     from rlx.backends.cpu import native
     from rlx.backends.cpu.codegen.prelude import PRELUDE, vector_math_decls
-    from rlx.backends.cpu.kernels.region import vector_math_available
+    from rlx.backends.cpu.engines.region import vector_math_available
 
     if not native.available():
         raise CompileError("the native sgemm needs gcc, which is not on PATH")
@@ -270,7 +253,7 @@ def _sgemm_lib(target: cpu.Target) -> SgemmLib:
         head = PRELUDE.replace("#include <math.h>\n", "#include <math.h>\n" + vector_math_decls())
     source = head + (native.CSRC / "sgemm.c").read_text()
     try:
-        return SgemmLib(native.load(native.build(source, target, "sgemm")))
+        return SgemmLib(bindings.typed(native.load(native.build(source, target, "sgemm")), source))
     except OSError as e:
         raise CompileError(f"native sgemm: {e} (cache dir {config.cache_dir()})") from e
 

@@ -36,5 +36,14 @@
         }                                                                                  \
     }
 
+/* The entry points, declared for their readers (native/bindings.py types them from these
+ * prototypes; gcc checks them against the macro's definitions). */
+void rlx_adam_update_f32(float *p, const float *g, float *m, float *v, long n, float keep,
+                         float wd, float omb1, float b2, float omb2, float bc2s, float eps,
+                         float step_size, int decoupled, int threads);
+void rlx_adam_update_f64(double *p, const double *g, double *m, double *v, long n,
+                         double keep, double wd, double omb1, double b2, double omb2,
+                         double bc2s, double eps, double step_size, int decoupled, int threads);
+
 RLX_ADAM(rlx_adam_update_f32, float, sqrtf)
 RLX_ADAM(rlx_adam_update_f64, double, sqrt)

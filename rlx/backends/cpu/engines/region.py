@@ -1,0 +1,112 @@
+"""Generated elementwise C loops: build, load and bind (the native attempt of
+ElementwiseRegion, ``kernels/fused.py``, and of the composite unaries,
+``kernels/elementwise.py``; the row kernels of ``engines.rows`` load through it too). In: a
+rendered ``CFunction`` and the NumPy views it runs on. Out: a closure calling ONE generated
+C function that computes the whole body per output element in registers (no intermediate
+in memory).
+
+At schedule-build time (never in a run) the body is rendered to C by
+:mod:`rlx.backends.cpu.codegen.elementwise`, built by :func:`rlx.backends.cpu.native.build` (cached by
+sha256 of source + gcc command + gcc version; extents, strides and scalar constants are
+arguments, so equal regions over layouts of one pattern, in this graph or any other, at
+any symbolic-shape binding and whatever their constants, share one library) and loaded
+once. Each function is named after its text (``rlx_region_<hex>``): a library that does
+not export that name holds other code, and loading it is a CompileError (NumPy fallback). The closure is a
+``functools.partial`` of the ctypes function with its argtypes set and its pointer
+arguments precomputed. Regions whose work estimate (:func:`region_work`) reaches
+:data:`PARALLEL_MIN_WORK` run on an OpenMP team of ``KernelCtx.num_threads``
+(``CompileOptions.num_threads``).
+
+When native kernels are off (``CompileOptions.native=False``), gcc is missing, the build
+fails, or the body has something the C tables cannot render, the region's next attempt,
+the NumPy region kernel of ``kernels/fused.py``, runs instead: its report kind is then
+``numpy`` and its notes say why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import platform
+from typing import Any
+
+import numpy as np
+
+from rlx.backends.cpu import native
+from rlx.backends.cpu.codegen.elementwise import CFunction, CModule
+from rlx.backends.cpu.dispatch import Kernel
+from rlx.errors import CompileError
+
+__all__ = [
+    "PARALLEL_MIN_WORK",
+    "CALL_WEIGHT",
+    "region_work",
+    "vector_math_available",
+    "load_function",
+    "bind",
+]
+
+# A team pays when the region's one-thread time is well above what starting it costs.
+# With libgomp's workers spinning briefly between regions (GOMP_SPINCOUNT, see
+# native/__init__.py) a team of 2 costs ~0.5-1 us over one thread when the second core is
+# free (16384-element add: 1.6-2.0 us on 2 threads, 1.8 us on one); with PASSIVE
+# workers it cost 3 us (16K) to 11-30 us (262K), hence the old 1 << 20. Work = output
+# elements * (1 + CALL_WEIGHT * math calls per element). At 1 << 18 one thread takes
+# (benchmarks/threads.py --parts thresholds): add of 262144 elements 42 us, gelu (one erf) of
+# 32768 elements 40 us, layer norm of 262144 (rows of 384) 66 us, softmax (one exp) of
+# 32768 (rows of 128) 15 us. Lower would gain < 15 us a region and, when another job
+# holds the second core, a team waits for its worker to be scheduled (measured: ~200 us
+# a region at load average 5 on 2 cores), so small regions stay on one thread.
+CALL_WEIGHT = 7
+PARALLEL_MIN_WORK = 1 << 18
+
+
+@functools.cache
+def vector_math_available() -> bool:
+    """Whether glibc's libmvec (SIMD exp/log/tanh/erf/sin/cos/pow) is loaded with its
+    symbols global, so generated libraries calling it load. ``native.build`` links no
+    extra library, so libmvec is loaded here (RTLD_GLOBAL) before any region library."""
+    if platform.machine() != "x86_64":
+        return False
+    try:
+        ctypes.CDLL("libmvec.so.1", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return False
+    return True
+
+
+def region_work(fn: CFunction, out: np.ndarray) -> int:
+    """The work estimate that decides on an OpenMP team (see PARALLEL_MIN_WORK)."""
+    return math.prod(out.shape) * (1 + CALL_WEIGHT * fn.calls)
+
+
+def load_function(fn: CFunction) -> Any:
+    """Build (cached by content) and load ``fn``; returns the ctypes function with its
+    argtypes set. CompileError when gcc is missing, the build fails or the library does
+    not export ``fn.name`` (it holds other code: a damaged or swapped cache entry)."""
+    if not native.available():
+        raise CompileError("gcc is not on PATH")
+    module = CModule((fn,), vector_math=vector_math_available())
+    lib_path = native.build(module.source, native.Isa.PLAIN, "region")
+    try:
+        lib = native.load(lib_path)
+    except OSError as e:
+        raise CompileError(f"cannot load {lib_path}: {e}") from e
+    try:
+        cfn = getattr(lib, fn.name)
+    except AttributeError as e:
+        raise CompileError(
+            f"{lib_path} does not export {fn.name}: the cached library holds other code"
+        ) from e
+    cfn.argtypes = [ctypes.c_void_p] * fn.num_pointers + [ctypes.c_long]
+    cfn.restype = None
+    return cfn
+
+
+def bind(cfn: Any, arrays: list[np.ndarray], nthreads: int = 1) -> Kernel:
+    """A zero-argument call of ``cfn`` on ``arrays`` with ``nthreads`` (all bound now)."""
+    ptrs = [ctypes.c_void_p(a.ctypes.data) for a in arrays]
+    run: Any = functools.partial(cfn, *ptrs, ctypes.c_long(nthreads))
+    run.keepalive = arrays  # constants rendered as arrays live as long as the kernel
+    return run  # type: ignore[no-any-return]
