@@ -1,4 +1,4 @@
-"""Native row kernels (kernels/rows.py) vs the NumPy kernels they supersede, written to
+"""Native row kernels (engines/rows.py) vs the NumPy kernels they supersede, written to
 benchmarks/results/BENCHMARKS_rows.md.
 
 Measures, in one run:

@@ -13,7 +13,7 @@ It declines (noted; the BLAS kernel below runs) for f64 and fp8, without native 
 or gcc, for non-contiguous views and for an empty sequence; there is no size threshold:
 it was faster than the BLAS kernel at every shape measured, from MiniLM's 1 x 16 (1.6x)
 to decode steps (Sq = 1: 10x for H=32, Hkv=8, D=128 against 2048 keys in
-BENCHMARKS_attention.md; 1.7-6.5x on the other decode shapes tried).
+benchmarks/results/BENCHMARKS_attention.md; 1.7-6.5x on the other decode shapes tried).
 
 Attention, BLAS: two batched BLAS matmuls per call into scratch allocated when the
 schedule is built (no allocation per run).
