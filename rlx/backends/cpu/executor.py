@@ -231,11 +231,38 @@ class Executor:
             elif isinstance(n.op, Param):
                 self.param_views[n.op.name] = self.views[n.id]
         self.output_views = [self.views[o] for o in graph.outputs]
+        self._snapshots = self._snapshot_written_params()
         self.prologue: list[Kernel] = []
         self._skippable: list[bool] = []  # prologue kernel whose value lives in the store
         self.prepare: list[Kernel] = []  # kernels' steps on stable inputs (KernelCtx.prologue)
         self.schedule: list[Kernel] = []
         self.entries: list[ScheduleEntry] = []
+
+    def _snapshot_written_params(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """An output that is (a view of) a param which an effect of the same graph writes
+        (``assign``, ``adam_update``) gives the value from before the run, as every other
+        reader of the param does: such an output is redirected into a private copy of the
+        param's storage, taken at the start of each run. Returns (copy, param storage)
+        pairs; empty for the usual graph."""
+        graph = self.graph
+        written = {
+            graph.nodes[n.inputs[0]].id
+            for n in graph.nodes
+            if n.op.effect and n.inputs and isinstance(graph.nodes[n.inputs[0]].op, Param)
+        }
+        snaps: dict[NodeId, np.ndarray] = {}
+        for i, out in enumerate(self.output_views):
+            for pid in written:
+                src = self.views[pid]
+                if not (out.size and src.size and np.shares_memory(out, src)):
+                    continue
+                snap = snaps.setdefault(pid, np.empty_like(src, order="C"))
+                offset = out.__array_interface__["data"][0] - src.__array_interface__["data"][0]
+                self.output_views[i] = np.ndarray(
+                    out.shape, out.dtype, buffer=snap, offset=offset, strides=out.strides
+                )
+                break
+        return [(snap, self.views[pid]) for pid, snap in snaps.items()]
 
     def _view(self, n: Node) -> np.ndarray:
         cached = self.store.views.get(n.id)
@@ -457,6 +484,8 @@ class Executor:
             self.run_prologue()
         for name, view in self.input_views:
             np.copyto(view, inputs[name], casting="unsafe")
+        for snap, param in self._snapshots:
+            np.copyto(snap, param)
         try:
             for f in self.fast:
                 f()
@@ -477,6 +506,8 @@ class Executor:
         pro = iter(self.run_prologue(full=True))
         for name, view in self.input_views:
             np.copyto(view, inputs[name], casting="unsafe")
+        for snap, param in self._snapshots:
+            np.copyto(snap, param)
         it = iter(self._run_timed(self.schedule, self.kernel_entries))
         times = [next(pro) if e.prologue else next(it) for e in self.entries if e.view_of is None]
         return [v.copy() for v in self.output_views], times
