@@ -110,7 +110,7 @@ def narrowest(policy: PrecisionPolicy, kinds: Sequence[OpKind]) -> str:
 def exact_values(rng: np.random.Generator, shape: Sequence[int], lim: int = 64) -> np.ndarray:
     """f32 values held exactly by f16 and bf16 (quarters in [-lim/4, lim/4]): data
     movement of them is exact under every policy."""
-    return (rng.integers(-lim, lim + 1, tuple(shape)) / 4.0).astype(np.float32)
+    return np.asarray(rng.integers(-lim, lim + 1, tuple(shape)) / 4.0, np.float32)
 
 
 @contextlib.contextmanager
@@ -194,8 +194,8 @@ def _compare(
         )
         ok = ~nan_b
         sc = (1.0 + np.abs(b)) if scale is None or scale[i] is None else scale[i]
-        bound = t * np.broadcast_to(np.asarray(sc, np.float64), b.shape)
         with np.errstate(invalid="ignore"):
+            bound = t * np.broadcast_to(np.asarray(sc, np.float64), b.shape)  # 0 * inf: NaN
             same = a == b  # equal infinities
             err = np.where(same, 0.0, np.abs(a - b))
         bad = ok & ~same & ~(err <= bound)
