@@ -37,7 +37,7 @@ from rlx.ops.elementwise import (
 )
 from rlx.ops.reduce import Reduce, ReduceKind
 
-from .harness import EXACT, SEEDS, Tol, check, examples, exact_values
+from .harness import EXACT, SEEDS, Tol, check, exact_values, examples
 from .test_ops_bits import SHAPES, _broadcast_pair, _wrap
 
 F32 = np.float32
@@ -54,7 +54,10 @@ def _sig(v: float) -> float:
 UNARY = {  # fn, (lo, hi) of the inputs drawn
     UnaryKind.RELU: (lambda v: max(v, 0.0), (-4, 4)),
     UnaryKind.GELU: (lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))), (-5, 5)),
-    UnaryKind.GELU_TANH: (lambda v: 0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3))), (-5, 5)),  # fmt: skip
+    UnaryKind.GELU_TANH: (
+        lambda v: 0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3))),
+        (-5, 5),
+    ),  # fmt: skip
     UnaryKind.SILU: (lambda v: v * _sig(v), (-8, 8)),
     UnaryKind.SIGMOID: (_sig, (-8, 8)),
     UnaryKind.TANH: (math.tanh, (-4, 4)),
@@ -73,14 +76,14 @@ UNARY = {  # fn, (lo, hi) of the inputs drawn
     UnaryKind.SQUARE: (lambda v: v * v, (-8, 8)),
     UnaryKind.SOFTPLUS: (lambda v: max(v, 0) + math.log1p(math.exp(-abs(v))), (-10, 10)),
     UnaryKind.ERF: (math.erf, (-3, 3)),
-    UnaryKind.SIGN: (lambda v: float((v > 0) - (v < 0)), (-3, 3)),
+    UnaryKind.SIGN: (lambda v: float(int(v > 0) - int(v < 0)), (-3, 3)),
 }
 INT_UNARY = {
     UnaryKind.RELU: lambda v: max(v, 0),
     UnaryKind.NEG: lambda v: -v,
     UnaryKind.ABS: abs,
     UnaryKind.SQUARE: lambda v: v * v,
-    UnaryKind.SIGN: lambda v: (v > 0) - (v < 0),
+    UnaryKind.SIGN: lambda v: int(v > 0) - int(v < 0),
 }
 
 

@@ -8,9 +8,10 @@ models at opset 18) and explicit loops:
   negative indices included; a replace scatter gets distinct target positions (ONNX
   leaves repeats undefined); ``gather_elements``: ``torch.gather`` (ONNX's reference
   implementation wants indices as large as x off the axis; rlx and torch allow smaller);
-* ``pad`` / ``slice`` / ``expand`` / ``topk`` (values and indices, ties) / ``argmax`` /
-  ``argmin`` / ``cumsum`` (reverse, exclusive): ONNX Pad, Slice, Expand, TopK, ArgMax,
-  ArgMin, CumSum;
+* ``pad`` / ``slice`` / ``expand`` / ``concat`` / ``transpose`` / ``reshape`` /
+  ``narrow`` / ``topk`` (values and indices, ties) / ``argmax`` /
+  ``argmin`` / ``cumsum`` (reverse, exclusive): ONNX Pad, Slice, Expand, Concat,
+  Transpose, Reshape, TopK, ArgMax, ArgMin, CumSum;
 * ``scatter_add``: ``torch.Tensor.index_add``; ``cumprod``: a Python loop.
 
 Float values are quarters on a small grid (harness.exact_values): moving, summing and
@@ -31,7 +32,17 @@ import rlx
 from rlx.ops.base import OpKind
 from rlx.ops.cumulative import CumProd
 from rlx.ops.indexing import GatherElements, GatherNd, ScatterElements, ScatterNd, ScatterReduction
-from rlx.ops.movement import Expand, Gather, Pad, ScatterAdd, Slice
+from rlx.ops.movement import (
+    Concat,
+    Expand,
+    Gather,
+    Narrow,
+    Pad,
+    Reshape,
+    ScatterAdd,
+    Slice,
+    Transpose,
+)
 from rlx.ops.reduce import ArgMax, ArgMin, Cumsum, TopK
 
 from .harness import EXACT, SEEDS, check, exact_values, examples
@@ -213,7 +224,9 @@ SHAPES = st.sampled_from([(4,), (3, 4), (2, 3, 2), (1, 3, 1)])
 
 @examples(10)
 @given(shape=SHAPES, data=st.data(), seed=SEEDS)
-def test_pad_slice_expand_match_onnx(shape, data, seed) -> None:
+def test_movement_ops_match_onnx(shape, data, seed) -> None:
+    """pad, slice, expand, and concat / transpose / reshape / narrow (also drawn by the
+    random graphs of test_differential.py, which force no native target)."""
     rng = np.random.default_rng(seed)
     r = len(shape)
     x = _values(rng, shape)
@@ -227,12 +240,23 @@ def test_pad_slice_expand_match_onnx(shape, data, seed) -> None:
         steps.append(step)
     target = tuple(data.draw(st.sampled_from([d, 3])) if d == 1 else d for d in shape)
     target = (2,) * data.draw(st.integers(0, 1)) + target
+    perm = tuple(data.draw(st.permutations(range(r))))
+    axis = data.draw(st.integers(0, r - 1))
+    y = _values(rng, tuple(data.draw(st.integers(1, 3)) if i == axis else d for i, d in enumerate(shape)))  # fmt: skip
+    start = data.draw(st.integers(0, shape[axis] - 1))
+    length = data.draw(st.integers(0, shape[axis] - start))
+    n = int(np.prod(shape))
+    dims = data.draw(st.sampled_from([(n,), (1, n), (n, 1)] + ([(shape[-1], n // shape[-1])])))
     g = rlx.Graph("movement")
-    xi = g.input("x", shape)
+    xi, yi = g.input("x", shape), g.input("y", y.shape)
     g.set_outputs([
         g.apply(Pad(pads, value), [xi]),
         g.apply(Slice(tuple(starts), tuple(stops), tuple(steps)), [xi]),
         g.apply(Expand(target), [xi]),
+        g.apply(Transpose(perm), [xi]),
+        g.apply(Concat(axis), [xi, yi, xi]),
+        g.apply(Narrow(axis, start, length), [xi]),
+        g.apply(Reshape(dims), [xi]),
     ])  # fmt: skip
     big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
     st_ = [(0 if s > 0 else big) if a is None else a for a, s in zip(starts, steps, strict=True)]
@@ -241,7 +265,12 @@ def test_pad_slice_expand_match_onnx(shape, data, seed) -> None:
     want = onnx_run("Pad", [_f64(x), onnx_pads, np.array(value, np.float64)], mode="constant")
     want += onnx_run("Slice", [_f64(x), *(np.array(v, np.int64) for v in (st_, sp_, range(r), steps))])  # fmt: skip
     want += onnx_run("Expand", [_f64(x), np.array(target, np.int64)])
-    check(g, {"x": x}, {}, want, MOVE, EXACT)
+    want += onnx_run("Transpose", [_f64(x)], perm=list(perm))
+    want += onnx_run("Concat", [_f64(x), _f64(y), _f64(x)], axis=axis)
+    ax = np.array([axis], np.int64)
+    want += onnx_run("Slice", [_f64(x), np.array([start]), np.array([start + length]), ax])
+    want += onnx_run("Reshape", [_f64(x), np.array(dims, np.int64)])
+    check(g, {"x": x, "y": y}, {}, want, MOVE, EXACT)
 
 
 # ---- topk / argmax / argmin / cumsum / cumprod ------------------------------------------------

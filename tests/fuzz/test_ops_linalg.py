@@ -59,7 +59,11 @@ def _dot_loops(a: np.ndarray, b: np.ndarray, lc, rc, lb, rb):
     out, mag = np.zeros(out_shape), np.zeros(out_shape)
     csizes = [a.shape[i] for i in lc]
     for idx in np.ndindex(*out_shape):
-        bi, li, ri = idx[: len(lb)], idx[len(lb) : len(lb) + len(lfree)], idx[len(lb) + len(lfree) :]
+        bi, li, ri = (
+            idx[: len(lb)],
+            idx[len(lb) : len(lb) + len(lfree)],
+            idx[len(lb) + len(lfree) :],
+        )
         for ci in itertools.product(*(range(c) for c in csizes)):
             ia, ib = [0] * a.ndim, [0] * b.ndim
             for ax, v in zip(lb, bi, strict=True):
@@ -131,7 +135,9 @@ def test_dot_general_and_matmul_match_loops(case, mm, seed) -> None:
         sq = [ax for ax, cond in ((-2, ar.ndim == 1), (-1, br.ndim == 1)) if cond]
         return (o.squeeze(tuple(sq)), m.squeeze(tuple(sq))) if sq else (o, m)
 
-    check(g, {"a": a, "b": b}, {}, lambda r: [run(r)[0]], COMPUTE, MM_TOL, lambda r: [1 + run(r)[1]])
+    check(
+        g, {"a": a, "b": b}, {}, lambda r: [run(r)[0]], COMPUTE, MM_TOL, lambda r: [1 + run(r)[1]]
+    )
 
 
 @examples(10)
@@ -196,7 +202,9 @@ def test_dense_solves_match_scipy(n, rhs, batch, seed) -> None:
         return [one, many]
 
     # cond(A) <= 3: a relative perturbation u of A and b moves x by about 6u
-    check(g, {"a": a, "b": b, "ab": ab, "bb": bb}, {}, oracle, COMPUTE, Tol(1e-5, 4e-3, 3e-2), "max")
+    check(
+        g, {"a": a, "b": b, "ab": ab, "bb": bb}, {}, oracle, COMPUTE, Tol(1e-5, 4e-3, 3e-2), "max"
+    )
 
 
 def _softplus(v: float) -> float:
@@ -295,7 +303,9 @@ CACHE_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16
     start=st.integers(0, 4), chunks=st.lists(st.integers(1, 4), min_size=1, max_size=4),
     scale=st.sampled_from([None, 0.3]), seed=SEEDS,
 )  # fmt: skip
-def test_cache_attention_steps_match_loops(heads, d, window, dt, start, chunks, scale, seed) -> None:
+def test_cache_attention_steps_match_loops(
+    heads, d, window, dt, start, chunks, scale, seed
+) -> None:
     h, hkv = heads
     cap = start + sum(chunks) + 1
     rng = np.random.default_rng(seed)

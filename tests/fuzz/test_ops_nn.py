@@ -35,7 +35,7 @@ from rlx.ops.norm import GroupNorm, LayerNorm, RmsNorm
 from rlx.ops.reduce import LogSoftmax, Softmax
 
 from . import torch_oracles as T
-from .harness import SEEDS, Tol, check, examples, exact_values
+from .harness import SEEDS, Tol, check, exact_values, examples
 from .test_ops_grad import attention_cases, conv_cases, pool_cases
 
 F32 = np.float32
