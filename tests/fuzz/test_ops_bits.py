@@ -30,7 +30,10 @@ from rlx.ops.trig import Trig, TrigKind
 
 from .harness import EXACT, SEEDS, Tol, check, compiled, examples
 
-SHAPES = st.sampled_from([(1,), (5,), (2, 3), (3, 1), (4, 1, 2), (2, 3, 4)])
+# small shapes, and some past a SIMD vector (16 / 32 / 64 lanes) and its tail
+SHAPES = st.sampled_from(
+    [(1,), (5,), (2, 3), (3, 1), (4, 1, 2), (2, 3, 4), (37,), (3, 67), (130, 1)]
+)
 INT_DTYPES = {"i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
               "u8": np.uint8, "u32": np.uint32}  # fmt: skip
 

@@ -142,7 +142,7 @@ def test_dot_general_and_matmul_match_loops(case, mm, seed) -> None:
 
 @examples(10)
 @given(
-    m=st.integers(1, 6), k=st.integers(1, 9), n=st.integers(1, 5), r=st.integers(1, 3),
+    m=st.integers(1, 6), k=st.sampled_from([1, 3, 9, 40]), n=st.sampled_from([1, 5, 33]), r=st.integers(1, 3),
     e=st.integers(1, 4), lead=st.sampled_from([(), (2,)]), scale=st.sampled_from([1.0, 0.25, 2.0]),
     seed=SEEDS,
 )  # fmt: skip
@@ -213,7 +213,7 @@ def _softplus(v: float) -> float:
 
 @examples(10)
 @given(
-    b=st.integers(1, 2), s=st.integers(1, 6), h=st.integers(1, 3), n=st.integers(1, 4),
+    b=st.integers(1, 2), s=st.integers(1, 6), h=st.sampled_from([1, 3, 17]), n=st.sampled_from([1, 4, 16]),
     opts=st.tuples(st.booleans(), st.booleans(), st.booleans(), st.booleans()), seed=SEEDS,
 )  # fmt: skip
 def test_selective_scan_matches_loops(b, s, h, n, opts, seed) -> None:
@@ -255,8 +255,8 @@ def test_selective_scan_matches_loops(b, s, h, n, opts, seed) -> None:
 
 @examples(10)
 @given(
-    b=st.integers(1, 2), t=st.integers(1, 5), h=st.integers(1, 2), dk=st.integers(1, 4),
-    dv=st.integers(1, 3), carry=st.booleans(), final=st.booleans(), seed=SEEDS,
+    b=st.integers(1, 2), t=st.integers(1, 5), h=st.integers(1, 2), dk=st.sampled_from([1, 4, 16]),
+    dv=st.sampled_from([1, 3, 17]), carry=st.booleans(), final=st.booleans(), seed=SEEDS,
 )  # fmt: skip
 def test_gated_delta_net_matches_loops(b, t, h, dk, dv, carry, final, seed) -> None:
     rng = np.random.default_rng(seed)
@@ -298,9 +298,9 @@ CACHE_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16
 
 @examples(8)
 @given(
-    heads=st.sampled_from([(1, 1), (2, 1), (4, 2), (2, 2)]), d=st.sampled_from([1, 4, 8]),
+    heads=st.sampled_from([(1, 1), (2, 1), (4, 2), (2, 2)]), d=st.sampled_from([1, 4, 8, 64]),
     window=st.sampled_from([0, 0, 1, 3]), dt=st.sampled_from(list(CACHE_DTYPES)),
-    start=st.integers(0, 4), chunks=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    start=st.sampled_from([0, 1, 4, 40]), chunks=st.lists(st.sampled_from([1, 1, 2, 4, 19]), min_size=1, max_size=4),
     scale=st.sampled_from([None, 0.3]), seed=SEEDS,
 )  # fmt: skip
 def test_cache_attention_steps_match_loops(
@@ -373,7 +373,7 @@ def _fit(x: np.ndarray, n: int) -> np.ndarray:
 @examples(12)
 @given(
     fn=st.sampled_from(list(FftKind)), norm=st.sampled_from(list(FftNorm)),
-    shape=st.sampled_from([(6,), (2, 5), (3, 4, 2)]), n=st.sampled_from([None, 1, 3, 8]),
+    shape=st.sampled_from([(6,), (2, 5), (3, 4, 2), (2, 64)]), n=st.sampled_from([None, 1, 3, 8, 50]),
     data=st.data(), seed=SEEDS,
 )  # fmt: skip
 def test_fft_matches_dft_sums(fn, norm, shape, n, data, seed) -> None:
