@@ -14,7 +14,8 @@ Checked, for each output (``check``):
 * for every target in :data:`TARGETS` (``RLX_ISA`` forced while compiling and running) and
   every policy in :data:`POLICIES`: the compiled graph's run, and (first target only) the
   reference interpreter on the compiled, policy-rewritten graph, within the tolerance of
-  the precision the policy gives the op's kind (``PrecisionPolicy.precision_for``);
+  the precision the policy gives the op's kind (``PrecisionPolicy.precision_for``); and
+  the NumPy / BLAS kernels (``native=False``) under AlwaysF32 and AlwaysF16;
 * integer and bool outputs, and outputs the test calls exact, must be equal; NaNs must
   sit where the oracle has them.
 
@@ -64,6 +65,8 @@ POLICIES: dict[str, PrecisionPolicy] = {
 TARGETS: list[str | None] = (
     [t.value for t in native.runnable_targets()] if native.available() else [None]
 )
+# the NumPy / BLAS kernels (native=False) under these policies too
+NUMPY_POLICIES = ("AlwaysF32", "AlwaysF16")
 SEEDS = st.integers(0, 2**32 - 1)
 _ORDER = {"f32": 0, "f16": 1, "bf16": 2}
 _ROUND = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
@@ -132,7 +135,8 @@ def forced_isa(target: str | None) -> Iterator[None]:
 
 @dataclass(frozen=True, slots=True)
 class Variant:
-    """One compiled variant: its target, policy name, the op's precision, the graph."""
+    """One compiled variant: its target ("numpy": native kernels off), policy name, the
+    op's precision, the graph."""
 
     target: str | None
     policy: str
@@ -141,7 +145,8 @@ class Variant:
 
     @property
     def label(self) -> str:
-        return f"compiled (RLX_ISA={self.target}, {self.policy})"
+        where = "native=False" if self.target == "numpy" else f"RLX_ISA={self.target}"
+        return f"compiled ({where}, {self.policy})"
 
 
 def compiled(
@@ -153,13 +158,16 @@ def compiled(
 ) -> Iterator[Variant]:
     """Each (target, policy) variant of ``g``, compiled with ``params``; ``RLX_ISA`` stays
     forced while the caller runs it (until the next variant is drawn)."""
-    for target in TARGETS:
+    runs = [(t, n, True) for t in TARGETS for n in policies or POLICIES]
+    runs += [(None, n, False) for n in NUMPY_POLICIES if policies is None or n in policies]
+    for target, name, native_kernels in runs:
         with forced_isa(target):
-            for name in policies or POLICIES:
-                pol = POLICIES[name]
-                o = CompileOptions(precision=pol, use_cache=False, verbose=False, **opts)
-                cg = Session("cpu").compile(g, o, params=dict(params))
-                yield Variant(target, name, narrowest(pol, kinds), cg)
+            pol = POLICIES[name]
+            o = CompileOptions(
+                precision=pol, use_cache=False, verbose=False, native=native_kernels, **opts
+            )
+            cg = Session("cpu").compile(g, o, params=dict(params))
+            yield Variant(target if native_kernels else "numpy", name, narrowest(pol, kinds), cg)
 
 
 Oracle = Callable[[Callable[[np.ndarray], np.ndarray]], Sequence[np.ndarray]]

@@ -25,6 +25,7 @@ import math
 
 import ml_dtypes
 import numpy as np
+import pytest
 import scipy.linalg
 from hypothesis import given
 from hypothesis import strategies as st
@@ -296,6 +297,7 @@ def test_gated_delta_net_matches_loops(b, t, h, dk, dv, carry, final, seed) -> N
 CACHE_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
 
 
+@pytest.mark.slow  # about 1 s with a warm native cache, 50 s with a cold one (9 kernels x 3 targets)
 @examples(8)
 @given(
     heads=st.sampled_from([(1, 1), (2, 1), (4, 2), (2, 2)]), d=st.sampled_from([1, 4, 8, 64]),
