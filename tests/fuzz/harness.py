@@ -41,6 +41,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from rlx.backends.cpu import native
+from rlx.dtype import DType
 from rlx.ir.mir import Graph
 from rlx.ops.base import OpKind
 from rlx.options import CompileOptions
@@ -49,7 +50,7 @@ from rlx.runtime.compiled import CompiledGraph
 from rlx.runtime.session import Session
 
 __all__ = ["POLICIES", "TARGETS", "Tol", "EXACT", "Variant", "check", "compiled", "examples",
-           "forced_isa", "narrowest", "rounder", "SEEDS", "exact_values"]  # fmt: skip
+           "forced_isa", "narrowest", "rounder", "SEEDS", "exact_values", "leaves", "WEIGHTS"]  # fmt: skip
 
 POLICIES: dict[str, PrecisionPolicy] = {
     "AlwaysF32": PrecisionPolicy.AlwaysF32,
@@ -68,6 +69,9 @@ TARGETS: list[str | None] = (
 # the NumPy / BLAS kernels (native=False) under these policies too
 NUMPY_POLICIES = ("AlwaysF32", "AlwaysF16")
 SEEDS = st.integers(0, 2**32 - 1)
+# how an op's weights arrive: graph inputs, params (the executor's prologue runs what
+# only they feed), or params frozen into constants at compile time (folding)
+WEIGHTS = st.sampled_from(["inputs", "params", "frozen"])
 _ORDER = {"f32": 0, "f16": 1, "bf16": 2}
 _ROUND = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
 
@@ -114,6 +118,21 @@ def exact_values(rng: np.random.Generator, shape: Sequence[int], lim: int = 64) 
     """f32 values held exactly by f16 and bf16 (quarters in [-lim/4, lim/4]): data
     movement of them is exact under every policy."""
     return np.asarray(rng.integers(-lim, lim + 1, tuple(shape)) / 4.0, np.float32)
+
+
+def leaves(
+    g: Graph, arrays: Mapping[str, np.ndarray], as_params: Sequence[str] = ()
+) -> tuple[dict[str, int], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Declare each array as an input of ``g``, or a param when its name is in
+    ``as_params``; returns (node id by name, the inputs, the params)."""
+    ids, inputs, params = {}, {}, {}
+    for name, a in arrays.items():
+        dt = DType.from_numpy(np.asarray(a).dtype)
+        if name in as_params:
+            ids[name], params[name] = g.param(name, np.shape(a), dt), a
+        else:
+            ids[name], inputs[name] = g.input(name, np.shape(a), dt), a
+    return ids, inputs, params
 
 
 @contextlib.contextmanager

@@ -44,7 +44,7 @@ from rlx.ops.linalg import (
 )
 from rlx.ops.recurrent import GatedDeltaNet, GdnResult, SelectiveScan
 
-from .harness import SEEDS, Tol, check, compiled, examples
+from .harness import SEEDS, WEIGHTS, Tol, check, compiled, examples, leaves
 
 F32 = np.float32
 COMPUTE = [OpKind.COMPUTE]
@@ -145,15 +145,15 @@ def test_dot_general_and_matmul_match_loops(case, mm, seed) -> None:
 @given(
     m=st.integers(1, 6), k=st.sampled_from([1, 3, 9, 40]), n=st.sampled_from([1, 5, 33]), r=st.integers(1, 3),
     e=st.integers(1, 4), lead=st.sampled_from([(), (2,)]), scale=st.sampled_from([1.0, 0.25, 2.0]),
-    seed=SEEDS,
+    weights=WEIGHTS, seed=SEEDS,
 )  # fmt: skip
-def test_lora_and_grouped_matmul_match_loops(m, k, n, r, e, lead, scale, seed) -> None:
+def test_lora_and_grouped_matmul_match_loops(m, k, n, r, e, lead, scale, weights, seed) -> None:
     rng = np.random.default_rng(seed)
     f = lambda *s: rng.standard_normal(s).astype(F32)  # noqa: E731
     feeds = {"x": f(*lead, m, k), "w": f(k, n), "a": f(k, r), "b": f(r, n),
              "xe": f(m, k), "we": f(e, k, n), "idx": rng.integers(0, e, m).astype(np.int32)}  # fmt: skip
     g = rlx.Graph("lora_grouped")
-    i = {nm: g.input(nm, a.shape, "i32" if nm == "idx" else "f32") for nm, a in feeds.items()}
+    i, inputs, params = leaves(g, feeds, () if weights == "inputs" else ("w", "a", "b", "we"))
     g.set_outputs([
         g.apply(LoraMatMul(scale), [i["x"], i["w"], i["a"], i["b"]]),
         g.apply(GroupedMatMul(), [i["xe"], i["we"], i["idx"]]),
@@ -172,7 +172,8 @@ def test_lora_and_grouped_matmul_match_loops(m, k, n, r, e, lead, scale, seed) -
                              for j in range(n)] for row in range(m)])  # fmt: skip
         return [lora, grouped]
 
-    check(g, feeds, {}, run, COMPUTE, MM_TOL, lambda r: [1 + v for v in run(r, np.abs)])
+    mag = lambda r: [1 + v for v in run(r, np.abs)]  # noqa: E731
+    check(g, inputs, params, run, COMPUTE, MM_TOL, mag, freeze_params=weights == "frozen")
 
 
 @examples(10)

@@ -35,7 +35,7 @@ from rlx.ops.norm import GroupNorm, LayerNorm, RmsNorm
 from rlx.ops.reduce import LogSoftmax, Softmax
 
 from . import torch_oracles as T
-from .harness import SEEDS, Tol, check, exact_values, examples
+from .harness import SEEDS, WEIGHTS, Tol, check, exact_values, examples, leaves
 from .test_ops_grad import attention_cases, conv_cases, pool_cases
 
 F32 = np.float32
@@ -79,8 +79,8 @@ def test_attention_matches_torch(case, hidden, seed) -> None:
 
 
 @examples(12)
-@given(case=conv_cases(), has_bias=st.booleans(), seed=SEEDS)
-def test_conv_matches_torch(case, has_bias, seed) -> None:
+@given(case=conv_cases(), has_bias=st.booleans(), weights=WEIGHTS, seed=SEEDS)
+def test_conv_matches_torch(case, has_bias, weights, seed) -> None:
     nd, n, c, o, groups, k, stride, dil, pads, sp = case
     rng = np.random.default_rng(seed)
     feeds = {
@@ -91,7 +91,8 @@ def test_conv_matches_torch(case, has_bias, seed) -> None:
         feeds["b"] = rng.standard_normal(o).astype(F32)
     g = rlx.Graph("conv")
     op = Conv(stride, pads, dil, groups, has_bias)
-    g.set_outputs([g.apply(op, [g.input(nm, a.shape) for nm, a in feeds.items()])])
+    ids, inputs, params = leaves(g, feeds, () if weights == "inputs" else ("w", "b"))
+    g.set_outputs([g.apply(op, list(ids.values()))])
 
     def run(rnd, f):
         bias = T.t64(f(rnd(feeds["b"]))) if has_bias else None
@@ -100,7 +101,9 @@ def test_conv_matches_torch(case, has_bias, seed) -> None:
     def scale(rnd):
         return [1.0 + run(rnd, np.abs)]
 
-    check(g, feeds, {}, lambda rnd: [run(rnd, lambda a: a)], [OpKind.COMPUTE], NN_TOL, scale)
+    frozen = weights == "frozen"
+    oracle = lambda rnd: [run(rnd, lambda a: a)]  # noqa: E731
+    check(g, inputs, params, oracle, [OpKind.COMPUTE], NN_TOL, scale, freeze_params=frozen)
 
 
 @examples(12)
@@ -157,9 +160,10 @@ ROWS = st.sampled_from([(1,), (3,), (2, 2)])
     has_beta=st.booleans(),
     res_bcast=st.booleans(),
     eps=st.sampled_from([1e-5, 0.1]),
+    weights=WEIGHTS,
     seed=SEEDS,
 )
-def test_norms_match_torch(rows, d, which, has_beta, res_bcast, eps, seed) -> None:
+def test_norms_match_torch(rows, d, which, has_beta, res_bcast, eps, weights, seed) -> None:
     rng = np.random.default_rng(seed)
     shape = (*rows, d)
     feeds = {"x": (rng.standard_normal(shape) * 2 + rng.standard_normal((*rows, 1))).astype(F32)}
@@ -177,7 +181,8 @@ def test_norms_match_torch(rows, d, which, has_beta, res_bcast, eps, seed) -> No
         "res_rms": FusedResidualRmsNorm(eps, has_beta),
     }[which]
     g = rlx.Graph("norm")
-    g.set_outputs([g.apply(op, [g.input(n, a.shape) for n, a in feeds.items()])])
+    ids, inputs, params = leaves(g, feeds, () if weights == "inputs" else ("gamma", "beta"))
+    g.set_outputs([g.apply(op, list(ids.values()))])
 
     def oracle(rnd):
         t = {n: T.t64(rnd(a)) for n, a in feeds.items()}
@@ -186,8 +191,8 @@ def test_norms_match_torch(rows, d, which, has_beta, res_bcast, eps, seed) -> No
         y = fn(h, (d,), weight=t["gamma"], eps=eps)
         return [_np(y + t["beta"] if has_beta else y)]
 
-    # residual: the sum is rounded once more before the norm at 16 bits
-    check(g, feeds, {}, oracle, [OpKind.REDUCTION], NN_TOL, "max")
+    frozen = weights == "frozen"
+    check(g, inputs, params, oracle, [OpKind.REDUCTION], NN_TOL, "max", freeze_params=frozen)
 
 
 @examples(10)
@@ -254,9 +259,10 @@ TORCH_ACTS = {
     swiglu=st.booleans(),
     act=st.sampled_from(ACTS),
     bias=st.sampled_from(["none", "row", "full"]),
+    weights=WEIGHTS,
     seed=SEEDS,
 )
-def test_fused_matmul_ops_match_torch(lead, k, n, swiglu, act, bias, seed) -> None:
+def test_fused_matmul_ops_match_torch(lead, k, n, swiglu, act, bias, weights, seed) -> None:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((*lead, k)).astype(F32)
     feeds = {"x": x, "w": (rng.standard_normal((k, n)) / math.sqrt(k)).astype(F32)}
@@ -270,7 +276,8 @@ def test_fused_matmul_ops_match_torch(lead, k, n, swiglu, act, bias, seed) -> No
         op = FusedMatMulBiasAct(act, bias != "none")
         kind = OpKind.COMPUTE
     g = rlx.Graph("fused_matmul")
-    g.set_outputs([g.apply(op, [g.input(nm, a.shape) for nm, a in feeds.items()])])
+    ids, inputs, params = leaves(g, feeds, () if weights == "inputs" else ("w", "wu", "b"))
+    g.set_outputs([g.apply(op, list(ids.values()))])
 
     def oracle(rnd):
         t = {nm: T.t64(rnd(a)) for nm, a in feeds.items()}
@@ -286,4 +293,4 @@ def test_fused_matmul_ops_match_torch(lead, k, n, swiglu, act, bias, seed) -> No
             s = s * (1 + ax @ np.abs(rnd(feeds["wu"])))
         return [1.0 + s + (np.abs(feeds["b"]) if "b" in feeds else 0)]
 
-    check(g, feeds, {}, oracle, [kind], NN_TOL, scale)
+    check(g, inputs, params, oracle, [kind], NN_TOL, scale, freeze_params=weights == "frozen")

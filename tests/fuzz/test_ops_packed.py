@@ -34,7 +34,7 @@ from rlx.ops.fake_quant import FakeQuantizeLSQ
 from rlx.ops.kvcache import DequantGather
 from rlx.ops.quant import Dequantize, DequantMatMul, FakeQuantize, Quantize
 
-from .harness import SEEDS, Tol, check, examples
+from .harness import SEEDS, Tol, check, examples, leaves
 
 F32 = np.float32
 RANGES = {"i8": (-128, 127), "u8": (0, 255), "i16": (-32768, 32767), "i32": (-(2**31), 2**31 - 1)}
@@ -147,8 +147,8 @@ def dequant_cases(draw: st.DrawFn):
 
 
 @examples(16)
-@given(case=dequant_cases(), seed=SEEDS)
-def test_dequant_matmul_matches_decoded_f64(case, seed) -> None:
+@given(case=dequant_cases(), weights=st.sampled_from(["constants", "params", "frozen"]), seed=SEEDS)
+def test_dequant_matmul_matches_decoded_f64(case, weights, seed) -> None:
     scheme, k, n, lead = case
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((*lead, k)).astype(F32)
@@ -156,17 +156,23 @@ def test_dequant_matmul_matches_decoded_f64(case, seed) -> None:
     if scheme.is_gguf:
         packed = _packed_gguf(rng, scheme, n, k)
         wdec = _decode_gguf(scheme, packed)
-        weights = [g.constant(packed)]
+        arrays = {"packed": packed}
     else:
         wq, scale, zp, wdec = _packed_plain(rng, scheme, n, k)
-        weights = [g.constant(wq), g.constant(scale), g.constant(zp)]
-    g.set_outputs([g.apply(DequantMatMul(scheme), [g.input("x", x.shape), *weights])])
+        arrays = {"wq": wq, "scale": scale, "zp": zp}
+    if weights == "constants":
+        ids, params = [g.constant(a) for a in arrays.values()], {}
+    else:
+        named, _, params = leaves(g, arrays, list(arrays))
+        ids = list(named.values())
+    g.set_outputs([g.apply(DequantMatMul(scheme), [g.input("x", x.shape), *ids])])
     scale_ = 1.0 + np.abs(x.astype(np.float64)) @ np.abs(wdec).T
     # f32 output under every policy; a narrow COMPUTE policy feeds a GGUF scheme's x at its
     # precision, while the other schemes' f32 scales keep the whole node f32
     plain = lambda a: a.astype(np.float64)  # noqa: E731
     oracle = lambda rnd: [(rnd if scheme.is_gguf else plain)(x) @ wdec.T]  # noqa: E731
-    check(g, {"x": x}, {}, oracle, [OpKind.COMPUTE], MM_TOL, [scale_])
+    frozen = weights == "frozen"
+    check(g, {"x": x}, params, oracle, [OpKind.COMPUTE], MM_TOL, [scale_], freeze_params=frozen)
 
 
 @examples(10)
