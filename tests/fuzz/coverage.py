@@ -31,6 +31,10 @@ _MOVE = _IDX + "test_movement_ops_match_onnx"
 _TOPK = _IDX + "test_topk_argmax_argmin_match_onnx"
 _CUM = _IDX + "test_cumsum_matches_onnx_and_cumprod_a_loop"
 _NORMS = _NN + "test_norms_match_torch"
+# ops a graph with a symbolic dim runs at several sizes (tests/fuzz/test_ops_symbolic.py)
+_SYMBOLIC = "test_ops_symbolic.py::test_symbolic_dims_one_graph_every_size"
+_ON_SYMBOLIC = ("unary", "binary", "softmax", "log_softmax", "layer_norm", "matmul", "attention",
+                "rope", "gather", "concat", "cumsum", "reduce", "conv")  # fmt: skip
 _SOFTMAX = _NN + "test_softmax_and_log_softmax_match_torch"
 
 COVERAGE: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -130,3 +134,5 @@ COVERAGE: dict[str, tuple[str, tuple[str, ...]]] = {
     "input": ("the array itself", (_LEAVES, DIFFERENTIAL)),
     "param": ("the array itself", (_LEAVES, DIFFERENTIAL)),
 }  # fmt: skip
+for _op in _ON_SYMBOLIC:
+    COVERAGE[_op] = (COVERAGE[_op][0], (*COVERAGE[_op][1], _SYMBOLIC))

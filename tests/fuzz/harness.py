@@ -50,7 +50,7 @@ from rlx.runtime.compiled import CompiledGraph
 from rlx.runtime.session import Session
 
 __all__ = ["POLICIES", "TARGETS", "Tol", "EXACT", "Variant", "check", "compiled", "examples",
-           "forced_isa", "narrowest", "rounder", "SEEDS", "exact_values", "leaves", "WEIGHTS"]  # fmt: skip
+           "forced_isa", "narrowest", "rounder", "SEEDS", "exact_values", "leaves", "WEIGHTS", "check_runs"]  # fmt: skip
 
 POLICIES: dict[str, PrecisionPolicy] = {
     "AlwaysF32": PrecisionPolicy.AlwaysF32,
@@ -190,6 +190,7 @@ def compiled(
 
 
 Oracle = Callable[[Callable[[np.ndarray], np.ndarray]], Sequence[np.ndarray]]
+Scale = Callable[[Callable], Sequence] | Sequence | str | None
 
 
 def _compare(
@@ -242,35 +243,63 @@ def check(
     oracle: Oracle | Sequence[np.ndarray],
     kinds: Sequence[OpKind],
     tol: Tol = Tol(),
-    scale: Callable[[Callable], Sequence] | Sequence | str | None = None,
+    scale: Scale = None,
     policies: Sequence[str] | None = None,
     **opts,
 ) -> None:
     """The reference interpreter and every compiled variant of ``g`` against ``oracle``
     (see the module docstring). ``kinds``: the op kinds whose precision the policies
     decide (the narrowest one sets the tolerance)."""
-    cache: dict[str, tuple[Sequence[np.ndarray], Sequence | None]] = {}
+    check_runs(g, [(inputs, oracle)], params, kinds, tol, scale, policies, **opts)
 
-    def want(prec: str) -> tuple[Sequence[np.ndarray], Sequence | None]:
-        if prec not in cache:
-            rnd = rounder(prec)
+
+def check_runs(
+    g: Graph,
+    cases: Sequence[tuple[Mapping[str, np.ndarray], Oracle | Sequence[np.ndarray]]],
+    params: Mapping[str, np.ndarray],
+    kinds: Sequence[OpKind],
+    tol: Tol = Tol(),
+    scale: Scale = None,
+    policies: Sequence[str] | None = None,
+    **opts,
+) -> None:
+    """``check`` of several (inputs, oracle) cases run one after the other by each
+    compiled variant: one compiled graph serves inputs of several sizes when ``g`` has
+    symbolic dims."""
+    cache: dict[tuple[int, str], tuple[Sequence[np.ndarray], Sequence | None]] = {}
+
+    def want(k: int, prec: str) -> tuple[Sequence[np.ndarray], Sequence | None]:
+        if (k, prec) not in cache:
+            rnd, oracle = rounder(prec), cases[k][1]
             w = [np.asarray(a) for a in (oracle(rnd) if callable(oracle) else oracle)]
             if isinstance(scale, str):  # "max": 1 + the largest finite |value| of each output
                 s = [1.0 + float(np.max(np.abs(a[np.isfinite(a)]), initial=0.0)) for a in w]
             else:
                 s = scale(rnd) if callable(scale) else scale
-            cache[prec] = (w, s)
-        return cache[prec]
+            cache[k, prec] = (w, s)
+        return cache[k, prec]
 
-    w32, s32 = want("f32")
-    _compare(g.evaluate(dict(inputs), dict(params)), w32, tol.f32, s32, "reference")
+    many = len(cases) > 1
+    for k, (inputs, _) in enumerate(cases):
+        w32, s32 = want(k, "f32")
+        what = f"reference (run {k})" if many else "reference"
+        _compare(g.evaluate(dict(inputs), dict(params)), w32, tol.f32, s32, what)
     seen: set[str] = set()
     for v in compiled(g, params, kinds, policies, **opts):
-        w, s = want(v.prec)
         t = tol.at(v.prec)
-        _compare(v.cg.run(dict(inputs)), w, t, s, v.label)
+        for k, (inputs, _) in enumerate(cases):
+            w, s = want(k, v.prec)
+            _compare(v.cg.run(dict(inputs)), w, t, s, v.label + (f" run {k}" if many else ""))
         if v.policy not in seen:  # the policy's graph is the same on every target
             seen.add(v.policy)
-            kept = {k: params[k] for k in v.cg.graph.param_names}
-            got = v.cg.graph.evaluate(dict(inputs), kept)
-            _compare(got, w, t, s, f"reference of the {v.policy} graph")
+            kept = {n: params[n] for n in v.cg.graph.param_names}
+            for k, (inputs, _) in enumerate(cases):
+                w, s = want(k, v.prec)
+                got = v.cg.graph.evaluate(dict(inputs), kept)
+                _compare(
+                    got,
+                    w,
+                    t,
+                    s,
+                    f"reference of the {v.policy} graph" + (f" run {k}" if many else ""),
+                )
