@@ -23,6 +23,7 @@ torch's own functional op) at the same, rounded, operands:
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 from hypothesis import given
@@ -48,6 +49,10 @@ from rlx.ops.reduce_grad import LogSoftmaxBackward, SoftmaxBackward
 from . import torch_oracles as T
 from .harness import EXACT, SEEDS, Tol, check, exact_values, examples
 
+# torch.func.jvp scripts a helper through the deprecated torch.jit.script on first use
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:`torch.jit.script` is deprecated:DeprecationWarning"
+)
 GRAD_TOL = Tol(2e-5, 8e-3, 6e-2)
 ROWS = st.sampled_from([(1,), (3,), (2, 2), (1, 4)])
 WIDTHS = st.sampled_from([1, 2, 3, 8, 17, 64, 100])
