@@ -99,6 +99,33 @@ def test_every_op_is_exercised_by_a_test():
     )
 
 
+def test_every_op_is_fuzzed_against_an_independent_oracle():
+    """tests/fuzz/coverage.py names, for each built-in op, the differential fuzz test that
+    checks it (reference interpreter and compiled graph, every precision policy and native
+    target) and its independent oracle: its keys are exactly the registry's built-in ops
+    (ops registered by tests are not built-in), and every test it names exists."""
+    from tests.fuzz.coverage import COVERAGE
+
+    ops = {c.mnemonic for c in BUILTIN}
+    missing, stale = sorted(ops - set(COVERAGE)), sorted(set(COVERAGE) - ops)
+    assert not missing, (
+        f"ops without a differential fuzz entry in tests/fuzz/coverage.py: {missing}"
+    )
+    assert not stale, f"tests/fuzz/coverage.py lists ops that are not registered: {stale}"
+    fuzz = TESTS / "fuzz"
+    absent = []
+    for op, (oracle, tests) in sorted(COVERAGE.items()):
+        assert oracle and tests, f"{op}: an oracle and at least one test"
+        for t in tests:
+            path, _, fn = t.partition("::")
+            src = (fuzz / path).read_text(encoding="utf-8") if (fuzz / path).is_file() else ""
+            if not re.search(rf"^def {re.escape(fn)}\(", src, re.M):
+                absent.append(f"{op}: {t}")
+    assert not absent, "tests named in tests/fuzz/coverage.py that do not exist: " + ", ".join(
+        absent
+    )
+
+
 def test_registry_scope_undoes_every_kind_of_registration():
     """Registries are process-global: ``registry_scope`` (used by an autouse fixture in
     ``tests/conftest.py``) makes a test's registrations vanish with it."""
