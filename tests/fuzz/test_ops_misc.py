@@ -185,8 +185,8 @@ def test_adam_update_matches_torch_optim(shape, decoupled, wd, betas, eps, steps
     p, m, v = g.param("p", shape), g.param("m", shape), g.param("v", shape)
     gi, lr, st_ = g.input("g", shape), g.input("lr", (), "f64"), g.input("step", (), "f64")
     op = AdamUpdate(betas[0], betas[1], eps, wd, decoupled)
-    # the state read by casts to f64: exact under every policy (see the xfail test below
-    # for the params themselves as outputs)
+    # the state read by casts to f64: exact under every policy (the params themselves as
+    # outputs: the next test)
     g.set_outputs([g.apply(op, [p, gi, m, v, lr, st_]), *(g.cast(t, "f64") for t in (p, m, v))])
     tp = torch.tensor(p0.astype(np.float64), requires_grad=True)
     opt = (torch.optim.AdamW if decoupled else torch.optim.Adam)(
@@ -210,12 +210,6 @@ def test_adam_update_matches_torch_optim(shape, decoupled, wd, betas, eps, steps
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"{var.label} step {i} {'pmv'[j]}")  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rlx bug (issue 29): a compiled graph returns a param output (the param itself, or "
-    "a view of it) as written by an assign / adam_update of the same run; the reference "
-    "interpreter and the ops' contract (every reader sees the old value) give the old one",
-)
 @pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("effect", ["assign", "adam_update"])
 def test_param_output_is_read_before_the_assign_in_the_same_run(native, effect) -> None:

@@ -41,8 +41,9 @@ def visible(sq: int, skv: int, kind: str, window: int = 0) -> np.ndarray:
 
 
 def attention(q, k, v, mask, heads: int, kv_heads: int, scale: float, vis: np.ndarray):
-    """``softmax(q kᵀ scale + mask) v`` with hidden keys at ``-inf``; returns (out, scores
-    of shape [B, H, Sq, Skv] as a leaf-free intermediate)."""
+    """``softmax(q kᵀ scale + mask) v`` with hidden keys at ``-inf`` (a row with no
+    visible key is 0); returns (out, scores of shape [B, H, Sq, Skv] as a leaf-free
+    intermediate)."""
     b, sq, hd = q.shape
     skv = k.shape[1]
     d = hd // heads
@@ -54,7 +55,11 @@ def attention(q, k, v, mask, heads: int, kv_heads: int, scale: float, vis: np.nd
     if mask is not None:
         s = s + mask
     s = s.masked_fill(~torch.as_tensor(vis), float("-inf"))
-    p = torch.softmax(s, dim=-1)
+    # a query that sees no key gives 0 (and no gradient), as ONNX specifies: its scores
+    # are replaced by finite ones before the softmax, its probabilities by 0 after
+    empty = torch.isneginf(s).all(dim=-1, keepdim=True)
+    p = torch.softmax(s.masked_fill(empty, 0.0), dim=-1)
+    p = torch.where(empty, torch.zeros_like(p), p)
     o = torch.matmul(p, vh)
     return o.permute(0, 2, 1, 3).reshape(b, sq, heads * d)
 
