@@ -10,6 +10,7 @@ each name is). Everything else is reachable by its module path: ``rlx.ir.lir.Buf
 """
 
 import importlib as _importlib
+import warnings as _warnings
 
 from rlx import ops as _ops  # noqa: F401  (registers the built-in ops)
 from rlx.dtype import DType
@@ -93,12 +94,51 @@ _LAZY: dict[str, str] = {
 # a ModelError names the extra when it is missing). Each is a real module, so
 # ``import rlx.onnx`` works as well as the attribute.
 _MODULES = ("numpy", "nn", "onnx", "gguf")
-# Names that left the public surface and that code written against it still reads: they
-# resolve (from their module, not cached here) but are not in __all__ or dir(rlx).
+# Names that left the public surface (before the curated API of issue 30): code written
+# against them still runs, with a DeprecationWarning naming the module to import them from;
+# they are not in __all__ or dir(rlx), and not cached here.
 _MOVED: dict[str, str] = {
-    "MaskKind": "rlx.ops.nn",
-    "native_cache_info": "rlx.backends.cpu.native",
+    "KernelKind": "rlx.backends.cpu.dispatch",
     "clear_native_cache": "rlx.backends.cpu.native",
+    "native_cache_info": "rlx.backends.cpu.native",
+    "check_plan": "rlx.backends.cpu.plancheck",
+    "plan_memory": "rlx.backends.cpu.planner",
+    "Report": "rlx.backends.cpu.report",
+    "promote": "rlx.dtype",
+    "FusionPolicy": "rlx.ir.hir",
+    "HirModule": "rlx.ir.hir",
+    "BufferPlan": "rlx.ir.lir",
+    "BufferSlot": "rlx.ir.lir",
+    "LirModule": "rlx.ir.lir",
+    "PlanStrategy": "rlx.ir.lir",
+    "Node": "rlx.ir.mir",
+    "GraphStage": "rlx.ir.module",
+    "dumps": "rlx.ir.serialize",
+    "loads": "rlx.ir.serialize",
+    "BinaryKind": "rlx.ops.elementwise",
+    "CompareKind": "rlx.ops.elementwise",
+    "UnaryKind": "rlx.ops.elementwise",
+    "FftKind": "rlx.ops.fft",
+    "FftNorm": "rlx.ops.fft",
+    "MaskKind": "rlx.ops.nn",
+    "MaskType": "rlx.ops.nn",
+    "PoolKind": "rlx.ops.nn",
+    "QuantScheme": "rlx.ops.quant",
+    "ReduceKind": "rlx.ops.reduce",
+    "CompilePipeline": "rlx.passes.pipeline",
+    "Precision": "rlx.passes.precision",
+    "FusionReport": "rlx.passes.report",
+    "QuantizeResult": "rlx.quant.api",
+    "CalibrationMethod": "rlx.quant.calibrate",
+    "Calibrator": "rlx.quant.calibrate",
+    "EntropyCalibrator": "rlx.quant.calibrate",
+    "PercentileCalibrator": "rlx.quant.calibrate",
+    "calibrate": "rlx.quant.calibrate",
+    "QuantLowering": "rlx.quant.lower",
+    "AccuracyReport": "rlx.quant.report",
+    "clear_compile_cache": "rlx.runtime.session",
+    "compile_cache_info": "rlx.runtime.session",
+    "Sym": "rlx.shape",
 }
 
 
@@ -108,6 +148,12 @@ def __getattr__(name: str) -> object:
     elif name in _LAZY:
         value = getattr(_importlib.import_module(_LAZY[name]), name)
     elif name in _MOVED:
+        _warnings.warn(
+            f"rlx.{name} is no longer part of rlx's public API (docs/api.md): use "
+            f"'from {_MOVED[name]} import {name}'",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return getattr(_importlib.import_module(_MOVED[name]), name)
     else:
         raise AttributeError(f"module 'rlx' has no attribute {name!r}")

@@ -72,3 +72,19 @@ def test_lazy_modules_are_real_modules() -> None:
         mod = importlib.import_module(f"rlx.{name}")
         assert getattr(rlx, name) is mod
         assert name in dir(rlx) or name in rlx.__all__
+
+
+@pytest.mark.parametrize("name", sorted(rlx._MOVED))
+def test_names_that_left_the_public_api_still_resolve_with_a_warning(name: str) -> None:
+    """A name of rlx's old top level (before the curated ``__all__``) still works, with a
+    DeprecationWarning that names the module to import it from; it is not in dir(rlx)."""
+    module = rlx._MOVED[name]
+    with pytest.warns(DeprecationWarning, match=rf"from {re.escape(module)} import {name}"):
+        value = getattr(rlx, name)
+    assert value is getattr(importlib.import_module(module), name)
+    assert name not in dir(rlx) and name not in rlx.__all__
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        rlx.not_a_name  # noqa: B018

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-import rlx
 from rlx.backends.cpu import native
 from rlx.backends.cpu.native import cache
 from rlx.errors import CompileError
@@ -367,12 +366,12 @@ def test_cache_info_and_clear(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path))
     native.build(ANSWER.format(11), native.Isa.PLAIN, "info_a")
     native.build(ANSWER.format(12), native.Isa.PLAIN, "info_b")
-    info = rlx.native_cache_info()
+    info = native.native_cache_info()
     sizes = sum(p.stat().st_size for p in (tmp_path / "native").glob("*.so*"))
     assert (info.dir, info.libraries, info.bytes) == (tmp_path / "native", 2, sizes)
     assert info.target == native.selected_target().value and info.description
-    assert rlx.clear_native_cache() == 2
-    assert rlx.native_cache_info().libraries == 0
+    assert native.clear_native_cache() == 2
+    assert native.native_cache_info().libraries == 0
     assert not list((tmp_path / "native").glob("*.so*"))
     # cleared entries are rebuilt on demand
     lib = native.build(ANSWER.format(11), native.Isa.PLAIN, "info_a")

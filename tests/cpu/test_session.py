@@ -12,6 +12,7 @@ from threadpoolctl import threadpool_info
 import rlx
 from rlx.errors import CompileError
 from rlx.ir.module import GraphModule
+from rlx.ops.nn import MaskKind
 from rlx.options import CompileOptions
 from rlx.runtime.compiled import CompiledGraph
 from rlx.runtime.session import Session, available_backends, clear_compile_cache, compile_cache_info
@@ -188,7 +189,7 @@ def transformer_block(d: int = 16, heads: int = 2) -> rlx.Graph:
         g.reshape(g.matmul(flat, g.constant(np.eye(d, dtype=np.float32) * (k + 1) / 4)), (b, s, d))
         for k in range(3)
     ]
-    a = g.attention(*qkv, heads, d // heads, mask=rlx.MaskKind.causal())
+    a = g.attention(*qkv, heads, d // heads, mask=MaskKind.causal())
     y = g.add(x, g.softmax(a, axis=-1))
     g.set_outputs([g.reduce(rlx.ops.reduce.ReduceKind.SUM, y, (1,), False), y])
     return g

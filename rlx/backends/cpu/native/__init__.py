@@ -25,7 +25,7 @@ caller falls back to NumPy kernels). Builds run under an ``O_NOFOLLOW`` file loc
 are renamed into place; a sha256 digest recorded beside each library is checked before
 it is loaded, and a damaged entry is rebuilt. The cache is pruned by age and size
 (``RLX_CACHE_MAX_MB``) once per process; :func:`cache_info` and :func:`clear_cache`
-(``rlx.native_cache_info`` / ``rlx.clear_native_cache``) inspect and empty it.
+(``native_cache_info`` / ``clear_native_cache`` here, ``rlx cache info`` / ``rlx cache clear``) inspect and empty it.
 
 One thread pool. Every native kernel (regions, rows, GEMMs, attention, int8, bf16)
 runs its threads as an OpenMP team (``#pragma omp parallel num_threads(n)``, ``n`` from

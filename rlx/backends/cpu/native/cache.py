@@ -72,7 +72,7 @@ _pruned: set[Path] = set()
 
 @dataclass(frozen=True)
 class CacheInfo:
-    """What :func:`rlx.native_cache_info` returns: the directory in use, its library count
+    """What :func:`native_cache_info` returns: the directory in use, its library count
     and total bytes (libraries + digests), the size bound, the selected target
     (``portable``, ``avx2`` or ``avx512``) and its one-line description."""
 
