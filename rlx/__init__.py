@@ -87,13 +87,14 @@ _LAZY: dict[str, str] = {
     "hvp": "rlx.autodiff",
     "vmap": "rlx.autodiff",
     "from_torch": "rlx.frontends.torch.export",
-    "info": "rlx.info",
 }
 # Public sub-modules imported on first use: ``rlx.numpy`` and ``rlx.nn`` (the tracing
 # front end), ``rlx.onnx`` and ``rlx.gguf`` (the importers, aliases of rlx.frontends.*;
 # a ModelError names the extra when it is missing). Each is a real module, so
-# ``import rlx.onnx`` works as well as the attribute.
-_MODULES = ("numpy", "nn", "onnx", "gguf")
+# ``import rlx.onnx`` works as well as the attribute. ``rlx.info`` is the module
+# rlx/info.py, which is callable: ``rlx.info()`` is ``rlx.info.info()`` (a name that is
+# both a module and a function would be one or the other depending on import order).
+_MODULES = ("numpy", "nn", "onnx", "gguf", "info")
 # Names that left the public surface (before the curated API of issue 30): code written
 # against them still runs, with a DeprecationWarning naming the module to import them from;
 # they are not in __all__ or dir(rlx), and not cached here.
