@@ -12,7 +12,7 @@ import dataclasses
 import enum
 import hashlib
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,10 @@ from rlx.errors import RlxError, ShapeError, VerifyError
 from rlx.ops.base import Op
 from rlx.shape import Shape, Sym, check_bounds
 from rlx.source import SourceLoc
+
+if TYPE_CHECKING:
+    from rlx.ir.hir import FusionPolicy, HirModule, HirNodeId
+    from rlx.ir.module import GraphModule
 
 __all__ = ["Node", "Graph", "NodeId", "op_name"]
 
@@ -233,6 +237,38 @@ class Graph:
         g.outputs = list(self.outputs)
         g.sym_bounds = dict(self.sym_bounds)
         return g
+
+    # ---- the seed's module entry points (Graph::define, Graph::hir, g.module()) ------
+
+    @staticmethod
+    def define(
+        name: str,
+        build: Callable[[HirModule], HirNodeId | Iterable[HirNodeId]],
+        policy: FusionPolicy | None = None,
+    ) -> GraphModule:
+        """The seed's ``Graph::define``: ``build(hir)`` on a fresh HirModule ``name``; its
+        return value (a node id or several) becomes the outputs. Returns the HIR-stage
+        GraphModule that :meth:`GraphModule.define` returns."""
+        from rlx.ir.module import GraphModule
+
+        if policy is None:
+            return GraphModule.define(name, build)
+        return GraphModule.define(name, build, policy)
+
+    @staticmethod
+    def hir(name: str, policy: FusionPolicy | None = None) -> GraphModule:
+        """The seed's ``Graph::hir``: an empty HIR-stage GraphModule named ``name``, as
+        :meth:`GraphModule.hir` returns."""
+        from rlx.ir.module import GraphModule
+
+        return GraphModule.hir(name) if policy is None else GraphModule.hir(name, policy)
+
+    def module(self) -> GraphModule:
+        """The seed's ``g.module()``: this graph (not a copy) as a MIR-stage GraphModule,
+        as :meth:`GraphModule.from_graph` returns."""
+        from rlx.ir.module import GraphModule
+
+        return GraphModule.from_graph(self)
 
     # ---- checking, printing, hashing ----------------------------------------------
 
