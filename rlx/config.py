@@ -10,7 +10,8 @@ RLX_CACHE_DIR=path       where native kernels are cached (default ~/.cache/rlx w
 RLX_NUM_THREADS=n        default thread count for BLAS and native kernels (decimal digits,
                          >= 1; clamped to the CPUs this process may use, with a warning)
 RLX_VERIFY=each|end|off  default graph verification mode of the compile pipeline (end
-                         when unset)
+                         when unset; the test suite runs with each unless the run sets
+                         it: tests/conftest.py)
 RLX_ISA=auto|avx512|avx2|portable
                          the instruction set native kernels are built for: auto (the
                          default) picks the best this CPU has; the others force a lower

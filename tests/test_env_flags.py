@@ -117,6 +117,7 @@ def test_empty_cache_dir_is_refused_and_unset_is_the_default(monkeypatch):
 def test_unset_flags_take_their_defaults():
     assert config.verbose() is False
     assert config.verify_mode() is None
+    assert rlx.CompileOptions().verify is VerifyMode.END  # users' default (tests: each)
     assert config.num_threads() is None
     assert config.isa() == "auto" and config.sgemm() == "auto" and config.dq_act() == "f32"
     assert config.cache_max_bytes() == 512 << 20

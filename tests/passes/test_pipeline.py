@@ -128,6 +128,24 @@ def test_failing_passes_are_named_and_leave_the_graph_alone():
     assert g.fingerprint() == before
 
 
+class _Later:
+    name = "later"
+    notes: list[str] = []
+
+    def run(self, graph: Graph) -> Graph:
+        return graph
+
+
+def test_the_suite_verifies_after_every_pass(runner_rlx_verify):
+    """tests/conftest.py sets RLX_VERIFY=each (unless the run set it): a default pipeline
+    in a test fails at the pass that breaks an invariant, not after the last pass."""
+    if runner_rlx_verify is not None and runner_rlx_verify.strip().lower() != "each":
+        pytest.skip(f"this run set RLX_VERIFY={runner_rlx_verify!r}")
+    assert CompileOptions().verify is VerifyMode.EACH_PASS
+    with pytest.raises(CompileError, match="pass 'breaks' produced an invalid graph"):
+        CompilePipeline(CompileOptions(verbose=False), passes=[_Breaks(), _Later()]).run(mlp())
+
+
 def test_disabled_passes_and_bad_options():
     opts = EACH.replace(disabled_passes=("fuse_matmul_bias_act",))
     res = CompilePipeline(opts).run(mlp())
