@@ -8,9 +8,7 @@ naming the tensor, the location, what was expected and what was given."""
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -21,6 +19,7 @@ from onnx import TensorProto, external_data_helper, helper, numpy_helper  # noqa
 import rlx  # noqa: E402
 from rlx.errors import ModelError  # noqa: E402
 from rlx.frontends.onnx import OnnxImportError  # noqa: E402
+from tests.frontends.blocking import run_guarded  # noqa: E402
 
 W = np.random.default_rng(29).standard_normal((16, 5)).astype(np.float32)
 NBYTES = W.nbytes  # 320: more than CONST_LIMIT elements, so "w" is a param
@@ -75,30 +74,6 @@ def refused(path: Path, *parts: str) -> OnnxImportError:
     for part in ("'w'", *parts):
         assert part in str(e.value), f"{part!r} not in {str(e.value)!r}"
     return e.value
-
-
-def load_guarded(path: Path, fifo: Path, timeout: float = 10.0) -> dict[str, Any]:
-    """rlx.onnx.load(path) in a thread; a load blocked on ``fifo`` fails the test, and is
-    released (a writer opens and closes the FIFO) so the suite does not hang."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["model"] = rlx.onnx.load(path)
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            out["error"] = e
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    th.join(timeout)
-    if th.is_alive():
-        try:
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        except OSError:
-            pass
-        th.join(timeout)
-        pytest.fail(f"rlx.onnx.load blocked for {timeout} s on the FIFO {str(fifo)!r}")
-    return out
 
 
 @needs_symlinks
@@ -199,7 +174,7 @@ def test_location_that_is_a_fifo_is_refused(tmp_path) -> None:
     folder = tmp_path / "model"
     path = save_model(folder, "w.bin")
     os.mkfifo(folder / "w.bin")
-    out = load_guarded(path, folder / "w.bin")
+    out = run_guarded(lambda: rlx.onnx.load(path), folder / "w.bin", "rlx.onnx.load")
     err = out.get("error")
     assert isinstance(err, OnnxImportError), out
     for part in ("'w'", "'w.bin'", "FIFO", "want a regular file"):
