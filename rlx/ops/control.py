@@ -187,7 +187,7 @@ class If(Op):
     ``else_branch``; inputs ``(pred, *operands)``."""
 
     mnemonic: ClassVar[str] = "if"
-    # the seed's class; the precision pass leaves sub-graph ops (and their bodies) as they are
+    # the seed's class; the precision pass keeps its f32 interface and rewrites its bodies
     kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
     then_branch: Graph
     else_branch: Graph
@@ -262,7 +262,7 @@ class While(Op):
     ``output_index``. Inputs: the initial carries."""
 
     mnemonic: ClassVar[str] = "while"
-    # the seed's class; the precision pass leaves sub-graph ops (and their bodies) as they are
+    # the seed's class; the precision pass keeps its f32 interface and rewrites its bodies
     kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
     nondiff: ClassVar[str] = (
         "reverse mode through a while loop needs the trip count; use scan (g.scan with a "

@@ -2,7 +2,9 @@
 
 In: a Graph (MIR) or GraphModule (HIR is lowered first), CompileOptions and (for
 ``freeze_params``) parameter values. Out: a :class:`CompileResult` with the optimized MIR
-graph, a :class:`PassRecord` per pass (time, node counts, notes) and the fusion report.
+graph, a :class:`PassRecord` per pass (time, node counts, notes), the fusion report and,
+when ``auto_mixed_precision`` ran, its precision report (each node's dtype and why, the
+decisions inside control-flow bodies under their parent node).
 
 The default pass list (:func:`default_passes`), in order:
 
@@ -44,6 +46,7 @@ from rlx.passes.dce import DeadCodeElimination
 from rlx.passes.fold import ConstantFolding
 from rlx.passes.fusion import fusion_passes
 from rlx.passes.precision import AutoMixedPrecision, resolve_policy
+from rlx.passes.precision_report import PrecisionReport
 from rlx.passes.report import FusionReport, with_provenance
 from rlx.passes.simplify import AlgebraicSimplification
 
@@ -78,6 +81,7 @@ class CompileResult:
     records: list[PassRecord] = field(default_factory=list)
     fusion_report: FusionReport | None = None
     dispatch: Any = None
+    precision_report: PrecisionReport | None = None
 
     def pass_report(self) -> str:
         """One line per pass: name, time, node counts, notes."""
@@ -88,6 +92,8 @@ class CompileResult:
         parts = ["passes:", self.pass_report()]
         if self.fusion_report is not None:
             parts += ["fusion report:", str(self.fusion_report)]
+        if self.precision_report is not None:
+            parts += ["precision report:", str(self.precision_report)]
         return "\n".join(parts)
 
     @property
@@ -194,7 +200,13 @@ class CompilePipeline:
                 raise CompileError(
                     f"the compiled graph is invalid: {e.bare_message}", node=e.node, loc=e.loc
                 ) from e
-        result = CompileResult(graph, records, self.fusion_report)
+        amp = [
+            p
+            for p in self.passes
+            if isinstance(p, AutoMixedPrecision) and p.name not in self.options.disabled_passes
+        ]
+        precision = amp[-1].report if amp else None
+        result = CompileResult(graph, records, self.fusion_report, precision_report=precision)
         if self.options.verbose:
             print(result.report(), file=sys.stderr)
         return result

@@ -24,8 +24,14 @@ Rules (what the pass changes and what it keeps):
 * ``elementwise_region`` bodies are rewritten with the same policy (the region's inputs
   arrive at its precision, its output leaves at it), except that an input a body node
   reads at f32 (a comparison, a cast to an integer) arrives as its producer left it, so
-  fusion does not make that node read a rounded value. Other sub-graph ops (if, while,
-  scan, custom_fn) keep their precision: their bodies are not rewritten.
+  fusion does not make that node read a rounded value.
+* Control flow (``if``, ``while``, ``scan``) keeps its f32 interface and the policy is
+  applied inside each sub-graph (branches, cond, body; nested control flow too), each
+  rewritten like a top-level graph: a cast follows a sub-graph input a narrow op reads
+  and a cast back to f32 precedes each narrowed sub-graph output. So the parent's types
+  do not change and loop carries stay f32 from one iteration to the next: a carry is
+  rounded only by the body's own narrow ops (then widened exactly), never by an extra
+  cast per iteration. ``custom_fn`` keeps its precision (its body is not rewritten).
 
 Params stay f32, so each run casts the weights a narrow op reads (one cast per weight);
 with ``freeze_params`` the weights are constants and are converted once at compile time.
@@ -52,11 +58,13 @@ from rlx.dtype import DType
 from rlx.errors import CompileError, RlxError
 from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind
+from rlx.ops.control import If, Scan, While
 from rlx.ops.core import Constant, ConstValue, Input
 from rlx.ops.elementwise import Cast
 from rlx.ops.fused import ElementwiseRegion
 from rlx.passes.base import Rewriter
 from rlx.passes.dce import DeadCodeElimination
+from rlx.passes.precision_report import BodyPrecision, Decision, NodePrecision, PrecisionReport
 from rlx.shape import Shape
 
 __all__ = [
@@ -221,8 +229,16 @@ def resolve_policy(value: object) -> PrecisionPolicy:
     )
 
 
+# the sub-graph fields of the control-flow ops whose bodies the policy is applied to
+_CONTROL: dict[type[Op], tuple[str, ...]] = {
+    If: ("then_branch", "else_branch"),
+    While: ("cond", "body"),
+    Scan: ("body",),
+}
+
+
 class _Convert:
-    """One graph's rewrite (the pass recurses into elementwise-region bodies)."""
+    """One graph's rewrite (the pass recurses into sub-graphs with one per sub-graph)."""
 
     def __init__(self, amp: AutoMixedPrecision, src: Graph, feeds: Mapping[str, DType]):
         self.amp = amp
@@ -232,6 +248,9 @@ class _Convert:
         self.cache: dict[tuple[NodeId, DType], NodeId] = {}
         # fed Inputs a node read at f32 although they were fed narrower (regions only)
         self.upcast: set[str] = set()
+        self.decisions: list[NodePrecision] = []
+        self.casts = 0  # runtime casts inserted in this graph
+        self.region_body: BodyPrecision | None = None  # of the last region retargeted
 
     def fetch(self, old: NodeId, want: DType) -> NodeId:
         """The new id of ``old``'s value at dtype ``want`` (cast or converted constant)."""
@@ -257,6 +276,7 @@ class _Convert:
         else:
             new = self.rw.emit(Cast(want), [x], src.loc, shape.with_dtype(want))
             self.amp.cast_sites.append((new, CastConfig.plain(want)))
+            self.casts += 1
         self.cache[key] = new
         return new
 
@@ -272,6 +292,10 @@ class _Convert:
             outs.append(self.fetch(o, out_dtype or self.src.nodes[o].dtype))
         self.rw.dst.outputs = outs
         return self.rw.dst
+
+    def body(self, role: str) -> BodyPrecision:
+        """This (sub-)graph's decisions, as the body ``role`` of its parent."""
+        return BodyPrecision(role, self.src.name, tuple(self.decisions), self.casts)
 
     def _boundary(self, node: Node) -> None:
         op = node.op
@@ -293,7 +317,24 @@ class _Convert:
         p = self.amp.policy.precision_for(node.op.kind)
         return None if p is Precision.F32 else p.dtype
 
+    def _decide(
+        self,
+        node: Node,
+        decision: Decision,
+        reason: str = "",
+        bodies: tuple[BodyPrecision, ...] = (),
+    ) -> None:
+        loc = node.loc
+        uid = loc.node if loc is not None and loc.node is not None else node.id
+        dtype = self.rw.new_shape(self.rw.map[node.id]).dtype
+        self.decisions.append(
+            NodePrecision(uid, node.label, node.op.kind, dtype, decision, reason, bodies)
+        )
+
     def _node(self, node: Node) -> None:
+        if type(node.op) in _CONTROL:
+            self._control(node)
+            return
         target = self._target(node)
         orig = [self.src.nodes[i].dtype for i in node.inputs]
         if target is not None:
@@ -306,23 +347,53 @@ class _Convert:
                 for i, w in zip(node.inputs, wants, strict=True)
             )
             feeds = [s.dtype for s in shapes]
+            self.region_body = None
             op = self._retarget(node.op, target, feeds)
             try:
                 shape = op.infer(shapes)
             except RlxError as e:
                 self.amp.kept.append(f"{node.label}: {e.bare_message}")
+                reason = e.bare_message
             else:
                 if shape.dtype is not target:
-                    self.amp.kept.append(
-                        f"{node.label}: produces {shape.dtype} for {target} inputs"
-                    )
+                    why = f"produces {shape.dtype} for {target} inputs"
+                    self.amp.kept.append(f"{node.label}: {why}")
+                    decision = Decision.KEPT_F32
                 else:
                     self.amp.retyped += 1
+                    why, decision = "", Decision.NARROWED
                 ins = [self.fetch(i, w) for i, w in zip(node.inputs, wants, strict=True)]
                 self.rw.map[node.id] = self._emit(op, ins, node, shape)
+                body = self.region_body
+                self._decide(node, decision, why, () if body is None else (body,))
                 return
+        else:
+            reason = ""
         ins = [self.fetch(i, d) for i, d in zip(node.inputs, orig, strict=True)]
         self.rw.map[node.id] = self._emit(node.op, ins, node, node.shape)
+        if target is not None:
+            self._decide(node, Decision.KEPT_F32, reason)
+        elif node.dtype is not DType.F32:
+            self._decide(node, Decision.NOT_F32)
+        elif self.amp.policy.precision_for(node.op.kind) is Precision.F32:
+            self._decide(node, Decision.POLICY_F32)
+        else:  # a sub-graph op the pass does not enter (custom_fn)
+            self._decide(node, Decision.KEPT_F32, "its sub-graph is not rewritten")
+
+    def _control(self, node: Node) -> None:
+        """An ``if`` / ``while`` / ``scan``: each sub-graph rewritten with the policy, its
+        inputs and outputs (the operands, carries and results) kept at their dtypes."""
+        op = node.op
+        subs: dict[str, Graph] = {}
+        bodies = []
+        for role in _CONTROL[type(op)]:
+            conv = _Convert(self.amp, getattr(op, role), {})
+            subs[role] = conv.run(None)
+            bodies.append(conv.body(role))
+        new = replace(op, **subs)  # type: ignore[type-var]
+        ins = [self.fetch(i, self.src.nodes[i].dtype) for i in node.inputs]
+        self.rw.map[node.id] = self.rw.emit(new, ins, node.loc, node.shape)
+        self._decide(node, Decision.SUBGRAPHS, "interface f32", tuple(bodies))
 
     def _region_wants(self, node: Node, target: DType, wants: list[DType]) -> list[DType]:
         """The dtypes a region's inputs are fed at: ``wants``, except that an input a body
@@ -356,7 +427,9 @@ class _Convert:
             return Cast(target)
         if isinstance(op, ElementwiseRegion):
             feeds = {f"in{k}": d for k, d in enumerate(in_dtypes)}
-            body = DeadCodeElimination().run(_Convert(self.amp, op.body, feeds).run(target))
+            conv = _Convert(self.amp, op.body, feeds)
+            body = DeadCodeElimination().run(conv.run(target))
+            self.region_body = conv.body("body")
             return replace(op, body=body)
         return op
 
@@ -364,10 +437,12 @@ class _Convert:
 class AutoMixedPrecision:
     """Rewrite node dtypes per a :class:`PrecisionPolicy` and insert boundary casts.
 
-    After ``run``: ``casts_inserted`` (runtime casts added, region bodies included),
-    ``cast_sites`` ((new cast id, CastConfig) per cast; ids of region bodies are body
-    ids), ``constants_converted``, ``retyped`` (nodes now narrow) and ``kept`` (f32 nodes
-    the policy wanted narrow, with the reason)."""
+    After ``run``: ``casts_inserted`` (runtime casts added, sub-graphs included),
+    ``cast_sites`` ((new cast id, CastConfig) per cast; ids in a sub-graph are ids of
+    that sub-graph), ``constants_converted``, ``retyped`` (nodes now narrow), ``kept``
+    (f32 nodes the policy wanted narrow, with the reason) and ``report`` (the
+    :class:`~rlx.passes.precision_report.PrecisionReport`: each node's decision, those of
+    control-flow bodies under their parent node)."""
 
     name = "auto_mixed_precision"
 
@@ -378,6 +453,7 @@ class AutoMixedPrecision:
         self.constants_converted = 0
         self.retyped = 0
         self.kept: list[str] = []
+        self.report = PrecisionReport(self.policy)
 
     @property
     def casts_inserted(self) -> int:
@@ -389,10 +465,13 @@ class AutoMixedPrecision:
         self.constants_converted = 0
         self.retyped = 0
         self.kept = []
+        self.report = PrecisionReport(self.policy)
         if self.policy.is_f32:
             self.notes.append(f"policy {self.policy}: nothing to do")
             return graph
-        out = _Convert(self, graph, {}).run(None)
+        conv = _Convert(self, graph, {})
+        out = conv.run(None)
+        self.report = PrecisionReport(self.policy, tuple(conv.decisions), conv.casts)
         self.notes.append(
             f"policy {self.policy}: {self.retyped} nodes narrowed, {self.casts_inserted} casts "
             f"inserted, {self.constants_converted} constants converted"

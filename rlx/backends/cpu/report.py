@@ -2,8 +2,9 @@
 executor of the most recent run and (after ``run(profile=True)``) each kernel's time.
 Out: a :class:`Report`: the kernel schedule (node, op, dtype, arena offset and size,
 kernel kind, and the user's node it computes), the memory plan figures, the compile pass
-records, per-kernel times, the native instruction-set target and GEMM paths; its ``str``
-is a table, ``to_chrome_trace(path)`` writes Chrome-trace JSON that Perfetto and
+records, the precision report (under a mixed policy: each node's dtype and why, with the
+decisions in control-flow bodies under their node), per-kernel times, the native
+instruction-set target and GEMM paths; its ``str`` is a table, ``to_chrome_trace(path)`` writes Chrome-trace JSON that Perfetto and
 chrome://tracing load (``traceEvents`` of complete events, ``ph: "X"``, ``ts``/``dur`` in
 microseconds).
 
@@ -25,6 +26,7 @@ from rlx.backends.cpu.dispatch import KernelKind
 from rlx.errors import RlxError
 from rlx.ir.lir import BufferPlan, format_bytes
 from rlx.passes.base import PassRecord
+from rlx.passes.precision_report import PrecisionReport
 
 if TYPE_CHECKING:
     from rlx.backends.cpu.executor import Executor
@@ -81,6 +83,7 @@ class Report:
     compile_seconds: float
     fusion_report: Any = None
     native: tuple[str, ...] = ()
+    precision_report: PrecisionReport | None = None
 
     @staticmethod
     def build(program: CpuProgram, ex: Executor, times: list[float] | None) -> Report:
@@ -122,6 +125,7 @@ class Report:
             compile_seconds=program.compile_seconds,
             fusion_report=program.result.fusion_report,
             native=native_summary(program.options.native, recs),
+            precision_report=program.result.precision_report,
         )
 
     @property
@@ -153,6 +157,9 @@ class Report:
         if self.fusion_report is not None and str(self.fusion_report).strip():
             lines.append("fusion:")
             lines += [f"  {line}" for line in str(self.fusion_report).split("\n")]
+        if self.precision_report is not None:
+            lines.append("precision:")
+            lines += [f"  {line}" for line in str(self.precision_report).split("\n")]
         lines.append("memory:")
         lines += [f"  {line}" for line in self.plan.summary().split("\n")]
         lines.append(f"  kernel scratch {format_bytes(self.scratch_bytes)}")
