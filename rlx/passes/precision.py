@@ -388,7 +388,7 @@ class _Convert:
         bodies = []
         for role in _CONTROL[type(op)]:
             conv = _Convert(self.amp, getattr(op, role), {})
-            subs[role] = conv.run(None)
+            subs[role] = DeadCodeElimination().run(conv.run(None))  # converted constants
             bodies.append(conv.body(role))
         new = replace(op, **subs)  # type: ignore[type-var]
         ins = [self.fetch(i, self.src.nodes[i].dtype) for i in node.inputs]

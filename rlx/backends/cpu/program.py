@@ -53,7 +53,7 @@ class CpuProgram:
 
     source: the graph as given (its input/param names and outputs are the user's API).
     graph: the optimized graph that runs.
-    result: the pipeline's CompileResult (pass records, fusion report).
+    result: the pipeline's CompileResult (pass records, fusion and precision reports).
     is_static: no symbolic dim anywhere (one plan serves every run).
     hoisted: the param-derived nodes every plan keeps persistent (the prologue).
     """
