@@ -336,39 +336,13 @@ class _Convert:
             self._control(node)
             return
         target = self._target(node)
-        orig = [self.src.nodes[i].dtype for i in node.inputs]
+        reason = ""
         if target is not None:
-            keep = node.op.keep_dtype_inputs
-            wants = [target if d is DType.F32 and i not in keep else d for i, d in enumerate(orig)]
-            if isinstance(node.op, ElementwiseRegion):
-                wants = self._region_wants(node, target, wants)
-            shapes = tuple(
-                self.rw.new_shape(self.rw.map[i]).with_dtype(w)
-                for i, w in zip(node.inputs, wants, strict=True)
-            )
-            feeds = [s.dtype for s in shapes]
-            self.region_body = None
-            op = self._retarget(node.op, target, feeds)
-            try:
-                shape = op.infer(shapes)
-            except RlxError as e:
-                self.amp.kept.append(f"{node.label}: {e.bare_message}")
-                reason = e.bare_message
-            else:
-                if shape.dtype is not target:
-                    why = f"produces {shape.dtype} for {target} inputs"
-                    self.amp.kept.append(f"{node.label}: {why}")
-                    decision = Decision.KEPT_F32
-                else:
-                    self.amp.retyped += 1
-                    why, decision = "", Decision.NARROWED
-                ins = [self.fetch(i, w) for i, w in zip(node.inputs, wants, strict=True)]
-                self.rw.map[node.id] = self._emit(op, ins, node, shape)
-                body = self.region_body
-                self._decide(node, decision, why, () if body is None else (body,))
+            rejected = self._narrow(node, target)
+            if rejected is None:
                 return
-        else:
-            reason = ""
+            reason = rejected
+        orig = [self.src.nodes[i].dtype for i in node.inputs]
         ins = [self.fetch(i, d) for i, d in zip(node.inputs, orig, strict=True)]
         self.rw.map[node.id] = self._emit(node.op, ins, node, node.shape)
         if target is not None:
@@ -379,6 +353,37 @@ class _Convert:
             self._decide(node, Decision.POLICY_F32)
         else:  # a sub-graph op the pass does not enter (custom_fn)
             self._decide(node, Decision.KEPT_F32, "its sub-graph is not rewritten")
+
+    def _narrow(self, node: Node, target: DType) -> str | None:
+        """Emit ``node`` at ``target`` and return None, or return why its op rejects the
+        narrow inputs (the caller then emits it unchanged)."""
+        orig = [self.src.nodes[i].dtype for i in node.inputs]
+        keep = node.op.keep_dtype_inputs
+        wants = [target if d is DType.F32 and i not in keep else d for i, d in enumerate(orig)]
+        if isinstance(node.op, ElementwiseRegion):
+            wants = self._region_wants(node, target, wants)
+        shapes = tuple(
+            self.rw.new_shape(self.rw.map[i]).with_dtype(w)
+            for i, w in zip(node.inputs, wants, strict=True)
+        )
+        self.region_body = None
+        op = self._retarget(node.op, target, [s.dtype for s in shapes])
+        try:
+            shape = op.infer(shapes)
+        except RlxError as e:
+            self.amp.kept.append(f"{node.label}: {e.bare_message}")
+            return e.bare_message
+        why, decision = "", Decision.NARROWED
+        if shape.dtype is not target:
+            why, decision = f"produces {shape.dtype} for {target} inputs", Decision.KEPT_F32
+            self.amp.kept.append(f"{node.label}: {why}")
+        else:
+            self.amp.retyped += 1
+        ins = [self.fetch(i, w) for i, w in zip(node.inputs, wants, strict=True)]
+        self.rw.map[node.id] = self._emit(op, ins, node, shape)
+        body = self.region_body
+        self._decide(node, decision, why, () if body is None else (body,))
+        return None
 
     def _control(self, node: Node) -> None:
         """An ``if`` / ``while`` / ``scan``: each sub-graph rewritten with the policy, its

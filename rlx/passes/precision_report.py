@@ -13,11 +13,16 @@ control flow nests. An ``elementwise_region`` lists its body the same way. Look 
 with ``report.body(parent, "then_branch")``, ``parent`` the user's node id of the
 control-flow node (the ``%5`` of ``%5 if (model.py:12)``). The text form::
 
-    precision auto_mixed_bf16: 3 narrowed, 0 kept f32, 4 casts
-      %2 matmul (m.py:9)                  bf16  narrowed
-      %5 if (m.py:12)                     f32   sub-graphs: interface f32
-        then_branch 'g.then' (2 casts)
-          %1 matmul (m.py:10)             bf16  narrowed
+    precision auto_mixed_bf16: 4 narrowed, 0 kept f32, 8 casts
+      %3 if (m.py:12)                              f32   sub-graphs: interface f32
+        then_branch 'g.then' (3 casts)
+          %2 matmul (m.py:12)                      bf16  narrowed
+        else_branch 'g.else' (3 casts)
+          %2 matmul (m.py:12)                      bf16  narrowed
+          %3 tanh (m.py:12)                        bf16  narrowed
+      %5 add (m.py:13)                             bf16  narrowed
+
+A body node's ``%id`` is its id in its sub-graph (the graph the user built as the body).
 """
 
 from __future__ import annotations

@@ -369,3 +369,21 @@ def test_reductions_in_bodies_follow_the_policy(name):
         assert rep is not None
         (sm,) = [n for n in rep.body(s_id, "body").nodes if n.label.split()[1] == "softmax"]
         assert (sm.decision, sm.dtype) == (Decision.POLICY_F32, F32)
+
+
+def test_region_bodies_are_listed_under_their_region_too():
+    g = Graph("region")
+    x, w = g.input("x", (B, D)), g.input("w", (D, H))
+    m = g.matmul(x, w)
+    y = g.mul(g.tanh(g.add(m, 1.0)), g.exp(m))
+    g.set_outputs([y])
+    cg = compile_cpu(g, P.AutoMixedBf16)
+    rep = cg.report().precision_report
+    assert rep is not None
+    region = rep.node(y)  # the region carries the provenance of the user's last node
+    assert region.label.startswith("elementwise_region for") and region.dtype is BF16
+    body = {n.label.split()[1]: (n.decision, n.dtype) for n in rep.body(y, "body").nodes}
+    assert body == {k: (Decision.NARROWED, BF16) for k in ("add", "tanh", "exp", "mul")}
+    xv, wv = _f32(B, D), _f32(D, H)
+    mv = xv @ wv
+    check_outputs(cg, {"x": xv, "w": wv}, np.tanh(mv + 1) * np.exp(mv), BF16)

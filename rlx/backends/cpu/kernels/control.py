@@ -10,8 +10,8 @@ Loop carries live in scratch made at build time (a body's output may alias its i
 so results are copied to the carries before the next step reads them); a scan writes
 each step's ``y`` straight into its slice of the output view.
 
-The sub-graphs run as built (the compile pipeline optimizes the parent graph, not the
-bodies). A sub-graph's kernels are not listed in the parent's report; their kinds are in
+The sub-graphs run as the pipeline left them: it optimizes the parent graph, and of its
+passes only the precision pass enters the bodies (they run at the policy's dtypes). A sub-graph's kernels are not listed in the parent's report; their kinds are in
 the control-flow node's notes.
 """
 
