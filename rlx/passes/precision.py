@@ -25,20 +25,24 @@ Rules (what the pass changes and what it keeps):
   arrive at its precision, its output leaves at it), except that an input a body node
   reads at f32 (a comparison, a cast to an integer) arrives as its producer left it, so
   fusion does not make that node read a rounded value.
-* Control flow (``if``, ``while``, ``scan``) keeps its f32 interface and the policy is
-  applied inside each sub-graph (branches, cond, body; nested control flow too), each
-  rewritten like a top-level graph: a cast follows a sub-graph input a narrow op reads
-  and a cast back to f32 precedes each narrowed sub-graph output. So the parent's types
-  do not change and loop carries stay f32 from one iteration to the next: a carry is
-  rounded only by the body's own narrow ops (then widened exactly), never by an extra
-  cast per iteration. ``custom_fn`` keeps its precision (its body is not rewritten).
+* Control flow (``if``, ``while``, ``scan``) keeps its interface (operands, carries and
+  results keep their dtypes: f32 stays f32) and the policy is applied inside each
+  sub-graph (branches, cond, body; nested control flow too), each rewritten like a
+  top-level graph: a cast follows a sub-graph input a narrow op reads and a cast back to
+  f32 precedes each narrowed sub-graph output. So the parent's types do not change and
+  loop carries stay f32 from one iteration to the next: a carry is rounded only by the
+  body's own narrow ops (then widened exactly), never by an extra cast per iteration. A
+  weight passed into a loop as an operand is cast inside the body, so once per iteration.
+  The report lists each body's decisions under its node. ``custom_fn`` keeps its
+  precision (its body is not rewritten).
 
 Params stay f32, so each run casts the weights a narrow op reads (one cast per weight);
 with ``freeze_params`` the weights are constants and are converted once at compile time.
 
 Accuracy (tests/passes/test_precision.py, reference interpreter and compiled CPU path):
 max |narrow - f32| / max |f32| over the output stays below 5e-3 for the f16 policies and
-3e-2 for bf16 on an MLP and a pre-norm transformer block.
+3e-2 for bf16 on an MLP and a pre-norm transformer block, and on ``if`` / ``while`` /
+``scan`` bodies (an RNN cell, its gradient) in tests/passes/test_precision_control_flow.py.
 
 Reductions under ``AutoMixed``/``AutoMixedBf16`` run in the narrow dtype; their kernels
 (and the reference interpreter) accumulate in f32 internally. ``AutoMixedConservative``

@@ -387,3 +387,27 @@ def test_region_bodies_are_listed_under_their_region_too():
     xv, wv = _f32(B, D), _f32(D, H)
     mv = xv @ wv
     check_outputs(cg, {"x": xv, "w": wv}, np.tanh(mv + 1) * np.exp(mv), BF16)
+
+
+@pytest.mark.parametrize("name", ["AutoMixedBf16", "AutoMixedConservative"])
+def test_scan_gradient_bodies_follow_the_policy(name):
+    """The reverse scans of a scan's vjp (bodies holding the body's vjp) are rewritten
+    like any body: the gradients stay within the policy's tolerance of f32."""
+    from rlx.autodiff.reverse import grad
+
+    policy, low, _ = POLICIES[name]
+    g, ys = rnn_graph(3)
+    g.set_outputs([g.sum(ys)])
+    gg = grad(g, ["wx", "wh", "h0"])
+    feed = rnn_feed()
+    cg = compile_cpu(gg, policy)
+    scans = [n for n in cg.graph.nodes if isinstance(n.op, Scan)]
+    assert len(scans) >= 2 and all(n.dtype is F32 for n in scans)
+    assert all(
+        any(m.dtype is low for m in n.op.body.nodes if isinstance(m.op, MatMul))  # type: ignore[attr-defined]
+        for n in scans
+    )
+    got, ref = cg.run(feed), evaluate(cg.graph, feed)
+    for a, r, want in zip(got, ref, gg.evaluate(feed), strict=True):
+        np.testing.assert_allclose(a, r, rtol=0, atol=4 * EPS[low] * np.max(np.abs(r)))
+        assert rel_err(a, want) < TOL[low]
