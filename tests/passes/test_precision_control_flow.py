@@ -228,6 +228,11 @@ def test_if_matmul_body_runs_in_bf16_and_the_report_says_so():
     x, w = _f32(B, D), _f32(D, H)
     for p in (True, False):
         check_outputs(cg, {"p": np.array([p]), "x": x, "w": w}, if_oracle(p, x, w), BF16)
+    # the branches' sub-programs dispatched bf16 matmul kernels
+    (k,) = [k for k in cg.report().kernels if k.op == "if"]
+    notes = [n for n in k.notes if "sub-program" in n]
+    assert [n.split(":")[0] for n in notes] == ["then", "else"]
+    assert all("bf16 matmul" in n for n in notes)
 
 
 def test_report_lookups_name_what_exists():

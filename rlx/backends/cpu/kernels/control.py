@@ -77,8 +77,12 @@ class SubProgram:
 
 
 def _note(ctx: KernelCtx, role: str, sp: SubProgram) -> None:
+    """``then: compiled sub-program (3 native, 1 numpy; bf16 matmul, bf16 tanh)``: the
+    kernel kinds, then the kernels a precision policy narrowed (f16 / bf16)."""
     kinds = ", ".join(f"{c} {k}" for k, c in sorted(sp.kinds().items())) or "no kernels"
-    ctx.notes.append(f"{role}: compiled sub-program ({kinds})")
+    entries = sp.executor.kernel_entries
+    low = sorted({f"{e.dtype} {e.op}" for e in entries if e.dtype in ("f16", "bf16")})
+    ctx.notes.append(f"{role}: compiled sub-program ({kinds}{'; ' if low else ''}{', '.join(low)})")
 
 
 def if_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx) -> Kernel:
