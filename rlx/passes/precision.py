@@ -402,7 +402,7 @@ class _Convert:
         new = replace(op, **subs)  # type: ignore[type-var]
         ins = [self.fetch(i, self.src.nodes[i].dtype) for i in node.inputs]
         self.rw.map[node.id] = self.rw.emit(new, ins, node.loc, node.shape)
-        self._decide(node, Decision.SUBGRAPHS, "interface f32", tuple(bodies))
+        self._decide(node, Decision.SUBGRAPHS, "interface kept", tuple(bodies))
 
     def _region_wants(self, node: Node, target: DType, wants: list[DType]) -> list[DType]:
         """The dtypes a region's inputs are fed at: ``wants``, except that an input a body

@@ -14,7 +14,7 @@ with ``report.body(parent, "then_branch")``, ``parent`` the user's node id of th
 control-flow node (the ``%5`` of ``%5 if (model.py:12)``). The text form::
 
     precision auto_mixed_bf16: 4 narrowed, 0 kept f32, 8 casts
-      %3 if (m.py:12)                              f32   sub-graphs: interface f32
+      %3 if (m.py:12)                              f32   sub-graphs: interface kept
         then_branch 'g.then' (3 casts)
           %2 matmul (m.py:12)                      bf16  narrowed
         else_branch 'g.else' (3 casts)
@@ -49,7 +49,7 @@ class Decision(enum.Enum):
     POLICY_F32 = "f32 by policy"  # the policy keeps this op kind in f32
     KEPT_F32 = "kept f32"  # the policy wanted it narrow; ``reason`` says why not
     NOT_F32 = "not f32"  # not an f32 value (int, bool, f64, already narrow): untouched
-    SUBGRAPHS = "sub-graphs"  # control flow: interface f32, its bodies rewritten
+    SUBGRAPHS = "sub-graphs"  # control flow: interface dtypes kept, its bodies rewritten
 
 
 @dataclass(frozen=True, slots=True)
