@@ -235,11 +235,12 @@ def test_slot_cache_attention_op_matches_numpy() -> None:
 @pytest.mark.slow
 def test_gemma3_batched_decode_matches_single_stream() -> None:
     with gemma_f32(max_context=96) as m:
-        bd = m.batched(3, max_context=96)
+        bd = m.batched(4, max_context=96)
         prompts = [
             m.encode("The capital of France is"),
             m.encode("def fibonacci(n):\n    "),
             m.encode("List three colours of the rainbow: red,"),
             m.encode("1, 2, 3, 4,"),
+            m.encode("Once upon a time"),
         ]
-        run_schedule(m, bd, prompts, joins=[0, 0, 3, 9], leaves=[7, 16, 16, 16], steps=16)
+        run_schedule(m, bd, prompts, joins=[0, 0, 2, 3, 9], leaves=[7, 16, 10, 16, 16], steps=16)
