@@ -120,8 +120,9 @@ def _native_block(op: CacheAttention | SlotCacheAttention, q, kc, vc, out, ctx: 
         t = threads if s * skv * h * d >= 1 << 18 else 1
         rc = fn(qp + q_off, kp + c_off, vp + c_off, op_ + o_off, 1, s, skv, *tail, t)
         if rc:
-            raise CompileError(f"{what}: the attention workspace is too small ({len(keep)})")
+            raise CompileError(f"{what}: the attention workspace is too small")
 
+    block.keep = keep  # type: ignore[attr-defined]  # the arrays outlive the pointers
     ctx.notes.append(
         f"native {what} over {kc.shape[1]} {kc.dtype} rows ({lib.path}, {threads} threads)"
     )
