@@ -129,6 +129,7 @@ def test_precision_is_served_as_the_encoder_computes_it(minilm_dir: Path, precis
         r = httpx.post(
             f"{live.url}/v1/embeddings",
             json={"model": service.id, "input": texts, "encoding_format": "float"},
+            timeout=60,
         )
     assert r.status_code == 200, r.text
     got = np.array([d["embedding"] for d in r.json()["data"]], np.float32)

@@ -63,6 +63,7 @@ def server(gated: Gated) -> Iterator[LiveServer]:
 
 def post(server: LiveServer, body: Any, path: str = "/v1/embeddings", **kw: Any) -> Any:
     headers = {"Authorization": f"Bearer {KEY}", **kw.pop("headers", {})}
+    kw.setdefault("timeout", 60)
     if isinstance(body, bytes | str) or hasattr(body, "__next__"):
         return httpx.post(f"{server.url}{path}", content=body, headers=headers, **kw)
     return httpx.post(f"{server.url}{path}", json=body, headers=headers, **kw)
@@ -80,14 +81,17 @@ def test_missing_or_wrong_api_key_is_401(server: LiveServer, oracle) -> None:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
         headers = {} if key is None else {"Authorization": f"Bearer {key}"}
         r = httpx.post(
-            f"{server.url}/v1/embeddings", json={"model": MODEL, "input": "a"}, headers=headers
+            f"{server.url}/v1/embeddings",
+            json={"model": MODEL, "input": "a"},
+            headers=headers,
+            timeout=60,
         )
         err = error_of(r, 401)
         assert err["type"] == "authentication_error" and err["code"] == "invalid_api_key"
         assert r.headers["www-authenticate"] == "Bearer"
     with pytest.raises(openai.AuthenticationError):
         client.embeddings.create(model=MODEL, input="a")
-    assert httpx.get(f"{server.url}/health").status_code == 200  # /health needs no key
+    assert httpx.get(f"{server.url}/health", timeout=60).status_code == 200  # /health needs no key
     good = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
     r2 = good.embeddings.create(model=MODEL, input="a", encoding_format="float")
     np.testing.assert_array_equal(
@@ -103,7 +107,9 @@ def test_unknown_model_and_path_are_404(server: LiveServer) -> None:
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="gpt-4", input="a")
     assert error_of(post(server, {}, path="/v1/nothing"), 404)["code"] == "unknown_url"
-    r = httpx.get(f"{server.url}/v1/embeddings", headers={"Authorization": f"Bearer {KEY}"})
+    r = httpx.get(
+        f"{server.url}/v1/embeddings", headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+    )
     assert "GET" in error_of(r, 405)["message"]
 
 

@@ -56,10 +56,10 @@ def test_sigterm_drains_running_requests_refuses_new_ones_and_exits_0(
             server.terminate()
             wait_for(
                 "/health says draining",
-                lambda: httpx.get(f"{server.url}/health").status_code == 503,
+                lambda: httpx.get(f"{server.url}/health", timeout=60).status_code == 503,
                 server.log,
             )
-            assert httpx.get(f"{server.url}/health").json() == {"status": "draining"}
+            assert httpx.get(f"{server.url}/health", timeout=60).json() == {"status": "draining"}
             refused = embed(server.url, ["too late"])
             assert refused.status_code == 503, refused.text
             assert refused.json()["error"]["code"] == "draining"
