@@ -43,8 +43,10 @@ class ServiceKind(enum.Enum):
 @runtime_checkable
 class Service(Protocol):
     """One served model. The app calls ``start`` once at startup, ``handle`` per request
-    (only for endpoints in ``endpoints``), ``drain`` on SIGTERM once no new request is
-    let in, and ``close`` last."""
+    (only for endpoints in ``endpoints``, once ``ready()``), ``drain`` on SIGTERM once no
+    new request is let in, and ``close`` last. A service that loads in the background
+    may also have a ``load_error`` attribute: not None once loading failed (``/health``
+    then says ``error`` and ``rlx serve`` exits 1)."""
 
     id: str
     kind: ServiceKind
