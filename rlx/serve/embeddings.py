@@ -36,7 +36,7 @@ from rlx.serve.config import ServeConfig
 from rlx.serve.errors import ApiError
 from rlx.serve.metrics import Metrics, TokenKind
 from rlx.serve.schema import choice, integer, type_name
-from rlx.serve.service import Endpoint, ServiceKind
+from rlx.serve.service import Endpoint, ServiceKind, unless_disconnected
 
 if TYPE_CHECKING:
     from rlx.models import SentenceEncoder
@@ -154,7 +154,7 @@ class EmbeddingService:
             encs = await asyncio.to_thread(enc.model.tokenizer.tokenize, texts)
         else:
             encs = enc.model.tokenizer.tokenize(texts)
-        vectors = await self._submit(encs)
+        vectors = await self._submit(encs, request)
         n_tokens = sum(len(ids) for ids, _ in encs)
         data = [
             {"object": "embedding", "index": i, "embedding": _encode(v, fmt)}
@@ -218,9 +218,10 @@ class EmbeddingService:
                 )
         return value
 
-    async def _submit(self, encs: list[Tokens]) -> np.ndarray:
+    async def _submit(self, encs: list[Tokens], request: Request) -> np.ndarray:
         """Queue the rows of one request and wait for their embeddings (429 when
-        ``max_queue`` requests are already waiting)."""
+        ``max_queue`` requests are already waiting); when the client goes first, its rows
+        are dropped."""
         enc, q, m = self.encoder, self._queue, self._metrics
         assert enc is not None and m is not None
         loop = asyncio.get_running_loop()
@@ -243,9 +244,9 @@ class EmbeddingService:
             q.cond.notify()
         m.count_tokens(self.id, TokenKind.PROMPT, sum(len(ids) for ids, _ in encs))
         try:
-            return await job.future
+            return await unless_disconnected(job.future, request)
         finally:
-            if not job.future.done():  # the client is gone: drop its rows
+            if not job.future.done():  # cancelled: the batcher skips its rows
                 job.future.cancel()
 
     # ---- the batcher thread ----------------------------------------------------------
