@@ -11,7 +11,8 @@ says why otherwise), so a fusion never duplicates work or hides a value someone 
 
 The passes, in pipeline order (pattern fusions first, then elementwise regions): the
 recognition of spelled-out GELU and layer norm (``fusion_gelu``, ``fusion_layernorm``:
-what importers write as formulas becomes the op the later fusions take), attention, SwiGLU, residual + norm, integer matmul epilogues (``fusion_quant``), matmul +
+what importers write as formulas becomes the op the later fusions take), cross-entropy
+(``fusion_loss``: ``-log_softmax(x)[label]`` -> ``softmax_cross_entropy``), attention, SwiGLU, residual + norm, integer matmul epilogues (``fusion_quant``), matmul +
 bias + activation, elementwise regions.
 SwiGLU runs before matmul + activation so ``silu(x @ w_gate)`` is not taken first.
 """
@@ -195,12 +196,14 @@ def fusion_passes(report: FusionReport) -> list[PatternFusion]:
     from rlx.passes.fusion_elementwise import ElementwiseFusion
     from rlx.passes.fusion_gelu import GeluFusion
     from rlx.passes.fusion_layernorm import LayerNormFusion
+    from rlx.passes.fusion_loss import CrossEntropyFusion
     from rlx.passes.fusion_patterns import MatMulBiasActFusion, ResidualNormFusion, SwiGLUFusion
     from rlx.passes.fusion_quant import QuantEpilogueFusion
 
     return [
         GeluFusion(report),
         LayerNormFusion(report),
+        CrossEntropyFusion(report),
         AttentionFusion(report),
         SwiGLUFusion(report),
         ResidualNormFusion(report),
