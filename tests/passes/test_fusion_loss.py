@@ -1,0 +1,126 @@
+"""``fuse_cross_entropy`` (rlx/passes/fusion_loss.py): rlx's own ``cross_entropy`` and the
+ONNX importer's SoftmaxCrossEntropyLoss become one ``softmax_cross_entropy`` node with the
+numbers of ``torch.nn.functional.cross_entropy``; chains that are not that (label
+smoothing, class-probability targets, the classes on another axis) stay as they are,
+with the reason in the fusion report."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+from onnx import TensorProto, helper
+
+import rlx
+from rlx import DType
+from rlx.ir.mir import Graph
+from rlx.ops.compose.losses import cross_entropy
+from rlx.ops.indexing import GatherElements
+from rlx.ops.loss import SoftmaxCrossEntropyWithLogits
+from rlx.ops.reduce import LogSoftmax
+from rlx.options import CompileOptions
+from rlx.passes.report import FusionPattern
+
+from .test_fusion import fuse_all, ops_of
+
+CE = FusionPattern.CROSS_ENTROPY
+RNG = np.random.default_rng(0)
+
+
+def _logits_graph(lead: tuple[int, ...], c: int) -> tuple[Graph, int, int]:
+    g = Graph("ce")
+    x = g.input("x", (*lead, c))
+    y = g.input("y", lead, DType.I64)
+    h = g.matmul(x, g.param("w", (c, c)))
+    return g, h, y
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("lead", [(6,), (2, 3)])
+def test_rlx_cross_entropy_fuses_and_matches_torch(reduction, lead):
+    c = 5
+    g, h, y = _logits_graph(lead, c)
+    g.set_outputs([cross_entropy(g, h, y, reduction=reduction)])
+    out, report = fuse_all(g)
+    assert len(ops_of(out, SoftmaxCrossEntropyWithLogits)) == 1
+    assert not ops_of(out, LogSoftmax) and not ops_of(out, GatherElements)
+    assert report.count(CE) == 1 and not report.missed_of(CE)
+    (fused,) = report.fused_of(CE)
+    assert "cross-entropy at" in fused.description and fused.into == "softmax_cross_entropy"
+    x, w = (
+        RNG.standard_normal((*lead, c)).astype(np.float32),
+        RNG.standard_normal((c, c)).astype(np.float32),
+    )
+    yv = RNG.integers(0, c, lead)
+    logits = torch.tensor(x.astype(np.float64)) @ torch.tensor(w.astype(np.float64))
+    want = F.cross_entropy(logits.reshape(-1, c), torch.tensor(yv).reshape(-1), reduction=reduction)
+    want = want.numpy().reshape(lead) if reduction == "none" else want.numpy()
+    for graph in (g, out):
+        got = graph.evaluate({"x": x, "y": yv}, {"w": w})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_compile_fuses_unless_the_pass_is_disabled():
+    g, h, y = _logits_graph((4,), 3)
+    g.set_outputs([cross_entropy(g, h, y)])
+    w = np.eye(3, dtype=np.float32)
+    on = rlx.Session("cpu").compile(g, CompileOptions(use_cache=False), params={"w": w})
+    off = rlx.Session("cpu").compile(
+        g, CompileOptions(use_cache=False, disabled_passes=("fuse_cross_entropy",)), params={"w": w}
+    )
+    assert "softmax_cross_entropy" in {n.op.mnemonic for n in on.graph.nodes}
+    assert "softmax_cross_entropy" not in {n.op.mnemonic for n in off.graph.nodes}
+    feed = {"x": RNG.standard_normal((4, 3)).astype(np.float32), "y": np.array([0, 2, 1, 1])}
+    np.testing.assert_allclose(on.run(feed)[0], off.run(feed)[0], rtol=1e-6)
+
+
+def test_label_smoothing_is_a_near_miss():
+    """``(1 - e) * nll + e * mean(-logp)`` reads the log-probabilities twice."""
+    g, h, y = _logits_graph((4,), 3)
+    logp = g.log_softmax(h, -1)
+    picked = g.apply(GatherElements(1), [logp, g.unsqueeze(y, -1)])
+    nll = g.neg(g.reshape(picked, [4]))
+    smooth = g.neg(g.mean(logp, -1))
+    g.set_outputs([g.mean(g.add(g.mul(nll, 0.9), g.mul(smooth, 0.1)))])
+    out, report = fuse_all(g)
+    assert report.count(CE) == 0 and not ops_of(out, SoftmaxCrossEntropyWithLogits)
+    (miss,) = report.missed_of(CE)
+    assert "has 2 users" in miss.reason and "outside the pattern" in miss.reason
+
+
+def test_probability_targets_and_other_axes_are_near_misses():
+    g = Graph("p")
+    x, t = g.input("x", (4, 3)), g.input("t", (4, 3))
+    g.set_outputs([cross_entropy(g, x, t)])
+    _, report = fuse_all(g)
+    (miss,) = report.missed_of(CE)
+    assert "class probabilities" in miss.reason and report.count(CE) == 0
+
+    g = Graph("axis1")  # classes on axis 1 of [N, C, D], as ONNX's loss takes them
+    x, y = g.input("x", (2, 3, 4)), g.input("y", (2, 4), DType.I64)
+    picked = g.apply(GatherElements(1), [g.log_softmax(x, 1), g.unsqueeze(y, 1)])
+    g.set_outputs([g.neg(g.reshape(picked, [2, 4]))])
+    _, report = fuse_all(g)
+    (miss,) = report.missed_of(CE)
+    assert "log_softmax over axis 1 and the gather along axis 1" in miss.reason
+    assert "last axis (2)" in miss.reason
+
+
+def test_onnx_softmax_cross_entropy_loss_fuses_and_matches_torch():
+    """An imported SoftmaxCrossEntropyLoss (ignore_index, mean) on [N, C] logits."""
+    nodes = [helper.make_node("SoftmaxCrossEntropyLoss", ["x", "y"], ["loss"], ignore_index=-1)]
+    graph = helper.make_graph(
+        nodes,
+        "sce",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 4]),
+         helper.make_tensor_value_info("y", TensorProto.INT64, [5])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    cg = rlx.onnx.load(model.SerializeToString()).compile(CompileOptions(use_cache=False))
+    assert "softmax_cross_entropy" in {n.op.mnemonic for n in cg.graph.nodes}
+    x = RNG.standard_normal((5, 4)).astype(np.float32)
+    y = np.array([0, 3, -1, 2, 1])
+    want = F.cross_entropy(torch.tensor(x, dtype=torch.float64), torch.tensor(y), ignore_index=-1)
+    np.testing.assert_allclose(cg.run({"x": x, "y": y})[0], want.numpy(), rtol=1e-5)
