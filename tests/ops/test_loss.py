@@ -1,7 +1,8 @@
 """softmax_cross_entropy and softmax_cross_entropy_backward (rlx/ops/loss.py): shape rules,
 the reference and the compiled CPU kernels against PyTorch (``F.cross_entropy`` with
 ``reduction="none"`` and its autograd), labels counted from the end and out of range,
-non-finite rows, empty batches and the low-precision dtypes."""
+non-finite rows, empty batches and the low-precision dtypes; the native row kernels and
+the NumPy ones (``native=False``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ from rlx.ops.loss import SoftmaxCrossEntropyBackward, SoftmaxCrossEntropyWithLog
 from rlx.options import CompileOptions
 
 RAW = CompileOptions(use_cache=False, optimize=False, fuse=False)
+NUMPY = RAW.replace(native=False)
+
+
+def _kinds(cg) -> dict[str, str]:  # noqa: ANN001
+    return {k.op: k.kind.name for k in cg.report().kernels}
 
 
 def _graph(lead: tuple[int, ...], c: int, dt: DType = DType.F32) -> rlx.Graph:
@@ -47,10 +53,13 @@ def test_matches_torch_reference_and_compiled(lead, c):
     g = _graph(lead, c)
     feed = {"x": x, "y": y, "ct": ct}
     ref = g.evaluate(feed)
-    got = rlx.Session("cpu").compile(g, RAW).run(feed)
-    for a, b, w in zip(ref, got, want, strict=True):
+    native, numpy_ = (rlx.Session("cpu").compile(g, o) for o in (RAW, NUMPY))
+    assert set(_kinds(numpy_).values()) == {"NUMPY"}
+    got, exact = native.run(feed), numpy_.run(feed)
+    for a, b, e, w in zip(ref, got, exact, want, strict=True):
         np.testing.assert_allclose(a, w, rtol=2e-5, atol=2e-6)
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, e)  # the NumPy kernel: the reference's arithmetic
+        np.testing.assert_allclose(b, a, rtol=2e-6, atol=1e-7)  # the native: libmvec's exp
 
 
 def test_large_logits_do_not_overflow_and_non_finite_rows_are_nan():
@@ -61,8 +70,9 @@ def test_large_logits_do_not_overflow_and_non_finite_rows_are_nan():
     y = np.array([1, 0, 2, 0, 1])
     ct = np.ones(5, np.float32)
     g = _graph((5,), 3)
-    cg = rlx.Session("cpu").compile(g, RAW)
-    for loss, dx in (g.evaluate({"x": x, "y": y, "ct": ct}), cg.run({"x": x, "y": y, "ct": ct})):
+    runs = [g.evaluate({"x": x, "y": y, "ct": ct})]
+    runs += [rlx.Session("cpu").compile(g, o).run({"x": x, "y": y, "ct": ct}) for o in (RAW, NUMPY)]
+    for loss, dx in runs:
         with np.errstate(all="ignore"):
             want = -torch.log_softmax(torch.tensor(x, dtype=torch.float64), -1).numpy()
         want = want[np.arange(5), y]
@@ -79,8 +89,9 @@ def test_out_of_range_labels_fail_when_the_graph_runs():
     }
     with pytest.raises(InputError, match=r"softmax_cross_entropy: label 4 out of range for 4"):
         g.evaluate(feed)
-    with pytest.raises(InputError, match=r"label 4 out of range"):
-        rlx.Session("cpu").compile(g, RAW).run(feed)
+    for o in (RAW, NUMPY):
+        with pytest.raises(InputError, match=r"label 4 out of range"):
+            rlx.Session("cpu").compile(g, o).run(feed)
 
 
 def test_empty_batch_and_symbolic_rows():
@@ -88,28 +99,32 @@ def test_empty_batch_and_symbolic_rows():
     n = g.sym("n", 0, 16)
     x, y = g.input("x", (n, 3)), g.input("y", (n,), DType.I64)
     g.set_outputs([g.softmax_cross_entropy(x, y)])
-    cg = rlx.Session("cpu").compile(g, RAW)
     rng = np.random.default_rng(0)
-    for rows in (0, 1, 6):
-        xs, ys = rng.standard_normal((rows, 3)).astype(np.float32), rng.integers(0, 3, rows)
-        want = _torch(xs, ys, np.ones(rows, np.float32))[0] if rows else np.zeros(0)
-        np.testing.assert_allclose(cg.run({"x": xs, "y": ys})[0], want, rtol=1e-5, atol=1e-6)
+    for cg in (rlx.Session("cpu").compile(g, o) for o in (RAW, NUMPY)):
+        for rows in (0, 1, 6):
+            xs, ys = rng.standard_normal((rows, 3)).astype(np.float32), rng.integers(0, 3, rows)
+            want = _torch(xs, ys, np.ones(rows, np.float32))[0] if rows else np.zeros(0)
+            got = cg.run({"x": xs, "y": ys})[0]
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("dt", [DType.F64, DType.F16, DType.BF16])
-def test_other_float_dtypes_compile_to_the_numpy_kernel_and_match_the_reference(dt):
+def test_other_float_dtypes_match_the_reference_on_both_kernels(dt):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((6, 5)).astype(dt.np)
     y = rng.integers(0, 5, 6)
     ct = rng.standard_normal(6).astype(dt.np)
     g = _graph((6,), 5, dt)
-    cg = rlx.Session("cpu").compile(g, RAW)
-    assert {k.op: k.kind.name for k in cg.report().kernels}["softmax_cross_entropy"] == "NUMPY"
     feed = {"x": x, "y": y, "ct": ct}
     tol = 1e-12 if dt is DType.F64 else 1e-2
-    for a, b in zip(g.evaluate(feed), cg.run(feed), strict=True):
-        assert a.dtype == dt.np and b.dtype == dt.np
-        np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=tol, atol=tol)
+    for opts, kernel in ((RAW, "NATIVE"), (NUMPY, "NUMPY")):
+        cg = rlx.Session("cpu").compile(g, opts)
+        assert set(_kinds(cg).values()) == {kernel}
+        for a, b in zip(g.evaluate(feed), cg.run(feed), strict=True):
+            assert a.dtype == dt.np and b.dtype == dt.np
+            np.testing.assert_allclose(
+                a.astype(np.float64), b.astype(np.float64), rtol=tol, atol=tol
+            )
 
 
 def test_shape_rules_name_the_op_and_what_they_expected():
