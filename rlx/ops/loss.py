@@ -8,9 +8,11 @@
   (softmax(logits) - onehot(labels)) * ct[..., None]``: its vjp wrt the logits, one row
   pass instead of the graph of primitives (softmax, scatter of the one-hot, products).
 
-Labels are integers in ``[-C, C)``, negative ones counted from the end (as
-``gather_elements``, which the spelled-out loss uses); any other label is an
-``InputError`` naming the op when the graph runs. Both are computed stably (the row's
+Labels are integers. ``out_of_range`` (:class:`OutOfRange`) says what a label outside
+``[0, C)`` means: ``ERROR`` (the default, ``gather_elements``' rule, which the spelled-out
+loss uses): labels in ``[-C, 0)`` count from the end and any other is an ``InputError``
+naming the op when the graph runs; ``ZERO``: the row's loss and gradient are 0 (a one-hot
+of such a label is all zeros; torch's ``ignore_index`` rows). Both are computed stably (the row's
 maximum is subtracted before ``exp``); a row holding NaN or +inf, or only -inf, gives NaN
 (as ``log_softmax``). The ``fuse_cross_entropy`` pass (``rlx/passes/fusion_loss.py``)
 rewrites ``-log_softmax(x)[label]`` chains into the forward op; ``rlx.train`` runs it
@@ -19,6 +21,7 @@ before differentiating, so a training step's backward pass is the backward op.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
     from rlx.ir.mir import Graph, Node, NodeId
 
 __all__ = [
+    "OutOfRange",
     "SoftmaxCrossEntropyWithLogits",
     "SoftmaxCrossEntropyBackward",
     "label_rows",
@@ -55,10 +59,20 @@ def _check_pair(op: Op, logits: Shape, labels: Shape) -> None:
     )
 
 
+class OutOfRange(enum.Enum):
+    """What a label outside ``[0, classes)`` means to the cross-entropy ops."""
+
+    ERROR = "error"  # [-C, 0) counts from the end (gather_elements); others: InputError
+    ZERO = "zero"  # the row's loss and gradient are 0 (one-hot rows of zeros)
+
+
 def label_rows(op: Op, labels: np.ndarray, classes: int) -> np.ndarray:
-    """``labels`` flattened to int64 row indices in ``[0, classes)`` (negative ones wrapped);
-    an InputError naming ``op`` when one is out of range."""
+    """``labels`` flattened to int64 row indices in ``[0, classes)``: with
+    ``OutOfRange.ERROR`` negative ones wrapped and an InputError naming ``op`` for the
+    rest; with ``ZERO`` -1 for every label outside the range (a row to zero)."""
     i = np.asarray(labels).reshape(-1).astype(np.int64)
+    if op.out_of_range is OutOfRange.ZERO:  # type: ignore[attr-defined]
+        return np.where((i < 0) | (i >= classes), -1, i)
     bad = (i < -classes) | (i >= classes)
     if bad.any():
         raise InputError(
@@ -94,6 +108,7 @@ class SoftmaxCrossEntropyWithLogits(Op):
     mnemonic: ClassVar[str] = "softmax_cross_entropy"
     arity: ClassVar[int] = 2
     kind: ClassVar[OpKind] = OpKind.REDUCTION
+    out_of_range: OutOfRange = OutOfRange.ERROR
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
         logits, labels = ins
@@ -109,11 +124,13 @@ class SoftmaxCrossEntropyWithLogits(Op):
             return np.zeros(labels.shape, x.dtype)
         with np.errstate(all="ignore"):
             s, lse = log_softmax_rows(rows)
-            return (lse - s[np.arange(idx.size), idx]).reshape(labels.shape)
+            loss = lse - s[np.arange(idx.size), np.maximum(idx, 0)]
+            return np.where(idx < 0, 0, loss).astype(x.dtype).reshape(labels.shape)
 
     def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
         logits, labels = node.inputs
-        return g.apply(SoftmaxCrossEntropyBackward(), [ct, logits, labels]), None
+        back = SoftmaxCrossEntropyBackward(self.out_of_range)
+        return g.apply(back, [ct, logits, labels]), None
 
     def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
         from rlx.ops.rules import ones
@@ -122,7 +139,8 @@ class SoftmaxCrossEntropyWithLogits(Op):
         if t is None:
             return None
         logits, labels = node.inputs
-        w = g.apply(SoftmaxCrossEntropyBackward(), [ones(g, node.shape), logits, labels])
+        back = SoftmaxCrossEntropyBackward(self.out_of_range)
+        w = g.apply(back, [ones(g, node.shape), logits, labels])
         return g.sum(g.mul(w, t), -1)
 
     def batch(
@@ -140,6 +158,7 @@ class SoftmaxCrossEntropyBackward(Op):
     mnemonic: ClassVar[str] = "softmax_cross_entropy_backward"
     arity: ClassVar[int] = 3
     kind: ClassVar[OpKind] = OpKind.REDUCTION
+    out_of_range: OutOfRange = OutOfRange.ERROR
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
         ct, logits, labels = ins
@@ -160,7 +179,9 @@ class SoftmaxCrossEntropyBackward(Op):
         with np.errstate(all="ignore"):
             e = np.exp(rows - np.max(rows, axis=1, keepdims=True)) if rows.size else rows.copy()
             p = e / np.sum(e, axis=1, keepdims=True)
-            p[np.arange(idx.size), idx] -= 1
+            keep = idx >= 0
+            p[np.arange(idx.size)[keep], idx[keep]] -= 1
+            p[~keep] = 0
             return (p * ct.reshape(-1, 1)).reshape(x.shape)
 
     # out = (s - oh) * c, s = softmax(x): linear in c; in x, c * J_softmax (symmetric)
@@ -191,13 +212,21 @@ class SoftmaxCrossEntropyBackward(Op):
 
 
 @graph_method
-def softmax_cross_entropy(g: Graph, logits: NodeId, labels: NodeId) -> NodeId:
+def softmax_cross_entropy(
+    g: Graph, logits: NodeId, labels: NodeId, out_of_range: OutOfRange = OutOfRange.ERROR
+) -> NodeId:
     """The per-row cross-entropy of ``logits [..., C]`` against integer ``labels [...]``
     (``SoftmaxCrossEntropyWithLogits``): reduce it with ``g.mean`` / ``g.sum``."""
-    return g.apply(SoftmaxCrossEntropyWithLogits(), [logits, labels])
+    return g.apply(SoftmaxCrossEntropyWithLogits(out_of_range), [logits, labels])
 
 
 @graph_method
-def softmax_cross_entropy_backward(g: Graph, ct: NodeId, logits: NodeId, labels: NodeId) -> NodeId:
+def softmax_cross_entropy_backward(
+    g: Graph,
+    ct: NodeId,
+    logits: NodeId,
+    labels: NodeId,
+    out_of_range: OutOfRange = OutOfRange.ERROR,
+) -> NodeId:
     """``(softmax(logits) - onehot(labels)) * ct[..., None]``: the logits' cotangent."""
-    return g.apply(SoftmaxCrossEntropyBackward(), [ct, logits, labels])
+    return g.apply(SoftmaxCrossEntropyBackward(out_of_range), [ct, logits, labels])

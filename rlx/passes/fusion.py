@@ -19,7 +19,7 @@ SwiGLU runs before matmul + activation so ``silu(x @ w_gate)`` is not taken firs
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rlx import source
@@ -114,8 +114,12 @@ class FusionView:
         return None
 
 
-def apply_matches(graph: Graph, matches: Sequence[Match]) -> Graph:
-    """Rebuild ``graph`` with every match applied (matches must not overlap)."""
+def apply_matches(
+    graph: Graph, matches: Sequence[Match], then: Mapping[NodeId, Op] | None = None
+) -> Graph:
+    """Rebuild ``graph`` with every match applied (matches must not overlap). ``then``:
+    anchor -> an op applied to the fused node's output, which takes the anchor's place
+    (``-mean(x)`` fused as ``mean(fused)``)."""
     anchors = {m.anchor: m for m in matches}
     dropped = set().union(*(m.nodes for m in matches)) - set(anchors) if matches else set()
     rw = Rewriter(graph)
@@ -126,7 +130,12 @@ def apply_matches(graph: Graph, matches: Sequence[Match]) -> Graph:
             # the fused node keeps the anchor's provenance and lists the user nodes it replaces
             members = [graph.nodes[i].loc for i in sorted(m.nodes)]
             loc = source.fuse(node.loc, members)
-            rw.map[nid] = rw.emit(m.op, [rw.map[i] for i in m.inputs], loc, node.shape)
+            post = (then or {}).get(nid)
+            ins = [rw.map[i] for i in m.inputs]
+            if post is None:
+                rw.map[nid] = rw.emit(m.op, ins, loc, node.shape)
+            else:
+                rw.map[nid] = rw.emit(post, [rw.emit(m.op, ins, loc)], loc, node.shape)
         elif nid not in dropped:
             rw.copy(node)
     return rw.finish()
@@ -187,6 +196,10 @@ class PatternFusion:
         misses = len(self.report.missed_of(self.pattern))
         if misses:
             self.notes.append(f"{misses} near misses (see the fusion report)")
+        return self.apply(graph, matches)
+
+    def apply(self, graph: Graph, matches: Sequence[Match]) -> Graph:
+        """Rebuild ``graph`` with ``matches`` applied (:func:`apply_matches`)."""
         return apply_matches(graph, matches)
 
 

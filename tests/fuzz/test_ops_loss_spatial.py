@@ -4,7 +4,8 @@ interpreter and the compiled graph under every precision policy and native targe
 
 * ``softmax_cross_entropy`` / ``softmax_cross_entropy_backward``: ``F.cross_entropy``
   (``reduction="none"``) and its ``torch.autograd`` gradient weighted by the cotangent,
-  labels counted from either end;
+  labels counted from either end (``OutOfRange.ERROR``) or out of range (``ZERO``: torch's
+  ``ignore_index`` rows);
 * ``conjugate`` / ``complex_norm_sq`` / ``complex_norm_sq_backward``: ``torch.conj``,
   ``z.abs() ** 2`` and its autograd gradient on complex128;
 * ``resize_nearest_2x``: ``F.interpolate(scale_factor=2, mode="nearest")`` (exact values:
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 import rlx
 from rlx.dtype import DType
 from rlx.ops.base import OpKind
+from rlx.ops.loss import OutOfRange
 from rlx.ops.spatial import AxialRope2d
 
 from .harness import EXACT, SEEDS, Tol, check, exact_values, examples
@@ -64,23 +66,28 @@ def torch_axial_rope(
     lead=st.sampled_from([(1,), (3,), (2, 2), (5,)]),
     c=st.sampled_from([1, 2, 5, 17, 100]),
     scale=st.sampled_from([1.0, 8.0]),
+    mode=st.sampled_from(list(OutOfRange)),
     seed=SEEDS,
 )
-def test_softmax_cross_entropy_matches_torch(lead, c, scale, seed) -> None:
+def test_softmax_cross_entropy_matches_torch(lead, c, scale, mode, seed) -> None:
     rng = np.random.default_rng(seed)
+    zero = mode is OutOfRange.ZERO
     feeds = {
         "x": (rng.standard_normal((*lead, c)) * scale).astype(np.float32),
-        "y": rng.integers(-c, c, lead),
+        "y": rng.integers(-c - 2, c + 2, lead) if zero else rng.integers(-c, c, lead),
         "ct": rng.standard_normal(lead).astype(np.float32),
     }
     g = rlx.Graph("ce")
     x, y, ct = (g.input(n, a.shape, DType.from_numpy(a.dtype)) for n, a in feeds.items())
-    g.set_outputs([g.softmax_cross_entropy(x, y), g.softmax_cross_entropy_backward(ct, x, y)])
+    outs = [g.softmax_cross_entropy(x, y, mode), g.softmax_cross_entropy_backward(ct, x, y, mode)]
+    g.set_outputs(outs)
 
     def oracle(rnd):
         tx = torch.tensor(rnd(feeds["x"]).reshape(-1, c), requires_grad=True)
-        ty = torch.tensor(feeds["y"] % c).reshape(-1)
-        loss = F.cross_entropy(tx, ty, reduction="none")
+        lab = feeds["y"]
+        lab = np.where((lab < 0) | (lab >= c), -100, lab) if zero else lab % c
+        ty = torch.tensor(lab).reshape(-1)
+        loss = F.cross_entropy(tx, ty, reduction="none", ignore_index=-100)
         (loss * torch.tensor(rnd(feeds["ct"]).reshape(-1))).sum().backward()
         return [loss.detach().numpy().reshape(lead), tx.grad.numpy().reshape(*lead, c)]
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F  # noqa: N812
 import rlx
 from rlx import DType
 from rlx.errors import InputError, ShapeError
-from rlx.ops.loss import SoftmaxCrossEntropyBackward, SoftmaxCrossEntropyWithLogits
+from rlx.ops.loss import OutOfRange, SoftmaxCrossEntropyBackward, SoftmaxCrossEntropyWithLogits
 from rlx.options import CompileOptions
 
 RAW = CompileOptions(use_cache=False, optimize=False, fuse=False)
@@ -37,8 +37,8 @@ def _torch(x: np.ndarray, y: np.ndarray, ct: np.ndarray) -> tuple[np.ndarray, np
     """Loss per row and d(sum(ct * loss))/dx by torch autograd, in float64."""
     c = x.shape[-1]
     tx = torch.tensor(x.astype(np.float64).reshape(-1, c), requires_grad=True)
-    ty = torch.tensor(np.where(y < 0, y + c, y).reshape(-1))
-    loss = F.cross_entropy(tx, ty, reduction="none")
+    ty = torch.tensor(np.where((y < 0) & (y >= -c), y + c, y).reshape(-1))
+    loss = F.cross_entropy(tx, ty, reduction="none", ignore_index=-100)
     (loss * torch.tensor(ct.astype(np.float64).reshape(-1))).sum().backward()
     return loss.detach().numpy().reshape(y.shape), tx.grad.numpy().reshape(x.shape)
 
@@ -141,3 +141,25 @@ def test_shape_rules_name_the_op_and_what_they_expected():
     with pytest.raises(ShapeError, match=r"softmax_cross_entropy_backward: the cotangent"):
         g.softmax_cross_entropy_backward(g.input("c", (4,), DType.F64), x, y)
     assert SoftmaxCrossEntropyWithLogits.kind is SoftmaxCrossEntropyBackward.kind
+
+
+def test_out_of_range_zero_is_torch_ignore_index_on_every_kernel():
+    """``OutOfRange.ZERO``: a label outside [0, C) (negative ones included) gives a row of
+    loss 0 and gradient 0, as torch's ignore_index."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    y = np.array([0, 5, -1, 2, -100, 4])
+    ct = rng.standard_normal(6).astype(np.float32)
+    g = rlx.Graph("ce0")
+    xi, yi, ci = g.input("x", (6, 5)), g.input("y", (6,), DType.I64), g.input("ct", (6,))
+    zero = OutOfRange.ZERO
+    g.set_outputs(
+        [g.softmax_cross_entropy(xi, yi, zero), g.softmax_cross_entropy_backward(ci, xi, yi, zero)]
+    )
+    want = _torch(x, np.where((y < 0) | (y >= 5), -100, y), ct)
+    feed = {"x": x, "y": y, "ct": ct}
+    runs = [g.evaluate(feed)] + [rlx.Session("cpu").compile(g, o).run(feed) for o in (RAW, NUMPY)]
+    for got in runs:
+        for a, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(a, w, rtol=2e-5, atol=2e-6)
+        assert not got[0][[1, 2, 4]].any() and not got[1][[1, 2, 4]].any()

@@ -1,6 +1,7 @@
 """``fuse_cross_entropy`` (rlx/passes/fusion_loss.py): rlx's own ``cross_entropy`` and the
 ONNX importer's SoftmaxCrossEntropyLoss become one ``softmax_cross_entropy`` node with the
-numbers of ``torch.nn.functional.cross_entropy``; chains that are not that (label
+numbers of ``torch.nn.functional.cross_entropy``, and so does a traced
+``-(one_hot(y) * log_softmax(x)).sum(-1).mean()``; chains that are not that (label
 smoothing, class-probability targets, the classes on another axis) stay as they are,
 with the reason in the fusion report."""
 
@@ -17,7 +18,7 @@ from rlx import DType
 from rlx.ir.mir import Graph
 from rlx.ops.compose.losses import cross_entropy
 from rlx.ops.indexing import GatherElements
-from rlx.ops.loss import SoftmaxCrossEntropyWithLogits
+from rlx.ops.loss import OutOfRange, SoftmaxCrossEntropyWithLogits
 from rlx.ops.reduce import LogSoftmax
 from rlx.options import CompileOptions
 from rlx.passes.report import FusionPattern
@@ -47,7 +48,10 @@ def test_rlx_cross_entropy_fuses_and_matches_torch(reduction, lead):
     assert not ops_of(out, LogSoftmax) and not ops_of(out, GatherElements)
     assert report.count(CE) == 1 and not report.missed_of(CE)
     (fused,) = report.fused_of(CE)
-    assert "cross-entropy at" in fused.description and fused.into == "softmax_cross_entropy"
+    assert (
+        "cross-entropy at" in fused.description
+        and fused.into == "softmax_cross_entropy[out_of_range=error]"
+    )
     x, w = (
         RNG.standard_normal((*lead, c)).astype(np.float32),
         RNG.standard_normal((c, c)).astype(np.float32),
@@ -124,3 +128,39 @@ def test_onnx_softmax_cross_entropy_loss_fuses_and_matches_torch():
     y = np.array([0, 3, -1, 2, 1])
     want = F.cross_entropy(torch.tensor(x, dtype=torch.float64), torch.tensor(y), ignore_index=-1)
     np.testing.assert_allclose(cg.run({"x": x, "y": y})[0], want.numpy(), rtol=1e-5)
+
+
+def test_traced_one_hot_loss_fuses_with_out_of_range_zero():
+    """``-(one_hot(y, C) * log_softmax(x)).sum(-1).mean()`` traced by rlx.jit: one
+    ``softmax_cross_entropy[out_of_range=zero]`` then the mean; an out-of-range label's
+    one-hot is all zeros, so its row counts 0 (torch: ignore_index rows, summed, divided
+    by every row)."""
+
+    def loss(x, y):
+        return -(rlx.nn.one_hot(y, 5) * rlx.nn.log_softmax(x)).sum(-1).mean()
+
+    x = RNG.standard_normal((4, 5)).astype(np.float32)
+    y = np.array([0, 7, 4, -1])
+    g = rlx.jit(loss).lower(x, y).graph
+    out, report = fuse_all(g)
+    (node,) = ops_of(out, SoftmaxCrossEntropyWithLogits)
+    assert node.op.out_of_range is OutOfRange.ZERO and report.count(CE) == 1
+    assert not ops_of(out, LogSoftmax)
+    tl = torch.tensor(np.where((y < 0) | (y >= 5), -100, y))
+    rows = F.cross_entropy(torch.tensor(x, dtype=torch.float64), tl, reduction="none")
+    want = rows.sum().numpy() / 4
+    for graph in (g, out):
+        np.testing.assert_allclose(graph.evaluate({"x": x, "y": y})[0], want, rtol=1e-5)
+    np.testing.assert_allclose(rlx.jit(loss)(x, y), want, rtol=1e-5)
+
+
+def test_one_hot_of_other_classes_is_a_near_miss():
+    """A one-hot against a constant that is not arange(C) is class probabilities."""
+    g = Graph("oh")
+    x, y = g.input("x", (4, 3)), g.input("y", (4,), DType.I64)
+    oh = g.cast(g.eq(g.unsqueeze(y, -1), g.constant(np.array([2, 1, 0]))), "f32")
+    g.set_outputs([g.neg(g.sum(g.mul(oh, g.log_softmax(x, -1)), -1))])
+    out, report = fuse_all(g)
+    (miss,) = report.missed_of(CE)
+    assert "not a one-hot of integer labels" in miss.reason
+    assert not ops_of(out, SoftmaxCrossEntropyWithLogits)

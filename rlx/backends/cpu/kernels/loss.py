@@ -15,8 +15,9 @@ per-row loss, or the logits' cotangent, into the output view.
   ufuncs over ``[rows, C]`` into scratch made at schedule-build time (one tensor and
   two row vectors); f16 / bf16 / fp8 computed in f32 scratch (``lowp``).
 
-Both range-check the labels on each run (an InputError naming the op) and turn them into
-int64 row indices (negative ones counted from the end).
+Both turn the labels into int64 row indices on each run (``rlx.ops.loss.label_rows``:
+range-checked, an InputError naming the op, or -1 for a row that ``OutOfRange.ZERO``
+makes 0).
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ def render_cross_entropy_rows(backward: bool, t: CType) -> CFunction:
     ld, st = t.load.format, t.store.format
     sfx = "f" if v == "float" else ""
     e = f"rlx_expneg{sfx}({ld('xr[j]')} - mx)"
+    zero = (
+        f"for (long j = 0; j < n; ++j) out[r * n + j] = {st('0')};"
+        if backward
+        else f"out[r] = {st('0')};"
+    )
     name = NAME_PLACEHOLDER
     params = (
         f"const long* restrict m, const {s}* restrict x, const int64_t* restrict lab, "
@@ -75,6 +81,7 @@ def render_cross_entropy_rows(backward: bool, t: CType) -> CFunction:
         "    for (long r = r0; r < r1; ++r) {",
         f"        const {s}* xr = x + r * n;",
         "        const long k = (long)lab[r];",
+        f"        if (k < 0) {{ {zero} continue; }}",
         f"        {v} mx = -INFINITY;",
         "        #pragma omp simd reduction(max:mx) simdlen(64)",
         f"        for (long j = 0; j < n; ++j) {{ const {v} a = {ld('xr[j]')}; mx = a > mx ? a : mx; }}",
@@ -185,6 +192,7 @@ def cross_entropy_kernel(
             np.sum(shifted, axis=1, out=total)
             np.log(total, out=total)
             np.subtract(total, picked, out=flat)
+            flat[idx < 0] = 0  # OutOfRange.ZERO rows
 
     return cross_entropy
 
@@ -213,7 +221,9 @@ def cross_entropy_backward_kernel(
             np.exp(dst, out=dst)
             np.sum(dst, axis=1, keepdims=True, out=top)
             np.divide(dst, top, out=dst)
-            dst[at, idx] -= 1
+            keep = idx >= 0
+            dst[at[keep], idx[keep]] -= 1
+            dst[~keep] = 0  # OutOfRange.ZERO rows
             np.multiply(dst, col, out=dst)
 
     return cross_entropy_backward
