@@ -82,7 +82,7 @@ def label_rows(op: Op, labels: np.ndarray, classes: int) -> np.ndarray:
     return np.where(i < 0, i + classes, i)
 
 
-def log_softmax_rows(x: np.ndarray) -> np.ndarray:
+def log_softmax_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``x - max`` and ``log(sum(exp(x - max)))`` of rows ``x [R, C]``: (shifted, lse)."""
     s = x - np.max(x, axis=1, keepdims=True)
     return s, np.log(np.sum(np.exp(s), axis=1))
