@@ -6,9 +6,11 @@ their backward ops, a scatter into zeros), both through ``rlx.train.TrainStep`` 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/fused_loss.py \\
         [--rounds 5] [--threads 1] [--out benchmarks/results/BENCHMARKS_train.md]
 
-Cases (seeded): ``mlp_digits`` (train.py's: 64 -> 256 -> 256 -> 10 ReLU MLP, batch 64) and
+Cases (seeded): ``mlp_digits`` (train.py's: 64 -> 256 -> 256 -> 10 ReLU MLP, batch 64),
 ``lm_head`` (a 256-wide hidden state -> 8192-class linear head, 256 rows: the loss side
-of a language model's step). Method: one process; both variants compiled, one untimed
+of a language model's step) and ``loss_grad`` (the loss alone: ``rlx.autodiff.grad`` of
+the mean cross-entropy of [256, 8192] logits wrt the logits, fused by running
+``CrossEntropyFusion`` first, compiled, one ``run`` per step). Method: one process; both variants compiled, one untimed
 step each, then ``--rounds`` interleaved rounds (the variant that starts alternates) of
 ``inner`` steps; reported: median ms per step and fused / unfused, the load average, the
 CPU. With ``--out`` a paragraph is appended to that file.
@@ -35,7 +37,11 @@ from rlx.ops.compose.losses import cross_entropy  # noqa: E402
 from rlx.options import CompileOptions  # noqa: E402
 from rlx.train import AdamW, TrainStep  # noqa: E402
 
-CASES = {"mlp_digits": ((64, 256, 256, 10), 64, 100), "lm_head": ((256, 8192), 256, 10)}
+CASES = {
+    "mlp_digits": ((64, 256, 256, 10), 64, 100),
+    "lm_head": ((256, 8192), 256, 10),
+    "loss_grad": ((8192,), 256, 20),
+}
 
 
 def build(dims: tuple[int, ...], batch: int) -> tuple[rlx.Graph, dict, list[dict]]:
@@ -60,23 +66,46 @@ def build(dims: tuple[int, ...], batch: int) -> tuple[rlx.Graph, dict, list[dict
     return g, params, data
 
 
+def loss_grads(c: int, batch: int, threads: int) -> tuple[dict, list[dict]]:
+    """The ``loss_grad`` case: a compiled gradient graph per variant, and its feeds."""
+    from rlx.autodiff.reverse import grad
+    from rlx.passes.fusion_loss import CrossEntropyFusion
+    from rlx.runtime.session import Session
+
+    g = rlx.Graph("loss")
+    x, y = g.input("x", (batch, c)), g.input("y", (batch,), "i64")
+    g.set_outputs([cross_entropy(g, x, y)])
+    off = CompileOptions(num_threads=threads, disabled_passes=("fuse_cross_entropy",))
+    graphs = {"fused": grad(CrossEntropyFusion().run(g), ["x"]), "unfused": grad(g, ["x"])}
+    compiled = {k: Session("cpu").compile(v, off) for k, v in graphs.items()}
+    rng = np.random.default_rng(0)
+    data = [
+        {"x": rng.standard_normal((batch, c)).astype(np.float32), "y": rng.integers(0, c, batch)}
+        for _ in range(4)
+    ]
+    return {k: (lambda b, cg=cg: cg.run(b)) for k, cg in compiled.items()}, data
+
+
 def measure(case: str, rounds: int, threads: int) -> dict[str, float]:
     dims, batch, inner = CASES[case]
-    g, params, data = build(dims, batch)
-    variants = {
-        "fused": CompileOptions(num_threads=threads),
-        "unfused": CompileOptions(num_threads=threads, disabled_passes=("fuse_cross_entropy",)),
-    }
-    steps = {k: TrainStep(g, AdamW(1e-4), params, options=o) for k, o in variants.items()}
+    if case == "loss_grad":
+        steps, data = loss_grads(dims[0], batch, threads)
+    else:
+        g, params, data = build(dims, batch)
+        variants = {
+            "fused": CompileOptions(num_threads=threads),
+            "unfused": CompileOptions(num_threads=threads, disabled_passes=("fuse_cross_entropy",)),
+        }
+        steps = {k: TrainStep(g, AdamW(1e-4), params, options=o).step for k, o in variants.items()}
     for s in steps.values():
-        s.step(data[0])
+        s(data[0])
     times: dict[str, list[float]] = {k: [] for k in steps}
     for r in range(rounds):
         order = list(steps) if r % 2 == 0 else list(steps)[::-1]
         for k in order:
             t0 = time.perf_counter()
             for i in range(inner):
-                steps[k].step(data[i % len(data)])
+                steps[k](data[i % len(data)])
             times[k].append((time.perf_counter() - t0) / inner * 1e3)
     return {k: statistics.median(v) for k, v in times.items()}
 
@@ -95,7 +124,7 @@ def main() -> None:
         (ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
          if "model name" in ln), "?",
     )  # fmt: skip
-    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "| case | fused ms | unfused ms | fused / unfused |",
         "|---|---|---|---|",
@@ -106,7 +135,7 @@ def main() -> None:
     text = (
         f"\n## Fused cross-entropy in the training step ({when})\n\n"
         f"`{cmd}`: {args.threads} thread(s), {args.rounds} interleaved rounds, median ms "
-        f"per AdamW step; CPU {cpu}; load average {load0:.2f} -> {load1:.2f} (a shared "
+        f"per AdamW step (loss_grad: per gradient run); CPU {cpu}; load average {load0:.2f} -> {load1:.2f} (a shared "
         "VM: compare within this table only).\n\n" + "\n".join(lines) + "\n"
     )
     print(text)
