@@ -186,3 +186,21 @@ def test_vmap_matches_a_loop(name, axis):
         want = g.evaluate({k: a[i] for k, a in feed.items()})
         for a, b in zip(got, want, strict=True):
             np.testing.assert_allclose(a[i], b, rtol=1e-6, atol=1e-6)
+
+
+def test_cross_entropy_hvp_matches_torch():
+    """Forward over reverse through the backward op's jvp: H v of the mean loss."""
+    from rlx.autodiff import hvp
+
+    x, v = RNG.standard_normal((5, 4)), RNG.standard_normal((5, 4))
+    y = RNG.integers(0, 4, 5)
+    g = rlx.Graph("ceh")
+    xi, yi = g.input("x", x.shape, DType.F64), g.input("y", (5,), DType.I64)
+    g.set_outputs([g.mean(g.softmax_cross_entropy(xi, yi))])
+    (got,) = hvp(g, ["x"]).evaluate({"x": x, "y": y, "v_x": v})
+
+    def f(t):
+        return F.cross_entropy(t, torch.tensor(y))
+
+    _, want = torch.autograd.functional.hvp(f, torch.tensor(x), torch.tensor(v))
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-10, atol=1e-12)

@@ -164,3 +164,22 @@ def test_one_hot_of_other_classes_is_a_near_miss():
     (miss,) = report.missed_of(CE)
     assert "not a one-hot of integer labels" in miss.reason
     assert not ops_of(out, SoftmaxCrossEntropyWithLogits)
+
+
+def test_one_hot_fusion_is_finite_where_the_product_is_nan():
+    """docs/architecture.md: ``0 * log_softmax`` of a ``-inf`` logit is NaN in the chain;
+    the fused op gives the gathered loss (torch's value)."""
+    g = Graph("inf")
+    x, y = g.input("x", (2, 3)), g.input("y", (2,), DType.I64)
+    oh = g.cast(g.eq(g.unsqueeze(y, -1), g.constant(np.arange(3))), "f32")
+    g.set_outputs([g.neg(g.sum(g.mul(oh, g.log_softmax(x, -1)), -1))])
+    out, _ = fuse_all(g)
+    xv = np.array([[0.5, -np.inf, 1.0], [2.0, 1.0, 0.0]], np.float32)
+    yv = np.array([0, 1])
+    want = F.cross_entropy(
+        torch.tensor(xv, dtype=torch.float64), torch.tensor(yv), reduction="none"
+    )
+    with np.errstate(invalid="ignore"):
+        chain = g.evaluate({"x": xv, "y": yv})[0]
+    assert np.isnan(chain[0]) and np.isfinite(chain[1])
+    np.testing.assert_allclose(out.evaluate({"x": xv, "y": yv})[0], want.numpy(), rtol=1e-6)
