@@ -36,6 +36,9 @@ from rlx.ops import bitcast  # bitcast (the same bytes as another dtype)
 from rlx.ops import kvcache  # cache_attention (attention through a KV cache), dequant_gather
 from rlx.ops import grad_util  # gather_backward (and the movement / linalg rules' helpers)
 from rlx.ops import state  # assign (writes a param when the compiled graph runs), barrier
+from rlx.ops import loss  # softmax_cross_entropy and its backward op
+from rlx.ops import complex  # conjugate, complex_norm_sq and its backward op
+from rlx.ops import spatial  # resize_nearest_2x, axial_rope_2d
 # isort: on
 
 # the modules above, in registration order
@@ -67,6 +70,9 @@ FAMILIES = (
     kvcache,
     grad_util,
     state,
+    loss,
+    complex,
+    spatial,
 )
 
 __all__ = ["OPS", "Op", "OpKind", "RefCtx", "register"]

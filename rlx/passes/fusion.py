@@ -11,14 +11,15 @@ says why otherwise), so a fusion never duplicates work or hides a value someone 
 
 The passes, in pipeline order (pattern fusions first, then elementwise regions): the
 recognition of spelled-out GELU and layer norm (``fusion_gelu``, ``fusion_layernorm``:
-what importers write as formulas becomes the op the later fusions take), attention, SwiGLU, residual + norm, integer matmul epilogues (``fusion_quant``), matmul +
+what importers write as formulas becomes the op the later fusions take), cross-entropy
+(``fusion_loss``: ``-log_softmax(x)[label]`` -> ``softmax_cross_entropy``), attention, SwiGLU, residual + norm, integer matmul epilogues (``fusion_quant``), matmul +
 bias + activation, elementwise regions.
 SwiGLU runs before matmul + activation so ``silu(x @ w_gate)`` is not taken first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rlx import source
@@ -113,8 +114,12 @@ class FusionView:
         return None
 
 
-def apply_matches(graph: Graph, matches: Sequence[Match]) -> Graph:
-    """Rebuild ``graph`` with every match applied (matches must not overlap)."""
+def apply_matches(
+    graph: Graph, matches: Sequence[Match], then: Mapping[NodeId, Op] | None = None
+) -> Graph:
+    """Rebuild ``graph`` with every match applied (matches must not overlap). ``then``:
+    anchor -> an op applied to the fused node's output, which takes the anchor's place
+    (``-mean(x)`` fused as ``mean(fused)``)."""
     anchors = {m.anchor: m for m in matches}
     dropped = set().union(*(m.nodes for m in matches)) - set(anchors) if matches else set()
     rw = Rewriter(graph)
@@ -125,7 +130,12 @@ def apply_matches(graph: Graph, matches: Sequence[Match]) -> Graph:
             # the fused node keeps the anchor's provenance and lists the user nodes it replaces
             members = [graph.nodes[i].loc for i in sorted(m.nodes)]
             loc = source.fuse(node.loc, members)
-            rw.map[nid] = rw.emit(m.op, [rw.map[i] for i in m.inputs], loc, node.shape)
+            post = (then or {}).get(nid)
+            ins = [rw.map[i] for i in m.inputs]
+            if post is None:
+                rw.map[nid] = rw.emit(m.op, ins, loc, node.shape)
+            else:
+                rw.map[nid] = rw.emit(post, [rw.emit(m.op, ins, loc)], loc, node.shape)
         elif nid not in dropped:
             rw.copy(node)
     return rw.finish()
@@ -186,6 +196,10 @@ class PatternFusion:
         misses = len(self.report.missed_of(self.pattern))
         if misses:
             self.notes.append(f"{misses} near misses (see the fusion report)")
+        return self.apply(graph, matches)
+
+    def apply(self, graph: Graph, matches: Sequence[Match]) -> Graph:
+        """Rebuild ``graph`` with ``matches`` applied (:func:`apply_matches`)."""
         return apply_matches(graph, matches)
 
 
@@ -195,12 +209,14 @@ def fusion_passes(report: FusionReport) -> list[PatternFusion]:
     from rlx.passes.fusion_elementwise import ElementwiseFusion
     from rlx.passes.fusion_gelu import GeluFusion
     from rlx.passes.fusion_layernorm import LayerNormFusion
+    from rlx.passes.fusion_loss import CrossEntropyFusion
     from rlx.passes.fusion_patterns import MatMulBiasActFusion, ResidualNormFusion, SwiGLUFusion
     from rlx.passes.fusion_quant import QuantEpilogueFusion
 
     return [
         GeluFusion(report),
         LayerNormFusion(report),
+        CrossEntropyFusion(report),
         AttentionFusion(report),
         SwiGLUFusion(report),
         ResidualNormFusion(report),

@@ -11,8 +11,8 @@ The default pass list (:func:`default_passes`), in order:
 1. cleanup (``options.optimize``): ``dce``, ``cse``, ``constant_folding`` (with
    ``freeze_params``, params given at compile time become constants first), ``simplify``;
 2. ``broadcast_legalization`` (always: it is what the elementwise kernels expect);
-3. fusion (``options.fuse``): ``fuse_gelu``, ``fuse_layer_norm`` (spelled-out forms ->
-   the op), ``fuse_attention``, ``fuse_swiglu``, ``fuse_residual_norm``,
+3. fusion (``options.fuse``): ``fuse_gelu``, ``fuse_layer_norm``, ``fuse_cross_entropy``
+   (spelled-out forms -> the op), ``fuse_attention``, ``fuse_swiglu``, ``fuse_residual_norm``,
    ``fuse_quant_epilogue``, ``fuse_matmul_bias_act``, then ``fuse_elementwise`` (pattern fusions before regions);
 4. precision (a non-f32 ``options.precision``): ``auto_mixed_precision`` then
    ``cast_elimination``;
@@ -60,6 +60,7 @@ PASS_NAMES: tuple[str, ...] = (
     "broadcast_legalization",
     "fuse_gelu",
     "fuse_layer_norm",
+    "fuse_cross_entropy",
     "fuse_attention",
     "fuse_swiglu",
     "fuse_residual_norm",

@@ -44,6 +44,7 @@ class FusionPattern(enum.Enum):
 
     GELU = "gelu"
     LAYER_NORM = "layer_norm"
+    CROSS_ENTROPY = "cross_entropy"
     ATTENTION = "attention"
     SWIGLU = "swiglu"
     RESIDUAL_NORM = "residual_norm"

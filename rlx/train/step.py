@@ -6,7 +6,9 @@ optimizer's state live in that compiled graph's param store and are updated in p
 ``assign`` nodes (``rlx/ops/state.py``) that run after every other node (Adam and AdamW:
 one ``adam_update`` node per param writes the param and its ``m``, ``v`` in one pass).
 
-The step graph adds to the model graph: the backward pass (:func:`rlx.autodiff.backward`),
+The step graph adds to the model graph: the backward pass (:func:`rlx.autodiff.backward`,
+after ``fuse_cross_entropy`` made each spelled-out cross-entropy one
+``softmax_cross_entropy`` node, so that its backward is ``softmax_cross_entropy_backward``),
 two inputs, ``train.lr`` (f64 rank 0: the learning rate of this step, from the schedule,
 so a schedule never recompiles) and the params ``train.step`` (f64 rank 0: steps taken)
 and the optimizer's state (``adam.m.<name>``...). Split mode, for data-parallel training:
@@ -33,6 +35,7 @@ from rlx.errors import AutodiffError, InputError
 from rlx.ir.mir import Graph, NodeId
 from rlx.ops.rules import is_diff_dtype, zeros
 from rlx.options import CompileOptions
+from rlx.passes.fusion_loss import CrossEntropyFusion
 from rlx.runtime.compiled import CompiledGraph
 from rlx.runtime.session import Session
 from rlx.train.optim import Optimizer, UpdateCtx, clip_by_global_norm
@@ -117,6 +120,11 @@ class TrainStep:
                 node=loss,
                 loc=node.loc,
             )
+        nforward = len(g.nodes)
+        if self._fuses_losses():
+            g = CrossEntropyFusion().run(g)
+            loss, nforward = g.outputs[self.loss_output], len(g.nodes)
+            node = g.nodes[loss]
         wrt = [n.id for n in g.param_nodes() if n.op.name in self.trainable]  # type: ignore[attr-defined]
         seed = g.constant(np.ones(node.shape.dims, dtype=node.dtype.np))
         found = backward(g, {loss: seed}, wrt)
@@ -125,9 +133,17 @@ class TrainStep:
             from rlx.train.recompute import recompute_activations
 
             keep = None if self._recompute is True else list(self._recompute)  # type: ignore[arg-type]
-            g, remap = recompute_activations(g, len(self.model.nodes), keep)
+            g, remap = recompute_activations(g, nforward, keep)
             loss, grads = remap[loss], [remap[d] for d in grads]
         return g, loss, grads
+
+    def _fuses_losses(self) -> bool:
+        """Whether the loss chains become fused ops before differentiating (so the backward
+        pass is their backward ops): unless fusion or ``fuse_cross_entropy`` is off, or
+        ``recompute`` names forward node ids (which the rewrite would renumber)."""
+        o = self.options
+        named = self._recompute is not False and self._recompute is not True
+        return o.fuse and "fuse_cross_entropy" not in o.disabled_passes and not named
 
     def _update(
         self, g: Graph, grads: Mapping[str, NodeId]

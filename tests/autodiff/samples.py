@@ -793,3 +793,57 @@ def _elementwise_region(b: B) -> Case:
     return b.done(
         b.g.elementwise_region([x, y], lambda s, p, q: s.mul(s.tanh(p), s.exp(s.mul(q, 0.5))))
     )
+
+
+# ---- loss, complex and 2-D spatial ops (rlx/ops/loss.py, complex.py, spatial.py) -----
+
+
+def _labels(b: B, lead: list[int], c: int) -> int:
+    return b.inp(b.rng.integers(-c, c, lead), diff=False)
+
+
+@sample("softmax_cross_entropy")
+def _softmax_cross_entropy(b: B) -> Case:
+    lead, c = b.dims(1, 2), b.data.draw(st.integers(1, 4), "classes")
+    x = b.inp(b.normal([*lead, c]))
+    return b.done(b.g.softmax_cross_entropy(x, _labels(b, lead, c)))
+
+
+@sample("softmax_cross_entropy_backward")
+def _softmax_cross_entropy_backward(b: B) -> Case:
+    lead, c = b.dims(1, 2), b.data.draw(st.integers(1, 4), "classes")
+    ct, x = b.inp(b.normal(lead)), b.inp(b.normal([*lead, c]))
+    return b.done(b.g.softmax_cross_entropy_backward(ct, x, _labels(b, lead, c)))
+
+
+def _c64(b: B, d: list[int]) -> np.ndarray:
+    return (b.normal(d) + 1j * b.normal(d)).astype(np.complex64)
+
+
+@sample("conjugate")
+def _conjugate(b: B) -> Case:
+    return b.done(b.g.conjugate(b.inp(_c64(b, b.dims()))), **F32)
+
+
+@sample("complex_norm_sq")
+def _complex_norm_sq(b: B) -> Case:
+    return b.done(b.g.complex_norm_sq(b.inp(_c64(b, b.dims()))), **F32)
+
+
+@sample("complex_norm_sq_backward")
+def _complex_norm_sq_backward(b: B) -> Case:
+    d = b.dims()
+    ct, z = b.inp(b.normal(d, np.float32)), b.inp(_c64(b, d))
+    return b.done(b.g.complex_norm_sq_backward(ct, z), **F32)
+
+
+@sample("resize_nearest_2x")
+def _resize_nearest_2x(b: B) -> Case:
+    return b.done(b.g.resize_nearest_2x(b.inp(b.normal(b.dims(2, 4)))))
+
+
+@sample("axial_rope_2d")
+def _axial_rope_2d(b: B) -> Case:
+    gh, gw = b.data.draw(st.integers(1, 3), "gh"), b.data.draw(st.integers(1, 3), "gw")
+    x = b.inp(b.normal([*b.dims(0, 1), gh * gw, 8]))
+    return b.done(b.g.axial_rope_2d(x, gh, gw, 4, interleaved=b.data.draw(st.booleans())))

@@ -475,6 +475,38 @@ def _nn_grad_cases() -> list[Case]:
     return cases
 
 
+def _loss_complex_spatial_cases() -> list[Case]:
+    """rlx/ops/loss.py, complex.py, spatial.py (labels in [0, 4): 4 or more classes)."""
+
+    def ce(g: rlx.Graph, dt: str, backward: bool) -> object:
+        x, y = g.input("x", (2, 3, 7), dt), g.input("y", (2, 3), "i64")
+        if backward:
+            return g.softmax_cross_entropy_backward(g.input("c", (2, 3), dt), x, y)
+        return g.softmax_cross_entropy(x, y)
+
+    cases = [
+        Case(f"softmax_cross_entropy{'_backward' if b else ''}_{dt}", lambda g, dt=dt, b=b: ce(g, dt, b))
+        for dt in ("f32", "f64", "bf16")
+        for b in (False, True)
+    ]  # fmt: skip
+    return cases + [
+        Case("conjugate", lambda g: g.conjugate(g.input("z", (3, 4), "c64"))),
+        Case("complex_norm_sq", lambda g: g.complex_norm_sq(g.input("z", (3, 4), "c64"))),
+        Case("complex_norm_sq_f16", lambda g: g.complex_norm_sq(g.input("x", (3, 4), "f16"))),
+        Case(
+            "complex_norm_sq_backward",
+            lambda g: g.complex_norm_sq_backward(g.input("c", (3, 4)), g.input("z", (3, 4), "c64")),
+        ),
+        Case("resize_nearest_2x_i32", lambda g: g.resize_nearest_2x(g.input("x", (2, 3, 4, 5), "i32"))),
+        Case("resize_nearest_2x_f16", lambda g: g.resize_nearest_2x(g.input("x", (3, 1, 2), "f16"))),
+        Case("axial_rope_2d", lambda g: g.axial_rope_2d(g.input("x", (2, 6, 16)), 2, 3, 8)),
+        Case(
+            "axial_rope_2d_interleaved_bf16",
+            lambda g: g.axial_rope_2d(g.input("x", (1, 2, 4, 8), "bf16"), 2, 2, 8, interleaved=True),
+        ),
+    ]  # fmt: skip
+
+
 CASES: list[Case] = [
     *(_unary(k) for k in UnaryKind),
     *(_unary(k, "f16") for k in (UnaryKind.GELU, UnaryKind.EXP, UnaryKind.SILU)),
@@ -878,6 +910,7 @@ CASES: list[Case] = [
     *SEED_CASES,
     *_nn_grad_cases(),
     *_import_op_cases(),
+    *_loss_complex_spatial_cases(),
 ]
 
 

@@ -24,6 +24,7 @@ _MISC = "test_ops_misc.py::"
 _NN = "test_ops_nn.py::"
 _PACK = "test_ops_packed.py::"
 _QUANT = "test_ops_quant.py::"
+_LSP = "test_ops_loss_spatial.py::"
 
 _STATE = _MISC + "test_assign_barrier_stop_gradient_constant_over_runs"
 _LEAVES = _MISC + "test_constants_inputs_and_params_come_out_unchanged"
@@ -134,6 +135,14 @@ COVERAGE: dict[str, tuple[str, tuple[str, ...]]] = {
     "constant": ("the array itself", (_LEAVES, _STATE, DIFFERENTIAL)),
     "input": ("the array itself", (_LEAVES, DIFFERENTIAL)),
     "param": ("the array itself", (_LEAVES, DIFFERENTIAL)),
+    # ---- losses, complex values, 2-D spatial movement (test_ops_loss_spatial.py)
+    "softmax_cross_entropy": ("torch F.cross_entropy, reduction none (float64)", (_LSP + "test_softmax_cross_entropy_matches_torch",)),
+    "softmax_cross_entropy_backward": ("torch.autograd of F.cross_entropy (float64)", (_LSP + "test_softmax_cross_entropy_matches_torch",)),
+    "conjugate": ("torch.conj (complex128)", (_LSP + "test_complex_ops_match_torch",)),
+    "complex_norm_sq": ("torch z.abs() ** 2 (complex128)", (_LSP + "test_complex_ops_match_torch",)),
+    "complex_norm_sq_backward": ("torch.autograd of z.abs() ** 2 (complex128)", (_LSP + "test_complex_ops_match_torch",)),
+    "resize_nearest_2x": ("torch F.interpolate, nearest, scale 2", (_LSP + "test_resize_nearest_2x_matches_interpolate",)),
+    "axial_rope_2d": ("torch.polar rotations written in the test (float64)", (_LSP + "test_axial_rope_2d_matches_torch",)),
 }  # fmt: skip
 for _op in _ON_SYMBOLIC:
     COVERAGE[_op] = (COVERAGE[_op][0], (*COVERAGE[_op][1], _SYMBOLIC))

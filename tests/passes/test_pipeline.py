@@ -42,6 +42,7 @@ def test_default_pass_order():
     fusion = [
         "fuse_gelu",
         "fuse_layer_norm",
+        "fuse_cross_entropy",
         "fuse_attention",
         "fuse_swiglu",
         "fuse_residual_norm",
