@@ -277,6 +277,11 @@ class Scheduler:
         with self._cond:
             return len(self._waiting), len(self._joining) + len(self._running)
 
+    def cancelling(self) -> int:
+        """Requests cancelled whose slots the worker has not yet released."""
+        with self._cond:
+            return len(self._cancelled)
+
     def close(self) -> None:
         """Cancel every request and stop the worker."""
         with self._cond:

@@ -110,13 +110,68 @@ def bpe_meta() -> dict[str, Any]:
 
 def tiny_gguf(path: Path, template: str | None = LLAMA3, seed: int = 3) -> Path:
     """A tiny random llama GGUF at ``path`` with the BPE tokenizer, a BOS added to text
-    prompts, and ``template`` as tokenizer.chat_template (None: no template)."""
+    prompts, a 512-token context and ``template`` as tokenizer.chat_template (None: no
+    template)."""
     from tests.models.llm.tiny_llama import hf_weights, write_gguf
 
     meta = dict(bpe_meta())
     meta["tokenizer.ggml.add_bos_token"] = True
+    meta["{arch}.context_length"] = 512
     meta["tokenizer.ggml.eot_token_id"] = meta["tokenizer.ggml.tokens"].index("<|eot_id|>")
     if template is not None:
         meta["tokenizer.chat_template"] = template
     write_gguf(path, hf_weights(seed=seed, vocab=len(meta["tokenizer.ggml.tokens"])), meta=meta)
     return path
+
+
+class Server:
+    """``app`` on uvicorn in a daemon thread of this process at :attr:`url` (a port the
+    OS picks); waits until ``/health`` answers 200 (a hang guard, not a measurement)."""
+
+    def __init__(self, app: Any) -> None:
+        import socket
+        import threading
+
+        import uvicorn
+
+        self.app = app
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+
+    def __enter__(self) -> Server:
+        import time
+
+        import httpx2 as httpx
+
+        self.thread.start()
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and self.thread.is_alive():
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.02)
+        raise AssertionError(f"the server at {self.url} did not become healthy")
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+        self.sock.close()
+
+
+def wait_for(predicate: Any, what: str, guard_s: float = 60.0) -> None:
+    """Poll ``predicate()`` until true; AssertionError naming ``what`` after ``guard_s``
+    (a hang guard: nothing is measured)."""
+    import time
+
+    deadline = time.monotonic() + guard_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.005)
