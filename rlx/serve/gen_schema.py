@@ -232,14 +232,14 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             "role": role,
             "content": _content(m.get("content"), f"{where}.content"),
         }
-        name = m.get("name")
-        if name is not None:
-            if not isinstance(name, str):
+        speaker = m.get("name")
+        if speaker is not None:
+            if not isinstance(speaker, str):
                 raise _bad(
-                    f"'{where}.name' must be a string, got {type_name(name)}",
+                    f"'{where}.name' must be a string, got {type_name(speaker)}",
                     "messages",
                     "invalid_type",
                 )
-            msg["name"] = name
+            msg["name"] = speaker
         out.append(msg)
     return out
