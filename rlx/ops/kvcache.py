@@ -218,7 +218,7 @@ def slot_runs(
         dup = int(order[1:][rows[order[1:]] == rows[order[:-1]]][0])
         raise InputError(
             f"{op}: token {dup} writes slot {sl[dup]} position {pos[dup]}, which another "
-            "token of the same run writes too"
+            "token of this call writes too"
         )
     cut = np.flatnonzero((sl[1:] != sl[:-1]) | (pos[1:] != pos[:-1] + 1)) + 1
     bounds = [0, *cut.tolist(), int(pos.size)]

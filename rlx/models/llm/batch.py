@@ -78,7 +78,9 @@ class BatchedDecoder:
         )
         # the arrays the model's own graph reads (shared, not copied), then the caches
         have = model.compiled._store.params
-        params = {n: have.get(n, a) if not n.startswith("kv.") else a for n, a in dec.params.items()}
+        params = {
+            n: have.get(n, a) if not n.startswith("kv.") else a for n, a in dec.params.items()
+        }
         opts = CompileOptions(
             num_threads=model.num_threads,
             max_shape_plans=self.capacity + _PREFILL_PLANS,
@@ -127,9 +129,7 @@ class BatchedDecoder:
 
     def _slot_id(self, slot: object) -> int:
         if not _int_like(slot) or not 0 <= int(slot) < self.capacity:  # type: ignore[call-overload]
-            raise InputError(
-                f"batched: slot {slot!r} is not a slot id in [0, {self.capacity})"
-            )
+            raise InputError(f"batched: slot {slot!r} is not a slot id in [0, {self.capacity})")
         return int(slot)  # type: ignore[call-overload]
 
     def _held(self, slot: object) -> int:
