@@ -17,9 +17,11 @@ Sampling, stop tokens, stop strings and the text held back are those of
 :func:`rlx.models.llm.generate.generate` (``sampling.choose`` with a per-request
 ``numpy.random.default_rng(seed)``; text cut before a stop string and never streamed past
 it; an incomplete UTF-8 character and the last ``len(longest stop) - 1`` characters held
-back), and the decoder computes each slot's logits bit for bit as a lone sequence, so a
-request's tokens and text equal ``generate()`` of the same prompt alone (greedy, or
-sampled with the same seed). Events reach the event loop with
+back). The decoder computes each slot's logits as a lone sequence does, up to float
+rounding (a prefill is bit for bit; a batched step differs by ~1e-5 from a one-row step:
+another GEMM path), so a request's tokens and text equal ``generate()`` of the same
+prompt alone (greedy, or sampled with the same seed) unless two tokens' logits tie within
+that rounding. Events reach the event loop with
 ``loop.call_soon_threadsafe``. A full queue (``max_queue`` requests waiting for a slot)
 refuses new requests with :class:`QueueFull`.
 """

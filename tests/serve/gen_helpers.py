@@ -8,6 +8,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from tests.serve.live import LiveServer
+
 # Llama-3-style: bos_token, a system header, strftime_now / date_string, raise_exception.
 LLAMA3 = """{{- bos_token }}
 {%- if not date_string is defined %}
@@ -124,45 +126,12 @@ def tiny_gguf(path: Path, template: str | None = LLAMA3, seed: int = 3) -> Path:
     return path
 
 
-class Server:
-    """``app`` on uvicorn in a daemon thread of this process at :attr:`url` (a port the
-    OS picks); waits until ``/health`` answers 200 (a hang guard, not a measurement)."""
+class Server(LiveServer):
+    """tests/serve/live.py's server of ``app``, which it keeps as ``app``."""
 
     def __init__(self, app: Any) -> None:
-        import socket
-        import threading
-
-        import uvicorn
-
+        super().__init__(app)
         self.app = app
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
-        )
-
-    def __enter__(self) -> Server:
-        import time
-
-        import httpx2 as httpx
-
-        self.thread.start()
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and self.thread.is_alive():
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.02)
-        raise AssertionError(f"the server at {self.url} did not become healthy")
-
-    def __exit__(self, *exc: Any) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=60)
-        self.sock.close()
 
 
 def wait_for(predicate: Any, what: str, guard_s: float = 60.0) -> None:
