@@ -149,6 +149,7 @@ class GenerationService:
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
         watch = asyncio.ensure_future(_disconnected(request))
+        watch.add_done_callback(lambda f: f.cancelled() or ticket.cancel())
         try:
             events = [ev async for ev in ticket.events()]
         finally:

@@ -389,3 +389,44 @@ def test_full_queue_is_429_with_retry_after(gated) -> None:
         waiting.join(timeout=60)
     assert "[DONE]" in rest and answers == [200]
     wait_for(lambda: dec.in_use() == 0, "the slots to be released")
+
+
+def test_disconnect_while_waiting_for_a_json_answer_frees_the_slot(gated) -> None:
+    import socket
+    from urllib.parse import urlparse
+
+    server, svc, dec = gated
+    url = urlparse(server.url)
+    body = json.dumps({"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 100,
+                       "temperature": 0}).encode()  # fmt: skip
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {url.netloc}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
+    with socket.create_connection((url.hostname, url.port)) as sock:
+        sock.sendall(head.encode() + body)
+        wait_for(lambda: dec.in_use() == 1, "the request to take the slot")
+    sched = svc.scheduler
+    wait_for(lambda: sched.cancelling() == 1, "the cancel to arrive")
+    dec.permits.release(10_000)
+    wait_for(lambda: dec.in_use() == 0, "the slot to be released")
+    metrics = server.app.state.metrics.registry
+    done = metrics.get_sample_value("rlx_tokens_total", {"model": "tiny", "kind": "completion"})
+    assert (done or 0) <= 1  # cancelled in its prefill, or at its first (blocked) step
+
+
+def test_metrics_count_tokens_and_first_tokens(server, model) -> None:
+    reg = server.app.state.metrics.registry
+
+    def value(name: str, **labels: str) -> float:
+        return reg.get_sample_value(name, {"model": "tiny", **labels}) or 0.0
+
+    before = (value("rlx_tokens_total", kind="prompt"), value("rlx_tokens_total", kind="completion"),
+              value("rlx_time_to_first_token_seconds_count"), value("rlx_batch_size_count"))  # fmt: skip
+    r = _client(server).completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=6,
+                                           temperature=0)  # fmt: skip
+    after = (value("rlx_tokens_total", kind="prompt"), value("rlx_tokens_total", kind="completion"),
+             value("rlx_time_to_first_token_seconds_count"), value("rlx_batch_size_count"))  # fmt: skip
+    assert after[0] - before[0] == r.usage.prompt_tokens
+    assert after[1] - before[1] == r.usage.completion_tokens
+    assert after[2] - before[2] == 1
+    assert after[3] - before[3] >= 1 + (r.usage.completion_tokens - 1)  # prefill + steps
+    assert value("rlx_kv_slots_in_use") == 0 and value("rlx_queue_depth") == 0
