@@ -37,7 +37,15 @@ from rlx.models.llm.sampling import SamplingParams
 from rlx.serve.config import ServeConfig
 from rlx.serve.errors import ApiError
 from rlx.serve.gen_schema import GenParams, chat_messages, completion_prompt, params
-from rlx.serve.scheduler import Event, FinishReason, GenRequest, QueueFull, Scheduler, TokenLogprob
+from rlx.serve.scheduler import (
+    Event,
+    FinishReason,
+    GenRequest,
+    QueueFull,
+    Scheduler,
+    Ticket,
+    TokenLogprob,
+)
 from rlx.serve.service import Endpoint, ServiceKind
 from rlx.serve.templates import ChatTemplate, TemplateError
 
@@ -144,12 +152,11 @@ class GenerationService:
         reply = _Reply(self, chat, p, len(ids))
         if p.stream:
             return StreamingResponse(
-                reply.stream(ticket),
+                reply.stream(ticket, request),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        watch = asyncio.ensure_future(_disconnected(request))
-        watch.add_done_callback(lambda f: f.cancelled() or ticket.cancel())
+        watch = _watch(request, ticket)
         try:
             events = [ev async for ev in ticket.events()]
         finally:
@@ -247,6 +254,15 @@ async def _disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+def _watch(request: Request, ticket: Ticket) -> asyncio.Future[None]:
+    """A task that cancels ``ticket`` when the client goes away. A stream needs it too:
+    under ASGI 2.4 Starlette notices a gone client only when it next sends, and a
+    request that waits for a slot or a long prefill sends nothing."""
+    watch = asyncio.ensure_future(_disconnected(request))
+    watch.add_done_callback(lambda f: f.cancelled() or ticket.cancel())
+    return watch
 
 
 class _Reply:
@@ -357,8 +373,9 @@ class _Reply:
             body["usage"] = None
         return _sse(body)
 
-    async def stream(self, ticket: Any) -> AsyncIterator[str]:
+    async def stream(self, ticket: Ticket, request: Request) -> AsyncIterator[str]:
         """The SSE chunks of a streamed answer; cancels the request if the client goes."""
+        watch = _watch(request, ticket)
         try:
             if self.chat:
                 yield self._chunk("", [], None, role=True)
@@ -387,6 +404,7 @@ class _Reply:
                         )
             yield "data: [DONE]\n\n"
         finally:
+            watch.cancel()
             ticket.cancel()
 
 
