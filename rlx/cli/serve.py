@@ -120,6 +120,14 @@ def serve(models: list[str], config: Any, log_level: str = "info") -> int:
     help="Largest request body (413 above).",
 )  # fmt: skip
 @click.option(
+    "--max-inputs", type=click.IntRange(min=1), default=2048, show_default=True,
+    help="Texts per embedding request.",
+)  # fmt: skip
+@click.option(
+    "--max-prompt-tokens", type=click.IntRange(min=1), default=None,
+    help="Tokens a generation prompt may hold (default: --ctx).",
+)  # fmt: skip
+@click.option(
     "--max-tokens-limit", type=click.IntRange(min=1), default=4096, show_default=True,
     help="Largest max_tokens a request may ask for.",
 )  # fmt: skip
@@ -147,6 +155,8 @@ def command(
     threads: int | None,
     max_queue: int,
     max_body_bytes: int,
+    max_inputs: int,
+    max_prompt_tokens: int | None,
     max_tokens_limit: int,
     drain_timeout: float,
     log_level: str,
@@ -169,6 +179,7 @@ def command(
         host=host, port=port, api_key=api_key, max_batch=max_batch,
         max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, parallel=parallel, ctx=ctx,
         precision=Precision(precision), max_body_bytes=max_body_bytes, max_queue=max_queue,
+        max_inputs=max_inputs, max_prompt_tokens=max_prompt_tokens,
         max_tokens_limit=max_tokens_limit, num_threads=threads, drain_timeout_s=drain_timeout,
     )  # fmt: skip
     return serve(list(models), config, log_level)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import logging
 import threading
 import time
@@ -35,7 +36,7 @@ from rlx.serve.config import ServeConfig
 from rlx.serve.errors import ApiError
 from rlx.serve.metrics import Metrics, TokenKind
 from rlx.serve.schema import choice, integer, type_name
-from rlx.serve.service import Endpoint, ServiceKind
+from rlx.serve.service import Endpoint, ServiceKind, unless_disconnected
 
 if TYPE_CHECKING:
     from rlx.models import SentenceEncoder
@@ -46,6 +47,10 @@ log = logging.getLogger("rlx.serve")
 
 #: ``encoding_format`` values: a JSON array of floats, or base64 of little-endian float32.
 ENCODING_FORMATS = ("float", "base64")
+
+#: Requests with more characters than this are tokenized in a worker thread (shorter
+#: ones take less time than the hand-off).
+INLINE_CHARS = 4096
 
 Tokens = tuple[list[int], list[int]]
 
@@ -133,10 +138,6 @@ class EmbeddingService:
         self._thread.start()
 
     async def handle(self, endpoint: Endpoint, body: dict[str, Any], request: Request) -> Response:
-        if self.load_error is not None:
-            raise ApiError.unavailable(
-                f"model {self.id!r} failed to load: {self.load_error}", code="load_failed"
-            )
         enc = self.encoder
         assert enc is not None and self._metrics is not None
         texts = self._inputs(body)
@@ -149,8 +150,11 @@ class EmbeddingService:
                 param="dimensions",
                 code="unsupported_dimensions",
             )
-        encs = await asyncio.to_thread(enc.model.tokenizer.tokenize, texts)
-        vectors = await self._submit(encs)
+        if sum(len(t) for t in texts) > INLINE_CHARS:  # off the event loop
+            encs = await asyncio.to_thread(enc.model.tokenizer.tokenize, texts)
+        else:
+            encs = enc.model.tokenizer.tokenize(texts)
+        vectors = await self._submit(encs, request)
         n_tokens = sum(len(ids) for ids, _ in encs)
         data = [
             {"object": "embedding", "index": i, "embedding": _encode(v, fmt)}
@@ -214,9 +218,10 @@ class EmbeddingService:
                 )
         return value
 
-    async def _submit(self, encs: list[Tokens]) -> np.ndarray:
+    async def _submit(self, encs: list[Tokens], request: Request) -> np.ndarray:
         """Queue the rows of one request and wait for their embeddings (429 when
-        ``max_queue`` requests are already waiting)."""
+        ``max_queue`` requests are already waiting); when the client goes first, its rows
+        are dropped."""
         enc, q, m = self.encoder, self._queue, self._metrics
         assert enc is not None and m is not None
         loop = asyncio.get_running_loop()
@@ -239,9 +244,9 @@ class EmbeddingService:
             q.cond.notify()
         m.count_tokens(self.id, TokenKind.PROMPT, sum(len(ids) for ids, _ in encs))
         try:
-            return await job.future
+            return await unless_disconnected(job.future, request)
         finally:
-            if not job.future.done():  # the client is gone: drop its rows
+            if not job.future.done():  # cancelled: the batcher skips its rows
                 job.future.cancel()
 
     # ---- the batcher thread ----------------------------------------------------------
@@ -274,7 +279,8 @@ class EmbeddingService:
             deadline = time.monotonic() + cfg.max_wait_ms / 1000
             while not q.closing and len(q.rows) < cfg.max_batch:
                 left = deadline - time.monotonic()
-                if left <= 0 or self._padded(list(q.rows)[: cfg.max_batch]) >= cfg.max_batch_tokens:
+                head = list(itertools.islice(q.rows, cfg.max_batch))
+                if left <= 0 or self._padded(head) >= cfg.max_batch_tokens:
                     break
                 q.cond.wait(left)
             batch: list[_Row] = []
