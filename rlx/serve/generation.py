@@ -46,7 +46,7 @@ from rlx.serve.scheduler import (
     Ticket,
     TokenLogprob,
 )
-from rlx.serve.service import Endpoint, ServiceKind
+from rlx.serve.service import Endpoint, ServiceKind, disconnected
 from rlx.serve.templates import ChatTemplate, TemplateError
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class GenerationService:
     # ---- the Service protocol --------------------------------------------------------
 
     def ready(self) -> bool:
-        return self.scheduler is not None or self.load_error is not None
+        return self.scheduler is not None
 
     async def start(self, metrics: Metrics) -> None:
         self._metrics = metrics
@@ -248,19 +248,11 @@ class GenerationService:
         return GenRequest(tuple(ids), max_tokens, sp, p.stop, stop_ids, p.logprobs)
 
 
-async def _disconnected(request: Request) -> None:
-    """Return once the client has closed the connection (the body is read already)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
 def _watch(request: Request, ticket: Ticket) -> asyncio.Future[None]:
     """A task that cancels ``ticket`` when the client goes away. A stream needs it too:
     under ASGI 2.4 Starlette notices a gone client only when it next sends, and a
     request that waits for a slot or a long prefill sends nothing."""
-    watch = asyncio.ensure_future(_disconnected(request))
+    watch = asyncio.ensure_future(disconnected(request))
     watch.add_done_callback(lambda f: f.cancelled() or ticket.cancel())
     return watch
 
@@ -322,10 +314,10 @@ class _Reply:
         """The finish_reason of the last event (errors raised as ApiError)."""
         if last.finish is FinishReason.ERROR:
             raise ApiError.server_error(f"generation failed: {last.error}")
+        if last.finish is FinishReason.CANCELLED and last.error is None:
+            raise ApiError(499, "the client closed the connection", code="client_closed")
         if last.finish is FinishReason.CANCELLED:
-            raise ApiError.unavailable(
-                f"the request was cancelled: {last.error or 'cancelled'}", code="cancelled"
-            )
+            raise ApiError.unavailable(f"the request was cancelled: {last.error}", code="draining")
         assert last.finish is not None
         return last.finish.value
 

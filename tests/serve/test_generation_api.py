@@ -430,3 +430,34 @@ def test_metrics_count_tokens_and_first_tokens(server, model) -> None:
     assert after[2] - before[2] == 1
     assert after[3] - before[3] >= 1 + (r.usage.completion_tokens - 1)  # prefill + steps
     assert value("rlx_kv_slots_in_use") == 0 and value("rlx_queue_depth") == 0
+
+
+def test_a_gguf_path_loads_in_the_background_and_serves(tmp_path, model) -> None:
+    from rlx.serve.loading import load_services
+
+    path = tiny_gguf(tmp_path / "bg.gguf")
+    cfg = _config(ctx=100_000)  # more than the file's 512: the model's own length is used
+    (svc,) = load_services([f"bg={path}"], cfg)
+    assert isinstance(svc, GenerationService) and not svc.ready()
+    with Server(create_app([svc], cfg)) as server:
+        assert svc.scheduler is not None and svc.scheduler.decoder.max_context == 512
+        r = _client(server).completions.create(model="bg", prompt=PROMPTS[0], max_tokens=6,
+                                               temperature=0)  # fmt: skip
+    assert r.choices[0].text == model.generate(PROMPTS[0], max_tokens=6).text
+
+
+def test_a_broken_gguf_reports_its_load_error(tmp_path) -> None:
+    from rlx.serve.metrics import Metrics
+
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(b"GGUF" + b"\0" * 20)
+    svc = GenerationService(path, "broken", _config())
+
+    async def main() -> None:
+        await svc.start(Metrics())
+        while svc.load_error is None:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert not svc.ready() and "broken.gguf" in str(svc.load_error)
+    svc.close()
