@@ -252,8 +252,13 @@ def _watch(request: Request, ticket: Ticket) -> asyncio.Future[None]:
     """A task that cancels ``ticket`` when the client goes away. A stream needs it too:
     under ASGI 2.4 Starlette notices a gone client only when it next sends, and a
     request that waits for a slot or a long prefill sends nothing."""
+
+    def gone(f: asyncio.Future[None]) -> None:
+        if not f.cancelled():
+            ticket.cancel()
+
     watch = asyncio.ensure_future(disconnected(request))
-    watch.add_done_callback(lambda f: f.cancelled() or ticket.cancel())
+    watch.add_done_callback(gone)
     return watch
 
 
