@@ -461,3 +461,20 @@ def test_a_broken_gguf_reports_its_load_error(tmp_path) -> None:
     asyncio.run(main())
     assert not svc.ready() and "broken.gguf" in str(svc.load_error)
     svc.close()
+
+
+def test_a_model_failure_is_500_or_an_error_event(model, monkeypatch) -> None:
+    from tests.serve.gen_helpers import Broken
+
+    real = model.batched
+    monkeypatch.setattr(model, "batched", lambda n, max_context=None: Broken(real(n), 0))
+    cfg = _config(parallel=1)
+    with Server(create_app([GenerationService(model, "tiny", cfg)], cfg)) as server:
+        c = _client(server)
+        kw = dict(model="tiny", prompt=PROMPTS[0], max_tokens=5, temperature=0)
+        with pytest.raises(openai.InternalServerError, match="not finite"):
+            c.completions.create(**kw)
+        with pytest.raises(openai.APIError, match="not finite"):
+            list(c.completions.create(**kw, stream=True))
+        ok = c.completions.create(**{**kw, "max_tokens": 1})  # no decode step: fine
+        assert ok.choices[0].text == model.generate(PROMPTS[0], max_tokens=1).text

@@ -19,7 +19,7 @@ pytest.importorskip("prometheus_client")
 import rlx.models.llm as llm  # noqa: E402
 from rlx.models.llm.sampling import SamplingParams  # noqa: E402
 from rlx.serve.scheduler import FinishReason, GenRequest, QueueFull, Scheduler  # noqa: E402
-from tests.serve.gen_helpers import tiny_gguf  # noqa: E402
+from tests.serve.gen_helpers import Broken, tiny_gguf  # noqa: E402
 
 PROMPTS = [
     "The capital of France is",
@@ -169,3 +169,21 @@ def test_full_queue_refuses_and_close_cancels(model) -> None:
     ends = asyncio.run(main())
     assert [e.finish for e in ends] == [FinishReason.CANCELLED] * 3
     assert dec.in_use() == 0
+
+
+def test_non_finite_logits_end_that_request_with_an_error_only(model) -> None:
+    dec = Broken(model.batched(2), slot=0)
+    sched = Scheduler(dec, model.tokenizer, max_queue=8)
+    try:
+        reqs = [_request(model, PROMPTS[0], 8), _request(model, PROMPTS[1], 8)]
+        (bad_text, bad_toks, bad), good = _run(sched, reqs)
+        assert bad[-1].finish is FinishReason.ERROR and "not finite" in bad[-1].error
+        assert len(bad_toks) == 1  # the prefill's token, then the NaN step
+        _check_equal(model, reqs[1], good)
+        assert dec.in_use() == 0
+        # the worker goes on: the next request (slot 0 again) fails alone, slot 1 works
+        (_, _, again), ok = _run(sched, reqs)
+        assert again[-1].finish is FinishReason.ERROR
+        _check_equal(model, reqs[1], ok)
+    finally:
+        sched.close()
