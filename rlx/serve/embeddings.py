@@ -2,17 +2,20 @@
 :class:`~rlx.models.SentenceEncoder`, with a batcher that coalesces the rows of concurrent
 requests.
 
-A request's texts are tokenized (in a worker thread, off the event loop), checked against
-the limits and queued as rows. One batcher thread per model takes the oldest rows, up to
-``max_batch`` rows and ``max_batch_tokens`` padded tokens, once the batch is full or its
-oldest row has waited ``max_wait_ms``; it sorts them by length, runs them as one padded
-batch (:meth:`SentenceEncoder.encode_tokenized`) and hands each request its rows back.
+A request's texts are tokenized (long ones in a worker thread, off the event loop), checked
+against the limits and queued as rows, longest first (as ``SentenceEncoder.encode`` orders
+them, so a large request is cut into batches of similar lengths). One batcher thread per
+model takes the oldest rows, up to ``max_batch`` rows and ``max_batch_tokens`` padded
+tokens, once the batch is full or its oldest row has waited ``max_wait_ms``; it sorts them
+by length, runs them as one padded batch (:meth:`SentenceEncoder.encode_tokenized`) and
+hands each request its rows back.
 
 Results are bit for bit those of ``SentenceEncoder.encode`` on each request alone: the
 compiled encoder computes every row independently of the other rows of its batch and of
-the padding after it (masked positions add exact zeros), which tests/serve checks on
-mixed lengths, batch sizes and buckets. A request whose client is gone (its future
-cancelled) is dropped from the queue.
+the padding after it (masked positions add exact zeros); tests/serve/test_batching.py
+checks that invariant on mixed lengths, batch sizes and buckets, the other server tests
+check the answers. A request whose client goes away while its rows wait is answered 499
+and its rows are dropped.
 """
 
 from __future__ import annotations
@@ -82,6 +85,10 @@ class _Queue:
     rows: deque[_Row] = field(default_factory=deque)
     jobs: int = 0  # requests accepted and not yet answered
     closing: bool = False
+
+
+def _longest(row: _Row) -> int:
+    return -row.length
 
 
 def _resolve(job: _Job) -> None:
@@ -239,7 +246,10 @@ class EmbeddingService:
                 )
             q.jobs += 1
             self._idle.clear()
-            q.rows.extend(_Row(job, i, len(ids)) for i, (ids, _) in enumerate(encs))
+            # longest first, as SentenceEncoder.encode orders a request: a long request is
+            # cut into batches of similar lengths
+            rows = sorted((_Row(job, i, len(ids)) for i, (ids, _) in enumerate(encs)), key=_longest)
+            q.rows.extend(rows)
             m.queue_depth.labels(self.id).set(q.jobs)
             q.cond.notify()
         m.count_tokens(self.id, TokenKind.PROMPT, sum(len(ids) for ids, _ in encs))
@@ -296,7 +306,7 @@ class EmbeddingService:
                     break
                 batch.append(q.rows.popleft())
                 longest = grown
-        batch.sort(key=lambda r: -r.length)
+        batch.sort(key=_longest)
         return batch
 
     def _pad(self, length: int) -> int:

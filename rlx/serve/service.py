@@ -92,8 +92,9 @@ async def unless_disconnected(future: asyncio.Future[T], request: Request) -> T:
     from rlx.serve.errors import ApiError
 
     watch = asyncio.ensure_future(disconnected(request))
+    waiters: set[asyncio.Future[Any]] = {future, watch}
     try:
-        await asyncio.wait({future, watch}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watch.cancel()
     if not future.done():
