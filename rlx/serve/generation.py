@@ -71,8 +71,9 @@ def load_model(path: str | Path, config: ServeConfig) -> LlmModel:
 class GenerationService:
     """Serves completions and chat for ``model`` (an LlmModel, or a GGUF path loaded in
     a thread when the app starts) as ``id``, with ``config.parallel`` KV slots of
-    ``config.ctx`` positions. ``chat_template``: the template to use (None: the file's
-    ``tokenizer.chat_template``; a model with neither answers chat requests with 400)."""
+    ``config.ctx`` positions. ``chat_template``: the template to use (None: the file at
+    ``config.chat_template``, else the GGUF file's ``tokenizer.chat_template``; a model
+    with none answers chat requests with 400)."""
 
     kind = ServiceKind.GENERATION
     endpoints = frozenset({Endpoint.COMPLETIONS, Endpoint.CHAT})
@@ -93,6 +94,11 @@ class GenerationService:
             self._path = Path(model)
         else:
             self.model = model
+        if chat_template is None and config.chat_template is not None:
+            chat_template = ChatTemplate.from_path(config.chat_template)  # fails fast
+            self._template_path: str | None = config.chat_template
+        else:
+            self._template_path = None
         self._template = chat_template
         self.template: ChatTemplate | None = None
         self.scheduler: Scheduler | None = None
@@ -120,7 +126,10 @@ class GenerationService:
                 assert self._path is not None
                 self.model = load_model(self._path, self.config)
             m = self.model
-            self.template = self._template or ChatTemplate.from_gguf(m.file.metadata)
+            if self._template_path is not None:  # the file's special tokens
+                self.template = ChatTemplate.from_path(self._template_path, m.file.metadata)
+            else:
+                self.template = self._template or ChatTemplate.from_gguf(m.file.metadata)
             decoder = m.batched(self.config.parallel)
             self.scheduler = Scheduler(
                 decoder, m.tokenizer, self.config.max_queue, self._metrics, self.id
@@ -182,7 +191,8 @@ class GenerationService:
             if self.template is None:
                 raise ApiError.bad_request(
                     f"model {self.id!r} has no chat template (its GGUF file has no "
-                    f"tokenizer.chat_template): use /v1/completions with a prompt you format",
+                    f"tokenizer.chat_template): start the server with --chat-template FILE, "
+                    f"or use /v1/completions with a prompt you format",
                     param="messages",
                     code="no_chat_template",
                 )

@@ -478,3 +478,25 @@ def test_a_model_failure_is_500_or_an_error_event(model, monkeypatch) -> None:
             list(c.completions.create(**kw, stream=True))
         ok = c.completions.create(**{**kw, "max_tokens": 1})  # no decode step: fine
         assert ok.choices[0].text == model.generate(PROMPTS[0], max_tokens=1).text
+
+
+def test_a_chat_template_file_serves_a_model_without_one(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from rlx.cli import cli
+    from rlx.serve.loading import load_services
+    from tests.serve.gen_helpers import CHATML
+
+    (tmp_path / "chatml.jinja").write_text(CHATML)
+    path = tiny_gguf(tmp_path / "plain.gguf", template=None)
+    cfg = _config(chat_template=str(tmp_path / "chatml.jinja"))
+    (svc,) = load_services([f"plain={path}"], cfg)
+    with Server(create_app([svc], cfg)) as server:
+        r = _client(server).chat.completions.create(model="plain", messages=CHATS[1],
+                                                    max_tokens=6, temperature=0)  # fmt: skip
+    text = ChatTemplate.from_path(tmp_path / "chatml.jinja").render(CHATS[1])
+    assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    oracle = llm.load(path, max_context=CTX, num_threads=1)
+    assert r.choices[0].message.content == oracle.generate(text, max_tokens=6).text
+    res = CliRunner().invoke(cli, ["serve", str(path), "--chat-template", str(tmp_path / "no")])
+    assert res.exit_code == 2 and "does not exist" in res.output
