@@ -58,14 +58,22 @@ __all__ = ["GenerationService", "load_model"]
 log = logging.getLogger("rlx.serve")
 
 
-def load_model(path: str | Path, config: ServeConfig) -> LlmModel:
-    """The GGUF model at ``path`` with a ``config.ctx`` context (at most the model's own)."""
+#: The single-sequence KV cache of a model loaded to be served (its BatchedDecoder holds
+#: the slots that serve; the model's own cache is never used, so it is kept small).
+_OWN_CONTEXT = 8
+
+
+def load_model(path: str | Path, config: ServeConfig) -> tuple[LlmModel, int]:
+    """The GGUF model at ``path`` (with a small cache of its own) and the context its
+    slots get: ``config.ctx``, at most the model's context length."""
     import rlx.models.llm as llm
     from rlx.frontends import gguf
 
     f = gguf.load(path)
     ctx = min(config.ctx, llm.read_config(f.architecture, f.metadata, f.tensors).context_length)
-    return llm.load(path, max_context=max(ctx, 2), num_threads=config.num_threads)
+    ctx = max(ctx, 2)
+    own = min(_OWN_CONTEXT, ctx)
+    return llm.load(path, max_context=own, num_threads=config.num_threads), ctx
 
 
 class GenerationService:
@@ -122,15 +130,16 @@ class GenerationService:
 
     def _load(self) -> None:
         try:
+            ctx = None  # a given model: its own max_context
             if self.model is None:
                 assert self._path is not None
-                self.model = load_model(self._path, self.config)
+                self.model, ctx = load_model(self._path, self.config)
             m = self.model
             if self._template_path is not None:  # the file's special tokens
                 self.template = ChatTemplate.from_path(self._template_path, m.file.metadata)
             else:
                 self.template = self._template or ChatTemplate.from_gguf(m.file.metadata)
-            decoder = m.batched(self.config.parallel)
+            decoder = m.batched(self.config.parallel, ctx)
             self.scheduler = Scheduler(
                 decoder, m.tokenizer, self.config.max_queue, self._metrics, self.id
             )
