@@ -8,18 +8,21 @@ from __future__ import annotations
 import logging
 import time
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from rlx.cli.common import CONTEXT, precision_option, status, threads_option
+
+if TYPE_CHECKING:
+    from rlx.serve.config import ServeConfig
 
 __all__ = ["command", "serve"]
 
 log = logging.getLogger("uvicorn.error")
 
 
-def _server(app: Any, config: Any, log_level: str) -> Any:
+def _server(app: Any, config: ServeConfig, log_level: str) -> Any:
     """A uvicorn server whose first SIGTERM / SIGINT drains instead of stopping."""
     import uvicorn
 
@@ -59,7 +62,7 @@ def _server(app: Any, config: Any, log_level: str) -> Any:
     return DrainingServer(cfg)
 
 
-def serve(models: list[str], config: Any, log_level: str = "info") -> int:
+def serve(models: list[str], config: ServeConfig, log_level: str = "info") -> int:
     """Load ``models`` and serve them until SIGTERM; the exit status."""
     from rlx.serve import require
 

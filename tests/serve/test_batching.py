@@ -2,7 +2,8 @@
 other rows of its batch, on the batch size, or on how far it is padded. Checked against
 ``SentenceEncoder.encode`` of each text alone, bit for bit, on rows of mixed lengths
 padded to their own bucket and to 128 tokens, in batches of 1 to 12 rows; and a large request
-through the service cut into small batches equals one ``encode`` call."""
+through the service cut into small batches equals one ``encode`` call; two models in
+one app each answer their own requests."""
 
 from __future__ import annotations
 
@@ -67,3 +68,32 @@ def test_a_large_request_in_small_batches_equals_one_encode(served, oracle) -> N
     assert m[("rlx_batch_size_count", (("model", "m"),))] >= 30 / 4  # max_batch held
     big = ("rlx_batch_size_bucket", (("le", "4.0"), ("model", "m")))
     assert m[big] == m[("rlx_batch_size_count", (("model", "m"),))]  # no batch above 4
+
+
+def test_two_models_each_answered_by_its_own(served, oracle, tmp_path: Path) -> None:
+    from rlx.models import SentenceEncoder
+    from rlx.serve import load_services
+    from tests.models import tiny_checkpoints as tc
+
+    tiny_dir = tc.build("bert", tmp_path / "tiny-bert")
+    config = ServeConfig()
+    (tiny,) = load_services([f"tiny={tiny_dir}"], config, background=False)
+    mini = EmbeddingService(served, "mini", config)
+    tiny_oracle = SentenceEncoder(tiny_dir)
+    texts = ["a man plays a guitar", "someone plays music"]
+    with LiveServer(create_app([mini, tiny], config)) as live:
+        models = httpx.get(f"{live.url}/v1/models", timeout=60).json()
+        answers = {
+            m: httpx.post(
+                f"{live.url}/v1/embeddings",
+                json={"model": m, "input": texts, "encoding_format": "float"},
+                timeout=60,
+            ).json()
+            for m in ("mini", "tiny")
+        }
+    assert [m["id"] for m in models["data"]] == ["mini", "tiny"]
+    for m, enc in (("mini", oracle), ("tiny", tiny_oracle)):
+        assert answers[m]["model"] == m
+        got = np.array([d["embedding"] for d in answers[m]["data"]], np.float32)
+        np.testing.assert_array_equal(got, enc.encode(texts))
+    assert tiny_oracle.dim != oracle.dim

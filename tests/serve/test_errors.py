@@ -56,7 +56,7 @@ def gated(minilm_dir: Path) -> Gated:
 
 @pytest.fixture(scope="module")
 def server(gated: Gated) -> Iterator[LiveServer]:
-    config = ServeConfig(api_key=KEY, max_queue=2, max_body_bytes=2048, max_inputs=4)
+    config = ServeConfig(api_key=KEY, max_queue=2, max_body_bytes=4096, max_inputs=4)
     service = EmbeddingService(gated, MODEL, config)  # type: ignore[arg-type]
     with LiveServer(create_app([service], config)) as live:
         yield live
@@ -120,6 +120,7 @@ def test_unknown_model_and_path_are_404(server: LiveServer) -> None:
         (b"{not json", None, "not valid JSON: Expecting property name"),
         (b"\xff\xfe", None, "not UTF-8"),
         (b"[1, 2]", None, "must be a JSON object, got an array"),
+        (b"[" * 2000 + b"]" * 2000, None, "nests arrays or objects too deeply"),
         ({"input": "a"}, "model", "'model' is required"),
         ({"model": 7, "input": "a"}, "model", "'model' must be a string, got an integer (7)"),
         ({"model": MODEL}, "input", "'input' is required"),
@@ -164,7 +165,7 @@ def test_endpoint_the_model_does_not_serve_is_400(server: LiveServer) -> None:
 def test_body_over_the_limit_is_413(server: LiveServer) -> None:
     body = {"model": MODEL, "input": "word " * 1000}
     err = error_of(post(server, body), 413)
-    assert "limit of 2048 bytes (max_body_bytes)" in err["message"]
+    assert "limit of 4096 bytes (max_body_bytes)" in err["message"]
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: the limit holds while reading
         yield b'{"model": "mini", "input": "'

@@ -45,7 +45,7 @@ def test_sigterm_drains_running_requests_refuses_new_ones_and_exits_0(
 ) -> None:
     # a long --max-wait-ms keeps the accepted requests waiting for their batch while the
     # test sends SIGTERM and checks that a new request is refused
-    server = spawn([MODEL, "--max-wait-ms", "4000", "--max-batch", "64"], tmp_path / "log")
+    server = spawn([MODEL, "--max-wait-ms", "8000", "--max-batch", "64"], tmp_path / "log")
     try:
         requests = [sentences(1 + i % 3, seed=300 + i, longest=20) for i in range(6)]
         with ThreadPoolExecutor(len(requests)) as pool:
