@@ -160,13 +160,12 @@ def main() -> None:
             sys.exit(f"worker ({t} threads) failed:\n{out.stderr[-3000:]}")
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     load1 = os.getloadavg()
-    argv = " ".join(sys.argv[1:])
+    cmd_line = " ".join(["benchmarks/llm_batched.py", *sys.argv[1:]])
     lines = [
         "# Batched decode: Gemma-3-270M Q4_K_M, N sequences per compiled step",
         "",
-        f"Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python "
-        f"benchmarks/llm_batched.py {argv}`".rstrip()
-        + "",
+        f"Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python {cmd_line}`",
+        "",
         f"Date: {started}. CPU: {_cpu()}. Load average at start / end: "
         f"{load0[0]:.1f} / {load1[0]:.1f} (other jobs share the machine).",
         f"Prompt {args.prompt_tokens} tokens per sequence, {args.decode_tokens} greedy decode "
