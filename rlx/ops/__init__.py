@@ -36,6 +36,7 @@ from rlx.ops import bitcast  # bitcast (the same bytes as another dtype)
 from rlx.ops import kvcache  # cache_attention (attention through a KV cache), dequant_gather
 from rlx.ops import grad_util  # gather_backward (and the movement / linalg rules' helpers)
 from rlx.ops import state  # assign (writes a param when the compiled graph runs), barrier
+from rlx.ops import activation_grad  # relu_backward, activation_backward
 # isort: on
 
 # the modules above, in registration order
@@ -67,6 +68,7 @@ FAMILIES = (
     kvcache,
     grad_util,
     state,
+    activation_grad,
 )
 
 __all__ = ["OPS", "Op", "OpKind", "RefCtx", "register"]
