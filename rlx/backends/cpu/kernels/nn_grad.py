@@ -21,7 +21,7 @@ in f32 (``lowp``); f64 stays f64.
   columns ``[G, N*L, C/G*K]`` (one 2-D GEMM per group) gives dw; ``[G, N*L, O/G] @
   w[G, O/G, C/G*K]`` gives the column gradient, scattered back (col2im) tap by tap into a
   bordered buffer.
-* Pool backward / max-pool select: each window's first maximum found tap by tap with
+* Pool backward (MaxPool2dBackward too) / max-pool select: each window's first maximum found tap by tap with
   strict ``>`` (the first wins ties), the gradient added tap by tap.
 """
 
@@ -46,6 +46,8 @@ from rlx.ops.nn_grad import (
     ConvBackwardData,
     ConvBackwardWeight,
     LayerNormBackward,
+    LayerNormBackwardGamma,
+    MaxPool2dBackward,
     MaxPoolSelect,
     PoolBackward,
     RmsNormBackward,
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "norm_backward_kernel",
+    "layer_norm_backward_gamma_kernel",
     "rms_norm_backward_kernel",
     "attention_backward_kernel",
     "attention_jvp_kernel",
@@ -171,6 +174,16 @@ def norm_backward_kernel(
 ) -> Kernel:
     """dx or dgamma of layer norm with ``out=`` calls (see the module docstring)."""
     return _norm_backward(node, ins, out, ctx)
+
+
+@lowp
+def layer_norm_backward_gamma_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """Layer norm's dgamma (inputs ``(x, ct)``): the dgamma path of the norm backward
+    kernel, which does not read gamma."""
+    x, ct = ins
+    return _norm_backward(node, [x, x, ct], out, ctx)
 
 
 @lowp
@@ -539,6 +552,7 @@ def max_pool_select_kernel(
 # each op's kernel factories, in the order they are tried
 ATTEMPTS = {
     LayerNormBackward: (norm_backward_kernel,),
+    LayerNormBackwardGamma: (layer_norm_backward_gamma_kernel,),
     RmsNormBackward: (rms_norm_backward_kernel,),
     AttentionBackward: (attention_backward_kernel,),
     AttentionJvp: (attention_jvp_kernel,),
@@ -546,5 +560,6 @@ ATTEMPTS = {
     ConvBackwardWeight: (conv_backward_kernel,),
     ConvBackwardData: (conv_backward_data_kernel,),
     PoolBackward: (pool_backward_kernel,),
+    MaxPool2dBackward: (pool_backward_kernel,),
     MaxPoolSelect: (max_pool_select_kernel,),
 }
