@@ -37,6 +37,7 @@ from rlx.ops import kvcache  # cache_attention (attention through a KV cache), d
 from rlx.ops import grad_util  # gather_backward (and the movement / linalg rules' helpers)
 from rlx.ops import state  # assign (writes a param when the compiled graph runs), barrier
 from rlx.ops import activation_grad  # relu_backward, activation_backward
+from rlx.ops import control_grad  # scan_backward, scan_backward_xs
 # isort: on
 
 # the modules above, in registration order
@@ -69,6 +70,7 @@ FAMILIES = (
     grad_util,
     state,
     activation_grad,
+    control_grad,
 )
 
 __all__ = ["OPS", "Op", "OpKind", "RefCtx", "register"]

@@ -392,8 +392,20 @@ def _nn_grad_cases() -> list[Case]:
                 op(1e-5, wrt), ins(g, dt, x=(3, 7), gamma=(7,), ct=(3, 7))
             ),
         )
-        for op in (ng.LayerNormBackward, ng.RmsNormBackward)
-        for wrt in ("x", "gamma")
+        for op, wrt in (
+            (ng.LayerNormBackward, "x"),
+            (ng.RmsNormBackward, "x"),
+            (ng.RmsNormBackward, "gamma"),
+        )
+        for dt in ("f32", "f16")
+    ]
+    cases += [
+        Case(
+            f"layer_norm_backward_gamma_{dt}",
+            lambda g, dt=dt: g.apply(
+                ng.LayerNormBackwardGamma(1e-5), ins(g, dt, x=(3, 7), ct=(3, 7))
+            ),
+        )
         for dt in ("f32", "f16")
     ]
     cases += [
@@ -461,6 +473,12 @@ def _nn_grad_cases() -> list[Case]:
         Case(
             "max_pool_select",
             lambda g: g.apply(ng.MaxPoolSelect(mx), ins(g, "f32", x=(2, 3, 5, 6), t=(2, 3, 5, 6))),
+        ),
+        Case(
+            "max_pool2d_backward_f16",
+            lambda g: g.apply(
+                ng.MaxPool2dBackward(mx), ins(g, "f16", x=(2, 3, 5, 6), ct=(2, 3, 5, 3))
+            ),
         ),
     ]
     return cases
