@@ -203,8 +203,8 @@ class _ScanGrad(Op):
         n = f.length
         ct = ins[-1]
         stacked = []
-        for c, k in zip(ins[:nc], self.saved, strict=True):
-            if not k:
+        for c, keep in zip(ins[:nc], self.saved, strict=True):
+            if not keep:
                 dims = list(g.shape(c).dims)
                 c = g.expand(g.reshape(c, [1, *dims]), [n, *dims])
             stacked.append(c)
