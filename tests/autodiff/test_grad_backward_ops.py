@@ -239,3 +239,32 @@ def test_scan_reverse_and_hessian_vector_product_match_torch() -> None:
         torch.tensor(v),
     )
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("dt", ["f32", "f16"])
+@pytest.mark.parametrize(
+    ("window", "stride", "pad"), [((2, 2), (2, 2), 0), ((3, 2), (1, 2), 1), ((3, 3), (2, 1), 1)]
+)
+def test_native_max_pool2d_backward_matches_the_reference(dt, window, stride, pad) -> None:
+    """csrc/maxpool2d_grad.c (overlapping windows, padding, ties on a grid of halves) at a
+    size that uses two threads, against the op's NumPy reference."""
+    from rlx.ops.nn import Pool, PoolKind
+    from rlx.ops.nn_grad import MaxPool2dBackward
+    from rlx.options import CompileOptions
+
+    rng = np.random.default_rng(8)
+    fwd = Pool(PoolKind.MAX, window, stride, ((pad, pad), (pad, pad)))
+    npdt = np.float32 if dt == "f32" else np.float16
+    xs = (np.round(rng.standard_normal((4, 8, 20, 19)) * 2) / 2).astype(npdt)
+    out = fwd.infer((rlx.Shape(xs.shape, dt),)).dims
+    cts = rng.standard_normal(out).astype(npdt)
+    g = rlx.Graph("mp2")
+    g.set_outputs([g.apply(MaxPool2dBackward(fwd), [g.input("x", xs.shape, dt),
+                                                    g.input("ct", out, dt)])])  # fmt: skip
+    cg = Session("cpu").compile(g, CompileOptions(num_threads=2, use_cache=False))
+    kinds = [k.kind.value for k in cg.report().kernels if k.op == "max_pool2d_backward"]
+    assert kinds == ["native"]
+    (got,) = cg.run({"x": xs, "ct": cts})
+    (want,) = g.evaluate({"x": xs, "ct": cts}, {})
+    tol = 1e-6 if dt == "f32" else 2e-3
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=tol, atol=tol)

@@ -21,7 +21,8 @@ in f32 (``lowp``); f64 stays f64.
   columns ``[G, N*L, C/G*K]`` (one 2-D GEMM per group) gives dw; ``[G, N*L, O/G] @
   w[G, O/G, C/G*K]`` gives the column gradient, scattered back (col2im) tap by tap into a
   bordered buffer.
-* Pool backward (MaxPool2dBackward too) / max-pool select: each window's first maximum found tap by tap with
+* MaxPool2dBackward, native (f32, ``csrc/maxpool2d_grad.c``): one pass over the windows per
+  plane, OpenMP over planes. Pool backward (and MaxPool2dBackward otherwise) / max-pool select: each window's first maximum found tap by tap with
   strict ``>`` (the first wins ties), the gradient added tap by tap.
 """
 
@@ -69,6 +70,7 @@ __all__ = [
     "conv_backward_kernel",
     "conv_backward_data_kernel",
     "pool_backward_kernel",
+    "native_max_pool2d_backward_kernel",
     "max_pool_select_kernel",
 ]
 
@@ -528,6 +530,24 @@ def pool_backward_kernel(
 
 
 @lowp
+@kind(KernelKind.NATIVE)
+def native_max_pool2d_backward_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """``csrc/maxpool2d_grad.c`` for f32 contiguous views (None: the NumPy tap loop)."""
+    x, ct = ins
+    lib = _native_lib(ctx, [x, ct, out], "max pool 2-D backward", ("maxpool2d_grad.c",))
+    if lib is None:
+        return None
+    f = node.op.fwd  # type: ignore[attr-defined]
+    n, c, h, w = x.shape
+    dims = (n * c, h, w, *ct.shape[2:], *f.window, *f.stride, f.padding[0][0], f.padding[1][0])
+    threads = ctx.num_threads if x.size >= _PARALLEL_MIN else 1
+    ptrs = [a.ctypes.data for a in (x, ct, out)]
+    return functools.partial(lib.rlx_maxpool2d_grad_f32, *ptrs, *dims, threads)
+
+
+@lowp
 def max_pool_select_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel:
@@ -560,6 +580,6 @@ ATTEMPTS = {
     ConvBackwardWeight: (conv_backward_kernel,),
     ConvBackwardData: (conv_backward_data_kernel,),
     PoolBackward: (pool_backward_kernel,),
-    MaxPool2dBackward: (pool_backward_kernel,),
+    MaxPool2dBackward: (native_max_pool2d_backward_kernel, pool_backward_kernel),
     MaxPoolSelect: (max_pool_select_kernel,),
 }
