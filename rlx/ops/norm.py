@@ -6,8 +6,9 @@ dtype. f16/bf16 inputs are normalised in f32 and rounded back, as the CPU kernel
 Variances are biased (divided by the element count), as in PyTorch and JAX.
 
 Derivatives: ``vjp`` builds ``LayerNormBackward`` and ``LayerNormBackwardGamma`` /
-``RmsNormBackward`` nodes (``rlx/ops/nn_grad.py``: dx and dgamma, one node each) and ``sum(ct)`` for beta; the
-x-Jacobian of a normalisation is symmetric, so ``jvp`` reuses the dx op with unit gamma.
+``RmsNormBackward`` nodes (``rlx/ops/nn_grad.py``: dx and dgamma, one node each) and
+``sum(ct)`` for beta; the x-Jacobian of a normalisation is symmetric, so ``jvp`` reuses
+the dx op with unit gamma.
 Group norm is a layer norm of the ``[N, groups, C/groups * spatial]`` reshape.
 """
 
