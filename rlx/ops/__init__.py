@@ -39,6 +39,8 @@ from rlx.ops import state  # assign (writes a param when the compiled graph runs
 from rlx.ops import loss  # softmax_cross_entropy and its backward op
 from rlx.ops import complex  # conjugate, complex_norm_sq and its backward op
 from rlx.ops import spatial  # resize_nearest_2x, axial_rope_2d
+from rlx.ops import activation_grad  # relu_backward, activation_backward
+from rlx.ops import control_grad  # scan_backward, scan_backward_xs
 # isort: on
 
 # the modules above, in registration order
@@ -73,6 +75,8 @@ FAMILIES = (
     loss,
     complex,
     spatial,
+    activation_grad,
+    control_grad,
 )
 
 __all__ = ["OPS", "Op", "OpKind", "RefCtx", "register"]

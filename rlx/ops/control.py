@@ -24,8 +24,8 @@ results (the carries of a loop, the stacked outputs of a scan) returns the one c
   steps, a ``[length, ...]`` tensor (``lax.scan``).
 
 Derivatives: ``If`` differentiates both branches (one ``If`` per operand gradient);
-``Scan``'s vjp is a reverse scan over the per-step input carries (stacked by a forward
-scan) whose body is the body's vjp, its jvp one scan carrying tangents; ``While`` has
+``Scan``'s vjp runs the body's vjp in reverse over the per-step input carries (stacked by
+a forward scan): ``ScanBackward`` / ``ScanBackwardXs`` (``control_grad.py``), its jvp one scan carrying tangents; ``While`` has
 none (its trip count is unknown to reverse mode: use ``Scan``). ``inline`` copies a
 sub-graph into a graph, which these rules use to differentiate bodies.
 """
@@ -383,42 +383,11 @@ class Scan(Op):
         return np.stack([step[k] for step in ys])  # type: ignore[index]
 
     def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
-        """A reverse scan over the stored per-step input carries (one forward scan stacks
-        them) whose body is the vjp of ``body``: carries are the carry cotangents, its ys
-        the cotangents of the xs."""
-        from rlx.ir.mir import Graph
-        from rlx.ops.rules import zeros
+        """One ScanBackward per float carry and one ScanBackwardXs per float x, over the
+        per-step input carries (stacked by a forward scan; see ``control_grad.py``)."""
+        from rlx.ops.control_grad import scan_vjp
 
-        nc, o = self.num_carry, self.output_index
-        ins = list(node.inputs)
-        cshape = [g.shape(i) for i in ins[:nc]]
-        xshape = [g.shape(i).with_dims(g.shape(i).dims[1:]) for i in ins[nc:]]
-        ny = len(self.body.outputs) - nc
-        stack = Graph(f"{self.body.name}.carries")  # body, plus each step's input carries
-        sin = _inputs(stack, [*cshape, *xshape])
-        stack.set_outputs([*inline(stack, self.body, _feeds(sin)), *sin[:nc]])
-        scan = lambda body, k, inputs, ncar=nc, rev=self.reverse: g.apply(  # noqa: E731
-            Scan(body, self.length, ncar, k, rev), inputs
-        )
-        carries = [scan(stack, nc + ny + j, ins) for j in range(nc)]
-        fc, fx = _floats(cshape), _floats(xshape)
-        s = Graph(f"{self.body.name}.vjp")
-        dc = _inputs(s, [cshape[j] for j in fc])
-        cin = _inputs(s, cshape, len(dc))
-        xin = _inputs(s, xshape, len(dc) + nc)
-        outs = inline(s, self.body, _feeds([*cin, *xin]))
-        cts: dict[NodeId, NodeId] = {}
-        for a, j in enumerate(fc):
-            _add_ct(s, cts, outs[j], dc[a])
-        if o >= nc:
-            _add_ct(s, cts, outs[o], s.input(f"in{len(dc) + nc + len(xin)}", s.shape(outs[o])))
-        s.set_outputs(_grads_or_zeros(s, cts, [*(cin[j] for j in fc), *(xin[i] for i in fx)]))
-        init = [ct if j == o else zeros(g, ins[j]) for j in fc]
-        bwd = [*init, *carries, *ins[nc:], *([ct] if o >= nc else [])]
-        grads = {j: scan(s, a, bwd, len(fc), not self.reverse) for a, j in enumerate(fc)}
-        for b, i in enumerate(fx):
-            grads[nc + i] = scan(s, len(fc) + b, bwd, len(fc), not self.reverse)
-        return tuple(grads.get(k) for k in range(len(ins)))
+        return scan_vjp(self, g, node, ct)
 
     def jvp(self, g: Graph, node: Node, tangents: tuple) -> NodeId | None:
         """One scan whose carries and ys gain their tangents (the body's jvp)."""

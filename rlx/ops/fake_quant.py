@@ -18,6 +18,13 @@ Derivatives (as PyTorch's ``fake_quantize_per_{tensor,channel}_affine`` and
   ``learn_scale=False`` gives the scale no gradient (a scale the graph computes from the
   weight, as an observer does: PyTorch detaches it).
 
+Each is one backward op, emitted by the rules (the seed's ``FakeQuantizeBackward``,
+``FakeQuantizeLSQBackwardX``, ``FakeQuantizeLSQBackwardScale``): inputs ``(x, ct)`` of a
+``FakeQuantize`` ``fwd`` / ``(x, scale, ct)`` of a ``FakeQuantizeLSQ`` ``fwd``; outputs the
+cotangent of ``x`` (x's shape) or of the scale (the scale's shape). Each has ``lower``:
+the same value from primitive ops (what the rules built before the ops existed), whose
+derivatives are the ops' own (``rlx/ops/lowered.py``).
+
 These are not derivatives of the piecewise-constant function (finite differences give 0
 wrt ``x``), so their oracle is PyTorch's autograd (tests/autodiff/test_grad_quant.py).
 """
@@ -32,13 +39,31 @@ import numpy as np
 
 from rlx.dtype import DType
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
-from rlx.ops.quant import _channel_shape, _compute_dtype, _norm_axis, _short, quantize_array
+from rlx.ops.lowered import lowered_jvp, lowered_vjp
+from rlx.ops.quant import (
+    FakeQuantize,
+    _channel_shape,
+    _compute_dtype,
+    _norm_axis,
+    _short,
+    quantize_array,
+)
 from rlx.shape import Shape
 
 if TYPE_CHECKING:
     from rlx.ir.mir import Graph, Node, NodeId
 
-__all__ = ["FakeQuantizeLSQ", "SCALE_EPS", "ste_mask", "lsq_scale_factor"]
+__all__ = [
+    "FakeQuantizeLSQ",
+    "FakeQuantizeBackward",
+    "FakeQuantizeLSQBackwardX",
+    "FakeQuantizeLSQBackwardScale",
+    "SCALE_EPS",
+    "ste_mask",
+    "lsq_scale_factor",
+    "ste_inside",
+    "lsq_partials",
+]
 
 #: Smallest scale the learnable fake quantizer uses (f32 machine epsilon, as PyTorch).
 SCALE_EPS = float(np.finfo(np.float32).eps)
@@ -61,13 +86,16 @@ def _passthrough(g: Graph, mask: NodeId, ct: NodeId) -> NodeId:
 
 def fake_quantize_ste(g: Graph, node: Node, ct: NodeId) -> NodeId:
     """The straight-through cotangent of a :class:`~rlx.ops.quant.FakeQuantize` node's
-    input: ``ct`` where ``rint(x / s) + zp`` is in ``[qmin, qmax]``, else 0. The integer
-    value is the same ``quantize`` (to i32, wide enough not to saturate first) the forward
-    op computes, so the mask agrees with the forward clip bit for bit."""
-    op = node.op
-    (x,) = node.inputs
-    q = g.quantize(x, list(op.scales), list(op.zero_points), op.axis, DType.I32)  # type: ignore[attr-defined]
-    return _passthrough(g, ste_mask(g, x, q, op.qmin, op.qmax), ct)  # type: ignore[attr-defined]
+    input: one :class:`FakeQuantizeBackward` node."""
+    return g.apply(FakeQuantizeBackward(node.op), [node.inputs[0], ct])  # type: ignore[arg-type]
+
+
+def _ste_lowered(g: Graph, op: FakeQuantize, x: NodeId, ct: NodeId) -> NodeId:
+    """``ct`` where ``rint(x / s) + zp`` is in ``[qmin, qmax]``, else 0, from primitive ops:
+    the same ``quantize`` (to i32, wide enough not to saturate first) the forward op
+    computes, so the mask agrees with the forward clip bit for bit."""
+    q = g.quantize(x, list(op.scales), list(op.zero_points), op.axis, DType.I32)
+    return _passthrough(g, ste_mask(g, x, q, op.qmin, op.qmax), ct)
 
 
 def _scale_b(g: Graph, op: FakeQuantizeLSQ, x: NodeId, scale: NodeId) -> NodeId:
@@ -90,9 +118,11 @@ def _zp_b(g: Graph, op: FakeQuantizeLSQ, x: NodeId) -> NodeId:
 def lsq_scale_factor(g: Graph, node: Node) -> tuple[NodeId, NodeId]:
     """(inside mask, d out / d s per element) of a :class:`FakeQuantizeLSQ` node: the
     mask of the straight-through estimator and LSQ's ``rint(v) - v`` inside the range,
-    ``qmin - zp`` / ``qmax - zp`` outside (``v = x / s``)."""
-    op: FakeQuantizeLSQ = node.op  # type: ignore[assignment]
-    x, scale = node.inputs
+    ``qmin - zp`` / ``qmax - zp`` outside (``v = x / s``), from primitive ops."""
+    return _lsq_factor(g, node.op, *node.inputs)  # type: ignore[arg-type]
+
+
+def _lsq_factor(g: Graph, op: FakeQuantizeLSQ, x: NodeId, scale: NodeId) -> tuple[NodeId, NodeId]:
     v = g.div(x, _scale_b(g, op, x, scale))
     r = g.round(v)
     zp = _zp_b(g, op, x)
@@ -188,12 +218,11 @@ class FakeQuantizeLSQ(Op):
         return ((q - z).astype(ct) * s.reshape(cs)).astype(x.dtype)
 
     def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
-        scale = node.inputs[1]
-        inside, d = lsq_scale_factor(g, node)
-        dx = _passthrough(g, inside, ct)
+        ins = [*node.inputs, ct]
+        dx = g.apply(FakeQuantizeLSQBackwardX(self), ins)
         if not self.learn_scale:
             return dx, None
-        return dx, _sum_to_scale(g, self, g.mul(d, ct), scale)
+        return dx, g.apply(FakeQuantizeLSQBackwardScale(self), ins)
 
     def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
         tx, ts = tangents
@@ -201,10 +230,10 @@ class FakeQuantizeLSQ(Op):
             ts = None
         if tx is None and ts is None:
             return None
-        inside, d = lsq_scale_factor(g, node)
-        out = None if tx is None else _passthrough(g, inside, tx)
+        x, scale = node.inputs
+        out = None if tx is None else g.apply(FakeQuantizeLSQBackwardX(self), [x, scale, tx])
         if ts is not None:
-            x = node.inputs[0]
+            _, d = lsq_scale_factor(g, node)
             rank = g.shape(x).rank
             ax = _norm_axis(self.axis, rank)
             tb = g.reshape(
@@ -239,3 +268,153 @@ def fake_quantize_lsq(
     n = g.shape(scale).dims[0] if g.shape(scale).rank else 1
     zps = tuple(zero_points) if zero_points is not None else (0,) * int(n)
     return g.apply(FakeQuantizeLSQ(axis, zps, qmin, qmax, grad_factor, learn_scale), [x, scale])
+
+
+# ---- the backward ops ------------------------------------------------------------------
+
+
+def ste_inside(x: np.ndarray, s: np.ndarray, z: np.ndarray, qmin: int, qmax: int) -> np.ndarray:
+    """Where ``rint(x / s) + z`` lies in ``[qmin, qmax]`` (``s``, ``z`` shaped to broadcast,
+    in the compute dtype); NaN counts as inside (quantize maps it to the zero point)."""
+    with np.errstate(all="ignore"):
+        q = np.rint(x.astype(s.dtype) / s) + z
+    return np.isnan(q) | ((q >= qmin) & (q <= qmax))
+
+
+def lsq_partials(
+    op: FakeQuantizeLSQ, x: np.ndarray, scale: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(inside mask, d out / d s per element times ``grad_factor``) of LSQ in NumPy, in the
+    compute dtype (see the module docstring)."""
+    cd = _compute_dtype(x)
+    ax = _norm_axis(op.axis, x.ndim)
+    cs = _channel_shape(x.ndim, ax, len(op.zero_points))
+    s = np.maximum(np.asarray(scale, cd).reshape(cs), cd.type(SCALE_EPS))
+    z = np.asarray(op.zero_points, cd).reshape(cs)
+    with np.errstate(all="ignore"):
+        v = x.astype(cd) / s
+        r = np.rint(v)
+        q = r + z
+        lo, hi = q < op.qmin, q > op.qmax
+        d = np.where(lo, op.qmin - z, np.where(hi, op.qmax - z, r - v))
+    if op.grad_factor != 1.0:
+        d = d * cd.type(op.grad_factor)
+    return ~(lo | hi), d.astype(cd)
+
+
+def _x_like(op: Op, ins: tuple[Shape, ...], fwd: Op) -> Shape:
+    x, ct = ins[0], ins[-1]
+    out = fwd.infer(ins[:-1])
+    expect(ct == out, op, f"the cotangent must match the output {out}, got {ct}")
+    return x
+
+
+@register
+class FakeQuantizeBackward(Op):
+    """The straight-through estimator of the fake quantizer ``fwd``: inputs ``(x, ct)``
+    -> ``ct`` where ``rint(x / s) + zp`` is in ``[qmin, qmax]``, else 0."""
+
+    mnemonic: ClassVar[str] = "fake_quantize_backward"
+    arity: ClassVar[int] = 2
+    kind: ClassVar[OpKind] = OpKind.ELEMENTWISE  # the seed's class
+    fwd: FakeQuantize
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        return _x_like(self, ins, self.fwd)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        x, ct = xs
+        f = self.fwd
+        cd = _compute_dtype(x)
+        cs = _channel_shape(x.ndim, _norm_axis(f.axis, x.ndim), len(f.scales))
+        s = np.asarray(f.scales, cd).reshape(cs)
+        z = np.asarray(f.zero_points, cd).reshape(cs)
+        inside = ste_inside(x, s, z, f.qmin, f.qmax)
+        return np.where(inside, ct, np.zeros((), ct.dtype)).astype(ctx.out_dtype)
+
+    def lower(self, g: Graph, ins: Sequence[NodeId]) -> NodeId:
+        return _ste_lowered(g, self.fwd, ins[0], ins[1])
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        # linear in ct (its own adjoint); x only selects: zero derivative almost everywhere
+        return None, g.apply(self, [node.inputs[0], ct])
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        t = tangents[1]
+        return None if t is None else g.apply(self, [node.inputs[0], t])
+
+    def attrs_str(self) -> str:
+        return self.fwd.attrs_str()
+
+
+@register
+class FakeQuantizeLSQBackwardX(Op):
+    """The straight-through cotangent of ``x`` of the learnable fake quantizer ``fwd``:
+    inputs ``(x, scale, ct)`` -> ``ct`` where ``rint(x / s) + zp`` is in ``[qmin, qmax]``
+    (``s = max(scale, eps)``), else 0."""
+
+    mnemonic: ClassVar[str] = "fake_quantize_lsq_backward_x"
+    arity: ClassVar[int] = 3
+    kind: ClassVar[OpKind] = OpKind.ELEMENTWISE  # the seed's class
+    fwd: FakeQuantizeLSQ
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        return _x_like(self, ins, self.fwd)
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        x, scale, ct = xs
+        inside, _ = lsq_partials(self.fwd, x, scale)
+        return np.where(inside, ct, np.zeros((), ct.dtype)).astype(ctx.out_dtype)
+
+    def lower(self, g: Graph, ins: Sequence[NodeId]) -> NodeId:
+        x, scale, ct = ins
+        inside, _ = _lsq_factor(g, self.fwd, x, scale)
+        return _passthrough(g, inside, ct)
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return lowered_vjp(g, node, ct, self.lower)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        return lowered_jvp(g, node, tangents, self.lower)
+
+    def attrs_str(self) -> str:
+        return self.fwd.attrs_str()
+
+
+@register
+class FakeQuantizeLSQBackwardScale(Op):
+    """LSQ's cotangent of the scale of the learnable fake quantizer ``fwd``: inputs ``(x,
+    scale, ct)`` -> ``grad_factor * sum(ct * d)`` per channel (over everything per
+    tensor), ``d = rint(v) - v`` inside the range, ``qmin - zp`` below, ``qmax - zp``
+    above (``v = x / max(scale, eps)``); the scale's shape."""
+
+    mnemonic: ClassVar[str] = "fake_quantize_lsq_backward_scale"
+    arity: ClassVar[int] = 3
+    kind: ClassVar[OpKind] = OpKind.ELEMENTWISE  # the seed's class
+    fwd: FakeQuantizeLSQ
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        _x_like(self, ins, self.fwd)
+        return ins[1]
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        x, scale, ct = xs
+        _, d = lsq_partials(self.fwd, x, scale)
+        t = d * ct.astype(d.dtype)
+        ax = _norm_axis(self.fwd.axis, x.ndim)
+        axes = tuple(a for a in range(x.ndim) if a != ax)
+        return np.sum(t, axis=axes).reshape(ctx.out_dims).astype(ctx.out_dtype)
+
+    def lower(self, g: Graph, ins: Sequence[NodeId]) -> NodeId:
+        x, scale, ct = ins
+        _, d = _lsq_factor(g, self.fwd, x, scale)
+        return _sum_to_scale(g, self.fwd, g.mul(d, ct), scale)
+
+    def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
+        return lowered_vjp(g, node, ct, self.lower)
+
+    def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
+        return lowered_jvp(g, node, tangents, self.lower)
+
+    def attrs_str(self) -> str:
+        return self.fwd.attrs_str()

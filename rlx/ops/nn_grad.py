@@ -7,7 +7,9 @@ primal inputs (the softmax probabilities, the normalised rows).
 
 * ``LayerNormBackward(eps, wrt)`` / ``RmsNormBackward(eps, wrt)``: inputs ``(x, gamma,
   ct)``; ``wrt="x"`` -> dx (x's shape), ``wrt="gamma"`` -> ``sum(ct * xhat)`` over every
-  row ([D]). The x-Jacobian of the normalisation is symmetric, so ``wrt="x"`` with
+  row ([D]; RMS norm only: layer norm's is ``LayerNormBackwardGamma``).
+* ``LayerNormBackwardGamma(eps)``: inputs ``(x, ct)`` -> layer norm's dgamma, ``sum(ct *
+  xhat)`` over every row ([D]; gamma is not read). The x-Jacobian of the normalisation is symmetric, so ``wrt="x"`` with
   ``gamma`` all ones is also its forward-mode (jvp) product.
 * ``AttentionBackward(fwd, wrt)``: inputs ``(q, k, v[, mask], ct)`` of the forward
   :class:`~rlx.ops.nn.Attention` ``fwd``; ``wrt`` in q, k, v (their shapes) or mask
@@ -26,6 +28,8 @@ primal inputs (the softmax probabilities, the normalised rows).
   real (unpadded) elements. ``MaxPoolSelect(fwd)``: inputs ``(x, t)`` -> ``t`` at each
   window's first maximum (the max pool's jvp; the transpose of its PoolBackward).
   Both are linear in their second input, so their own rules are each other.
+  ``MaxPool2dBackward(fwd)``: PoolBackward of a 2-D max pool (the seed's op; what the
+  rules emit for one), with the same rules.
 
 References compute in f64 for f64 and f32 otherwise, and round once to the node dtype.
 """
@@ -48,6 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LayerNormBackward",
+    "LayerNormBackwardGamma",
     "RmsNormBackward",
     "AttentionBackward",
     "AttentionJvp",
@@ -55,7 +60,9 @@ __all__ = [
     "ConvBackwardData",
     "ConvBackwardWeight",
     "PoolBackward",
+    "MaxPool2dBackward",
     "MaxPoolSelect",
+    "pool_backward_op",
     "norm_rows",
     "attention_probs",
 ]
@@ -119,10 +126,35 @@ class LayerNormBackward(_NormBackward):
     center: ClassVar[bool] = True
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        expect(
+            self.wrt == "x",
+            self,
+            f"wrt must be 'x' (layer norm's dgamma is layer_norm_backward_gamma), got {self.wrt!r}",
+        )
         return self._infer(ins)
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         return self._reference(xs, ctx)
+
+
+@register
+class LayerNormBackwardGamma(_NormBackward):
+    """Gradient of ``layer_norm(x, gamma)`` wrt ``gamma``; inputs ``(x, ct)``: ``sum over
+    rows of ct * xhat`` ([D]), ``xhat = (x - mean) * rstd`` (gamma is not read)."""
+
+    mnemonic: ClassVar[str] = "layer_norm_backward_gamma"
+    arity: ClassVar[int] = 2
+    eps: float
+    wrt: ClassVar[str] = "gamma"
+    center: ClassVar[bool] = True
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        x, ct = ins
+        return self._infer((x, Shape(x.dims[-1:], x.dtype), ct))
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        x, ct = xs
+        return self._reference((x, x, ct), ctx)
 
 
 @register
@@ -422,7 +454,7 @@ class _PoolLinear(Op):
         x = node.inputs[0]
         fwd: Pool = self.fwd  # type: ignore[attr-defined]
         if isinstance(self, MaxPoolSelect):
-            return None, g.apply(PoolBackward(fwd), [x, ct])
+            return None, g.apply(pool_backward_op(fwd), [x, ct])
         if fwd.fn is PoolKind.AVG:
             return None, g.apply(fwd, [ct])
         return None, g.apply(MaxPoolSelect(fwd), [x, ct])
@@ -450,21 +482,25 @@ class PoolBackward(_PoolLinear):
         return x
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
-        x, ct = upcast(xs[0]), upcast(xs[1])
-        f = self.fwd
-        if f.fn is PoolKind.MAX:
-            taps, first, padded = _max_taps(f, x, ct.shape[2:])
-            dxp = np.zeros(padded, x.dtype)
-            for i, (_, sl) in enumerate(taps):
-                dxp[(..., *sl)] += np.where(first == i, ct, 0.0)
-        else:
-            taps = list(window_taps(f.window, f.stride, (1,) * len(f.window), ct.shape[2:]))
-            cnt = np.pad(np.ones(x.shape[2:], x.dtype), f.padding)
-            share = ct / sum(cnt[sl] for _, sl in taps)
-            dxp = np.zeros(np.pad(x, ((0, 0), (0, 0), *f.padding)).shape, x.dtype)
-            for _, sl in taps:
-                dxp[(..., *sl)] += share
-        return _unpad(dxp, f.padding).astype(ctx.out_dtype)
+        return _pool_backward(self.fwd, xs, ctx)
+
+
+def _pool_backward(f: Pool, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+    """dx of the pool ``f`` (see :class:`PoolBackward`)."""
+    x, ct = upcast(xs[0]), upcast(xs[1])
+    if f.fn is PoolKind.MAX:
+        taps, first, padded = _max_taps(f, x, ct.shape[2:])
+        dxp = np.zeros(padded, x.dtype)
+        for i, (_, sl) in enumerate(taps):
+            dxp[(..., *sl)] += np.where(first == i, ct, 0.0)
+    else:
+        taps = list(window_taps(f.window, f.stride, (1,) * len(f.window), ct.shape[2:]))
+        cnt = np.pad(np.ones(x.shape[2:], x.dtype), f.padding)
+        share = ct / sum(cnt[sl] for _, sl in taps)
+        dxp = np.zeros(np.pad(x, ((0, 0), (0, 0), *f.padding)).shape, x.dtype)
+        for _, sl in taps:
+            dxp[(..., *sl)] += share
+    return _unpad(dxp, f.padding).astype(ctx.out_dtype)
 
 
 @register
@@ -490,3 +526,39 @@ class MaxPoolSelect(_PoolLinear):
         tp = np.pad(t, ((0, 0), (0, 0), *self.fwd.padding))
         stacked = np.stack([tp[(..., *sl)] for _, sl in taps], axis=-1)
         return np.take_along_axis(stacked, first[..., None], axis=-1)[..., 0].astype(ctx.out_dtype)
+
+
+@register
+class MaxPool2dBackward(_PoolLinear):
+    """Gradient of the 2-D max pool ``fwd`` wrt its input; inputs ``(x[N,C,H,W], ct)``:
+    each window's gradient goes to its first maximal element (row-major window order, as
+    PyTorch's ``max_pool2d_with_indices_backward``). PoolBackward's value for a 2-D max
+    pool: the rules emit this op for one."""
+
+    mnemonic: ClassVar[str] = "max_pool2d_backward"
+    arity: ClassVar[int] = 2
+    kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT  # the seed's class
+    fwd: Pool
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        f = self.fwd
+        expect(
+            f.fn is PoolKind.MAX and len(f.window) == 2,
+            self,
+            f"fwd must be a 2-D max pool, got {f}",
+        )
+        x, ct = ins
+        expect(x.dtype.is_float, self, f"x must be a float tensor, got {x}")
+        _same(self, f.infer((x,)), ct, "the cotangent")
+        return x
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        return _pool_backward(self.fwd, xs, ctx)
+
+
+def pool_backward_op(fwd: Pool) -> Op:
+    """The backward op the rules emit for the pool ``fwd``: MaxPool2dBackward for a 2-D max
+    pool, PoolBackward otherwise."""
+    if fwd.fn is PoolKind.MAX and len(fwd.window) == 2:
+        return MaxPool2dBackward(fwd)
+    return PoolBackward(fwd)

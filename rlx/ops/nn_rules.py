@@ -11,7 +11,8 @@ Out: node ids built from the backward ops of ``rlx/ops/nn_grad.py`` and ordinary
   ``RopeBackward``; rope is bilinear in x and the tables, so its jvp is two ropes.
 * Conv: ``ConvBackwardData`` / ``ConvBackwardWeight`` and ``sum(ct)`` for the bias;
   conv is bilinear, so its jvp is two convs.
-* Pool: ``PoolBackward``; the jvp of an average pool is the pool of the tangent, of a
+* Pool: ``MaxPool2dBackward`` for a 2-D max pool, ``PoolBackward`` otherwise; the jvp
+  of an average pool is the pool of the tangent, of a
   max pool ``MaxPoolSelect`` (the tangent at each window's first maximum).
 """
 
@@ -27,8 +28,8 @@ from rlx.ops.nn_grad import (
     ConvBackwardData,
     ConvBackwardWeight,
     MaxPoolSelect,
-    PoolBackward,
     RopeBackward,
+    pool_backward_op,
 )
 from rlx.ops.rules import add_any, unbroadcast, zeros
 
@@ -177,7 +178,7 @@ def conv_jvp(op: Conv, g: Graph, node: Node, tangents: Grads) -> NodeId | None:
 
 
 def pool_vjp(op: Pool, g: Graph, node: Node, ct: NodeId) -> Grads:
-    return (g.apply(PoolBackward(op), [node.inputs[0], ct]),)
+    return (g.apply(pool_backward_op(op), [node.inputs[0], ct]),)
 
 
 def pool_jvp(op: Pool, g: Graph, node: Node, tangents: Grads) -> NodeId | None:

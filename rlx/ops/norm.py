@@ -5,9 +5,10 @@ All take float inputs whose scale (``gamma``) and shift (``beta``) share the inp
 dtype. f16/bf16 inputs are normalised in f32 and rounded back, as the CPU kernels do.
 Variances are biased (divided by the element count), as in PyTorch and JAX.
 
-Derivatives: ``vjp`` builds ``LayerNormBackward`` / ``RmsNormBackward`` nodes
-(``rlx/ops/nn_grad.py``: dx and dgamma, one node each) and ``sum(ct)`` for beta; the
-x-Jacobian of a normalisation is symmetric, so ``jvp`` reuses the dx op with unit gamma.
+Derivatives: ``vjp`` builds ``LayerNormBackward`` and ``LayerNormBackwardGamma`` /
+``RmsNormBackward`` nodes (``rlx/ops/nn_grad.py``: dx and dgamma, one node each) and
+``sum(ct)`` for beta; the x-Jacobian of a normalisation is symmetric, so ``jvp`` reuses
+the dx op with unit gamma.
 Group norm is a layer norm of the ``[N, groups, C/groups * spatial]`` reshape.
 """
 
@@ -241,7 +242,12 @@ def _last_axis_vjp(op: LayerNorm | RmsNorm, g: Graph, node: Node, ct: NodeId) ->
     back = _backward_op(op)
     x, gamma = node.inputs[:2]
     dx = g.apply(back(op.eps, "x"), [x, gamma, ct])
-    dgamma = g.apply(back(op.eps, "gamma"), [x, gamma, ct])
+    if isinstance(op, LayerNorm):
+        from rlx.ops.nn_grad import LayerNormBackwardGamma
+
+        dgamma = g.apply(LayerNormBackwardGamma(op.eps), [x, ct])
+    else:
+        dgamma = g.apply(back(op.eps, "gamma"), [x, gamma, ct])
     return (dx, dgamma, _lead_sum(g, ct, 1)) if op.has_beta else (dx, dgamma)
 
 

@@ -2,6 +2,9 @@
 builders their ``vjp`` / ``jvp`` methods share (a unary kind's ``f'`` is the
 ``derivative`` of its row in ``unary_kinds.py``).
 
+Relu and the smooth activations (``activation_grad.ACTIVATIONS``) of real floats emit one
+backward op (``ReluBackward``, ``ActivationBackward``) instead of the derivative's graph.
+
 In: the graph being extended, the forward node (``node.inputs`` the primal inputs,
 ``node.id`` the primal output ``y``) and a tangent or cotangent ``t``. Out: ``t * f'(x)``
 as a node (None when the derivative is zero everywhere: round, floor, ceil, sign).
@@ -25,6 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rlx.dtype import DType
+from rlx.ops.activation_grad import FROM_OUTPUT, ActivationBackward, ReluBackward, emits_backward
 from rlx.ops.elementwise import BinaryKind, Cast, UnaryKind
 from rlx.ops.trig import Trig, TrigKind
 from rlx.ops.unary_kinds import UNARY
@@ -64,6 +68,13 @@ def unary_times(
     d = UNARY[fn].derivative
     if d is None:
         return None
+    if emits_backward(fn, g.node(t).dtype) and g.node(t).shape == node.shape:
+        # one backward op instead of the derivative's primitive graph (t * f' is linear in
+        # t, so forward mode emits it too)
+        if fn is UnaryKind.RELU:
+            return g.apply(ReluBackward(), [node.id, t])
+        v = node.id if fn in FROM_OUTPUT else node.inputs[0]
+        return g.apply(ActivationBackward(fn), [v, t])
     if isinstance(d, float):  # a constant derivative
         return t if d == 1.0 else g.neg(t) if d == -1.0 else g.mul(t, d)
     (x,) = node.inputs

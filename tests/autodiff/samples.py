@@ -847,3 +847,4 @@ def _axial_rope_2d(b: B) -> Case:
     gh, gw = b.data.draw(st.integers(1, 3), "gh"), b.data.draw(st.integers(1, 3), "gw")
     x = b.inp(b.normal([*b.dims(0, 1), gh * gw, 8]))
     return b.done(b.g.axial_rope_2d(x, gh, gw, 4, interleaved=b.data.draw(st.booleans())))
+from . import samples_backward as _samples_backward  # noqa: E402,F401  (registers more samples)

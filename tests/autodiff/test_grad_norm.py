@@ -1,5 +1,5 @@
 """Derivative rules of the normalisations (LayerNorm, RmsNorm, GroupNorm) and their
-backward ops (LayerNormBackward, RmsNormBackward) against finite differences in f64
+backward ops (LayerNormBackward, LayerNormBackwardGamma, RmsNormBackward) against finite differences in f64
 (``rlx.autodiff.check``: reference interpreter and compiled CPU graph) on hypothesis-drawn
 shapes; layer norm's gradients against torch.autograd in f32; vmap of layer / RMS norm
 (batched x, batched gamma) against a loop over the batch."""
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import rlx
 from rlx.autodiff import grad, vjp, vmap
 from rlx.autodiff.check import check_jvp, check_vjp
-from rlx.ops.nn_grad import LayerNormBackward, RmsNormBackward
+from rlx.ops.nn_grad import LayerNormBackward, LayerNormBackwardGamma, RmsNormBackward
 from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
@@ -85,8 +85,10 @@ def test_second_order_through_layer_norm_fails_clearly() -> None:
         grad(first, ["x"])
 
 
-@pytest.mark.parametrize("op", [LayerNormBackward, RmsNormBackward])
-@pytest.mark.parametrize("wrt", ["x", "gamma"])
+BACKWARD = [(LayerNormBackward, "x"), (RmsNormBackward, "x"), (RmsNormBackward, "gamma")]
+
+
+@pytest.mark.parametrize(("op", "wrt"), BACKWARD)
 def test_backward_op_shape_rule_and_bad_input(op: type, wrt: str) -> None:
     g = rlx.Graph("b")
     x = g.input("x", (3, 4), "f32")
@@ -97,8 +99,21 @@ def test_backward_op_shape_rule_and_bad_input(op: type, wrt: str) -> None:
     bad = g.input("bad", (3, 5), "f32")
     with pytest.raises(rlx.errors.ShapeError, match="cotangent must match"):
         g.apply(op(1e-5, wrt), [x, gamma, bad])
-    with pytest.raises(rlx.errors.ShapeError, match="wrt must be 'x' or 'gamma'"):
+    with pytest.raises(rlx.errors.ShapeError, match="wrt must be 'x'"):
         g.apply(op(1e-5, "beta"), [x, gamma, ct])
+
+
+def test_layer_norm_backward_gamma_shape_rule() -> None:
+    """Layer norm's dgamma is its own op (inputs x and ct); layer_norm_backward is dx only."""
+    g = rlx.Graph("b")
+    x = g.input("x", (2, 3, 4), "f32")
+    gamma = g.input("gamma", (4,), "f32")
+    ct = g.input("ct", (2, 3, 4), "f32")
+    assert g.shape(g.apply(LayerNormBackwardGamma(1e-5), [x, ct])).dims == (4,)
+    with pytest.raises(rlx.errors.ShapeError, match="cotangent must match"):
+        g.apply(LayerNormBackwardGamma(1e-5), [x, g.input("bad", (2, 3, 5), "f32")])
+    with pytest.raises(rlx.errors.ShapeError, match="layer_norm_backward_gamma"):
+        g.apply(LayerNormBackward(1e-5, "gamma"), [x, gamma, ct])
 
 
 def test_layer_norm_gradients_match_torch_f32() -> None:
@@ -111,6 +126,8 @@ def test_layer_norm_gradients_match_torch_f32() -> None:
     x, gamma, beta, w = (g.input(k, v.shape, "f32") for k, v in zip("xgbw", (xs, gs, bs, ws)))
     g.set_outputs([g.sum(g.mul(g.layer_norm(x, gamma, beta, eps=1e-5), w))])
     back = grad(g, ["x", "g", "b"])
+    ops = [n.op.mnemonic for n in back.nodes]
+    assert ops.count("layer_norm_backward") == ops.count("layer_norm_backward_gamma") == 1
     got = Session("cpu").compile(back).run({"x": xs, "g": gs, "b": bs, "w": ws})
     tx, tg, tb = (torch.tensor(a, requires_grad=True) for a in (xs, gs, bs))
     loss = (torch.nn.functional.layer_norm(tx, (32,), tg, tb, 1e-5) * torch.tensor(ws)).sum()
@@ -163,8 +180,7 @@ def test_layer_norm_vjp_on_a_symbolic_batch() -> None:
 
 
 @pytest.mark.parametrize("isa", ["auto", "avx2", "portable"])
-@pytest.mark.parametrize("op", [LayerNormBackward, RmsNormBackward])
-@pytest.mark.parametrize("wrt", ["x", "gamma"])
+@pytest.mark.parametrize(("op", "wrt"), [*BACKWARD, (LayerNormBackwardGamma, None)])
 def test_native_norm_backward_on_two_threads(isa: str, op: type, wrt: str, monkeypatch) -> None:
     """The native kernel (csrc/norm_grad.c) at a size that uses the OpenMP team, per build
     target, against the NumPy reference."""
@@ -176,9 +192,11 @@ def test_native_norm_backward_on_two_threads(isa: str, op: type, wrt: str, monke
         "gamma": rng.standard_normal(d).astype(np.float32),
         "ct": rng.standard_normal((rows, d)).astype(np.float32),
     }
+    if wrt is None:  # layer norm's dgamma does not read gamma
+        del feed["gamma"]
     g = rlx.Graph("nb")
     ids = [g.input(k, v.shape, "f32") for k, v in feed.items()]
-    g.set_outputs([g.apply(op(1e-5, wrt), ids)])
+    g.set_outputs([g.apply(op(1e-5) if wrt is None else op(1e-5, wrt), ids)])
     cg = Session("cpu").compile(g, CompileOptions(num_threads=2, use_cache=False))
     assert [k.kind.value for k in cg.report().kernels if k.op == op.mnemonic] == ["native"]
     (want,) = g.evaluate(feed, {})

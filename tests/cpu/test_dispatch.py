@@ -156,8 +156,39 @@ def _templates(dt: DType):
         ("fake_quantize", FakeQuantize(None, (0.1,), (0,)), [x]),
         *_nn_grad_templates(dt, x, v, ncl),
         ("fake_quantize_lsq", FakeQuantizeLSQ(None, (0,)), [x, Shape((1,), dt)]),
+        *_backward_templates(dt, x, ncl),
     ]
     return out
+
+
+def _backward_templates(dt: DType, x: Shape, ncl: Shape) -> list:
+    """The backward ops autodiff emits in place of primitive graphs (activations, fake
+    quantizers, layer norm's dgamma, the 2-D max pool)."""
+    from rlx.ops import fake_quant as fq
+    from rlx.ops import nn_grad as ng
+    from rlx.ops.activation_grad import ACTIVATIONS, ActivationBackward, ReluBackward
+
+    lsq = FakeQuantizeLSQ(1, (0, 0, 0))
+    img = Shape((2, 3, 4, 4), dt)
+    mx2 = Pool(PoolKind.MAX, (2, 2), (2, 2), ((0, 0), (0, 0)))
+    out = [(f"activation_backward.{k.value}", ActivationBackward(k), [x, x]) for k in ACTIVATIONS]
+    return [
+        *out,
+        ("relu_backward", ReluBackward(), [x, x]),
+        (
+            "fake_quantize_backward",
+            fq.FakeQuantizeBackward(FakeQuantize(None, (0.1,), (0,))),
+            [x, x],
+        ),
+        ("fake_quantize_lsq_backward_x", fq.FakeQuantizeLSQBackwardX(lsq), [x, Shape((3,), dt), x]),
+        (
+            "fake_quantize_lsq_backward_scale",
+            fq.FakeQuantizeLSQBackwardScale(lsq),
+            [x, Shape((3,), dt), x],
+        ),
+        ("layer_norm_backward_gamma", ng.LayerNormBackwardGamma(1e-5), [x, x]),
+        ("max_pool2d_backward", ng.MaxPool2dBackward(mx2), [img, Shape((2, 3, 2, 2), dt)]),
+    ]
 
 
 def _nn_grad_templates(dt: DType, x: Shape, v: Shape, ncl: Shape) -> list:

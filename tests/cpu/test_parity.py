@@ -401,8 +401,20 @@ def _nn_grad_cases() -> list[Case]:
                 op(1e-5, wrt), ins(g, dt, x=(3, 7), gamma=(7,), ct=(3, 7))
             ),
         )
-        for op in (ng.LayerNormBackward, ng.RmsNormBackward)
-        for wrt in ("x", "gamma")
+        for op, wrt in (
+            (ng.LayerNormBackward, "x"),
+            (ng.RmsNormBackward, "x"),
+            (ng.RmsNormBackward, "gamma"),
+        )
+        for dt in ("f32", "f16")
+    ]
+    cases += [
+        Case(
+            f"layer_norm_backward_gamma_{dt}",
+            lambda g, dt=dt: g.apply(
+                ng.LayerNormBackwardGamma(1e-5), ins(g, dt, x=(3, 7), ct=(3, 7))
+            ),
+        )
         for dt in ("f32", "f16")
     ]
     cases += [
@@ -471,6 +483,12 @@ def _nn_grad_cases() -> list[Case]:
             "max_pool_select",
             lambda g: g.apply(ng.MaxPoolSelect(mx), ins(g, "f32", x=(2, 3, 5, 6), t=(2, 3, 5, 6))),
         ),
+        Case(
+            "max_pool2d_backward_f16",
+            lambda g: g.apply(
+                ng.MaxPool2dBackward(mx), ins(g, "f16", x=(2, 3, 5, 6), ct=(2, 3, 5, 3))
+            ),
+        ),
     ]
     return cases
 
@@ -505,6 +523,66 @@ def _loss_complex_spatial_cases() -> list[Case]:
             lambda g: g.axial_rope_2d(g.input("x", (1, 2, 4, 8), "bf16"), 2, 2, 8, interleaved=True),
         ),
     ]  # fmt: skip
+def _emitted_backward_cases() -> list[Case]:
+    """The backward ops autodiff emits for activations, fake quantizers and scans."""
+    from rlx.ops.activation_grad import ActivationBackward, ReluBackward
+    from rlx.ops.control import Scan, build_subgraph
+    from rlx.ops.control_grad import ScanBackward, ScanBackwardXs, scan_vjp_body
+    from rlx.ops.fake_quant import (
+        FakeQuantizeBackward,
+        FakeQuantizeLSQ,
+        FakeQuantizeLSQBackwardScale,
+        FakeQuantizeLSQBackwardX,
+    )
+    from rlx.ops.quant import FakeQuantize
+
+    def pair(op: object, dt: str = "f32") -> Callable[[rlx.Graph], object]:
+        return lambda g: g.apply(op, [g.input("v", (3, 37), dt), g.input("ct", (3, 37), dt)])
+
+    lsq = FakeQuantizeLSQ(0, (0, 1, -1), -8, 7, 0.5)
+
+    def lsq_case(op: type) -> Callable[[rlx.Graph], object]:
+        return lambda g: g.apply(
+            op(lsq),
+            [g.input("x", (3, 8)), g.constant(np.float32([0.3, 0.2, 0.5])), g.input("ct", (3, 8))],
+        )
+
+    cs, xs = [rlx.Shape((2, 3)), rlx.Shape((3, 3))], [rlx.Shape((2, 3))]
+    body = build_subgraph(
+        "step", [*cs, *xs], lambda s, h, w, x: [s.tanh(s.add(s.matmul(h, w), x)), w, s.mul(h, x)]
+    )
+    fwd = Scan(body, 4, 2, 2)
+    vb = scan_vjp_body(fwd, cs, xs)
+
+    def scan_case(op: object) -> Callable[[rlx.Graph], object]:
+        names = (("saved", (4, 2, 3)), ("w", (3, 3)), ("xs", (4, 2, 3)), ("ct", (4, 2, 3)))
+        return lambda g: g.apply(op, [g.input(n, d) for n, d in names])
+
+    return [
+        Case("relu_backward", pair(ReluBackward())),
+        Case("relu_backward_bf16", pair(ReluBackward(), "bf16")),
+        *(
+            Case(f"activation_backward_{k.value}", pair(ActivationBackward(k)))
+            for k in (
+                UnaryKind.GELU,
+                UnaryKind.GELU_TANH,
+                UnaryKind.SILU,
+                UnaryKind.TANH,
+                UnaryKind.SIGMOID,
+                UnaryKind.SOFTPLUS,
+                UnaryKind.HARDSWISH,
+            )
+        ),  # fmt: skip
+        Case("activation_backward_gelu_f16", pair(ActivationBackward(UnaryKind.GELU), "f16")),
+        Case(
+            "fake_quantize_backward",
+            pair(FakeQuantizeBackward(FakeQuantize(1, (0.1,) * 37, (0,) * 37, -8, 7))),
+        ),
+        Case("fake_quantize_lsq_backward_x", lsq_case(FakeQuantizeLSQBackwardX)),
+        Case("fake_quantize_lsq_backward_scale", lsq_case(FakeQuantizeLSQBackwardScale)),
+        Case("scan_backward", scan_case(ScanBackward(fwd, vb, 1, (True, False)))),
+        Case("scan_backward_xs", scan_case(ScanBackwardXs(fwd, vb, 0, (True, False)))),
+    ]
 
 
 CASES: list[Case] = [
@@ -909,6 +987,7 @@ CASES: list[Case] = [
     ),
     *SEED_CASES,
     *_nn_grad_cases(),
+    *_emitted_backward_cases(),
     *_import_op_cases(),
     *_loss_complex_spatial_cases(),
 ]

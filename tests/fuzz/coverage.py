@@ -25,6 +25,7 @@ _NN = "test_ops_nn.py::"
 _PACK = "test_ops_packed.py::"
 _QUANT = "test_ops_quant.py::"
 _LSP = "test_ops_loss_spatial.py::"
+_BWD = "test_ops_grad_ops.py::"
 
 _STATE = _MISC + "test_assign_barrier_stop_gradient_constant_over_runs"
 _LEAVES = _MISC + "test_constants_inputs_and_params_come_out_unchanged"
@@ -98,6 +99,16 @@ COVERAGE: dict[str, tuple[str, tuple[str, ...]]] = {
     "pool_backward": ("torch.autograd of F.max_pool / avg pool", (_GRAD + "test_pool_backward_and_max_pool_select_match_torch",)),
     "max_pool_select": ("torch.func.jvp of F.max_pool", (_GRAD + "test_pool_backward_and_max_pool_select_match_torch",)),
     "gather_backward": ("torch.autograd of index_select", (_GRAD + "test_gather_backward_matches_index_select_grad",)),
+    # ---- backward ops autodiff emits instead of primitive graphs (the seed's *Backward*)
+    "relu_backward": ("torch aten.threshold_backward", (_BWD + "test_relu_and_activation_backward_match_torch",)),
+    "activation_backward": ("torch aten.{gelu,silu,tanh,sigmoid,softplus,hardswish}_backward", (_BWD + "test_relu_and_activation_backward_match_torch",)),
+    "layer_norm_backward_gamma": ("torch.autograd of F.layer_norm (weight)", (_BWD + "test_layer_norm_backward_gamma_matches_autograd",)),
+    "max_pool2d_backward": ("torch.autograd of F.max_pool2d", (_BWD + "test_max_pool2d_backward_matches_torch",)),
+    "fake_quantize_backward": ("torch.autograd of torch.fake_quantize_per_{tensor,channel}_affine", (_BWD + "test_fake_quantize_backward_matches_autograd",)),
+    "fake_quantize_lsq_backward_x": ("torch.autograd of torch._fake_quantize_learnable_*", (_BWD + "test_fake_quantize_lsq_backward_matches_autograd",)),
+    "fake_quantize_lsq_backward_scale": ("torch.autograd of torch._fake_quantize_learnable_*", (_BWD + "test_fake_quantize_lsq_backward_matches_autograd",)),
+    "scan_backward": ("torch.autograd of the RNN step in PyTorch, stepped in reverse", (_BWD + "test_scan_backward_matches_autograd",)),
+    "scan_backward_xs": ("torch.autograd of the RNN step in PyTorch, stepped in reverse", (_BWD + "test_scan_backward_matches_autograd",)),
     # ---- linear algebra, recurrences, KV cache, FFT
     "matmul": ("explicit index loops", (_LIN + "test_dot_general_and_matmul_match_loops", DIFFERENTIAL)),
     "dot_general": ("explicit index loops", (_LIN + "test_dot_general_and_matmul_match_loops",)),

@@ -6,8 +6,8 @@ Each op is built directly (``g.apply``) on hypothesis-drawn shapes and attribute
 oracle differentiates the PyTorch form of the forward op (tests/fuzz/torch_oracles.py, or
 torch's own functional op) at the same, rounded, operands:
 
-* ``layer_norm_backward`` / ``rms_norm_backward`` (wrt x, gamma): ``F.layer_norm`` /
-  ``F.rms_norm``;
+* ``layer_norm_backward`` / ``layer_norm_backward_gamma`` / ``rms_norm_backward`` (wrt x,
+  gamma): ``F.layer_norm`` / ``F.rms_norm``;
 * ``softmax_backward`` / ``log_softmax_backward`` (from the forward's output ``y``):
   torch's ``_softmax_backward_data`` / ``_log_softmax_backward_data``;
 * ``attention_backward`` (wrt q, k, v, the full score mask, qkv stacked) and
@@ -39,6 +39,7 @@ from rlx.ops.nn_grad import (
     ConvBackwardData,
     ConvBackwardWeight,
     LayerNormBackward,
+    LayerNormBackwardGamma,
     MaxPoolSelect,
     PoolBackward,
     RmsNormBackward,
@@ -84,9 +85,14 @@ def test_norm_backward_matches_autograd(rows, d, rms, wrt, eps, seed) -> None:
     x = (rng.standard_normal(shape) * 2 + rng.standard_normal((*rows, 1))).astype(np.float32)
     gamma = rng.standard_normal(d).astype(np.float32)
     ct = rng.standard_normal(shape).astype(np.float32)
-    op = (RmsNormBackward if rms else LayerNormBackward)(eps, wrt)
     g = rlx.Graph("norm_bwd")
     ins = [g.input("x", shape), g.input("gamma", (d,)), g.input("ct", shape)]
+    if rms:
+        op = RmsNormBackward(eps, wrt)
+    elif wrt == "x":
+        op = LayerNormBackward(eps, wrt)
+    else:  # layer norm's dgamma is its own op, which does not read gamma
+        op, ins = LayerNormBackwardGamma(eps), [ins[0], ins[2]]
     g.set_outputs([g.apply(op, ins)])
 
     def oracle(rnd):

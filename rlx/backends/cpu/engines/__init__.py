@@ -8,5 +8,6 @@ int8 GEMM with its fused epilogue, and its exact f64 fallback), ``intgemm`` (exa
 integer products), ``lowp_lib`` / ``lowp_gemm`` (the bf16/f16 library: casts, GEMMs),
 ``region`` (generated elementwise C loops: build, load, bind), ``rows`` (generated row
 kernels: softmax, norms, matmul epilogues), ``conv`` (direct f32 convolution and pooling,
-strided window views), ``weights`` (weights derived once: packed, decoded).
+strided window views), ``weights`` (weights derived once: packed, decoded), ``lowered``
+(a backward op's lowering to elementwise ops run as one region).
 """

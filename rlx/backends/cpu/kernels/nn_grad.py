@@ -21,7 +21,8 @@ in f32 (``lowp``); f64 stays f64.
   columns ``[G, N*L, C/G*K]`` (one 2-D GEMM per group) gives dw; ``[G, N*L, O/G] @
   w[G, O/G, C/G*K]`` gives the column gradient, scattered back (col2im) tap by tap into a
   bordered buffer.
-* Pool backward / max-pool select: each window's first maximum found tap by tap with
+* MaxPool2dBackward, native (f32, ``csrc/maxpool2d_grad.c``): one pass over the windows per
+  plane, OpenMP over planes. Pool backward (and MaxPool2dBackward otherwise) / max-pool select: each window's first maximum found tap by tap with
   strict ``>`` (the first wins ties), the gradient added tap by tap.
 """
 
@@ -46,6 +47,8 @@ from rlx.ops.nn_grad import (
     ConvBackwardData,
     ConvBackwardWeight,
     LayerNormBackward,
+    LayerNormBackwardGamma,
+    MaxPool2dBackward,
     MaxPoolSelect,
     PoolBackward,
     RmsNormBackward,
@@ -59,6 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "norm_backward_kernel",
+    "layer_norm_backward_gamma_kernel",
     "rms_norm_backward_kernel",
     "attention_backward_kernel",
     "attention_jvp_kernel",
@@ -66,6 +70,7 @@ __all__ = [
     "conv_backward_kernel",
     "conv_backward_data_kernel",
     "pool_backward_kernel",
+    "native_max_pool2d_backward_kernel",
     "max_pool_select_kernel",
 ]
 
@@ -171,6 +176,16 @@ def norm_backward_kernel(
 ) -> Kernel:
     """dx or dgamma of layer norm with ``out=`` calls (see the module docstring)."""
     return _norm_backward(node, ins, out, ctx)
+
+
+@lowp
+def layer_norm_backward_gamma_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """Layer norm's dgamma (inputs ``(x, ct)``): the dgamma path of the norm backward
+    kernel, which does not read gamma."""
+    x, ct = ins
+    return _norm_backward(node, [x, x, ct], out, ctx)
 
 
 @lowp
@@ -515,6 +530,24 @@ def pool_backward_kernel(
 
 
 @lowp
+@kind(KernelKind.NATIVE)
+def native_max_pool2d_backward_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel | None:
+    """``csrc/maxpool2d_grad.c`` for f32 contiguous views (None: the NumPy tap loop)."""
+    x, ct = ins
+    lib = _native_lib(ctx, [x, ct, out], "max pool 2-D backward", ("maxpool2d_grad.c",))
+    if lib is None:
+        return None
+    f = node.op.fwd  # type: ignore[attr-defined]
+    n, c, h, w = x.shape
+    dims = (n * c, h, w, *ct.shape[2:], *f.window, *f.stride, f.padding[0][0], f.padding[1][0])
+    threads = ctx.num_threads if x.size >= _PARALLEL_MIN else 1
+    ptrs = [a.ctypes.data for a in (x, ct, out)]
+    return functools.partial(lib.rlx_maxpool2d_grad_f32, *ptrs, *dims, threads)
+
+
+@lowp
 def max_pool_select_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel:
@@ -539,6 +572,7 @@ def max_pool_select_kernel(
 # each op's kernel factories, in the order they are tried
 ATTEMPTS = {
     LayerNormBackward: (norm_backward_kernel,),
+    LayerNormBackwardGamma: (layer_norm_backward_gamma_kernel,),
     RmsNormBackward: (rms_norm_backward_kernel,),
     AttentionBackward: (attention_backward_kernel,),
     AttentionJvp: (attention_jvp_kernel,),
@@ -546,5 +580,6 @@ ATTEMPTS = {
     ConvBackwardWeight: (conv_backward_kernel,),
     ConvBackwardData: (conv_backward_data_kernel,),
     PoolBackward: (pool_backward_kernel,),
+    MaxPool2dBackward: (native_max_pool2d_backward_kernel, pool_backward_kernel),
     MaxPoolSelect: (max_pool_select_kernel,),
 }
