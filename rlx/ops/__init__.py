@@ -36,6 +36,8 @@ from rlx.ops import bitcast  # bitcast (the same bytes as another dtype)
 from rlx.ops import kvcache  # cache_attention (attention through a KV cache), dequant_gather
 from rlx.ops import grad_util  # gather_backward (and the movement / linalg rules' helpers)
 from rlx.ops import state  # assign (writes a param when the compiled graph runs), barrier
+from rlx.ops import moe  # dequant_grouped_matmul, dequant_moe_weights (GGUF expert stacks)
+from rlx.ops.compose import moe as compose_moe  # builder: moe_block (router top-k + experts)
 # isort: on
 
 # the modules above, in registration order
@@ -67,6 +69,8 @@ FAMILIES = (
     kvcache,
     grad_util,
     state,
+    moe,
+    compose_moe,
 )
 
 __all__ = ["OPS", "Op", "OpKind", "RefCtx", "register"]

@@ -24,6 +24,7 @@ _MISC = "test_ops_misc.py::"
 _NN = "test_ops_nn.py::"
 _PACK = "test_ops_packed.py::"
 _QUANT = "test_ops_quant.py::"
+_MOE = "test_ops_moe.py::"
 
 _STATE = _MISC + "test_assign_barrier_stop_gradient_constant_over_runs"
 _LEAVES = _MISC + "test_constants_inputs_and_params_come_out_unchanged"
@@ -119,6 +120,9 @@ COVERAGE: dict[str, tuple[str, tuple[str, ...]]] = {
     "dequantize": ("Python ints times the f32 scale", (_PACK + "test_quantize_and_dequantize_match_python_ints",)),
     "fake_quantize": ("Python round (half to even) and ints", (_PACK + "test_fake_quantizers_match_python_rounding",)),
     "fake_quantize_lsq": ("Python round (half to even) and ints", (_PACK + "test_fake_quantizers_match_python_rounding",)),
+    # ---- mixture of experts (GGUF-packed expert stacks) and fused transformer blocks
+    "dequant_grouped_matmul": ("gguf.quants.dequantize per expert, float64 per-row product", (_MOE + "test_dequant_grouped_matmul_matches_gguf_decoding",)),
+    "dequant_moe_weights": ("gguf.quants.dequantize per expert, transposed", (_MOE + "test_dequant_moe_weights_matches_gguf_decoding",)),
     # ---- sampling, state, control flow, custom ops, leaves
     "sample": ("the documented contract over a Philox4x32-10 checked against Random123's known answers", (_MISC + "test_sample_matches_the_contract",)),
     "assign": ("an explicit state machine over runs", (_STATE,)),
