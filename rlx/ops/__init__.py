@@ -38,6 +38,7 @@ from rlx.ops import grad_util  # gather_backward (and the movement / linalg rule
 from rlx.ops import state  # assign (writes a param when the compiled graph runs), barrier
 from rlx.ops import moe  # dequant_grouped_matmul, dequant_moe_weights (GGUF expert stacks)
 from rlx.ops.compose import moe as compose_moe  # builder: moe_block (router top-k + experts)
+from rlx.ops import blocks  # fused_attention_block, fused_transformer_layer
 # isort: on
 
 # the modules above, in registration order
@@ -71,6 +72,7 @@ FAMILIES = (
     state,
     moe,
     compose_moe,
+    blocks,
 )
 
 __all__ = ["OPS", "Op", "OpKind", "RefCtx", "register"]

@@ -50,7 +50,7 @@ def _check_stack(op: Op, w: Shape) -> int:
         f"packed experts must be a static u8 [E, N, K/{s.block_size} * "
         f"{type(s).block_bytes}] stack, got {w}",  # type: ignore[attr-defined]
     )
-    return stack_k(s, int(w.dims[2]), op)
+    return stack_k(s, int(w.dims[2]), op)  # type: ignore[arg-type]
 
 
 def stack_k(scheme: QuantScheme, row_bytes: int, op: Op | str = "moe") -> int:
