@@ -11,6 +11,9 @@ someone classifies it. Then the precision pass is checked to act on the changed 
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -156,6 +159,43 @@ def test_op_kind_is_the_seeds(seed_name, mnemonic, kind):
         f"{seed_name} ({mnemonic!r}) is {OPS[mnemonic].kind.name} in rlx, "
         f"the seed's precision pass says {kind.name}"
     )
+
+
+ALIAS_DOC = Path(__file__).resolve().parents[2] / "docs" / "adding_an_op.md"
+
+
+def snake(name: str) -> str:
+    """The seed's CamelCase variant name in snake case (``ReluBackward`` -> ``relu_backward``)."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+
+
+def documented_aliases() -> dict[str, str]:
+    """seed variant -> rlx mnemonic, the rows of the alias table in docs/adding_an_op.md."""
+    text = ALIAS_DOC.read_text(encoding="utf-8")
+    section = text.split("## The seed's op names", 1)[1]
+    rows = re.findall(r"^\| (\w+) \| (\w+) \|", section, re.M)
+    return {seed: m for seed, m in rows if seed != "seed"}
+
+
+def test_every_seed_op_is_registered():
+    """All 77 op variants the seed's precision pass names are registered rlx ops, under
+    the seed's name in snake case or the alias docs/adding_an_op.md documents."""
+    assert len(SEED) == 77
+    missing = sorted(name for name, (m, _) in SEED.items() if m is None or m not in OPS)
+    assert not missing, (
+        f"{len(missing)} of the seed's {len(SEED)} ops have no registered rlx op: {missing}"
+    )
+
+
+def test_the_alias_table_is_complete():
+    """docs/adding_an_op.md lists exactly the variants whose mnemonic is not their
+    snake-case name, each with SEED's mnemonic."""
+    doc = documented_aliases()
+    want = {name: m for name, (m, _) in SEED.items() if m is not None and m != snake(name)}
+    undocumented = sorted(f"{n} -> {m}" for n, m in want.items() if doc.get(n) != m)
+    stale = sorted(f"{n} -> {m}" for n, m in doc.items() if want.get(n) != m)
+    assert not undocumented, f"aliases missing from {ALIAS_DOC.name}: {undocumented}"
+    assert not stale, f"rows of {ALIAS_DOC.name} that SEED does not have: {stale}"
 
 
 def test_every_builtin_op_is_classified():
