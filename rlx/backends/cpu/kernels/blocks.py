@@ -122,7 +122,15 @@ def block_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: Kernel
         steps.append(fn)
     if any(k.endswith(KernelKind.REFERENCE.value) for k in kinds):
         ctx.kind = KernelKind.REFERENCE
-    ctx.notes.append(f"{node.op.mnemonic} %{node.id} runs " + ", ".join(sorted(kinds)))
+    if ctx.native:  # consecutive native kernels: one C call (the executor's native schedule)
+        from rlx.backends.cpu.native.schedule import segments
+
+        steps = segments(steps)
+    ctx.notes.append(
+        f"{node.op.mnemonic} %{node.id} runs "
+        + ", ".join(sorted(kinds))
+        + f" in {len(steps)} call(s)"
+    )
 
     def run() -> None:
         for f in steps:
