@@ -160,3 +160,24 @@ def test_shape_rules_name_the_input_and_what_they_expected():
     lns = [g.input(f"ln{i}", (8,)) for i in range(4)]
     with pytest.raises(ShapeError, match=r"w_down must be \[5, 8\]"):
         g.apply(FusedTransformerLayer(2, 4, has_bias=False), [x, *w, *ffn, *lns])
+
+
+def test_blocks_and_moe_ops_save_and_load():
+    """The four ops of this change round-trip through rlx's file format (their enums,
+    mask kinds and quant schemes by name)."""
+    from rlx.formats import schemes as S
+    from rlx.ir.serialize import dumps, loads
+
+    g = rlx.Graph("s")
+    x, m = g.input("x", (2, 3, 8)), g.input("m", (2, 1, 1, 3))
+    ws = [g.param(f"w{i}", s) for i, s in enumerate([(8, 8)] * 4 + [(8, 16), (16, 8)])]
+    ln = [g.param(f"l{i}", (8,)) for i in range(4)]
+    y = g.fused_transformer_layer(x, [*ws, *ln], None, 2, 4, activation=UnaryKind.RELU,
+                                  mask_input=m, pre_norm=True)  # fmt: skip
+    a = g.fused_attention_block(x, ws[:4], None, 2, 4, MaskKind.causal())
+    t, ids, p = g.input("t", (4, 256)), g.input("i", (4,), "i64"), g.param("p", (3, 5, 272), "u8")
+    d = g.dequant_grouped_matmul(t, S.GgufQ8_0(), p, ids)
+    g.set_outputs([y, a, d, g.dequant_moe_weights(S.GgufQ8_0(), p)])
+    back = loads(dumps(g))[0]
+    assert [n.op for n in back.nodes] == [n.op for n in g.nodes]
+    assert [n.shape for n in back.nodes] == [n.shape for n in g.nodes]
