@@ -148,3 +148,40 @@ def test_grouped_kernel_rejects_bad_ids_and_decodes_only_selected_experts(native
     assert "rows grouped by expert" in str(cg.report())
     with pytest.raises(InputError, match=r"expert_idx holds 3, outside \[0, 3\)"):
         cg.run({"x": xv, "ids": np.array([0, 3, 1, 1], np.int32)})
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_K"])
+def test_moe_block_with_a_shared_expert_matches_transformers_qwen2_moe(name):
+    """``Qwen2MoeSparseMoeBlock`` (norm_topk_prob=False: ``renormalize=False``) with the
+    dequantized experts loaded; its shared expert and sigmoid gate are ordinary f32 ops
+    beside ``g.moe_block``."""
+    from transformers import Qwen2MoeConfig
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+
+    e, h, inter, shared, top_k = 4, 256, 256, 32, 2
+    g, x, params, router, (wg, wu, wd) = _block(name, 5, h, inter, e, top_k, False, 11)
+    rng = np.random.default_rng(12)
+    sh = {n: (rng.standard_normal(s) * 0.05).astype(np.float32)
+          for n, s in (("sg", (h, shared)), ("su", (h, shared)), ("sd", (shared, h)),
+                       ("sgate", (h, 1)))}  # fmt: skip
+    (moe,) = g.outputs
+    xi = next(n.id for n in g.nodes if n.op.mnemonic == "input" and n.op.name == "x")
+    p = {n: g.param(n, a.shape) for n, a in sh.items()}
+    ffn = g.matmul(g.mul(g.silu(g.matmul(xi, p["sg"])), g.matmul(xi, p["su"])), p["sd"])
+    g.set_outputs([g.add(moe, g.mul(g.sigmoid(g.matmul(xi, p["sgate"])), ffn))])
+    cfg = Qwen2MoeConfig(hidden_size=h, moe_intermediate_size=inter, num_experts=e,
+                         num_experts_per_tok=top_k, norm_topk_prob=False, hidden_act="silu",
+                         shared_expert_intermediate_size=shared)  # fmt: skip
+    block = Qwen2MoeSparseMoeBlock(cfg).eval()
+    t = torch.from_numpy
+    with torch.no_grad():
+        block.gate.weight.copy_(t(router))
+        block.experts.gate_up_proj.copy_(t(np.concatenate([wg, wu], axis=1)))
+        block.experts.down_proj.copy_(t(wd))
+        block.shared_expert.gate_proj.weight.copy_(t(sh["sg"].T.copy()))
+        block.shared_expert.up_proj.weight.copy_(t(sh["su"].T.copy()))
+        block.shared_expert.down_proj.weight.copy_(t(sh["sd"].T.copy()))
+        block.shared_expert_gate.weight.copy_(t(sh["sgate"].T.copy()))
+        want = block(t(x)[None])[0].numpy()
+    got = Session().compile(g, params=params | sh).run({"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
