@@ -13,11 +13,16 @@ Recognised (``lin`` a ``fused_matmul_bias_act`` without activation, or a ``matmu
     h = fused_residual_layer_norm(a, x, ln1)        a a fused_attention_block of x
     y = fused_residual_layer_norm(lin(act(lin(h, w_up)), w_down), h, ln2)
         -> fused_transformer_layer(x, ..., activation=act)   (post-norm, the seed's)
+    h = a + x                                       a a fused_attention_block of layer_norm(x, ln1)
+    y = lin(act(lin(layer_norm(h, ln2), w_up)), w_down) + h
+        -> fused_transformer_layer(x, ..., pre_norm=True)
 
 with every projection biased or none of them (the op has one ``has_bias``), q / k / v
 reading the same x, the attention's heads all its own (no grouped-query) and its scale
 the default ``1/sqrt(head_dim)``. A near miss says which condition failed, e.g. an
-intermediate with a consumer outside the layer (``intermediate %29 has 2 users``).
+intermediate with a consumer outside the layer (``intermediate %29 has 2 users``). (A
+pre-norm stack's last layer, whose residual add the final norm took into a
+``fused_residual_layer_norm``, stays as its parts.)
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ import math
 
 from rlx.ir.mir import Node, NodeId
 from rlx.ops.blocks import FusedAttentionBlock, FusedTransformerLayer
+from rlx.ops.elementwise import Binary, BinaryKind
 from rlx.ops.fused import FusedMatMulBiasAct, FusedResidualLN
 from rlx.ops.linalg import MatMul
 from rlx.ops.nn import Attention
+from rlx.ops.norm import LayerNorm
 from rlx.passes.fusion import FusionView, Match, PatternFusion
 from rlx.passes.report import FusionPattern
 
@@ -107,6 +114,8 @@ class TransformerLayerFusion(PatternFusion):
 
     def match_at(self, view: FusionView, node: Node, claimed: set[NodeId]) -> Match | None:
         ln2 = node.op
+        if isinstance(ln2, Binary) and ln2.fn is BinaryKind.ADD:
+            return self._pre_norm(view, node)
         if not isinstance(ln2, FusedResidualLN) or not ln2.has_beta:
             return None
         for down_id, h in (node.inputs[:2], node.inputs[1::-1]):
@@ -173,3 +182,60 @@ class TransformerLayerFusion(PatternFusion):
             self.miss(sorted(nodes), desc, why)
             return None
         return Match(node.id, op, inputs, frozenset(nodes), desc)  # type: ignore[arg-type]
+
+    def _pre_norm(self, view: FusionView, node: Node) -> Match | None:
+        """``y = ffn(layer_norm(h)) + h``, ``h = block(layer_norm(x)) + x``."""
+        for down_id, h in (node.inputs[:2], node.inputs[1::-1]):
+            down, hop = _linear(view, down_id), view.node(h).op
+            if down is None or not (isinstance(hop, Binary) and hop.fn is BinaryKind.ADD):
+                continue
+            up = view.node(down[0])
+            if not (isinstance(up.op, FusedMatMulBiasAct) and up.op.act is not None):
+                continue
+            ln2 = view.node(up.inputs[0])
+            if not (isinstance(ln2.op, LayerNorm) and ln2.inputs[0] == h):
+                continue
+            for blk, x in (view.node(h).inputs[:2], view.node(h).inputs[1::-1]):
+                bnode = view.node(blk)
+                if not isinstance(bnode.op, FusedAttentionBlock):
+                    continue
+                ln1 = view.node(bnode.inputs[0])
+                if isinstance(ln1.op, LayerNorm) and ln1.inputs[0] == x:
+                    return self._pre_layer(
+                        view, node, (ln1, bnode, view.node(h), ln2, up), down_id, x
+                    )
+        return None
+
+    def _pre_layer(
+        self, view: FusionView, node: Node, parts: tuple[Node, ...], down_id: NodeId, x: NodeId
+    ) -> Match | None:
+        ln1, blk, h, ln2, up = parts
+        down = view.node(down_id)
+        bop: FusedAttentionBlock = blk.op  # type: ignore[assignment]
+        nodes = [*(n.id for n in parts), down_id, node.id]
+        desc = f"{view.desc(ln1.id)} .. {view.desc(node.id)}"
+        why = None
+        if not (ln1.op.has_beta and ln2.op.has_beta):  # type: ignore[attr-defined]
+            why = "a layer norm without beta"
+        elif bop.has_bias != (len(up.inputs) == 3) or bop.has_bias != (len(down.inputs) == 3):
+            why = "the attention block and the FFN differ in having biases"
+        for n in sorted(set(nodes) - {node.id}):
+            why = why or view.why_escapes(n, frozenset(nodes))
+        if why is not None:
+            self.miss(sorted(nodes), desc, why)
+            return None
+        rest = list(blk.inputs[5:])
+        biases = [*rest[:4], up.inputs[2], down.inputs[2]] if bop.has_bias else []
+        mask = rest[4:] if bop.has_bias else rest
+        act = up.op.act  # type: ignore[attr-defined]
+        eps1, eps2 = ln1.op.eps, ln2.op.eps  # type: ignore[attr-defined]
+        op = FusedTransformerLayer(
+            bop.num_heads, bop.head_dim, eps1, eps2, act, bop.has_bias, bop.mask, True
+        )
+        lns = [*ln1.inputs[1:3], *ln2.inputs[1:3]]
+        inputs = (x, *blk.inputs[1:5], up.inputs[1], down.inputs[1], *lns, *biases, *mask)
+        why = view.infer(op, inputs)
+        if why is not None:
+            self.miss(sorted(nodes), desc, why)
+            return None
+        return Match(node.id, op, inputs, frozenset(nodes), desc)

@@ -155,3 +155,38 @@ def test_minilm_fused_layers_give_the_same_embeddings():
     assert str(report).count("fused   transformer_layer") == 6
     got, want = fused.run(feed)[0], m.compile().run(feed)[0]
     np.testing.assert_array_equal(got, want)
+
+
+def _pre_norm_graph(layers: int = 2) -> Graph:
+    """A pre-norm (GPT-2 / norm_first) stack: h = x + attn(ln1(x)); y = h + ffn(ln2(h))."""
+    g = Graph("pre")
+    x = g.input("x", (2, 5, H))
+    mask = g.input("mask", (2, 1, 1, 5))
+    for i in range(layers):
+
+        def lin(a, n_in, n_out, name, i=i):
+            w = g.param(f"l{i}.{name}.w", (n_in, n_out))
+            return g.linear(a, w, g.param(f"l{i}.{name}.b", (n_out,)))
+
+        def ln(a, name, i=i):
+            return g.layer_norm(
+                a, g.param(f"l{i}.{name}.g", (H,)), g.param(f"l{i}.{name}.b", (H,)), 1e-5
+            )
+
+        a = ln(x, "ln1")
+        att = g.attention(*(lin(a, H, H, n) for n in "qkv"), HEADS, H // HEADS, mask_input=mask)
+        h = g.add(lin(att, H, H, "o"), x)
+        x = g.add(lin(g.gelu(lin(ln(h, "ln2"), H, INTER, "up")), INTER, H, "down"), h)
+    g.set_outputs([x])
+    return g
+
+
+def test_pre_norm_layers_fuse_with_pre_norm_set():
+    g = _pre_norm_graph()
+    feed, params = _values(g, 1)
+    res = CompilePipeline(BLOCKS).run(g)
+    layers = _ops(res.graph, FusedTransformerLayer)
+    assert len(layers) == 2 and all(n.op.pre_norm for n in layers)
+    assert not res.fusion_report.missed_of(FusionPattern.TRANSFORMER_LAYER)
+    want = Session().compile(g, params=params).run(feed)[0]
+    np.testing.assert_array_equal(Session().compile(g, BLOCKS, params=params).run(feed)[0], want)
