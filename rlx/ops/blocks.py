@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from rlx.errors import ShapeError
 from rlx.ops.base import Op, OpKind, RefCtx, expect, graph_method, register
 from rlx.ops.linalg import upcast
 from rlx.ops.nn import MaskKind, MaskType
@@ -95,7 +96,7 @@ def _check_attention(op: Op, d: dict[str, Shape], nh: int, dh: int) -> int:
         expect(m.dtype.is_float and m.rank <= 4, op, f"mask must be a float tensor, got {m}")
         try:
             ok = broadcast_dims(m.dims, target) == target
-        except Exception:
+        except ShapeError:
             ok = False
         expect(ok, op, f"mask must broadcast to [B, heads, S, S] = {list(target)}, got {m}")
     return int(h)  # type: ignore[arg-type]
@@ -103,6 +104,8 @@ def _check_attention(op: Op, d: dict[str, Shape], nh: int, dh: int) -> int:
 
 class _Block(Op):
     """Shared facets of the two blocks (not registered)."""
+
+    __slots__ = ()
 
     def num_inputs(self) -> int:
         return len(_names(self))  # type: ignore[arg-type]
