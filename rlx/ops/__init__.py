@@ -41,6 +41,9 @@ from rlx.ops import complex  # conjugate, complex_norm_sq and its backward op
 from rlx.ops import spatial  # resize_nearest_2x, axial_rope_2d
 from rlx.ops import activation_grad  # relu_backward, activation_backward
 from rlx.ops import control_grad  # scan_backward, scan_backward_xs
+from rlx.ops import moe  # dequant_grouped_matmul, dequant_moe_weights (GGUF expert stacks)
+from rlx.ops.compose import moe as compose_moe  # builder: moe_block (router top-k + experts)
+from rlx.ops import blocks  # fused_attention_block, fused_transformer_layer
 # isort: on
 
 # the modules above, in registration order
@@ -77,6 +80,9 @@ FAMILIES = (
     spatial,
     activation_grad,
     control_grad,
+    moe,
+    compose_moe,
+    blocks,
 )
 
 __all__ = ["OPS", "Op", "OpKind", "RefCtx", "register"]

@@ -12,8 +12,10 @@ says why otherwise), so a fusion never duplicates work or hides a value someone 
 The passes, in pipeline order (pattern fusions first, then elementwise regions): the
 recognition of spelled-out GELU and layer norm (``fusion_gelu``, ``fusion_layernorm``:
 what importers write as formulas becomes the op the later fusions take), cross-entropy
-(``fusion_loss``: ``-log_softmax(x)[label]`` -> ``softmax_cross_entropy``), attention, SwiGLU, residual + norm, integer matmul epilogues (``fusion_quant``), matmul +
-bias + activation, elementwise regions.
+(``fusion_loss``: ``-log_softmax(x)[label]`` -> ``softmax_cross_entropy``), attention, SwiGLU,
+residual + norm, integer matmul epilogues (``fusion_quant``), matmul + bias + activation, the
+opt-in block fusions (``fusion_blocks``: attention block and transformer layer, with
+``CompileOptions.fuse_blocks``), elementwise regions.
 SwiGLU runs before matmul + activation so ``silu(x @ w_gate)`` is not taken first.
 """
 
@@ -203,9 +205,11 @@ class PatternFusion:
         return apply_matches(graph, matches)
 
 
-def fusion_passes(report: FusionReport) -> list[PatternFusion]:
-    """The fusion passes in pipeline order, all writing into ``report``."""
+def fusion_passes(report: FusionReport, blocks: bool = False) -> list[PatternFusion]:
+    """The fusion passes in pipeline order, all writing into ``report``; ``blocks``
+    (``CompileOptions.fuse_blocks``) adds the block fusions before elementwise regions."""
     from rlx.passes.fusion_attention import AttentionFusion
+    from rlx.passes.fusion_blocks import AttentionBlockFusion, TransformerLayerFusion
     from rlx.passes.fusion_elementwise import ElementwiseFusion
     from rlx.passes.fusion_gelu import GeluFusion
     from rlx.passes.fusion_layernorm import LayerNormFusion
@@ -222,5 +226,6 @@ def fusion_passes(report: FusionReport) -> list[PatternFusion]:
         ResidualNormFusion(report),
         QuantEpilogueFusion(report),
         MatMulBiasActFusion(report),
+        *([AttentionBlockFusion(report), TransformerLayerFusion(report)] if blocks else []),
         ElementwiseFusion(report),
     ]

@@ -13,7 +13,9 @@ The default pass list (:func:`default_passes`), in order:
 2. ``broadcast_legalization`` (always: it is what the elementwise kernels expect);
 3. fusion (``options.fuse``): ``fuse_gelu``, ``fuse_layer_norm``, ``fuse_cross_entropy``
    (spelled-out forms -> the op), ``fuse_attention``, ``fuse_swiglu``, ``fuse_residual_norm``,
-   ``fuse_quant_epilogue``, ``fuse_matmul_bias_act``, then ``fuse_elementwise`` (pattern fusions before regions);
+   ``fuse_quant_epilogue``, ``fuse_matmul_bias_act``, with ``options.fuse_blocks``
+   ``fuse_attention_block`` and ``fuse_transformer_layer``, then ``fuse_elementwise``
+   (pattern fusions before regions);
 4. precision (a non-f32 ``options.precision``): ``auto_mixed_precision`` then
    ``cast_elimination``;
 5. ``dce`` again.
@@ -66,6 +68,8 @@ PASS_NAMES: tuple[str, ...] = (
     "fuse_residual_norm",
     "fuse_quant_epilogue",
     "fuse_matmul_bias_act",
+    "fuse_attention_block",
+    "fuse_transformer_layer",
     "fuse_elementwise",
     "auto_mixed_precision",
     "cast_elimination",
@@ -120,7 +124,7 @@ def default_passes(
         passes.append(ConstantFolding(frozen))
     passes.append(BroadcastLegalization())
     if options.fuse:
-        passes += fusion_passes(FusionReport())
+        passes += fusion_passes(FusionReport(), options.fuse_blocks)
     policy = resolve_policy(options.precision)
     if not policy.is_f32:
         passes += [AutoMixedPrecision(policy), CastElimination()]

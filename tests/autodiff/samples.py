@@ -848,3 +848,34 @@ def _axial_rope_2d(b: B) -> Case:
     x = b.inp(b.normal([*b.dims(0, 1), gh * gw, 8]))
     return b.done(b.g.axial_rope_2d(x, gh, gw, 4, interleaved=b.data.draw(st.booleans())))
 from . import samples_backward as _samples_backward  # noqa: E402,F401  (registers more samples)
+# ---- fused transformer blocks (rlx/ops/blocks.py): the decomposition's derivatives --------
+
+
+def _block_inputs(b: B, h: int, inter: int, layer: bool, bias: bool) -> tuple[list, list]:
+    shapes = [[h, h]] * 4 + ([[h, inter], [inter, h]] if layer else [])
+    ws = [b.inp(b.normal(s) * 0.5) for s in shapes]
+    if layer:  # ln1_g, ln1_b, ln2_g, ln2_b
+        ws += [b.inp(1.0 + 0.2 * b.normal([h])) if i % 2 == 0 else _vec(b, h) for i in range(4)]
+    sizes = [h] * 4 + ([inter, h] if layer else [])
+    return ws, ([_vec(b, n) for n in sizes] if bias else [])
+
+
+@sample("fused_attention_block")
+def _fused_attention_block(b: B) -> Case:
+    from rlx.ops.nn import MaskKind
+
+    mask = b.data.draw(st.sampled_from([MaskKind(), MaskKind.causal()]))
+    bias = b.data.draw(st.booleans(), "bias")
+    x = b.inp(b.normal([1, 3, 4]))
+    ws, bs = _block_inputs(b, 4, 0, False, bias)
+    return b.done(b.g.fused_attention_block(x, ws, bs if bias else None, 2, 2, mask))
+
+
+@sample("fused_transformer_layer")
+def _fused_transformer_layer(b: B) -> Case:
+    pre = b.data.draw(st.booleans(), "pre_norm")
+    x = b.inp(b.normal([1, 3, 4]))
+    ws, bs = _block_inputs(b, 4, 6, True, True)
+    m = b.inp(np.array([[[[0.0, 0.0, -1e9]]]]), diff=False)
+    y = b.g.fused_transformer_layer(x, ws, bs, 2, 2, (1e-3, 1e-3), mask_input=m, pre_norm=pre)
+    return b.done(y)

@@ -26,6 +26,7 @@ _PACK = "test_ops_packed.py::"
 _QUANT = "test_ops_quant.py::"
 _LSP = "test_ops_loss_spatial.py::"
 _BWD = "test_ops_grad_ops.py::"
+_MOE = "test_ops_moe.py::"
 
 _STATE = _MISC + "test_assign_barrier_stop_gradient_constant_over_runs"
 _LEAVES = _MISC + "test_constants_inputs_and_params_come_out_unchanged"
@@ -132,6 +133,11 @@ COVERAGE: dict[str, tuple[str, tuple[str, ...]]] = {
     "dequantize": ("Python ints times the f32 scale", (_PACK + "test_quantize_and_dequantize_match_python_ints",)),
     "fake_quantize": ("Python round (half to even) and ints", (_PACK + "test_fake_quantizers_match_python_rounding",)),
     "fake_quantize_lsq": ("Python round (half to even) and ints", (_PACK + "test_fake_quantizers_match_python_rounding",)),
+    # ---- mixture of experts (GGUF-packed expert stacks) and fused transformer blocks
+    "dequant_grouped_matmul": ("gguf.quants.dequantize per expert, float64 per-row product", (_MOE + "test_dequant_grouped_matmul_matches_gguf_decoding",)),
+    "fused_attention_block": ("torch nn.MultiheadAttention (float64)", ("test_ops_blocks.py::test_fused_attention_block_matches_torch",)),
+    "fused_transformer_layer": ("torch nn.TransformerEncoderLayer (float64)", ("test_ops_blocks.py::test_fused_transformer_layer_matches_torch",)),
+    "dequant_moe_weights": ("gguf.quants.dequantize per expert, transposed", (_MOE + "test_dequant_moe_weights_matches_gguf_decoding",)),
     # ---- sampling, state, control flow, custom ops, leaves
     "sample": ("the documented contract over a Philox4x32-10 checked against Random123's known answers", (_MISC + "test_sample_matches_the_contract",)),
     "assign": ("an explicit state machine over runs", (_STATE,)),

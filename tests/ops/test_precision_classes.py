@@ -2,14 +2,19 @@
 
 The table below is copied from ``op_kind`` in the seed's ``rlx-compile/src/precision.rs``
 (/work/shared/seeds/rlx-compile.precision.rs.txt): seed variant -> rlx mnemonic -> kind.
-Seed variants rlx does not have (backward ops, fused GPU blocks, GGUF MoE ops) map to None
-and are skipped. Ops that rlx has and the seed's lists do not name are listed in
+A variant rlx does not have yet maps to None: its class check is skipped, and
+``test_every_seed_op_is_registered`` fails naming it (all 77 must be registered ops, under
+the seed's name in snake case or an alias listed in docs/adding_an_op.md, which
+``test_the_alias_table_is_complete`` keeps in step with this table). Ops that rlx has and the seed's lists do not name are listed in
 ``RLX_ONLY`` with the class rlx gives them, so a new built-in op fails this test until
 someone classifies it. Then the precision pass is checked to act on the changed classes
 (GatedDeltaNet: a reduction, kept f32 by AutoMixedConservative; FusedSwiGLU: elementwise).
 """
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,10 +42,10 @@ SEED: dict[str, tuple[str | None, OpKind]] = {
     "DenseSolve": ("dense_solve", C),
     "BatchedDenseSolve": ("batched_dense_solve", C),
     "Attention": ("attention", C),
-    "FusedTransformerLayer": (None, C),
+    "FusedTransformerLayer": ("fused_transformer_layer", C),
     "GroupedMatMul": ("grouped_matmul", C),
-    "DequantGroupedMatMul": (None, C),
-    "DequantMoEWeights": (None, C),
+    "DequantGroupedMatMul": ("dequant_grouped_matmul", C),
+    "DequantMoEWeights": ("dequant_moe_weights", C),
     "LoraMatMul": ("lora_matmul", C),
     "DequantMatMul": ("dequant_matmul", C),
     "QMatMul": ("qmatmul", C),
@@ -90,7 +95,7 @@ SEED: dict[str, tuple[str | None, OpKind]] = {
     "Cast": ("cast", D),
     "Rope": ("rope", D),
     "Pool": ("pool", D),
-    "FusedAttentionBlock": (None, D),
+    "FusedAttentionBlock": ("fused_attention_block", D),
     "TopK": ("topk", D),
     "ScatterAdd": ("scatter_add", D),
     "MaxPool2dBackward": ("max_pool2d_backward", D),
@@ -158,6 +163,43 @@ def test_op_kind_is_the_seeds(seed_name, mnemonic, kind):
         f"{seed_name} ({mnemonic!r}) is {OPS[mnemonic].kind.name} in rlx, "
         f"the seed's precision pass says {kind.name}"
     )
+
+
+ALIAS_DOC = Path(__file__).resolve().parents[2] / "docs" / "adding_an_op.md"
+
+
+def snake(name: str) -> str:
+    """The seed's CamelCase variant name in snake case (``ReluBackward`` -> ``relu_backward``)."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+
+
+def documented_aliases() -> dict[str, str]:
+    """seed variant -> rlx mnemonic, the rows of the alias table in docs/adding_an_op.md."""
+    text = ALIAS_DOC.read_text(encoding="utf-8")
+    section = text.split("## The seed's op names", 1)[1]
+    rows = re.findall(r"^\| (\w+) \| (\w+) \|", section, re.M)
+    return {seed: m for seed, m in rows if seed != "seed"}
+
+
+def test_every_seed_op_is_registered():
+    """All 77 op variants the seed's precision pass names are registered rlx ops, under
+    the seed's name in snake case or the alias docs/adding_an_op.md documents."""
+    assert len(SEED) == 77
+    missing = sorted(name for name, (m, _) in SEED.items() if m is None or m not in OPS)
+    assert not missing, (
+        f"{len(missing)} of the seed's {len(SEED)} ops have no registered rlx op: {missing}"
+    )
+
+
+def test_the_alias_table_is_complete():
+    """docs/adding_an_op.md lists exactly the variants whose mnemonic is not their
+    snake-case name, each with SEED's mnemonic."""
+    doc = documented_aliases()
+    want = {name: m for name, (m, _) in SEED.items() if m is not None and m != snake(name)}
+    undocumented = sorted(f"{n} -> {m}" for n, m in want.items() if doc.get(n) != m)
+    stale = sorted(f"{n} -> {m}" for n, m in doc.items() if want.get(n) != m)
+    assert not undocumented, f"aliases missing from {ALIAS_DOC.name}: {undocumented}"
+    assert not stale, f"rows of {ALIAS_DOC.name} that SEED does not have: {stale}"
 
 
 def test_every_builtin_op_is_classified():

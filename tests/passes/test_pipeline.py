@@ -62,7 +62,11 @@ def test_default_pass_order():
     ]
     assert names(EACH.replace(optimize=False, fuse=False)) == ["broadcast_legalization", "dce"]
     assert names(EACH.replace(precision=PrecisionPolicy.AlwaysF32)) == names(EACH)
-    assert set(names(bf16)) == set(PASS_NAMES)
+    blocks = names(bf16.replace(fuse_blocks=True))  # the opt-in block fusions
+    i = fusion.index("fuse_matmul_bias_act") + 1
+    with_blocks = [*fusion[:i], "fuse_attention_block", "fuse_transformer_layer", *fusion[i:]]
+    assert blocks == [*cleanup, "broadcast_legalization", *with_blocks, *names(bf16)[-3:]]
+    assert set(blocks) == set(PASS_NAMES)
 
 
 def test_records_chain_and_report():
