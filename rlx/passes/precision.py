@@ -25,9 +25,10 @@ Rules (what the pass changes and what it keeps):
   arrive at its precision, its output leaves at it), except that an input a body node
   reads at f32 (a comparison, a cast to an integer) arrives as its producer left it, so
   fusion does not make that node read a rounded value.
-* Control flow (``if``, ``while``, ``scan``) keeps its interface (operands, carries and
+* Control flow (``if``, ``while``, ``scan``, and ``scan_backward`` / ``scan_backward_xs``,
+  a scan's reverse mode) keeps its interface (operands, carries and
   results keep their dtypes: f32 stays f32) and the policy is applied inside each
-  sub-graph (branches, cond, body; nested control flow too), each rewritten like a
+  sub-graph (branches, cond, body, vjp_body; nested control flow too), each rewritten like a
   top-level graph: a cast follows a sub-graph input a narrow op reads and a cast back to
   f32 precedes each narrowed sub-graph output. So the parent's types do not change and
   loop carries stay f32 from one iteration to the next: a carry is rounded only by the
@@ -63,6 +64,7 @@ from rlx.errors import CompileError, RlxError
 from rlx.ir.mir import Graph, Node, NodeId
 from rlx.ops.base import Op, OpKind
 from rlx.ops.control import If, Scan, While
+from rlx.ops.control_grad import ScanBackward, ScanBackwardXs
 from rlx.ops.core import Constant, ConstValue, Input
 from rlx.ops.elementwise import Cast
 from rlx.ops.fused import ElementwiseRegion
@@ -238,6 +240,8 @@ _CONTROL: dict[type[Op], tuple[str, ...]] = {
     If: ("then_branch", "else_branch"),
     While: ("cond", "body"),
     Scan: ("body",),
+    ScanBackward: ("vjp_body",),  # a scan's reverse mode: one step of the body's vjp
+    ScanBackwardXs: ("vjp_body",),
 }
 
 

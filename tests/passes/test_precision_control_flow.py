@@ -396,7 +396,7 @@ def test_region_bodies_are_listed_under_their_region_too():
 
 @pytest.mark.parametrize("name", ["AutoMixedBf16", "AutoMixedConservative"])
 def test_scan_gradient_bodies_follow_the_policy(name):
-    """The reverse scans of a scan's vjp (bodies holding the body's vjp) are rewritten
+    """The scan_backward ops of a scan's vjp (their bodies hold the body's vjp) are rewritten
     like any body: the gradients stay within the policy's tolerance of f32."""
     from rlx.autodiff.reverse import grad
 
@@ -406,12 +406,15 @@ def test_scan_gradient_bodies_follow_the_policy(name):
     gg = grad(g, ["wx", "wh", "h0"])
     feed = rnn_feed()
     cg = compile_cpu(gg, policy)
-    scans = [n for n in cg.graph.nodes if isinstance(n.op, Scan)]
-    assert len(scans) >= 2 and all(n.dtype is F32 for n in scans)
-    assert all(
-        any(m.dtype is low for m in n.op.body.nodes if isinstance(m.op, MatMul))  # type: ignore[attr-defined]
-        for n in scans
-    )
+    from rlx.ops.control_grad import ScanBackward, ScanBackwardXs
+
+    # the forward scan (stacking the carries) and the scan_backward(_xs) ops that run the
+    # body's vjp step by step: each body holds matmuls, all at the policy's dtype
+    loops = [n for n in cg.graph.nodes if isinstance(n.op, (Scan, ScanBackward, ScanBackwardXs))]
+    bodies = [n.op.body if isinstance(n.op, Scan) else n.op.vjp_body for n in loops]  # type: ignore[attr-defined]
+    assert any(isinstance(n.op, ScanBackward) for n in loops)
+    assert len(loops) >= 2 and all(n.dtype is F32 for n in loops)
+    assert all(any(m.dtype is low for m in b.nodes if isinstance(m.op, MatMul)) for b in bodies)
     got, ref = cg.run(feed), evaluate(cg.graph, feed)
     for a, r, want in zip(got, ref, gg.evaluate(feed), strict=True):
         np.testing.assert_allclose(a, r, rtol=0, atol=4 * EPS[low] * np.max(np.abs(r)))
