@@ -523,6 +523,8 @@ def _loss_complex_spatial_cases() -> list[Case]:
             lambda g: g.axial_rope_2d(g.input("x", (1, 2, 4, 8), "bf16"), 2, 2, 8, interleaved=True),
         ),
     ]  # fmt: skip
+
+
 def _emitted_backward_cases() -> list[Case]:
     """The backward ops autodiff emits for activations, fake quantizers and scans."""
     from rlx.ops.activation_grad import ActivationBackward, ReluBackward
@@ -582,6 +584,42 @@ def _emitted_backward_cases() -> list[Case]:
         Case("fake_quantize_lsq_backward_scale", lsq_case(FakeQuantizeLSQBackwardScale)),
         Case("scan_backward", scan_case(ScanBackward(fwd, vb, 1, (True, False)))),
         Case("scan_backward_xs", scan_case(ScanBackwardXs(fwd, vb, 0, (True, False)))),
+    ]
+
+
+def _moe_and_block_cases() -> list[Case]:
+    """rlx/ops/moe.py (a Q8_0 expert stack from gguf-py) and rlx/ops/blocks.py."""
+    from gguf import GGMLQuantizationType, quants
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((3, 5, 64)).astype(np.float32) * np.float32(0.05)
+    stack = np.stack([quants.quantize(w[i], GGMLQuantizationType.Q8_0) for i in range(3)])
+
+    def grouped(g: rlx.Graph) -> object:
+        ids = g.constant(np.array([2, 0, 2, 1], np.int64))
+        return g.dequant_grouped_matmul(g.input("x", (4, 64)), GgufQ8_0(), g.constant(stack), ids)
+
+    def weights(g: rlx.Graph) -> object:
+        return g.dequant_moe_weights(GgufQ8_0(), g.constant(stack))
+
+    def layer(g: rlx.Graph, pre_norm: bool) -> object:
+        dims = [(8, 8)] * 4 + [(8, 16), (16, 8)]
+        ws = [g.param(f"w{i}", s) for i, s in enumerate(dims)]
+        ln = [g.param(f"l{i}", (8,)) for i in range(4)]
+        bs = [g.param(f"b{i}", (n,)) for i, n in enumerate([8, 8, 8, 8, 16, 8])]
+        return g.fused_transformer_layer(g.input("x", (2, 3, 8)), [*ws, *ln], bs, 2, 4,
+                                         pre_norm=pre_norm)  # fmt: skip
+
+    def block(g: rlx.Graph) -> object:
+        ws = [g.param(f"w{i}", (8, 8)) for i in range(4)]
+        return g.fused_attention_block(g.input("x", (2, 3, 8)), ws, None, 2, 4, MaskKind.causal())
+
+    return [
+        Case("dequant_grouped_matmul_q8_0", grouped),
+        Case("dequant_moe_weights_q8_0", weights),
+        Case("fused_transformer_layer_post_norm", lambda g: layer(g, False), loose=True),
+        Case("fused_transformer_layer_pre_norm", lambda g: layer(g, True), loose=True),
+        Case("fused_attention_block_causal", block, loose=True),
     ]
 
 
@@ -990,6 +1028,7 @@ CASES: list[Case] = [
     *_emitted_backward_cases(),
     *_import_op_cases(),
     *_loss_complex_spatial_cases(),
+    *_moe_and_block_cases(),
 ]
 
 
