@@ -30,6 +30,7 @@ __all__ = [
     "GgufError",
     "AutodiffError",
     "DistributedError",
+    "ServeError",
     "QuantizationWarning",
 ]
 
@@ -118,6 +119,12 @@ class DistributedError(RlxError, RuntimeError):
     """Running rlx on Ray or a collective library failed: the ``distributed`` extra is not
     installed, an embedding output is incomplete or holds a row twice, or the ranks of a
     data-parallel run disagree."""
+
+
+class ServeError(RlxError, RuntimeError):
+    """The ``rlx serve`` HTTP server cannot start or refuses a request: the ``serve`` extra
+    is not installed, a model given twice or of a kind it cannot serve, or (as
+    :class:`rlx.serve.errors.ApiError`) a request that breaks a limit or the schema."""
 
 
 class QuantizationWarning(RuntimeWarning):

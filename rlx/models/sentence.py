@@ -150,6 +150,14 @@ class SentenceEncoder:
         for batch in batches:
             yield self._run(self.model.tokenizer.tokenize(check_texts(batch)), normalize)
 
+    def encode_tokenized(
+        self, encs: Sequence[tuple[list[int], list[int]]], normalize: bool | None = None
+    ) -> np.ndarray:
+        """Embeddings f32 ``[len(encs), dim]`` of texts already tokenized by
+        ``model.tokenizer.tokenize``, as one batch padded to its bucket, in their order
+        (for a server that tokenizes once to count and to batch)."""
+        return self._run(list(encs), normalize)
+
     def _run(self, encs: list[tuple[list[int], list[int]]], normalize: bool | None) -> np.ndarray:
         """Embeddings of one batch of tokenized texts, padded to its bucket."""
         if not encs:

@@ -1,0 +1,344 @@
+"""``/v1/embeddings``: an :class:`EmbeddingService` serving one
+:class:`~rlx.models.SentenceEncoder`, with a batcher that coalesces the rows of concurrent
+requests.
+
+A request's texts are tokenized (in a worker thread, off the event loop), checked against
+the limits and queued as rows. One batcher thread per model takes the oldest rows, up to
+``max_batch`` rows and ``max_batch_tokens`` padded tokens, once the batch is full or its
+oldest row has waited ``max_wait_ms``; it sorts them by length, runs them as one padded
+batch (:meth:`SentenceEncoder.encode_tokenized`) and hands each request its rows back.
+
+Results are bit for bit those of ``SentenceEncoder.encode`` on each request alone: the
+compiled encoder computes every row independently of the other rows of its batch and of
+the padding after it (masked positions add exact zeros), which tests/serve checks on
+mixed lengths, batch sizes and buckets. A request whose client is gone (its future
+cancelled) is dropped from the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from rlx.serve.config import ServeConfig
+from rlx.serve.errors import ApiError
+from rlx.serve.metrics import Metrics, TokenKind
+from rlx.serve.schema import choice, integer, type_name
+from rlx.serve.service import Endpoint, ServiceKind
+
+if TYPE_CHECKING:
+    from rlx.models import SentenceEncoder
+
+__all__ = ["EmbeddingService", "ENCODING_FORMATS"]
+
+log = logging.getLogger("rlx.serve")
+
+#: ``encoding_format`` values: a JSON array of floats, or base64 of little-endian float32.
+ENCODING_FORMATS = ("float", "base64")
+
+Tokens = tuple[list[int], list[int]]
+
+
+@dataclass(eq=False)
+class _Job:
+    """One request's rows: filled by the batcher, resolved on the event loop."""
+
+    encs: list[Tokens]
+    out: np.ndarray
+    future: asyncio.Future[np.ndarray]
+    loop: asyncio.AbstractEventLoop
+    remaining: int
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class _Row:
+    job: _Job
+    index: int
+    length: int
+
+
+@dataclass(eq=False)
+class _Queue:
+    """Rows waiting for the batcher, guarded by ``cond``."""
+
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    rows: deque[_Row] = field(default_factory=deque)
+    jobs: int = 0  # requests accepted and not yet answered
+    closing: bool = False
+
+
+def _resolve(job: _Job) -> None:
+    """On the event loop: hand the request its embeddings (or the error)."""
+    if job.future.done():
+        return
+    if job.error is not None:
+        job.future.set_exception(job.error)
+    else:
+        job.future.set_result(job.out)
+
+
+class EmbeddingService:
+    """Serves ``/v1/embeddings`` for ``encoder`` (a SentenceEncoder, or a function that
+    loads one: it then loads in a thread when the app starts, and the service is not
+    :meth:`ready` until it has) under the model id ``id``."""
+
+    kind = ServiceKind.EMBEDDING
+    endpoints = frozenset({Endpoint.EMBEDDINGS})
+
+    def __init__(
+        self,
+        encoder: SentenceEncoder | Callable[[], SentenceEncoder],
+        id: str,
+        config: ServeConfig,
+    ):
+        self.id = id
+        self.config = config
+        self.created = int(time.time())
+        self._loader: Callable[[], SentenceEncoder] | None = None
+        self.encoder: SentenceEncoder | None = None
+        if callable(encoder) and not hasattr(encoder, "encode_tokenized"):
+            self._loader = encoder
+        else:
+            self.encoder = encoder  # type: ignore[assignment]
+        self.load_error: BaseException | None = None
+        self._queue = _Queue()
+        self._metrics: Metrics | None = None
+        self._thread: threading.Thread | None = None
+        self._idle = threading.Event()
+        self._idle.set()
+
+    # ---- the Service protocol --------------------------------------------------------
+
+    def ready(self) -> bool:
+        return self.encoder is not None and self._thread is not None
+
+    async def start(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        metrics.queue_depth.labels(self.id).set(0)
+        self._thread = threading.Thread(
+            target=self._work, name=f"rlx-serve-embed-{self.id}", daemon=True
+        )
+        self._thread.start()
+
+    async def handle(self, endpoint: Endpoint, body: dict[str, Any], request: Request) -> Response:
+        if self.load_error is not None:
+            raise ApiError.unavailable(
+                f"model {self.id!r} failed to load: {self.load_error}", code="load_failed"
+            )
+        enc = self.encoder
+        assert enc is not None and self._metrics is not None
+        texts = self._inputs(body)
+        fmt = choice(body, "encoding_format", ENCODING_FORMATS, "float")
+        dims = integer(body, "dimensions", None)
+        if dims is not None and dims != enc.dim:
+            raise ApiError.bad_request(
+                f"model {self.id!r} cannot truncate its embeddings: 'dimensions' must be "
+                f"{enc.dim} (its size) or absent, got {dims}",
+                param="dimensions",
+                code="unsupported_dimensions",
+            )
+        encs = await asyncio.to_thread(enc.model.tokenizer.tokenize, texts)
+        vectors = await self._submit(encs)
+        n_tokens = sum(len(ids) for ids, _ in encs)
+        data = [
+            {"object": "embedding", "index": i, "embedding": _encode(v, fmt)}
+            for i, v in enumerate(vectors)
+        ]
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": data,
+                "model": self.id,
+                "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+            }
+        )
+
+    async def drain(self) -> None:
+        while not self._idle.is_set():
+            await asyncio.sleep(0.01)
+
+    def close(self) -> None:
+        q = self._queue
+        with q.cond:
+            q.closing = True
+            q.cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+    # ---- requests --------------------------------------------------------------------
+
+    def _inputs(self, body: dict[str, Any]) -> list[str]:
+        """``input``: a string or a non-empty array of strings, at most ``max_inputs``."""
+        value = body.get("input")
+        if value is None:
+            raise ApiError.bad_request("'input' is required", param="input", code="missing_field")
+        if isinstance(value, str):
+            return [value]
+        if not isinstance(value, list):
+            raise ApiError.bad_request(
+                f"'input' must be a string or an array of strings, got {type_name(value)}",
+                param="input",
+                code="invalid_type",
+            )
+        if not value:
+            raise ApiError.bad_request(
+                "'input' must not be an empty array", param="input", code="invalid_value"
+            )
+        limit = self.config.max_inputs
+        if len(value) > limit:
+            raise ApiError.bad_request(
+                f"'input' holds {len(value)} texts, more than the server's limit of {limit} "
+                "per request (max_inputs)",
+                param="input",
+                code="limit_exceeded",
+            )
+        for i, t in enumerate(value):
+            if not isinstance(t, str):
+                what = "token arrays are not supported; " if isinstance(t, int | list) else ""
+                raise ApiError.bad_request(
+                    f"'input[{i}]' must be a string ({what}got {type_name(t)})",
+                    param="input",
+                    code="invalid_type",
+                )
+        return value
+
+    async def _submit(self, encs: list[Tokens]) -> np.ndarray:
+        """Queue the rows of one request and wait for their embeddings (429 when
+        ``max_queue`` requests are already waiting)."""
+        enc, q, m = self.encoder, self._queue, self._metrics
+        assert enc is not None and m is not None
+        loop = asyncio.get_running_loop()
+        job = _Job(
+            encs, np.empty((len(encs), enc.dim), np.float32), loop.create_future(), loop, len(encs)
+        )
+        with q.cond:
+            if q.closing:
+                raise ApiError.unavailable("the server is shutting down", code="draining")
+            if q.jobs >= self.config.max_queue:
+                raise ApiError.too_many(
+                    f"model {self.id!r} has {q.jobs} requests queued, the server's limit "
+                    f"(max_queue); retry after {self.config.retry_after_s} s",
+                    self.config.retry_after_s,
+                )
+            q.jobs += 1
+            self._idle.clear()
+            q.rows.extend(_Row(job, i, len(ids)) for i, (ids, _) in enumerate(encs))
+            m.queue_depth.labels(self.id).set(q.jobs)
+            q.cond.notify()
+        m.count_tokens(self.id, TokenKind.PROMPT, sum(len(ids) for ids, _ in encs))
+        try:
+            return await job.future
+        finally:
+            if not job.future.done():  # the client is gone: drop its rows
+                job.future.cancel()
+
+    # ---- the batcher thread ----------------------------------------------------------
+
+    def _work(self) -> None:
+        if self._loader is not None:
+            try:
+                self.encoder = self._loader()
+            except BaseException as e:  # reported by /health and every request
+                log.exception("model %s failed to load", self.id)
+                self.load_error = e
+                return
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            if batch:
+                self._run(batch)
+
+    def _take(self) -> list[_Row] | None:
+        """The next batch (oldest rows first, then sorted by length), [] for a round
+        that found only rows of cancelled requests, None once closing with nothing left."""
+        q, cfg = self._queue, self.config
+        with q.cond:
+            while not q.rows:
+                if q.closing:
+                    return None
+                self._idle.set()
+                q.cond.wait()
+            deadline = time.monotonic() + cfg.max_wait_ms / 1000
+            while not q.closing and len(q.rows) < cfg.max_batch:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._padded(list(q.rows)[: cfg.max_batch]) >= cfg.max_batch_tokens:
+                    break
+                q.cond.wait(left)
+            batch: list[_Row] = []
+            longest = 0
+            while q.rows and len(batch) < cfg.max_batch:
+                row = q.rows[0]
+                if row.job.future.done():  # cancelled: skip its rows
+                    q.rows.popleft()
+                    self._finish(row.job, count_only=True)
+                    continue
+                grown = max(longest, row.length)
+                if batch and self._pad(grown) * (len(batch) + 1) > cfg.max_batch_tokens:
+                    break
+                batch.append(q.rows.popleft())
+                longest = grown
+        batch.sort(key=lambda r: -r.length)
+        return batch
+
+    def _pad(self, length: int) -> int:
+        enc = self.encoder
+        assert enc is not None
+        return next((b for b in enc.buckets if b >= length), enc.buckets[-1])
+
+    def _padded(self, rows: list[_Row]) -> int:
+        return self._pad(max(r.length for r in rows)) * len(rows) if rows else 0
+
+    def _run(self, batch: list[_Row]) -> None:
+        enc, m = self.encoder, self._metrics
+        assert enc is not None and m is not None
+        t0 = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            vectors = enc.encode_tokenized([r.job.encs[r.index] for r in batch])
+        except Exception as e:  # answer every request of the batch with a 500
+            log.exception("embedding batch of %d rows on %s failed", len(batch), self.id)
+            error = ApiError.server_error(f"{type(e).__name__}: {e}")
+        dt = time.perf_counter() - t0
+        m.observe_batch(self.id, len(batch), sum(r.length for r in batch), dt)
+        for i, row in enumerate(batch):
+            job = row.job
+            if error is None:
+                job.out[row.index] = vectors[i]
+            else:
+                job.error = error
+            job.remaining -= 1
+            if job.remaining == 0:
+                job.loop.call_soon_threadsafe(_resolve, job)
+                self._finish(job)
+
+    def _finish(self, job: _Job, count_only: bool = False) -> None:
+        """One request fewer in the queue (a cancelled job counts once, at its last row)."""
+        if count_only:
+            job.remaining -= 1
+            if job.remaining:
+                return
+        q, m = self._queue, self._metrics
+        assert m is not None
+        with q.cond:
+            q.jobs -= 1
+            m.queue_depth.labels(self.id).set(q.jobs)
+
+
+def _encode(vector: np.ndarray, fmt: str) -> Any:
+    """One embedding as a list of floats, or base64 of its little-endian float32 bytes."""
+    if fmt == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()
