@@ -122,7 +122,7 @@ async def embeddings_level(
                 continue
             try:
                 await _embed_one(session, url, model, texts[i % len(texts)], level)
-            except (aiohttp.ClientError, RuntimeError, asyncio.TimeoutError) as e:
+            except (TimeoutError, aiohttp.ClientError, RuntimeError) as e:
                 level.errors += 1
                 level.first_error = level.first_error or repr(e)
 
@@ -198,7 +198,7 @@ async def generation_level(
             }
             try:
                 await _stream_one(session, url, payload, level)
-            except (aiohttp.ClientError, RuntimeError, asyncio.TimeoutError, ValueError) as e:
+            except (TimeoutError, aiohttp.ClientError, RuntimeError, ValueError) as e:
                 level.errors += 1
                 level.first_error = level.first_error or repr(e)
 

@@ -165,9 +165,7 @@ def probe_pools(python: str, imports: str, threads: int) -> list[dict[str, Any]]
         "print(json.dumps([{k: i.get(k) for k in ('internal_api', 'version', 'architecture',"
         " 'num_threads', 'filepath')} for i in threadpool_info()]))"
     )
-    r = subprocess.run(
-        [python, "-c", code], env=child_env(threads), capture_output=True, text=True
-    )
+    r = subprocess.run([python, "-c", code], env=child_env(threads), capture_output=True, text=True)
     try:
         return list(json.loads(r.stdout.strip().splitlines()[-1]))
     except (ValueError, IndexError):
@@ -189,7 +187,7 @@ def gemma_gguf() -> str:
 def embedding_engines(a: argparse.Namespace) -> list[Engine]:
     model = minilm_dir()
     probe = {"model": "all-MiniLM-L6-v2", "input": "ready?"}
-    rlx = (sys.executable, "-m", "rlx", "serve", model, "--host", "127.0.0.1")
+    rlx = (sys.executable, "-m", "rlx", "serve", f"all-MiniLM-L6-v2={model}", "--host", "127.0.0.1")
     rlx += ("--port", "{port}", "--threads", str(a.threads), *a.rlx_args)
     st = (a.peer_python, str(HERE / "_st_fastapi.py"), "--model-dir", model)
     st += ("--port", "{port}", "--threads", str(a.threads))
@@ -201,10 +199,12 @@ def embedding_engines(a: argparse.Namespace) -> list[Engine]:
 
 def generation_engines(a: argparse.Namespace) -> list[Engine]:
     gguf = gemma_gguf()
-    rlx = (sys.executable, "-m", "rlx", "serve", gguf, "--host", "127.0.0.1", "--port", "{port}")
+    rlx = (sys.executable, "-m", "rlx", "serve", f"gemma3-270m={gguf}", "--host", "127.0.0.1")
+    rlx += ("--port", "{port}")
     rlx += ("--threads", str(a.threads), "--parallel", str(a.parallel), *a.rlx_args)
     llama = (a.llama_python, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1")
     llama += ("--port", "{port}", "--n_threads", str(a.threads), "--n_ctx", str(a.n_ctx))
+    llama += ("--model_alias", "gemma3-270m")
     return [
         Engine("rlx serve", rlx, "/v1/models", None),
         Engine("llama-cpp-python server", llama, "/v1/models", None),
@@ -269,7 +269,7 @@ def measure(a: argparse.Namespace, kind: str) -> dict[str, Any]:
         "kind": kind,
         "command": "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "
         + " ".join(shlex.quote(x) for x in [Path(sys.executable).name, *sys.argv]),
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "threads": a.threads,
         "machine": machine(),
         "removed_blas_pins": _common.removed_blas_pins(),

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from rlx.cli import serve_ray
 from rlx.cli.common import CONTEXT, precision_option, status, threads_option
 
 __all__ = ["command", "serve"]
@@ -133,6 +134,7 @@ def serve(models: list[str], config: Any, log_level: str = "info") -> int:
     default="info",
     show_default=True,
 )
+@serve_ray.options
 def command(
     models: tuple[str, ...],
     host: str,
@@ -150,6 +152,10 @@ def command(
     max_tokens_limit: int,
     drain_timeout: float,
     log_level: str,
+    use_ray: bool,
+    replicas: int,
+    cpus_per_replica: float,
+    ray_address: str | None,
 ) -> int:
     """Serve MODELs over HTTP with the OpenAI API: each an HF sentence-embedding
     directory, a .gguf file or a known name (all-MiniLM-L6-v2), optionally as ID=MODEL.
@@ -160,6 +166,7 @@ def command(
       curl -s localhost:8000/v1/embeddings -H 'Content-Type: application/json' \\
         -d '{"model": "all-MiniLM-L6-v2", "input": "A man plays a guitar."}'
       rlx serve mini=./my-encoder ./llama.gguf --port 8080 --api-key secret
+      rlx serve --ray --replicas 4 all-MiniLM-L6-v2
 
     See docs/serving.md for the endpoints, limits and metrics.
     """
@@ -171,4 +178,8 @@ def command(
         precision=Precision(precision), max_body_bytes=max_body_bytes, max_queue=max_queue,
         max_tokens_limit=max_tokens_limit, num_threads=threads, drain_timeout_s=drain_timeout,
     )  # fmt: skip
+    if use_ray:
+        return serve_ray.run(
+            list(models), config, replicas=replicas, cpus=cpus_per_replica, address=ray_address
+        )
     return serve(list(models), config, log_level)

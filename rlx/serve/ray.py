@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import signal
 import threading
 from collections.abc import Sequence
@@ -60,7 +61,8 @@ class ReplicaHeader:
 
 class RlxReplica:
     """One replica: the models of ``models`` loaded with ``config`` and the app serving
-    them (made a Ray Serve ingress by :func:`deployment`)."""
+    them (made a Ray Serve ingress by :func:`deployment`). Attribute names start with
+    ``rlx_``: Ray Serve's ingress wrapper owns ``app``."""
 
     def __init__(self, models: Sequence[str], config: ServeConfig) -> None:
         from ray import serve
@@ -68,17 +70,17 @@ class RlxReplica:
         from rlx.serve.app import create_app
         from rlx.serve.loading import load_services
 
-        self.replica_id = str(serve.get_replica_context().replica_id.unique_id)
-        self.services = load_services(list(models), config, background=False)
-        self.app = create_app(self.services, config)
-        self.app.add_middleware(ReplicaHeader, replica=self.replica_id)
+        self.rlx_replica_id = str(serve.get_replica_context().replica_id.unique_id)
+        self.rlx_services = load_services(list(models), config, background=False)
+        self.rlx_app = create_app(self.rlx_services, config)
+        self.rlx_app.add_middleware(ReplicaHeader, replica=self.rlx_replica_id)
 
     def __serve_build_asgi_app__(self) -> Any:
-        return self.app
+        return self.rlx_app
 
     def check_health(self) -> None:
         """Ray Serve's periodic health check: raise while a model is not ready."""
-        loading = [s.id for s in self.services if not s.ready()]
+        loading = [s.id for s in self.rlx_services if not s.ready()]
         if loading:
             raise RuntimeError(f"models not ready: {', '.join(loading)}")
 
@@ -167,6 +169,12 @@ def run(
 
     started = not ray.is_initialized()
     if started:
+        if address is None:  # a local instance: give a busy machine time to start the proxy
+            for var in (
+                "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S",
+                "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S",
+            ):
+                os.environ.setdefault(var, "60")
         ray.init(address=address)
     stop = stop or threading.Event()
     previous = {
