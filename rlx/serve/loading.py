@@ -44,9 +44,10 @@ def _generation(path: Path, id: str, config: ServeConfig) -> Service:
 
 def _embedding(path: Path, id: str, config: ServeConfig, background: bool) -> Service:
     from rlx.models import SentenceEncoder
+    from rlx.models.hf.config import read_config
     from rlx.models.hf.layout import read_layout
 
-    read_layout(path)  # a ModelError now for a directory that is no encoder
+    read_config(read_layout(path).transformer_dir)  # a ModelError now, not after startup
 
     def load() -> Any:
         return SentenceEncoder(path, config.precision.value, config.num_threads)

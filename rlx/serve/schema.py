@@ -37,7 +37,7 @@ def _given(value: Any) -> str:
 def parse_body(raw: bytes) -> dict[str, Any]:
     """The JSON object in ``raw``; 400 when it is not UTF-8 JSON or not an object."""
     try:
-        body = json.loads(raw)
+        body = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise ApiError.bad_request(
             f"the request body is not UTF-8 ({e.reason} at byte {e.start})", code="invalid_json"
