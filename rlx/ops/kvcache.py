@@ -18,6 +18,18 @@ rounded to the cache dtype when written (round to nearest even, as NumPy / ml_dt
 output is rounded to it before it is widened back to f32 (the native kernel takes q, k, v
 and out in one dtype and computes in f32); the reference models exactly those roundings.
 
+``slot_cache_attention`` (:class:`SlotCacheAttention`) is the same attention over a cache of
+``SLOTS`` independent contexts, one token sequence per slot (batched decode): in
+``q[1,T,H*D]``, ``k, v[1,T,Hkv*D]``, the caches ``[SLOTS,C,Hkv*D]`` and, per token,
+``positions`` and ``slots`` (integer ``[T]``). Every token ``t`` first writes its k / v row
+into row ``positions[t]`` of slot ``slots[t]``; then it attends over that slot's rows
+``j <= positions[t]`` (and ``j > positions[t] - window``). A decode step of N sequences is
+T = N tokens in N slots; a prefill is T tokens of one slot at consecutive positions
+(consecutive tokens of one slot at consecutive positions form a run, which the kernel
+attends as one causal block). A slot or position outside the cache, or two tokens writing
+the same row, is an InputError naming the token. Cache dtypes and roundings as
+``cache_attention``.
+
 ``dequant_gather`` (:class:`DequantGather`): ``dequant(packed)[ids]`` for a GGUF
 ``scheme`` (packed u8 ``[N, K/qk*block_bytes]``, ``ids`` integer of any shape, out f32
 ``[*ids.shape, K]``): the token embedding lookup that decodes only the rows it takes.
@@ -41,7 +53,15 @@ from rlx.shape import Shape
 if TYPE_CHECKING:
     from rlx.ir.mir import Graph, NodeId
 
-__all__ = ["CacheAttention", "DequantGather", "cache_start", "cache_mask", "CACHE_DTYPES"]
+__all__ = [
+    "CacheAttention",
+    "SlotCacheAttention",
+    "DequantGather",
+    "cache_start",
+    "cache_mask",
+    "slot_runs",
+    "CACHE_DTYPES",
+]
 
 #: The dtypes a KV cache may have.
 CACHE_DTYPES = (DType.F32, DType.BF16, DType.F16)
@@ -146,19 +166,124 @@ class CacheAttention(Op):
         p = cache_start(self.mnemonic, pos, s, kc.shape[1])
         keys, vals = kc[:, : p + s].copy(), vc[:, : p + s].copy()
         keys[:, p:], vals[:, p:] = k, v  # rounded to the cache dtype (nearest even)
-        low = keys.dtype != np.float32
-        keys, vals = keys.astype(np.float32), vals.astype(np.float32)
-        if low:  # the kernel's q is in the cache dtype
-            q = q.astype(kc.dtype).astype(np.float32)
-        h, d = self.num_heads, self.head_dim
-        qh, kh, vh = split_heads(q, keys, vals, h, d, self.num_kv_heads)
-        sc = np.matmul(qh, kh.swapaxes(-1, -2)) * np.float32(self.effective_scale)
-        allowed = cache_mask(self.window).allowed(s, p + s)
-        sc = np.where(allowed, sc, -np.inf)
-        o = attend(sc, vh).transpose(0, 2, 1, 3).reshape(b, s, h * d)
-        if low:  # and so is its output
-            o = o.astype(kc.dtype)
-        return o.astype(ctx.out_dtype)
+        return _block_attention(self, q, keys, vals).astype(ctx.out_dtype)
+
+
+def _block_attention(
+    op: CacheAttention | SlotCacheAttention, q: np.ndarray, keys: np.ndarray, vals: np.ndarray
+) -> np.ndarray:
+    """The reference attention of ``q[B,S,H*D]`` over ``keys, vals[B,P+S,Hkv*D]`` (the
+    cache dtype) with the end-aligned mask, rounded as the module docstring says."""
+    b, s, _ = q.shape
+    dt = keys.dtype
+    low = dt != np.float32
+    keys, vals = keys.astype(np.float32), vals.astype(np.float32)
+    if low:  # the kernel's q is in the cache dtype
+        q = q.astype(dt).astype(np.float32)
+    h, d = op.num_heads, op.head_dim
+    qh, kh, vh = split_heads(q, keys, vals, h, d, op.num_kv_heads)
+    sc = np.matmul(qh, kh.swapaxes(-1, -2)) * np.float32(op.effective_scale)
+    sc = np.where(cache_mask(op.window).allowed(s, keys.shape[1]), sc, -np.inf)
+    o = attend(sc, vh).transpose(0, 2, 1, 3).reshape(b, s, h * d)
+    return o.astype(dt) if low else o  # and so is its output
+
+
+def slot_runs(
+    op: str, positions: np.ndarray, slots: np.ndarray, nslots: int, capacity: int
+) -> list[tuple[int, int, int, int]]:
+    """The runs ``(t0, t1, slot, p0)``: tokens ``t0..t1-1`` in one slot at consecutive
+    positions from ``p0`` (``positions``, ``slots``: integer [T]), after checking that every
+    slot is in ``[0, nslots)``, every position in ``[0, capacity)`` and that no two tokens
+    write the same row; InputError naming the first bad token otherwise."""
+    pos = np.asarray(positions).reshape(-1).astype(np.int64, copy=False)
+    sl = np.asarray(slots).reshape(-1).astype(np.int64, copy=False)
+    if pos.size != sl.size:
+        raise InputError(f"{op}: {pos.size} positions for {sl.size} slots (one each per token)")
+    if pos.size == 0:
+        return []
+    bad = np.flatnonzero((sl < 0) | (sl >= nslots))
+    if len(bad):
+        t = int(bad[0])
+        raise InputError(f"{op}: token {t} has slot {sl[t]}, outside the cache's {nslots} slots")
+    bad = np.flatnonzero((pos < 0) | (pos >= capacity))
+    if len(bad):
+        t = int(bad[0])
+        raise InputError(
+            f"{op}: token {t} has position {pos[t]}, outside the cache of {capacity} positions "
+            f"(max context {capacity})"
+        )
+    rows = sl * capacity + pos
+    if np.unique(rows).size != rows.size:
+        order = np.argsort(rows, kind="stable")
+        dup = int(order[1:][rows[order[1:]] == rows[order[:-1]]][0])
+        raise InputError(
+            f"{op}: token {dup} writes slot {sl[dup]} position {pos[dup]}, which another "
+            "token of this call writes too"
+        )
+    cut = np.flatnonzero((sl[1:] != sl[:-1]) | (pos[1:] != pos[:-1] + 1)) + 1
+    bounds = [0, *cut.tolist(), int(pos.size)]
+    return [(a, b, int(sl[a]), int(pos[a])) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+@register
+class SlotCacheAttention(Op):
+    """Attention of each token over its own slot of a multi-slot KV cache (module
+    docstring). Inputs ``(q, k, v, k_cache, v_cache, positions, slots)``: q, k, v f32
+    ``[1,T,...]``, the caches ``[SLOTS,C,Hkv*D]`` f32, bf16 or f16, positions and slots
+    integer ``[T]``. Attributes as :class:`CacheAttention`. Not ``pure``: its CPU kernel
+    writes the caches."""
+
+    mnemonic: ClassVar[str] = "slot_cache_attention"
+    arity: ClassVar[int] = 7
+    kind: ClassVar[OpKind] = OpKind.COMPUTE
+    nondiff: ClassVar[str] = (
+        "inference only: it writes the KV cache; train with attention (g.attention)"
+    )
+    pure: ClassVar[bool] = False
+    num_heads: int
+    head_dim: int
+    num_kv_heads: int
+    window: int = 0
+    scale: float | None = None
+
+    @property
+    def effective_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim) if self.scale is None else float(self.scale)
+
+    def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        q, k, v, kc, vc, pos, slots = ins
+        h, d, hkv = self.num_heads, self.head_dim, self.num_kv_heads
+        expect(q.rank == 3 and q.dims[0] == 1, self, f"q must be [1,T,{h * d}], got {q}")
+        expect(
+            kc.rank == 3 and kc.is_static and vc.dims == kc.dims,
+            self,
+            f"k_cache and v_cache must be static [SLOTS,C,{hkv * d}] alike, got {kc}, {vc}",
+        )
+        one = (Shape((1, *kc.dims[1:]), kc.dtype), Shape((1, *vc.dims[1:]), vc.dtype))
+        pos1 = Shape((q.dims[1],), DType.I64)
+        # one slot is a cache_attention: the same rules for q, k, v and the caches
+        CacheAttention(h, d, hkv, self.window, self.scale).infer((q, k, v, *one, pos1))
+        for name, t in (("positions", pos), ("slots", slots)):
+            expect(
+                t.dtype.is_int and t.rank == 1 and t.dims[0] == q.dims[1],
+                self,
+                f"{name} must be an integer [T] with T = q's length {q.dims[1]}, got {t}",
+            )
+        return q
+
+    def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
+        q, k, v, kc, vc, pos, slots = xs
+        runs = slot_runs(self.mnemonic, pos, slots, kc.shape[0], kc.shape[1])
+        keys, vals = kc.copy(), vc.copy()
+        sl = np.asarray(slots).reshape(-1).astype(np.int64)
+        ps = np.asarray(pos).reshape(-1).astype(np.int64)
+        keys[sl, ps], vals[sl, ps] = k[0], v[0]  # rounded to the cache dtype (nearest even)
+        out = np.zeros(q.shape, ctx.out_dtype)
+        for t0, t1, j, p0 in runs:
+            end = p0 + t1 - t0
+            o = _block_attention(self, q[:, t0:t1], keys[j : j + 1, :end], vals[j : j + 1, :end])
+            out[:, t0:t1] = o
+        return out
 
 
 @register
@@ -225,6 +350,30 @@ def cache_attention(
     sc = None if scale is None else float(scale)
     op = CacheAttention(int(num_heads), int(head_dim), hkv, int(window), sc)
     return g.apply(op, [q, k, v, k_cache, v_cache, positions])
+
+
+@graph_method
+def slot_cache_attention(
+    g: Graph,
+    q: NodeId,
+    k: NodeId,
+    v: NodeId,
+    k_cache: NodeId,
+    v_cache: NodeId,
+    positions: NodeId,
+    slots: NodeId,
+    num_heads: int,
+    head_dim: int,
+    num_kv_heads: int | None = None,
+    window: int = 0,
+    scale: float | None = None,
+) -> NodeId:
+    """Attention of each token of ``q`` over its slot of the caches, with ``k, v`` written
+    at (``slots``, ``positions``)."""
+    hkv = num_heads if num_kv_heads is None else int(num_kv_heads)
+    sc = None if scale is None else float(scale)
+    op = SlotCacheAttention(int(num_heads), int(head_dim), hkv, int(window), sc)
+    return g.apply(op, [q, k, v, k_cache, v_cache, positions, slots])
 
 
 @graph_method

@@ -107,6 +107,7 @@ COVERAGE: dict[str, tuple[str, tuple[str, ...]]] = {
     "selective_scan": ("per-(batch, channel, step) loops", (_LIN + "test_selective_scan_matches_loops",)),
     "gated_delta_net": ("per-(batch, head, step) loops", (_LIN + "test_gated_delta_net_matches_loops",)),
     "cache_attention": ("loops over a cache state kept by the test", (_LIN + "test_cache_attention_steps_match_loops",)),
+    "slot_cache_attention": ("per-token loops over slot caches kept by the test", (_LIN + "test_slot_cache_attention_matches_loops",)),
     "fft": ("explicit DFT sums", (_LIN + "test_fft_matches_dft_sums",)),
     # ---- quantized and packed weights
     "qmatmul": ("int64 NumPy accumulator, f32 rescale", (_QUANT + "test_qmatmul_matches_int64",)),

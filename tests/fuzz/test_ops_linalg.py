@@ -14,6 +14,9 @@ against SciPy and explicit float64 loops written here from the ops' definitions:
   cache rows, f32 / f16 / bf16 caches (rows, q and the output rounded to the cache dtype
   as documented), grouped heads, sliding windows; the reference interpreter is fed the
   oracle's cache state at each step;
+* ``slot_cache_attention``: steps of tokens spread over random slots (decode tokens of
+  several slots and runs of consecutive positions in one slot, in random order) against
+  per-token loops over the slot caches the oracle keeps, f32 / f16 / bf16 caches;
 * ``fft`` (fft, ifft, rfft, irfft; every norm; crop / pad ``n``; any axis): explicit DFT
   sums.
 """
@@ -33,7 +36,7 @@ from hypothesis import strategies as st
 import rlx
 from rlx.ops.base import OpKind
 from rlx.ops.fft import Fft, FftKind, FftNorm
-from rlx.ops.kvcache import CacheAttention
+from rlx.ops.kvcache import CacheAttention, SlotCacheAttention
 from rlx.ops.linalg import (
     BatchedDenseSolve,
     DenseSolve,
@@ -349,6 +352,75 @@ def test_cache_attention_steps_match_loops(
 
     t = {"f32": 2e-5, "f16": 2e-3, "bf16": 1.6e-2}[dt]  # one rounding to the cache dtype
     want = list(oracle_steps())
+    for (before, w), feed in zip(want, steps, strict=True):
+        (got,) = g.evaluate(feed, before)
+        np.testing.assert_allclose(got, w, rtol=t, atol=t, err_msg="reference")
+    for var in compiled(g, init, COMPUTE):  # the caches are params the kernel writes
+        for i, ((_, w), feed) in enumerate(zip(want, steps, strict=True)):
+            (got,) = var.cg.run(feed)
+            np.testing.assert_allclose(got, w, rtol=t, atol=t, err_msg=f"{var.label} step {i}")
+
+
+def slot_attention_loops(q, kc, vc, pos, slots, h, d, hkv, window, scale, cdt):
+    """f64 per-token loops: every token's k / v row is written into its slot (``kc`` /
+    ``vc`` f64 ``[SLOTS, C, Hkv*D]``, updated in place; the rows rounded to the cache
+    dtype by the caller), then token ``t`` attends over rows ``j <= pos[t]`` (and
+    ``j > pos[t] - window``) of its slot; q and the output rounded to the cache dtype."""
+    qr = q.astype(cdt).astype(np.float64)
+    out = np.zeros(qr.shape)
+    for t, hh in itertools.product(range(len(pos)), range(h)):
+        sl, at, kv = int(slots[t]), int(pos[t]), hh // (h // hkv)
+        keys = [j for j in range(at + 1) if not window or j > at - window]
+        s = [scale * float(qr[t, hh * d : (hh + 1) * d] @ kc[sl, j, kv * d : (kv + 1) * d]) for j in keys]  # fmt: skip
+        e = [math.exp(x - max(s)) for x in s]
+        for j, w in zip(keys, e, strict=True):
+            out[t, hh * d : (hh + 1) * d] += w / sum(e) * vc[sl, j, kv * d : (kv + 1) * d]
+    return out.astype(cdt).astype(np.float64)
+
+
+@pytest.mark.slow  # the attention kernels of every target (shared with cache_attention's)
+@examples(8)
+@given(
+    heads=st.sampled_from([(1, 1), (2, 1), (4, 2)]), d=st.sampled_from([1, 4, 8, 64]),
+    window=st.sampled_from([0, 0, 2]), dt=st.sampled_from(list(CACHE_DTYPES)),
+    nslots=st.sampled_from([1, 2, 3]), scale=st.sampled_from([None, 0.3]), seed=SEEDS,
+)  # fmt: skip
+def test_slot_cache_attention_matches_loops(heads, d, window, dt, nslots, scale, seed) -> None:
+    h, hkv = heads
+    cap = 12
+    rng = np.random.default_rng(seed)
+    cdt = CACHE_DTYPES[dt]
+    g = rlx.Graph("slot_cache_attention")
+    tok = g.sym("tokens", max=cap * nslots)
+    q, k, v = (g.input(nm, (1, tok, w * d)) for nm, w in (("q", h), ("k", hkv), ("v", hkv)))
+    pos, sl = (g.input(nm, (tok,), "i64") for nm in ("positions", "slots"))
+    kc, vc = (g.param(nm, (nslots, cap, hkv * d), dt) for nm in ("kc", "vc"))
+    op = SlotCacheAttention(h, d, hkv, window, scale)
+    g.set_outputs([g.apply(op, [q, k, v, kc, vc, pos, sl])])
+    init = {nm: rng.standard_normal((nslots, cap, hkv * d)).astype(cdt) for nm in ("kc", "vc")}
+    sc = 1.0 / math.sqrt(d) if scale is None else scale
+    length = rng.integers(0, 4, nslots)  # tokens already in each slot
+    steps = []
+    for _ in range(3):  # each step: some slots, each a run of 1-3 new tokens, shuffled
+        runs = []
+        for s_ in rng.permutation(nslots)[: rng.integers(1, nslots + 1)]:
+            n = int(rng.integers(1, 4))
+            runs.append((int(s_), np.arange(length[s_], length[s_] + n)))
+            length[s_] += n
+        f = lambda w, n: rng.standard_normal((1, n, w * d)).astype(F32)  # noqa: E731, B023
+        t = sum(len(r[1]) for r in runs)
+        steps.append({"q": f(h, t), "k": f(hkv, t), "v": f(hkv, t),
+                      "positions": np.concatenate([r[1] for r in runs]),
+                      "slots": np.concatenate([np.full(len(r[1]), r[0]) for r in runs])})  # fmt: skip
+    want, kcache, vcache = [], init["kc"].astype(np.float64), init["vc"].astype(np.float64)
+    for feed in steps:
+        before = {"kc": kcache.astype(cdt), "vc": vcache.astype(cdt)}
+        p_, s_ = feed["positions"], feed["slots"]
+        kcache[s_, p_] = feed["k"][0].astype(cdt).astype(np.float64)
+        vcache[s_, p_] = feed["v"][0].astype(cdt).astype(np.float64)
+        out = slot_attention_loops(feed["q"][0], kcache, vcache, p_, s_, h, d, hkv, window, sc, cdt)
+        want.append((before, out[None]))
+    t = {"f32": 2e-5, "f16": 2e-3, "bf16": 1.6e-2}[dt]  # one rounding to the cache dtype
     for (before, w), feed in zip(want, steps, strict=True):
         (got,) = g.evaluate(feed, before)
         np.testing.assert_allclose(got, w, rtol=t, atol=t, err_msg="reference")

@@ -133,6 +133,7 @@ RLX_ONLY: dict[str, tuple[OpKind, str]] = {
     "bitcast": (D, "a byte copy read as another dtype, like a Reshape of bytes"),
     "shape_of": (D, "reads the input's dims into an i64 vector (ONNX Shape); never retyped"),
     "cache_attention": (C, "attention through a KV cache (its own f32 caches), like Attention"),
+    "slot_cache_attention": (C, "cache_attention over one cache slot per token"),
     "dequant_gather": (D, "rows of a packed table decoded to f32, like Gather; never retyped"),
     "stop_gradient": (D, "the identity with a zero derivative (a view), like Reshape"),
     "gather_backward": (D, "gather's adjoint: rows added into zeros, like ScatterAdd"),

@@ -10,6 +10,14 @@ class) and decode (``seq`` = 1): each layer's ``cache_attention`` writes its row
 the layer's KV cache params ``kv.{i}.k`` / ``kv.{i}.v`` (``[1, max_context, Hkv*D]``,
 kept by the runtime) and attends over the cache's valid prefix.
 
+The batched graph (``slots`` = N, :mod:`rlx.models.llm.batch`): the caches are
+``[N, max_context, Hkv*D]`` (one context per slot), a further input ``slots`` i64 ``[seq]``
+names each token's slot (``positions`` are then per token, not necessarily consecutive),
+each layer's ``slot_cache_attention`` writes every token's rows into its slot and attends
+over that slot, and ``last`` i64 ``[rows]`` picks any number of rows: the output is
+``[1, rows, vocab]``. A decode step of N sequences is ``seq`` = N tokens (one per slot),
+so every projection is one ``dequant_matmul`` of N rows.
+
 Per layer (llama.cpp's graphs; Gemma 3's parts where its spec says so): rms_norm ->
 q, k, v (``dequant_matmul`` on the packed weight; biases when present) -> per-head q / k
 rms_norm (when present) -> rope (per-layer base) -> cache attention (causal or sliding
@@ -114,18 +122,30 @@ class _Builder:
 
 
 def build_decoder(
-    cfg: LlmConfig, tensors: Mapping[str, Any], max_context: int, kv_dtype: DType = DType.F32
+    cfg: LlmConfig,
+    tensors: Mapping[str, Any],
+    max_context: int,
+    kv_dtype: DType = DType.F32,
+    slots: int | None = None,
 ) -> DecoderGraph:
     """The decoder graph of ``cfg`` over the GGUF ``tensors`` (module docstring), its KV
     cache of ``kv_dtype`` (f32, bf16 or f16); a missing or misshapen tensor is a
-    ModelError naming it."""
+    ModelError naming it. With ``slots``, the batched graph (module docstring): a cache
+    of that many sequences, a ``slots`` input and ``last`` of any length."""
     b = _Builder(cfg, tensors, max_context)
     g = b.g
     d, h, hkv, hd = cfg.hidden, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     seq = g.sym("seq", max=max_context)
     ids = g.input("input_ids", (1, seq), DType.I64)
     positions = g.input("positions", (seq,), DType.I64)
-    last = g.input("last", (1,), DType.I64)
+    if slots is None:
+        last = g.input("last", (1,), DType.I64)
+        cache = (1, max_context, hkv * hd)
+    else:
+        which = g.input("slots", (seq,), DType.I64)
+        last = g.input("last", (g.sym("rows", max=max_context),), DType.I64)
+        cache = (slots, max_context, hkv * hd)
+    zeros = np.zeros(cache, kv_dtype.np)  # every layer's caches start as these zeros
 
     scheme, emb = b.matrix("token_embd.weight", cfg.vocab, d)
     x = g.gather(emb, ids, 0) if scheme is None else g.dequant_gather(emb, ids, scheme)
@@ -159,12 +179,14 @@ def build_decoder(
         cos, sin = rope_at(i)
         q = g.rope(q, cos, sin, hd, cfg.rope_dims, cfg.arch.rope_interleaved)
         k = g.rope(k, cos, sin, hd, cfg.rope_dims, cfg.arch.rope_interleaved)
-        cache = (1, max_context, hkv * hd)
         kc = g.param(f"kv.{i}.k", cache, kv_dtype)
         vc = g.param(f"kv.{i}.v", cache, kv_dtype)
-        b.params[f"kv.{i}.k"] = b.params[f"kv.{i}.v"] = np.zeros(cache, kv_dtype.np)
-        att = g.cache_attention(
-            q, k, v, kc, vc, positions, h, hd, hkv, cfg.window(i), cfg.attn_scale
+        b.params[f"kv.{i}.k"] = b.params[f"kv.{i}.v"] = zeros
+        head = (h, hd, hkv, cfg.window(i), cfg.attn_scale)
+        att = (
+            g.cache_attention(q, k, v, kc, vc, positions, *head)
+            if slots is None
+            else g.slot_cache_attention(q, k, v, kc, vc, positions, which, *head)
         )
         o = b.linear(att, f"{p}.attn_output", d, h * hd)
         if cfg.arch.post_norms:

@@ -303,6 +303,13 @@ class LlmModel:
         """Text of token ids (special tokens dropped)."""
         return str(self.tokenizer.decode(list(ids), skip_special=True))
 
+    def batched(self, slots: int, max_context: int | None = None) -> Any:
+        """A :class:`~rlx.models.llm.batch.BatchedDecoder` of ``slots`` KV-cache slots of
+        ``max_context`` positions (None: this model's) over this model's weights."""
+        from rlx.models.llm.batch import BatchedDecoder
+
+        return BatchedDecoder(self, slots, max_context)
+
     def generate(self, prompt: str | Sequence[int], **kw: Any) -> Any:
         """Generate from ``prompt`` (text or token ids): see
         :func:`rlx.models.llm.generate.generate` for the keywords and the result."""

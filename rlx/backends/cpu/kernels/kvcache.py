@@ -28,10 +28,18 @@ from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind, kind
 from rlx.errors import CompileError
 from rlx.ir.mir import Node
 from rlx.ops.core import Param
-from rlx.ops.kvcache import CacheAttention, DequantGather, cache_mask, cache_start, check_ids
+from rlx.ops.kvcache import (
+    CacheAttention,
+    DequantGather,
+    SlotCacheAttention,
+    cache_mask,
+    cache_start,
+    check_ids,
+    slot_runs,
+)
 from rlx.ops.nn import split_heads
 
-__all__ = ["cache_attention_kernel", "dequant_gather_kernel"]
+__all__ = ["cache_attention_kernel", "slot_cache_attention_kernel", "dequant_gather_kernel"]
 
 
 def _cache_storage(node: Node, ctx: KernelCtx, i: int) -> np.ndarray:
@@ -40,20 +48,20 @@ def _cache_storage(node: Node, ctx: KernelCtx, i: int) -> np.ndarray:
     what = "k_cache" if i == 3 else "v_cache"
     if not isinstance(src.op, Param):
         raise CompileError(
-            f"cache_attention %{node.id}: {what} must be a param (the cache the runtime "
+            f"{node.op.mnemonic} %{node.id}: {what} must be a param (the cache the runtime "
             f"keeps), got %{src.id} {src.op.mnemonic}"
         )
     name = src.op.name
     own = ctx.store.private(name) if ctx.store is not None else None
     if own is None:
         raise CompileError(
-            f"cache_attention %{node.id}: cache param {name!r} was given by the caller; "
+            f"{node.op.mnemonic} %{node.id}: cache param {name!r} was given by the caller; "
             "leave it unset so that the runtime keeps the cache in its own storage"
         )
     return own
 
 
-def _numpy_attention(op: CacheAttention, q, keys, vals, out) -> None:  # type: ignore[no-untyped-def]
+def _numpy_attention(op: CacheAttention | SlotCacheAttention, q, keys, vals, out) -> None:  # type: ignore[no-untyped-def]
     dt = keys.dtype
     if dt != np.float32:  # the roundings of the native path (rlx/ops/kvcache.py)
         q = q.astype(dt).astype(np.float32)
@@ -69,23 +77,25 @@ def _numpy_attention(op: CacheAttention, q, keys, vals, out) -> None:  # type: i
     out[...] = o if dt == np.float32 else o.astype(dt)
 
 
-def _native_call(op: CacheAttention, q, kc, vc, out, ctx: KernelCtx):  # type: ignore[no-untyped-def]
-    """``call(p_plus_s)`` running the native attention over the caches' first rows, or
-    None (with a note) when the native library is not available."""
+def _native_block(op: CacheAttention | SlotCacheAttention, q, kc, vc, out, ctx: KernelCtx):  # type: ignore[no-untyped-def]
+    """``(block, qn, on)``: ``block(q_off, c_off, o_off, s, skv)`` runs the native attention
+    of ``s`` query rows (``q_off`` bytes into ``qn``) over ``skv`` cache rows (``c_off``
+    bytes into the caches) into ``on`` (``o_off`` bytes); ``qn`` / ``on`` are q / out or,
+    with a low-precision cache, scratch of its dtype the caller fills / reads. None (with
+    a note) when the native library is not available."""
     if not ctx.native:
         return None
+    what = op.mnemonic
     try:
         from rlx.backends.cpu.native.attention import MASK_CODES, attention_lib
 
         lib = attention_lib(dtype=kc.dtype)
     except CompileError as e:
-        ctx.notes.append(f"NumPy cache attention (native build: {str(e).splitlines()[0]})")
+        ctx.notes.append(f"NumPy {what} (native build: {str(e).splitlines()[0]})")
         return None
     if not all(x.flags.c_contiguous for x in (q, kc, vc, out)):
-        ctx.notes.append("NumPy cache attention (a non-contiguous view)")
+        ctx.notes.append(f"NumPy {what} (a non-contiguous view)")
         return None
-    b, s, _ = q.shape
-    cap = kc.shape[1]
     h, d, hkv = op.num_heads, op.head_dim, op.num_kv_heads
     low = kc.dtype != np.float32
     # a low-precision cache: q and the output go through scratch rows of its dtype
@@ -93,33 +103,45 @@ def _native_call(op: CacheAttention, q, kc, vc, out, ctx: KernelCtx):  # type: i
     on = ctx.scratch(out.shape, kc.dtype, 63) if low else out
     threads = ctx.num_threads if lib.openmp else 1
     ws = ctx.scratch((lib.workspace_floats(d, threads),), np.float32, 61)
-    mask = cache_mask(op.window)
-    code = MASK_CODES[mask.type]
+    code = MASK_CODES[cache_mask(op.window).type]
     fn = lib.lib.rlx_attention
-    row = kc.strides[0]
     qp, kp, vp, op_ = qn.ctypes.data, kc.ctypes.data, vc.ctypes.data, on.ctypes.data
-    qrow, orow = qn.strides[0], on.strides[0]
     scale = ctypes.c_float(op.effective_scale)
     tail = (h, hkv, d, scale, code, op.window, None, 0, 0, 0, 0, ws.ctypes.data, ws.size)
     keep = (q, kc, vc, out, ws, qn, on)
 
+    def block(q_off: int, c_off: int, o_off: int, s: int, skv: int) -> None:
+        t = threads if s * skv * h * d >= 1 << 18 else 1
+        rc = fn(qp + q_off, kp + c_off, vp + c_off, op_ + o_off, 1, s, skv, *tail, t)
+        if rc:
+            raise CompileError(f"{what}: the attention workspace is too small ({len(keep)})")
+
+    ctx.notes.append(
+        f"native {what} over {kc.shape[1]} {kc.dtype} rows ({lib.path}, {threads} threads)"
+    )
+    return block, qn, on
+
+
+def _native_call(op: CacheAttention, q, kc, vc, out, ctx: KernelCtx):  # type: ignore[no-untyped-def]
+    """``call(p_plus_s)`` running the native attention over the caches' first rows, or
+    None (with a note) when the native library is not available."""
+    got = _native_block(op, q, kc, vc, out, ctx)
+    if got is None:
+        return None
+    block, qn, on = got
+    b, s, _ = q.shape
+    low = qn is not q
+    row, qrow, orow = kc.strides[0], qn.strides[0], on.strides[0]
+
     def call(skv: int) -> None:
         # one batch row at a time: the first skv rows of a batch's cache are contiguous
-        t = threads if s * skv * h * d >= 1 << 18 else 1
         if low:
             qn[...] = q
         for i in range(b):
-            rc = fn(qp + i * qrow, kp + i * row, vp + i * row, op_ + i * orow, 1, s, skv,
-                    *tail, t)  # fmt: skip
-            if rc:
-                raise CompileError("cache_attention: the attention workspace is too small")
+            block(i * qrow, i * row, i * orow, s, skv)
         if low:
             out[...] = on
 
-    call.keep = keep  # type: ignore[attr-defined]
-    ctx.notes.append(
-        f"native cache attention over {cap} {kc.dtype} rows ({lib.path}, {threads} threads)"
-    )
     return call
 
 
@@ -148,6 +170,45 @@ def cache_attention_kernel(
     return run
 
 
+@kind(KernelKind.NATIVE)
+def slot_cache_attention_kernel(
+    node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
+) -> Kernel:
+    """Write every token's k / v row into its slot, then attend each run of tokens (one
+    slot, consecutive positions) over its slot's valid prefix."""
+    op: SlotCacheAttention = node.op  # type: ignore[assignment]
+    q, k, v, _, _, positions, slots = ins
+    kc, vc = _cache_storage(node, ctx, 3), _cache_storage(node, ctx, 4)
+    nslots, cap = kc.shape[0], kc.shape[1]
+    got = _native_block(op, q, kc, vc, out, ctx)
+    if got is None:
+        ctx.kind = KernelKind.NUMPY
+    what = f"slot_cache_attention %{node.id}"
+
+    def run() -> None:
+        runs = slot_runs(what, positions, slots, nslots, cap)
+        sl, ps = slots.astype(np.int64, copy=False), positions.astype(np.int64, copy=False)
+        kc[sl, ps] = k[0]
+        vc[sl, ps] = v[0]
+        if got is None:
+            for t0, t1, j, p0 in runs:
+                end = p0 + t1 - t0
+                _numpy_attention(op, q[:, t0:t1], kc[j : j + 1, :end], vc[j : j + 1, :end],
+                                 out[:, t0:t1])  # fmt: skip
+            return
+        block, qn, on = got
+        low = qn is not q
+        if low:
+            qn[...] = q
+        qrow, crow, orow = qn.strides[1], kc.strides[0], on.strides[1]
+        for t0, t1, j, p0 in runs:
+            block(t0 * qrow, j * crow, t0 * orow, t1 - t0, p0 + t1 - t0)
+        if low:
+            out[...] = on
+
+    return run
+
+
 def dequant_gather_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
 ) -> Kernel:
@@ -170,5 +231,6 @@ def dequant_gather_kernel(
 # each op's kernel factories, in the order they are tried
 ATTEMPTS = {
     CacheAttention: (cache_attention_kernel,),
+    SlotCacheAttention: (slot_cache_attention_kernel,),
     DequantGather: (dequant_gather_kernel,),
 }

@@ -2,7 +2,9 @@
 ``dqgemm.c``, ``dqgemm_q8.c``). In: f32 activations ``[M, K]`` and a weight packed in a
 :class:`~rlx.formats.schemes.QuantScheme` layout (``[N, ...]``, rows = output channels).
 Out: ``y = x @ dequant(w).T`` f32 ``[M, N]`` computed from the packed bytes
-(:meth:`DqGemmLib.gemm`, :meth:`DqGemmLib.bind`), the decoded weight
+(:meth:`DqGemmLib.gemm`, :meth:`DqGemmLib.bind`; a GEMV below 4 rows, the small-batch
+path from 2 to :data:`SMALL_MAX_M` rows (:func:`small_batch`), a tiled GEMM above), the
+decoded weight
 (:meth:`DqGemmLib.decode`) and a streaming-read bandwidth probe
 (:meth:`DqGemmLib.stream_read`).
 
@@ -39,6 +41,8 @@ __all__ = [
     "Q8_SCHEMES",
     "ACTS",
     "uses_q8",
+    "SMALL_MAX_M",
+    "small_batch",
 ]
 
 
@@ -70,6 +74,19 @@ def uses_q8(scheme: S.QuantScheme, m: int, act: str) -> bool:
     if type(scheme) not in Q8_SCHEMES:
         return False
     return act == "q8" or (act == "auto" and m < Q8_MAX_M)
+
+
+#: the most activation rows the small-batch path takes (``csrc/dqgemm_small.c``: each
+#: weight row decoded once and applied to every row; batched decode)
+SMALL_MAX_M = 16
+
+
+def small_batch(lib: DqGemmLib, scheme: S.QuantScheme, m: int) -> bool:
+    """Whether ``m`` f32 activation rows against a ``scheme`` weight run the small-batch
+    path of ``lib`` (2..:data:`SMALL_MAX_M` rows on AVX2 / AVX-512; Q8_0, Q5_0, Q4_K and
+    Q6_K from 2 rows, the other layouts from 4)."""
+    lay = layout(scheme, 32 * 256)
+    return bool(lib.lib.rlx_dq_small(lay.code, lay.qk, m))
 
 
 #: every scheme class the native kernel reads
@@ -279,7 +296,7 @@ class DqGemmLib:
 
 
 #: the C source, concatenated in this order (see the overview atop ``csrc/dqgemm.c``)
-SOURCES = ("dqgemm_decode.c", "dqgemm_rows.c", "dqgemm.c", "dqgemm_q8.c")
+SOURCES = ("dqgemm_decode.c", "dqgemm_rows.c", "dqgemm.c", "dqgemm_small.c", "dqgemm_q8.c")
 
 
 def dqgemm_source() -> str:

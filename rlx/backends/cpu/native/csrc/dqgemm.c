@@ -1,4 +1,4 @@
-/* dqgemm part 3 of 4. Weight-only quantized matmul for rlx:
+/* dqgemm part 3 of 5. Weight-only quantized matmul for rlx:
  * Y[M,N] = X[M,K] @ dequant(W)[N,K]^T, reading the packed weight directly (no f32 copy of
  * the whole weight).
  *
@@ -18,7 +18,10 @@
  *     rows per pass sharing the X loads); every other scheme (and
  *     the portable target) decodes a chunk of ~256 weights of the row into an L1 buffer
  *     and dots it with each X row (4 vector accumulators).
- *   prefill (M >= 4): per chunk of K, the X chunk is copied into a contiguous panel, and
+ *   small batches (2 <= M <= 16, batched decode; dqgemm_small.c): each weight row is
+ *     decoded once, 1024 weights at a time, into an L1 buffer (vector decoders for Q8_0,
+ *     Q5_0, Q4_K, Q6_K; the others from M = 4) and applied to all M X rows.
+ *   prefill (M > 16): per chunk of K, the X chunk is copied into a contiguous panel, and
  *     each panel of NB output rows x KC weights is decoded into a transposed f32 tile
  *     [KC][NB] (NB = 2 vectors) for a register-blocked micro-kernel of MR = 6 X rows x NB
  *     columns (12 vector accumulators), accumulating into Y.
@@ -32,10 +35,10 @@
  * integer dot product (VNNI vpdpbusd / AVX2 vpmaddubsw / C), scaled in f32, as llama.cpp
  * decodes; the caller picks it (native/dqgemm.py: RLX_DQ_ACT=auto at batch < 4, or q8).
  *
- * Source: four files that native/dqgemm.py concatenates in this order: dqgemm_decode.c
+ * Source: five files that native/dqgemm.py concatenates in this order: dqgemm_decode.c
  * (vector layer, f16, the packed weight and its exact block decoder), dqgemm_rows.c (the
- * fused decode-dot rows), dqgemm.c (GEMV, tiled GEMM, entry points), dqgemm_q8.c (the
- * integer path and its entry point).
+ * fused decode-dot rows), dqgemm.c (GEMV, tiled GEMM, entry points), dqgemm_small.c (the
+ * small-batch path), dqgemm_q8.c (the integer path and its entry point).
  */
 
 
@@ -220,6 +223,11 @@ static int gemm_tiled(const dq_t *s, long M, long N, long K, const float *x, lon
 }
 
 /* ---- entry points ------------------------------------------------------------------- */
+/* the small-batch path (dqgemm_small.c, concatenated after this file) */
+static int small_ok(const dq_t *s, long M);
+static int gemv_small(const dq_t *s, long M, long N, long K, const float *x, long ldx,
+                      float *y, long ldy, int threads);
+
 /* Returns 0 on success, 1 when a scratch buffer could not be allocated, 2 on bad args. */
 int rlx_dq_gemm(int code, long qk, long bb, long M, long N, long K, const float *x, long ldx,
                 const uint8_t *w, long row_bytes, const float *scale, const int32_t *zp,
@@ -231,6 +239,7 @@ int rlx_dq_gemm(int code, long qk, long bb, long M, long N, long K, const float 
         for (long m = 0; m < M; m++) memset(y + m * ldy, 0, (size_t)N * 4);
         return 0;
     }
+    if (small_ok(&s, M)) return gemv_small(&s, M, N, K, x, ldx, y, ldy, threads);
     if (M < 4) return gemv(&s, M, N, K, x, ldx, y, ldy, threads);
     return gemm_tiled(&s, M, N, K, x, ldx, y, ldy, threads);
 }

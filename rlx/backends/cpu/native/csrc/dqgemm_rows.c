@@ -1,4 +1,4 @@
-/* dqgemm part 2 of 4 (see dqgemm.c): fused decode-dot row kernels for AVX2 / AVX-512. */
+/* dqgemm part 2 of 5 (see dqgemm.c): fused decode-dot row kernels for AVX2 / AVX-512. */
 #include "gguf_unpack.h"
 
 /* ---- fused decode-dot rows (AVX2 / AVX-512): the packed bytes go straight to vector
