@@ -182,11 +182,11 @@ def build_decoder(
         kc = g.param(f"kv.{i}.k", cache, kv_dtype)
         vc = g.param(f"kv.{i}.v", cache, kv_dtype)
         b.params[f"kv.{i}.k"] = b.params[f"kv.{i}.v"] = zeros
-        head = (h, hd, hkv, cfg.window(i), cfg.attn_scale)
+        spec = (h, hd, hkv, cfg.window(i), cfg.attn_scale)
         att = (
-            g.cache_attention(q, k, v, kc, vc, positions, *head)
+            g.cache_attention(q, k, v, kc, vc, positions, *spec)
             if slots is None
-            else g.slot_cache_attention(q, k, v, kc, vc, positions, which, *head)
+            else g.slot_cache_attention(q, k, v, kc, vc, positions, which, *spec)
         )
         o = b.linear(att, f"{p}.attn_output", d, h * hd)
         if cfg.arch.post_norms:

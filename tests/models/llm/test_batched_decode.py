@@ -87,6 +87,18 @@ def test_tiny_llama_slots_join_and_leave_match_single_stream(tiny) -> None:
     run_schedule(m, bd, prompts, joins=[0, 0, 2, 5, 9], leaves=[8, 17, 12, 17, 17], steps=17)
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_bf16_cache_and_other_architectures(tmp_path, monkeypatch, arch) -> None:
+    """qwen2 (q / k / v biases) and qwen3 (per-head q / k norms) with a bf16 KV cache: the
+    batched slots round their rows as the single-stream cache does."""
+    monkeypatch.setenv("RLX_DQ_ACT", "f32")
+    write_gguf(tmp_path / "t.gguf", hf_weights(seed=5, arch=arch), arch=arch)
+    m = llm.load(tmp_path / "t.gguf", max_context=48, num_threads=1, kv_dtype="bf16")
+    bd = m.batched(3)
+    prompts = [[1, 5, 9, 13, 2], [7], [40, 41, 42, 43, 44, 45, 46, 47, 48]]
+    run_schedule(m, bd, prompts, joins=[0, 1, 1], leaves=[6, 6, 4], steps=6)
+
+
 def test_released_slot_reused_by_a_shorter_prompt_has_no_stale_rows(tiny) -> None:
     m, bd = tiny
     s = bd.acquire()
