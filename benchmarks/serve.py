@@ -13,7 +13,7 @@ against concurrency, each server in its own process, started and stopped here.
 (benchmarks/_st_fastapi.py: ``model.encode`` per request). The same mixed-length
 sentences (4-120 words, benchmarks/embed.py's generator), one sentence per request, from
 1, 2, 4, ... concurrent clients (benchmarks/_load.py); ``--requests 0`` sends
-max(64, 16 x concurrency) per level after 8 untimed ones. Both servers get the same
+max(64, 8 x concurrency) per level after 8 untimed ones. Both servers get the same
 threads (``--threads``: rlx ``--threads``, torch ``set_num_threads``, OMP / MKL /
 OpenBLAS thread counts).
 
@@ -38,6 +38,7 @@ if __name__ == "__main__":
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
+import contextlib  # noqa: E402
 import datetime as _dt  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -57,6 +58,10 @@ from embed import sentences  # noqa: E402
 HERE = Path(__file__).resolve().parent
 RESULTS = _common.RESULTS
 REPORT = RESULTS / "BENCHMARKS_serve.md"
+EMBED_MODEL = "all-MiniLM-L6-v2"
+GEN_MODEL = "gemma3-270m"
+#: the embedding inputs: mixed-length sentences (4-120 words), the same for every server
+TEXTS = sentences(512, seed=0)
 PROMPTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
     "Explain how a compiler turns source code into machine code, step by step.",
@@ -211,54 +216,64 @@ def generation_engines(a: argparse.Namespace) -> list[Engine]:
     ]
 
 
-def run_embeddings(a: argparse.Namespace, e: Engine, srv: Server) -> list[dict[str, Any]]:
-    texts = sentences(512, seed=0)
-    model = "all-MiniLM-L6-v2"
-    asyncio.run(_load.embeddings_level(srv.base, model, texts, 2, 8))  # warm up
-    out = []
-    for c in a.concurrency:
-        n = a.requests or max(64, 16 * c)
-        lv = asyncio.run(_load.embeddings_level(srv.base, model, texts, c, n))
+def warm_up(kind: str, srv: Server) -> None:
+    if kind == "embeddings":
+        asyncio.run(_load.embeddings_level(srv.base, EMBED_MODEL, sentences(8), 2, 8))
+    else:
+        asyncio.run(_load.generation_level(srv.base, GEN_MODEL, PROMPTS, 1, 1, 8))
+
+
+def run_level(a: argparse.Namespace, kind: str, srv: Server, c: int) -> dict[str, Any]:
+    """One concurrency level (embeddings) or the ``--streams`` run (generation)."""
+    name = srv.engine.name
+    if kind == "embeddings":
+        n = a.requests or max(64, 8 * c)
+        lv = asyncio.run(_load.embeddings_level(srv.base, EMBED_MODEL, TEXTS, c, n))
         s = lv.summary()
-        print(f"  {e.name:34s} c={c:3d}: {s['throughput_rps']:8.1f} req/s  "
+        print(f"  {name:34s} c={c:3d}: {s['throughput_rps']:8.1f} req/s  "
               f"p50 {s['p50_ms']:7.1f} ms  p99 {s['p99_ms']:7.1f} ms  errors {s['errors']}",
               flush=True)  # fmt: skip
-        out.append(s | {"latencies_ms": [round(1e3 * x, 3) for x in lv.latencies]})
-    return out
-
-
-def run_generation(a: argparse.Namespace, e: Engine, srv: Server) -> list[dict[str, Any]]:
-    model = "gemma3-270m"
-    asyncio.run(_load.generation_level(srv.base, model, PROMPTS, 1, 1, 8))  # warm up
-    lv = asyncio.run(
-        _load.generation_level(srv.base, model, PROMPTS, a.streams, a.requests, a.max_tokens)
-    )
-    s = lv.summary()
-    print(f"  {e.name:34s} streams={a.streams}: {s.get('tokens_per_s', 0):7.1f} tok/s  "
-          f"TTFT p50 {s.get('ttft_p50_ms', float('nan')):7.1f} ms  errors {s['errors']}",
-          flush=True)  # fmt: skip
-    return [s | {"latencies_ms": [round(1e3 * x, 3) for x in lv.latencies]}]
+    else:
+        lv = asyncio.run(
+            _load.generation_level(srv.base, GEN_MODEL, PROMPTS, c, a.requests, a.max_tokens)
+        )
+        s = lv.summary()
+        print(f"  {name:34s} streams={c}: {s.get('tokens_per_s', 0):7.1f} tok/s  "
+              f"TTFT p50 {s.get('ttft_p50_ms', float('nan')):7.1f} ms  errors {s['errors']}"
+              f"  {s['first_error'][:200]}", flush=True)  # fmt: skip
+    return s | {"latencies_ms": [round(1e3 * x, 3) for x in lv.latencies]}
 
 
 def measure(a: argparse.Namespace, kind: str) -> dict[str, Any]:
+    """All servers up at once (idle while another is measured); per round, each level
+    visits every engine in an order that rotates, 1 s apart."""
     engines = embedding_engines(a) if kind == "embeddings" else generation_engines(a)
     engines = [e for e in engines if not a.only or e.name.split()[0] in a.only]
+    levels = a.concurrency if kind == "embeddings" else [a.streams]
     logs = RESULTS / "serve_logs"
     logs.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {e.name: {"rounds": []} for e in engines}
-    for r in range(a.rounds):
-        order = engines[r % len(engines) :] + engines[: r % len(engines)]
-        for e in order:
-            print(f"round {r + 1}: starting {e.name} ...", flush=True)
+    with contextlib.ExitStack() as stack:
+        servers = []
+        for e in engines:
+            print(f"starting {e.name} ...", flush=True)
             slug = e.name.split()[0].replace("-", "_")
-            with Server(e, a.threads, logs / f"{kind}_{slug}_{r}.log") as srv:
-                rec = results[e.name]
-                rec["argv"] = [shlex.quote(x) for x in srv.argv]
-                rec["startup_s"] = round(srv.startup_s, 2)
-                rec["libraries"] = srv.libraries()
-                runner = run_embeddings if kind == "embeddings" else run_generation
-                rec["rounds"].append(runner(a, e, srv))
-            time.sleep(1.0)
+            srv = stack.enter_context(Server(e, a.threads, logs / f"{kind}_{slug}.log"))
+            rec = results[e.name]
+            rec["argv"] = [shlex.quote(x) for x in srv.argv]
+            rec["startup_s"] = round(srv.startup_s, 2)
+            rec["libraries"] = srv.libraries()
+            warm_up(kind, srv)
+            servers.append(srv)
+        for r in range(a.rounds):
+            print(f"round {r + 1} of {a.rounds}", flush=True)
+            for rec in results.values():
+                rec["rounds"].append([])
+            for i, c in enumerate(levels):
+                k = (r + i) % len(servers)
+                for srv in servers[k:] + servers[:k]:
+                    results[srv.engine.name]["rounds"][-1].append(run_level(a, kind, srv, c))
+                    time.sleep(1.0)
     py = {e.name: e.argv[0] for e in engines}
     for name, rec in results.items():
         imports = "import numpy, rlx" if name.startswith("rlx") else "import numpy"
