@@ -29,6 +29,10 @@ def _levels(rec: dict[str, Any]) -> dict[int, dict[str, Any]]:
             "errors": sum(s["errors"] for s in ss),
             "n": sum(s["ok"] for s in ss),
         }
+        if "server_cpu_ms_per_request" in ss[0]:
+            m["cpu_ms"] = statistics.median(s["server_cpu_ms_per_request"] for s in ss)
+            m["cpus"] = statistics.median(s["server_cpu_share"] for s in ss)
+            m["cpu_s"] = sum(s["server_cpu_s"] for s in ss)
         if "tokens_per_s" in ss[0]:
             m["tps"] = statistics.median(s["tokens_per_s"] for s in ss)
             m["tokens"] = sum(s["tokens"] for s in ss)
@@ -68,6 +72,8 @@ def _machine(d: dict[str, Any]) -> list[str]:
             f"{rec.get('startup_s')} s; BLAS/OpenMP (threadpoolctl, same env): "
             f"{pools or 'none'}; mapped into the server: {libs or 'none'}"
         )
+        if rec.get("system_info"):
+            lines.append(f"  - {name} system info (llama.cpp's ISA paths): `{rec['system_info']}`")
     return lines
 
 
@@ -79,8 +85,8 @@ def embeddings_section(d: dict[str, Any]) -> list[str]:
     head = "| concurrency |"
     sep = "|---:|"
     for n in names:
-        head += f" {n} req/s | p50 ms | p99 ms | errors |"
-        sep += "---:|---:|---:|---:|"
+        head += f" {n} req/s | p50 ms | p99 ms | errors | CPU ms/req | CPUs used |"
+        sep += "---:|---:|---:|---:|---:|---:|"
     if rlx and peer:
         head += " rlx / peer |"
         sep += "---:|"
@@ -92,13 +98,18 @@ def embeddings_section(d: dict[str, Any]) -> list[str]:
             m = lv[n].get(c)
             row += (
                 f" {m['rps']:.1f} | {m['p50']:.1f} | {m['p99']:.1f} | {m['errors']} |"
+                f" {m.get('cpu_ms', float('nan')):.1f} | {m.get('cpus', float('nan')):.2f} |"
                 if m
-                else " - | - | - | - |"
+                else " - | - | - | - | - | - |"
             )
         if rlx and peer and c in lv[rlx] and c in lv[peer]:
             row += f" {lv[rlx][c]['rps'] / lv[peer][c]['rps']:.2f}x |"
         rows.append(row)
-    out = ["## Embeddings: all-MiniLM-L6-v2, one mixed-length sentence per request", ""]
+    out = [
+        f"## Embeddings: all-MiniLM-L6-v2, one mixed-length sentence per request, "
+        f"{d['threads']} thread(s) per server",
+        "",
+    ]
     out += _machine(d) + ["", *rows, ""]
     if rlx and lv[rlx]:
         lo, hi = min(lv[rlx]), max(lv[rlx])
@@ -116,6 +127,17 @@ def embeddings_section(d: dict[str, Any]) -> list[str]:
                 f"{best_r / best_p:.2f}x; at concurrency {hi}: {ratio_hi:.2f}x "
                 f"(target >= 1.25x: {ok2})"
             )
+            eff = [
+                f"{c}: {lv[peer][c]['cpu_ms'] / lv[rlx][c]['cpu_ms']:.2f}x"
+                for c in both
+                if lv[rlx][c].get("cpu_ms") and lv[peer][c].get("cpu_ms")
+            ]
+            if eff:
+                out.append(
+                    "- server CPU time per request, peer / rlx (> 1: rlx spends less CPU per "
+                    "request; independent of how much of the shared machine each server got), "
+                    "by concurrency: " + ", ".join(eff)
+                )
     return out + [""]
 
 
@@ -123,8 +145,8 @@ def generation_section(d: dict[str, Any]) -> list[str]:
     names = list(d["engines"])
     rows = [
         "| server | streams | requests ok | errors | completion tokens | aggregate tok/s "
-        "| TTFT p50 ms | TTFT p99 ms | request p50 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| TTFT p50 ms | TTFT p99 ms | request p50 ms | server CPU ms/token | CPUs used |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lv = {n: _levels(d["engines"][n]) for n in names}
     for n in names:
@@ -132,7 +154,9 @@ def generation_section(d: dict[str, Any]) -> list[str]:
             rows.append(
                 f"| {n} | {c} | {m['n']} | {m['errors']} | {m.get('tokens', 0)} | "
                 f"{m.get('tps', 0):.1f} | {m.get('ttft50', float('nan')):.0f} | "
-                f"{m.get('ttft99', float('nan')):.0f} | {m['p50']:.0f} |"
+                f"{m.get('ttft99', float('nan')):.0f} | {m['p50']:.0f} | "
+                f"{1e3 * m.get('cpu_s', float('nan')) / max(m.get('tokens', 0), 1):.1f} | "
+                f"{m.get('cpus', float('nan')):.2f} |"
             )
     out = ["## Generation: gemma3-270m Q4_K_M GGUF, streaming /v1/completions, greedy", ""]
     out += _machine(d) + ["", *rows, ""]
@@ -164,9 +188,10 @@ def write_report(results: Path, report: Path) -> None:
         "",
     ]
     for kind, section in (("embeddings", embeddings_section), ("generation", generation_section)):
-        path = results / f"serve_{kind}.json"
-        if path.exists():
+        paths = sorted(results.glob(f"serve_{kind}*.json"))
+        for path in paths:
             parts += section(json.loads(path.read_text()))
-        else:
+            parts[-1:-1] = [f"(raw: `{path.name}`)"]
+        if not paths:
             parts += [f"## {kind.capitalize()}", "", "Not run yet.", ""]
     report.write_text("\n".join(parts))

@@ -145,6 +145,14 @@ class Server:
         libs = {lib for lib in libs if lib.startswith("lib")}
         return sorted(lib for lib in libs if any(k in lib.lower() for k in keys))
 
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system, all threads) the server process has used so far."""
+        try:
+            f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -209,7 +217,8 @@ def generation_engines(a: argparse.Namespace) -> list[Engine]:
     rlx += ("--threads", str(a.threads), "--parallel", str(a.parallel), *a.rlx_args)
     llama = (a.llama_python, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1")
     llama += ("--port", "{port}", "--n_threads", str(a.threads), "--n_ctx", str(a.n_ctx))
-    llama += ("--model_alias", "gemma3-270m")
+    # queue concurrent requests: by default a new request interrupts the running stream
+    llama += ("--model_alias", "gemma3-270m", "--interrupt_requests", "False")
     return [
         Engine("rlx serve", rlx, "/v1/models", None),
         Engine("llama-cpp-python server", llama, "/v1/models", None),
@@ -226,6 +235,7 @@ def warm_up(kind: str, srv: Server) -> None:
 def run_level(a: argparse.Namespace, kind: str, srv: Server, c: int) -> dict[str, Any]:
     """One concurrency level (embeddings) or the ``--streams`` run (generation)."""
     name = srv.engine.name
+    cpu0 = srv.cpu_s()
     if kind == "embeddings":
         n = a.requests or max(64, 8 * c)
         lv = asyncio.run(_load.embeddings_level(srv.base, EMBED_MODEL, TEXTS, c, n))
@@ -241,6 +251,12 @@ def run_level(a: argparse.Namespace, kind: str, srv: Server, c: int) -> dict[str
         print(f"  {name:34s} streams={c}: {s.get('tokens_per_s', 0):7.1f} tok/s  "
               f"TTFT p50 {s.get('ttft_p50_ms', float('nan')):7.1f} ms  errors {s['errors']}"
               f"  {s['first_error'][:200]}", flush=True)  # fmt: skip
+    cpu = srv.cpu_s() - cpu0
+    s["server_cpu_s"] = round(cpu, 3)
+    s["server_cpu_ms_per_request"] = 1e3 * cpu / max(s["ok"], 1)
+    s["server_cpu_share"] = cpu / lv.wall_s if lv.wall_s > 0 else 0.0
+    print(f"  {'':34s} server CPU {s['server_cpu_ms_per_request']:.1f} ms/request, "
+          f"{s['server_cpu_share']:.2f} CPUs on average", flush=True)  # fmt: skip
     return s | {"latencies_ms": [round(1e3 * x, 3) for x in lv.latencies]}
 
 
@@ -280,6 +296,10 @@ def measure(a: argparse.Namespace, kind: str) -> dict[str, Any]:
         if name.startswith("sentence"):
             imports = "import numpy, torch, sentence_transformers"
         rec["pools"] = probe_pools(py[name], imports, a.threads)
+        if name.startswith("llama"):
+            code = "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"
+            r = subprocess.run([py[name], "-c", code], capture_output=True, text=True)
+            rec["system_info"] = (r.stdout or r.stderr).strip()[-400:]
     return {
         "kind": kind,
         "command": "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "
@@ -320,12 +340,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--llama-python", default="/work/peers/llama/bin/python")
     ap.add_argument("--rlx-args", nargs="*", default=[], help="extra `rlx serve` flags")
     ap.add_argument("--only", nargs="*", default=[], help="engines by first word (rlx, ...)")
+    ap.add_argument("--tag", default="", help="results file suffix: serve_<kind><tag>.json")
     a = ap.parse_args(argv)
     if a.kind == "generation" and a.requests == 0:
         a.requests = 2 * a.streams
     if a.kind != "report":
         data = measure(a, a.kind)
-        path = RESULTS / f"serve_{a.kind}.json"
+        path = RESULTS / f"serve_{a.kind}{a.tag}.json"
         path.write_text(json.dumps(data, indent=1) + "\n")
         print(f"wrote {path}")
     from _serve_report import write_report
