@@ -46,6 +46,7 @@ import shlex  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 import urllib.request  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -266,7 +267,7 @@ def measure(a: argparse.Namespace, kind: str) -> dict[str, Any]:
     engines = embedding_engines(a) if kind == "embeddings" else generation_engines(a)
     engines = [e for e in engines if not a.only or e.name.split()[0] in a.only]
     levels = a.concurrency if kind == "embeddings" else [a.streams]
-    logs = RESULTS / "serve_logs"
+    logs = Path(tempfile.gettempdir()) / "rlx_serve_bench_logs"  # not committed
     logs.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {e.name: {"rounds": []} for e in engines}
     with contextlib.ExitStack() as stack:
