@@ -8,19 +8,22 @@ from __future__ import annotations
 import logging
 import time
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from rlx.cli import serve_ray
 from rlx.cli.common import CONTEXT, precision_option, status, threads_option
 
+if TYPE_CHECKING:
+    from rlx.serve.config import ServeConfig
+
 __all__ = ["command", "serve"]
 
 log = logging.getLogger("uvicorn.error")
 
 
-def _server(app: Any, config: Any, log_level: str) -> Any:
+def _server(app: Any, config: ServeConfig, log_level: str) -> Any:
     """A uvicorn server whose first SIGTERM / SIGINT drains instead of stopping."""
     import uvicorn
 
@@ -60,7 +63,7 @@ def _server(app: Any, config: Any, log_level: str) -> Any:
     return DrainingServer(cfg)
 
 
-def serve(models: list[str], config: Any, log_level: str = "info") -> int:
+def serve(models: list[str], config: ServeConfig, log_level: str = "info") -> int:
     """Load ``models`` and serve them until SIGTERM; the exit status."""
     from rlx.serve import require
 
@@ -121,6 +124,14 @@ def serve(models: list[str], config: Any, log_level: str = "info") -> int:
     help="Largest request body (413 above).",
 )  # fmt: skip
 @click.option(
+    "--max-inputs", type=click.IntRange(min=1), default=2048, show_default=True,
+    help="Texts per embedding request.",
+)  # fmt: skip
+@click.option(
+    "--max-prompt-tokens", type=click.IntRange(min=1), default=None,
+    help="Tokens a generation prompt may hold (default: --ctx).",
+)  # fmt: skip
+@click.option(
     "--max-tokens-limit", type=click.IntRange(min=1), default=4096, show_default=True,
     help="Largest max_tokens a request may ask for.",
 )  # fmt: skip
@@ -149,6 +160,8 @@ def command(
     threads: int | None,
     max_queue: int,
     max_body_bytes: int,
+    max_inputs: int,
+    max_prompt_tokens: int | None,
     max_tokens_limit: int,
     drain_timeout: float,
     log_level: str,
@@ -176,6 +189,7 @@ def command(
         host=host, port=port, api_key=api_key, max_batch=max_batch,
         max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, parallel=parallel, ctx=ctx,
         precision=Precision(precision), max_body_bytes=max_body_bytes, max_queue=max_queue,
+        max_inputs=max_inputs, max_prompt_tokens=max_prompt_tokens,
         max_tokens_limit=max_tokens_limit, num_threads=threads, drain_timeout_s=drain_timeout,
     )  # fmt: skip
     if use_ray:

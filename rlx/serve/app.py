@@ -165,6 +165,11 @@ def create_app(services: Sequence[Service], config: ServeConfig) -> Starlette:
                         code="unsupported_endpoint",
                     )
                 if not service.ready():
+                    failed = getattr(service, "load_error", None)
+                    if failed is not None:
+                        raise ApiError.unavailable(
+                            f"model {model!r} failed to load: {failed}", code="load_failed"
+                        )
                     raise ApiError.unavailable(f"model {model!r} is loading", code="loading")
                 response = await service.handle(endpoint, body, request)
             except ApiError as e:
@@ -199,6 +204,9 @@ def create_app(services: Sequence[Service], config: ServeConfig) -> Starlette:
     async def health(request: Request) -> Response:
         if gate.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
+        failed = [s.id for s in by_id.values() if getattr(s, "load_error", None) is not None]
+        if failed:
+            return JSONResponse({"status": "error", "failed": failed}, status_code=503)
         loading = [s.id for s in by_id.values() if not s.ready()]
         if loading:
             return JSONResponse({"status": "loading", "loading": loading}, status_code=503)

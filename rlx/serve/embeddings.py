@@ -2,23 +2,27 @@
 :class:`~rlx.models.SentenceEncoder`, with a batcher that coalesces the rows of concurrent
 requests.
 
-A request's texts are tokenized (in a worker thread, off the event loop), checked against
-the limits and queued as rows. One batcher thread per model takes the oldest rows, up to
-``max_batch`` rows and ``max_batch_tokens`` padded tokens, once the batch is full or its
-oldest row has waited ``max_wait_ms``; it sorts them by length, runs them as one padded
-batch (:meth:`SentenceEncoder.encode_tokenized`) and hands each request its rows back.
+A request's texts are tokenized (long ones in a worker thread, off the event loop), checked
+against the limits and queued as rows, longest first (as ``SentenceEncoder.encode`` orders
+them, so a large request is cut into batches of similar lengths). One batcher thread per
+model takes the oldest rows, up to ``max_batch`` rows and ``max_batch_tokens`` padded
+tokens, once the batch is full or its oldest row has waited ``max_wait_ms``; it sorts them
+by length, runs them as one padded batch (:meth:`SentenceEncoder.encode_tokenized`) and
+hands each request its rows back.
 
 Results are bit for bit those of ``SentenceEncoder.encode`` on each request alone: the
 compiled encoder computes every row independently of the other rows of its batch and of
-the padding after it (masked positions add exact zeros), which tests/serve checks on
-mixed lengths, batch sizes and buckets. A request whose client is gone (its future
-cancelled) is dropped from the queue.
+the padding after it (masked positions add exact zeros); tests/serve/test_batching.py
+checks that invariant on mixed lengths, batch sizes and buckets, the other server tests
+check the answers. A request whose client goes away while its rows wait is answered 499
+and its rows are dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import logging
 import threading
 import time
@@ -35,7 +39,7 @@ from rlx.serve.config import ServeConfig
 from rlx.serve.errors import ApiError
 from rlx.serve.metrics import Metrics, TokenKind
 from rlx.serve.schema import choice, integer, type_name
-from rlx.serve.service import Endpoint, ServiceKind
+from rlx.serve.service import Endpoint, ServiceKind, unless_disconnected
 
 if TYPE_CHECKING:
     from rlx.models import SentenceEncoder
@@ -46,6 +50,10 @@ log = logging.getLogger("rlx.serve")
 
 #: ``encoding_format`` values: a JSON array of floats, or base64 of little-endian float32.
 ENCODING_FORMATS = ("float", "base64")
+
+#: Requests with more characters than this are tokenized in a worker thread (shorter
+#: ones take less time than the hand-off).
+INLINE_CHARS = 4096
 
 Tokens = tuple[list[int], list[int]]
 
@@ -77,6 +85,10 @@ class _Queue:
     rows: deque[_Row] = field(default_factory=deque)
     jobs: int = 0  # requests accepted and not yet answered
     closing: bool = False
+
+
+def _longest(row: _Row) -> int:
+    return -row.length
 
 
 def _resolve(job: _Job) -> None:
@@ -133,10 +145,6 @@ class EmbeddingService:
         self._thread.start()
 
     async def handle(self, endpoint: Endpoint, body: dict[str, Any], request: Request) -> Response:
-        if self.load_error is not None:
-            raise ApiError.unavailable(
-                f"model {self.id!r} failed to load: {self.load_error}", code="load_failed"
-            )
         enc = self.encoder
         assert enc is not None and self._metrics is not None
         texts = self._inputs(body)
@@ -149,8 +157,11 @@ class EmbeddingService:
                 param="dimensions",
                 code="unsupported_dimensions",
             )
-        encs = await asyncio.to_thread(enc.model.tokenizer.tokenize, texts)
-        vectors = await self._submit(encs)
+        if sum(len(t) for t in texts) > INLINE_CHARS:  # off the event loop
+            encs = await asyncio.to_thread(enc.model.tokenizer.tokenize, texts)
+        else:
+            encs = enc.model.tokenizer.tokenize(texts)
+        vectors = await self._submit(encs, request)
         n_tokens = sum(len(ids) for ids, _ in encs)
         data = [
             {"object": "embedding", "index": i, "embedding": _encode(v, fmt)}
@@ -214,9 +225,10 @@ class EmbeddingService:
                 )
         return value
 
-    async def _submit(self, encs: list[Tokens]) -> np.ndarray:
+    async def _submit(self, encs: list[Tokens], request: Request) -> np.ndarray:
         """Queue the rows of one request and wait for their embeddings (429 when
-        ``max_queue`` requests are already waiting)."""
+        ``max_queue`` requests are already waiting); when the client goes first, its rows
+        are dropped."""
         enc, q, m = self.encoder, self._queue, self._metrics
         assert enc is not None and m is not None
         loop = asyncio.get_running_loop()
@@ -234,14 +246,17 @@ class EmbeddingService:
                 )
             q.jobs += 1
             self._idle.clear()
-            q.rows.extend(_Row(job, i, len(ids)) for i, (ids, _) in enumerate(encs))
+            # longest first, as SentenceEncoder.encode orders a request: a long request is
+            # cut into batches of similar lengths
+            rows = sorted((_Row(job, i, len(ids)) for i, (ids, _) in enumerate(encs)), key=_longest)
+            q.rows.extend(rows)
             m.queue_depth.labels(self.id).set(q.jobs)
             q.cond.notify()
         m.count_tokens(self.id, TokenKind.PROMPT, sum(len(ids) for ids, _ in encs))
         try:
-            return await job.future
+            return await unless_disconnected(job.future, request)
         finally:
-            if not job.future.done():  # the client is gone: drop its rows
+            if not job.future.done():  # cancelled: the batcher skips its rows
                 job.future.cancel()
 
     # ---- the batcher thread ----------------------------------------------------------
@@ -274,7 +289,8 @@ class EmbeddingService:
             deadline = time.monotonic() + cfg.max_wait_ms / 1000
             while not q.closing and len(q.rows) < cfg.max_batch:
                 left = deadline - time.monotonic()
-                if left <= 0 or self._padded(list(q.rows)[: cfg.max_batch]) >= cfg.max_batch_tokens:
+                head = list(itertools.islice(q.rows, cfg.max_batch))
+                if left <= 0 or self._padded(head) >= cfg.max_batch_tokens:
                     break
                 q.cond.wait(left)
             batch: list[_Row] = []
@@ -290,7 +306,7 @@ class EmbeddingService:
                     break
                 batch.append(q.rows.popleft())
                 longest = grown
-        batch.sort(key=lambda r: -r.length)
+        batch.sort(key=_longest)
         return batch
 
     def _pad(self, length: int) -> int:

@@ -47,6 +47,10 @@ def parse_body(raw: bytes) -> dict[str, Any]:
             f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
             code="invalid_json",
         ) from None
+    except RecursionError:
+        raise ApiError.bad_request(
+            "the request body nests arrays or objects too deeply", code="invalid_json"
+        ) from None
     if not isinstance(body, dict):
         raise ApiError.bad_request(
             f"the request body must be a JSON object, got {type_name(body)}", code="invalid_json"

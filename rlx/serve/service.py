@@ -4,8 +4,9 @@ already parsed and whose ``model`` it has resolved to this service."""
 
 from __future__ import annotations
 
+import asyncio
 import enum
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -13,7 +14,9 @@ if TYPE_CHECKING:
 
     from rlx.serve.metrics import Metrics
 
-__all__ = ["Endpoint", "ServiceKind", "Service"]
+__all__ = ["Endpoint", "ServiceKind", "Service", "disconnected", "unless_disconnected"]
+
+T = TypeVar("T")
 
 
 class Endpoint(enum.Enum):
@@ -43,8 +46,10 @@ class ServiceKind(enum.Enum):
 @runtime_checkable
 class Service(Protocol):
     """One served model. The app calls ``start`` once at startup, ``handle`` per request
-    (only for endpoints in ``endpoints``), ``drain`` on SIGTERM once no new request is
-    let in, and ``close`` last."""
+    (only for endpoints in ``endpoints``, once ``ready()``), ``drain`` on SIGTERM once no
+    new request is let in, and ``close`` last. A service that loads in the background
+    may also have a ``load_error`` attribute: not None once loading failed (``/health``
+    then says ``error`` and ``rlx serve`` exits 1)."""
 
     id: str
     kind: ServiceKind
@@ -71,3 +76,28 @@ class Service(Protocol):
     def close(self) -> None:
         """Stop the workers and free the model."""
         ...
+
+
+async def disconnected(request: Request) -> None:
+    """Return once the client of ``request`` (whose body has been read) has gone."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(future: asyncio.Future[T], request: Request) -> T:
+    """The result of ``future``; when the client goes first, ``future`` is cancelled (its
+    work can be dropped) and an ApiError 499 (client closed request) raised."""
+    from rlx.serve.errors import ApiError
+
+    watch = asyncio.ensure_future(disconnected(request))
+    waiters: set[asyncio.Future[Any]] = {future, watch}
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not future.done():
+        future.cancel()
+        raise ApiError(499, "the client closed the connection", code="client_closed")
+    return future.result()

@@ -49,9 +49,11 @@ def wait_healthy(url: str, alive: Any = None, log: Any = None) -> None:
 
 
 class LiveServer:
-    """``app`` on uvicorn in a daemon thread of this process, at :attr:`url`."""
+    """``app`` on uvicorn in a daemon thread of this process, at :attr:`url`; entering
+    waits until ``/health`` says ok (``wait=False``: only until it listens)."""
 
-    def __init__(self, app: Any):
+    def __init__(self, app: Any, wait: bool = True):
+        self.wait = wait
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
@@ -63,7 +65,12 @@ class LiveServer:
 
     def __enter__(self) -> LiveServer:
         self.thread.start()
-        wait_healthy(self.url, self.thread.is_alive)
+        if self.wait:
+            wait_healthy(self.url, self.thread.is_alive)
+        else:
+            while not self.server.started:  # listening (the lifespan has run)
+                assert self.thread.is_alive(), "the server thread died"
+                time.sleep(0.01)
         return self
 
     def __exit__(self, *exc: Any) -> None:

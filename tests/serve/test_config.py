@@ -5,7 +5,10 @@ them at that precision)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx2 as httpx
 import numpy as np
@@ -15,12 +18,13 @@ import rlx.serve
 from rlx.errors import ConfigError, ModelError, ServeError
 from rlx.serve import ServeConfig, create_app, load_services
 from rlx.serve.config import Precision
+from rlx.serve.embeddings import EmbeddingService
 from rlx.serve.errors import ApiError
 from rlx.serve.loading import split_id
 from rlx.serve.service import Endpoint, Service, ServiceKind
 from tests.cli.conftest import run
 from tests.serve.conftest import sentences
-from tests.serve.live import LiveServer
+from tests.serve.live import LiveServer, wait_healthy
 
 
 @pytest.mark.parametrize(
@@ -129,7 +133,55 @@ def test_precision_is_served_as_the_encoder_computes_it(minilm_dir: Path, precis
         r = httpx.post(
             f"{live.url}/v1/embeddings",
             json={"model": service.id, "input": texts, "encoding_format": "float"},
+            timeout=60,
         )
     assert r.status_code == 200, r.text
     got = np.array([d["embedding"] for d in r.json()["data"]], np.float32)
     np.testing.assert_array_equal(got, oracle.encode(texts))
+
+
+def test_health_says_loading_then_ok_or_error(oracle) -> None:
+    release = threading.Event()
+
+    def slow_load() -> Any:
+        assert release.wait(120)
+        return oracle
+
+    def broken_load() -> Any:
+        raise ModelError("model.safetensors: truncated")
+
+    config = ServeConfig()
+    slow = EmbeddingService(slow_load, "slow", config)
+    with LiveServer(create_app([slow], config), wait=False) as live:
+        health = httpx.get(f"{live.url}/health", timeout=60)
+        assert health.status_code == 503 and health.json() == {
+            "status": "loading",
+            "loading": ["slow"],
+        }
+        r = httpx.post(
+            f"{live.url}/v1/embeddings", json={"model": "slow", "input": "a"}, timeout=60
+        )
+        assert r.status_code == 503 and r.json()["error"]["code"] == "loading"
+        release.set()
+        wait_healthy(live.url)
+        r = httpx.post(
+            f"{live.url}/v1/embeddings", json={"model": "slow", "input": "a"}, timeout=60
+        )
+        assert r.status_code == 200, r.text
+    broken = EmbeddingService(broken_load, "broken", config)
+    with LiveServer(create_app([broken], config), wait=False) as live:
+        deadline = time.monotonic() + 120
+        while broken.load_error is None:
+            assert time.monotonic() < deadline, "the loader never ran"
+            time.sleep(0.01)
+        health = httpx.get(f"{live.url}/health", timeout=60)
+        assert health.status_code == 503 and health.json() == {
+            "status": "error",
+            "failed": ["broken"],
+        }
+        r = httpx.post(
+            f"{live.url}/v1/embeddings", json={"model": "broken", "input": "a"}, timeout=60
+        )
+        err = r.json()["error"]
+        assert r.status_code == 503 and err["code"] == "load_failed"
+        assert err["message"] == "model 'broken' failed to load: model.safetensors: truncated"

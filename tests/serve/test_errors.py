@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -55,7 +56,7 @@ def gated(minilm_dir: Path) -> Gated:
 
 @pytest.fixture(scope="module")
 def server(gated: Gated) -> Iterator[LiveServer]:
-    config = ServeConfig(api_key=KEY, max_queue=1, max_body_bytes=2048, max_inputs=4)
+    config = ServeConfig(api_key=KEY, max_queue=2, max_body_bytes=4096, max_inputs=4)
     service = EmbeddingService(gated, MODEL, config)  # type: ignore[arg-type]
     with LiveServer(create_app([service], config)) as live:
         yield live
@@ -63,6 +64,7 @@ def server(gated: Gated) -> Iterator[LiveServer]:
 
 def post(server: LiveServer, body: Any, path: str = "/v1/embeddings", **kw: Any) -> Any:
     headers = {"Authorization": f"Bearer {KEY}", **kw.pop("headers", {})}
+    kw.setdefault("timeout", 60)
     if isinstance(body, bytes | str) or hasattr(body, "__next__"):
         return httpx.post(f"{server.url}{path}", content=body, headers=headers, **kw)
     return httpx.post(f"{server.url}{path}", json=body, headers=headers, **kw)
@@ -80,14 +82,17 @@ def test_missing_or_wrong_api_key_is_401(server: LiveServer, oracle) -> None:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
         headers = {} if key is None else {"Authorization": f"Bearer {key}"}
         r = httpx.post(
-            f"{server.url}/v1/embeddings", json={"model": MODEL, "input": "a"}, headers=headers
+            f"{server.url}/v1/embeddings",
+            json={"model": MODEL, "input": "a"},
+            headers=headers,
+            timeout=60,
         )
         err = error_of(r, 401)
         assert err["type"] == "authentication_error" and err["code"] == "invalid_api_key"
         assert r.headers["www-authenticate"] == "Bearer"
     with pytest.raises(openai.AuthenticationError):
         client.embeddings.create(model=MODEL, input="a")
-    assert httpx.get(f"{server.url}/health").status_code == 200  # /health needs no key
+    assert httpx.get(f"{server.url}/health", timeout=60).status_code == 200  # /health needs no key
     good = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
     r2 = good.embeddings.create(model=MODEL, input="a", encoding_format="float")
     np.testing.assert_array_equal(
@@ -103,7 +108,9 @@ def test_unknown_model_and_path_are_404(server: LiveServer) -> None:
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="gpt-4", input="a")
     assert error_of(post(server, {}, path="/v1/nothing"), 404)["code"] == "unknown_url"
-    r = httpx.get(f"{server.url}/v1/embeddings", headers={"Authorization": f"Bearer {KEY}"})
+    r = httpx.get(
+        f"{server.url}/v1/embeddings", headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+    )
     assert "GET" in error_of(r, 405)["message"]
 
 
@@ -113,6 +120,7 @@ def test_unknown_model_and_path_are_404(server: LiveServer) -> None:
         (b"{not json", None, "not valid JSON: Expecting property name"),
         (b"\xff\xfe", None, "not UTF-8"),
         (b"[1, 2]", None, "must be a JSON object, got an array"),
+        (b"[" * 2000 + b"]" * 2000, None, "nests arrays or objects too deeply"),
         ({"input": "a"}, "model", "'model' is required"),
         ({"model": 7, "input": "a"}, "model", "'model' must be a string, got an integer (7)"),
         ({"model": MODEL}, "input", "'input' is required"),
@@ -157,7 +165,7 @@ def test_endpoint_the_model_does_not_serve_is_400(server: LiveServer) -> None:
 def test_body_over_the_limit_is_413(server: LiveServer) -> None:
     body = {"model": MODEL, "input": "word " * 1000}
     err = error_of(post(server, body), 413)
-    assert "limit of 2048 bytes (max_body_bytes)" in err["message"]
+    assert "limit of 4096 bytes (max_body_bytes)" in err["message"]
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: the limit holds while reading
         yield b'{"model": "mini", "input": "'
@@ -169,45 +177,98 @@ def test_body_over_the_limit_is_413(server: LiveServer) -> None:
     assert err["code"] == "request_too_large"
 
 
+def depth(server: LiveServer) -> float:
+    return metric_samples(server.url)[("rlx_queue_depth", (("model", MODEL),))]
+
+
+def wait_until(what: str, check: Any) -> None:
+    """Poll ``check()`` until true (a guard against a hang, not a measurement)."""
+    deadline = time.monotonic() + 120
+    while not check():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
+
+
+def raw_request(server: LiveServer, body: bytes) -> socket.socket:
+    """A socket that has sent one embeddings request with ``body``."""
+    host, port = server.url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)))
+    s.sendall(
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
+        + b"\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode() + b"\r\n\r\n" + body
+    )  # fmt: skip
+    return s
+
+
 def test_full_queue_is_429_with_retry_after(server: LiveServer, gated: Gated, oracle) -> None:
+    gated.open.clear()
+    gated.entered.clear()
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(
+                post, server, {"model": MODEL, "input": "first", "encoding_format": "float"}
+            )
+            assert gated.entered.wait(120)  # "first" is inside the model
+            second = pool.submit(
+                post, server, {"model": MODEL, "input": "second", "encoding_format": "float"}
+            )
+            wait_until("2 requests queued", lambda: depth(server) == 2)  # max_queue
+            r = post(server, {"model": MODEL, "input": "third"})
+            err = error_of(r, 429)
+            assert r.headers["retry-after"] == "1"
+            assert "2 requests queued" in err["message"] and "max_queue" in err["message"]
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+            with pytest.raises(openai.RateLimitError):
+                client.embeddings.create(model=MODEL, input="fourth")
+            gated.open.set()
+            done = [first.result(timeout=120), second.result(timeout=120)]
+    finally:
+        gated.open.set()
+    for text, r in zip(["first", "second"], done):
+        assert r.status_code == 200
+        got = np.array(r.json()["data"][0]["embedding"], np.float32)
+        np.testing.assert_array_equal(got, oracle.encode([text])[0])
+
+
+def test_vanished_client_s_rows_are_dropped(server: LiveServer, gated: Gated, oracle) -> None:
+    rows = ("rlx_batch_size_sum", (("model", MODEL),))
+    gone = ("rlx_requests_total", (("endpoint", "embeddings"), ("model", MODEL), ("status", "499")))
+    before = metric_samples(server.url)
     gated.open.clear()
     gated.entered.clear()
     try:
         with ThreadPoolExecutor(1) as pool:
             first = pool.submit(
-                post, server, {"model": MODEL, "input": "first", "encoding_format": "float"}
+                post, server, {"model": MODEL, "input": "stays", "encoding_format": "float"}
             )
-            assert gated.entered.wait(120)  # "first" is inside the model: the queue is full
-            r = post(server, {"model": MODEL, "input": "second"})
-            err = error_of(r, 429)
-            assert r.headers["retry-after"] == "1"
-            assert "1 requests queued" in err["message"] and "max_queue" in err["message"]
-            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
-            with pytest.raises(openai.RateLimitError):
-                client.embeddings.create(model=MODEL, input="third")
+            assert gated.entered.wait(120)  # "stays" is inside the model
+            s = raw_request(server, b'{"model": "mini", "input": ["vanishing", "twice"]}')
+            wait_until("2 requests queued", lambda: depth(server) == 2)
+            s.close()  # the client is gone while its rows wait
+            wait_until(
+                "the server saw the client go",
+                lambda: metric_samples(server.url).get(gone, 0.0) == before.get(gone, 0.0) + 1,
+            )
             gated.open.set()
-            done = first.result(timeout=120)
+            r = first.result(timeout=120)
     finally:
         gated.open.set()
-    assert done.status_code == 200
-    got = np.array(done.json()["data"][0]["embedding"], np.float32)
-    np.testing.assert_array_equal(got, oracle.encode(["first"])[0])
+    assert r.status_code == 200
+    np.testing.assert_array_equal(
+        np.array(r.json()["data"][0]["embedding"], np.float32), oracle.encode(["stays"])[0]
+    )
+    wait_until("the queue is empty", lambda: depth(server) == 0)
+    assert metric_samples(server.url)[rows] == before.get(rows, 0.0) + 1  # only "stays" ran
 
 
-def test_slow_and_vanished_clients_do_not_block_others(server: LiveServer, oracle) -> None:
+def test_a_slow_client_does_not_block_others(server: LiveServer, oracle) -> None:
     host, port = server.url.removeprefix("http://").split(":")
     slow = socket.create_connection((host, int(port)))
     slow.sendall(  # headers and half a body, then nothing
         b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
         + b"\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{\"model\": "
     )  # fmt: skip
-    gone = socket.create_connection((host, int(port)))
-    payload = b'{"model": "mini", "input": "vanishing"}'
-    gone.sendall(
-        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
-        + b"\r\nContent-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
-    )  # fmt: skip
-    gone.close()
     try:
         r = post(server, {"model": MODEL, "input": "still served", "encoding_format": "float"})
         assert r.status_code == 200

@@ -4,6 +4,9 @@ stays flat over 5,000 embedding requests."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.serve.conftest import sentences
-from tests.serve.live import spawn
+from tests.serve.live import ROOT, free_port, spawn
 from tests.serve.test_embeddings import metric_samples
 
 MODEL = "all-MiniLM-L6-v2"
@@ -42,7 +45,7 @@ def test_sigterm_drains_running_requests_refuses_new_ones_and_exits_0(
 ) -> None:
     # a long --max-wait-ms keeps the accepted requests waiting for their batch while the
     # test sends SIGTERM and checks that a new request is refused
-    server = spawn([MODEL, "--max-wait-ms", "4000", "--max-batch", "64"], tmp_path / "log")
+    server = spawn([MODEL, "--max-wait-ms", "8000", "--max-batch", "64"], tmp_path / "log")
     try:
         requests = [sentences(1 + i % 3, seed=300 + i, longest=20) for i in range(6)]
         with ThreadPoolExecutor(len(requests)) as pool:
@@ -56,10 +59,10 @@ def test_sigterm_drains_running_requests_refuses_new_ones_and_exits_0(
             server.terminate()
             wait_for(
                 "/health says draining",
-                lambda: httpx.get(f"{server.url}/health").status_code == 503,
+                lambda: httpx.get(f"{server.url}/health", timeout=60).status_code == 503,
                 server.log,
             )
-            assert httpx.get(f"{server.url}/health").json() == {"status": "draining"}
+            assert httpx.get(f"{server.url}/health", timeout=60).json() == {"status": "draining"}
             refused = embed(server.url, ["too late"])
             assert refused.status_code == 503, refused.text
             assert refused.json()["error"]["code"] == "draining"
@@ -110,3 +113,26 @@ def test_rss_is_flat_over_5000_requests(tmp_path: Path) -> None:
         assert server.proc.wait(timeout=120) == 0, server.log()
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_a_model_that_fails_to_load_stops_the_server_with_status_1(
+    tmp_path: Path, minilm_dir: Path
+) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in minilm_dir.iterdir():  # the real directory with its weights cut short
+        (broken / f.name).symlink_to(f)
+    (broken / "model.safetensors").unlink()
+    (broken / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    port = str(free_port())
+    r = subprocess.run(
+        [sys.executable, "-m", "rlx", "serve", str(broken), "--port", port],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        cwd=ROOT,
+    )
+    assert r.returncode == 1, r.stderr
+    assert "model broken failed to load" in r.stderr, r.stderr
