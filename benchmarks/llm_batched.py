@@ -76,31 +76,36 @@ def worker(args: argparse.Namespace) -> None:
     bd = m.batched(max(args.streams), max_context=ctx)
     vocab = m.config.vocab
 
-    def single() -> float:
+    def single() -> tuple[float, float]:
         st = m.new_state()
         tok = int(st.prefill(prompt_ids(args.prompt_tokens, 0)).argmax())
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(args.decode_tokens):
             tok = int(st.step(tok).argmax())
-        return args.decode_tokens / (time.perf_counter() - t0)
+        n = args.decode_tokens
+        return n / (time.perf_counter() - t0), n / (time.process_time() - c0)
 
-    def batched(n: int) -> float:
+    def batched(n: int) -> tuple[float, float]:
         slots = [bd.acquire() for _ in range(n)]
         toks = [int(bd.prefill(s, prompt_ids(args.prompt_tokens, i)).argmax())
                 for i, s in enumerate(slots)]  # fmt: skip
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(args.decode_tokens):
             toks = [int(r.argmax()) for r in bd.step(slots, toks)]
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         for s in slots:
             bd.release(s)
-        return n * args.decode_tokens / dt
+        return n * args.decode_tokens / dt, n * args.decode_tokens / dc
 
     rows: dict[str, list[float]] = {"single": [], **{f"N={n}": [] for n in args.streams}}
+    cpu: dict[str, list[float]] = {k: [] for k in rows}
     for _ in range(args.rounds):
-        rows["single"].append(single())
-        for n in args.streams:
-            rows[f"N={n}"].append(batched(n))
+        for name, fn in [("single", single)] + [
+            (f"N={n}", lambda n=n: batched(n)) for n in args.streams
+        ]:
+            wall, per_cpu = fn()
+            rows[name].append(wall)
+            cpu[name].append(per_cpu)
     # one profiled step each (positions past the timed ones; the caches are not reused)
     p = args.prompt_tokens + args.decode_tokens
     one = {"input_ids": np.array([[1000]]), "positions": np.array([p]), "last": np.array([0])}
@@ -115,7 +120,7 @@ def worker(args: argparse.Namespace) -> None:
         }
         bd.compiled.run(feed, profile=True)
         split[f"N={n}"] = _split(bd.compiled.report(), vocab)
-    print(json.dumps({"threads": t, "rows": rows, "split": split}), flush=True)
+    print(json.dumps({"threads": t, "rows": rows, "cpu": cpu, "split": split}), flush=True)
 
 
 def _cpu() -> str:
@@ -155,13 +160,12 @@ def main() -> None:
             sys.exit(f"worker ({t} threads) failed:\n{out.stderr[-3000:]}")
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     load1 = os.getloadavg()
-    argv = " ".join(sys.argv[1:])
+    cmd_line = " ".join(["benchmarks/llm_batched.py", *sys.argv[1:]])
     lines = [
         "# Batched decode: Gemma-3-270M Q4_K_M, N sequences per compiled step",
         "",
-        f"Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python "
-        f"benchmarks/llm_batched.py {argv}`".rstrip()
-        + "",
+        f"Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python {cmd_line}`",
+        "",
         f"Date: {started}. CPU: {_cpu()}. Load average at start / end: "
         f"{load0[0]:.1f} / {load1[0]:.1f} (other jobs share the machine).",
         f"Prompt {args.prompt_tokens} tokens per sequence, {args.decode_tokens} greedy decode "
@@ -177,6 +181,20 @@ def main() -> None:
         cells = [f"{base:.1f}"]
         for n in args.streams:
             v = statistics.median(r["rows"][f"N={n}"])
+            cells.append(f"{v:.1f} ({v / base:.2f}x)")
+        lines.append(f"| {r['threads']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Aggregate decode tokens per CPU-second (process CPU time: less sensitive to load)",
+        "",
+        "| threads | single stream | " + " | ".join(f"N={n}" for n in args.streams) + " |",
+        "|---|---|" + "---|" * len(args.streams),
+    ]
+    for r in results:
+        base = statistics.median(r["cpu"]["single"])
+        cells = [f"{base:.1f}"]
+        for n in args.streams:
+            v = statistics.median(r["cpu"][f"N={n}"])
             cells.append(f"{v:.1f} ({v / base:.2f}x)")
         lines.append(f"| {r['threads']} | " + " | ".join(cells) + " |")
     lines += [

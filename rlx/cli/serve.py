@@ -136,6 +136,11 @@ def serve(models: list[str], config: ServeConfig, log_level: str = "info") -> in
     help="Largest max_tokens a request may ask for.",
 )  # fmt: skip
 @click.option(
+    "--chat-template", type=click.Path(exists=True), default=None,
+    help="Chat template for GGUF models: a .jinja file or a tokenizer_config.json "
+    "(default: each file's own).",
+)  # fmt: skip
+@click.option(
     "--drain-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
     help="Seconds running requests get to finish after SIGTERM.",
 )  # fmt: skip
@@ -163,6 +168,7 @@ def command(
     max_inputs: int,
     max_prompt_tokens: int | None,
     max_tokens_limit: int,
+    chat_template: str | None,
     drain_timeout: float,
     log_level: str,
     use_ray: bool,
@@ -191,6 +197,7 @@ def command(
         precision=Precision(precision), max_body_bytes=max_body_bytes, max_queue=max_queue,
         max_inputs=max_inputs, max_prompt_tokens=max_prompt_tokens,
         max_tokens_limit=max_tokens_limit, num_threads=threads, drain_timeout_s=drain_timeout,
+        chat_template=chat_template,
     )  # fmt: skip
     if use_ray:
         return serve_ray.run(

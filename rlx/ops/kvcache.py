@@ -162,7 +162,7 @@ class CacheAttention(Op):
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         q, k, v, kc, vc, pos = xs
-        b, s, _ = q.shape
+        s = q.shape[1]
         p = cache_start(self.mnemonic, pos, s, kc.shape[1])
         keys, vals = kc[:, : p + s].copy(), vc[:, : p + s].copy()
         keys[:, p:], vals[:, p:] = k, v  # rounded to the cache dtype (nearest even)

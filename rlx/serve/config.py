@@ -49,7 +49,9 @@ class ServeConfig:
     ``ctx``-token context; a prompt may hold ``max_prompt_tokens`` tokens (None: ``ctx``)
     and ``max_tokens`` may ask for at most ``max_tokens_limit``. ``max_inputs`` texts per
     embedding request, ``max_body_bytes`` per request body. On SIGTERM running requests
-    get ``drain_timeout_s`` seconds to finish.
+    get ``drain_timeout_s`` seconds to finish. ``chat_template``: the path of a chat
+    template for the GGUF models (a ``.jinja`` file, or a ``tokenizer_config.json`` or
+    the directory holding one), used instead of the files' own.
     """
 
     host: str = "127.0.0.1"
@@ -69,6 +71,7 @@ class ServeConfig:
     num_threads: int | None = None
     drain_timeout_s: float = 30.0
     retry_after_s: int = 1
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -94,6 +97,13 @@ class ServeConfig:
             raise ConfigError(f"ServeConfig.host must be a non-empty string, got {self.host!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
             raise ConfigError("ServeConfig.api_key must be a non-empty string or None")
+        if self.chat_template is not None and (
+            not isinstance(self.chat_template, str) or not self.chat_template
+        ):
+            raise ConfigError(
+                f"ServeConfig.chat_template must be a path (a non-empty string) or None, "
+                f"got {self.chat_template!r}"
+            )
         if self.port > 65535:
             raise ConfigError(f"ServeConfig.port must be <= 65535, got {self.port}")
 

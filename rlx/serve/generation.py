@@ -37,8 +37,16 @@ from rlx.models.llm.sampling import SamplingParams
 from rlx.serve.config import ServeConfig
 from rlx.serve.errors import ApiError
 from rlx.serve.gen_schema import GenParams, chat_messages, completion_prompt, params
-from rlx.serve.scheduler import Event, FinishReason, GenRequest, QueueFull, Scheduler, TokenLogprob
-from rlx.serve.service import Endpoint, ServiceKind
+from rlx.serve.scheduler import (
+    Event,
+    FinishReason,
+    GenRequest,
+    QueueFull,
+    Scheduler,
+    Ticket,
+    TokenLogprob,
+)
+from rlx.serve.service import Endpoint, ServiceKind, disconnected
 from rlx.serve.templates import ChatTemplate, TemplateError
 
 if TYPE_CHECKING:
@@ -50,21 +58,30 @@ __all__ = ["GenerationService", "load_model"]
 log = logging.getLogger("rlx.serve")
 
 
-def load_model(path: str | Path, config: ServeConfig) -> LlmModel:
-    """The GGUF model at ``path`` with a ``config.ctx`` context (at most the model's own)."""
+#: The single-sequence KV cache of a model loaded to be served (its BatchedDecoder holds
+#: the slots that serve; the model's own cache is never used, so it is kept small).
+_OWN_CONTEXT = 8
+
+
+def load_model(path: str | Path, config: ServeConfig) -> tuple[LlmModel, int]:
+    """The GGUF model at ``path`` (with a small cache of its own) and the context its
+    slots get: ``config.ctx``, at most the model's context length."""
     import rlx.models.llm as llm
     from rlx.frontends import gguf
 
     f = gguf.load(path)
     ctx = min(config.ctx, llm.read_config(f.architecture, f.metadata, f.tensors).context_length)
-    return llm.load(path, max_context=max(ctx, 2), num_threads=config.num_threads)
+    ctx = max(ctx, 2)
+    own = min(_OWN_CONTEXT, ctx)
+    return llm.load(path, max_context=own, num_threads=config.num_threads), ctx
 
 
 class GenerationService:
     """Serves completions and chat for ``model`` (an LlmModel, or a GGUF path loaded in
     a thread when the app starts) as ``id``, with ``config.parallel`` KV slots of
-    ``config.ctx`` positions. ``chat_template``: the template to use (None: the file's
-    ``tokenizer.chat_template``; a model with neither answers chat requests with 400)."""
+    ``config.ctx`` positions. ``chat_template``: the template to use (None: the file at
+    ``config.chat_template``, else the GGUF file's ``tokenizer.chat_template``; a model
+    with none answers chat requests with 400)."""
 
     kind = ServiceKind.GENERATION
     endpoints = frozenset({Endpoint.COMPLETIONS, Endpoint.CHAT})
@@ -85,6 +102,11 @@ class GenerationService:
             self._path = Path(model)
         else:
             self.model = model
+        if chat_template is None and config.chat_template is not None:
+            chat_template = ChatTemplate.from_path(config.chat_template)  # fails fast
+            self._template_path: str | None = config.chat_template
+        else:
+            self._template_path = None
         self._template = chat_template
         self.template: ChatTemplate | None = None
         self.scheduler: Scheduler | None = None
@@ -95,7 +117,7 @@ class GenerationService:
     # ---- the Service protocol --------------------------------------------------------
 
     def ready(self) -> bool:
-        return self.scheduler is not None or self.load_error is not None
+        return self.scheduler is not None
 
     async def start(self, metrics: Metrics) -> None:
         self._metrics = metrics
@@ -108,12 +130,16 @@ class GenerationService:
 
     def _load(self) -> None:
         try:
+            ctx = None  # a given model: its own max_context
             if self.model is None:
                 assert self._path is not None
-                self.model = load_model(self._path, self.config)
+                self.model, ctx = load_model(self._path, self.config)
             m = self.model
-            self.template = self._template or ChatTemplate.from_gguf(m.file.metadata)
-            decoder = m.batched(self.config.parallel)
+            if self._template_path is not None:  # the file's special tokens
+                self.template = ChatTemplate.from_path(self._template_path, m.file.metadata)
+            else:
+                self.template = self._template or ChatTemplate.from_gguf(m.file.metadata)
+            decoder = m.batched(self.config.parallel, ctx)
             self.scheduler = Scheduler(
                 decoder, m.tokenizer, self.config.max_queue, self._metrics, self.id
             )
@@ -144,12 +170,11 @@ class GenerationService:
         reply = _Reply(self, chat, p, len(ids))
         if p.stream:
             return StreamingResponse(
-                reply.stream(ticket),
+                reply.stream(ticket, request),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        watch = asyncio.ensure_future(_disconnected(request))
-        watch.add_done_callback(lambda f: f.cancelled() or ticket.cancel())
+        watch = _watch(request, ticket)
         try:
             events = [ev async for ev in ticket.events()]
         finally:
@@ -175,7 +200,8 @@ class GenerationService:
             if self.template is None:
                 raise ApiError.bad_request(
                     f"model {self.id!r} has no chat template (its GGUF file has no "
-                    f"tokenizer.chat_template): use /v1/completions with a prompt you format",
+                    f"tokenizer.chat_template): start the server with --chat-template FILE, "
+                    f"or use /v1/completions with a prompt you format",
                     param="messages",
                     code="no_chat_template",
                 )
@@ -241,12 +267,18 @@ class GenerationService:
         return GenRequest(tuple(ids), max_tokens, sp, p.stop, stop_ids, p.logprobs)
 
 
-async def _disconnected(request: Request) -> None:
-    """Return once the client has closed the connection (the body is read already)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+def _watch(request: Request, ticket: Ticket) -> asyncio.Future[None]:
+    """A task that cancels ``ticket`` when the client goes away. A stream needs it too:
+    under ASGI 2.4 Starlette notices a gone client only when it next sends, and a
+    request that waits for a slot or a long prefill sends nothing."""
+
+    def gone(f: asyncio.Future[None]) -> None:
+        if not f.cancelled():
+            ticket.cancel()
+
+    watch = asyncio.ensure_future(disconnected(request))
+    watch.add_done_callback(gone)
+    return watch
 
 
 class _Reply:
@@ -306,10 +338,10 @@ class _Reply:
         """The finish_reason of the last event (errors raised as ApiError)."""
         if last.finish is FinishReason.ERROR:
             raise ApiError.server_error(f"generation failed: {last.error}")
+        if last.finish is FinishReason.CANCELLED and last.error is None:
+            raise ApiError(499, "the client closed the connection", code="client_closed")
         if last.finish is FinishReason.CANCELLED:
-            raise ApiError.unavailable(
-                f"the request was cancelled: {last.error or 'cancelled'}", code="cancelled"
-            )
+            raise ApiError.unavailable(f"the request was cancelled: {last.error}", code="draining")
         assert last.finish is not None
         return last.finish.value
 
@@ -357,8 +389,9 @@ class _Reply:
             body["usage"] = None
         return _sse(body)
 
-    async def stream(self, ticket: Any) -> AsyncIterator[str]:
+    async def stream(self, ticket: Ticket, request: Request) -> AsyncIterator[str]:
         """The SSE chunks of a streamed answer; cancels the request if the client goes."""
+        watch = _watch(request, ticket)
         try:
             if self.chat:
                 yield self._chunk("", [], None, role=True)
@@ -387,6 +420,7 @@ class _Reply:
                         )
             yield "data: [DONE]\n\n"
         finally:
+            watch.cancel()
             ticket.cancel()
 
 

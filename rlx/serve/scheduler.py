@@ -474,7 +474,7 @@ class Scheduler:
         elif reason is FinishReason.LENGTH and seq.stream is not None:
             seq.text += seq.stream.flush()
             piece = piece + seq.text[seq.emitted :]
-        seq.ticket._deliver(Event(piece, token, lp, reason, len(seq.out), error))
-        if self.metrics is not None:
+        if self.metrics is not None:  # before the event: the answer implies the counts
             self.metrics.count_tokens(self.model_id, TokenKind.COMPLETION, len(seq.out))
         self._gauges()
+        seq.ticket._deliver(Event(piece, token, lp, reason, len(seq.out), error))

@@ -252,6 +252,31 @@ class ChatTemplate:
                 specials.append((name, text))
         return cls(source, tuple(specials))
 
+    @classmethod
+    def from_path(cls, path: str | Path, metadata: Mapping[str, Any] | None = None) -> ChatTemplate:
+        """The template in a file: a ``.jinja`` / ``.j2`` file holds the template text;
+        anything else is read as a ``tokenizer_config.json`` (or the directory holding
+        one). With a GGUF file's ``metadata`` the special tokens are that vocabulary's.
+        ModelError when the file is missing or holds no template."""
+        p = Path(path)
+        if p.suffix in (".jinja", ".j2"):
+            try:
+                source: str | None = p.read_text(encoding="utf-8")
+            except OSError as e:
+                raise ModelError(f"chat template {str(p)!r}: cannot read it: {e}") from None
+            base = cls(source) if source else None
+        else:
+            if not p.exists():
+                raise ModelError(f"chat template {str(p)!r}: no such file or directory")
+            base = cls.from_tokenizer_config(p)
+        if base is None:
+            raise ModelError(f"chat template {str(p)!r}: the file holds no chat template")
+        if metadata is None:
+            return base
+        from_file = cls.from_gguf(metadata, base.source)
+        assert from_file is not None
+        return from_file if from_file.special_tokens else base
+
     # ---- rendering -------------------------------------------------------------------
 
     def render(

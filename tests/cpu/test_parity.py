@@ -372,6 +372,15 @@ def _cache_attention(g: rlx.Graph) -> object:
     return g.cache_attention(q, k, v, kc, vc, pos, 2, 8, 1, window=2)
 
 
+def _slot_cache_attention(g: rlx.Graph) -> object:
+    """Three slots: a decode token in slot 2, a run of two in slot 0 (written each run)."""
+    q, k, v = g.input("q", (1, 3, 16)), g.input("k", (1, 3, 8)), g.input("v", (1, 3, 8))
+    kc, vc = g.param("kc", (3, 6, 8)), g.param("vc", (3, 6, 8))
+    pos = g.constant(np.array([4, 1, 2], np.int64))
+    slots = g.constant(np.array([2, 0, 0], np.int64))
+    return g.slot_cache_attention(q, k, v, kc, vc, pos, slots, 2, 8, 1, window=2)
+
+
 def _nn_grad_cases() -> list[Case]:
     """The backward ops of rlx/ops/nn_grad.py (norms, attention, rope, conv, pool)."""
     from rlx.ops import nn_grad as ng
@@ -566,6 +575,7 @@ CASES: list[Case] = [
     Case("pad", lambda g: g.pad(g.input("x", (2, 3)), [(1, 0), (2, 1)], 0.5)),
     Case("shape_of", lambda g: g.shape_of(g.input("x", (2, 3, 4)))),
     Case("cache_attention", _cache_attention),
+    Case("slot_cache_attention", _slot_cache_attention),
     Case(
         "dequant_gather",
         lambda g: g.dequant_gather(

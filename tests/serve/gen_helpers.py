@@ -144,3 +144,18 @@ def wait_for(predicate: Any, what: str, guard_s: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up waiting for {what}")
         time.sleep(0.005)
+
+
+class Broken:
+    """A decoder whose decode steps give NaN logits for ``slot`` (a broken weight)."""
+
+    def __init__(self, inner: Any, slot: int) -> None:
+        self.inner, self.slot = inner, slot
+
+    def step(self, slots: Any, tokens: Any) -> Any:
+        out = self.inner.step(slots, tokens)
+        out[[i for i, s in enumerate(slots) if s == self.slot]] = float("nan")
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

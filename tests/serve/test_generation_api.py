@@ -405,7 +405,7 @@ def test_disconnect_while_waiting_for_a_json_answer_frees_the_slot(gated) -> Non
         sock.sendall(head.encode() + body)
         wait_for(lambda: dec.in_use() == 1, "the request to take the slot")
     sched = svc.scheduler
-    wait_for(lambda: sched.cancelling() == 1, "the cancel to arrive")
+    wait_for(lambda: sched.cancelling() == 1 or dec.in_use() == 0, "the cancel to arrive")
     dec.permits.release(10_000)
     wait_for(lambda: dec.in_use() == 0, "the slot to be released")
     metrics = server.app.state.metrics.registry
@@ -430,3 +430,73 @@ def test_metrics_count_tokens_and_first_tokens(server, model) -> None:
     assert after[2] - before[2] == 1
     assert after[3] - before[3] >= 1 + (r.usage.completion_tokens - 1)  # prefill + steps
     assert value("rlx_kv_slots_in_use") == 0 and value("rlx_queue_depth") == 0
+
+
+def test_a_gguf_path_loads_in_the_background_and_serves(tmp_path, model) -> None:
+    from rlx.serve.loading import load_services
+
+    path = tiny_gguf(tmp_path / "bg.gguf")
+    cfg = _config(ctx=100_000)  # more than the file's 512: the model's own length is used
+    (svc,) = load_services([f"bg={path}"], cfg)
+    assert isinstance(svc, GenerationService) and not svc.ready()
+    with Server(create_app([svc], cfg)) as server:
+        assert svc.scheduler is not None and svc.scheduler.decoder.max_context == 512
+        r = _client(server).completions.create(model="bg", prompt=PROMPTS[0], max_tokens=6,
+                                               temperature=0)  # fmt: skip
+    assert r.choices[0].text == model.generate(PROMPTS[0], max_tokens=6).text
+
+
+def test_a_broken_gguf_reports_its_load_error(tmp_path) -> None:
+    from rlx.serve.metrics import Metrics
+
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(b"GGUF" + b"\0" * 20)
+    svc = GenerationService(path, "broken", _config())
+
+    async def main() -> None:
+        await svc.start(Metrics())
+        while svc.load_error is None:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert not svc.ready() and "broken.gguf" in str(svc.load_error)
+    svc.close()
+
+
+def test_a_model_failure_is_500_or_an_error_event(model, monkeypatch) -> None:
+    from tests.serve.gen_helpers import Broken
+
+    real = model.batched
+    monkeypatch.setattr(model, "batched", lambda n, max_context=None: Broken(real(n), 0))
+    cfg = _config(parallel=1)
+    with Server(create_app([GenerationService(model, "tiny", cfg)], cfg)) as server:
+        c = _client(server)
+        kw = dict(model="tiny", prompt=PROMPTS[0], max_tokens=5, temperature=0)
+        with pytest.raises(openai.InternalServerError, match="not finite"):
+            c.completions.create(**kw)
+        with pytest.raises(openai.APIError, match="not finite"):
+            list(c.completions.create(**kw, stream=True))
+        ok = c.completions.create(**{**kw, "max_tokens": 1})  # no decode step: fine
+        assert ok.choices[0].text == model.generate(PROMPTS[0], max_tokens=1).text
+
+
+def test_a_chat_template_file_serves_a_model_without_one(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from rlx.cli import cli
+    from rlx.serve.loading import load_services
+    from tests.serve.gen_helpers import CHATML
+
+    (tmp_path / "chatml.jinja").write_text(CHATML)
+    path = tiny_gguf(tmp_path / "plain.gguf", template=None)
+    cfg = _config(chat_template=str(tmp_path / "chatml.jinja"))
+    (svc,) = load_services([f"plain={path}"], cfg)
+    with Server(create_app([svc], cfg)) as server:
+        r = _client(server).chat.completions.create(model="plain", messages=CHATS[1],
+                                                    max_tokens=6, temperature=0)  # fmt: skip
+    text = ChatTemplate.from_path(tmp_path / "chatml.jinja").render(CHATS[1])
+    assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    oracle = llm.load(path, max_context=CTX, num_threads=1)
+    assert r.choices[0].message.content == oracle.generate(text, max_tokens=6).text
+    res = CliRunner().invoke(cli, ["serve", str(path), "--chat-template", str(tmp_path / "no")])
+    assert res.exit_code == 2 and "does not exist" in res.output

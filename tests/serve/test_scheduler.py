@@ -1,12 +1,14 @@
 """rlx.serve.scheduler: continuous batching over the BatchedDecoder. Every request's
 tokens, text and finish reason equal ``generate()`` of its prompt alone (greedy and
 seeded sampling, stop strings, chunked prefill joining running streams); logprobs are
-NumPy's log-softmax of the logits a lone sequence sees; a cancelled request frees its
-slot; a full queue refuses."""
+NumPy's log-softmax of the logits a lone sequence sees; a joining prompt is prefilled in
+chunks with a decode step of the running streams between them; a cancelled request frees
+its slot; a full queue refuses; a model failure ends only the requests it hit."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -19,7 +21,7 @@ pytest.importorskip("prometheus_client")
 import rlx.models.llm as llm  # noqa: E402
 from rlx.models.llm.sampling import SamplingParams  # noqa: E402
 from rlx.serve.scheduler import FinishReason, GenRequest, QueueFull, Scheduler  # noqa: E402
-from tests.serve.gen_helpers import tiny_gguf  # noqa: E402
+from tests.serve.gen_helpers import Broken, tiny_gguf  # noqa: E402
 
 PROMPTS = [
     "The capital of France is",
@@ -169,3 +171,79 @@ def test_full_queue_refuses_and_close_cancels(model) -> None:
     ends = asyncio.run(main())
     assert [e.finish for e in ends] == [FinishReason.CANCELLED] * 3
     assert dec.in_use() == 0
+
+
+def test_non_finite_logits_end_that_request_with_an_error_only(model) -> None:
+    dec = Broken(model.batched(2), slot=0)
+    sched = Scheduler(dec, model.tokenizer, max_queue=8)
+    try:
+        reqs = [_request(model, PROMPTS[0], 8), _request(model, PROMPTS[1], 8)]
+        (bad_text, bad_toks, bad), good = _run(sched, reqs)
+        assert bad[-1].finish is FinishReason.ERROR and "not finite" in bad[-1].error
+        assert len(bad_toks) == 1  # the prefill's token, then the NaN step
+        _check_equal(model, reqs[1], good)
+        assert dec.in_use() == 0
+        # the worker goes on: the next request (slot 0 again) fails alone, slot 1 works
+        (_, _, again), ok = _run(sched, reqs)
+        assert again[-1].finish is FinishReason.ERROR
+        _check_equal(model, reqs[1], ok)
+    finally:
+        sched.close()
+
+
+class _Recording:
+    """A decoder that logs its runs: ("prefill" | "extend", slot, tokens) and ("step", slots)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.log = inner, []
+        self.go = threading.Event()  # decode steps wait for it
+
+    def prefill(self, slot, ids):
+        self.log.append(("prefill", slot, len(ids)))
+        return self.inner.prefill(slot, ids)
+
+    def extend(self, slot, ids):
+        self.log.append(("extend", slot, len(ids)))
+        return self.inner.extend(slot, ids)
+
+    def step(self, slots, tokens):
+        self.go.wait()
+        self.log.append(("step", tuple(slots)))
+        return self.inner.step(slots, tokens)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_joining_prompt_is_prefilled_in_chunks_between_decode_steps(model) -> None:
+    dec = _Recording(model.batched(2))
+    sched = Scheduler(dec, model.tokenizer, max_queue=8, prefill_chunk=4)
+    long_prompt = _request(model, PROMPTS[2], 3)
+    n = len(long_prompt.prompt_ids)
+    assert n > 12
+
+    async def main():
+        running = sched.submit(_request(model, PROMPTS[1], 60))
+        events = running.events()
+        await events.__anext__()  # running: its prefill is done, its first step waits
+        joiner = sched.submit(long_prompt)
+        dec.go.set()
+        rest = await asyncio.gather(_collect(joiner), _consume(events))
+        return rest[0]
+
+    async def _consume(events):
+        async for _ in events:
+            pass
+
+    try:
+        got = asyncio.run(main())
+        _check_equal(model, long_prompt, got)
+    finally:
+        dec.go.set()
+        sched.close()
+    a_slot = dec.log[0][1]
+    chunks = [i for i, e in enumerate(dec.log) if e[0] in ("prefill", "extend") and e[1] != a_slot]
+    assert sum(dec.log[i][2] for i in chunks) == n
+    assert all(dec.log[i][2] <= 4 for i in chunks)  # the other stream was running throughout
+    for i, j in zip(chunks, chunks[1:]):  # a decode step of the running stream between chunks
+        assert any(e[0] == "step" and a_slot in e[1] for e in dec.log[i + 1 : j])

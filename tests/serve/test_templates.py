@@ -181,3 +181,27 @@ def test_gemma3_template_and_tokens_equal_transformers() -> None:
         want = tok.apply_chat_template(chat, tokenize=True, add_generation_prompt=True)
         ids = model_tok.encode(text, add_bos=False, add_eos=False)
         assert ids == want["input_ids"] and ids.count(model_tok.bos_id) == 1
+
+
+def test_from_path_reads_jinja_files_and_tokenizer_configs(tmp_path, tiny) -> None:
+    from rlx.errors import ModelError
+    from rlx.frontends import gguf
+
+    md = gguf.load(tiny[0]).metadata
+    (tmp_path / "t.jinja").write_text(CHATML)
+    t = ChatTemplate.from_path(tmp_path / "t.jinja")
+    assert t.source == CHATML and t.special_tokens == ()
+    with_file = ChatTemplate.from_path(tmp_path / "t.jinja", md)
+    assert with_file.source == CHATML
+    assert dict(with_file.special_tokens)["bos_token"] == "<|begin_of_text|>"
+    cfg = tmp_path / "tokenizer_config.json"
+    cfg.write_text(json.dumps({"chat_template": GEMMA3, "bos_token": "<s>"}))
+    assert ChatTemplate.from_path(cfg).special_tokens == (("bos_token", "<s>"),)
+    assert ChatTemplate.from_path(tmp_path).source == GEMMA3
+    with pytest.raises(ModelError, match="no such file"):
+        ChatTemplate.from_path(tmp_path / "missing.json")
+    with pytest.raises(ModelError, match="cannot read"):
+        ChatTemplate.from_path(tmp_path / "missing.jinja")
+    cfg.write_text(json.dumps({"bos_token": "<s>"}))
+    with pytest.raises(ModelError, match="holds no chat template"):
+        ChatTemplate.from_path(cfg)

@@ -4,7 +4,9 @@
 
 ``config.py``: the architecture table and the config read from metadata; ``graph.py``:
 the decoder as one graph over the packed GGUF weights with a KV cache in the runtime;
-``model.py``: compile once, run prefill and decode steps; ``sampling.py``: greedy /
+``model.py``: compile once, run prefill and decode steps; ``batch.py``: batched decode
+(``LlmModel.batched``: N KV-cache slots, one compiled step per token for all of them);
+``sampling.py``: greedy /
 temperature / top-k / top-p; ``generate.py``: the generation loop (stop tokens and strings,
 streaming). Needs the ``llm`` extra (the ``gguf`` package).
 """

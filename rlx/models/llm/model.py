@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from rlx.dtype import DType
 from rlx.errors import InputError, ModelError
 from rlx.models.llm.config import LlmConfig, read_config
 from rlx.models.llm.graph import build_decoder
+
+if TYPE_CHECKING:
+    from rlx.models.llm.batch import BatchedDecoder
 
 __all__ = ["LlmModel", "SequenceState", "StepTimes", "check_token_ids", "open_model"]
 
@@ -303,7 +306,7 @@ class LlmModel:
         """Text of token ids (special tokens dropped)."""
         return str(self.tokenizer.decode(list(ids), skip_special=True))
 
-    def batched(self, slots: int, max_context: int | None = None) -> Any:
+    def batched(self, slots: int, max_context: int | None = None) -> BatchedDecoder:
         """A :class:`~rlx.models.llm.batch.BatchedDecoder` of ``slots`` KV-cache slots of
         ``max_context`` positions (None: this model's) over this model's weights."""
         from rlx.models.llm.batch import BatchedDecoder

@@ -13,6 +13,12 @@ kernel reads the low-precision cache directly. Without the native library
 be given by the caller (the runtime's zeroed storage is the cache): a given one is a
 CompileError naming it.
 
+``slot_cache_attention``: each run checks the tokens' slots and positions (``slot_runs``),
+writes every token's k / v row into its slot's row, then runs the same native attention
+once per run of tokens (one slot, consecutive positions: a decode token is a run of one,
+a prompt chunk one run) over that slot's first ``p+S`` rows; low-precision caches and the
+NumPy fallback as above.
+
 ``dequant_gather``: the ids' packed rows are decoded with ``rlx.formats.gguf`` into the
 output view (only those rows: one row per token).
 """
@@ -114,8 +120,9 @@ def _native_block(op: CacheAttention | SlotCacheAttention, q, kc, vc, out, ctx: 
         t = threads if s * skv * h * d >= 1 << 18 else 1
         rc = fn(qp + q_off, kp + c_off, vp + c_off, op_ + o_off, 1, s, skv, *tail, t)
         if rc:
-            raise CompileError(f"{what}: the attention workspace is too small ({len(keep)})")
+            raise CompileError(f"{what}: the attention workspace is too small")
 
+    block.keep = keep  # type: ignore[attr-defined]  # the arrays outlive the pointers
     ctx.notes.append(
         f"native {what} over {kc.shape[1]} {kc.dtype} rows ({lib.path}, {threads} threads)"
     )

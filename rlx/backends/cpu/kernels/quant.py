@@ -18,7 +18,8 @@ The native kernel (``native/dqgemm.py``, ``csrc/dqgemm.c``, built for the select
 param weight needs no cache and a new ``set_param`` is seen at once. Batch < 4 rows run
 as a GEMV streaming the weight once (fused decode-dot row kernels for Q8_0, Q5_0, Q4_K,
 Q6_K, Int8Block and Int4Block on AVX2 / AVX-512; a block-decode-then-FMA path for the
-rest); larger batches decode panels of the weight into L1-sized f32 tiles for an FMA
+rest); 2..16 rows (batched decode) decode each weight row once and apply it to every row
+(``csrc/dqgemm_small.c``, AVX2 / AVX-512); larger batches decode panels of the weight into L1-sized f32 tiles for an FMA
 micro-kernel. With ``RLX_DQ_ACT=auto`` (Q8_0, Q5_0, Q4_K and Q6_K at batch < 4) or
 ``q8`` the activations are quantized to int8 per 32 inputs and the products are
 integer dot products (``csrc/dqgemm_q8.c``, VNNI / AVX2 / C), as llama.cpp decodes; the
@@ -318,6 +319,8 @@ def dequant_matmul_kernel(
         threads = ctx.num_threads
         act = config.dq_act()
         path = "GEMV" if m < 4 else "tiled GEMM"
+        if dqgemm.small_batch(lib, op.scheme, m):
+            path = "small-batch GEMV"
         if dqgemm.uses_q8(op.scheme, m, act):
             path = "int8-activation GEMV" if m < 4 else "int8-activation GEMM"
         try:

@@ -19,7 +19,7 @@
  *     the portable target) decodes a chunk of ~256 weights of the row into an L1 buffer
  *     and dots it with each X row (4 vector accumulators).
  *   small batches (2 <= M <= 16, batched decode; dqgemm_small.c): each weight row is
- *     decoded once, 1024 weights at a time, into an L1 buffer (vector decoders for Q8_0,
+ *     decoded once, 2048 weights at a time, into an L1 buffer (vector decoders for Q8_0,
  *     Q5_0, Q4_K, Q6_K; the others from M = 4) and applied to all M X rows.
  *   prefill (M > 16): per chunk of K, the X chunk is copied into a contiguous panel, and
  *     each panel of NB output rows x KC weights is decoded into a transposed f32 tile

@@ -2,16 +2,18 @@
  * one row of X per sequence). Each weight row is decoded once per call, SMALL_K weights
  * at a time, into an L1 buffer (vector decoders for Q8_0, Q5_0, Q4_K and Q6_K, the exact
  * scalar decode_block for the rest), and every decoded vector is applied to all M rows
- * of X (up to 8 accumulators at a time): the weight is read and decoded once for the M
- * rows, where the per-row GEMV would decode it M times and the tiled GEMM transposes it
- * into tiles. The decoded values are those of decode_block (the same f32 operations in
- * the same order; the build has -ffp-contract=off); the products are f32 FMAs with one
- * vector accumulator per X row. Threads: OpenMP over weight rows, as the GEMV. */
+ * of X: two weight rows per pass share each X load, SMALL_G X rows at a time, one vector
+ * accumulator per (weight row, X row) kept in registers over the row (Gemma's K <= 2048
+ * is one step). The weight is read and decoded once for the M rows, where the per-row
+ * GEMV would decode it M times and the tiled GEMM transposes it into tiles. The decoded
+ * values are those of decode_block (the same f32 operations in the same order; the build
+ * has -ffp-contract=off); the products are f32 FMAs (f32 accumulation). Threads: OpenMP
+ * over pairs of weight rows, with the GEMV's grain. */
 
 #ifndef SMALL_M
 #define SMALL_M 16 /* the most X rows this path takes (dqgemm.py: SMALL_MAX_M) */
 #endif
-#define SMALL_K 1024 /* weights of a row decoded per step (4 KB of f32) */
+#define SMALL_K 2048 /* weights of a row decoded per step (8 KB of f32 per row) */
 /* X rows per pass over the decoded buffer: two weight rows x SMALL_G accumulators fit the
  * 32 zmm registers of AVX-512 (8) or the 16 ymm of AVX2 (4) */
 #if VW == 16
@@ -111,17 +113,20 @@ static void decode_fast(const dq_t *s, long n, long b0, long nblk, float *out) {
     }
 }
 
-/* acc[i] += w[0 .. len) * x[i * ldx + 0 .. len) lane-wise for i < mr, and with two
- * weight rows (w2 != 0) acc[SMALL_G + i] += w2 * x likewise, sharing the X loads; mr is a
- * constant once inlined (the accumulators stay in registers); len is a multiple of VW */
+/* a[i] = (first ? 0 : acc[i]) + w[0 .. len) * x[i * ldx + 0 .. len) lane-wise for i < mr,
+ * and with two weight rows b[i] likewise with w2, sharing the X loads; then with last the
+ * sums go to y[i * ldy] (and y[i * ldy + 1]), else back to acc (acc[SMALL_G + i] for b).
+ * mr, two are constants once inlined (the accumulators stay in registers); len is a
+ * multiple of VW */
 static inline __attribute__((always_inline)) void dot_rows(const float *restrict w,
                                                             const float *restrict w2,
                                                             const float *x, long ldx, long len,
-                                                            int mr, int two, vf *acc) {
+                                                            int mr, int two, vf *acc, int first,
+                                                            int last, float *y, long ldy) {
     vf a[SMALL_G], b[SMALL_G];
     for (int i = 0; i < mr; i++) {
-        a[i] = acc[i];
-        b[i] = two ? acc[SMALL_G + i] : VZERO();
+        a[i] = first ? VZERO() : acc[i];
+        b[i] = two && !first ? acc[SMALL_G + i] : VZERO();
     }
     for (long v = 0; v < len; v += VW) {
         vf wv = VLOAD(w + v), wv2 = two ? VLOAD(w2 + v) : VZERO();
@@ -132,32 +137,37 @@ static inline __attribute__((always_inline)) void dot_rows(const float *restrict
         }
     }
     for (int i = 0; i < mr; i++) {
-        acc[i] = a[i];
-        if (two) acc[SMALL_G + i] = b[i];
+        if (last) {
+            y[i * ldy] = vhsum(a[i]);
+            if (two) y[i * ldy + 1] = vhsum(b[i]);
+        } else {
+            acc[i] = a[i];
+            if (two) acc[SMALL_G + i] = b[i];
+        }
     }
 }
 
 #define DOT_CASES(two)                                                                       \
     switch (mr) {                                                                            \
-    case 1: dot_rows(w, w2, x, ldx, len, 1, two, acc); break;                                \
-    case 2: dot_rows(w, w2, x, ldx, len, 2, two, acc); break;                                \
-    case 3: dot_rows(w, w2, x, ldx, len, 3, two, acc); break;                                \
+    case 1: dot_rows(w, w2, x, ldx, len, 1, two, acc, first, last, y, ldy); break;           \
+    case 2: dot_rows(w, w2, x, ldx, len, 2, two, acc, first, last, y, ldy); break;           \
+    case 3: dot_rows(w, w2, x, ldx, len, 3, two, acc, first, last, y, ldy); break;           \
     DOT_WIDE(two)                                                                            \
-    default: dot_rows(w, w2, x, ldx, len, SMALL_G, two, acc);                                \
+    default: dot_rows(w, w2, x, ldx, len, SMALL_G, two, acc, first, last, y, ldy);           \
     }
 #if SMALL_G == 8
 #define DOT_WIDE(two)                                                                        \
-    case 4: dot_rows(w, w2, x, ldx, len, 4, two, acc); break;                                \
-    case 5: dot_rows(w, w2, x, ldx, len, 5, two, acc); break;                                \
-    case 6: dot_rows(w, w2, x, ldx, len, 6, two, acc); break;                                \
-    case 7: dot_rows(w, w2, x, ldx, len, 7, two, acc); break;
+    case 4: dot_rows(w, w2, x, ldx, len, 4, two, acc, first, last, y, ldy); break;           \
+    case 5: dot_rows(w, w2, x, ldx, len, 5, two, acc, first, last, y, ldy); break;           \
+    case 6: dot_rows(w, w2, x, ldx, len, 6, two, acc, first, last, y, ldy); break;           \
+    case 7: dot_rows(w, w2, x, ldx, len, 7, two, acc, first, last, y, ldy); break;
 #else
 #define DOT_WIDE(two)
 #endif
 
 /* up to SMALL_G X rows against one (w2 == 0) or two decoded weight rows */
 static void dot_group(const float *w, const float *w2, const float *x, long ldx, long len,
-                      int mr, vf *acc) {
+                      int mr, vf *acc, int first, int last, float *y, long ldy) {
     if (w2) {
         DOT_CASES(1)
     } else {
@@ -203,21 +213,17 @@ static int gemv_small(const dq_t *s, long M, long N, long K, const float *x, lon
                 int two = n + 1 < N;
                 prefetch_rows(s, &pf, n);
                 if (two) prefetch_rows(s, &pf, n + 1);
-                for (long m = 0; m < 2 * SMALL_M; m++) acc[m] = VZERO();
                 for (long b0 = 0; b0 < s->nb; b0 += cb) {
                     long nblk = s->nb - b0 < cb ? s->nb - b0 : cb, off = b0 * s->qk;
+                    int first = b0 == 0, last = b0 + nblk >= s->nb;
                     decode_fast(s, n, b0, nblk, buf);
                     if (two) decode_fast(s, n + 1, b0, nblk, buf + clen);
                     for (long m0 = 0; m0 < M; m0 += SMALL_G) {
                         int mr = (int)(M - m0 < SMALL_G ? M - m0 : SMALL_G);
                         dot_group(buf, two ? buf + clen : 0, x + m0 * ldx + off, ldx,
-                                  nblk * s->qk, mr, acc + 2 * m0);
+                                  nblk * s->qk, mr, acc + 2 * m0, first, last,
+                                  y + m0 * ldy + n, ldy);
                     }
-                }
-                for (long m = 0; m < M; m++) {
-                    vf *g = acc + 2 * (m / SMALL_G * SMALL_G);
-                    y[m * ldy + n] = vhsum(g[m % SMALL_G]);
-                    if (two) y[m * ldy + n + 1] = vhsum(g[SMALL_G + m % SMALL_G]);
                 }
             }
             free(buf);
