@@ -221,7 +221,7 @@ def generation_engines(a: argparse.Namespace) -> list[Engine]:
     # queue concurrent requests: by default a new request interrupts the running stream
     llama += ("--model_alias", "gemma3-270m", "--interrupt_requests", "False")
     return [
-        Engine("rlx serve", rlx, "/v1/models", None),
+        Engine("rlx serve", rlx, "/health", None),  # 200 once the model is loaded
         Engine("llama-cpp-python server", llama, "/v1/models", None),
     ]
 
