@@ -19,6 +19,7 @@ connection, which clients retry (the OpenAI clients do by default).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 import os
@@ -31,6 +32,7 @@ from rlx.errors import ServeError
 
 if TYPE_CHECKING:
     from rlx.serve.config import ServeConfig
+    from rlx.serve.service import Service
 
 __all__ = ["REPLICA_HEADER", "RlxReplica", "deployment", "run"]
 
@@ -39,13 +41,29 @@ REPLICA_HEADER = "x-rlx-replica"
 
 
 class ReplicaHeader:
-    """ASGI middleware: add ``x-rlx-replica: <id>`` to every HTTP response."""
+    """ASGI middleware of a replica: add ``x-rlx-replica: <id>`` to every HTTP response, and
+    hold the app's startup (the lifespan's ``startup.complete``) until every service has
+    loaded its model or failed to, so Ray Serve routes no request to a loading replica."""
 
-    def __init__(self, app: Any, replica: str) -> None:
+    def __init__(self, app: Any, replica: str, services: Sequence[Service] = ()) -> None:
         self.app = app
         self.header = (REPLICA_HEADER.encode(), replica.encode())
+        self.services = list(services)
+
+    async def _loaded(self) -> None:
+        while not all(s.ready() or _load_error(s) is not None for s in self.services):
+            await asyncio.sleep(0.1)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+
+            async def after_loading(message: Any) -> None:
+                if message["type"] == "lifespan.startup.complete":
+                    await self._loaded()
+                await send(message)
+
+            await self.app(scope, receive, after_loading)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -57,6 +75,11 @@ class ReplicaHeader:
             await send(message)
 
         await self.app(scope, receive, tagged)
+
+
+def _load_error(service: Service) -> BaseException | None:
+    error: BaseException | None = getattr(service, "load_error", None)
+    return error
 
 
 class RlxReplica:
@@ -73,16 +96,19 @@ class RlxReplica:
         self.rlx_replica_id = str(serve.get_replica_context().replica_id.unique_id)
         self.rlx_services = load_services(list(models), config, background=False)
         self.rlx_app = create_app(self.rlx_services, config)
-        self.rlx_app.add_middleware(ReplicaHeader, replica=self.rlx_replica_id)
+        self.rlx_app.add_middleware(
+            ReplicaHeader, replica=self.rlx_replica_id, services=self.rlx_services
+        )
 
     def __serve_build_asgi_app__(self) -> Any:
         return self.rlx_app
 
     def check_health(self) -> None:
-        """Ray Serve's periodic health check: raise while a model is not ready."""
-        loading = [s.id for s in self.rlx_services if not s.ready()]
-        if loading:
-            raise RuntimeError(f"models not ready: {', '.join(loading)}")
+        """Ray Serve's periodic health check: raise when a model failed to load (Ray Serve
+        then replaces the replica)."""
+        failed = [f"{s.id}: {e}" for s in self.rlx_services if (e := _load_error(s)) is not None]
+        if failed:
+            raise RuntimeError(f"models failed to load: {'; '.join(failed)}")
 
 
 def _check(replicas: int, cpus_per_replica: float) -> None:

@@ -133,3 +133,49 @@ def test_two_replicas_spread_match_and_survive_a_kill(cluster: str) -> None:
     # the survivor (and any replacement Ray Serve started) answered after the kill
     after = {_embed(client, texts[0])[1] for _ in range(4)}
     assert after and victim not in after
+
+
+class _Service:
+    """A stand-in service: ready once ``loaded`` is set."""
+
+    def __init__(self) -> None:
+        self.loaded = False
+        self.load_error: BaseException | None = None
+
+    def ready(self) -> bool:
+        return self.loaded
+
+
+def test_replica_header_tags_responses_and_holds_startup_until_loaded() -> None:
+    import asyncio
+
+    from rlx.serve.ray import REPLICA_HEADER, ReplicaHeader
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await send({"type": "lifespan.startup.complete"})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"a", b"b")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def main() -> None:
+        svc = _Service()
+        mw = ReplicaHeader(app, "r1", [svc])  # type: ignore[list-item]
+        sent: list[Any] = []
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        startup = asyncio.ensure_future(mw({"type": "lifespan"}, None, send))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not startup.done() and sent == []  # held while the model loads
+        svc.loaded = True
+        await startup
+        assert sent == [{"type": "lifespan.startup.complete"}]
+        sent.clear()
+        await mw({"type": "http"}, None, send)
+        assert sent[0]["headers"] == [(b"a", b"b"), (REPLICA_HEADER.encode(), b"r1")]
+        assert sent[1] == {"type": "http.response.body", "body": b"ok"}
+
+    asyncio.run(main())
