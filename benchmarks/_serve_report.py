@@ -63,7 +63,7 @@ def _machine(d: dict[str, Any]) -> list[str]:
             f"{p.get('internal_api')} {p.get('version')} kernel {p.get('architecture')} "
             f"({Path(str(p.get('filepath'))).name}, {p.get('num_threads')} threads)"
             if "error" not in p
-            else f"probe failed: {p['error']}"
+            else f"probe failed: {p['error'].strip().splitlines()[-1]}"
             for p in rec.get("pools", [])
         )
         libs = ", ".join(rec.get("libraries", []))
@@ -194,4 +194,7 @@ def write_report(results: Path, report: Path) -> None:
             parts[-1:-1] = [f"(raw: `{path.name}`)"]
         if not paths:
             parts += [f"## {kind.capitalize()}", "", "Not run yet.", ""]
+    notes = results / "serve_notes.md"  # the reading, written by hand after a run
+    if notes.exists():
+        parts += [notes.read_text()]
     report.write_text("\n".join(parts))

@@ -161,7 +161,7 @@ def deployment(
         config = dataclasses.replace(config, num_threads=max(1, math.floor(cpus_per_replica)))
     ongoing = config.max_queue if max_ongoing_requests is None else max_ongoing_requests
     ingress = serve.ingress()(RlxReplica)
-    dep = serve.deployment(
+    dep: Any = serve.deployment(
         ingress,
         name=name,
         num_replicas=replicas,
