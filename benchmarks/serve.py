@@ -158,7 +158,7 @@ class Server:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(30)
+                self.proc.wait(90)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
@@ -205,10 +205,18 @@ def embedding_engines(a: argparse.Namespace) -> list[Engine]:
     rlx += ("--port", "{port}", "--threads", str(a.threads), *a.rlx_args)
     st = (a.peer_python, str(HERE / "_st_fastapi.py"), "--model-dir", model)
     st += ("--port", "{port}", "--threads", str(a.threads))
-    return [
+    engines = [
         Engine("rlx serve", rlx, "/v1/embeddings", probe),
         Engine("sentence-transformers + FastAPI", st, "/v1/embeddings", probe),
     ]
+    if a.ray_replicas:  # the same server on N Ray Serve replicas of 1 CPU each, this machine
+        n = a.ray_replicas
+        ray = (sys.executable, "-m", "rlx", "serve", f"all-MiniLM-L6-v2={model}", "--ray")
+        ray += ("--host", "127.0.0.1", "--port", "{port}", "--threads", "1")
+        ray += ("--replicas", str(n), "--cpus-per-replica", "1", *a.rlx_args)
+        name = f"rlx serve --ray ({n} replicas x 1 thread)"
+        engines.append(Engine(name, ray, "/v1/embeddings", probe))
+    return engines
 
 
 def generation_engines(a: argparse.Namespace) -> list[Engine]:
@@ -252,7 +260,8 @@ def run_level(a: argparse.Namespace, kind: str, srv: Server, c: int) -> dict[str
         print(f"  {name:34s} streams={c}: {s.get('tokens_per_s', 0):7.1f} tok/s  "
               f"TTFT p50 {s.get('ttft_p50_ms', float('nan')):7.1f} ms  errors {s['errors']}"
               f"  {s['first_error'][:200]}", flush=True)  # fmt: skip
-    cpu = srv.cpu_s() - cpu0
+    # the replicas of rlx serve --ray are Ray worker processes: not counted (nan)
+    cpu = srv.cpu_s() - cpu0 if "--ray" not in srv.argv else float("nan")
     s["server_cpu_s"] = round(cpu, 3)
     s["server_cpu_ms_per_request"] = 1e3 * cpu / max(s["ok"], 1)
     s["server_cpu_share"] = cpu / lv.wall_s if lv.wall_s > 0 else 0.0
@@ -341,6 +350,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--llama-python", default="/work/peers/llama/bin/python")
     ap.add_argument("--rlx-args", nargs="*", default=[], help="extra `rlx serve` flags")
     ap.add_argument("--only", nargs="*", default=[], help="engines by first word (rlx, ...)")
+    ap.add_argument(
+        "--ray-replicas", type=int, default=0,
+        help="embeddings: also rlx serve --ray with this many 1-CPU replicas (local Ray)",
+    )  # fmt: skip
     ap.add_argument("--tag", default="", help="results file suffix: serve_<kind><tag>.json")
     a = ap.parse_args(argv)
     if a.kind == "generation" and a.requests == 0:
