@@ -182,9 +182,10 @@ def write_report(results: Path, report: Path) -> None:
         "llama-cpp-python's server",
         "",
         "Made by `benchmarks/serve.py` (see its docstring); plot: `benchmarks/plot_serve.py`. "
-        "Raw results: `serve_embeddings.json`, `serve_generation.json`. Each server ran alone "
-        "in its own process; the numbers of one table come from one run on a shared, noisy "
-        "2-vCPU machine: compare ratios within a table.",
+        "Raw results: `serve_*.json`. Each server runs in its own process; all of a table's "
+        "servers are started first and sit idle while another is measured, and each level "
+        "visits them in an order that rotates. The numbers of one table come from one run on "
+        "a shared, noisy 2-vCPU machine: compare ratios within a table.",
         "",
     ]
     for kind, section in (("embeddings", embeddings_section), ("generation", generation_section)):

@@ -22,9 +22,14 @@ and behind llama-cpp-python's server (``python -m llama_cpp.server --n_threads T
 own venv: ``--llama-python``), ``--streams`` concurrent streaming ``/v1/completions``
 (greedy); aggregate completion tokens/s and time to first token.
 
-Each engine runs alone on the machine (servers one at a time; the load generator shares
-the CPUs with it). ``--rounds`` > 1 alternates the engines and keeps, per level, every
-round's result. Results: ``benchmarks/results/serve_<kind>.json`` (the raw latencies too),
+All servers of a run start first (each its own process) and sit idle while another is
+measured; each level visits them in an order that rotates, 1 s apart (the load generator
+shares the CPUs with them). ``--rounds`` > 1 repeats that; the report takes the median
+throughput per level. Besides latency and throughput, each level records the server
+process's CPU time per request (``/proc/<pid>/stat``, all threads: independent of the
+share of a busy machine the server got) and the CPUs it used on average.
+``--ray-replicas N`` adds ``rlx serve --ray`` with N one-thread replicas on a local Ray
+(its replicas are Ray worker processes: no CPU figures). Results: ``benchmarks/results/serve_<kind>.json`` (the raw latencies too),
 ``benchmarks/results/BENCHMARKS_serve.md`` (tables, command, date, CPU, BLAS); plot them
 with benchmarks/plot_serve.py.
 """
