@@ -160,6 +160,8 @@ def deployment(
     if config.num_threads is None:
         config = dataclasses.replace(config, num_threads=max(1, math.floor(cpus_per_replica)))
     ongoing = config.max_queue if max_ongoing_requests is None else max_ongoing_requests
+    if isinstance(ongoing, bool) or not isinstance(ongoing, int) or ongoing < 1:
+        raise ServeError(f"max_ongoing_requests must be an int >= 1, got {ongoing!r}")
     ingress = serve.ingress()(RlxReplica)
     dep: Any = serve.deployment(
         ingress,

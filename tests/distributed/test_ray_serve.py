@@ -34,6 +34,8 @@ def test_deployment_checks_its_arguments() -> None:
         deployment([MODEL], ServeConfig(), cpus_per_replica=-1)
     with pytest.raises(ServeError, match="config must be a ServeConfig, got dict"):
         deployment([MODEL], {"port": 1})  # type: ignore[arg-type]
+    with pytest.raises(ServeError, match="max_ongoing_requests must be an int >= 1, got 0"):
+        deployment([MODEL], ServeConfig(), max_ongoing_requests=0)
     with pytest.raises(ServeError, match="no model given"):
         deployment([], ServeConfig())
 
