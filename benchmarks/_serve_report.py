@@ -107,7 +107,7 @@ def embeddings_section(d: dict[str, Any]) -> list[str]:
         rows.append(row)
     out = [
         f"## Embeddings: all-MiniLM-L6-v2, one mixed-length sentence per request, "
-        f"{d['threads']} thread(s) per server",
+        f"{d['threads']} thread(s) per server ({d['date']})",
         "",
     ]
     out += _machine(d) + ["", *rows, ""]
@@ -158,7 +158,10 @@ def generation_section(d: dict[str, Any]) -> list[str]:
                 f"{1e3 * m.get('cpu_s', float('nan')) / max(m.get('tokens', 0), 1):.1f} | "
                 f"{m.get('cpus', float('nan')):.2f} |"
             )
-    out = ["## Generation: gemma3-270m Q4_K_M GGUF, streaming /v1/completions, greedy", ""]
+    out = [
+        f"## Generation: gemma3-270m Q4_K_M GGUF, streaming /v1/completions, greedy ({d['date']})",
+        "",
+    ]
     out += _machine(d) + ["", *rows, ""]
     rlx = next((n for n in names if n.startswith("rlx")), None)
     peer = next((n for n in names if not n.startswith("rlx")), None)
