@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from rlx.cli import serve_ray
 from rlx.cli.common import CONTEXT, precision_option, status, threads_option
 
 if TYPE_CHECKING:
@@ -149,6 +150,7 @@ def serve(models: list[str], config: ServeConfig, log_level: str = "info") -> in
     default="info",
     show_default=True,
 )
+@serve_ray.options
 def command(
     models: tuple[str, ...],
     host: str,
@@ -169,6 +171,10 @@ def command(
     chat_template: str | None,
     drain_timeout: float,
     log_level: str,
+    use_ray: bool,
+    replicas: int,
+    cpus_per_replica: float,
+    ray_address: str | None,
 ) -> int:
     """Serve MODELs over HTTP with the OpenAI API: each an HF sentence-embedding
     directory, a .gguf file or a known name (all-MiniLM-L6-v2), optionally as ID=MODEL.
@@ -179,6 +185,7 @@ def command(
       curl -s localhost:8000/v1/embeddings -H 'Content-Type: application/json' \\
         -d '{"model": "all-MiniLM-L6-v2", "input": "A man plays a guitar."}'
       rlx serve mini=./my-encoder ./llama.gguf --port 8080 --api-key secret
+      rlx serve --ray --replicas 4 all-MiniLM-L6-v2
 
     See docs/serving.md for the endpoints, limits and metrics.
     """
@@ -192,4 +199,8 @@ def command(
         max_tokens_limit=max_tokens_limit, num_threads=threads, drain_timeout_s=drain_timeout,
         chat_template=chat_template,
     )  # fmt: skip
+    if use_ray:
+        return serve_ray.run(
+            list(models), config, replicas=replicas, cpus=cpus_per_replica, address=ray_address
+        )
     return serve(list(models), config, log_level)

@@ -9,6 +9,8 @@ prometheus_client, jinja2); without it the rest of rlx works and these names rai
   directory, a GGUF file, a known name, optionally ``ID=MODEL``) -> services.
 - :func:`create_app` (``app.py``): services + config -> the Starlette app: ``/v1/embeddings``,
   ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/metrics``.
+- :func:`deployment` (``ray.py``): the same app on N Ray Serve replicas (past one
+  machine; also needs ``pip install 'rlx[distributed]'``).
 
 One module per job: ``errors.py`` (OpenAI error objects), ``service.py`` (the Service
 protocol a model implements), ``metrics.py`` (Prometheus), ``embeddings.py`` (the
@@ -22,7 +24,7 @@ from typing import Any
 
 from rlx.errors import ServeError
 
-__all__ = ["create_app", "ServeConfig", "load_services", "require", "INSTALL"]
+__all__ = ["create_app", "ServeConfig", "load_services", "deployment", "require", "INSTALL"]
 
 INSTALL = "pip install 'rlx[serve]'"
 
@@ -30,6 +32,7 @@ _LAZY = {
     "create_app": "rlx.serve.app",
     "ServeConfig": "rlx.serve.config",
     "load_services": "rlx.serve.loading",
+    "deployment": "rlx.serve.ray",
 }
 
 #: The packages of the ``serve`` extra, imported by :func:`require`.

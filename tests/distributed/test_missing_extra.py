@@ -20,6 +20,7 @@ INSTALL = "pip install 'rlx[distributed]'"
         ("ray", "import rlx.distributed as d; d.embed"),
         ("pyarrow", "from rlx.distributed import read_embeddings"),
         ("torch", "import rlx.distributed as d; d.DataParallel"),
+        ("ray", "import rlx.serve as s; s.deployment(['all-MiniLM-L6-v2'])"),
     ],
 )
 def test_names_need_the_extra(module: str, expr: str) -> None:
@@ -51,3 +52,14 @@ def test_cli_embed_ray_names_the_extra(tmp_path) -> None:
     assert out.returncode == 1
     assert "rlx embed --ray needs the 'ray' package" in out.stderr and INSTALL in out.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_serve_ray_names_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from rlx.cli import main\n"
+        "sys.exit(main(['serve', '--ray', '--replicas', '2', 'all-MiniLM-L6-v2']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 1, out.stderr
+    assert "rlx serve --ray needs the 'ray' package" in out.stderr and INSTALL in out.stderr
