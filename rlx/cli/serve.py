@@ -116,6 +116,11 @@ def serve(models: list[str], config: ServeConfig, log_level: str = "info") -> in
 @precision_option()
 @threads_option()
 @click.option(
+    "--workers", type=click.IntRange(min=1), default=None,
+    help="Embedding batches run at once per model, sharing --threads "
+    "(default: 2 when --threads >= 2, else 1; int8: 1).",
+)  # fmt: skip
+@click.option(
     "--max-queue", type=click.IntRange(min=1), default=256, show_default=True,
     help="Requests waiting per model before 429.",
 )  # fmt: skip
@@ -163,6 +168,7 @@ def command(
     ctx: int,
     precision: str,
     threads: int | None,
+    workers: int | None,
     max_queue: int,
     max_body_bytes: int,
     max_inputs: int,
@@ -196,7 +202,7 @@ def command(
         max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, parallel=parallel, ctx=ctx,
         precision=Precision(precision), max_body_bytes=max_body_bytes, max_queue=max_queue,
         max_inputs=max_inputs, max_prompt_tokens=max_prompt_tokens,
-        max_tokens_limit=max_tokens_limit, num_threads=threads, drain_timeout_s=drain_timeout,
+        max_tokens_limit=max_tokens_limit, num_threads=threads, workers=workers, drain_timeout_s=drain_timeout,
         chat_template=chat_template,
     )  # fmt: skip
     if use_ray:

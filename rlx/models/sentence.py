@@ -30,6 +30,7 @@ naming its index.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,7 @@ class SentenceEncoder:
         *,
         calibration_texts: Sequence[str] | None = None,
         quantize_options: Mapping[str, Any] | None = None,
+        max_shape_plans: int | None = None,
     ):
         check_precision(precision)
         self.layout: StLayout = read_layout(Path(path))
@@ -121,7 +123,8 @@ class SentenceEncoder:
             self.compiled = result.compiled
             self.quantization_report = result.report
         else:
-            self.compiled = self.model.compile(self.graph)
+            plans = {} if max_shape_plans is None else {"max_shape_plans": max_shape_plans}
+            self.compiled = self.model.compile(self.graph, **plans)
         self.buckets = _buckets(self.model.max_length)
 
     @property
@@ -151,19 +154,45 @@ class SentenceEncoder:
             yield self._run(self.model.tokenizer.tokenize(check_texts(batch)), normalize)
 
     def encode_tokenized(
-        self, encs: Sequence[tuple[list[int], list[int]]], normalize: bool | None = None
+        self,
+        encs: Sequence[tuple[list[int], list[int]]],
+        normalize: bool | None = None,
+        *,
+        length: int | None = None,
     ) -> np.ndarray:
         """Embeddings f32 ``[len(encs), dim]`` of texts already tokenized by
-        ``model.tokenizer.tokenize``, as one batch padded to its bucket, in their order
+        ``model.tokenizer.tokenize``, as one batch padded to its bucket (or to the bucket
+        of ``length`` tokens when that is longer: a server pads to a few length classes to
+        bound the shapes it compiles; padding does not change a row's bits), in their order
         (for a server that tokenizes once to count and to batch)."""
-        return self._run(list(encs), normalize)
+        return self._run(list(encs), normalize, length)
 
-    def _run(self, encs: list[tuple[list[int], list[int]]], normalize: bool | None) -> np.ndarray:
+    def replica(self, num_threads: int | None = None) -> SentenceEncoder:
+        """A SentenceEncoder sharing this one's model, tokenizer and compiled program but
+        with its own CompiledGraph (own params, arena and shape plans; ``num_threads``
+        threads, default: this one's), so two threads can encode at once. Not for int8
+        (its compiled graph comes from calibration): ValueError."""
+        if self.precision == "int8":
+            raise ValueError("an int8 SentenceEncoder has no replica; load another one")
+        twin = copy.copy(self)
+        threads = self.compiled.num_threads if num_threads is None else num_threads
+        twin.compiled = self.model.compile(
+            self.graph, num_threads=threads, max_shape_plans=self.compiled.options.max_shape_plans
+        )
+        return twin
+
+    def _run(
+        self,
+        encs: list[tuple[list[int], list[int]]],
+        normalize: bool | None,
+        length: int | None = None,
+    ) -> np.ndarray:
         """Embeddings of one batch of tokenized texts, padded to its bucket."""
         if not encs:
             return np.zeros((0, self.dim), np.float32)
         out = 1 if (self.layout.normalize if normalize is None else normalize) else 0
-        pad = self._pad_len(max(len(ids) for ids, _ in encs))
+        longest = max(len(ids) for ids, _ in encs)
+        pad = self._pad_len(min(max(longest, length or 0), self.max_length))
         feed = self.model.tokenizer.pad(encs, pad)
         return np.asarray(self.compiled.run(feed)[out], dtype=np.float32)
 

@@ -33,6 +33,7 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
     "max_prompt_tokens": (1, True),
     "max_tokens_limit": (1, False),
     "num_threads": (1, True),
+    "workers": (1, True),
     "drain_timeout_s": (0.0, False),
     "retry_after_s": (1, False),
 }
@@ -44,6 +45,9 @@ class ServeConfig:
 
     ``max_batch`` rows and ``max_batch_tokens`` padded tokens bound one embedding batch;
     a batch runs when full or when its oldest row has waited ``max_wait_ms``.
+    ``workers`` batcher threads per embedding model (None: 2 when ``num_threads``,
+    default rlx's, is 2 or more, else 1) share its ``num_threads`` threads, each with its
+    own compiled encoder, so batches run at once (int8 models run one).
     ``max_queue`` requests may wait per model (more get 429 with ``Retry-After:
     retry_after_s``). ``parallel`` sequences generate at once (KV slots) in a
     ``ctx``-token context; a prompt may hold ``max_prompt_tokens`` tokens (None: ``ctx``)
@@ -69,6 +73,7 @@ class ServeConfig:
     max_prompt_tokens: int | None = None
     max_tokens_limit: int = 4096
     num_threads: int | None = None
+    workers: int | None = None
     drain_timeout_s: float = 30.0
     retry_after_s: int = 1
     chat_template: str | None = None

@@ -1,14 +1,21 @@
 """``/v1/embeddings``: an :class:`EmbeddingService` serving one
-:class:`~rlx.models.SentenceEncoder`, with a batcher that coalesces the rows of concurrent
+:class:`~rlx.models.SentenceEncoder`, with batchers that coalesce the rows of concurrent
 requests.
 
 A request's texts are tokenized (long ones in a worker thread, off the event loop), checked
 against the limits and queued as rows, longest first (as ``SentenceEncoder.encode`` orders
-them, so a large request is cut into batches of similar lengths). One batcher thread per
-model takes the oldest rows, up to ``max_batch`` rows and ``max_batch_tokens`` padded
-tokens, once the batch is full or its oldest row has waited ``max_wait_ms``; it sorts them
-by length, runs them as one padded batch (:meth:`SentenceEncoder.encode_tokenized`) and
-hands each request its rows back.
+them, so a large request is cut into batches of similar lengths). ``workers`` batcher
+threads per model (each with its own CompiledGraph, a :meth:`SentenceEncoder.replica`, of
+``threads / workers`` threads: the compiled graph runs without the GIL, so they compute at
+once) share the queue. Once the queue holds ``max_batch`` rows or ``max_batch_tokens``
+padded tokens, or its oldest row has waited ``max_wait_ms``, a free batcher takes the
+oldest row and the other waiting rows of its length class (:data:`LENGTH_CLASSES`: the row
+padded to 16, 24, 32, 48, 64, ... tokens), up to ``max_batch`` rows and
+``max_batch_tokens`` padded tokens, cut to a batch class (1, 2, 4, 8, ... rows, or
+``max_batch``; the rest stay queued for the next batch), and runs them as one batch padded
+to that length class (:meth:`SentenceEncoder.encode_tokenized`) and hands each request its
+rows back. Length and batch classes bound the shapes the encoder plans (a new shape costs a
+re-plan of ~10 ms; the encoder keeps 64 plans) and keep rows of similar lengths together.
 
 Results are bit for bit those of ``SentenceEncoder.encode`` on each request alone: the
 compiled encoder computes every row independently of the other rows of its batch and of
@@ -55,7 +62,41 @@ ENCODING_FORMATS = ("float", "base64")
 #: ones take less time than the hand-off).
 INLINE_CHARS = 4096
 
+#: Lengths a batch is padded to (capped at the model's ``max_length``; longer rows pad to
+#: it): about 1.5x apart, so at most a few plans per batch size.
+LENGTH_CLASSES = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+#: How far into the queue a batcher looks for rows of the oldest row's length class.
+SCAN_ROWS = 4096
+
+#: Shape plans the served encoders keep (length classes x batch classes fit).
+SHAPE_PLANS = 64
+
 Tokens = tuple[list[int], list[int]]
+
+
+def length_class(length: int, max_length: int) -> int:
+    """The padded length of a batch whose longest row has ``length`` tokens."""
+    c = next((c for c in LENGTH_CLASSES if c >= length), length)
+    return min(c, max_length)
+
+
+def batch_class(n: int, max_batch: int) -> int:
+    """The most rows <= ``n`` a batch runs: a power of two, or ``max_batch``."""
+    if n >= max_batch:
+        return max_batch
+    return 1 << (n.bit_length() - 1)
+
+
+def worker_layout(config: ServeConfig) -> tuple[int, int]:
+    """(batcher threads per embedding model, threads of each one's compiled encoder):
+    ``config.workers`` (default: 2 when there are 2 threads or more, else 1) sharing
+    ``config.num_threads`` (default: rlx's)."""
+    from rlx.backends.cpu.threads import resolve_threads
+
+    total = resolve_threads(config.num_threads)
+    workers = config.workers if config.workers is not None else min(2, total)
+    return workers, max(1, total // workers)
 
 
 @dataclass(eq=False)
@@ -75,6 +116,7 @@ class _Row:
     job: _Job
     index: int
     length: int
+    padded: int  # its length class
 
 
 @dataclass(eq=False)
@@ -128,6 +170,8 @@ class EmbeddingService:
         self._queue = _Queue()
         self._metrics: Metrics | None = None
         self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._busy = 0  # batches running (guarded by the queue's lock)
         self._idle = threading.Event()
         self._idle.set()
 
@@ -185,8 +229,9 @@ class EmbeddingService:
         with q.cond:
             q.closing = True
             q.cond.notify_all()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=30)
+        for t in [self._thread, *self._threads]:
+            if t is not None and t is not threading.current_thread():
+                t.join(timeout=30)
 
     # ---- requests --------------------------------------------------------------------
 
@@ -248,7 +293,14 @@ class EmbeddingService:
             self._idle.clear()
             # longest first, as SentenceEncoder.encode orders a request: a long request is
             # cut into batches of similar lengths
-            rows = sorted((_Row(job, i, len(ids)) for i, (ids, _) in enumerate(encs)), key=_longest)
+            top = enc.max_length
+            rows = sorted(
+                (
+                    _Row(job, i, len(ids), length_class(len(ids), top))
+                    for i, (ids, _) in enumerate(encs)
+                ),
+                key=_longest,
+            )
             q.rows.extend(rows)
             m.queue_depth.labels(self.id).set(q.jobs)
             q.cond.notify()
@@ -269,22 +321,51 @@ class EmbeddingService:
                 log.exception("model %s failed to load", self.id)
                 self.load_error = e
                 return
+        enc = self.encoder
+        assert enc is not None
+        workers, _ = worker_layout(self.config)
+        if workers > 1 and getattr(enc, "precision", "f32") != "int8":
+            for k in range(1, workers):
+                try:
+                    twin = enc.replica()
+                except Exception:  # serve with the workers there are
+                    log.exception("model %s: batch worker %d failed to compile", self.id, k)
+                    break
+                t = threading.Thread(
+                    target=self._loop,
+                    args=(twin,),
+                    name=f"rlx-serve-embed-{self.id}-{k}",
+                    daemon=True,
+                )
+                t.start()
+                self._threads.append(t)
+        self._loop(enc)
+
+    def _loop(self, enc: SentenceEncoder) -> None:
         while True:
             batch = self._take()
             if batch is None:
                 return
             if batch:
-                self._run(batch)
+                try:
+                    self._run(enc, batch)
+                finally:
+                    with self._queue.cond:
+                        self._busy -= 1
+                        if not self._queue.rows and not self._busy:
+                            self._idle.set()
 
     def _take(self) -> list[_Row] | None:
-        """The next batch (oldest rows first, then sorted by length), [] for a round
-        that found only rows of cancelled requests, None once closing with nothing left."""
+        """The next batch: the oldest row and the queued rows of its length class (cut to
+        a batch class), [] for a round that found only rows of cancelled requests, None
+        once closing with nothing left."""
         q, cfg = self._queue, self.config
         with q.cond:
             while not q.rows:
                 if q.closing:
                     return None
-                self._idle.set()
+                if not self._busy:
+                    self._idle.set()
                 q.cond.wait()
             deadline = time.monotonic() + cfg.max_wait_ms / 1000
             while not q.closing and len(q.rows) < cfg.max_batch:
@@ -293,52 +374,57 @@ class EmbeddingService:
                 if left <= 0 or self._padded(head) >= cfg.max_batch_tokens:
                     break
                 q.cond.wait(left)
-            batch: list[_Row] = []
-            longest = 0
-            while q.rows and len(batch) < cfg.max_batch:
-                row = q.rows[0]
-                if row.job.future.done():  # cancelled: skip its rows
-                    q.rows.popleft()
-                    self._finish(row.job, count_only=True)
-                    continue
-                grown = max(longest, row.length)
-                if batch and self._pad(grown) * (len(batch) + 1) > cfg.max_batch_tokens:
-                    break
-                batch.append(q.rows.popleft())
-                longest = grown
+            while q.rows and q.rows[0].job.future.done():  # cancelled: skip its rows
+                self._finish(q.rows.popleft().job, count_only=True)
+            if not q.rows:
+                return []
+            pad = q.rows[0].padded
+            limit = min(cfg.max_batch, max(1, cfg.max_batch_tokens // pad))
+            picked: list[_Row] = []
+            for row in itertools.islice(q.rows, SCAN_ROWS):
+                if row.padded == pad and not row.job.future.done():
+                    picked.append(row)
+                    if len(picked) == limit:
+                        break
+            batch = picked[: batch_class(len(picked), cfg.max_batch)]
+            taken = {id(r) for r in batch}
+            q.rows = deque(r for r in q.rows if id(r) not in taken)
+            self._busy += 1
+            if q.rows:
+                q.cond.notify()  # another batcher may take the rest
         batch.sort(key=_longest)
         return batch
 
-    def _pad(self, length: int) -> int:
-        enc = self.encoder
-        assert enc is not None
-        return next((b for b in enc.buckets if b >= length), enc.buckets[-1])
-
     def _padded(self, rows: list[_Row]) -> int:
-        return self._pad(max(r.length for r in rows)) * len(rows) if rows else 0
+        return max(r.padded for r in rows) * len(rows) if rows else 0
 
-    def _run(self, batch: list[_Row]) -> None:
-        enc, m = self.encoder, self._metrics
-        assert enc is not None and m is not None
+    def _run(self, enc: SentenceEncoder, batch: list[_Row]) -> None:
+        m = self._metrics
+        assert m is not None
         t0 = time.perf_counter()
         error: BaseException | None = None
         try:
-            vectors = enc.encode_tokenized([r.job.encs[r.index] for r in batch])
+            encs = [r.job.encs[r.index] for r in batch]
+            vectors = enc.encode_tokenized(encs, length=batch[0].padded)
         except Exception as e:  # answer every request of the batch with a 500
             log.exception("embedding batch of %d rows on %s failed", len(batch), self.id)
             error = ApiError.server_error(f"{type(e).__name__}: {e}")
         dt = time.perf_counter() - t0
         m.observe_batch(self.id, len(batch), sum(r.length for r in batch), dt)
-        for i, row in enumerate(batch):
-            job = row.job
-            if error is None:
-                job.out[row.index] = vectors[i]
-            else:
-                job.error = error
-            job.remaining -= 1
-            if job.remaining == 0:
-                job.loop.call_soon_threadsafe(_resolve, job)
-                self._finish(job)
+        done: list[_Job] = []
+        with self._queue.cond:  # rows of one request may run in two batchers at once
+            for i, row in enumerate(batch):
+                job = row.job
+                if error is None:
+                    job.out[row.index] = vectors[i]
+                else:
+                    job.error = error
+                job.remaining -= 1
+                if job.remaining == 0:
+                    done.append(job)
+        for job in done:
+            job.loop.call_soon_threadsafe(_resolve, job)
+            self._finish(job)
 
     def _finish(self, job: _Job, count_only: bool = False) -> None:
         """One request fewer in the queue (a cancelled job counts once, at its last row)."""

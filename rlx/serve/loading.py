@@ -15,7 +15,7 @@ from typing import Any
 
 from rlx.errors import ServeError
 from rlx.serve.config import ServeConfig
-from rlx.serve.embeddings import EmbeddingService
+from rlx.serve.embeddings import SHAPE_PLANS, EmbeddingService, worker_layout
 from rlx.serve.service import Service
 
 __all__ = ["load_services", "split_id"]
@@ -50,7 +50,11 @@ def _embedding(path: Path, id: str, config: ServeConfig, background: bool) -> Se
     read_config(read_layout(path).transformer_dir)  # a ModelError now, not after startup
 
     def load() -> Any:
-        return SentenceEncoder(path, config.precision.value, config.num_threads)
+        precision = config.precision.value
+        threads = config.num_threads
+        if precision != "int8":  # int8 runs one batcher (its graph comes from calibration)
+            threads = worker_layout(config)[1]
+        return SentenceEncoder(path, precision, threads, max_shape_plans=SHAPE_PLANS)
 
     return EmbeddingService(load if background else load(), id, config)
 

@@ -41,10 +41,12 @@ class Gated:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.encoder, name)
 
-    def encode_tokenized(self, encs: Sequence[Any], normalize: bool | None = None) -> np.ndarray:
+    def encode_tokenized(
+        self, encs: Sequence[Any], normalize: bool | None = None, **kw: Any
+    ) -> np.ndarray:
         self.entered.set()
         assert self.open.wait(120), "the test never released the gate"
-        return self.encoder.encode_tokenized(encs, normalize)
+        return self.encoder.encode_tokenized(encs, normalize, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +58,8 @@ def gated(minilm_dir: Path) -> Gated:
 
 @pytest.fixture(scope="module")
 def server(gated: Gated) -> Iterator[LiveServer]:
-    config = ServeConfig(api_key=KEY, max_queue=2, max_body_bytes=4096, max_inputs=4)
+    # one batcher: a second one would run on a replica of the encoder, past the gate
+    config = ServeConfig(api_key=KEY, max_queue=2, max_body_bytes=4096, max_inputs=4, workers=1)
     service = EmbeddingService(gated, MODEL, config)  # type: ignore[arg-type]
     with LiveServer(create_app([service], config)) as live:
         yield live
