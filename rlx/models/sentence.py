@@ -97,7 +97,8 @@ class SentenceEncoder:
     ``quantize_options``: keyword arguments for ``rlx.quantize`` (``activations=``
     "dynamic" (the default here) or "static", ``method=``, ``smooth_alpha=``, ``exclude=``
     layer weight names such as ``"encoder.layer.0.output.dense.weight"``,
-    ``accuracy_budget=``).
+    ``accuracy_budget=``); ``max_shape_plans``: (batch, length) shapes the compiled graph
+    keeps planned (default 16; a server batching many shapes keeps more; f32 / bf16).
     """
 
     def __init__(
@@ -123,7 +124,9 @@ class SentenceEncoder:
             self.compiled = result.compiled
             self.quantization_report = result.report
         else:
-            plans = {} if max_shape_plans is None else {"max_shape_plans": max_shape_plans}
+            plans: dict[str, Any] = {}
+            if max_shape_plans is not None:
+                plans["max_shape_plans"] = max_shape_plans
             self.compiled = self.model.compile(self.graph, **plans)
         self.buckets = _buckets(self.model.max_length)
 

@@ -97,3 +97,48 @@ def test_two_models_each_answered_by_its_own(served, oracle, tmp_path: Path) -> 
         got = np.array([d["embedding"] for d in answers[m]["data"]], np.float32)
         np.testing.assert_array_equal(got, enc.encode(texts))
     assert tiny_oracle.dim != oracle.dim
+
+
+def test_length_and_batch_classes() -> None:
+    from rlx.serve.embeddings import LENGTH_CLASSES, batch_class, length_class
+
+    for n in range(1, 600):
+        c = length_class(n, 256)
+        assert c == 256 if n >= 256 else (n <= c <= 256 and c in LENGTH_CLASSES)
+    assert {length_class(n, 512) for n in range(1, 513)} == set(LENGTH_CLASSES)
+    for top in (1, 5, 32):
+        sizes = {batch_class(n, top) for n in range(1, 100)}
+        assert all(1 <= batch_class(n, top) <= min(n, top) for n in range(1, 100))
+        assert sizes == {1 << k for k in range(top.bit_length()) if 1 << k < top} | {top}
+
+
+def test_three_workers_answer_concurrent_mixed_requests_bit_for_bit(served, oracle) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    config = ServeConfig(max_batch=6, max_batch_tokens=512, max_wait_ms=2.0, workers=3)
+    service = EmbeddingService(served, "m", config)
+    distinct = [sentences(1 + i % 3, seed=300 + i, longest=90) for i in range(12)]
+    requests = [distinct[(5 * i) % 12] for i in range(36)]
+    with LiveServer(create_app([service], config)) as live:
+
+        def call(texts: list[str]) -> np.ndarray:
+            r = httpx.post(
+                f"{live.url}/v1/embeddings",
+                json={"model": "m", "input": texts, "encoding_format": "float"},
+                timeout=120,
+            )
+            assert r.status_code == 200, r.text
+            return np.array([d["embedding"] for d in r.json()["data"]], np.float32)
+
+        with ThreadPoolExecutor(36) as pool:
+            results = list(pool.map(call, requests))
+        m = metric_samples(live.url)
+    assert len(service._threads) == 2  # two replicas beside the encoder itself
+    for i, got in enumerate(results):
+        want = np.stack([oracle.encode([t])[0] for t in requests[i]])
+        np.testing.assert_array_equal(got, want, err_msg=f"request {i}")
+    rows = sum(len(t) for t in requests)
+    assert m[("rlx_batch_size_sum", (("model", "m"),))] == rows  # every row ran once
+    count = m[("rlx_batch_size_count", (("model", "m"),))]
+    assert m[("rlx_batch_size_bucket", (("le", "8.0"), ("model", "m")))] == count  # max_batch
+    assert m[("rlx_queue_depth", (("model", "m"),))] == 0
