@@ -43,7 +43,15 @@ from rlx.models.hf.arch import build_encoder
 from rlx.models.hf.layout import Pooling, StLayout, read_layout
 from rlx.models.hf.tokenizer import check_texts
 
-__all__ = ["SentenceEncoder", "Pooling", "pool", "sentence_graph", "BUCKETS", "PAD_MULTIPLE"]
+__all__ = [
+    "SentenceEncoder",
+    "Pooling",
+    "pool",
+    "sentence_graph",
+    "bucket_lengths",
+    "BUCKETS",
+    "PAD_MULTIPLE",
+]
 
 #: Batches are padded to a multiple of this many tokens (capped at the model's max_length).
 PAD_MULTIPLE = 8
@@ -84,7 +92,9 @@ def sentence_graph(model: HFModel, kind: Pooling) -> Graph:
     return g
 
 
-def _buckets(max_length: int) -> tuple[int, ...]:
+def bucket_lengths(max_length: int) -> tuple[int, ...]:
+    """The lengths batches are padded to: multiples of :data:`PAD_MULTIPLE` below
+    ``max_length``, then ``max_length``."""
     return tuple(range(PAD_MULTIPLE, max_length, PAD_MULTIPLE)) + (max_length,)
 
 
@@ -122,7 +132,7 @@ class SentenceEncoder:
             self.quantization_report = result.report
         else:
             self.compiled = self.model.compile(self.graph)
-        self.buckets = _buckets(self.model.max_length)
+        self.buckets = bucket_lengths(self.model.max_length)
 
     @property
     def dim(self) -> int:
