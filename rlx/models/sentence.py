@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from rlx.errors import InputError
+from rlx.dtype import DType
+from rlx.errors import InputError, ModelError
 from rlx.ir.mir import Graph, NodeId
 from rlx.models.hf import HFModel, check_precision, load
 from rlx.models.hf.arch import build_encoder
@@ -63,14 +64,22 @@ PROGRESS_MIN_BATCHES = 8
 
 def pool(g: Graph, hidden: NodeId, mask: NodeId, kind: Pooling) -> NodeId:
     """``[batch, hidden]`` from ``hidden [batch, seq, h]`` and the f32 ``mask [batch, seq]``
-    (1 = token): sentence-transformers' Pooling (mean over tokens with the count clamped
-    at 1e-9; the first token; the max with padding at -1e9; the sum over sqrt(count))."""
+    (1 = token, contiguous): sentence-transformers' Pooling. Mean over tokens with the
+    count clamped at 1e-9; the first / the last token (padding on either side); the max
+    with padding at -1e9; the sum over sqrt(count); the mean weighted by position (1 for
+    the first token, 2 for the second, ...)."""
     b, s, _ = g.node(hidden).shape.dims
     m3 = g.reshape(mask, (b, s, 1))
-    if kind is Pooling.CLS:
-        return g.gather(hidden, g.constant(np.int64(0)), 1)
     if kind is Pooling.MAX:
         return g.max(g.add(hidden, g.mul(g.sub(m3, 1.0), 1e9)), 1)
+    if kind in (Pooling.CLS, Pooling.LAST_TOKEN, Pooling.WEIGHTED_MEAN):
+        seen = g.cumsum(m3, 1)  # 1, 2, ... over the tokens
+        if kind is Pooling.WEIGHTED_MEAN:
+            w = g.mul(seen, m3)
+            return g.div(g.sum(g.mul(hidden, w), 1), g.maximum(g.sum(w, 1), 1e-9))
+        at = g.sub(seen, m3) if kind is Pooling.CLS else g.sub(seen, g.sum(m3, 1, keepdims=True))
+        one_hot = g.mul(g.cast(g.eq(at, 0.0), DType.F32), m3)  # exact: one 1, zeros elsewhere
+        return g.sum(g.mul(hidden, one_hot), 1)
     total = g.sum(g.mul(hidden, m3), 1)
     count = g.maximum(g.sum(m3, 1), 1e-9)
     if kind is Pooling.MEAN_SQRT_LEN:
@@ -149,6 +158,32 @@ class SentenceEncoder:
         """Whether the model's modules.json ends in a Normalize module."""
         return self.layout.normalize
 
+    @property
+    def prompts(self) -> dict[str, str]:
+        """The model's prompts (name -> text prepended to each input), from
+        config_sentence_transformers.json."""
+        return dict(self.layout.prompts)
+
+    def resolve_prompt(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
+        """The text to prepend, as sentence-transformers resolves it: ``prompt`` when given
+        (``prompt_name`` then ignored), else the prompt named ``prompt_name`` (InputError
+        listing the model's prompts when it has none of that name), else the model's
+        default prompt, else ""."""
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise InputError(f"prompt must be a str, got {type(prompt).__name__}")
+            return prompt
+        prompts = self.prompts
+        if prompt_name is not None:
+            if prompt_name not in prompts:
+                raise InputError(
+                    f"prompt_name {prompt_name!r} is not one of the model's prompts "
+                    f"{list(prompts)} (config_sentence_transformers.json)"
+                )
+            return prompts[prompt_name]
+        name = self.layout.default_prompt_name
+        return prompts.get(name, "") if name is not None else ""
+
     def _pad_len(self, longest: int) -> int:
         return next(b for b in self.buckets if b >= longest)
 
@@ -183,11 +218,23 @@ class SentenceEncoder:
         batch_size: int = 32,
         normalize: bool | None = None,
         progress: bool | None = None,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
     ) -> np.ndarray:
         """Embeddings f32 ``[len(texts), dim]`` in the order of ``texts``. ``normalize``
         None follows the model (a Normalize module); ``progress`` None shows a tqdm bar
-        for more than a few batches when tqdm is installed."""
+        for more than a few batches when tqdm is installed. ``prompt`` (or the model's
+        prompt named ``prompt_name``, or its default prompt) is prepended to each text, as
+        sentence-transformers does (:meth:`resolve_prompt`)."""
         items = check_texts(texts)
+        text = self.resolve_prompt(prompt_name, prompt)
+        if text and not self.layout.include_prompt:
+            raise ModelError(
+                f"{self.layout.transformer_dir}: the Pooling module leaves prompt tokens out "
+                "(include_prompt: false), which rlx does not support; encode without a prompt "
+                "or use a model that pools them"
+            )
+        items = [text + t for t in items] if text else items
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InputError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if not items:

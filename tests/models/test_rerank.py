@@ -157,7 +157,7 @@ def test_encoder_checkpoint_is_not_a_reranker(tmp_path) -> None:
     from tests.models import tiny_checkpoints as tc
 
     d = tc.build("bert", tmp_path / "enc")
-    with pytest.raises(ModelError, match="BertModel.*not supported for rerank"):
+    with pytest.raises(ModelError, match="BertModel.*not supported as a reranker"):
         Reranker(d)
 
 

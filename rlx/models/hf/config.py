@@ -130,8 +130,8 @@ def _family(cfg: dict[str, Any], path: Path, task: Task) -> tuple[Family, str]:
         bad = [a for a in archs if a not in known]
         if bad:
             raise ModelError(
-                f"{path}: architectures: {json.dumps(archs)} is not supported "
-                f"for {task.value}; supported: {supported}"
+                f"{path}: architectures: {json.dumps(archs)} is not supported"
+                f"{' as a reranker' if task is Task.RERANK else ''}; supported: {supported}"
             )
         return known[archs[0]], archs[0]
     if task is Task.RERANK:
