@@ -103,3 +103,20 @@ def test_prompt_excluded_from_pooling_is_refused(tmp_path, st_mean) -> None:
     assert enc.encode(["a dog"]).shape == (1, 32)  # no prompt: nothing to leave out
     with pytest.raises(ModelError, match="include_prompt"):
         enc.encode(["a dog"], prompt="the ")
+
+
+@pytest.mark.parametrize("mode", ["cls", "lasttoken", "weightedmean"])
+def test_left_padding_pools_the_real_tokens(tmp_path, mode) -> None:
+    """A tokenizer that pads on the left (RoBERTa: positions count real tokens only, so the
+    vectors do not depend on how far each library pads)."""
+    d = sc.sentence_transformer(tmp_path / "st", mode, family="roberta")
+    tj = json.loads((d / "tokenizer.json").read_text())
+    tj["padding"] = {**(tj.get("padding") or {}), "direction": "Left"}
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    tcfg = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**tcfg, "padding_side": "left"}))
+    enc = SentenceEncoder(d, num_threads=1)
+    assert enc.model.tokenizer.pad_left
+    st = _st(d)
+    want = st.encode(TEXTS, batch_size=4)
+    assert np.abs(enc.encode(TEXTS, batch_size=4) - want).max() <= 1e-5
