@@ -32,6 +32,7 @@ from rlx.ir.mir import Graph
 from rlx.models.hf import HFModel, Task, check_precision, load
 from rlx.models.hf.arch import build_encoder
 from rlx.models.hf.config import Family, read_json
+from rlx.models.hf.layout import read_prompts, resolve_prompt
 from rlx.models.hf.tokenizer import check_texts
 from rlx.models.hf.weights import head_names
 from rlx.models.sentence import bucket_lengths
@@ -175,6 +176,8 @@ class Reranker:
         self.compiled = self.model.compile(self.graph)
         self.buckets = bucket_lengths(self.model.max_length)
         self._token_types = _passes_token_types(self.model)
+        prompts, self.default_prompt_name = read_prompts(self.model.path)
+        self.prompts: dict[str, str] = dict(prompts)
 
     @property
     def num_labels(self) -> int:
@@ -199,14 +202,20 @@ class Reranker:
         batch_size: int = 32,
         activation: Activation | None = None,
         apply_softmax: bool = False,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
     ) -> np.ndarray:
         """Scores f32 ``[len(pairs)]`` (``[len(pairs), num_labels]`` when ``num_labels``
         > 1) in the order of ``pairs``: the logits through ``activation`` (default: the
         checkpoint's, :attr:`activation`), then a softmax over the labels when
         ``apply_softmax`` and ``num_labels > 1``. One bare pair gives a 0-d array (one row
-        for several labels); no pairs an empty array."""
+        for several labels); no pairs an empty array. ``prompt`` (or the prompt named
+        ``prompt_name`` in config_sentence_transformers.json, or its default prompt) is
+        prepended to the first text of each pair, as ``CrossEncoder`` does."""
         single = _is_single_pair(pairs)
         items = _check_pairs([pairs] if single else pairs)
+        text = resolve_prompt(self.prompts, self.default_prompt_name, prompt_name, prompt)
+        items = [(text + q, d) for q, d in items] if text else items
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InputError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if activation is not None and not isinstance(activation, Activation):
@@ -238,11 +247,14 @@ class Reranker:
         top_k: int | None = None,
         return_documents: bool = False,
         batch_size: int = 32,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
     ) -> list[dict[str, Any]]:
         """The documents by score, best first, as ``CrossEncoder.rank``: a list of
         ``{"corpus_id": index in documents, "score": float}`` (with ``"text"`` when
         ``return_documents``), the first ``top_k`` (None: all). Ties keep the
-        documents' order. Needs a single-score model (``num_labels == 1``)."""
+        documents' order. Needs a single-score model (``num_labels == 1``); the prompt
+        arguments are :meth:`predict`'s."""
         if self.num_labels != 1:
             raise ModelError(
                 f"rank needs a model with one score per pair (num_labels=1); "
@@ -258,7 +270,12 @@ class Reranker:
             isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
         ):
             raise InputError(f"top_k must be None or an int >= 1, got {top_k!r}")
-        scores = self.predict([(query, d) for d in docs], batch_size=batch_size)
+        scores = self.predict(
+            [(query, d) for d in docs],
+            batch_size=batch_size,
+            prompt_name=prompt_name,
+            prompt=prompt,
+        )
         out: list[dict[str, Any]] = []
         for i, s in enumerate(scores.tolist()):
             out.append(

@@ -41,7 +41,7 @@ from rlx.errors import InputError, ModelError
 from rlx.ir.mir import Graph, NodeId
 from rlx.models.hf import HFModel, check_precision, load
 from rlx.models.hf.arch import build_encoder
-from rlx.models.hf.layout import Pooling, StLayout, read_layout
+from rlx.models.hf.layout import Pooling, StLayout, read_layout, resolve_prompt
 from rlx.models.hf.tokenizer import check_texts
 
 __all__ = [
@@ -165,24 +165,10 @@ class SentenceEncoder:
         return dict(self.layout.prompts)
 
     def resolve_prompt(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
-        """The text to prepend, as sentence-transformers resolves it: ``prompt`` when given
-        (``prompt_name`` then ignored), else the prompt named ``prompt_name`` (InputError
-        listing the model's prompts when it has none of that name), else the model's
-        default prompt, else ""."""
-        if prompt is not None:
-            if not isinstance(prompt, str):
-                raise InputError(f"prompt must be a str, got {type(prompt).__name__}")
-            return prompt
-        prompts = self.prompts
-        if prompt_name is not None:
-            if prompt_name not in prompts:
-                raise InputError(
-                    f"prompt_name {prompt_name!r} is not one of the model's prompts "
-                    f"{list(prompts)} (config_sentence_transformers.json)"
-                )
-            return prompts[prompt_name]
-        name = self.layout.default_prompt_name
-        return prompts.get(name, "") if name is not None else ""
+        """The text :meth:`encode` prepends: ``prompt`` when given, else the model's prompt
+        named ``prompt_name`` (InputError listing them when it has none of that name), else
+        its default prompt, else "" (sentence-transformers' rule)."""
+        return resolve_prompt(self.prompts, self.layout.default_prompt_name, prompt_name, prompt)
 
     def _pad_len(self, longest: int) -> int:
         return next(b for b in self.buckets if b >= longest)

@@ -169,3 +169,31 @@ def test_unsupported_activation_is_a_model_error(tmp_path) -> None:
         ModelError, match="torch.nn.ReLU.*supported: torch.nn.modules.activation.Sigmoid"
     ):
         Reranker(d)
+
+
+def test_prompts_as_cross_encoder(tmp_path) -> None:
+    """Prompts saved with a CrossEncoder are prepended to the query of each pair."""
+    from sentence_transformers import CrossEncoder
+
+    d = sc.classifier("bert", tmp_path / "m")
+    prompts = {"cat": "the cat ", "dog": "a dog "}
+    CrossEncoder(str(d), device="cpu", prompts=prompts, default_prompt_name="cat").save(
+        str(tmp_path / "s")
+    )
+    ce = CrossEncoder(str(tmp_path / "s"), device="cpu")
+    rr = Reranker(tmp_path / "s", num_threads=1)
+    assert rr.prompts == prompts and rr.default_prompt_name == "cat"
+    for kw in [{}, {"prompt_name": "dog"}, {"prompt": "music "}, {"prompt": ""}]:
+        want = ce.predict(sc.PAIRS, **kw)
+        assert np.abs(rr.predict(sc.PAIRS, **kw) - want).max() <= 1e-5, kw
+        w, g = ce.rank(QUERY, DOCS, **kw), rr.rank(QUERY, DOCS, **kw)
+        assert [r["corpus_id"] for r in g] == [r["corpus_id"] for r in w]
+    with pytest.raises(InputError, match=r"prompt_name 'x' is not one of .*'cat'"):
+        rr.predict(sc.PAIRS, prompt_name="x")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_reduced_precision_close_to_cross_encoder(classifiers, precision) -> None:
+    rr = Reranker(classifiers["xlm-roberta"], precision=precision, num_threads=1)
+    want = _cross_encoder(classifiers["xlm-roberta"]).predict(sc.PAIRS)
+    assert np.abs(rr.predict(sc.PAIRS) - want).max() <= 0.01

@@ -20,10 +20,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlx.errors import ModelError
+from rlx.errors import InputError, ModelError
 from rlx.models.hf.config import read_json
 
-__all__ = ["Pooling", "StLayout", "read_layout"]
+__all__ = ["Pooling", "StLayout", "read_layout", "read_prompts", "resolve_prompt"]
 
 
 class Pooling(enum.Enum):
@@ -97,8 +97,9 @@ def _pooling(path: Path) -> tuple[Pooling, bool]:
     return _MODES[given[0]], include
 
 
-def _prompts(model_dir: Path) -> tuple[tuple[tuple[str, str], ...], str | None]:
-    """``prompts`` and ``default_prompt_name`` of config_sentence_transformers.json."""
+def read_prompts(model_dir: Path) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """``prompts`` ((name, text) pairs) and ``default_prompt_name`` of
+    ``model_dir/config_sentence_transformers.json`` (none when the file is absent)."""
     path = model_dir / "config_sentence_transformers.json"
     if not path.is_file():
         return (), None
@@ -146,5 +147,28 @@ def read_layout(model_dir: Path) -> StLayout:
             )
     if transformer is None or pooling is None:
         raise ModelError(f"{mpath}: needs a Transformer module followed by a Pooling module")
-    prompts, default = _prompts(model_dir)
+    prompts, default = read_prompts(model_dir)
     return StLayout(transformer, pooling, normalize, prompts, default, include)
+
+
+def resolve_prompt(
+    prompts: dict[str, str],
+    default_name: str | None,
+    prompt_name: str | None = None,
+    prompt: str | None = None,
+) -> str:
+    """The text to prepend, as sentence-transformers resolves it: ``prompt`` when given
+    (``prompt_name`` then ignored), else the prompt named ``prompt_name`` (InputError
+    listing ``prompts`` when none has that name), else the default prompt, else ""."""
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise InputError(f"prompt must be a str, got {type(prompt).__name__}")
+        return prompt
+    if prompt_name is not None:
+        if prompt_name not in prompts:
+            raise InputError(
+                f"prompt_name {prompt_name!r} is not one of the model's prompts "
+                f"{list(prompts)} (config_sentence_transformers.json)"
+            )
+        return prompts[prompt_name]
+    return prompts.get(default_name, "") if default_name is not None else ""
