@@ -137,9 +137,11 @@ def sentence_transformer(
     prompts: dict[str, str] | None = None,
     default_prompt_name: str | None = None,
     seed: int = 0,
+    include_prompt: bool = True,
 ) -> Path:
     """A SentenceTransformer (Transformer + Pooling(``pooling``) [+ Normalize]) over a tiny
-    random ``family`` encoder, saved by sentence-transformers into ``out_dir``."""
+    random ``family`` encoder, saved by sentence-transformers into ``out_dir`` (with
+    ``include_prompt=False`` the Pooling module leaves prompt tokens out)."""
     import torch
     import transformers
     from sentence_transformers import SentenceTransformer
@@ -155,7 +157,7 @@ def sentence_transformer(
     model.save_pretrained(str(hf_dir))
     tokenizer(family, hf_dir)
     first = Transformer(str(hf_dir), max_seq_length=tc.MAX_LEN)
-    mods = [first, Pooling(first.get_embedding_dimension(), pooling_mode=pooling)]
+    mods = [first, Pooling(first.get_embedding_dimension(), pooling, include_prompt)]
     if normalize:
         mods.append(Normalize())
     st = SentenceTransformer(

@@ -97,12 +97,24 @@ def test_unsupported_pooling_lists_the_supported(tmp_path, st_mean, cfg, shown) 
         assert repr(mode) in str(e.value)
 
 
-def test_prompt_excluded_from_pooling_is_refused(tmp_path, st_mean) -> None:
-    d = _pooling_config(tmp_path, st_mean, pooling_mode="mean", include_prompt=False)
+@pytest.mark.parametrize(
+    ("mode", "family"),
+    [(m, "bert") for m in ["mean", "cls", "max", "weightedmean", "lasttoken"]]
+    + [("weightedmean", "roberta")],
+)
+def test_prompt_left_out_of_pooling(tmp_path, mode, family) -> None:
+    """include_prompt: false (instruction models): the prompt's tokens reach attention but
+    not the pooling, as in sentence-transformers."""
+    d = sc.sentence_transformer(
+        tmp_path / "st", mode, family=family, prompts=PROMPTS, include_prompt=False
+    )
     enc = SentenceEncoder(d, num_threads=1)
-    assert enc.encode(["a dog"]).shape == (1, 32)  # no prompt: nothing to leave out
-    with pytest.raises(ModelError, match="include_prompt"):
-        enc.encode(["a dog"], prompt="the ")
+    assert not enc.layout.include_prompt
+    assert enc._prompt_tokens(PROMPTS["passage"]) == 3  # [CLS] music is, not the [SEP]
+    st = _st(d)
+    for kw in [{"prompt_name": "passage"}, {"prompt": "the "}, {}]:
+        want = st.encode(TEXTS, batch_size=3, **kw)
+        assert np.abs(enc.encode(TEXTS, batch_size=3, **kw) - want).max() <= 1e-5, kw
 
 
 @pytest.mark.parametrize("mode", ["cls", "lasttoken", "weightedmean"])
@@ -120,3 +132,13 @@ def test_left_padding_pools_the_real_tokens(tmp_path, mode) -> None:
     st = _st(d)
     want = st.encode(TEXTS, batch_size=4)
     assert np.abs(enc.encode(TEXTS, batch_size=4) - want).max() <= 1e-5
+
+
+def test_prompt_left_out_of_pooling_int8(tmp_path) -> None:
+    """The int8 path calibrates and evaluates the graph with its pooling-mask input."""
+    d = sc.sentence_transformer(tmp_path / "st", "mean", prompts=PROMPTS, include_prompt=False)
+    enc = SentenceEncoder(d, precision="int8", num_threads=1)
+    want = _st(d).encode(TEXTS, prompt_name="query")
+    got = enc.encode(TEXTS, prompt_name="query")
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cos.min() >= 0.99

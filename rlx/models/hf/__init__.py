@@ -168,10 +168,13 @@ class HFModel:
         batches = [
             self.inputs(sample[i : i + batch_size]) for i in range(0, len(sample), batch_size)
         ]
+        g = graph if graph is not None else self.graph
+        for b in batches:  # a pooling head that selects tokens: all of them (no prompt)
+            if "pooling_mask" in g.input_names:
+                b["pooling_mask"] = b["attention_mask"]
         kw.setdefault("eval_batches", len(batches))
         kw.setdefault("rank_layers", False)
         kw.setdefault("activations", "dynamic")
-        g = graph if graph is not None else self.graph
         return quantize(g, batches, params=dict(self.params), options=self.options("f32"), **kw)
 
     def __repr__(self) -> str:
