@@ -1,0 +1,291 @@
+/* dqgemm part 3 of 6 (see dqgemm.c): fused decode-dot rows for the other GGUF layouts
+ * (Q4_0, Q4_1, Q5_1, Q2_K, Q3_K, Q5_K) on AVX2 / AVX-512, and the fused-row dispatch.
+ *
+ * As dqgemm_rows.c: a block's codes go from the packed bytes straight to vector registers
+ * and are multiplied with X in f32 (no decode buffer). Two forms:
+ *   table (AVX-512, Q4_0 / Q4_1 / Q5_1): the block's 16 (32) decoded values d * q (+ m),
+ *     computed exactly as decode_block computes them, held in one (two) zmm; vpermps /
+ *     vpermt2ps look each code up, FMA with X: products of the exact decoded weights.
+ *   integer codes (the rest, and AVX2): codes widened to i32 lanes, converted, FMA with X
+ *     per sub-block; the sub-block's scale multiplies the vector sum, and a min (Q4_1,
+ *     Q5_1, Q2_K, Q5_K: w = d q + m or d q - m) adds m times the sum of X over the
+ *     sub-block (prep_x: per 32 inputs, per 16 for Q2_K), as row_q4_k_v does.
+ * Both accumulate in f32 (error within K * 2^-23 of sum |x| |w| plus, for the split min
+ * term, the same bound on |d q| + |m|). Two blocks per iteration of the 32-weight
+ * layouts run into separate accumulators (FMA latency). */
+
+#if FUSED
+/* bit j of each i32 lane moved to bit `to` (j, to constants once inlined) */
+static inline __attribute__((always_inline)) vi bit_to(vi h, int j, int to) {
+    vi b = j <= to ? VISLL(h, to - j) : VISRL(h, j - to);
+    return VIAND(b, VISET1(1 << to));
+}
+
+/* ---- Q4_0: 18-byte blocks, half d; u8 qs[16]; w = d * (q - 8) ---------------------- */
+static inline __attribute__((always_inline)) void blk_q4_0(const uint8_t *p, const float *x,
+                                                            const float *xs, vf *t0, vf *t1,
+                                                            float *mt) {
+    (void)xs, (void)mt;
+#if VW == 16
+    const __m512 iota_m8 = _mm512_sub_ps(_mm512_loadu_ps(IOTA16), VSET1(8.0f));
+    __m512 tb = _mm512_mul_ps(VSET1(hf(p)), iota_m8); /* d * (q - 8) as the reference */
+    __m512i w = VU8(p + 2);
+    *t0 = VFMA(_mm512_permutexvar_ps(w, tb), VLOAD(x), *t0); /* low 4 bits index */
+    *t1 = VFMA(_mm512_permutexvar_ps(_mm512_srli_epi32(w, 4), tb), VLOAD(x + 16), *t1);
+#else
+    const vi m15 = VISET1(15), c8 = VISET1(8);
+    vf a0 = VZERO(), a1 = VZERO();
+    for (int v = 0; v < 16; v += VW) {
+        vi w = VU8(p + 2 + v);
+        a0 = VFMA(VCVT(VISUB(VIAND(w, m15), c8)), VLOAD(x + v), a0);
+        a1 = VFMA(VCVT(VISUB(VISRL(w, 4), c8)), VLOAD(x + 16 + v), a1);
+    }
+    vf d = VSET1(hf(p));
+    *t0 = VFMA(d, a0, *t0);
+    *t1 = VFMA(d, a1, *t1);
+#endif
+}
+
+/* ---- Q4_1: 20-byte blocks, half d, half m; u8 qs[16]; w = d * q + m ---------------- */
+static inline __attribute__((always_inline)) void blk_q4_1(const uint8_t *p, const float *x,
+                                                            const float *xs, vf *t0, vf *t1,
+                                                            float *mt) {
+#if VW == 16
+    (void)xs, (void)mt;
+    __m512 tb = _mm512_add_ps(_mm512_mul_ps(VSET1(hf(p)), _mm512_loadu_ps(IOTA16)),
+                              VSET1(hf(p + 2)));
+    __m512i w = VU8(p + 4);
+    *t0 = VFMA(_mm512_permutexvar_ps(w, tb), VLOAD(x), *t0);
+    *t1 = VFMA(_mm512_permutexvar_ps(_mm512_srli_epi32(w, 4), tb), VLOAD(x + 16), *t1);
+#else
+    const vi m15 = VISET1(15);
+    vf a0 = VZERO(), a1 = VZERO();
+    for (int v = 0; v < 16; v += VW) {
+        vi w = VU8(p + 4 + v);
+        a0 = VFMA(VCVT(VIAND(w, m15)), VLOAD(x + v), a0);
+        a1 = VFMA(VCVT(VISRL(w, 4)), VLOAD(x + 16 + v), a1);
+    }
+    vf d = VSET1(hf(p));
+    *t0 = VFMA(d, a0, *t0);
+    *t1 = VFMA(d, a1, *t1);
+    *mt += hf(p + 2) * xs[0];
+#endif
+}
+
+/* ---- Q5_1: 24-byte blocks, half d, half m, u32 qh, u8 qs[16]; w = d * q5 + m ------- */
+static inline __attribute__((always_inline)) void blk_q5_1(const uint8_t *p, const float *x,
+                                                            const float *xs, vf *t0, vf *t1,
+                                                            float *mt) {
+    uint32_t qh;
+    memcpy(&qh, p + 4, 4);
+#if VW == 16
+    (void)xs, (void)mt;
+    const __m512 iota = _mm512_loadu_ps(IOTA16);
+    const __m512i m15 = VISET1(15), c16 = VISET1(16);
+    __m512 d = VSET1(hf(p)), m = VSET1(hf(p + 2));
+    __m512 ta = _mm512_add_ps(_mm512_mul_ps(d, iota), m);
+    __m512 tb = _mm512_add_ps(_mm512_mul_ps(d, _mm512_add_ps(iota, VSET1(16.0f))), m);
+    __m512i w = VU8(p + 8);
+    __m512i lo = _mm512_and_si512(w, m15), hi = _mm512_srli_epi32(w, 4);
+    lo = _mm512_mask_or_epi32(lo, (__mmask16)(qh & 0xFFFFu), lo, c16);
+    hi = _mm512_mask_or_epi32(hi, (__mmask16)(qh >> 16), hi, c16);
+    *t0 = VFMA(_mm512_permutex2var_ps(ta, lo, tb), VLOAD(x), *t0);
+    *t1 = VFMA(_mm512_permutex2var_ps(ta, hi, tb), VLOAD(x + 16), *t1);
+#else
+    const vi m15 = VISET1(15), one = VISET1(1), lanes = VLANES();
+    const vi hv = VISET1((int)qh);
+    vf a0 = VZERO(), a1 = VZERO();
+    for (int v = 0; v < 16; v += VW) {
+        vi q = VU8(p + 8 + v);
+        vi bl = VIAND(VISRLV(hv, VIOR(lanes, VISET1(v))), one);
+        vi bh = VIAND(VISRLV(hv, VIOR(lanes, VISET1(v + 16))), one);
+        a0 = VFMA(VCVT(VIOR(VIAND(q, m15), VISLL(bl, 4))), VLOAD(x + v), a0);
+        a1 = VFMA(VCVT(VIOR(VISRL(q, 4), VISLL(bh, 4))), VLOAD(x + 16 + v), a1);
+    }
+    vf d = VSET1(hf(p));
+    *t0 = VFMA(d, a0, *t0);
+    *t1 = VFMA(d, a1, *t1);
+    *mt += hf(p + 2) * xs[0];
+#endif
+}
+
+/* a row of 32-weight blocks of `bytes` bytes: two blocks per step into separate
+ * accumulators; xs: the per-32 sums of X (the min term, where the block adds one) */
+#define ROW32(name, blk, bytes)                                                            \
+    static float name(const uint8_t *p, long nb, const float *x, const float *xs) {        \
+        vf t0 = VZERO(), t1 = VZERO(), t2 = VZERO(), t3 = VZERO();                         \
+        float m0 = 0.0f, m1 = 0.0f;                                                        \
+        long b = 0;                                                                        \
+        for (; b + 2 <= nb; b += 2, p += 2 * (bytes), x += 64, xs += 2) {                  \
+            blk(p, x, xs, &t0, &t1, &m0);                                                  \
+            blk(p + (bytes), x + 32, xs + 1, &t2, &t3, &m1);                               \
+        }                                                                                  \
+        if (b < nb) blk(p, x, xs, &t0, &t1, &m0);                                          \
+        return vhsum(VADD(VADD(t0, t1), VADD(t2, t3))) + (m0 + m1);                        \
+    }
+ROW32(row_q4_0, blk_q4_0, 18)
+ROW32(row_q4_1, blk_q4_1, 20)
+ROW32(row_q5_1, blk_q5_1, 24)
+
+/* ---- Q2_K: 84-byte blocks: u8 scales[16] (4-bit scale, 4-bit min), u8 qs[64], half d,
+ * half dmin; output 128 h + 32 sh + 16 half + l is d * sc * ((qs[32 h + 16 half + l] >>
+ * 2 sh) & 3) - dmin * mn, sub-block 8 h + 2 sh + half. xs: per-16 sums of X ---------- */
+static float row_q2_k(const uint8_t *p, long nb, const float *x, const float *xs) {
+    vf t0 = VZERO(), t1 = VZERO();
+    __m256 mins = _mm256_setzero_ps();
+    const vi m3 = VISET1(3);
+    const __m128i m4 = _mm_set1_epi8(15);
+    float dsc[16];
+    for (long b = 0; b < nb; b++, p += 84, x += 256, xs += 16) {
+        __m128i s8 = _mm_loadu_si128((const __m128i *)p);
+        __m128i lo = _mm_and_si128(s8, m4), hi = _mm_and_si128(_mm_srli_epi16(s8, 4), m4);
+        __m256 d = _mm256_set1_ps(hf(p + 80)), dm = _mm256_set1_ps(hf(p + 82));
+        _mm256_storeu_ps(dsc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo))));
+        _mm256_storeu_ps(dsc + 8, _mm256_mul_ps(
+            d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)))));
+        __m256 mlo = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)));
+        __m256 mhi = _mm256_mul_ps(
+            dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))));
+        mins = _mm256_fmadd_ps(mlo, _mm256_loadu_ps(xs), mins);
+        mins = _mm256_fmadd_ps(mhi, _mm256_loadu_ps(xs + 8), mins);
+        for (int h = 0; h < 2; h++)
+            for (int half = 0; half < 2; half++) {
+                vf a[4] = {VZERO(), VZERO(), VZERO(), VZERO()};
+                const float *xh = x + h * 128 + half * 16;
+                for (int v = 0; v < 16; v += VW) {
+                    vi w = VU8(p + 16 + h * 32 + half * 16 + v);
+                    for (int sh = 0; sh < 4; sh++)
+                        a[sh] = VFMA(VCVT(VIAND(VISRL(w, 2 * sh), m3)), VLOAD(xh + sh * 32 + v),
+                                     a[sh]);
+                }
+                for (int sh = 0; sh < 4; sh++) {
+                    vf dl = VSET1(dsc[h * 8 + sh * 2 + half]);
+                    if (sh & 1) t1 = VFMA(dl, a[sh], t1);
+                    else t0 = VFMA(dl, a[sh], t0);
+                }
+            }
+    }
+    return vhsum(VADD(t0, t1)) - hsum8(mins);
+}
+
+/* ---- Q3_K: 110-byte blocks: u8 hmask[32], u8 qs[64], u8 scales[12] (16 6-bit signed
+ * scales), half d; output 128 h + 32 sh + 16 half + l is d * scale * (((qs[32 h + 16 half
+ * + l] >> 2 sh) & 3) - (hmask[16 half + l] bit 4 h + sh ? 0 : 4)), sub-block as Q2_K -- */
+static float row_q3_k(const uint8_t *p, long nb, const float *x) {
+    vf t0 = VZERO(), t1 = VZERO();
+    const vi m3 = VISET1(3), c4 = VISET1(4);
+    float dsc[16];
+    for (long b = 0; b < nb; b++, p += 110, x += 256) {
+        const uint8_t *sc = p + 96;
+        float d = hf(p + 108);
+        for (int i = 0; i < 16; i++) {
+            int lo = i < 8 ? (sc[i] & 15) : (sc[i - 8] >> 4);
+            int hi = (sc[8 + (i & 3)] >> (2 * (i >> 2))) & 3;
+            dsc[i] = d * (float)((lo | (hi << 4)) - 32);
+        }
+        for (int h = 0; h < 2; h++)
+            for (int half = 0; half < 2; half++) {
+                vf a[4] = {VZERO(), VZERO(), VZERO(), VZERO()};
+                const float *xh = x + h * 128 + half * 16;
+                for (int v = 0; v < 16; v += VW) {
+                    vi w = VU8(p + 32 + h * 32 + half * 16 + v), hm = VU8(p + half * 16 + v);
+                    for (int sh = 0; sh < 4; sh++) {
+                        vi q = VIOR(VIAND(VISRL(w, 2 * sh), m3), bit_to(hm, 4 * h + sh, 2));
+                        a[sh] = VFMA(VCVT(VISUB(q, c4)), VLOAD(xh + sh * 32 + v), a[sh]);
+                    }
+                }
+                for (int sh = 0; sh < 4; sh++) {
+                    vf dl = VSET1(dsc[h * 8 + sh * 2 + half]);
+                    if (sh & 1) t1 = VFMA(dl, a[sh], t1);
+                    else t0 = VFMA(dl, a[sh], t0);
+                }
+            }
+    }
+    return vhsum(VADD(t0, t1));
+}
+
+/* ---- Q5_K: 176-byte blocks: half d, half dmin, u8 scales[12] (as Q4_K), u8 qh[32], u8
+ * qs[128]; output 32 j + l is d * sc_j * (((qs[32 (j / 2) + l] >> 4 (j & 1)) & 15) |
+ * ((qh[l] >> j) & 1) << 4) - dmin * m_j. xs: per-32 sums of X --------------------------- */
+static float row_q5_k(const uint8_t *p, long nb, const float *x, const float *xs) {
+    vf t0 = VZERO(), t1 = VZERO();
+    __m256 mins = _mm256_setzero_ps();
+    const vi m15 = VISET1(15);
+    float dsc[8];
+    for (long b = 0; b < nb; b++, p += 176, x += 256, xs += 8) {
+        __m256 scf, mf;
+        q4k_scales_mins(p, &scf, &mf);
+        _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(hf(p)), scf));
+        mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(hf(p + 2)), mf), _mm256_loadu_ps(xs),
+                               mins);
+        const uint8_t *qh = p + 16, *qs = p + 48;
+        for (int c = 0; c < 4; c++) {
+            vf alo = VZERO(), ahi = VZERO();
+            for (int v = 0; v < 32; v += VW) {
+                vi w = VU8(qs + c * 32 + v), hb = VU8(qh + v);
+                vi lo = VIOR(VIAND(w, m15), bit_to(hb, 2 * c, 4));
+                vi hi = VIOR(VISRL(w, 4), bit_to(hb, 2 * c + 1, 4));
+                alo = VFMA(VCVT(lo), VLOAD(x + c * 64 + v), alo);
+                ahi = VFMA(VCVT(hi), VLOAD(x + c * 64 + 32 + v), ahi);
+            }
+            t0 = VFMA(VSET1(dsc[2 * c]), alo, t0);
+            t1 = VFMA(VSET1(dsc[2 * c + 1]), ahi, t1);
+        }
+    }
+    return vhsum(VADD(t0, t1)) - hsum8(mins);
+}
+
+/* ---- dispatch ---------------------------------------------------------------------- */
+static int fused_ok(const dq_t *s) {
+    switch (s->code) {
+    case S_Q8_0: case S_Q5_0: case S_Q4_K: case S_Q6_K: return 1;
+    case S_Q4_0: case S_Q4_1: case S_Q5_1: case S_Q2_K: case S_Q3_K: case S_Q5_K: return 1;
+    case S_I8: return s->qk % VW == 0;
+    case S_I4: return (s->qk / 2) % VW == 0;
+    default: return 0;
+    }
+}
+
+/* per X row: [K] prepared values: sums of X per `span` inputs (the min terms of Q4_1,
+ * Q5_1, Q4_K, Q5_K: 32; Q2_K: 16) or the even / odd split (Int4) */
+static void prep_x(const dq_t *s, const float *x, long K, float *out) {
+    int span = 0;
+    switch (s->code) {
+    case S_Q4_1: case S_Q5_1: case S_Q4_K: case S_Q5_K: span = 32; break;
+    case S_Q2_K: span = 16; break;
+    default: break;
+    }
+    if (span) {
+        for (long j = 0; j < K / span; j++) {
+            float t = 0.0f;
+            for (int l = 0; l < span; l++) t += x[j * span + l];
+            out[j] = t;
+        }
+    } else if (s->code == S_I4) {
+        for (long j = 0; j < K / 2; j++) {
+            out[j] = x[2 * j];
+            out[K / 2 + j] = x[2 * j + 1];
+        }
+    }
+}
+
+static float fused_row(const dq_t *s, long n, const float *x, const float *px, long K) {
+    const uint8_t *p = s->w + n * s->row_bytes;
+    switch (s->code) {
+    case S_Q8_0: return row_q8_0(p, s->nb, x);
+    case S_Q5_0: return row_q5_0(p, s->nb, x);
+    case S_Q4_K: return row_q4_k(p, s->nb, x, px);
+    case S_Q6_K: return row_q6_k(p, s->nb, x);
+    case S_Q4_0: return row_q4_0(p, s->nb, x, px);
+    case S_Q4_1: return row_q4_1(p, s->nb, x, px);
+    case S_Q5_1: return row_q5_1(p, s->nb, x, px);
+    case S_Q2_K: return row_q2_k(p, s->nb, x, px);
+    case S_Q3_K: return row_q3_k(p, s->nb, x);
+    case S_Q5_K: return row_q5_k(p, s->nb, x, px);
+    case S_I8:
+        return row_i8((const int8_t *)p, s->scale + n * s->nb, s->zp + n * s->nb, s->nb, s->qk, x);
+    default:
+        return row_i4(p, s->scale + n * s->nb, s->zp + n * s->nb, s->nb, s->qk, px, px + K / 2);
+    }
+}
+#endif
