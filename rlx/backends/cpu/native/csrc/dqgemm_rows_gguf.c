@@ -127,14 +127,32 @@ ROW32(row_q4_0, blk_q4_0, 18)
 ROW32(row_q4_1, blk_q4_1, 20)
 ROW32(row_q5_1, blk_q5_1, 24)
 
-/* ---- Q2_K: 84-byte blocks: u8 scales[16] (4-bit scale, 4-bit min), u8 qs[64], half d,
- * half dmin; output 128 h + 32 sh + 16 half + l is d * sc * ((qs[32 h + 16 half + l] >>
- * 2 sh) & 3) - dmin * mn, sub-block 8 h + 2 sh + half. xs: per-16 sums of X ---------- */
+/* ---- Q2_K / Q3_K: the 2-bit codes of output 128 h + 32 sh + l (l < 32) are bits 2 sh of
+ * byte 32 h + l of qs: each (h, sh) is one 32-byte AVX2 shift-and-mask in a register,
+ * widened VW at a time (as row_q6_k); sub-block 8 h + 2 sh + l / 16. ---------------- */
+
+/* t (4 accumulators, FMA latency) += dsc[sub-block] * (codes c . X) for the 32 outputs
+ * of (h, sh); c: 32 signed byte codes */
+#define DOT32(c, h, sh)                                                                    \
+    for (int v = 0; v < 32; v += VW) {                                                     \
+        vf a = VMUL(VCVT(VI8R(part32(c, v))), VLOAD(x + 128 * (h) + 32 * (sh) + v));       \
+        vf dl = VSET1(dsc[8 * (h) + 2 * (sh) + v / 16]);                                   \
+        if ((sh) & 1) {                                                                    \
+            if (v < 16) t2 = VFMA(dl, a, t2);                                              \
+            else t3 = VFMA(dl, a, t3);                                                     \
+        } else {                                                                           \
+            if (v < 16) t0 = VFMA(dl, a, t0);                                              \
+            else t1 = VFMA(dl, a, t1);                                                     \
+        }                                                                                  \
+    }
+
+/* Q2_K (84-byte blocks: u8 scales[16] (4-bit scale, 4-bit min), u8 qs[64], half d, half
+ * dmin): w = d * sc * code - dmin * mn per sub-block of 16; xs: per-16 sums of X */
 static float row_q2_k(const uint8_t *p, long nb, const float *x, const float *xs) {
-    vf t0 = VZERO(), t1 = VZERO();
+    vf t0 = VZERO(), t1 = VZERO(), t2 = VZERO(), t3 = VZERO();
     __m256 mins = _mm256_setzero_ps();
-    const vi m3 = VISET1(3);
     const __m128i m4 = _mm_set1_epi8(15);
+    const __m256i m3 = _mm256_set1_epi8(3);
     float dsc[16];
     for (long b = 0; b < nb; b++, p += 84, x += 256, xs += 16) {
         __m128i s8 = _mm_loadu_si128((const __m128i *)p);
@@ -148,32 +166,23 @@ static float row_q2_k(const uint8_t *p, long nb, const float *x, const float *xs
             dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))));
         mins = _mm256_fmadd_ps(mlo, _mm256_loadu_ps(xs), mins);
         mins = _mm256_fmadd_ps(mhi, _mm256_loadu_ps(xs + 8), mins);
-        for (int h = 0; h < 2; h++)
-            for (int half = 0; half < 2; half++) {
-                vf a[4] = {VZERO(), VZERO(), VZERO(), VZERO()};
-                const float *xh = x + h * 128 + half * 16;
-                for (int v = 0; v < 16; v += VW) {
-                    vi w = VU8(p + 16 + h * 32 + half * 16 + v);
-                    for (int sh = 0; sh < 4; sh++)
-                        a[sh] = VFMA(VCVT(VIAND(VISRL(w, 2 * sh), m3)), VLOAD(xh + sh * 32 + v),
-                                     a[sh]);
-                }
-                for (int sh = 0; sh < 4; sh++) {
-                    vf dl = VSET1(dsc[h * 8 + sh * 2 + half]);
-                    if (sh & 1) t1 = VFMA(dl, a[sh], t1);
-                    else t0 = VFMA(dl, a[sh], t0);
-                }
+        for (int h = 0; h < 2; h++) {
+            __m256i qv = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * h));
+            for (int sh = 0; sh < 4; sh++) {
+                __m256i c = _mm256_and_si256(_mm256_srli_epi16(qv, 2 * sh), m3);
+                DOT32(c, h, sh)
             }
+        }
     }
-    return vhsum(VADD(t0, t1)) - hsum8(mins);
+    return vhsum(VADD(VADD(t0, t1), VADD(t2, t3))) - hsum8(mins);
 }
 
-/* ---- Q3_K: 110-byte blocks: u8 hmask[32], u8 qs[64], u8 scales[12] (16 6-bit signed
- * scales), half d; output 128 h + 32 sh + 16 half + l is d * scale * (((qs[32 h + 16 half
- * + l] >> 2 sh) & 3) - (hmask[16 half + l] bit 4 h + sh ? 0 : 4)), sub-block as Q2_K -- */
+/* Q3_K (110-byte blocks: u8 hmask[32], u8 qs[64], u8 scales[12], half d): w = d * scale
+ * * code per sub-block of 16 (16 6-bit scales, offset 32), code ((qs bits) | (hmask[l]
+ * bit 4 h + sh) << 2) - 4 */
 static float row_q3_k(const uint8_t *p, long nb, const float *x) {
-    vf t0 = VZERO(), t1 = VZERO();
-    const vi m3 = VISET1(3), c4 = VISET1(4);
+    vf t0 = VZERO(), t1 = VZERO(), t2 = VZERO(), t3 = VZERO();
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), c4 = _mm256_set1_epi8(4);
     float dsc[16];
     for (long b = 0; b < nb; b++, p += 110, x += 256) {
         const uint8_t *sc = p + 96;
@@ -183,25 +192,18 @@ static float row_q3_k(const uint8_t *p, long nb, const float *x) {
             int hi = (sc[8 + (i & 3)] >> (2 * (i >> 2))) & 3;
             dsc[i] = d * (float)((lo | (hi << 4)) - 32);
         }
-        for (int h = 0; h < 2; h++)
-            for (int half = 0; half < 2; half++) {
-                vf a[4] = {VZERO(), VZERO(), VZERO(), VZERO()};
-                const float *xh = x + h * 128 + half * 16;
-                for (int v = 0; v < 16; v += VW) {
-                    vi w = VU8(p + 32 + h * 32 + half * 16 + v), hm = VU8(p + half * 16 + v);
-                    for (int sh = 0; sh < 4; sh++) {
-                        vi q = VIOR(VIAND(VISRL(w, 2 * sh), m3), bit_to(hm, 4 * h + sh, 2));
-                        a[sh] = VFMA(VCVT(VISUB(q, c4)), VLOAD(xh + sh * 32 + v), a[sh]);
-                    }
-                }
-                for (int sh = 0; sh < 4; sh++) {
-                    vf dl = VSET1(dsc[h * 8 + sh * 2 + half]);
-                    if (sh & 1) t1 = VFMA(dl, a[sh], t1);
-                    else t0 = VFMA(dl, a[sh], t0);
-                }
+        __m256i hv = _mm256_loadu_si256((const __m256i *)p);
+        for (int h = 0; h < 2; h++) {
+            __m256i qv = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * h));
+            for (int sh = 0; sh < 4; sh++) {
+                __m256i lo = _mm256_and_si256(_mm256_srli_epi16(qv, 2 * sh), m3);
+                __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hv, 4 * h + sh), one);
+                __m256i c = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hb, 2)), c4);
+                DOT32(c, h, sh)
             }
+        }
     }
-    return vhsum(VADD(t0, t1));
+    return vhsum(VADD(VADD(t0, t1), VADD(t2, t3)));
 }
 
 /* ---- Q5_K: 176-byte blocks: half d, half dmin, u8 scales[12] (as Q4_K), u8 qh[32], u8
