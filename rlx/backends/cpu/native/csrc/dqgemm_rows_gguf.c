@@ -15,12 +15,6 @@
  * layouts run into separate accumulators (FMA latency). */
 
 #if FUSED
-/* bit j of each i32 lane moved to bit `to` (j, to constants once inlined) */
-static inline __attribute__((always_inline)) vi bit_to(vi h, int j, int to) {
-    vi b = j <= to ? VISLL(h, to - j) : VISRL(h, j - to);
-    return VIAND(b, VISET1(1 << to));
-}
-
 /* ---- Q4_0: 18-byte blocks, half d; u8 qs[16]; w = d * (q - 8) ---------------------- */
 static inline __attribute__((always_inline)) void blk_q4_0(const uint8_t *p, const float *x,
                                                             const float *xs, vf *t0, vf *t1,
@@ -72,6 +66,34 @@ static inline __attribute__((always_inline)) void blk_q4_1(const uint8_t *p, con
 #endif
 }
 
+#if VW == 8
+/* the 32 5-bit codes of a Q5_0 / Q5_1 block in output order as bytes: the nibbles of the
+ * 16 bytes at qs, bit j of qh as bit 4 of byte j (llama.cpp's bytes_from_bits_32) */
+static inline __m256i q5_bytes(const uint8_t *qs, uint32_t qh) {
+    const __m128i m4 = _mm_set1_epi8(15);
+    __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+    const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                            0x0303030303030303LL);
+    __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
+    bits = _mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL));
+    bits = _mm256_cmpeq_epi8(bits, _mm256_set1_epi64x(-1));
+    return _mm256_or_si256(nib, _mm256_and_si256(bits, _mm256_set1_epi8(16)));
+}
+
+/* 32 signed byte codes c . x[0 .. 32): *t1 += d * (the second 16), returns t0 + d * (the
+ * first 16) */
+static inline __attribute__((always_inline)) vf blk_dot32(__m256i c, const float *x, vf t0,
+                                                           vf d, vf *t1) {
+    vf a0 = VMUL(VCVT(VI8R(part32(c, 0))), VLOAD(x));
+    vf a1 = VMUL(VCVT(VI8R(part32(c, 16))), VLOAD(x + 16));
+    a0 = VFMA(VCVT(VI8R(part32(c, 8))), VLOAD(x + 8), a0);
+    a1 = VFMA(VCVT(VI8R(part32(c, 24))), VLOAD(x + 24), a1);
+    *t1 = VFMA(d, a1, *t1);
+    return VFMA(d, a0, t0);
+}
+#endif
+
 /* ---- Q5_1: 24-byte blocks, half d, half m, u32 qh, u8 qs[16]; w = d * q5 + m ------- */
 static inline __attribute__((always_inline)) void blk_q5_1(const uint8_t *p, const float *x,
                                                             const float *xs, vf *t0, vf *t1,
@@ -92,22 +114,24 @@ static inline __attribute__((always_inline)) void blk_q5_1(const uint8_t *p, con
     *t0 = VFMA(_mm512_permutex2var_ps(ta, lo, tb), VLOAD(x), *t0);
     *t1 = VFMA(_mm512_permutex2var_ps(ta, hi, tb), VLOAD(x + 16), *t1);
 #else
-    const vi m15 = VISET1(15), one = VISET1(1), lanes = VLANES();
-    const vi hv = VISET1((int)qh);
-    vf a0 = VZERO(), a1 = VZERO();
-    for (int v = 0; v < 16; v += VW) {
-        vi q = VU8(p + 8 + v);
-        vi bl = VIAND(VISRLV(hv, VIOR(lanes, VISET1(v))), one);
-        vi bh = VIAND(VISRLV(hv, VIOR(lanes, VISET1(v + 16))), one);
-        a0 = VFMA(VCVT(VIOR(VIAND(q, m15), VISLL(bl, 4))), VLOAD(x + v), a0);
-        a1 = VFMA(VCVT(VIOR(VISRL(q, 4), VISLL(bh, 4))), VLOAD(x + 16 + v), a1);
-    }
-    vf d = VSET1(hf(p));
-    *t0 = VFMA(d, a0, *t0);
-    *t1 = VFMA(d, a1, *t1);
+    __m256i c = q5_bytes(p + 8, qh); /* codes 0..31 */
+    *t0 = blk_dot32(c, x, *t0, VSET1(hf(p)), t1);
     *mt += hf(p + 2) * xs[0];
 #endif
 }
+
+#if VW == 8
+/* Q5_0 on AVX2: the codes - 16 as bytes (the AVX-512 build uses the table row_q5_0) */
+static inline __attribute__((always_inline)) void blk_q5_0(const uint8_t *p, const float *x,
+                                                            const float *xs, vf *t0, vf *t1,
+                                                            float *mt) {
+    (void)xs, (void)mt;
+    uint32_t qh;
+    memcpy(&qh, p + 2, 4);
+    __m256i c = _mm256_sub_epi8(q5_bytes(p + 6, qh), _mm256_set1_epi8(16));
+    *t0 = blk_dot32(c, x, *t0, VSET1(hf(p)), t1);
+}
+#endif
 
 /* a row of 32-weight blocks of `bytes` bytes: two blocks per step into separate
  * accumulators; xs: the per-32 sums of X (the min term, where the block adds one) */
@@ -126,6 +150,9 @@ static inline __attribute__((always_inline)) void blk_q5_1(const uint8_t *p, con
 ROW32(row_q4_0, blk_q4_0, 18)
 ROW32(row_q4_1, blk_q4_1, 20)
 ROW32(row_q5_1, blk_q5_1, 24)
+#if VW == 8
+ROW32(row_q5_0_b, blk_q5_0, 22)
+#endif
 
 /* ---- Q2_K / Q3_K: the 2-bit codes of output 128 h + 32 sh + l (l < 32) are bits 2 sh of
  * byte 32 h + l of qs: each (h, sh) is one 32-byte AVX2 shift-and-mask in a register,
@@ -212,7 +239,7 @@ static float row_q3_k(const uint8_t *p, long nb, const float *x) {
 static float row_q5_k(const uint8_t *p, long nb, const float *x, const float *xs) {
     vf t0 = VZERO(), t1 = VZERO();
     __m256 mins = _mm256_setzero_ps();
-    const vi m15 = VISET1(15);
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     float dsc[8];
     for (long b = 0; b < nb; b++, p += 176, x += 256, xs += 8) {
         __m256 scf, mf;
@@ -220,15 +247,19 @@ static float row_q5_k(const uint8_t *p, long nb, const float *x, const float *xs
         _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(hf(p)), scf));
         mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(hf(p + 2)), mf), _mm256_loadu_ps(xs),
                                mins);
-        const uint8_t *qh = p + 16, *qs = p + 48;
-        for (int c = 0; c < 4; c++) {
+        const uint8_t *qs = p + 48;
+        __m256i hv = _mm256_loadu_si256((const __m256i *)(p + 16));
+        for (int c = 0; c < 4; c++) { /* sub-blocks 2 c (low nibbles), 2 c + 1 (high) */
+            __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), one);
+            __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c + 1), one);
+            __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_slli_epi16(h0, 4));
+            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                         _mm256_slli_epi16(h1, 4));
             vf alo = VZERO(), ahi = VZERO();
-            for (int v = 0; v < 32; v += VW) {
-                vi w = VU8(qs + c * 32 + v), hb = VU8(qh + v);
-                vi lo = VIOR(VIAND(w, m15), bit_to(hb, 2 * c, 4));
-                vi hi = VIOR(VISRL(w, 4), bit_to(hb, 2 * c + 1, 4));
-                alo = VFMA(VCVT(lo), VLOAD(x + c * 64 + v), alo);
-                ahi = VFMA(VCVT(hi), VLOAD(x + c * 64 + 32 + v), ahi);
+            for (int w = 0; w < 32; w += VW) {
+                alo = VFMA(VCVT(VI8R(part32(lo, w))), VLOAD(x + c * 64 + w), alo);
+                ahi = VFMA(VCVT(VI8R(part32(hi, w))), VLOAD(x + c * 64 + 32 + w), ahi);
             }
             t0 = VFMA(VSET1(dsc[2 * c]), alo, t0);
             t1 = VFMA(VSET1(dsc[2 * c + 1]), ahi, t1);
@@ -275,7 +306,11 @@ static float fused_row(const dq_t *s, long n, const float *x, const float *px, l
     const uint8_t *p = s->w + n * s->row_bytes;
     switch (s->code) {
     case S_Q8_0: return row_q8_0(p, s->nb, x);
+#if VW == 8
+    case S_Q5_0: return row_q5_0_b(p, s->nb, x, px);
+#else
     case S_Q5_0: return row_q5_0(p, s->nb, x);
+#endif
     case S_Q4_K: return row_q4_k(p, s->nb, x, px);
     case S_Q6_K: return row_q6_k(p, s->nb, x);
     case S_Q4_0: return row_q4_0(p, s->nb, x, px);
