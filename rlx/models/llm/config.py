@@ -69,9 +69,12 @@ class LlmConfig:
     qk_norm: bool
     attn_bias: bool
     tied_embeddings: bool
+    sliding_layers: tuple[bool, ...] | None = None  # per layer (None: the spec's pattern)
 
     def is_sliding(self, layer: int) -> bool:
         """Whether ``layer`` attends within the sliding window."""
+        if self.sliding_layers is not None:
+            return bool(self.sliding_window and self.sliding_layers[layer])
         p = self.arch.swa_pattern
         return bool(p and self.sliding_window and (layer + 1) % p != 0)
 
