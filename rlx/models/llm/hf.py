@@ -242,14 +242,17 @@ def read_hf_config(hf: Mapping[str, Any], tensors: Mapping[str, Any], where: Pat
         raise ModelError(f"{where}: rope dims {rope_dims} must be even and in (0, {head_dim}]")
     sliding = _sliding(hf, arch, layers, where)
     window = int(hf.get("sliding_window") or 0)
+    local = ropes["sliding_attention"]
+    if local != ropes["full_attention"] and local[1] != 1.0:
+        raise ModelError(
+            f"{where}: linear rope scaling of the sliding-window layers only is not supported"
+        )
     spec = dataclasses.replace(
         ARCHS[arch],
         rope_interleaved=False,
         swa_pattern=0,
-        rope_base_local=ropes["sliding_attention"][0],
+        rope_base_local=local[0] if local != ropes["full_attention"] else None,
     )
-    if ropes["sliding_attention"][1] != 1.0:
-        raise ModelError(f"{where}: linear rope scaling of sliding-window layers is not supported")
     scalar = f.num("query_pre_attn_scalar", float, head_dim) if arch == "gemma3" else head_dim
     softcap = hf.get("final_logit_softcapping") or None
     if softcap is not None:
