@@ -323,8 +323,8 @@ def _header(path: Path) -> tuple[dict[str, Any], int]:
     if not isinstance(head, dict):
         raise ModelError(f"{path}: not a valid safetensors header")
     head.pop("__metadata__", None)
-    for name, e in head.items():
-        lo, hi = e.get("data_offsets", (0, -1))
+    for name, entry in head.items():
+        lo, hi = entry.get("data_offsets", (0, -1))
         if not 0 <= lo <= hi <= size - 8 - n:
             raise ModelError(f"{path}: tensor {name!r} lies outside the file (truncated?)")
     return head, 8 + n
