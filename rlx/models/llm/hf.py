@@ -30,7 +30,14 @@ import numpy as np
 from rlx.errors import ModelError
 from rlx.models.llm.config import ARCHS, LlmConfig
 
-__all__ = ["HF_ARCHITECTURES", "HfCheckpoint", "HfTensor", "read_hf_config", "open_checkpoint"]
+__all__ = [
+    "HF_ARCHITECTURES",
+    "HfCheckpoint",
+    "HfTensor",
+    "llama3_inv_freq",
+    "open_checkpoint",
+    "read_hf_config",
+]
 
 #: transformers ``architectures[0]`` -> the rlx architecture it is built as.
 HF_ARCHITECTURES: dict[str, str] = {
@@ -40,7 +47,7 @@ HF_ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
 }
-_ROPE_TYPES = ("default", "linear")
+_ROPE_TYPES = ("default", "linear", "llama3")
 
 # per-layer module names (after ``model.layers.{i}.``) -> GGUF names (after ``blk.{i}.``)
 _LAYER = {
@@ -149,8 +156,12 @@ class _Fields:
         return kind(v)
 
 
-def _rope(params: Any, where: str) -> tuple[float, float]:
-    """``(base, linear factor)`` of one rope parameter dict; ModelError for another type."""
+_Rope = tuple[float, float, tuple[float, ...] | None]  # base, linear factor, llama3 params
+
+
+def _rope(params: Any, where: str) -> _Rope:
+    """``(base, linear factor, llama3 parameters or None)`` of one rope parameter dict;
+    ModelError for another type."""
     if not isinstance(params, Mapping):
         raise ModelError(f"{where}: expected a rope parameter object, got {params!r:.60}")
     kind = params.get("rope_type", params.get("type", "default"))
@@ -160,21 +171,45 @@ def _rope(params: Any, where: str) -> tuple[float, float]:
             f"{', '.join(_ROPE_TYPES)}"
         )
     base = params.get("rope_theta", 10000.0)
-    factor = params.get("factor", 1.0) if kind == "linear" else 1.0
-    for key, v in (("rope_theta", base), ("factor", factor)):
+    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    need = {"default": (), "linear": keys[:1], "llama3": keys}[kind]
+    values = [params.get(k) for k in need]
+    for key, v in (("rope_theta", base), *zip(need, values, strict=True)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
             raise ModelError(f"{where}: {key} must be a number > 0, got {v!r}")
-    return float(base), float(factor)
+    if kind == "llama3" and not values[1] < values[2]:
+        raise ModelError(f"{where}: low_freq_factor must be < high_freq_factor, got {values}")
+    factor = float(values[0]) if kind == "linear" else 1.0
+    return float(base), factor, tuple(float(v) for v in values) if kind == "llama3" else None
 
 
-def _ropes(hf: Mapping[str, Any], where: Path) -> dict[str, tuple[float, float]]:
+def llama3_inv_freq(base: float, rot: int, params: tuple[float, ...]) -> tuple[float, ...]:
+    """Llama 3's rope inverse frequencies (``factor, low_freq_factor, high_freq_factor,
+    original_max_position_embeddings``), in f32 as transformers computes them: long
+    wavelengths divided by ``factor``, short ones kept, the middle band interpolated."""
+    factor, low, high, old = params
+    inv = (1.0 / (base ** (np.arange(0, rot, 2, dtype=np.int64).astype(np.float32) / rot))).astype(
+        np.float32
+    )
+    wavelen = np.float32(2 * math.pi) / inv
+    scaled = np.where(wavelen > old / low, inv / np.float32(factor), inv).astype(np.float32)
+    smooth = ((np.float32(old) / wavelen - np.float32(low)) / np.float32(high - low)).astype(
+        np.float32
+    )
+    smoothed = (np.float32(1) - smooth) * scaled / np.float32(factor) + smooth * scaled
+    medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+    out = np.where(medium, smoothed, scaled).astype(np.float32)
+    return tuple(float(v) for v in out)
+
+
+def _ropes(hf: Mapping[str, Any], where: Path) -> dict[str, _Rope]:
     """Rope ``(base, factor)`` per layer type (``full_attention`` / ``sliding_attention``)
     from transformers 5's ``rope_parameters`` or the older ``rope_theta`` /
     ``rope_scaling`` / ``rope_local_base_freq``."""
     rp = hf.get("rope_parameters")
     if isinstance(rp, Mapping) and rp and all(isinstance(v, Mapping) for v in rp.values()):
         out = {k: _rope(v, f"{where}: rope_parameters.{k}") for k, v in rp.items()}
-        out.setdefault("sliding_attention", out.get("full_attention", (10000.0, 1.0)))
+        out.setdefault("sliding_attention", out.get("full_attention", (10000.0, 1.0, None)))
         out.setdefault("full_attention", out["sliding_attention"])
         return out
     if isinstance(rp, Mapping) and rp:
@@ -242,10 +277,10 @@ def read_hf_config(hf: Mapping[str, Any], tensors: Mapping[str, Any], where: Pat
         raise ModelError(f"{where}: rope dims {rope_dims} must be even and in (0, {head_dim}]")
     sliding = _sliding(hf, arch, layers, where)
     window = int(hf.get("sliding_window") or 0)
-    local = ropes["sliding_attention"]
-    if local != ropes["full_attention"] and local[1] != 1.0:
+    local, full = ropes["sliding_attention"], ropes["full_attention"]
+    if local != full and (local[1] != 1.0 or local[2] is not None):
         raise ModelError(
-            f"{where}: linear rope scaling of the sliding-window layers only is not supported"
+            f"{where}: rope scaling of the sliding-window layers only is not supported"
         )
     spec = dataclasses.replace(
         ARCHS[arch],
@@ -282,6 +317,7 @@ def read_hf_config(hf: Mapping[str, Any], tensors: Mapping[str, Any], where: Pat
         attn_bias="blk.0.attn_q.bias" in tensors,
         tied_embeddings=tied or "output.weight" not in tensors,
         sliding_layers=sliding if window else None,
+        rope_inv_freq=None if full[2] is None else llama3_inv_freq(full[0], rope_dims, full[2]),
     )
 
 

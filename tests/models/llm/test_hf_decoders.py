@@ -193,7 +193,7 @@ def test_unsupported_architecture_and_rope(tmp_path: Path) -> None:
         llm.load(tmp_path)
     yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}
     cfg_file.write_text(json.dumps(cfg | {"rope_parameters": yarn}))
-    with pytest.raises(ModelError, match="rope type 'yarn'.*supported: default, linear"):
+    with pytest.raises(ModelError, match="rope type 'yarn'.*supported: default, linear, llama3"):
         llm.load(tmp_path)
 
 
@@ -211,6 +211,26 @@ def test_linear_rope_scaling(tmp_path: Path) -> None:
     assert (m.config.rope_base, m.config.rope_scale) == (500.0, 2.0)
     _check_logits(m, _reference(scaled.float(), PROMPT), 1e-5)
     del model
+
+
+def test_llama3_rope_scaling(tmp_path: Path) -> None:
+    """Llama 3.x's rope: a middle band of wavelengths interpolated (old context 16 puts
+    the head's frequencies in all three bands)."""
+    _write(tmp_path, "llama")
+    cfg_file = tmp_path / "config.json"
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    }
+    cfg_file.write_text(json.dumps(json.loads(cfg_file.read_text()) | {"rope_parameters": rope}))
+    scaled = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    m = llm.load(tmp_path, max_context=64, num_threads=1)
+    assert m.config.rope_inv_freq is not None
+    _check_logits(m, _reference(scaled.float(), PROMPT), 1e-5)
 
 
 def test_tokenizer_template_and_text_generation(checkpoints: dict) -> None:
