@@ -60,6 +60,7 @@ def rope_tables(
     """f32 ``cos, sin [length, rot/2]`` of positions ``0..length-1`` (angles as
     transformers computes them: f32 inverse frequencies times f32 positions); the
     inverse frequencies are ``inv_freq`` when given, else ``base^(-2i/rot)``."""
+    inv: np.ndarray
     if inv_freq is not None:
         inv = np.asarray(inv_freq, dtype=np.float32)
     else:

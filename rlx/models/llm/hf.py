@@ -173,10 +173,13 @@ def _rope(params: Any, where: str) -> _Rope:
     base = params.get("rope_theta", 10000.0)
     keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     need = {"default": (), "linear": keys[:1], "llama3": keys}[kind]
-    values = [params.get(k) for k in need]
-    for key, v in (("rope_theta", base), *zip(need, values, strict=True)):
+    values: list[float] = []
+    for key in ("rope_theta", *need):
+        v = params.get(key, base if key == "rope_theta" else None)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
             raise ModelError(f"{where}: {key} must be a number > 0, got {v!r}")
+        values.append(float(v))
+    base, values = values[0], values[1:]
     if kind == "llama3" and not values[1] < values[2]:
         raise ModelError(f"{where}: low_freq_factor must be < high_freq_factor, got {values}")
     factor = float(values[0]) if kind == "linear" else 1.0
