@@ -401,6 +401,26 @@ def _tensor(mm: np.ndarray, start: int, e: Mapping[str, Any], name: str, path: P
     return HfTensor(name, str(code), shape, arr)
 
 
+def _check_complete(
+    path: Path, cfg: LlmConfig, tensors: Mapping[str, HfTensor], gemma: bool
+) -> None:
+    """ModelError naming (by its checkpoint name) the first tensor the decoder needs that
+    no file holds, and how many are missing."""
+    per_layer = {**_LAYER, **(_LAYER_GEMMA if gemma else _LAYER_PLAIN)}
+    optional = {"bias", "q_norm", "k_norm"}
+    wanted = {v: k for k, v in _TOP.items() if k != "lm_head.weight" or not cfg.tied_embeddings}
+    for i in range(cfg.num_layers):
+        for hf_name, gguf_name in per_layer.items():
+            if not any(o in hf_name for o in optional):
+                wanted[f"blk.{i}.{gguf_name}"] = f"model.layers.{i}.{hf_name}"
+    missing = [hf_name for gguf_name, hf_name in wanted.items() if gguf_name not in tensors]
+    if missing:
+        raise ModelError(
+            f"{path}: the checkpoint has no tensor {missing[0]!r} ({len(missing)} missing "
+            f"in all; config.json says {cfg.num_layers} layers)"
+        )
+
+
 def open_checkpoint(folder: str | Path) -> HfCheckpoint:
     """Read the Hugging Face decoder directory ``folder`` (module docstring). ModelError
     for a missing config.json or shard, a shard whose tensors disagree with the index, an
@@ -434,6 +454,7 @@ def open_checkpoint(folder: str | Path) -> HfCheckpoint:
                 t = HfTensor(name, "F32", t.shape, data)
             tensors[key] = t
     config = read_hf_config(hf, tensors, cfg_file)
+    _check_complete(path, config, tensors, gemma)
     if config.tied_embeddings:
         tensors.pop("output.weight", None)
     meta: dict[str, Any] = {}

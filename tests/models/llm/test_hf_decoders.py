@@ -184,6 +184,18 @@ def test_missing_shard_and_disagreeing_shard(tmp_path: Path) -> None:
         llm.load(tmp_path, max_context=64)
 
 
+def test_missing_tensor_is_named(tmp_path: Path) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    _write(tmp_path, "qwen3")
+    file = tmp_path / "model.safetensors"
+    tensors = load_file(str(file))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(file))
+    with pytest.raises(ModelError, match="no tensor 'model.layers.1.mlp.up_proj.weight'"):
+        llm.load(tmp_path, max_context=64)
+
+
 def test_unsupported_architecture_and_rope(tmp_path: Path) -> None:
     _write(tmp_path, "llama")
     cfg_file = tmp_path / "config.json"
