@@ -1,6 +1,6 @@
-"""A loaded decoder. In: a GGUF file. Out: :class:`LlmModel`: the compiled decoder graph
-(``graph.py``) with its KV cache, the tokenizer, and the token-level steps generation is
-made of (:meth:`LlmModel.prefill`, :meth:`LlmModel.step`, :meth:`LlmModel.logits`).
+"""A loaded decoder. In: a GGUF file or a Hugging Face directory. Out: :class:`LlmModel`:
+the compiled decoder graph (``graph.py``) with its KV cache, the tokenizer, and the
+token-level steps generation is made of (:meth:`LlmModel.prefill`, :meth:`LlmModel.step`, :meth:`LlmModel.logits`).
 
 One CompiledGraph (symbolic ``seq``) runs every step; the runtime keeps one schedule per
 length it has seen (decode is ``seq`` = 1; a prompt is padded to the next power of two,
@@ -141,9 +141,12 @@ def _length_class(n: int, room: int) -> int:
 
 
 class LlmModel:
-    """A decoder language model from a GGUF file (see :func:`rlx.models.llm.load`).
+    """A decoder language model from a GGUF file or a Hugging Face directory (see
+    :func:`rlx.models.llm.load`).
 
-    ``config``: the :class:`LlmConfig`; ``tokenizer``: the file's tokenizer; ``compiled``:
+    ``config``: the :class:`LlmConfig`; ``file``: the GGUF file or the
+    :class:`~rlx.models.llm.hf.HfCheckpoint` (``tensors`` by GGUF name, ``metadata``);
+    ``tokenizer``: the file's tokenizer; ``compiled``:
     the CompiledGraph; ``position``: tokens in the default state's context (module
     docstring: ``generate`` and ``logits`` have their own state and are thread-safe)."""
 
