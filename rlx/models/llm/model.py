@@ -1,6 +1,7 @@
 """A loaded decoder. In: a GGUF file or a Hugging Face directory. Out: :class:`LlmModel`:
 the compiled decoder graph (``graph.py``) with its KV cache, the tokenizer, and the
-token-level steps generation is made of (:meth:`LlmModel.prefill`, :meth:`LlmModel.step`, :meth:`LlmModel.logits`).
+token-level steps generation is made of (:meth:`LlmModel.prefill`, :meth:`LlmModel.step`,
+:meth:`LlmModel.logits`).
 
 One CompiledGraph (symbolic ``seq``) runs every step; the runtime keeps one schedule per
 length it has seen (decode is ``seq`` = 1; a prompt is padded to the next power of two,
