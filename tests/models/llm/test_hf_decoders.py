@@ -280,3 +280,27 @@ def test_cli_generate_on_a_directory(checkpoints: dict) -> None:
     folder, _ = checkpoints["llama"]
     res = CliRunner().invoke(command, [str(folder), "w5 w9 w20", "--max-tokens", "4"])
     assert res.exit_code == 0, res.output
+
+
+def test_serving_loads_a_directory(checkpoints: dict) -> None:
+    """rlx serve's loader: the context from config.json, the chat template and its
+    special tokens from tokenizer_config.json."""
+    import asyncio
+
+    pytest.importorskip("jinja2")
+    from rlx.serve.config import ServeConfig
+    from rlx.serve.generation import GenerationService, load_model
+    from rlx.serve.metrics import Metrics
+
+    folder, _ = checkpoints["llama"]
+    cfg = ServeConfig(parallel=1, ctx=32)
+    m, ctx = load_model(folder, cfg)
+    assert ctx == 32 and isinstance(m, llm.LlmModel)
+    svc = GenerationService(m, "hf", cfg)
+    try:
+        asyncio.run(svc.start(Metrics()))
+        assert svc.load_error is None and svc.template is not None
+        assert svc.template.source == "{{ messages }}"
+        assert ("bos_token", "<s>") in svc.template.special_tokens
+    finally:
+        svc.close()
