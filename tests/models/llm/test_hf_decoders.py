@@ -290,10 +290,13 @@ def test_serving_loads_a_directory(checkpoints: dict) -> None:
     pytest.importorskip("jinja2")
     from rlx.serve.config import ServeConfig
     from rlx.serve.generation import GenerationService, load_model
+    from rlx.serve.loading import load_services
     from rlx.serve.metrics import Metrics
 
     folder, _ = checkpoints["llama"]
     cfg = ServeConfig(parallel=1, ctx=32)
+    (svc,) = load_services([f"hf={folder}"], cfg)
+    assert isinstance(svc, GenerationService) and svc.id == "hf"  # not an embedding model
     m, ctx = load_model(folder, cfg)
     assert ctx == 32 and isinstance(m, llm.LlmModel)
     svc = GenerationService(m, "hf", cfg)
