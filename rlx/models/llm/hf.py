@@ -419,6 +419,40 @@ def _check_complete(
             f"{path}: the checkpoint has no tensor {missing[0]!r} ({len(missing)} missing "
             f"in all; config.json says {cfg.num_layers} layers)"
         )
+    d, q, kv, hd = (
+        cfg.hidden,
+        cfg.num_heads * cfg.head_dim,
+        cfg.num_kv_heads * cfg.head_dim,
+        cfg.head_dim,
+    )
+    shapes = {
+        "token_embd.weight": (cfg.vocab, d),
+        "output.weight": (cfg.vocab, d),
+        "attn_q.weight": (q, d),
+        "attn_k.weight": (kv, d),
+        "attn_v.weight": (kv, d),
+        "attn_q.bias": (q,),
+        "attn_k.bias": (kv,),
+        "attn_v.bias": (kv,),
+        "attn_output.weight": (d, q),
+        "attn_q_norm.weight": (hd,),
+        "attn_k_norm.weight": (hd,),
+        "ffn_gate.weight": (cfg.ffn, d),
+        "ffn_up.weight": (cfg.ffn, d),
+        "ffn_down.weight": (d, cfg.ffn),
+    }
+    for key, t in tensors.items():
+        parts = key.split(".")
+        if parts[0] == "blk" and int(parts[1]) >= cfg.num_layers:
+            raise ModelError(
+                f"{path}: tensor {t.name!r} is beyond the {cfg.num_layers} layers config.json gives"
+            )
+        want = shapes.get(key if parts[0] != "blk" else ".".join(parts[2:]), (d,))
+        if t.shape != want:
+            raise ModelError(
+                f"{path}: tensor {t.name!r} has shape {list(t.shape)}, config.json implies "
+                f"{list(want)}"
+            )
 
 
 def open_checkpoint(folder: str | Path) -> HfCheckpoint:

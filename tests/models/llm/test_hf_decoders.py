@@ -194,6 +194,10 @@ def test_missing_tensor_is_named(tmp_path: Path) -> None:
     save_file(tensors, str(file))
     with pytest.raises(ModelError, match="no tensor 'model.layers.1.mlp.up_proj.weight'"):
         llm.load(tmp_path, max_context=64)
+    tensors["model.layers.1.mlp.up_proj.weight"] = np.zeros((96, 60), np.float32)
+    save_file(tensors, str(file))
+    with pytest.raises(ModelError, match=r"up_proj.weight' has shape \[96, 60\].*\[96, 64\]"):
+        llm.load(tmp_path, max_context=64)
 
 
 def test_unsupported_architecture_and_rope(tmp_path: Path) -> None:
