@@ -7,8 +7,8 @@ or ``--precision fp8``); 1 when rlx raised an error (a missing model directory, 
 that is not installed, a file that cannot be read). Every error is one line on stderr,
 ``rlx: error: ...``, with no traceback unless ``--debug`` is given.
 
-Subcommands: ``info``, ``cache info|clear``, ``embed``, ``generate``, ``serve``, ``inspect``, ``bench``,
-``run`` (see each ``rlx <command> --help``). A subcommand is a module ``rlx/cli/<name>.py`` defining a
+Subcommands: ``info``, ``cache info|clear``, ``embed``, ``rerank``, ``generate``, ``serve``,
+``inspect``, ``bench``, ``run`` (see each ``rlx <command> --help``). A subcommand is a module ``rlx/cli/<name>.py`` defining a
 click command ``command``; to add one, write the module and list its name in
 :data:`COMMANDS`. Modules import the heavy parts of rlx inside their functions, so
 ``rlx --help`` stays fast.
@@ -31,6 +31,7 @@ __all__ = ["COMMANDS", "cli", "main"]
 #: Subcommand modules, in the order ``rlx --help`` lists them.
 COMMANDS: tuple[str, ...] = (
     "embed",
+    "rerank",
     "generate",
     "serve",
     "inspect",

@@ -83,6 +83,16 @@ def _summary(texts: list[str], emb: np.ndarray, normalized: bool, show: int = 5)
     help="L2-normalize the vectors (default: as the model's modules.json says).",
 )
 @click.option(
+    "--prompt-name",
+    default=None,
+    help="Prepend the model's prompt of this name (config_sentence_transformers.json).",
+)
+@click.option(
+    "--prompt",
+    default=None,
+    help="Prepend this text to each input (default: the model's default prompt, if any).",
+)
+@click.option(
     "--format",
     "fmt",
     type=click.Choice(["summary", "jsonl", "none"]),
@@ -136,6 +146,8 @@ def command(
     threads: int | None,
     normalize: bool | None,
     fmt: str,
+    prompt_name: str | None = None,
+    prompt: str | None = None,
     use_ray: bool = False,
     inputs: tuple[str, ...] = (),
     ray_address: str | None = None,
@@ -154,6 +166,8 @@ def command(
       cat corpus.txt | rlx embed all-MiniLM-L6-v2 -f - --format jsonl > vectors.jsonl
       rlx embed all-MiniLM-L6-v2 --ray -i corpus/ --out vectors/ --actors 4
     """
+    if use_ray and (prompt is not None or prompt_name is not None):
+        raise click.UsageError("--prompt / --prompt-name do not apply with --ray")
     if use_ray:
         from rlx.cli import embed_ray
 
@@ -172,7 +186,14 @@ def command(
         raise click.UsageError("no text given: pass TEXT arguments or --file FILE ('-' for stdin)")
     enc = load_encoder(model, precision, threads)
     t0 = time.perf_counter()
-    emb = enc.encode(items, batch_size=batch_size, normalize=normalize, progress=None)
+    emb = enc.encode(
+        items,
+        batch_size=batch_size,
+        normalize=normalize,
+        progress=None,
+        prompt_name=prompt_name,
+        prompt=prompt,
+    )
     dt = time.perf_counter() - t0
     normalized = enc.normalize_default if normalize is None else normalize
     if fmt == "jsonl":

@@ -1,5 +1,5 @@
-"""``rlx generate MODEL.gguf PROMPT``: text from a decoder language model. In: a GGUF file
-and a prompt (``-``: read it from stdin). Out: the generated text on stdout as it is made
+"""``rlx generate MODEL PROMPT``: text from a decoder language model. In: a GGUF file or a
+Hugging Face directory (config.json + safetensors + tokenizer.json) and a prompt (``-``: read it from stdin). Out: the generated text on stdout as it is made
 (streamed), then one line on stderr with the prefill and decode tokens/s."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ __all__ = ["command"]
 @click.command(
     "generate",
     context_settings=CONTEXT,
-    short_help="Generate text with a GGUF language model (streamed, tokens/s).",
+    short_help="Generate text with a GGUF / Hugging Face language model (streamed, tokens/s).",
 )
-@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model", type=click.Path(path_type=Path))
 @click.argument("prompt")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option(
@@ -52,7 +52,8 @@ def command(
     kv_dtype: str,
     threads: int | None,
 ) -> None:
-    """Generate up to --max-tokens tokens after PROMPT with the GGUF model MODEL."""
+    """Generate up to --max-tokens tokens after PROMPT with MODEL (a GGUF file or a
+    Hugging Face directory)."""
     import rlx.models.llm as llm
 
     if prompt == "-":

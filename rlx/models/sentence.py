@@ -37,14 +37,24 @@ from typing import Any
 
 import numpy as np
 
+from rlx.dtype import DType
 from rlx.errors import InputError
 from rlx.ir.mir import Graph, NodeId
 from rlx.models.hf import HFModel, check_precision, load
 from rlx.models.hf.arch import build_encoder
-from rlx.models.hf.layout import Pooling, StLayout, read_layout
+from rlx.models.hf.layout import Pooling, StLayout, read_layout, resolve_prompt
 from rlx.models.hf.tokenizer import check_texts
 
-__all__ = ["SentenceEncoder", "Pooling", "pool", "sentence_graph", "BUCKETS", "PAD_MULTIPLE"]
+__all__ = [
+    "SentenceEncoder",
+    "Pooling",
+    "pool",
+    "sentence_graph",
+    "bucket_lengths",
+    "POOLING_MASK",
+    "BUCKETS",
+    "PAD_MULTIPLE",
+]
 
 #: Batches are padded to a multiple of this many tokens (capped at the model's max_length).
 PAD_MULTIPLE = 8
@@ -54,18 +64,31 @@ BUCKETS = tuple(range(PAD_MULTIPLE, 513, PAD_MULTIPLE))
 PROGRESS_MIN_BATCHES = 8
 
 
-def pool(g: Graph, hidden: NodeId, mask: NodeId, kind: Pooling) -> NodeId:
+def pool(
+    g: Graph, hidden: NodeId, mask: NodeId, kind: Pooling, select: NodeId | None = None
+) -> NodeId:
     """``[batch, hidden]`` from ``hidden [batch, seq, h]`` and the f32 ``mask [batch, seq]``
-    (1 = token): sentence-transformers' Pooling (mean over tokens with the count clamped
-    at 1e-9; the first token; the max with padding at -1e9; the sum over sqrt(count))."""
+    (1 = token, contiguous): sentence-transformers' Pooling. Mean over tokens with the
+    count clamped at 1e-9; the first / the last token (padding on either side); the max
+    with padding at -1e9; the sum over sqrt(count); the mean weighted by position (1 for
+    the first token, 2 for the second, ...). ``select`` (f32 ``[batch, seq]``, default
+    ``mask``) picks the tokens pooled when it differs from the attention mask (prompt
+    tokens left out); positions still count from the first token of ``mask``."""
     b, s, _ = g.node(hidden).shape.dims
     m3 = g.reshape(mask, (b, s, 1))
-    if kind is Pooling.CLS:
-        return g.gather(hidden, g.constant(np.int64(0)), 1)
+    sel = m3 if select is None else g.reshape(select, (b, s, 1))
     if kind is Pooling.MAX:
-        return g.max(g.add(hidden, g.mul(g.sub(m3, 1.0), 1e9)), 1)
-    total = g.sum(g.mul(hidden, m3), 1)
-    count = g.maximum(g.sum(m3, 1), 1e-9)
+        return g.max(g.add(hidden, g.mul(g.sub(sel, 1.0), 1e9)), 1)
+    if kind is Pooling.WEIGHTED_MEAN:
+        w = g.mul(g.cumsum(m3, 1), sel)  # 1, 2, ... from the first token, on the selected
+        return g.div(g.sum(g.mul(hidden, w), 1), g.maximum(g.sum(w, 1), 1e-9))
+    if kind in (Pooling.CLS, Pooling.LAST_TOKEN):
+        seen = g.cumsum(sel, 1)
+        at = g.sub(seen, sel) if kind is Pooling.CLS else g.sub(seen, g.sum(sel, 1, keepdims=True))
+        one_hot = g.mul(g.cast(g.eq(at, 0.0), DType.F32), sel)  # exact: one 1, zeros elsewhere
+        return g.sum(g.mul(hidden, one_hot), 1)
+    total = g.sum(g.mul(hidden, sel), 1)
+    count = g.maximum(g.sum(sel, 1), 1e-9)
     if kind is Pooling.MEAN_SQRT_LEN:
         return g.div(total, g.sqrt(count))
     return g.div(total, count)
@@ -77,15 +100,27 @@ def _l2_normalize(g: Graph, x: NodeId) -> NodeId:
     return g.div(x, g.maximum(norm, 1e-12))
 
 
-def sentence_graph(model: HFModel, kind: Pooling) -> Graph:
-    """The encoder of ``model`` with the pooling head; outputs ``[pooled, normalized]``."""
+#: The graph input of the tokens to pool, when it is not the attention mask.
+POOLING_MASK = "pooling_mask"
+
+
+def sentence_graph(model: HFModel, kind: Pooling, exclude_prompt: bool = False) -> Graph:
+    """The encoder of ``model`` with the pooling head; outputs ``[pooled, normalized]``.
+    ``exclude_prompt``: the graph takes one more i64 input, :data:`POOLING_MASK` (the
+    attention mask with the prompt's tokens cleared), selecting the tokens pooled."""
     g, hidden, mask = build_encoder(model.config, f"{model.config.architecture}_{kind.value}")
-    pooled = pool(g, hidden, mask, kind)
+    select = None
+    if exclude_prompt:
+        dims = g.node(mask).shape.dims
+        select = g.cast(g.input(POOLING_MASK, dims, DType.I64), DType.F32)
+    pooled = pool(g, hidden, mask, kind, select)
     g.set_outputs([pooled, _l2_normalize(g, pooled)])
     return g
 
 
-def _buckets(max_length: int) -> tuple[int, ...]:
+def bucket_lengths(max_length: int) -> tuple[int, ...]:
+    """The lengths batches are padded to: multiples of :data:`PAD_MULTIPLE` below
+    ``max_length``, then ``max_length``."""
     return tuple(range(PAD_MULTIPLE, max_length, PAD_MULTIPLE)) + (max_length,)
 
 
@@ -115,7 +150,9 @@ class SentenceEncoder:
         self.layout: StLayout = read_layout(Path(path))
         self.model: HFModel = load(self.layout.transformer_dir, precision, num_threads)
         self.precision = precision
-        self.graph = sentence_graph(self.model, self.layout.pooling)
+        self.graph = sentence_graph(
+            self.model, self.layout.pooling, exclude_prompt=not self.layout.include_prompt
+        )
         self.quantization_report: Any = None
         if precision == "int8":
             opts = dict(quantize_options or {})
@@ -128,7 +165,7 @@ class SentenceEncoder:
             if max_shape_plans is not None:
                 plans["max_shape_plans"] = max_shape_plans
             self.compiled = self.model.compile(self.graph, **plans)
-        self.buckets = _buckets(self.model.max_length)
+        self.buckets = bucket_lengths(self.model.max_length)
 
     @property
     def dim(self) -> int:
@@ -144,6 +181,24 @@ class SentenceEncoder:
     def normalize_default(self) -> bool:
         """Whether the model's modules.json ends in a Normalize module."""
         return self.layout.normalize
+
+    @property
+    def prompts(self) -> dict[str, str]:
+        """The model's prompts (name -> text prepended to each input), from
+        config_sentence_transformers.json."""
+        return dict(self.layout.prompts)
+
+    def resolve_prompt(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
+        """The text :meth:`encode` prepends: ``prompt`` when given, else the model's prompt
+        named ``prompt_name`` (InputError listing them when it has none of that name), else
+        its default prompt, else "" (sentence-transformers' rule)."""
+        return resolve_prompt(self.prompts, self.layout.default_prompt_name, prompt_name, prompt)
+
+    def _prompt_tokens(self, prompt: str) -> int:
+        """The prompt's length in tokens without a trailing special token (the tokens of
+        each text that sentence-transformers leaves out of the pooling)."""
+        ids, special = self.model.tokenizer.tokenize_with_special([prompt])[0]
+        return len(ids) - (1 if special and special[-1] else 0)
 
     def _pad_len(self, longest: int) -> int:
         return next(b for b in self.buckets if b >= longest)
@@ -168,7 +223,7 @@ class SentenceEncoder:
         of ``length`` tokens when that is longer: a server pads to a few length classes to
         bound the shapes it compiles; padding does not change a row's bits), in their order
         (for a server that tokenizes once to count and to batch)."""
-        return self._run(list(encs), normalize, length)
+        return self._run(list(encs), normalize, length=length)
 
     def replica(self, num_threads: int | None = None) -> SentenceEncoder:
         """A SentenceEncoder sharing this one's model, tokenizer and compiled program but
@@ -188,15 +243,20 @@ class SentenceEncoder:
         self,
         encs: list[tuple[list[int], list[int]]],
         normalize: bool | None,
+        prompt_tokens: int = 0,
         length: int | None = None,
     ) -> np.ndarray:
-        """Embeddings of one batch of tokenized texts, padded to its bucket."""
+        """Embeddings of one batch of tokenized texts, padded to its bucket (at least that
+        of ``length`` tokens); the first ``prompt_tokens`` tokens of each are not pooled
+        when the model leaves prompts out."""
         if not encs:
             return np.zeros((0, self.dim), np.float32)
         out = 1 if (self.layout.normalize if normalize is None else normalize) else 0
         longest = max(len(ids) for ids, _ in encs)
         pad = self._pad_len(min(max(longest, length or 0), self.max_length))
         feed = self.model.tokenizer.pad(encs, pad)
+        if not self.layout.include_prompt:
+            feed[POOLING_MASK] = _without_prompt(feed["attention_mask"], prompt_tokens)
         return np.asarray(self.compiled.run(feed)[out], dtype=np.float32)
 
     def encode(
@@ -205,11 +265,18 @@ class SentenceEncoder:
         batch_size: int = 32,
         normalize: bool | None = None,
         progress: bool | None = None,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
     ) -> np.ndarray:
         """Embeddings f32 ``[len(texts), dim]`` in the order of ``texts``. ``normalize``
         None follows the model (a Normalize module); ``progress`` None shows a tqdm bar
-        for more than a few batches when tqdm is installed."""
+        for more than a few batches when tqdm is installed. ``prompt`` (or the model's
+        prompt named ``prompt_name``, or its default prompt) is prepended to each text, as
+        sentence-transformers does (:meth:`resolve_prompt`)."""
         items = check_texts(texts)
+        text = self.resolve_prompt(prompt_name, prompt)
+        n_prompt = self._prompt_tokens(text) if text and not self.layout.include_prompt else 0
+        items = [text + t for t in items] if text else items
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InputError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if not items:
@@ -219,7 +286,7 @@ class SentenceEncoder:
         chunks = [
             [encs[j] for j in order[i : i + batch_size]] for i in range(0, len(items), batch_size)
         ]
-        it: Iterable[np.ndarray] = (self._run(c, normalize) for c in chunks)
+        it: Iterable[np.ndarray] = (self._run(c, normalize, n_prompt) for c in chunks)
         if progress or (progress is None and len(chunks) >= PROGRESS_MIN_BATCHES):
             it = _with_bar(it, len(chunks))
         out = np.empty((len(items), self.dim), np.float32)
@@ -232,6 +299,14 @@ class SentenceEncoder:
             f"pooling={self.layout.pooling.value}, normalize={self.layout.normalize}, "
             f"precision={self.precision!r}, path={str(self.layout.transformer_dir)!r})"
         )
+
+
+def _without_prompt(mask: np.ndarray, n: int) -> np.ndarray:
+    """``mask`` with the first ``n`` tokens of each row (after any left padding) cleared."""
+    out = mask.copy()
+    if n:
+        out[np.cumsum(mask, axis=1) <= n] = 0
+    return out
 
 
 def _with_bar(it: Iterable[np.ndarray], total: int) -> Iterable[np.ndarray]:

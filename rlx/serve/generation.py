@@ -64,13 +64,20 @@ _OWN_CONTEXT = 8
 
 
 def load_model(path: str | Path, config: ServeConfig) -> tuple[LlmModel, int]:
-    """The GGUF model at ``path`` (with a small cache of its own) and the context its
-    slots get: ``config.ctx``, at most the model's context length."""
+    """The GGUF model (or Hugging Face directory) at ``path`` (with a small cache of its
+    own) and the context its slots get: ``config.ctx``, at most the model's context
+    length."""
     import rlx.models.llm as llm
     from rlx.frontends import gguf
 
-    f = gguf.load(path)
-    ctx = min(config.ctx, llm.read_config(f.architecture, f.metadata, f.tensors).context_length)
+    if Path(path).is_dir():
+        from rlx.models.llm.hf import open_checkpoint
+
+        length = open_checkpoint(path).config.context_length
+    else:
+        f = gguf.load(path)
+        length = llm.read_config(f.architecture, f.metadata, f.tensors).context_length
+    ctx = min(config.ctx, length)
     ctx = max(ctx, 2)
     own = min(_OWN_CONTEXT, ctx)
     return llm.load(path, max_context=own, num_threads=config.num_threads), ctx
@@ -138,7 +145,11 @@ class GenerationService:
             if self._template_path is not None:  # the file's special tokens
                 self.template = ChatTemplate.from_path(self._template_path, m.file.metadata)
             else:
-                self.template = self._template or ChatTemplate.from_gguf(m.file.metadata)
+                self.template = self._template or (
+                    ChatTemplate.from_tokenizer_config(m.path)
+                    if Path(m.path).is_dir()  # a Hugging Face directory
+                    else ChatTemplate.from_gguf(m.file.metadata)
+                )
             decoder = m.batched(self.config.parallel, ctx)
             self.scheduler = Scheduler(
                 decoder, m.tokenizer, self.config.max_queue, self._metrics, self.id

@@ -1,6 +1,8 @@
 """Model arguments of ``rlx serve`` -> services. An argument is ``MODEL`` or ``ID=MODEL``;
 MODEL is a Hugging Face sentence-embedding directory (an :class:`EmbeddingService`), a
-``.gguf`` file (a ``GenerationService`` of :mod:`rlx.serve.generation`) or a name that
+``.gguf`` file or a Hugging Face decoder directory (``config.json`` naming an architecture
+of :data:`rlx.models.llm.hf.HF_ARCHITECTURES`: a ``GenerationService`` of
+:mod:`rlx.serve.generation`) or a name that
 :mod:`rlx.models.known` resolves. The id defaults to the known model's name, the
 directory's name or the GGUF file's stem. Paths and names are checked here, at once;
 compiling happens when the app starts (in a thread per model, ``/health`` says
@@ -59,6 +61,20 @@ def _embedding(path: Path, id: str, config: ServeConfig, background: bool) -> Se
     return EmbeddingService(load if background else load(), id, config)
 
 
+def _is_decoder(folder: Path) -> bool:
+    """Whether ``folder`` is a Hugging Face decoder rlx.models.llm builds (config.json's
+    ``architectures``), not a sentence-embedding model."""
+    import json
+
+    from rlx.models.llm.hf import HF_ARCHITECTURES
+
+    try:
+        archs = json.loads((folder / "config.json").read_text(encoding="utf-8"))["architectures"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return isinstance(archs, list) and any(a in HF_ARCHITECTURES for a in archs)
+
+
 def load_services(
     models: Sequence[str], config: ServeConfig, *, background: bool = True
 ) -> list[Service]:
@@ -76,6 +92,8 @@ def load_services(
             if not path.is_file():
                 raise ServeError(f"model {spec!r}: no such GGUF file")
             service = _generation(path, given_id or path.stem, config)
+        elif path.is_dir() and _is_decoder(path):
+            service = _generation(path, given_id or path.resolve().name, config)
         else:
             directory = resolve(spec)
             known = find(spec) if not path.is_dir() else None

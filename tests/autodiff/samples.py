@@ -847,7 +847,8 @@ def _axial_rope_2d(b: B) -> Case:
     gh, gw = b.data.draw(st.integers(1, 3), "gh"), b.data.draw(st.integers(1, 3), "gw")
     x = b.inp(b.normal([*b.dims(0, 1), gh * gw, 8]))
     return b.done(b.g.axial_rope_2d(x, gh, gw, 4, interleaved=b.data.draw(st.booleans())))
-from . import samples_backward as _samples_backward  # noqa: E402,F401  (registers more samples)
+
+
 # ---- fused transformer blocks (rlx/ops/blocks.py): the decomposition's derivatives --------
 
 
@@ -879,3 +880,6 @@ def _fused_transformer_layer(b: B) -> Case:
     m = b.inp(np.array([[[[0.0, 0.0, -1e9]]]]), diff=False)
     y = b.g.fused_transformer_layer(x, ws, bs, 2, 2, (1e-3, 1e-3), mask_input=m, pre_norm=pre)
     return b.done(y)
+
+
+from . import samples_backward as _samples_backward  # noqa: E402,F401  (registers more samples)

@@ -148,3 +148,20 @@ def test_embed_reduced_precision_close_to_transformers(tiny_bert, tiny_bert_ref,
     want = tiny_bert_ref["mean_pooled"].astype(np.float64)
     cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
     assert cos.min() >= 0.999, cos  # measured: bf16 0.99997, int8 0.99979
+
+
+def test_embed_prompt_options_match_sentence_transformers(tmp_path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    from tests.models import st_checkpoints as sc
+
+    d = sc.sentence_transformer(
+        tmp_path / "st", "mean", prompts={"q": "the "}, default_prompt_name="q"
+    )
+    st = SentenceTransformer(str(d), device="cpu")
+    for opts, kw in [([], {}), (["--prompt", "music "], {"prompt": "music "})]:
+        r = run(["embed", str(d), *TEXTS[:3], "--format", "jsonl", *opts])
+        assert r.code == 0, r.err
+        got = np.array([json.loads(line)["embedding"] for line in r.out.splitlines()])
+        assert np.abs(got - st.encode(TEXTS[:3], **kw)).max() <= 1e-5
+    _one_line_error(run(["embed", str(d), "hi", "--prompt-name", "zz"]), 1, "prompt_name 'zz'")

@@ -24,9 +24,11 @@ from rlx.ir.mir import Graph
 from rlx.ir.module import GraphModule
 from rlx.models.hf.arch import build_encoder, encoder_graph
 from rlx.models.hf.config import (
+    CLASSIFIER_ARCHITECTURES,
     SUPPORTED_ARCHITECTURES,
     EncoderConfig,
     Family,
+    Task,
     read_config,
     read_json,
 )
@@ -41,6 +43,8 @@ __all__ = [
     "Family",
     "Tokenizer",
     "SUPPORTED_ARCHITECTURES",
+    "CLASSIFIER_ARCHITECTURES",
+    "Task",
     "PRECISIONS",
     "CALIBRATION_TEXTS",
     "build_encoder",
@@ -164,10 +168,13 @@ class HFModel:
         batches = [
             self.inputs(sample[i : i + batch_size]) for i in range(0, len(sample), batch_size)
         ]
+        g = graph if graph is not None else self.graph
+        for b in batches:  # a pooling head that selects tokens: all of them (no prompt)
+            if "pooling_mask" in g.input_names:
+                b["pooling_mask"] = b["attention_mask"]
         kw.setdefault("eval_batches", len(batches))
         kw.setdefault("rank_layers", False)
         kw.setdefault("activations", "dynamic")
-        g = graph if graph is not None else self.graph
         return quantize(g, batches, params=dict(self.params), options=self.options("f32"), **kw)
 
     def __repr__(self) -> str:
@@ -178,13 +185,21 @@ class HFModel:
         )
 
 
-def load(path: str | Path, precision: str = "f32", num_threads: int | None = None) -> HFModel:
-    """Load the Hugging Face encoder in directory ``path`` (see the module docstring)."""
+def load(
+    path: str | Path,
+    precision: str = "f32",
+    num_threads: int | None = None,
+    *,
+    task: Task = Task.EMBED,
+) -> HFModel:
+    """Load the Hugging Face encoder in directory ``path`` (see the module docstring).
+    ``task=Task.RERANK`` loads a ``...ForSequenceClassification`` checkpoint: the params
+    then hold its classification head too (``module`` is still the bare encoder)."""
     model_dir = Path(path)
     if not model_dir.is_dir():
         raise ModelError(f"model directory {str(model_dir)!r} does not exist or is not a directory")
     check_precision(precision)
-    cfg = read_config(model_dir)
+    cfg = read_config(model_dir, task)
     max_len = _max_length(model_dir, cfg)
     tok = Tokenizer(
         model_dir / "tokenizer.json", max_len, cfg.pad_token_id, token_types=cfg.type_vocab_size > 0

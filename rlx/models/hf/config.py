@@ -5,7 +5,9 @@ architecture, the field and its value when rlx does not support them.
 Supported: BERT (``BertModel``; MiniLM is a BERT), RoBERTa and XLM-R (``RobertaModel``,
 ``XLMRobertaModel``: positions offset by ``pad_token_id + 1``) and DistilBERT
 (``DistilBertModel``: no token types). A config without ``architectures`` is read by its
-``model_type``.
+``model_type``. For :class:`Task` ``RERANK`` (cross-encoders), the same families'
+``...ForSequenceClassification`` checkpoints (:data:`CLASSIFIER_ARCHITECTURES`), with
+``num_labels`` scores (``id2label``'s size when the field is absent, as transformers).
 """
 
 from __future__ import annotations
@@ -18,7 +20,15 @@ from typing import Any
 
 from rlx.errors import ModelError
 
-__all__ = ["Family", "EncoderConfig", "read_config", "read_json", "SUPPORTED_ARCHITECTURES"]
+__all__ = [
+    "Family",
+    "Task",
+    "EncoderConfig",
+    "read_config",
+    "read_json",
+    "SUPPORTED_ARCHITECTURES",
+    "CLASSIFIER_ARCHITECTURES",
+]
 
 
 class Family(enum.Enum):
@@ -36,6 +46,28 @@ SUPPORTED_ARCHITECTURES: dict[str, Family] = {
     "XLMRobertaModel": Family.ROBERTA,
     "DistilBertModel": Family.DISTILBERT,
 }
+#: ``architectures`` entries of cross-encoder (reranker) checkpoints, and the family of each.
+CLASSIFIER_ARCHITECTURES: dict[str, Family] = {
+    "BertForSequenceClassification": Family.BERT,
+    "RobertaForSequenceClassification": Family.ROBERTA,
+    "XLMRobertaForSequenceClassification": Family.ROBERTA,
+    "DistilBertForSequenceClassification": Family.DISTILBERT,
+}
+
+
+class Task(enum.Enum):
+    """What a checkpoint is loaded for: the bare encoder (embeddings) or the encoder with
+    its sequence-classification head (a cross-encoder scoring text pairs)."""
+
+    EMBED = "embed"
+    RERANK = "rerank"
+
+    @property
+    def architectures(self) -> dict[str, Family]:
+        """The ``architectures`` entries this task loads."""
+        return SUPPORTED_ARCHITECTURES if self is Task.EMBED else CLASSIFIER_ARCHITECTURES
+
+
 _MODEL_TYPES = {
     "bert": Family.BERT,
     "roberta": Family.ROBERTA,
@@ -48,7 +80,8 @@ _MODEL_TYPES = {
 class EncoderConfig:
     """The encoder's sizes. ``position_offset`` is added to 0-based positions (RoBERTa:
     ``pad_token_id + 1``, counted over non-pad tokens); ``type_vocab_size`` is 0 when the
-    model has no token-type embedding (DistilBERT)."""
+    model has no token-type embedding (DistilBERT); ``num_labels`` is the size of the
+    classification head's output (0: no head, an encoder)."""
 
     family: Family
     architecture: str
@@ -62,6 +95,7 @@ class EncoderConfig:
     layer_norm_eps: float
     pad_token_id: int
     position_offset: int
+    num_labels: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -86,19 +120,22 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
-def _family(cfg: dict[str, Any], path: Path) -> tuple[Family, str]:
-    supported = ", ".join(SUPPORTED_ARCHITECTURES)
+def _family(cfg: dict[str, Any], path: Path, task: Task) -> tuple[Family, str]:
+    known = task.architectures
+    supported = ", ".join(known)
     archs = cfg.get("architectures")
     if archs is not None:
         if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
             raise ModelError(f"{path}: architectures must be a list of names, got {archs!r}")
-        bad = [a for a in archs if a not in SUPPORTED_ARCHITECTURES]
+        bad = [a for a in archs if a not in known]
         if bad:
             raise ModelError(
-                f"{path}: architectures: {json.dumps(archs)} is not supported; "
-                f"supported: {supported}"
+                f"{path}: architectures: {json.dumps(archs)} is not supported"
+                f"{' as a reranker' if task is Task.RERANK else ''}; supported: {supported}"
             )
-        return SUPPORTED_ARCHITECTURES[archs[0]], archs[0]
+        return known[archs[0]], archs[0]
+    if task is Task.RERANK:
+        raise ModelError(f"{path}: no architectures field; a reranker needs one of: {supported}")
     mt = cfg.get("model_type")
     if mt not in _MODEL_TYPES:
         raise ModelError(
@@ -139,11 +176,22 @@ class _Fields:
             )
 
 
-def read_config(model_dir: Path) -> EncoderConfig:
-    """Parse and check ``model_dir/config.json``; ModelError for anything unsupported."""
+def _num_labels(cfg: dict[str, Any], f: _Fields) -> int:
+    """transformers' rule: ``num_labels`` when given, else the size of ``id2label``, else 2."""
+    if "num_labels" in cfg:
+        return f.int("num_labels")
+    labels = cfg.get("id2label")
+    if isinstance(labels, dict) and labels:
+        return len(labels)
+    return 2
+
+
+def read_config(model_dir: Path, task: Task = Task.EMBED) -> EncoderConfig:
+    """Parse and check ``model_dir/config.json`` for ``task``; ModelError for anything
+    unsupported."""
     path = model_dir / "config.json"
     cfg = read_json(path, "config")
-    fam, arch = _family(cfg, path)
+    fam, arch = _family(cfg, path, task)
     f = _Fields(cfg, path, arch)
     for flag in ("is_decoder", "add_cross_attention"):
         f.require(flag, (False,), False)
@@ -179,4 +227,5 @@ def read_config(model_dir: Path) -> EncoderConfig:
         layer_norm_eps=eps,
         pad_token_id=pad,
         position_offset=offset,
+        num_labels=_num_labels(cfg, f) if task is Task.RERANK else 0,
     )

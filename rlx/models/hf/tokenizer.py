@@ -86,6 +86,17 @@ class Tokenizer:
         """(token ids, type ids) of each text, truncated, special tokens included."""
         return [(e.ids, e.type_ids) for e in self._tok.encode_batch(list(texts))]
 
+    def tokenize_with_special(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        """(token ids, special-tokens mask: 1 where the template added the token) of each
+        text, truncated."""
+        return [(e.ids, e.special_tokens_mask) for e in self._tok.encode_batch(list(texts))]
+
+    def tokenize_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+        """(token ids, type ids) of each ``(first, second)`` text pair, framed by the
+        tokenizer's pair template (``[CLS] a [SEP] b [SEP]`` with type ids 0 / 1 for BERT)
+        and truncated together as the tokenizer file says (longest first by default)."""
+        return [(e.ids, e.type_ids) for e in self._tok.encode_batch([tuple(p) for p in pairs])]
+
     def pad(
         self, encs: Sequence[tuple[list[int], list[int]]], pad_to: int | None = None
     ) -> dict[str, np.ndarray]:

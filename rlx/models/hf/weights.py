@@ -10,7 +10,8 @@ header, so a tensor whose dtype is already f32 is a read-only view of the file, 
 bf16 / f16 tensors are converted to f32 (rlx's PrecisionPolicy narrows them again when
 asked). Linear weights, stored ``[out, in]`` by PyTorch, come out transposed (a view) as
 rlx's ``linear`` reads them (``[in, out]``). A checkpoint saved from a task model
-(``bert.``-prefixed names) is read without the prefix.
+(``bert.``-prefixed names) is read without the prefix. A config with ``num_labels`` (a
+reranker) also needs its classification head (:func:`head_names`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ import numpy as np
 from rlx.errors import ModelError
 from rlx.models.hf.config import EncoderConfig, Family
 
-__all__ = ["expected_tensors", "layer_names", "load_weights", "IGNORED_TENSORS", "extra_import"]
+__all__ = [
+    "expected_tensors",
+    "head_names",
+    "layer_names",
+    "load_weights",
+    "IGNORED_TENSORS",
+    "extra_import",
+]
 
 #: Checkpoint tensors rlx reads but does not use (the pooler head; registered buffers).
 IGNORED_TENSORS = (
@@ -96,6 +104,18 @@ def layer_names(cfg: EncoderConfig, i: int) -> dict[str, str]:
     }
 
 
+def head_names(cfg: EncoderConfig) -> tuple[str, str]:
+    """The two linear layers (name prefixes) of the sequence-classification head, applied
+    to the first token's vector: ``(hidden -> hidden, hidden -> num_labels)``. BERT: the
+    pooler (tanh) and ``classifier``; RoBERTa / XLM-R: ``classifier.dense`` (tanh) and
+    ``classifier.out_proj``; DistilBERT: ``pre_classifier`` (ReLU) and ``classifier``."""
+    if cfg.family is Family.BERT:
+        return "pooler.dense", "classifier"
+    if cfg.family is Family.ROBERTA:
+        return "classifier.dense", "classifier.out_proj"
+    return "pre_classifier", "classifier"
+
+
 def expected_tensors(cfg: EncoderConfig) -> dict[str, tuple[tuple[int, ...], bool]]:
     """Checkpoint name -> (shape as stored, whether it is a linear weight to transpose)."""
     h, f = cfg.hidden_size, cfg.intermediate_size
@@ -122,6 +142,10 @@ def expected_tensors(cfg: EncoderConfig) -> dict[str, tuple[tuple[int, ...], boo
         lin(n["up"], h, f)
         lin(n["down"], f, h)
         ln(n["ln2"])
+    if cfg.num_labels:
+        dense, proj = head_names(cfg)
+        lin(dense, h, h)
+        lin(proj, h, cfg.num_labels)
     return out
 
 

@@ -1,4 +1,5 @@
-"""Decoder-only language models from GGUF files. In: a ``.gguf`` path. Out:
+"""Decoder-only language models from GGUF files and Hugging Face directories. In: a
+``.gguf`` path or a directory (config.json + safetensors + tokenizer.json). Out:
 :class:`LlmModel` with ``generate(prompt, ...)`` (text, ids and tokens/s), token-level
 ``prefill`` / ``step`` / ``logits``, and the compiled rlx graph.
 
@@ -6,7 +7,8 @@
 the decoder as one graph over the packed GGUF weights with a KV cache in the runtime;
 ``model.py``: compile once, run prefill and decode steps; ``batch.py``: batched decode
 (``LlmModel.batched``: N KV-cache slots, one compiled step per token for all of them);
-``sampling.py``: greedy /
+``hf.py`` / ``hf_tokenizer.py``: Hugging Face directories as the same config and
+GGUF-named tensors (docs/gguf.md); ``sampling.py``: greedy /
 temperature / top-k / top-p; ``generate.py``: the generation loop (stop tokens and strings,
 streaming). Needs the ``llm`` extra (the ``gguf`` package).
 """
@@ -38,7 +40,8 @@ def load(
     num_threads: int | None = None,
     kv_dtype: str = "f32",
 ) -> LlmModel:
-    """The decoder in GGUF file ``path``, compiled for the CPU with a KV cache of
+    """The decoder in GGUF file ``path`` (or Hugging Face directory ``path``: Llama /
+    Mistral, Qwen2, Qwen3, Gemma 3; see docs/gguf.md), compiled for the CPU with a KV cache of
     ``max_context`` positions (None: 2048, or the model's context length when smaller)
     stored as ``kv_dtype`` ("f32", or "bf16" / "f16": half the memory, see docs/gguf.md
     for the accuracy) and ``num_threads`` threads (None: physical cores).

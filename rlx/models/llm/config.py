@@ -69,9 +69,15 @@ class LlmConfig:
     qk_norm: bool
     attn_bias: bool
     tied_embeddings: bool
+    sliding_layers: tuple[bool, ...] | None = None  # per layer (None: the spec's pattern)
+    # f32 inverse frequencies of the global layers' rope when not base^(-2i/dims)
+    # (Llama 3's rope scaling); None: from the base
+    rope_inv_freq: tuple[float, ...] | None = None
 
     def is_sliding(self, layer: int) -> bool:
         """Whether ``layer`` attends within the sliding window."""
+        if self.sliding_layers is not None:
+            return bool(self.sliding_window and self.sliding_layers[layer])
         p = self.arch.swa_pattern
         return bool(p and self.sliding_window and (layer + 1) % p != 0)
 
@@ -84,6 +90,13 @@ class LlmConfig:
         if self.is_sliding(layer) and self.arch.rope_base_local is not None:
             return self.arch.rope_base_local, 1.0
         return self.rope_base, self.rope_scale
+
+    def rope_inv(self, layer: int) -> tuple[float, ...] | None:
+        """The inverse frequencies of ``layer``'s rope when given explicitly (None: from
+        the base of :meth:`rope`)."""
+        if self.is_sliding(layer) and self.arch.rope_base_local is not None:
+            return None
+        return self.rope_inv_freq
 
 
 def _get(meta: Mapping[str, Any], key: str, kind: type, default: Any = None) -> Any:

@@ -31,7 +31,7 @@ decoded), times ``sqrt(d)`` for Gemma.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,10 +54,17 @@ class DecoderGraph:
     params: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def rope_tables(base: float, scale: float, rot: int, length: int) -> tuple[np.ndarray, ...]:
+def rope_tables(
+    base: float, scale: float, rot: int, length: int, inv_freq: Sequence[float] | None = None
+) -> tuple[np.ndarray, ...]:
     """f32 ``cos, sin [length, rot/2]`` of positions ``0..length-1`` (angles as
-    transformers computes them: f32 inverse frequencies times f32 positions)."""
-    inv = 1.0 / (base ** (np.arange(0, rot, 2, dtype=np.int64).astype(np.float32) / rot))
+    transformers computes them: f32 inverse frequencies times f32 positions); the
+    inverse frequencies are ``inv_freq`` when given, else ``base^(-2i/rot)``."""
+    inv: np.ndarray
+    if inv_freq is not None:
+        inv = np.asarray(inv_freq, dtype=np.float32)
+    else:
+        inv = 1.0 / (base ** (np.arange(0, rot, 2, dtype=np.int64).astype(np.float32) / rot))
     inv = inv.astype(np.float32)
     pos = (np.arange(length, dtype=np.float32) / np.float32(scale)).astype(np.float32)
     ang = (pos[:, None] * inv[None, :]).astype(np.float32)
@@ -152,12 +159,12 @@ def build_decoder(
     if cfg.arch.embed_scale:
         x = g.mul(x, float(np.float32(math.sqrt(d))))
 
-    tables: dict[tuple[float, float], tuple[NodeId, NodeId]] = {}
+    tables: dict[tuple[Any, ...], tuple[NodeId, NodeId]] = {}
 
     def rope_at(layer: int) -> tuple[NodeId, NodeId]:
-        key = cfg.rope(layer)
+        key = (*cfg.rope(layer), cfg.rope_inv(layer))
         if key not in tables:
-            cos, sin = rope_tables(key[0], key[1], cfg.rope_dims, max_context)
+            cos, sin = rope_tables(key[0], key[1], cfg.rope_dims, max_context, key[2])
             tables[key] = (
                 g.gather(g.constant(cos), positions, 0),
                 g.gather(g.constant(sin), positions, 0),

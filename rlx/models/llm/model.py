@@ -1,6 +1,7 @@
-"""A loaded decoder. In: a GGUF file. Out: :class:`LlmModel`: the compiled decoder graph
-(``graph.py``) with its KV cache, the tokenizer, and the token-level steps generation is
-made of (:meth:`LlmModel.prefill`, :meth:`LlmModel.step`, :meth:`LlmModel.logits`).
+"""A loaded decoder. In: a GGUF file or a Hugging Face directory. Out: :class:`LlmModel`:
+the compiled decoder graph (``graph.py``) with its KV cache, the tokenizer, and the
+token-level steps generation is made of (:meth:`LlmModel.prefill`, :meth:`LlmModel.step`,
+:meth:`LlmModel.logits`).
 
 One CompiledGraph (symbolic ``seq``) runs every step; the runtime keeps one schedule per
 length it has seen (decode is ``seq`` = 1; a prompt is padded to the next power of two,
@@ -141,9 +142,12 @@ def _length_class(n: int, room: int) -> int:
 
 
 class LlmModel:
-    """A decoder language model from a GGUF file (see :func:`rlx.models.llm.load`).
+    """A decoder language model from a GGUF file or a Hugging Face directory (see
+    :func:`rlx.models.llm.load`).
 
-    ``config``: the :class:`LlmConfig`; ``tokenizer``: the file's tokenizer; ``compiled``:
+    ``config``: the :class:`LlmConfig`; ``file``: the GGUF file or the
+    :class:`~rlx.models.llm.hf.HfCheckpoint` (``tensors`` by GGUF name, ``metadata``);
+    ``tokenizer``: the file's tokenizer; ``compiled``:
     the CompiledGraph; ``position``: tokens in the default state's context (module
     docstring: ``generate`` and ``logits`` have their own state and are thread-safe)."""
 
@@ -306,6 +310,13 @@ class LlmModel:
         """Text of token ids (special tokens dropped)."""
         return str(self.tokenizer.decode(list(ids), skip_special=True))
 
+    @property
+    def chat_template(self) -> str | None:
+        """The model's Jinja chat template (a GGUF file's ``tokenizer.chat_template``, a
+        Hugging Face directory's tokenizer_config.json / chat_template.jinja), or None."""
+        t = self.file.metadata.get("tokenizer.chat_template")
+        return t if isinstance(t, str) else None
+
     def batched(self, slots: int, max_context: int | None = None) -> BatchedDecoder:
         """A :class:`~rlx.models.llm.batch.BatchedDecoder` of ``slots`` KV-cache slots of
         ``max_context`` positions (None: this model's) over this model's weights."""
@@ -335,15 +346,28 @@ def open_model(
     num_threads: int | None = None,
     kv_dtype: str = "f32",
 ) -> LlmModel:
-    """Read the GGUF file at ``path`` and build its :class:`LlmModel` (see
-    :func:`rlx.models.llm.load`)."""
+    """Read the GGUF file or Hugging Face directory at ``path`` and build its
+    :class:`LlmModel` (see :func:`rlx.models.llm.load`)."""
     from rlx.frontends import gguf
 
     if kv_dtype not in KV_DTYPES:
         raise InputError(f"kv_dtype must be one of {sorted(KV_DTYPES)}, given {kv_dtype!r}")
     p = Path(path)
-    f = gguf.load(p)
-    cfg = read_config(f.architecture, f.metadata, f.tensors)
+    f: Any
+    tok: Any = None
+    if p.is_dir():  # a Hugging Face directory (config.json + safetensors)
+        from rlx.models.llm.hf import open_checkpoint
+        from rlx.models.llm.hf_tokenizer import HfTokenizer
+
+        f = open_checkpoint(p)
+        cfg = f.config
+        if (p / "tokenizer.json").is_file():
+            tok = HfTokenizer(p)
+    else:
+        f = gguf.load(p)
+        cfg = read_config(f.architecture, f.metadata, f.tensors)
+        if "tokenizer.ggml.tokens" in f.metadata:
+            tok = gguf.GgufTokenizer.from_metadata(f.metadata)
     if max_context is None:
         max_context = min(DEFAULT_CONTEXT, cfg.context_length)
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
@@ -353,9 +377,4 @@ def open_model(
             f"max_context={max_context} exceeds the model's context length "
             f"{cfg.context_length} ({cfg.arch.name}.context_length)"
         )
-    tok = (
-        gguf.GgufTokenizer.from_metadata(f.metadata)
-        if "tokenizer.ggml.tokens" in f.metadata
-        else None
-    )
     return LlmModel(p, f, cfg, tok, max_context, num_threads, kv_dtype)

@@ -1,5 +1,5 @@
 """The weight-only quantized matmul library (``csrc/dqgemm_decode.c``, ``dqgemm_rows.c``,
-``dqgemm.c``, ``dqgemm_q8.c``). In: f32 activations ``[M, K]`` and a weight packed in a
+``dqgemm_rows_gguf.c``, ``dqgemm.c``, ``dqgemm_small.c``, ``dqgemm_q8.c``). In: f32 activations ``[M, K]`` and a weight packed in a
 :class:`~rlx.formats.schemes.QuantScheme` layout (``[N, ...]``, rows = output channels).
 Out: ``y = x @ dequant(w).T`` f32 ``[M, N]`` computed from the packed bytes
 (:meth:`DqGemmLib.gemm`, :meth:`DqGemmLib.bind`; a GEMV below 4 rows, the small-batch
@@ -296,7 +296,14 @@ class DqGemmLib:
 
 
 #: the C source, concatenated in this order (see the overview atop ``csrc/dqgemm.c``)
-SOURCES = ("dqgemm_decode.c", "dqgemm_rows.c", "dqgemm.c", "dqgemm_small.c", "dqgemm_q8.c")
+SOURCES = (
+    "dqgemm_decode.c",
+    "dqgemm_rows.c",
+    "dqgemm_rows_gguf.c",
+    "dqgemm.c",
+    "dqgemm_small.c",
+    "dqgemm_q8.c",
+)
 
 
 def dqgemm_source() -> str:

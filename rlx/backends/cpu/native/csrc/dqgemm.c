@@ -1,4 +1,4 @@
-/* dqgemm part 3 of 5. Weight-only quantized matmul for rlx:
+/* dqgemm part 4 of 6. Weight-only quantized matmul for rlx:
  * Y[M,N] = X[M,K] @ dequant(W)[N,K]^T, reading the packed weight directly (no f32 copy of
  * the whole weight).
  *
@@ -11,13 +11,14 @@
  * Every block is decoded exactly as ggml-quants.c (and rlx.formats.gguf) decode it, into a
  * small f32 buffer that stays in L1; the products are f32 FMAs (f32 accumulation):
  *
- *   decode (M < 4, a GEMV streaming W once): on AVX2 / AVX-512, Q8_0, Q5_0, Q4_K, Q6_K,
- *     Int8Block and Int4Block run fused row kernels (dqgemm_rows.c: bytes widened to i32
- *     lanes and converted, or on AVX-512 looked up in a per-block table of decoded values,
- *     FMA with X, block scales applied to the block's vector sum; at M = 1, Q8_0 takes four
- *     rows per pass sharing the X loads); every other scheme (and
- *     the portable target) decodes a chunk of ~256 weights of the row into an L1 buffer
- *     and dots it with each X row (4 vector accumulators).
+ *   decode (M < 4, a GEMV streaming W once): on AVX2 / AVX-512, every GGUF layout but
+ *     Q8_K, and Int8Block and Int4Block, run fused row kernels (dqgemm_rows.c,
+ *     dqgemm_rows_gguf.c: bytes widened to i32 lanes and converted, or on AVX-512 looked
+ *     up in a per-block table of decoded values, FMA with X, block scales applied to the
+ *     block's vector sum, mins times per-block sums of X; at M = 1, Q8_0 takes four rows
+ *     per pass sharing the X loads); every other scheme (and the portable target) decodes
+ *     a chunk of ~256 weights of the row into an L1 buffer and dots it with each X row
+ *     (4 vector accumulators).
  *   small batches (2 <= M <= 16, batched decode; dqgemm_small.c): each weight row is
  *     decoded once, 2048 weights at a time, into an L1 buffer (vector decoders for Q8_0,
  *     Q5_0, Q4_K, Q6_K; the others from M = 4) and applied to all M X rows.
@@ -35,9 +36,9 @@
  * integer dot product (VNNI vpdpbusd / AVX2 vpmaddubsw / C), scaled in f32, as llama.cpp
  * decodes; the caller picks it (native/dqgemm.py: RLX_DQ_ACT=auto at batch < 4, or q8).
  *
- * Source: five files that native/dqgemm.py concatenates in this order: dqgemm_decode.c
- * (vector layer, f16, the packed weight and its exact block decoder), dqgemm_rows.c (the
- * fused decode-dot rows), dqgemm.c (GEMV, tiled GEMM, entry points), dqgemm_small.c (the
+ * Source: six files that native/dqgemm.py concatenates in this order: dqgemm_decode.c
+ * (vector layer, f16, the packed weight and its exact block decoder), dqgemm_rows.c and
+ * dqgemm_rows_gguf.c (the fused decode-dot rows and their dispatch), dqgemm.c (GEMV, tiled GEMM, entry points), dqgemm_small.c (the
  * small-batch path), dqgemm_q8.c (the integer path and its entry point).
  */
 

@@ -1,4 +1,4 @@
-/* dqgemm part 5 of 5 (see dqgemm.c): the integer path, activations quantized to q8 (as
+/* dqgemm part 6 of 6 (see dqgemm.c): the integer path, activations quantized to q8 (as
  * llama.cpp's vec_dot kernels), for Q8_0, Q5_0, Q4_K and Q6_K weights.
  *
  * Activations: each X row is quantized once per call, per block of 32 inputs, to int8

@@ -1,4 +1,6 @@
-/* dqgemm part 2 of 5 (see dqgemm.c): fused decode-dot row kernels for AVX2 / AVX-512. */
+/* dqgemm part 2 of 6 (see dqgemm.c): fused decode-dot row kernels for AVX2 / AVX-512 (Q8_0,
+ * Q5_0, Q4_K, Q6_K, Int8Block, Int4Block; the other GGUF layouts and the dispatch:
+ * dqgemm_rows_gguf.c). */
 #include "gguf_unpack.h"
 
 /* ---- fused decode-dot rows (AVX2 / AVX-512): the packed bytes go straight to vector
@@ -332,44 +334,6 @@ static float row_i4(const uint8_t *q, const float *sc, const int32_t *zp, long n
 #define row_i4 row_i4_v
 #endif
 
-static int fused_ok(const dq_t *s) {
-    switch (s->code) {
-    case S_Q8_0: case S_Q5_0: case S_Q4_K: case S_Q6_K: return 1;
-    case S_I8: return s->qk % VW == 0;
-    case S_I4: return (s->qk / 2) % VW == 0;
-    default: return 0;
-    }
-}
-
-/* per X row: [K] prepared values then [K / 32] sums (Q4_K) or the even / odd split (Int4) */
-static void prep_x(const dq_t *s, const float *x, long K, float *out) {
-    if (s->code == S_Q4_K) {
-        for (long j = 0; j < K / 32; j++) {
-            float t = 0.0f;
-            for (int l = 0; l < 32; l++) t += x[j * 32 + l];
-            out[j] = t;
-        }
-    } else if (s->code == S_I4) {
-        for (long j = 0; j < K / 2; j++) {
-            out[j] = x[2 * j];
-            out[K / 2 + j] = x[2 * j + 1];
-        }
-    }
-}
-
-static float fused_row(const dq_t *s, long n, const float *x, const float *px, long K) {
-    const uint8_t *p = s->w + n * s->row_bytes;
-    switch (s->code) {
-    case S_Q8_0: return row_q8_0(p, s->nb, x);
-    case S_Q5_0: return row_q5_0(p, s->nb, x);
-    case S_Q4_K: return row_q4_k(p, s->nb, x, px);
-    case S_Q6_K: return row_q6_k(p, s->nb, x);
-    case S_I8:
-        return row_i8((const int8_t *)p, s->scale + n * s->nb, s->zp + n * s->nb, s->nb, s->qk, x);
-    default:
-        return row_i4(p, s->scale + n * s->nb, s->zp + n * s->nb, s->nb, s->qk, px, px + K / 2);
-    }
-}
 #else
 #define FUSED 0
 #endif

@@ -1,0 +1,220 @@
+"""Decode GEMV (M = 1, f32 activations) of every GGUF scheme x native target x threads, in
+GB/s of packed weight bytes, against the streaming read bandwidth measured in the same run.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/gemv_schemes.py \\
+        [--targets avx512 avx2] [--threads 1 2] [--rounds 2] [--reps 3] \\
+        [--working-set-mb 256] [--json FILE] [--baseline FILE] [--out FILE.md]
+
+One process per target (``dqgemm_lib(target)``: the kernels ``RLX_ISA=<target>`` builds),
+rounds interleaved over targets. Per scheme and shape, ``DqGemmLib.bind`` at M = 1 with
+``act="f32"`` (the exact path, RLX_DQ_ACT's default), each call reading another copy of
+the packed weight, cycling through copies that fill ``--working-set-mb`` (weights come
+from DRAM as in a decode step: each byte read once per token). Shapes (y[N] = W[N, K] x):
+2048 x 2048 and Gemma-3-270M's FFN down projection K 2048 x N 640 (K a multiple of 256,
+so every scheme runs it). Bandwidth peak: ``rlx_dq_stream_read`` (csrc/dqgemm.c) over a
+``--working-set-mb`` f32 buffer with the same target and thread count.
+
+Figures: best of ``--reps`` passes within a process, then best over rounds. ``%`` is GB/s
+over the stream bandwidth of the same target and thread count. ``--json`` writes the raw
+figures; ``--baseline`` (such a JSON from an earlier build) adds a "before" column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+
+from _common import reexec_without_blas_pins, removed_blas_pins
+
+reexec_without_blas_pins()
+
+import numpy as np  # noqa: E402
+
+SCHEMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+SHAPES = [("square", 2048, 2048), ("ffn_down", 2048, 640)]  # name, K, N
+
+
+def _scheme(name: str):  # noqa: ANN202
+    from rlx.formats import schemes as S
+
+    return S.GGUF_SCHEMES[name]()
+
+
+#: byte offsets of each block layout's f16 scale fields (ggml's block structs)
+F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+              "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}  # fmt: skip
+
+
+def _weights(name: str, n: int, k: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """A packed [n, k] weight: random code bytes, small finite f16 scales (rlx packs only
+    some schemes; the kernels' speed does not depend on the values)."""
+    cls = _scheme(name)
+    b = rng.integers(0, 256, (n * k // cls.block_size, cls.block_bytes), dtype=np.uint8)
+    for off in F16_FIELDS[name]:
+        h = rng.uniform(0.001, 0.05, len(b)).astype("<f2")
+        b[:, off : off + 2] = h.view(np.uint8).reshape(-1, 2)
+    return (b.reshape(n, -1),)
+
+
+def _time_cycle(calls: list, reps: int) -> float:
+    for c in calls[:2]:
+        c()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for c in calls:
+            c()
+        best = min(best, (time.perf_counter() - t0) / len(calls))
+    return best
+
+
+def worker(args: argparse.Namespace, target_name: str) -> dict:
+    from rlx.backends.cpu.native import cpu
+    from rlx.backends.cpu.native.dqgemm import dqgemm_lib
+
+    lib = dqgemm_lib(cpu.Target(target_name))
+    ws_bytes = args.working_set_mb * 1024 * 1024
+    out: dict = {"stream": {}, "gemv": {}, "bytes": {}}
+    a = np.ones(ws_bytes // 4, np.float32)
+    for t in args.threads:
+        lib.stream_read(a, t)
+        best = min(_timed(lib.stream_read, a, t) for _ in range(args.reps))
+        out["stream"][str(t)] = a.nbytes / best / 1e9
+    del a
+    rng = np.random.default_rng(0)
+    for name in args.schemes:
+        scheme = _scheme(name)
+        for sname, k, n in SHAPES:
+            ws = _weights(name, n, k, rng)
+            nb = sum(w.nbytes for w in ws)
+            out["bytes"][f"{name}|{sname}"] = nb
+            copies = [ws] + [
+                tuple(w.copy() for w in ws) for _ in range(max(1, -(-ws_bytes // nb)) - 1)
+            ]
+            x = rng.standard_normal((1, k)).astype(np.float32)
+            y = np.empty((1, n), np.float32)
+            for t in args.threads:
+                calls = [lib.bind(scheme, x, c, y, num_threads=t, act="f32") for c in copies]
+                sec = _time_cycle(calls, args.reps)
+                out["gemv"][f"{name}|{sname}|{t}"] = nb / sec / 1e9
+            del copies
+    return out
+
+
+def _timed(fn, *args) -> float:  # noqa: ANN001, ANN002
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
+
+
+def _run_worker(target: str, argv: list[str]) -> dict:
+    cmd = [sys.executable, __file__, "--worker", target, *argv]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise SystemExit(f"worker {target} failed:\n{r.stderr}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _merge(rounds: list[dict]) -> dict:
+    """Best over rounds of every figure (all are rates: higher is better)."""
+    out: dict = {}
+    for part in ("stream", "gemv", "bytes"):
+        out[part] = {k: max(r[part][k] for r in rounds) for k in rounds[0][part]}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--targets", nargs="+", default=["avx512", "avx2"])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--working-set-mb", type=int, default=256)
+    ap.add_argument("--schemes", nargs="+", default=SCHEMES)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--baseline", default=None)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--worker", default=None)
+    args = ap.parse_args()
+    if args.worker is not None:
+        print(json.dumps(worker(args, args.worker)))
+        return
+    argv = [
+        "--threads", *map(str, args.threads), "--reps", str(args.reps),
+        "--working-set-mb", str(args.working_set_mb), "--schemes", *args.schemes,
+    ]  # fmt: skip
+    rounds: dict[str, list[dict]] = {t: [] for t in args.targets}
+    for r in range(args.rounds):
+        for t in args.targets:
+            print(f"round {r + 1}/{args.rounds}: {t}", file=sys.stderr, flush=True)
+            rounds[t].append(_run_worker(t, argv))
+    res = {t: _merge(rs) for t, rs in rounds.items()}
+    res["_meta"] = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                    "load": os.getloadavg()}  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    base = None
+    if args.baseline:
+        with open(args.baseline) as f:
+            base = json.load(f)
+    report(args, res, base)
+
+
+def report(args: argparse.Namespace, res: dict, base: dict | None) -> None:
+    from rlx.info import cpu_model
+
+    meta = res["_meta"]
+    lines = [
+        "## Decode GEMV (M = 1, f32 activations) per GGUF scheme, target and thread count",
+        "",
+        "Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python "
+        f"benchmarks/gemv_schemes.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
+        f"Date: {meta['date']}. CPU: {cpu_model()} ({platform.machine()}, {os.cpu_count()} "
+        f"logical CPUs); removed BLAS pins: {removed_blas_pins() or 'none'}; load average "
+        f"at the end: {', '.join(f'{v:.1f}' for v in meta['load'])} (a shared machine). "
+        f"{args.rounds} rounds, best of {args.reps} per round; working set "
+        f"{args.working_set_mb} MiB.",
+        "",
+        "Streaming read bandwidth (the bound, same run): "
+        + "; ".join(
+            f"{t}: " + ", ".join(f"{res[t]['stream'][str(n)]:.1f} GB/s on {n}T" for n in args.threads)
+            for t in args.targets
+        ),
+        "",
+    ]  # fmt: skip
+    for sname, k, n in SHAPES:
+        lines += [f"### {sname}: K {k} x N {n}, GB/s of packed weight (% of stream)", ""]
+        cols = [f"{t} {n}T" for t in args.targets for n in args.threads]
+        head = "| scheme | MB | " + " | ".join(
+            (f"{c} before | {c} after" if base else c) for c in cols
+        )
+        lines += [head + " |", "|---|---|" + "---|" * (len(cols) * (2 if base else 1))]
+        for name in args.schemes:
+            nb = res[args.targets[0]]["bytes"][f"{name}|{sname}"]
+            cells = []
+            for t in args.targets:
+                for th in args.threads:
+                    key, bw = f"{name}|{sname}|{th}", res[t]["stream"][str(th)]
+                    if base:
+                        b = base.get(t, {}).get("gemv", {}).get(key)
+                        cells.append("-" if b is None else f"{b:.1f}")
+                    g = res[t]["gemv"][key]
+                    cells.append(f"{g:.1f} ({100 * g / bw:.0f} %)")
+            lines.append(f"| {name} | {nb / 1e6:.2f} | " + " | ".join(cells) + " |")
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
