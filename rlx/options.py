@@ -45,6 +45,10 @@ class CompileOptions:
     native_schedule: run consecutive native kernels as one C loop over kernel
         descriptors (``rlx/backends/cpu/native/schedule.py``); False runs every kernel
         from Python (the oracle). Needs ``native``.
+    batch_invariant: each row's result has the same bits whatever batch and padding it
+        runs in: f32 products stay on rlx's sgemm for every shape instead of the per-shape
+        BLAS-or-native choice at one thread (whose two kernels round apart). SentenceEncoder
+        sets it, so a server's coalesced batches equal each request encoded alone.
     """
 
     num_threads: int | None = None
@@ -61,6 +65,7 @@ class CompileOptions:
     native: bool = True
     max_shape_plans: int = 8
     native_schedule: bool = True
+    batch_invariant: bool = False
 
     def replace(self, **kw: Any) -> CompileOptions:
         """A copy with the given fields changed (``dataclasses.replace``)."""
@@ -78,4 +83,5 @@ class CompileOptions:
             self.freeze_params,
             self.disabled_passes,
             self.native,
+            self.batch_invariant,
         )

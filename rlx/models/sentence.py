@@ -161,7 +161,7 @@ class SentenceEncoder:
             self.compiled = result.compiled
             self.quantization_report = result.report
         else:
-            plans: dict[str, Any] = {}
+            plans: dict[str, Any] = {"batch_invariant": True}  # a row's bits: any batch
             if max_shape_plans is not None:
                 plans["max_shape_plans"] = max_shape_plans
             self.compiled = self.model.compile(self.graph, **plans)
@@ -235,7 +235,10 @@ class SentenceEncoder:
         twin = copy.copy(self)
         threads = self.compiled.num_threads if num_threads is None else num_threads
         twin.compiled = self.model.compile(
-            self.graph, num_threads=threads, max_shape_plans=self.compiled.options.max_shape_plans
+            self.graph,
+            num_threads=threads,
+            max_shape_plans=self.compiled.options.max_shape_plans,
+            batch_invariant=True,
         )
         return twin
 

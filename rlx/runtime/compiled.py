@@ -273,6 +273,7 @@ class CompiledGraph:
             store=self._store,
             workspace=self._workspace,
             native_schedule=self.options.native_schedule,
+            batch_invariant=self.options.batch_invariant,
         )
         self._executors[key] = ex
         self._executors.move_to_end(key)

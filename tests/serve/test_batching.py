@@ -142,3 +142,41 @@ def test_three_workers_answer_concurrent_mixed_requests_bit_for_bit(served, orac
     count = m[("rlx_batch_size_count", (("model", "m"),))]
     assert m[("rlx_batch_size_bucket", (("le", "8.0"), ("model", "m")))] == count  # max_batch
     assert m[("rlx_queue_depth", (("model", "m"),))] == 0
+
+
+class _AllBlas(dict):
+    """A recorded-choice table in which BLAS won every f32 product's shape class."""
+
+    def get(self, key, default=None):
+        return "blas"
+
+
+def test_one_thread_replicas_keep_rows_bit_for_bit_whatever_blas_won(
+    minilm_dir: Path, oracle, monkeypatch
+) -> None:
+    # a server's workers run one thread each, where rlx picks BLAS or its own sgemm per
+    # shape class by timing: the encoder compiles batch-invariant, so a row keeps its
+    # bits (those of the 2-thread oracle alone) in every batch and padding
+    from rlx.backends.cpu.engines import sgemm as ks
+    from rlx.models import SentenceEncoder
+
+    monkeypatch.setattr(ks, "_read", lambda: _AllBlas())
+    ks.forget_choices()
+    try:
+        one = SentenceEncoder(minilm_dir, num_threads=1)
+        twin = one.replica(1)
+        texts = [t for i in range(6) for t in sentences(1 + i % 3, seed=300 + i, longest=20)]
+        alone = np.stack([oracle.encode([t])[0] for t in texts])
+        encs = one.model.tokenizer.tokenize(texts)
+        for enc in (one, twin):
+            for rows in (1, 2, 4, 8, 12):
+                for length in (None, 16, 32):
+                    got = np.concatenate(
+                        [
+                            enc.encode_tokenized(encs[i : i + rows], length=length)
+                            for i in range(0, len(encs), rows)
+                        ]
+                    )
+                    np.testing.assert_array_equal(got, alone, err_msg=f"{rows} rows, {length}")
+    finally:
+        ks.forget_choices()

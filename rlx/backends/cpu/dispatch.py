@@ -116,6 +116,8 @@ class KernelCtx:
     change only when a param does (params, the executor's prologue nodes); a factory may
     prepare such an input (e.g. pack a weight) in a step it appends to ``prologue``,
     which the executor runs once per param change, after the prologue nodes.
+    ``batch_invariant``: ``CompileOptions.batch_invariant`` (a kernel picks one code path
+    for every shape, so a row's bits do not depend on the batch around it).
 
     One CompiledGraph builds a schedule per shape of its symbolic dims. What does not
     depend on the shape (a weight packed into panels) should be made once for all of
@@ -138,6 +140,7 @@ class KernelCtx:
     stable: frozenset[int] = frozenset()
     prologue: list[Kernel] = field(default_factory=list)
     store: Any = None
+    batch_invariant: bool = False
 
     def keep(self, key: Any, make: Callable[[], Any]) -> Any:
         """The object ``make()`` returns, made once per compiled graph for ``key`` and

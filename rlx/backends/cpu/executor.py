@@ -132,10 +132,12 @@ class Executor:
         store: ParamStore | None = None,
         workspace: Workspace | None = None,
         native_schedule: bool = False,
+        batch_invariant: bool = False,
     ):
         load_kernels()
         self.num_threads = resolve_threads(num_threads)
         self.native = native
+        self.batch_invariant = batch_invariant
         self.graph = graph
         self.plan = plan
         self.bindings = dict(plan.bindings)
@@ -363,6 +365,7 @@ class Executor:
                 native=self.native,
                 stable=self.stable,
                 store=self.store,
+                batch_invariant=self.batch_invariant,
             )
             factory = KERNELS.get(type(n.op))
             try:

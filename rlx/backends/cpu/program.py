@@ -154,6 +154,7 @@ def compile_program(
         store=store,
         workspace=Workspace(),
         native_schedule=options.native_schedule,
+        batch_invariant=options.batch_invariant,
     )
     prog._probe = (probe, store.params, live_inputs)
     prog.compile_seconds = time.perf_counter() - t0

@@ -326,3 +326,61 @@ def test_invalid_entries_are_dropped(choice_dir) -> None:
     seen, make = _calls()
     assert ks.choose("k4", make, 1) == (False, "recorded choice") and not seen
     assert ks.choose("k3", make, 1)[1].startswith("measured")
+
+
+class _AllBlas(dict):
+    """A recorded-choice table in which BLAS won every shape class."""
+
+    def get(self, key, default=None):
+        return "blas"
+
+
+@pytest.fixture
+def blas_recorded(choice_dir, monkeypatch):
+    monkeypatch.setattr(ks, "_read", lambda: _AllBlas())
+    ks.forget_choices()
+    yield
+    ks.forget_choices()
+
+
+def test_batch_invariant_choice_is_native_without_measuring(choice_dir, monkeypatch) -> None:
+    seen, make = _calls()
+    assert ks.choose("k5", make, 1, invariant=True) == (
+        True,
+        "batch-invariant: native for every shape",
+    )
+    assert not seen and not ks.choice_path().exists()
+    monkeypatch.setenv("RLX_SGEMM", "blas")  # the user's explicit choice still wins
+    assert ks.choose("k5", make, 1, invariant=True) == (False, "RLX_SGEMM=blas")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_batch_invariant_rows_keep_their_bits_at_every_batch_size(blas_recorded, bias) -> None:
+    # at one thread the recorded choice (here: BLAS for every shape class) would pick BLAS,
+    # whose kernels round apart from rlx's (and apart from each other at M = 1):
+    # batch_invariant keeps every shape on one kernel, so a row's bits never depend on M
+    rng = np.random.default_rng(11)
+    g = Graph("lin")
+    x = g.input("x", ("m", 96), DType.F32)
+    w = g.param("w", (96, 200), DType.F32)
+    y = g.matmul(x, w)
+    if bias:
+        y = g.add(y, g.param("b", (200,), DType.F32))
+    g.set_outputs([y])
+    ps = {"w": _rand(rng, 96, 200), "b": _rand(rng, 200)}
+    ps = ps if bias else {"w": ps["w"]}
+    opts = CompileOptions(use_cache=False, num_threads=1, batch_invariant=True)
+    cg = Session("cpu").compile(g, opts, params=ps)
+    xv = _rand(rng, 40, 96)
+    full = cg.run({"x": xv})[0]
+    want = xv.astype(np.float64) @ ps["w"].astype(np.float64)
+    if bias:
+        want += ps["b"]
+    assert np.all(np.abs(full - want) <= _bound(xv, ps["w"]) + 1e-6)
+    for m in (1, 2, 3, 7, 8, 16, 33):
+        np.testing.assert_array_equal(cg.run({"x": xv[:m]})[0], full[:m], err_msg=f"m={m}")
+    e = _entry(cg, "fused_matmul_bias_act" if bias else "matmul")
+    assert e.kind.value == "native" and "batch-invariant" in " ".join(e.notes)
+    off = Session("cpu").compile(g, opts.replace(batch_invariant=False), params=ps)
+    off_notes = " ".join(_entry(off, e.op).notes)  # the recorded choice, without the option
+    assert "rlx sgemm" not in off_notes or "blas (not rlx sgemm" in off_notes

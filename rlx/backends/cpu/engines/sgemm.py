@@ -183,14 +183,21 @@ def _best(fn: Callable[[], Any], reps: int) -> float:
 
 
 def choose(
-    key: str, make: Callable[[], tuple[Callable[[], Any], Callable[[], Any]]], threads: int
+    key: str,
+    make: Callable[[], tuple[Callable[[], Any], Callable[[], Any]]],
+    threads: int,
+    invariant: bool = False,
 ) -> tuple[bool, str]:
     """Whether the native GEMM runs the shape class ``key``: ``RLX_SGEMM`` when it forces
-    one, else native whenever ``threads > 1`` (one thread pool), else the recorded choice, else both made by ``make()`` (native, BLAS) and timed
-    now (interleaved, best of a few) and the winner recorded. Returns (native?, why)."""
+    one, else native when ``invariant`` (``CompileOptions.batch_invariant``: one kernel for
+    every shape) or ``threads > 1`` (one thread pool), else the recorded choice, else both
+    made by ``make()`` (native, BLAS) timed now (interleaved, best of a few) and the winner
+    recorded. Returns (native?, why)."""
     forced = config.sgemm()
     if forced != "auto":
         return forced == "native", f"RLX_SGEMM={forced}"
+    if invariant:
+        return True, "batch-invariant: native for every shape"
     if threads > 1:
         # one pool: a schedule mixing OpenBLAS's threads with the OpenMP team loses to
         # either alone (all-MiniLM-L6-v2 1x16 at 2 threads: mixed 7.9 ms, all native
@@ -297,7 +304,7 @@ def weight_matmul(
         targs = lib.gemm_args(ta, packed, to)
         return lambda: (packed, lib.lib.rlx_sgemm(*targs, nt)), lambda: np.matmul(ta, tb, out=to)
 
-    use, why = choose(key, make, nt)
+    use, why = choose(key, make, nt, ctx.batch_invariant)
     if not use:
         ctx.notes.append(f"blas (not rlx sgemm ({lib.isa}): {why})")
         return None
@@ -394,7 +401,7 @@ def batched_matmul(
 
         return lambda: lib.lib.rlx_sgemm_batched(*targs, nt), blas
 
-    use, why = choose(key, make, nt)
+    use, why = choose(key, make, nt, ctx.batch_invariant)
     if not use:
         ctx.notes.append(f"blas (not rlx sgemm ({lib.isa}): {why})")
         return None

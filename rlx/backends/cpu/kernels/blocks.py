@@ -110,6 +110,7 @@ def block_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: Kernel
         sctx = KernelCtx(
             n, inner, ctx.bindings, ctx.params, ctx.inputs, ctx.pool,
             num_threads=ctx.num_threads, native=ctx.native, stable=stable, store=store,
+            batch_invariant=ctx.batch_invariant,
         )  # fmt: skip
         src_ins = [arrays[i] for i in n.inputs]
         factory = KERNELS.get(type(n.op))

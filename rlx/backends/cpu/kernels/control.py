@@ -48,7 +48,13 @@ class SubProgram:
         binds = {s: v for s, v in bindings.items() if s in names}
         plan = plan_memory(graph, binds)
         self.executor = Executor(
-            graph, plan, {}, {}, num_threads=ctx.num_threads, native=ctx.native
+            graph,
+            plan,
+            {},
+            {},
+            num_threads=ctx.num_threads,
+            native=ctx.native,
+            batch_invariant=ctx.batch_invariant,
         )
         if self.executor.stale:
             self.executor.run_prologue()  # constant-only nodes: their values never change

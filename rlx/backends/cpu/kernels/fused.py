@@ -250,6 +250,7 @@ def region_kernel(
             ctx.pool,
             num_threads=ctx.num_threads,
             native=ctx.native,
+            batch_invariant=ctx.batch_invariant,
         )
         factory = KERNELS.get(type(bn.op))
         fn = factory(bn, sub_ins, dst, sub_ctx) if factory is not None else None
@@ -294,7 +295,8 @@ def native_fused_matmul_kernel(
         if out.dtype not in (np.float32, np.float64):
             raise Decline(f"dtype {out.dtype} has no native epilogue")
         t = ctype_of(out, ins)
-        if bias is None and act is None:
+        plain = bias is None and act is None
+        if plain and not (ctx.batch_invariant and out.dtype == np.float32):
             raise Decline("no bias and no activation: the plain BLAS matmul")
         if out.size == 0 or not out.flags.c_contiguous:
             raise Decline(f"output {out.shape} is empty or not C-contiguous")
@@ -303,6 +305,8 @@ def native_fused_matmul_kernel(
         fn = _sgemm_fused(node, x, w, cols, act, out, t, ctx)
         if fn is not None:
             return fn
+        if plain:
+            raise Decline("no bias and no activation: the plain BLAS matmul")
         mm = matmul_into(x, w, out)
         epi = row_kernel(
             RowSpec(RowKind.BIAS_ACT, t, beta=bias is not None, act=act), [out], cols, 0.0, ctx
