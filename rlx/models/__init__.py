@@ -18,9 +18,12 @@ __all__ = [
     "rope_tables",
     "SentenceEncoder",
     "Reranker",
+    "ImageTextEncoder",
+    "ImageClassifier",
 ]
 
 _LAZY = {"SentenceEncoder": "rlx.models.sentence", "Reranker": "rlx.models.rerank"}
+_LAZY |= dict.fromkeys(("ImageTextEncoder", "ImageClassifier"), "rlx.models.vision")
 
 
 def __getattr__(name: str) -> Any:

@@ -286,7 +286,9 @@ def _labels(raw: dict[str, Any], where: str) -> tuple[str, ...]:
         try:
             items = sorted((int(k), str(v)) for k, v in id2label.items())
         except ValueError:
-            raise ModelError(f"{where}: id2label keys must be integers, got {list(id2label)}")
+            raise ModelError(
+                f"{where}: id2label keys must be integers, got {list(id2label)}"
+            ) from None
         if [k for k, _ in items] != list(range(len(items))):
             raise ModelError(f"{where}: id2label keys must be 0..n-1, got {[k for k, _ in items]}")
         return tuple(v for _, v in items)

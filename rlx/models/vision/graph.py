@@ -28,9 +28,9 @@ import numpy as np
 
 from rlx.dtype import DType
 from rlx.ir.mir import Graph, NodeId
-from rlx.ops.nn import MaskKind
 from rlx.models.vision.config import Act, Family, TowerConfig, VisionModelConfig
 from rlx.models.vision.weights import PATCH, layer_names
+from rlx.ops.nn import MaskKind
 
 __all__ = ["image_graph", "text_graph"]
 
@@ -49,7 +49,9 @@ class _B:
         return self.g.linear(x, w, self.param(f"{p}.bias", (n_out,)) if bias else None)
 
     def ln(self, x: NodeId, p: str, h: int, eps: float) -> NodeId:
-        return self.g.layer_norm(x, self.param(f"{p}.weight", (h,)), self.param(f"{p}.bias", (h,)), eps)
+        return self.g.layer_norm(
+            x, self.param(f"{p}.weight", (h,)), self.param(f"{p}.bias", (h,)), eps
+        )
 
     def act(self, x: NodeId, act: Act) -> NodeId:
         g = self.g
@@ -113,12 +115,16 @@ def image_graph(cfg: VisionModelConfig) -> Graph:
         k = b.lin(x, f"{hd}.attention.k_proj", h, h)
         v = b.lin(x, f"{hd}.attention.v_proj", h, h)
         a = b.lin(g.attention(q, k, v, t.heads, t.head_dim), f"{hd}.attention.out_proj", h, h)
-        a = g.add(a, b.mlp(b.ln(a, f"{hd}.layernorm", h, t.eps), f"{hd}.mlp.fc1", f"{hd}.mlp.fc2", t))
+        a = g.add(
+            a, b.mlp(b.ln(a, f"{hd}.layernorm", h, t.eps), f"{hd}.mlp.fc1", f"{hd}.mlp.fc2", t)
+        )
         out = _first(g, a)
     else:
         if fam is Family.CLIP:
             cls = g.reshape(b.param("vision_model.embeddings.class_embedding", (h,)), (1, 1, h))
-            pos = b.param("vision_model.embeddings.position_embedding.weight", (vis.num_patches + 1, h))
+            pos = b.param(
+                "vision_model.embeddings.position_embedding.weight", (vis.num_patches + 1, h)
+            )
         else:
             cls = b.param("vit.embeddings.cls_token", (1, 1, h))
             pos = b.param("vit.embeddings.position_embeddings", (1, vis.num_patches + 1, h))

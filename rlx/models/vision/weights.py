@@ -152,7 +152,9 @@ def load_vision_weights(model_dir: Path, cfg: VisionModelConfig) -> dict[str, np
     found: dict[str, tuple[Path, dict, int]] = {}
     for name, path, entry, start in _iter_entries(_shard_files(model_dir)):
         if name in found:
-            raise ModelError(f"{model_dir}: tensor {name!r} appears twice ({found[name][0]}, {path})")
+            raise ModelError(
+                f"{model_dir}: tensor {name!r} appears twice ({found[name][0]}, {path})"
+            )
         found[name] = (path, entry, start)
     missing = [k for k in want if k not in found]
     if missing:
