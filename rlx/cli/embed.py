@@ -136,6 +136,13 @@ def _summary(texts: list[str], emb: np.ndarray, normalized: bool, show: int = 5)
     help="With --ray: the shard files (.npy: <name>.npy and <name>.ids.npy).",
 )
 @click.option("--overwrite", is_flag=True, help="With --ray: replace a non-empty --out DIR.")
+@click.option(
+    "--image",
+    "images",
+    multiple=True,
+    help="Embed this image file with a CLIP / SigLIP MODEL (repeatable; TEXTs then share "
+    "its space).",
+)
 def command(
     model: str,
     texts: tuple[str, ...],
@@ -155,6 +162,7 @@ def command(
     shard_rows: int = 1024,
     shard_format: str = "parquet",
     overwrite: bool = False,
+    images: tuple[str, ...] = (),
 ) -> int:
     """Embed texts with a sentence-embedding MODEL (a directory, or a known name such as
     all-MiniLM-L6-v2).
@@ -165,7 +173,15 @@ def command(
       rlx embed ./my-model --file corpus.txt --out corpus.npy --precision int8
       cat corpus.txt | rlx embed all-MiniLM-L6-v2 -f - --format jsonl > vectors.jsonl
       rlx embed all-MiniLM-L6-v2 --ray -i corpus/ --out vectors/ --actors 4
+      rlx embed ./clip-dir --image cat.jpg --image dog.png "a cat" "a dog"
     """
+    if images:
+        from rlx.cli import embed_image
+
+        if use_ray or prompt is not None or prompt_name is not None or precision != "f32":
+            raise click.UsageError("--image takes none of --ray, --prompt, --precision")
+        items = read_texts(texts, file)
+        return embed_image.run(model, list(images), items, out, batch_size, threads, normalize, fmt)
     if use_ray and (prompt is not None or prompt_name is not None):
         raise click.UsageError("--prompt / --prompt-name do not apply with --ray")
     if use_ray:
