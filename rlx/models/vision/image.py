@@ -142,6 +142,15 @@ class ImageProcessing:
             return h, w
         return self.resize_to(h, w)
 
+    def fixed_size(self) -> tuple[int, int] | None:
+        """(height, width) of every result, or None when it depends on the image (a
+        shortest-edge resize, or no resize, without a crop)."""
+        if self.crop is not None:
+            return self.crop
+        if self.resize and not self.shortest_edge:
+            return self.height, self.width
+        return None
+
     def resize_to(self, h: int, w: int) -> tuple[int, int]:
         """(height, width) an ``h`` x ``w`` image is resized to (transformers' rule)."""
         if not self.shortest_edge:

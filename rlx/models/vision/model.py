@@ -80,6 +80,13 @@ class _Loaded:
                 f"loads {', '.join(names)}"
             )
         self.processing: ImageProcessing = read_processing(self.path, self.config.family)
+        size, fixed = self.config.vision.image_size, self.processing.fixed_size()
+        if fixed is not None and fixed != (size, size):
+            raise ModelError(
+                f"{self.path}: preprocessor_config.json makes {fixed[0]}x{fixed[1]} images but "
+                f"config.json's image_size is {size}: rlx needs {size}x{size} (position "
+                "embeddings are not interpolated)"
+            )
         self.params = load_vision_weights(self.path, self.config)
         self.num_threads = num_threads
         self.image_compiled = self.compile(image_graph(self.config))

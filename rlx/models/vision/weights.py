@@ -187,7 +187,8 @@ def load_vision_weights(model_dir: Path, cfg: VisionModelConfig) -> dict[str, np
             maps[path] = np.memmap(path, dtype=np.uint8, mode="r")
         lo, hi = entry["data_offsets"]
         raw = maps[path][start + lo : start + hi]
-        arr = np.ndarray(shape, dtype=_dtype(entry["dtype"]), buffer=raw).astype(np.float32)
+        arr = np.ndarray(shape, dtype=_dtype(entry["dtype"]), buffer=raw)
+        arr = arr.astype(np.float32, copy=False)  # f32: a read-only view of the file
         if kind == "L":
             out[k] = np.ascontiguousarray(arr.T)
         elif kind == "P":

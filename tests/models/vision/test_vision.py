@@ -128,6 +128,7 @@ def test_text_embeddings_equal_transformers(
     assert got.shape == (len(TEXTS), enc.dim) and got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert enc.encode_texts([]).shape == (0, enc.dim)
+    assert enc.encode_images([]).shape == (0, enc.dim)
 
 
 @pytest.mark.parametrize("family", ["clip", "siglip"])
@@ -249,8 +250,12 @@ def test_unsupported_values_are_model_errors(vision_dirs: dict[str, Path], tmp_p
     p = _edit(
         clip, tmp_path / "e", "preprocessor_config.json", crop_size={"height": 24, "width": 24}
     )
-    with pytest.raises(ModelError, match="model takes 30x30"):
-        ImageTextEncoder(p).encode_images(ck.images()[:1])
+    with pytest.raises(ModelError, match="makes 24x24 images but config.json's image_size is 30"):
+        ImageTextEncoder(p)
+    p = _edit(clip, tmp_path / "g", "preprocessor_config.json", do_center_crop=False)
+    enc = ImageTextEncoder(p)  # the size depends on the image: checked per image
+    with pytest.raises(ModelError, match=r"gives 30x42 pixels but the model takes 30x30"):
+        enc.encode_images(ck.images()[:1])
     with pytest.raises(ModelError, match="this class loads ViTForImageClassification"):
         ImageClassifier(clip)
     with pytest.raises(ModelError, match="this class loads CLIPModel, SiglipModel"):
