@@ -273,3 +273,22 @@ def test_missing_pillow_names_the_extra(
     monkeypatch.setitem(sys.modules, "PIL.Image", None)
     with pytest.raises(ModelError, match=r"pip install 'rlx\[vision\]'"):
         ImageClassifier(vision_dirs["vit"])
+
+
+def test_sharded_bf16_checkpoint_equals_transformers_f32(tmp_path: Path) -> None:
+    """Weights in bf16 across several safetensors shards: rlx widens them to f32 as
+    transformers does when loading with dtype=float32."""
+    src = ck.build("siglip", tmp_path / "src", seed=5)
+    m = hf_model("siglip", src).to(torch.bfloat16)
+    dst = tmp_path / "bf16"
+    m.save_pretrained(dst, max_shard_size="40KB")
+    for f in ("preprocessor_config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / f, dst / f)
+    assert (dst / "model.safetensors.index.json").is_file()
+    ref = transformers.SiglipModel.from_pretrained(dst, dtype=torch.float32).eval()
+    images = ck.images(6)[:3]
+    with torch.no_grad():
+        pv = torch.from_numpy(_oracle_pixels("siglip", dst, images))
+        out = ref(pixel_values=pv, **_text_ids("siglip", dst, TEXTS))
+    got = ImageTextEncoder(dst).logits(images, TEXTS)
+    np.testing.assert_allclose(got, out.logits_per_image.numpy(), rtol=1e-4, atol=1e-4)
