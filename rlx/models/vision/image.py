@@ -195,9 +195,10 @@ def read_processing(model_dir: Path, family: Family) -> ImageProcessing:
     path = model_dir / "preprocessor_config.json"
     raw = read_json(path, "preprocessor config") if path.is_file() else {}
     where = str(path)
-    kind = str(raw.get("image_processor_type", _FAMILY_PROCESSOR[family]))
-    if kind.endswith("Fast") or kind.endswith("Pil"):
-        kind = kind[:-4] if kind.endswith("Fast") else kind[:-3]
+    kind = str(raw.get("image_processor_type") or raw.get("feature_extractor_type") or "")
+    kind = (
+        kind.removesuffix("Fast").removesuffix("Pil").replace("FeatureExtractor", "ImageProcessor")
+    )
     base = PROCESSOR_DEFAULTS.get(kind, PROCESSOR_DEFAULTS[_FAMILY_PROCESSOR[family]])
     c = {**base, **{k: v for k, v in raw.items() if v is not None}}
     resample = c["resample"]

@@ -16,6 +16,7 @@ import pytest
 
 from rlx.errors import InputError, ModelError
 from rlx.models.vision import (
+    Family,
     ImageClassifier,
     ImageTextEncoder,
     preprocess,
@@ -179,7 +180,7 @@ def test_vit_classifier_equals_transformers(vision_dirs: dict[str, Path], tmp_pa
 def test_config_defaults_are_transformers(tmp_path: Path) -> None:
     """A config.json that keeps only what differs from the defaults reads as transformers
     reads it: rlx's default table equals the config classes' defaults."""
-    from rlx.models.vision.config import DEFAULTS, Family
+    from rlx.models.vision.config import DEFAULTS
 
     classes = {
         (Family.CLIP, "text"): transformers.CLIPTextConfig(),
@@ -292,3 +293,39 @@ def test_sharded_bf16_checkpoint_equals_transformers_f32(tmp_path: Path) -> None
         out = ref(pixel_values=pv, **_text_ids("siglip", dst, TEXTS))
     got = ImageTextEncoder(dst).logits(images, TEXTS)
     np.testing.assert_allclose(got, out.logits_per_image.numpy(), rtol=1e-4, atol=1e-4)
+
+
+LEGACY = {  # preprocessor_config.json as older hub checkpoints keep them: int sizes
+    "clip": {
+        "feature_extractor_type": "CLIPFeatureExtractor",
+        "crop_size": ck.SIZE,
+        "do_center_crop": True,
+        "do_normalize": True,
+        "do_resize": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "resample": 3,
+        "size": ck.SIZE,
+    },
+    "vit": {
+        "feature_extractor_type": "ViTFeatureExtractor",
+        "do_normalize": True,
+        "do_resize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "resample": 2,
+        "size": ck.SIZE,
+    },
+}
+
+
+@pytest.mark.parametrize("family", sorted(LEGACY))
+def test_legacy_preprocessor_config_equals_transformers(family: str, tmp_path: Path) -> None:
+    """An int ``size`` is the shortest edge for CLIP and a square for ViT, as
+    transformers reads it."""
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(LEGACY[family]))
+    images = _rgb_only(family, ck.images(7))
+    want = _oracle_pixels(family, tmp_path, images)
+    fam = {"clip": Family.CLIP, "vit": Family.VIT}[family]
+    got = preprocess(images, read_processing(tmp_path, fam), ck.SIZE)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
