@@ -128,6 +128,12 @@ class ImageTextEncoder:
         self.logit_scale = float(np.exp(np.float32(scale.reshape(-1)[0])))
         self.logit_bias = 0.0 if bias is None else float(bias.reshape(-1)[0])
         self.max_length = self._text_limit()
+        if not (self.path / "tokenizer.json").is_file():
+            raise ModelError(
+                f"{self.path}: no tokenizer.json (rlx reads the tokenizers library's file); "
+                "write one with transformers: AutoTokenizer.from_pretrained(dir)"
+                ".save_pretrained(dir)"
+            )
         self.tokenizer = Tokenizer(
             self.path / "tokenizer.json", self.max_length, cfg.text.pad_token_id, token_types=False
         )

@@ -265,6 +265,12 @@ def test_unsupported_values_are_model_errors(vision_dirs: dict[str, Path], tmp_p
               **{"vision_config.vision_use_head": False})  # fmt: skip
     with pytest.raises(ModelError, match="vision_use_head"):
         ImageTextEncoder(p)
+    (p := tmp_path / "h").mkdir()
+    for f in clip.iterdir():
+        if f.name != "tokenizer.json":
+            shutil.copy(f, p / f.name)
+    with pytest.raises(ModelError, match="no tokenizer.json"):
+        ImageTextEncoder(p)
 
 
 def test_missing_pillow_names_the_extra(
