@@ -1,0 +1,442 @@
+"""rlx.frontends.convert (``rlx convert``): Hugging Face decoder directory <-> GGUF.
+
+Oracles: the checkpoints are tiny random models written by transformers (with a
+byte-level BPE tokenizer.json trained by the ``tokenizers`` library, Llama-3 / Qwen2
+style); a written GGUF is read back with gguf-py (``GGUFReader``, ``gguf.quants``
+dequantization) and compared with the transformers weights (Llama's q / k permuted as
+llama.cpp's converter does, written out here), and rlx's greedy tokens on it must equal
+rlx's on the Hugging Face directory. The other way, transformers loads the written
+directory (``AutoModelForCausalLM`` / ``AutoTokenizer``) and its greedy tokens and prompt
+ids must equal rlx's on the GGUF file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("tokenizers")
+pytest.importorskip("safetensors")
+
+import rlx.models.llm as llm  # noqa: E402
+from rlx.cli import main  # noqa: E402
+from rlx.errors import InputError, ModelError  # noqa: E402
+from rlx.frontends.convert import GgufType, convert, gguf_to_hf, hf_to_gguf  # noqa: E402
+
+# the pre-tokenizer regexes of Llama 3's and Qwen2's tokenizer.json
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. ",
+    "A model converts weights between formats, and the tokens stay the same! ",
+    "Numbers like 12345 and 2026 split into digits; spaces   and\nnew lines too. ",
+    "Hello world, hello rlx: the compiler and runtime for the CPU. ",
+] * 20
+PROMPT = "Hello world, the quick fox converts 123 weights."
+TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", ["<|begin_of_text|>", "<|end_of_text|>"]),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
+}
+
+
+def _tokenizer(folder: Path, family: str) -> int:
+    """A byte-level BPE tokenizer.json (+ tokenizer_config.json) trained on CORPUS in the
+    style of ``family`` (Llama 3 adds a BOS, Qwen2 none) -> its vocabulary size."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    specials = FAMILIES[family][2]
+    tok = Tokenizer(models.BPE())
+    split = LLAMA3_SPLIT if family == "llama" else QWEN2_SPLIT
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=specials,
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    cfg: dict = {"chat_template": TEMPLATE, "tokenizer_class": "PreTrainedTokenizerFast"}
+    if family == "llama":
+        tok.post_processor = processors.TemplateProcessing(
+            single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", 0)]
+        )
+        cfg |= {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}
+    else:
+        cfg |= {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return int(tok.get_vocab_size())
+
+
+def write_checkpoint(
+    folder: Path, family: str, hidden: int = 64, ffn: int = 96, dtype: str = "grid"
+) -> object:
+    """A tiny random ``family`` model and its tokenizer saved to ``folder`` (f32; with
+    ``dtype`` "grid" the weights are :func:`on_grid`) -> the transformers model."""
+    folder.mkdir(parents=True)
+    vocab = _tokenizer(folder, family) + 4  # padded rows, as real checkpoints have
+    cfg_name, model_name, specials = FAMILIES[family]
+    torch.manual_seed(0)
+    cfg = getattr(transformers, cfg_name)(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=ffn,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+        bos_token_id=0 if family == "llama" else None,
+        eos_token_id=1 if family == "llama" else 2,
+    )
+    model = getattr(transformers, model_name)(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.normal_(1.0, 0.3)
+            if dtype == "grid":
+                p.copy_(torch.from_numpy(on_grid(p.numpy())))
+    model.save_pretrained(folder)
+    return model
+
+
+def on_grid(w: np.ndarray) -> np.ndarray:
+    """``w`` moved to values f16 and Q8_0 both hold exactly: each block of 32 is
+    ``q * 2^e`` with integers ``|q| <= 127``, one of them 127 (Q8_0's scale is then
+    ``2^e``)."""
+    blocks = w.reshape(-1, 32)
+    amax = np.abs(blocks).max(axis=1, keepdims=True)
+    scale = np.exp2(np.floor(np.log2(amax / 127)))
+    q = np.clip(np.round(blocks / scale), -127, 127)
+    top = np.abs(blocks).argmax(axis=1)
+    rows = np.arange(len(q))
+    q[rows, top] = np.sign(blocks[rows, top]) * 127
+    return (q * scale).astype(np.float32).reshape(w.shape)
+
+
+def permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's ``LlamaModel.permute`` of q / k rows."""
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
+
+
+GGUF_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def expected_tensors(model: object, family: str) -> dict[str, np.ndarray]:
+    """The transformers weights under llama.cpp's names, q / k permuted for llama."""
+    out = {}
+    cfg = model.config
+    for name, p in model.state_dict().items():
+        w = p.float().numpy()
+        if name.startswith("model.layers."):
+            i, rest = name.split(".", 3)[2:]
+            key = f"blk.{i}.{GGUF_NAMES[rest]}"
+            if family == "llama" and rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight"):
+                heads = cfg.num_attention_heads if "q_proj" in rest else cfg.num_key_value_heads
+                w = permute(w, heads)
+        else:
+            key = GGUF_NAMES[name]
+        out[key] = w
+    return out
+
+
+def read_gguf(path: Path) -> tuple[dict, dict[str, tuple[str, np.ndarray]]]:
+    """gguf-py's view: metadata values and {name: (type name, f32 values)}."""
+    r = gguf.GGUFReader(str(path))
+    md = {}
+    for k, f in r.fields.items():
+        if k.startswith("GGUF."):
+            continue
+        vt = f.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            if f.types[-1] == gguf.GGUFValueType.STRING:
+                md[k] = [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+            else:
+                md[k] = [f.parts[i].tolist()[0] for i in f.data]
+        elif vt == gguf.GGUFValueType.STRING:
+            md[k] = bytes(f.parts[f.data[0]]).decode("utf-8")
+        else:
+            md[k] = f.parts[f.data[0]].tolist()[0]
+    tensors = {}
+    for t in r.tensors:
+        vals = gguf.quants.dequantize(t.data, t.tensor_type)
+        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
+        tensors[t.name] = (t.tensor_type.name, np.asarray(vals, np.float32).reshape(shape))
+    return md, tensors
+
+
+def greedy(m: llm.LlmModel, ids: list[int], n: int = 16) -> list[int]:
+    logits = m.prefill(ids)
+    out = []
+    for _ in range(n):
+        out.append(int(logits.argmax()))
+        logits = m.step(out[-1])
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, object]]:
+    root = tmp_path_factory.mktemp("convert")
+    return {f: (root / f, write_checkpoint(root / f, f)) for f in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def converted(
+    checkpoints: dict, tmp_path_factory: pytest.TempPathFactory
+) -> dict[tuple[str, str], Path]:
+    """Each checkpoint converted to f16 and q8_0 GGUF files."""
+    root = tmp_path_factory.mktemp("gguf")
+    out = {}
+    for family, (folder, _) in checkpoints.items():
+        for kind in ("f16", "q8_0"):
+            path = root / f"{family}-{kind}.gguf"
+            hf_to_gguf(folder, path, kind, progress=False)
+            out[family, kind] = path
+    return out
+
+
+# ---- HF -> GGUF ----------------------------------------------------------------------
+
+# |dequantized - original| bound, relative to each row's max |w|
+BOUNDS = {"F32": 0.0, "F16": 1e-3, "BF16": 8e-3, "Q8_0": 1.0 / 127, "Q6_K": 1.0 / 20}
+BOUNDS |= {"Q5_0": 1.0 / 15, "Q4_K": 1.0 / 7}
+
+
+def check_values(got: dict, want: dict[str, np.ndarray]) -> None:
+    assert set(got) == set(want)
+    for name, w in want.items():
+        tname, v = got[name]
+        assert v.shape == w.shape, name
+        row = np.abs(w).max(axis=-1, keepdims=True) + 1e-12
+        err = float((np.abs(v - w) / row).max())
+        assert err <= BOUNDS[tname] + 1e-6, (name, tname, err)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("kind", ["f16", "q8_0"])
+def test_gguf_tensors_and_metadata(family: str, kind: str, checkpoints: dict, converted: dict):
+    folder, model = checkpoints[family]
+    md, tensors = read_gguf(converted[family, kind])
+    want = expected_tensors(model, family)
+    check_values(tensors, want)
+    for name, (tname, _) in tensors.items():
+        matrix = want[name].ndim == 2
+        assert tname == ({"f16": "F16", "q8_0": "Q8_0"}[kind] if matrix else "F32"), name
+    c = model.config
+    assert md["general.architecture"] == family
+    assert md["general.file_type"] == {"f16": 1, "q8_0": 7}[kind]
+    a = family
+    assert md[f"{a}.block_count"] == 2
+    assert md[f"{a}.embedding_length"] == 64
+    assert md[f"{a}.feed_forward_length"] == 96
+    assert md[f"{a}.attention.head_count"] == 4
+    assert md[f"{a}.attention.head_count_kv"] == 2
+    assert md[f"{a}.context_length"] == 256
+    assert md[f"{a}.rope.freq_base"] == pytest.approx(c.rope_parameters["rope_theta"])
+    assert md[f"{a}.attention.layer_norm_rms_epsilon"] == pytest.approx(c.rms_norm_eps)
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    tokens = md["tokenizer.ggml.tokens"]
+    assert len(tokens) == c.vocab_size
+    assert all(tokens[i] == t for t, i in vocab.items())
+    assert tokens[-1] == f"[PAD{c.vocab_size - 1}]"
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    assert md["tokenizer.ggml.merges"] == merges
+    assert md["tokenizer.ggml.model"] == "gpt2"
+    assert md["tokenizer.ggml.pre"] == {"llama": "llama-bpe", "qwen2": "qwen2"}[family]
+    types = md["tokenizer.ggml.token_type"]
+    assert [types[i] for i in range(len(FAMILIES[family][2]))] == [3] * len(FAMILIES[family][2])
+    assert types[-1] == 5 and types[len(FAMILIES[family][2])] == 1
+    assert md["tokenizer.chat_template"] == TEMPLATE
+    assert md["tokenizer.ggml.eos_token_id"] == {"llama": 1, "qwen2": 2}[family]
+    assert md["tokenizer.ggml.add_bos_token"] is (family == "llama")
+    if family == "llama":
+        assert md["tokenizer.ggml.bos_token_id"] == 0
+    else:
+        assert md["tokenizer.ggml.padding_token_id"] == 0
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("kind", ["f16", "q8_0"])
+def test_rlx_on_gguf_equals_rlx_on_hf(family: str, kind: str, checkpoints: dict, converted: dict):
+    folder, _ = checkpoints[family]
+    on_hf = llm.load(folder, max_context=64, num_threads=1)
+    on_gguf = llm.load(converted[family, kind], max_context=64, num_threads=1)
+    ids = on_hf.encode(PROMPT)
+    assert on_gguf.encode(PROMPT) == ids
+    assert greedy(on_gguf, ids) == greedy(on_hf, ids)
+    assert on_gguf.chat_template == TEMPLATE
+
+
+def test_q4_k_m_mix(tmp_path: Path) -> None:
+    """Rows of 256: Q4_K, with Q6_K for the output and for attn_v / ffn_down of the
+    layers llama.cpp's use_more_bits picks (of 2 layers: the last, i >= 7 * 2 // 8)."""
+    folder = tmp_path / "hf"
+    model = write_checkpoint(folder, "qwen2", hidden=256, ffn=512, dtype="f32")
+    out = tmp_path / "q4.gguf"
+    res = hf_to_gguf(folder, out, GgufType.Q4_K_M, progress=False)
+    md, tensors = read_gguf(out)
+    assert md["general.file_type"] == 15
+    check_values(tensors, expected_tensors(model, "qwen2"))
+    types = {n: t for n, (t, _) in tensors.items()}
+    assert res.tensors == types
+    assert types["output.weight"] == "Q6_K"
+    assert types["token_embd.weight"] == "Q4_K"
+    for i in range(2):
+        assert types[f"blk.{i}.attn_v.weight"] == ("Q4_K", "Q6_K")[i]
+        assert types[f"blk.{i}.ffn_down.weight"] == ("Q4_K", "Q6_K")[i]
+        for n in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"):
+            assert types[f"blk.{i}.{n}.weight"] == "Q4_K"
+        assert types[f"blk.{i}.attn_q.bias"] == "F32"
+    m = llm.load(out, max_context=32, num_threads=1)
+    assert m.encode(PROMPT) == llm.load(folder, max_context=32, num_threads=1).encode(PROMPT)
+
+
+def test_bf16_and_f32(checkpoints: dict, tmp_path: Path) -> None:
+    folder, model = checkpoints["llama"]
+    for kind, tname in (("bf16", "BF16"), ("f32", "F32")):
+        out = tmp_path / f"{kind}.gguf"
+        convert(folder, out, type=kind, progress=False)
+        md, tensors = read_gguf(out)
+        check_values(tensors, expected_tensors(model, "llama"))
+        assert tensors["blk.0.attn_q.weight"][0] == tname
+
+
+# ---- GGUF -> HF ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_transformers_on_hf_equals_rlx_on_gguf(family: str, converted: dict, tmp_path: Path):
+    src = converted[family, "q8_0"]
+    out = tmp_path / "hf"
+    res = gguf_to_hf(src, out, progress=False)
+    assert res.architecture == family
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+        "tokenizer_config.json",
+    ]  # fmt: skip
+    rlx_model = llm.load(src, max_context=64, num_threads=1)
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = rlx_model.encode(PROMPT)
+    assert tok(PROMPT)["input_ids"] == ids
+    with torch.no_grad():
+        x = torch.tensor([ids])  # (the mask: llama's BOS is id 0, pad_token_id's default)
+        gen = hf.generate(
+            x, attention_mask=torch.ones_like(x), max_new_tokens=16, min_new_tokens=16,
+            do_sample=False, pad_token_id=hf.config.eos_token_id,
+        )  # fmt: skip
+    assert gen[0, len(ids) :].tolist() == greedy(rlx_model, ids)
+    assert tok.decode(ids, skip_special_tokens=True) == rlx_model.decode(ids)
+    assert tok.chat_template == TEMPLATE
+    # the weights are the GGUF's dequantized values (gguf-py), q / k back in HF order
+    _, tensors = read_gguf(src)
+    state = {k: v.float().numpy() for k, v in hf.state_dict().items()}
+    for key, (_, v) in tensors.items():
+        got = expected_tensors_from_state(state, family, hf.config)[key]
+        np.testing.assert_array_equal(got, v)
+
+
+def expected_tensors_from_state(state: dict, family: str, cfg: object) -> dict[str, np.ndarray]:
+    class _M:
+        config = cfg
+
+        @staticmethod
+        def state_dict() -> dict:
+            return {k: torch.from_numpy(v) for k, v in state.items()}
+
+    return expected_tensors(_M(), family)
+
+
+def test_round_trip_hf_gguf_hf(checkpoints: dict, tmp_path: Path) -> None:
+    """f16 HF -> f16 GGUF -> HF: the same weights and config sizes."""
+    folder, model = checkpoints["qwen2"]
+    g = tmp_path / "m.gguf"
+    convert(folder, g, progress=False)
+    back = tmp_path / "back"
+    convert(g, back, type="f16", progress=False)
+    again = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32)
+    for name, p in model.state_dict().items():
+        np.testing.assert_array_equal(again.state_dict()[name].numpy(), p.numpy(), name)
+
+
+# ---- errors and the command ----------------------------------------------------------
+
+
+def test_errors(checkpoints: dict, converted: dict, tmp_path: Path) -> None:
+    folder, _ = checkpoints["llama"]
+    with pytest.raises(InputError, match=r"'q3_xx'.*\['f32', 'f16', 'bf16', 'q8_0', 'q4_k_m'\]"):
+        hf_to_gguf(folder, tmp_path / "x.gguf", "q3_xx")
+    existing = converted["llama", "f16"]
+    with pytest.raises(InputError, match="exists; pass force=True"):
+        hf_to_gguf(folder, existing, "f16")
+    with pytest.raises(InputError, match="does not exist"):
+        convert(tmp_path / "nothing", tmp_path / "y")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="GPT2LMHeadModel.*supported: LlamaForCausalLM"):
+        hf_to_gguf(bad, tmp_path / "z.gguf")
+    assert not (tmp_path / "z.gguf").exists()
+    other = tmp_path / "other.gguf"
+    import rlx.gguf
+
+    rlx.gguf.save(other, {"w": np.ones((2, 32), np.float32)}, architecture="bert")
+    with pytest.raises(ModelError, match="'bert'.*supported: llama, qwen2, qwen3, gemma3"):
+        gguf_to_hf(other, tmp_path / "o")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "other.gguf"]
+
+
+def test_command(checkpoints: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder, _ = checkpoints["qwen2"]
+    out = tmp_path / "c.gguf"
+    assert main(["convert", str(folder), str(out), "--type", "q8_0"]) == 0
+    assert "Q8_0" in capsys.readouterr().out
+    assert main(["convert", str(folder), str(out)]) == 1
+    assert "exists" in capsys.readouterr().err
+    assert main(["convert", str(folder), str(out), "--force", "--type", "f16"]) == 0
+    assert read_gguf(out)[0]["general.file_type"] == 1
+    assert main(["convert", str(folder), str(out), "--type", "q2"]) == 2
+    back = tmp_path / "back"
+    assert main(["convert", str(out), str(back)]) == 0
+    assert (back / "model.safetensors").is_file()
