@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import os
 import shutil
 import struct
@@ -397,6 +398,42 @@ def _tokenizer_metadata(folder: Path, rows: int, arch: str) -> dict[str, Any]:
     return md
 
 
+def _check_expressible(ck: Any, md: Mapping[str, Any], rope_freqs: bool) -> None:
+    """ModelError when the GGUF metadata would read back (as llama.cpp and rlx read it)
+    as another model than the checkpoint: attention scale, soft-capping, per-layer rope
+    and, except for Llama / Mistral (whose window llama.cpp ignores too), the sliding
+    window layers."""
+    from rlx.models.llm.config import read_config
+
+    c = ck.config
+    back = read_config(c.arch.name, md, ck.tensors)
+    n = c.num_layers
+    checks: list[tuple[str, Any, Any]] = [
+        ("the attention scale", c.attn_scale, back.attn_scale),
+        ("the logit soft-capping", c.logit_softcap, back.logit_softcap),
+        ("the rope base / scale per layer", [c.rope(i) for i in range(n)],
+         [back.rope(i) for i in range(n)]),
+    ]  # fmt: skip
+    if c.arch.name != "llama":
+        checks.append(
+            ("the sliding-window layers", [c.window(i) for i in range(n)],
+             [back.window(i) for i in range(n)]),
+        )  # fmt: skip
+    if not rope_freqs:
+        checks.append(("the rope frequencies", c.rope_inv_freq, back.rope_inv_freq))
+    for what, want, got in checks:
+        same = (
+            math.isclose(want, got, rel_tol=1e-6)
+            if isinstance(want, float) and isinstance(got, float)
+            else want == got
+        )
+        if not same:
+            raise ModelError(
+                f"{ck.path}: {what} of this checkpoint ({want}) cannot be expressed in a "
+                f"{c.arch.name} GGUF (it would read as {got})"
+            )
+
+
 class _Prepared(Mapping[str, np.ndarray]):
     """The checkpoint's tensors as GGUF arrays, made one at a time when :func:`rlx.gguf.save`
     reads them (f32, Llama's q / k permuted), ticking ``bar``."""
@@ -447,6 +484,7 @@ def hf_to_gguf(
     ck = open_checkpoint(src)
     c = ck.config
     md, extra = _model_metadata(ck, kind)
+    _check_expressible(ck, md, "rope_freqs.weight" in extra)
     md.update(_tokenizer_metadata(src, c.vocab, c.arch.name))
     if "tokenizer.chat_template" in ck.metadata:
         md["tokenizer.chat_template"] = ck.metadata["tokenizer.chat_template"]

@@ -49,6 +49,7 @@ TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% en
 FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", ["<|begin_of_text|>", "<|end_of_text|>"]),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
 }
 
 
@@ -108,13 +109,14 @@ def write_checkpoint(
         tie_word_embeddings=False,
         bos_token_id=0 if family == "llama" else None,
         eos_token_id=1 if family == "llama" else 2,
+        **({"head_dim": hidden // 4} if family == "qwen3" else {}),
     )
     model = getattr(transformers, model_name)(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 1:
                 p.normal_(1.0, 0.3)
-            if dtype == "grid":
+            if dtype == "grid" and p.dim() == 2:  # (1-D tensors stay F32)
                 p.copy_(torch.from_numpy(on_grid(p.numpy())))
     model.save_pretrained(folder)
     return model
@@ -154,6 +156,8 @@ GGUF_NAMES = {
     "self_attn.q_proj.bias": "attn_q.bias",
     "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
@@ -281,12 +285,15 @@ def test_gguf_tensors_and_metadata(family: str, kind: str, checkpoints: dict, co
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
     assert md["tokenizer.ggml.merges"] == merges
     assert md["tokenizer.ggml.model"] == "gpt2"
-    assert md["tokenizer.ggml.pre"] == {"llama": "llama-bpe", "qwen2": "qwen2"}[family]
+    assert (
+        md["tokenizer.ggml.pre"]
+        == {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2"}[family]
+    )
     types = md["tokenizer.ggml.token_type"]
     assert [types[i] for i in range(len(FAMILIES[family][2]))] == [3] * len(FAMILIES[family][2])
     assert types[-1] == 5 and types[len(FAMILIES[family][2])] == 1
     assert md["tokenizer.chat_template"] == TEMPLATE
-    assert md["tokenizer.ggml.eos_token_id"] == {"llama": 1, "qwen2": 2}[family]
+    assert md["tokenizer.ggml.eos_token_id"] == (1 if family == "llama" else 2)
     assert md["tokenizer.ggml.add_bos_token"] is (family == "llama")
     if family == "llama":
         assert md["tokenizer.ggml.bos_token_id"] == 0
@@ -387,15 +394,91 @@ def expected_tensors_from_state(state: dict, family: str, cfg: object) -> dict[s
 
 
 def test_round_trip_hf_gguf_hf(checkpoints: dict, tmp_path: Path) -> None:
-    """f16 HF -> f16 GGUF -> HF: the same weights and config sizes."""
+    """HF -> f16 GGUF -> f32 HF: the same weights (the matrices are on the f16 grid,
+    1-D tensors stay F32 in the GGUF)."""
     folder, model = checkpoints["qwen2"]
     g = tmp_path / "m.gguf"
     convert(folder, g, progress=False)
     back = tmp_path / "back"
-    convert(g, back, type="f16", progress=False)
+    convert(g, back, type="f32", progress=False)
     again = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32)
     for name, p in model.state_dict().items():
         np.testing.assert_array_equal(again.state_dict()[name].numpy(), p.numpy(), name)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_independent_gguf_to_hf(arch: str, tmp_path: Path) -> None:
+    """A GGUF written by gguf.GGUFWriter in the test (tests/models/llm/tiny_llama.py: some
+    weights Q8_0, llama's q / k permuted; for llama a byte-level BPE vocabulary): the
+    directory's weights are the file's decoded values in transformers' order, the logits
+    of transformers on it equal those of the same weights put into transformers by the
+    test, and the tokenizer encodes as rlx's GGUF tokenizer."""
+    from safetensors.numpy import load_file
+
+    from tests.models.llm.tiny_llama import bpe_meta, hf_model, hf_weights, write_gguf
+
+    meta = bpe_meta() if arch == "llama" else None
+    vocab = len(meta["tokenizer.ggml.tokens"]) if meta else None
+    path = tmp_path / "m.gguf"
+    used = write_gguf(path, hf_weights(arch=arch, vocab=vocab), arch, meta=meta)
+    out = tmp_path / "hf"
+    gguf_to_hf(path, out, progress=False)
+    got = load_file(str(out / "model.safetensors"))
+    assert set(got) == set(used)
+    for name, w in used.items():
+        np.testing.assert_array_equal(got[name], w, name)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ref = hf_model(used, arch)
+    ids = torch.tensor([[1, 5, 9, 20, 33, 7, 64, 11]])
+    with torch.no_grad():
+        np.testing.assert_allclose(hf(ids).logits.numpy(), ref(ids).logits.numpy(), atol=1e-5)
+    if meta:
+        tok = transformers.AutoTokenizer.from_pretrained(out)
+        rlx_tok = llm.load(path, max_context=32, num_threads=1)
+        for text in (PROMPT, "  two spaces\n\nand 12345 digits", CORPUS[1]):
+            assert tok(text)["input_ids"] == rlx_tok.encode(text), text
+
+
+def test_atomic_and_progress(
+    checkpoints: dict, converted: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure while writing leaves neither the destination nor a temporary file; with
+    progress=True a tqdm bar is drawn on stderr."""
+    import rlx.frontends.convert as conv
+
+    def boom(*a: object, **k: object) -> None:
+        raise RuntimeError("disk full")
+
+    folder, _ = checkpoints["qwen2"]
+    with monkeypatch.context() as mp:
+        mp.setattr(conv, "_write_tokenizer", boom)
+        with pytest.raises(RuntimeError, match="disk full"):
+            gguf_to_hf(converted["qwen2", "f16"], tmp_path / "hf", progress=False)
+        mp.setattr(conv._Prepared, "__getitem__", boom)
+        with pytest.raises(RuntimeError, match="disk full"):
+            hf_to_gguf(folder, tmp_path / "m.gguf", progress=False)
+    assert list(tmp_path.iterdir()) == []
+    pytest.importorskip("tqdm")
+    import io
+
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    hf_to_gguf(folder, tmp_path / "m.gguf", progress=True)
+    assert "converting qwen2" in err.getvalue()
+
+
+def test_inexpressible_config(tmp_path: Path) -> None:
+    """A Gemma 3 checkpoint whose query_pre_attn_scalar is not its head size: a gemma3
+    GGUF cannot say so (llama.cpp scales by the head size), so no file is written."""
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=32,
+        sliding_window=8, max_position_embeddings=128,
+    )  # fmt: skip
+    transformers.Gemma3ForCausalLM(cfg).save_pretrained(tmp_path / "g")
+    with pytest.raises(ModelError, match="attention scale .* cannot be expressed in a gemma3"):
+        hf_to_gguf(tmp_path / "g", tmp_path / "g.gguf")
+    assert not (tmp_path / "g.gguf").exists()
 
 
 # ---- errors and the command ----------------------------------------------------------
