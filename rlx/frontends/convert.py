@@ -126,12 +126,14 @@ def _parse_type(value: GgufType | HfType | str, kind: type[enum.Enum]) -> Any:
     raise InputError(f"--type {value!r} is not a type rlx writes {what} as; one of {names}")
 
 
-def _check_destination(dest: Path, force: bool) -> None:
+def _check_destination(dest: Path, force: bool, file: bool) -> None:
+    """InputError for an existing ``dest`` without ``force``, a directory where a
+    ``file`` is written, or a missing parent directory."""
     if dest.exists() or dest.is_symlink():
         if not force:
             raise InputError(f"{dest} exists; pass force=True (--force) to replace it")
-        if dest.is_dir() and not dest.is_symlink() and dest.suffix.lower() == ".gguf":
-            raise InputError(f"{dest} is a directory; the GGUF destination must be a file path")
+        if file and dest.is_dir():
+            raise InputError(f"{dest} is a directory; a GGUF file cannot replace it")
     if not dest.parent.is_dir():
         raise InputError(f"{dest.parent} is not a directory (the destination's parent)")
 
@@ -477,7 +479,7 @@ def hf_to_gguf(
 
     kind = _parse_type(type, GgufType)
     dest = Path(out)
-    _check_destination(dest, force)
+    _check_destination(dest, force, file=True)
     src = Path(hf_dir)
     if not src.is_dir():
         raise InputError(f"{src} is not a directory (a Hugging Face model directory)")
@@ -772,7 +774,7 @@ def gguf_to_hf(
     kind = _parse_type(type, HfType)
     src = Path(gguf_path)
     dest = Path(out_dir)
-    _check_destination(dest, force)
+    _check_destination(dest, force, file=False)
     f = gguf.load(src)
     if f.architecture not in SUPPORTED_ARCHITECTURES:
         raise ModelError(
@@ -812,12 +814,14 @@ def gguf_to_hf(
             if key in config:
                 gen.setdefault(key, config[key])
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-        if dest.exists() or dest.is_symlink():
-            if dest.is_dir() and not dest.is_symlink():
-                shutil.rmtree(dest)
-            else:
-                dest.unlink()
+        old = dest.with_name(f".{dest.name}.{os.getpid()}.old")
+        if dest.exists() or dest.is_symlink():  # --force: moved aside, removed at the end
+            os.replace(dest, old)
         os.replace(tmp, dest)
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        elif old.exists() or old.is_symlink():
+            old.unlink()
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -491,6 +491,8 @@ def test_errors(checkpoints: dict, converted: dict, tmp_path: Path) -> None:
     existing = converted["llama", "f16"]
     with pytest.raises(InputError, match="exists; pass force=True"):
         hf_to_gguf(folder, existing, "f16")
+    with pytest.raises(InputError, match="is a directory; a GGUF file cannot replace it"):
+        hf_to_gguf(folder, tmp_path, "f16", force=True)
     with pytest.raises(InputError, match="does not exist"):
         convert(tmp_path / "nothing", tmp_path / "y")
     bad = tmp_path / "bad"
@@ -523,6 +525,13 @@ def test_command(checkpoints: dict, tmp_path: Path, capsys: pytest.CaptureFixtur
     back = tmp_path / "back"
     assert main(["convert", str(out), str(back)]) == 0
     assert (back / "model.safetensors").is_file()
+    (back / "stale.txt").write_text("old")
+    assert main(["convert", str(out), str(back), "--force", "--type", "bf16"]) == 0
+    assert not (back / "stale.txt").exists()
+    assert json.loads((back / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["back", "c.gguf"]
+    assert main(["convert", str(out), str(tmp_path / "x"), "--type", "q8_0"]) == 1
+    assert "'q8_0' is not a type rlx writes a Hugging Face directory as" in capsys.readouterr().err
 
 
 # ---- the real checkpoint ----------------------------------------------------------------
