@@ -128,6 +128,7 @@ def on_grid(w: np.ndarray) -> np.ndarray:
     ``2^e``)."""
     blocks = w.reshape(-1, 32)
     amax = np.abs(blocks).max(axis=1, keepdims=True)
+    amax[amax == 0] = 127.0  # an all-zero block (a padding embedding) stays zero
     scale = np.exp2(np.floor(np.log2(amax / 127)))
     q = np.clip(np.round(blocks / scale), -127, 127)
     top = np.abs(blocks).argmax(axis=1)
@@ -479,6 +480,93 @@ def test_inexpressible_config(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="attention scale .* cannot be expressed in a gemma3"):
         hf_to_gguf(tmp_path / "g", tmp_path / "g.gguf")
     assert not (tmp_path / "g.gguf").exists()
+
+
+def _spm_tokenizer(folder: Path) -> int:
+    """A SentencePiece-style BPE tokenizer.json (spaces as U+2581, byte fallback to
+    <0xNN> tokens, as Gemma's) trained on CORPUS, and its tokenizer_config.json -> its
+    vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never")
+    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=specials, show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.pre_tokenizer = None
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    tj = json.loads(tok.to_str())
+    vocab = tj["model"]["vocab"]
+    for b in range(256):
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    (folder / "tokenizer.json").write_text(json.dumps(tj))
+    cfg = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}
+    cfg |= {"add_bos_token": True, "chat_template": TEMPLATE}
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return len(vocab)
+
+
+def test_gemma3_both_ways(tmp_path: Path) -> None:
+    """A tiny Gemma 3 with a SentencePiece-style tokenizer: the GGUF has the "llama"
+    vocabulary (BYTE tokens, scores, no space prefix) and the norms as 1 + w; rlx on it
+    tokenizes and generates as on the directory; converted back, transformers does too."""
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    vocab = _spm_tokenizer(folder)
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+        sliding_window=4, max_position_embeddings=128, bos_token_id=2, eos_token_id=1,
+        initializer_range=0.2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.normal_(0.0, 0.3)
+            else:
+                p.copy_(torch.from_numpy(on_grid(p.numpy())))
+        model.get_input_embeddings().weight.mul_(0.125)  # (powers of two: still on grid)
+    model.save_pretrained(folder)
+    path = tmp_path / "g.gguf"
+    hf_to_gguf(folder, path, "f16", progress=False)
+    md, tensors = read_gguf(path)
+    assert md["tokenizer.ggml.model"] == "llama"
+    assert md["tokenizer.ggml.add_space_prefix"] is False
+    types = md["tokenizer.ggml.token_type"]
+    tokens = md["tokenizer.ggml.tokens"]
+    assert types[tokens.index("<0x41>")] == 6 and types[tokens.index("<unk>")] == 2
+    assert types[tokens.index("<end_of_turn>")] == 3
+    assert md["gemma3.attention.sliding_window"] == 4
+    norm = model.state_dict()["model.norm.weight"].numpy()
+    np.testing.assert_allclose(tensors["output_norm.weight"][1], 1.0 + norm, rtol=1e-6)
+    assert "output.weight" not in tensors  # tied
+    texts = [PROMPT, "  two  spaces and 日本 ünï", "<start_of_turn>user\nhello<end_of_turn>"]
+    on_hf = llm.load(folder, max_context=64, num_threads=1)
+    on_gguf = llm.load(path, max_context=64, num_threads=1)
+    for text in texts:
+        assert on_gguf.encode(text) == on_hf.encode(text), text
+    ids = on_hf.encode(PROMPT)
+    want = greedy(on_hf, ids)
+    assert greedy(on_gguf, ids) == want
+
+    back = tmp_path / "back"
+    gguf_to_hf(path, back, progress=False)
+    tok = transformers.AutoTokenizer.from_pretrained(back)
+    for text in texts:
+        assert tok(text)["input_ids"] == on_gguf.encode(text), text
+    hf = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32).eval()
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        gen = hf.generate(
+            x, attention_mask=torch.ones_like(x), max_new_tokens=16, min_new_tokens=16,
+            do_sample=False, pad_token_id=0,
+        )  # fmt: skip
+    assert gen[0, len(ids) :].tolist() == want
 
 
 # ---- errors and the command ----------------------------------------------------------
