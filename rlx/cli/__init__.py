@@ -33,6 +33,7 @@ COMMANDS: tuple[str, ...] = (
     "embed",
     "rerank",
     "generate",
+    "convert",
     "serve",
     "inspect",
     "bench",
