@@ -391,3 +391,30 @@ def test_unsupported_family_configs_name_the_field(tmp_path) -> None:
     (hf / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelError, match=r"GPTNeoXModel.*supported: .*ModernBertModel, Nomic"):
         load(hf)
+
+
+# ---- rlx embed ----------------------------------------------------------------------
+
+
+def test_rlx_embed_each_family(tmp_path) -> None:
+    """``rlx embed DIR`` (with ``--prompt-name``) writes what SentenceEncoder gives, for a
+    ModernBERT, a Qwen3 and a NomicBERT directory."""
+    from tests.cli.conftest import run
+
+    dirs = {
+        "modernbert": _save_st(_modernbert(tmp_path, layers=2), tmp_path / "mb", "mean"),
+        "qwen3": _save_st(
+            _qwen(tmp_path, "qwen3"), tmp_path / "q3", "lasttoken", True, {"query": "the cat "}
+        ),  # fmt: skip
+        "nomic": _nomic_dir(tmp_path, NOMIC_CONFIG)[0],
+    }
+    for fam, d in dirs.items():
+        out = tmp_path / f"{fam}.npy"
+        args = ["embed", str(d), *TEXTS[:3], "-o", str(out), "--threads", "1"]
+        if fam != "modernbert":
+            args += ["--prompt-name", "query"]
+        r = run(args)
+        assert r.code == 0, (fam, r.err)
+        kw = {} if fam == "modernbert" else {"prompt_name": "query"}
+        want = SentenceEncoder(d, num_threads=1).encode(TEXTS[:3], **kw)
+        assert np.array_equal(np.load(out), want), fam

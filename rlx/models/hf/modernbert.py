@@ -96,8 +96,9 @@ def build(cfg: EncoderConfig, name: str = "modernbert") -> tuple[Graph, NodeId, 
         far = g.cast(g.gt(dist, float(sp.local_window)), DType.F32)
         local = g.add(full, g.mul(far, -MASK_FILL))  # [batch, 1, seq, seq]
     ropes = {
-        False: rope_rows(g, pos, sp.global_rope_base, hd, cfg.max_positions),
-        True: rope_rows(g, pos, sp.local_rope_base, hd, cfg.max_positions),
+        kind: rope_rows(g, pos, base, hd, cfg.max_positions)
+        for kind, base in ((False, sp.global_rope_base), (True, sp.local_rope_base))
+        if kind in sp.sliding_layers
     }
     for i in range(cfg.num_layers):
         p, sliding = f"layers.{i}", sp.sliding_layers[i]
