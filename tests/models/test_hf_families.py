@@ -207,6 +207,51 @@ def test_qwen_causal_lm_checkpoint_and_sliding_window(tmp_path) -> None:
             assert np.abs(got[i][real[i]] - want).max() <= ATOL, i
 
 
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize("family", ["modernbert", "qwen3"])
+def test_lower_precisions_stay_close_to_sentence_transformers(tmp_path, family, precision) -> None:
+    """bf16 (AutoMixedBf16) and int8 (dynamic per-row activations) on the new graphs:
+    every row's cosine to sentence-transformers' f32 embedding >= 0.995."""
+    hf = _modernbert(tmp_path) if family == "modernbert" else _qwen(tmp_path, family)
+    d = _save_st(hf, tmp_path / "st", "mean" if family == "modernbert" else "lasttoken")
+    want = _st_encode(d, TEXTS)
+    got = SentenceEncoder(d, precision, num_threads=1).encode(TEXTS)
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cos.min() >= 0.995, cos
+
+
+def test_qwen3_bf16_checkpoint_matches_transformers(tmp_path) -> None:
+    """A Qwen3 checkpoint stored in bf16 (as Qwen3-Embedding ships): rlx widens the
+    memory-mapped bf16 weights to f32; transformers loads the same file as f32."""
+    import torch
+    import transformers
+
+    torch.manual_seed(4)
+    cfg = transformers.Qwen3Config(
+        vocab_size=_vocab_size(), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+        tie_word_embeddings=True, rope_theta=1000000.0,
+    )  # fmt: skip
+    lm = transformers.Qwen3ForCausalLM(cfg)
+    _spread(lm, 4)
+    hf = tmp_path / "q3bf16"
+    lm.to(torch.bfloat16).save_pretrained(str(hf))
+    sc.tokenizer("bert", hf, token_types=False)
+    model = load(hf, num_threads=1)
+    assert model.config.spec.rope_base == 1000000.0 and model.config.head_dim == 8
+    feed = model.inputs(TEXTS[:4])
+    got = model.compile().run(feed)[0]
+    ref = transformers.Qwen3Model.from_pretrained(
+        str(hf), dtype=torch.float32, attn_implementation="eager"
+    )
+    real = feed["attention_mask"].astype(bool)
+    with torch.no_grad():
+        for i in range(len(feed["input_ids"])):
+            ids = torch.tensor(feed["input_ids"][i][real[i]])[None]
+            want = ref(input_ids=ids).last_hidden_state.numpy()[0]
+            assert np.abs(got[i][real[i]] - want).max() <= ATOL, i
+
+
 # ---- NomicBERT ----------------------------------------------------------------------
 
 NOMIC_CONFIG = {
