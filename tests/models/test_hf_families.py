@@ -221,8 +221,9 @@ def test_lower_precisions_stay_close_to_sentence_transformers(tmp_path, family, 
 
 
 def test_qwen3_bf16_checkpoint_matches_transformers(tmp_path) -> None:
-    """A Qwen3 checkpoint stored in bf16 (as Qwen3-Embedding ships): rlx widens the
-    memory-mapped bf16 weights to f32; transformers loads the same file as f32."""
+    """A Qwen3 checkpoint stored in bf16 (as Qwen3-Embedding ships), with
+    ``attention_bias`` (biases on q / k / v and o_proj): rlx widens the memory-mapped bf16
+    weights to f32; transformers loads the same file as f32."""
     import torch
     import transformers
 
@@ -230,7 +231,7 @@ def test_qwen3_bf16_checkpoint_matches_transformers(tmp_path) -> None:
     cfg = transformers.Qwen3Config(
         vocab_size=_vocab_size(), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
-        tie_word_embeddings=True, rope_theta=1000000.0,
+        tie_word_embeddings=True, rope_theta=1000000.0, attention_bias=True,
     )  # fmt: skip
     lm = transformers.Qwen3ForCausalLM(cfg)
     _spread(lm, 4)
@@ -239,6 +240,7 @@ def test_qwen3_bf16_checkpoint_matches_transformers(tmp_path) -> None:
     sc.tokenizer("bert", hf, token_types=False)
     model = load(hf, num_threads=1)
     assert model.config.spec.rope_base == 1000000.0 and model.config.head_dim == 8
+    assert "layers.1.self_attn.o_proj.bias" in model.params
     feed = model.inputs(TEXTS[:4])
     got = model.compile().run(feed)[0]
     ref = transformers.Qwen3Model.from_pretrained(

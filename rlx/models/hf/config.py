@@ -166,12 +166,14 @@ class NomicSpec:
 @dataclass(frozen=True, slots=True)
 class DecoderSpec:
     """A Qwen2 / Qwen3 decoder's facts: rope base and rotated dims, q / k / v biases, per-head
-    q / k RMS norms (Qwen3), and the causal sliding window of the layers that have one."""
+    q / k RMS norms (Qwen3), the output projection's bias (Qwen3 with ``attention_bias``)
+    and the causal sliding window of the layers that have one."""
 
     rope_base: float
     rope_dims: int
     qkv_bias: bool
     qk_norm: bool
+    o_bias: bool = False
     sliding_window: int = 0
     sliding_layers: tuple[bool, ...] = ()
 
@@ -424,8 +426,9 @@ def _nomic(f: _Fields, fam: Family) -> EncoderConfig:
         raise ModelError(f"{f.path}: {f.arch} n_embd={hidden} is not divisible by n_head={heads}")
     fraction = f.cfg.get("rotary_emb_fraction") or 0.0
     head_dim = hidden // heads
-    rot = int(head_dim * fraction) if isinstance(fraction, (int, float)) else 0
-    if isinstance(fraction, bool) or not 0 < fraction <= 1.0 or rot < 2 or rot % 2:
+    number = isinstance(fraction, (int, float)) and not isinstance(fraction, bool)
+    rot = int(head_dim * fraction) if number else 0
+    if not number or not 0 < fraction <= 1.0 or rot < 2 or rot % 2:
         raise ModelError(
             f"{f.path}: {f.arch} rotary_emb_fraction={f.cfg.get('rotary_emb_fraction')!r} gives "
             f"{rot} rotated dims of {head_dim}; supported: rotary positions on an even number "
@@ -485,6 +488,7 @@ def _decoder(f: _Fields, fam: Family) -> EncoderConfig:
         rope_dims=head_dim,
         qkv_bias=True if fam is Family.QWEN2 else f.flag("attention_bias", False),
         qk_norm=fam is Family.QWEN3,
+        o_bias=fam is Family.QWEN3 and f.flag("attention_bias", False),
         sliding_window=window,
         sliding_layers=sliding if window else (),
     )

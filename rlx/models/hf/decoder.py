@@ -7,7 +7,8 @@ and its ``lm_head`` ignored by the loader) and the graph (:func:`build`): inputs
 ``Qwen2Model`` / ``Qwen3Model`` give it.
 
 Per layer (transformers' eager computation): RMS norm, q / k / v projections (biases for
-Qwen2), per-head q / k RMS norms (Qwen3), rope (rotate-half) at positions ``0..seq-1``,
+Qwen2; for Qwen3 with ``attention_bias``, on ``o_proj`` too), per-head q / k RMS norms
+(Qwen3), rope (rotate-half) at positions ``0..seq-1``,
 causal grouped-query attention (within the sliding window on the layers that have one),
 ``o_proj``, residual; RMS norm, ``down(silu(gate(x)) * up(x))``, residual. Batches are
 padded on the right whatever the tokenizer says (the loader sets it): a causal token
@@ -51,7 +52,7 @@ def tensors(cfg: EncoderConfig) -> Tensors:
         if sp.qk_norm:
             out[f"{p}.self_attn.q_norm.weight"] = ((hd,), False)
             out[f"{p}.self_attn.k_norm.weight"] = ((hd,), False)
-        lin(f"{p}.self_attn.o_proj", q, d)
+        lin(f"{p}.self_attn.o_proj", q, d, sp.o_bias)
         out[f"{p}.post_attention_layernorm.weight"] = ((d,), False)
         lin(f"{p}.mlp.gate_proj", d, f)
         lin(f"{p}.mlp.up_proj", d, f)
@@ -100,7 +101,7 @@ def build(cfg: EncoderConfig, name: str = "decoder") -> tuple[Graph, NodeId, Nod
         window = sp.window(i)
         kind = MaskKind.sliding_window(window) if window else MaskKind.causal()
         att = g.attention(q, k, v, h, hd, mask=kind, num_kv_heads=hkv, scale=scale)
-        x = g.add(x, linear(g, att, f"{p}.self_attn.o_proj", h * hd, d, False))
+        x = g.add(x, linear(g, att, f"{p}.self_attn.o_proj", h * hd, d, sp.o_bias))
         m = rms(x, f"{p}.post_attention_layernorm.weight", d)
         gate = linear(g, m, f"{p}.mlp.gate_proj", d, f, False)
         up = linear(g, m, f"{p}.mlp.up_proj", d, f, False)
