@@ -1,6 +1,8 @@
 """Sentence embeddings. In: a sentence-transformers (or plain Hugging Face) encoder
 directory and texts. Out: float32 vectors ``[n, dim]``, as ``SentenceTransformer.encode``
-gives them.
+gives them. The encoder is any family :mod:`rlx.models.hf` loads: BERT, RoBERTa / XLM-R,
+DistilBERT, ModernBERT, NomicBERT, or a Qwen2 / Qwen3 decoder (gte-Qwen2,
+Qwen3-Embedding: last-token pooling, the prompts of ``config_sentence_transformers.json``).
 
 The pooling runs inside the compiled graph: the encoder's last hidden state is pooled
 over the non-padding tokens (:func:`pool`) and the graph has two outputs, the pooled

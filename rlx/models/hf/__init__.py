@@ -1,4 +1,5 @@
-"""Hugging Face encoder checkpoints. In: a local model directory (``config.json``,
+"""Hugging Face encoder checkpoints (and Qwen2 / Qwen3 decoders used as embedders). In: a
+local model directory (``config.json``,
 ``model.safetensors`` or shards with ``model.safetensors.index.json``, ``tokenizer.json``).
 Out: :class:`HFModel`: the encoder as a GraphModule (symbolic batch and seq), its params,
 a tokenizer and the parsed config, with :meth:`HFModel.compile` to get a CompiledGraph.
@@ -204,6 +205,8 @@ def load(
     tok = Tokenizer(
         model_dir / "tokenizer.json", max_len, cfg.pad_token_id, token_types=cfg.type_vocab_size > 0
     )
+    if cfg.family.is_decoder:  # causal: right padding needs no padding mask (decoder.py)
+        tok.pad_left = False
     params = load_weights(model_dir, cfg)
     module = GraphModule.from_graph(encoder_graph(cfg, cfg.architecture))
     return HFModel(

@@ -1,4 +1,4 @@
-"""Encoder graphs of the BERT family. In: an :class:`EncoderConfig`. Out: a MIR graph with
+"""Encoder graphs. In: an :class:`EncoderConfig`. Out: a MIR graph with
 symbolic ``batch`` and ``seq`` whose params carry the checkpoint's tensor names.
 
 Inputs (i64 ``[batch, seq]``): ``input_ids``, ``attention_mask`` (1 = token, 0 = padding)
@@ -13,21 +13,34 @@ are ``0..seq-1`` for BERT / DistilBERT; for RoBERTa / XLM-R they count the non-p
 from ``pad_token_id + 1`` and pad tokens get ``pad_token_id`` (transformers'
 ``create_position_ids_from_input_ids``). Linear weights are params of shape ``[in, out]``
 (the checkpoint's ``[out, in]`` transposed, see ``weights.py``).
+
+The rope families have their own graphs, picked by :data:`FAMILY_GRAPHS`: ModernBERT
+(``modernbert.py``), NomicBERT (``nomic.py``) and the Qwen2 / Qwen3 decoders
+(``decoder.py``); their inputs and output are the same.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
 from rlx.dtype import DType
 from rlx.ir.mir import Graph, NodeId
+from rlx.models.hf import decoder, modernbert, nomic
+from rlx.models.hf.common import MASK_FILL
 from rlx.models.hf.config import EncoderConfig, Family
 from rlx.models.hf.weights import layer_names
 
-__all__ = ["build_encoder", "encoder_graph", "MASK_FILL"]
+__all__ = ["build_encoder", "encoder_graph", "MASK_FILL", "FAMILY_GRAPHS"]
 
-#: What a padded key adds to the attention scores (exp() of it is exactly 0 in f32).
-MASK_FILL = 1e30
+#: The families with a graph of their own, and its builder.
+FAMILY_GRAPHS: dict[Family, Callable[[EncoderConfig, str], tuple[Graph, NodeId, NodeId]]] = {
+    Family.MODERNBERT: modernbert.build,
+    Family.NOMIC: nomic.build,
+    Family.QWEN2: decoder.build,
+    Family.QWEN3: decoder.build,
+}
 
 
 def _positions(g: Graph, cfg: EncoderConfig, ids: NodeId) -> NodeId:
@@ -42,6 +55,8 @@ def _positions(g: Graph, cfg: EncoderConfig, ids: NodeId) -> NodeId:
 def build_encoder(cfg: EncoderConfig, name: str = "encoder") -> tuple[Graph, NodeId, NodeId]:
     """The encoder graph without outputs, its last hidden state node and the f32
     ``[batch, seq]`` attention mask node (for a pooling head to add)."""
+    if cfg.family in FAMILY_GRAPHS:
+        return FAMILY_GRAPHS[cfg.family](cfg, name)
     g = Graph(name)
     batch, seq = g.sym("batch"), g.sym("seq", max=cfg.max_positions)
     h, eps = cfg.hidden_size, cfg.layer_norm_eps

@@ -10,7 +10,10 @@ header, so a tensor whose dtype is already f32 is a read-only view of the file, 
 bf16 / f16 tensors are converted to f32 (rlx's PrecisionPolicy narrows them again when
 asked). Linear weights, stored ``[out, in]`` by PyTorch, come out transposed (a view) as
 rlx's ``linear`` reads them (``[in, out]``). A checkpoint saved from a task model
-(``bert.``-prefixed names) is read without the prefix. A config with ``num_labels`` (a
+(``bert.``-prefixed names; ``model.`` for ModernBERT and the Qwen decoders, whose
+``...ForCausalLM`` LM head is ignored) is read without the prefix. The rope families
+name their tensors in their own modules (``modernbert.py``, ``nomic.py``,
+``decoder.py``). A config with ``num_labels`` (a
 reranker) also needs its classification head (:func:`head_names`).
 """
 
@@ -24,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from rlx.errors import ModelError
+from rlx.models.hf import decoder, modernbert, nomic
 from rlx.models.hf.config import EncoderConfig, Family
 
 __all__ = [
@@ -41,7 +45,24 @@ IGNORED_TENSORS = (
     "pooler.dense.bias",
     "embeddings.position_ids",
     "embeddings.token_type_ids",
+    "lm_head.weight",
 )
+#: The prefix a task model's checkpoint puts before the encoder's names, per family.
+_PREFIXES = {
+    Family.BERT: "bert.",
+    Family.ROBERTA: "roberta.",
+    Family.DISTILBERT: "distilbert.",
+    Family.MODERNBERT: "model.",
+    Family.NOMIC: "bert.",
+    Family.QWEN2: "model.",
+    Family.QWEN3: "model.",
+}
+_FAMILY_TENSORS = {
+    Family.MODERNBERT: modernbert.tensors,
+    Family.NOMIC: nomic.tensors,
+    Family.QWEN2: decoder.tensors,
+    Family.QWEN3: decoder.tensors,
+}
 
 _DTYPES: dict[str, np.dtype] = {
     "F32": np.dtype("<f4"),
@@ -118,6 +139,8 @@ def head_names(cfg: EncoderConfig) -> tuple[str, str]:
 
 def expected_tensors(cfg: EncoderConfig) -> dict[str, tuple[tuple[int, ...], bool]]:
     """Checkpoint name -> (shape as stored, whether it is a linear weight to transpose)."""
+    if cfg.family in _FAMILY_TENSORS:
+        return _FAMILY_TENSORS[cfg.family](cfg)
     h, f = cfg.hidden_size, cfg.intermediate_size
     out: dict[str, tuple[tuple[int, ...], bool]] = {}
 
@@ -202,14 +225,13 @@ def _iter_entries(files: list[Path]) -> Iterator[tuple[str, Path, dict, int]]:
 def load_weights(model_dir: Path, cfg: EncoderConfig) -> dict[str, np.ndarray]:
     """Checked params of ``cfg``'s architecture from ``model_dir`` (see the module doc)."""
     want = expected_tensors(cfg)
-    prefix = {Family.BERT: "bert.", Family.ROBERTA: "roberta.", Family.DISTILBERT: "distilbert."}
     found: dict[str, tuple[Path, dict, int]] = {}
     for name, path, entry, start in _iter_entries(_shard_files(model_dir)):
         key = name
         for old, new in ((".gamma", ".weight"), (".beta", ".bias")):  # pre-2019 LayerNorm names
             if "LayerNorm" in key and key.endswith(old):
                 key = key[: -len(old)] + new
-        p = prefix[cfg.family]
+        p = _PREFIXES[cfg.family]
         if key.startswith(p):
             key = key[len(p) :]
         if key in found:
@@ -223,7 +245,11 @@ def load_weights(model_dir: Path, cfg: EncoderConfig) -> dict[str, np.ndarray]:
             f"{model_dir}: {cfg.architecture} checkpoint is missing tensor {missing[0]!r} "
             f"({len(missing)} missing in all: {missing[:5]}{' ...' if len(missing) > 5 else ''})"
         )
-    extra = [k for k in found if k not in want and k not in IGNORED_TENSORS]
+    extra = [
+        k
+        for k in found
+        if k not in want and k not in IGNORED_TENSORS and not k.endswith("rotary_emb.inv_freq")
+    ]
     if extra:
         raise ModelError(
             f"{model_dir}: unexpected tensor {extra[0]!r} for {cfg.architecture} "
