@@ -1,6 +1,7 @@
 """The decoder as one rlx graph. In: an :class:`LlmConfig` and the GGUF tensors. Out:
 :class:`DecoderGraph`: a MIR graph with a symbolic sequence length ``seq`` and the params
-it reads (the GGUF bytes themselves: no f32 copy of a quantized weight).
+it reads (the GGUF bytes themselves: no f32 copy of a quantized weight; bf16 / f16
+weights stay 16-bit, multiplied by the custom op of :mod:`rlx.models.llm.lowp`).
 
 Inputs: ``input_ids`` i64 ``[1, seq]``, ``positions`` i64 ``[seq]`` (consecutive, the
 positions of these tokens in the context) and ``last`` i64 ``[1]`` (which of the ``seq``
@@ -31,6 +32,7 @@ decoded), times ``sqrt(d)`` for Gemma.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +43,11 @@ from rlx.dtype import DType
 from rlx.errors import ModelError
 from rlx.ir.mir import Graph, NodeId
 from rlx.models.llm.config import LlmConfig
+from rlx.models.llm.lowp import HALF_LINEAR
+
+#: ``_Builder.matrix``'s kind of a bf16 / f16 weight kept as stored
+HALF = "half"
+_HALF = {"BF16": DType.BF16, "F16": DType.F16}
 
 __all__ = ["DecoderGraph", "build_decoder", "rope_tables"]
 
@@ -77,6 +84,7 @@ class _Builder:
         self.g = Graph(f"llm_{cfg.arch.name}")
         self.params: dict[str, np.ndarray] = {}
         self.nodes: dict[str, tuple[Any, NodeId]] = {}
+        self.extra: dict[str, list[NodeId]] = defaultdict(list)  # scale / zp params
 
     def tensor(self, name: str) -> Any:
         t = self.tensors.get(name)
@@ -97,32 +105,61 @@ class _Builder:
         return self.nodes[name][1]
 
     def matrix(self, name: str, n: int, k: int) -> tuple[Any, NodeId]:
-        """``(scheme or None, param)`` of the ``[n, k]`` weight ``name``: its packed bytes
-        for a quantized type, else f32 ``[n, k]``."""
+        """``(kind, param)`` of the ``[n, k]`` weight ``name``: kind None for an f32
+        weight, ``HALF`` for a bf16 / f16 one (kept as stored, the param is its view),
+        else the QuantScheme of its packed bytes (GGUF: the one u8 param; Int8Block /
+        Int4Block...: ``w_q``, with ``.scale`` / ``.zp`` params beside it)."""
         if name in self.nodes:
             return self.nodes[name]
         t = self.tensor(name)
         if tuple(t.shape) != (n, k):
             raise ModelError(f"GGUF tensor {name!r} has shape {list(t.shape)}, expected [{n}, {k}]")
-        if t.scheme is None:
+        g = self.g
+        if t.scheme is None and t.type_name in _HALF:
+            self.params[name] = t.data.reshape(n, k)
+            self.nodes[name] = (HALF, g.param(name, (n, k), _HALF[t.type_name]))
+        elif t.scheme is None:
             arr = t.data if t.type_name == "F32" else t.dequantize()
             self.params[name] = arr.reshape(n, k)
-            self.nodes[name] = (None, self.g.param(name, (n, k), DType.F32))
+            self.nodes[name] = (None, g.param(name, (n, k), DType.F32))
         else:
-            (packed,) = t.packed()
-            self.params[name] = packed
-            self.nodes[name] = (t.scheme, self.g.param(name, packed.shape, DType.U8))
+            packed = t.packed()
+            self.params[name] = packed[0]
+            w = g.param(name, packed[0].shape, DType.from_numpy(packed[0].dtype))
+            self.nodes[name] = (t.scheme, w)
+            for suffix, arr in zip((".scale", ".zp"), packed[1:], strict=False):
+                self.params[name + suffix] = arr
+                self.extra[name].append(
+                    g.param(name + suffix, arr.shape, DType.from_numpy(arr.dtype))
+                )
         return self.nodes[name]
 
     def linear(self, x: NodeId, name: str, n: int, k: int, bias: bool = False) -> NodeId:
-        scheme, w = self.matrix(f"{name}.weight", n, k)
+        w_name = f"{name}.weight"
+        scheme, w = self.matrix(w_name, n, k)
         g = self.g
-        y = (
-            g.matmul(x, g.transpose(w, (1, 0)))
-            if scheme is None
-            else g.dequant_matmul(x, scheme, w)
-        )
+        if scheme is None:
+            y = g.matmul(x, g.transpose(w, (1, 0)))
+        elif scheme is HALF:
+            y = g.custom(HALF_LINEAR, [x, w])
+        else:
+            y = g.dequant_matmul(x, scheme, w, *self.extra[w_name])
         return g.add(y, self.vector(f"{name}.bias", n)) if bias else y
+
+    def embed(self, ids: NodeId, n: int, k: int) -> NodeId:
+        """The f32 rows ``ids`` of the token embedding ``[n, k]``."""
+        scheme, emb = self.matrix("token_embd.weight", n, k)
+        g = self.g
+        if scheme is None:
+            return g.gather(emb, ids, 0)
+        if scheme is HALF:
+            return g.cast(g.gather(emb, ids, 0), DType.F32)
+        if not scheme.is_gguf:
+            raise ModelError(
+                f"the token embedding is packed as {scheme}: rlx gathers rows only from "
+                f"GGUF-packed, f32, bf16 or f16 tables"
+            )
+        return g.dequant_gather(emb, ids, scheme)
 
     def norm(self, x: NodeId, name: str, n: int) -> NodeId:
         return self.g.rms_norm(x, self.vector(name, n), eps=self.cfg.eps)
@@ -154,8 +191,7 @@ def build_decoder(
         cache = (slots, max_context, hkv * hd)
     zeros = np.zeros(cache, kv_dtype.np)  # every layer's caches start as these zeros
 
-    scheme, emb = b.matrix("token_embd.weight", cfg.vocab, d)
-    x = g.gather(emb, ids, 0) if scheme is None else g.dequant_gather(emb, ids, scheme)
+    x = b.embed(ids, cfg.vocab, d)
     if cfg.arch.embed_scale:
         x = g.mul(x, float(np.float32(math.sqrt(d))))
 

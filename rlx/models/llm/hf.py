@@ -10,8 +10,10 @@ family's spec gets ``rope_interleaved=False``: no row permutation), Gemma's norm
 stored as ``w`` where the model scales by ``1 + w`` (the ``1 +`` is added here, as
 llama.cpp's converter does), and per-layer sliding windows from ``layer_types`` (or
 Mistral's window on every layer, Qwen's ``max_window_layers``). Tensors are
-memory-mapped: an f32 weight is a read-only view of the file; bf16 / f16 weights stay
-in the file and are widened to f32 when the graph's params are built.
+memory-mapped: every weight is a read-only view of the file, and bf16 / f16 weights
+stay packed in the graph too (the decoder's params are those views; their products
+widen a panel of rows at a time, :mod:`rlx.models.llm.lowp`), so loading a bf16
+checkpoint grows the process by about its file size.
 """
 
 from __future__ import annotations
