@@ -94,6 +94,8 @@ class HfTensor:
     shape: tuple[int, ...]
     data: np.ndarray = field(repr=False)
     scheme: None = None
+    file: Path | None = None  # the safetensors file and the data's byte offset in it
+    offset: int = 0
 
     def dequantize(self) -> np.ndarray:
         """The values as a new f32 array."""
@@ -400,7 +402,7 @@ def _tensor(mm: np.ndarray, start: int, e: Mapping[str, Any], name: str, path: P
     if hi - lo != int(np.prod(shape, dtype=np.int64)) * dt.itemsize:
         raise ModelError(f"{path}: tensor {name!r} size disagrees with its shape {list(shape)}")
     arr = np.ndarray(shape, dtype=dt, buffer=mm[start + lo : start + hi])
-    return HfTensor(name, str(code), shape, arr)
+    return HfTensor(name, str(code), shape, arr, file=path, offset=start + lo)
 
 
 def _check_complete(
