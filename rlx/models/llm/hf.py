@@ -48,7 +48,12 @@ HF_ARCHITECTURES: dict[str, str] = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
+    "Gemma2ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "llama",
 }
+#: families built on another's spec under their own name (the graph is the same; what
+#: differs is in the config: Gemma 2's alternating windows, Phi-3's fused projections)
+_RENAMED = {"Gemma2ForCausalLM": "gemma2", "Phi3ForCausalLM": "phi3"}
 _ROPE_TYPES = ("default", "linear", "llama3")
 
 # per-layer module names (after ``model.layers.{i}.``) -> GGUF names (after ``blk.{i}.``)
@@ -68,6 +73,11 @@ _LAYER = {
     "mlp.down_proj.weight": "ffn_down.weight",
 }
 _LAYER_PLAIN = {"post_attention_layernorm.weight": "ffn_norm.weight"}
+# Phi-3's fused projections (rows [q; k; v] and [gate; up]), split by _split_fused
+_FUSED = {
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "mlp.gate_up_proj.weight": "ffn_gate_up.weight",
+}
 _LAYER_GEMMA = {
     "post_attention_layernorm.weight": "post_attention_norm.weight",
     "pre_feedforward_layernorm.weight": "ffn_norm.weight",
@@ -129,15 +139,21 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _arch(hf: Mapping[str, Any], where: Path) -> str:
+def _hf_arch(hf: Mapping[str, Any], where: Path) -> str:
+    """The supported transformers class named by ``architectures`` (ModelError if none)."""
     names = hf.get("architectures") or []
     for n in names if isinstance(names, list) else []:
         if n in HF_ARCHITECTURES:
-            return HF_ARCHITECTURES[n]
+            return str(n)
     raise ModelError(
         f"{where}: architecture {names or hf.get('model_type')!r} is not supported by "
         f"rlx.models.llm; supported: {', '.join(HF_ARCHITECTURES)}"
     )
+
+
+def _arch(hf: Mapping[str, Any], where: Path) -> str:
+    """The rlx architecture (the :data:`ARCHS` spec) of ``hf``."""
+    return HF_ARCHITECTURES[_hf_arch(hf, where)]
 
 
 class _Fields:
@@ -231,7 +247,7 @@ def _ropes(hf: Mapping[str, Any], where: Path) -> dict[str, _Rope]:
 
 
 def _sliding(hf: Mapping[str, Any], arch: str, layers: int, where: Path) -> tuple[bool, ...]:
-    """Which layers attend within the sliding window."""
+    """Which layers attend within the sliding window (``arch``: the transformers class)."""
     types = hf.get("layer_types")
     if types is not None:
         allowed = ("full_attention", "sliding_attention")
@@ -240,10 +256,12 @@ def _sliding(hf: Mapping[str, Any], arch: str, layers: int, where: Path) -> tupl
                 f"{where}: layer_types must list {layers} entries of {allowed}, got {types!r:.80}"
             )
         return tuple(t == "sliding_attention" for t in types)
-    if arch == "gemma3":
+    if arch == "Gemma2ForCausalLM":  # transformers 4: the even layers
+        return tuple(i % 2 == 0 for i in range(layers))
+    if arch == "Gemma3ForCausalLM":
         p = int(hf.get("sliding_window_pattern") or 6)
         return tuple((i + 1) % p != 0 for i in range(layers))
-    if arch in ("qwen2", "qwen3"):
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
         if not hf.get("use_sliding_window"):
             return (False,) * layers
         first = int(hf.get("max_window_layers") or 0)
@@ -254,7 +272,8 @@ def _sliding(hf: Mapping[str, Any], arch: str, layers: int, where: Path) -> tupl
 def read_hf_config(hf: Mapping[str, Any], tensors: Mapping[str, Any], where: Path) -> LlmConfig:
     """The :class:`LlmConfig` of a transformers ``config.json`` (``hf``) over the mapped
     ``tensors``; ModelError naming an unsupported architecture or a missing / bad value."""
-    arch = _arch(hf, where)
+    hf_arch = _hf_arch(hf, where)
+    arch = HF_ARCHITECTURES[hf_arch]
     f = _Fields(hf, where)
     d = f.num("hidden_size", int)
     heads = f.num("num_attention_heads", int)
@@ -265,9 +284,16 @@ def read_hf_config(hf: Mapping[str, Any], tensors: Mapping[str, Any], where: Pat
         )
     head_dim = f.num("head_dim", int, d // heads)
     layers = f.num("num_hidden_layers", int)
-    for key in ("mlp_bias", "attn_logit_softcapping"):
-        if hf.get(key):
-            raise ModelError(f"{where}: {key} = {hf[key]!r} is not supported by rlx.models.llm")
+    if hf.get("mlp_bias"):
+        raise ModelError(
+            f"{where}: mlp_bias = {hf['mlp_bias']!r} is not supported by rlx.models.llm"
+        )
+    if hf.get("attn_logit_softcapping"):
+        raise ModelError(
+            f"{where}: attn_logit_softcapping = {hf['attn_logit_softcapping']!r} is not "
+            f"supported by rlx.models.llm (rlx's cache attention has no soft-capping of the "
+            f"attention logits; supported: null)"
+        )
     if "blk.0.attn_output.bias" in tensors:
         raise ModelError(f"{where}: an o_proj bias is not supported by rlx.models.llm")
     act = hf.get("hidden_activation", hf.get("hidden_act"))
@@ -279,10 +305,14 @@ def read_hf_config(hf: Mapping[str, Any], tensors: Mapping[str, Any], where: Pat
             f"{where}: activation {act!r} is not supported for {arch}; supported: {want_act}"
         )
     ropes = _ropes(hf, where)
-    rope_dims = int(head_dim * float(hf.get("partial_rotary_factor") or 1.0))
+    rp = hf.get("rope_parameters")
+    partial = hf.get("partial_rotary_factor") or (
+        rp.get("partial_rotary_factor") if isinstance(rp, Mapping) else None
+    )
+    rope_dims = int(head_dim * float(partial or 1.0))
     if rope_dims % 2 or not 0 < rope_dims <= head_dim:
         raise ModelError(f"{where}: rope dims {rope_dims} must be even and in (0, {head_dim}]")
-    sliding = _sliding(hf, arch, layers, where)
+    sliding = _sliding(hf, hf_arch, layers, where)
     window = int(hf.get("sliding_window") or 0)
     local, full = ropes["sliding_attention"], ropes["full_attention"]
     if local != full and (local[1] != 1.0 or local[2] is not None):
@@ -291,6 +321,7 @@ def read_hf_config(hf: Mapping[str, Any], tensors: Mapping[str, Any], where: Pat
         )
     spec = dataclasses.replace(
         ARCHS[arch],
+        name=_RENAMED.get(hf_arch, arch),
         rope_interleaved=False,
         swa_pattern=0,
         rope_base_local=local[0] if local != ropes["full_attention"] else None,
@@ -379,7 +410,7 @@ def _gguf_name(name: str, gemma: bool) -> str | None:
     parts = name.split(".", 3)
     if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[2].isdigit():
         rest = parts[3]
-        table = {**_LAYER, **(_LAYER_GEMMA if gemma else _LAYER_PLAIN)}
+        table = {**_LAYER, **_FUSED, **(_LAYER_GEMMA if gemma else _LAYER_PLAIN)}
         if rest in table:
             return f"blk.{parts[2]}.{table[rest]}"
     return None
@@ -403,6 +434,38 @@ def _tensor(mm: np.ndarray, start: int, e: Mapping[str, Any], name: str, path: P
         raise ModelError(f"{path}: tensor {name!r} size disagrees with its shape {list(shape)}")
     arr = np.ndarray(shape, dtype=dt, buffer=mm[start + lo : start + hi])
     return HfTensor(name, str(code), shape, arr, file=path, offset=start + lo)
+
+
+def _rows(t: HfTensor, start: int, stop: int, name: str) -> HfTensor:
+    """Rows ``start:stop`` of the 2-D ``t`` as a tensor of its own (a view, same file)."""
+    k = t.shape[1]
+    off = t.offset + start * k * t.data.dtype.itemsize
+    return HfTensor(
+        name, t.type_name, (stop - start, k), t.data[start:stop], file=t.file, offset=off
+    )
+
+
+def _split_fused(path: Path, cfg: LlmConfig, tensors: dict[str, HfTensor]) -> None:
+    """Phi-3's ``qkv_proj`` -> q, k, v and ``gate_up_proj`` -> gate, up (row views), in
+    place; ModelError naming a fused tensor whose rows disagree with config.json."""
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    parts = {
+        "attn_qkv.weight": (("attn_q.weight", q), ("attn_k.weight", kv), ("attn_v.weight", kv)),
+        "ffn_gate_up.weight": (("ffn_gate.weight", cfg.ffn), ("ffn_up.weight", cfg.ffn)),
+    }
+    for key in [k for k in tensors if k.split(".", 2)[-1] in parts]:
+        t = tensors.pop(key)
+        prefix, fused = key.rsplit(".", 2)[0], key.split(".", 2)[-1]
+        want = sum(n for _, n in parts[fused])
+        if len(t.shape) != 2 or t.shape[0] != want:
+            raise ModelError(
+                f"{path}: tensor {t.name!r} has shape {list(t.shape)}, config.json implies "
+                f"[{want}, {cfg.hidden}] (the fused rows {[n for n, _ in parts[fused]]})"
+            )
+        start = 0
+        for sub, n in parts[fused]:
+            tensors[f"{prefix}.{sub}"] = _rows(t, start, start + n, t.name)
+            start += n
 
 
 def _check_complete(
@@ -492,6 +555,7 @@ def open_checkpoint(folder: str | Path) -> HfCheckpoint:
                 t = HfTensor(name, "F32", t.shape, data)
             tensors[key] = t
     config = read_hf_config(hf, tensors, cfg_file)
+    _split_fused(path, config, tensors)
     _check_complete(path, config, tensors, gemma)
     if config.tied_embeddings:
         tensors.pop("output.weight", None)

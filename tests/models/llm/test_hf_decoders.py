@@ -49,6 +49,18 @@ FAMILIES = {
             "query_pre_attn_scalar": 16,
         },
     ),
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {
+            "head_dim": 16,
+            "sliding_window": 4,
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": None,  # rlx's cache attention has none
+            "final_logit_softcapping": 3.0,  # small enough to bend these logits
+        },
+    ),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0, "sliding_window": 6}),
 }
 PROMPT = [1, 5, 9, 20, 33, 7, 64, 100, 3, 11]
 
@@ -82,7 +94,7 @@ def _write(folder: Path, family: str, dtype: str = "f32", **save: object) -> obj
         for p in model.parameters():
             if p.dim() == 1:
                 p.normal_(0.0, 0.3)
-        if family == "gemma3":  # its sqrt(d)-scaled tied embedding would echo the input
+        if family.startswith("gemma"):  # its sqrt(d)-scaled tied embedding echoes the input
             model.get_input_embeddings().weight.mul_(0.1)
     if dtype == "bf16":
         model = model.to(torch.bfloat16)
@@ -121,10 +133,12 @@ def test_logits_match_transformers(family: str, checkpoints: dict) -> None:
     folder, model = checkpoints[family]
     m = llm.load(folder, max_context=64, num_threads=1)
     assert m.config.arch.name == {"mistral": "llama"}.get(family, family)
+    if family == "gemma2":  # alternating windows, the first layer sliding
+        assert [m.config.window(i) for i in range(2)] == [4, 0]
     _check_logits(m, _reference(model, PROMPT), 1e-5)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3", "gemma2", "phi3"])
 def test_greedy_matches_transformers(family: str, checkpoints: dict) -> None:
     folder, model = checkpoints[family]
     m = llm.load(folder, max_context=64, num_threads=1)
@@ -210,6 +224,15 @@ def test_unsupported_architecture_and_rope(tmp_path: Path) -> None:
     yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}
     cfg_file.write_text(json.dumps(cfg | {"rope_parameters": yarn}))
     with pytest.raises(ModelError, match="rope type 'yarn'.*supported: default, linear, llama3"):
+        llm.load(tmp_path)
+
+
+def test_gemma2_attention_softcapping_is_refused(tmp_path: Path) -> None:
+    _write(tmp_path, "gemma2")
+    cfg_file = tmp_path / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg_file.write_text(json.dumps(cfg | {"attn_logit_softcapping": 50.0}))
+    with pytest.raises(ModelError, match="attn_logit_softcapping = 50.0.*supported: null"):
         llm.load(tmp_path)
 
 
