@@ -161,6 +161,67 @@ class _Builder:
             )
         return g.dequant_gather(emb, ids, scheme)
 
+    def ffn(self, x: NodeId, p: str, suffix: str, size: int, act: Any) -> NodeId:
+        """The gated FFN ``down(act(gate(x)) * up(x))`` of ``{p}.ffn_{gate,up,down}{suffix}``."""
+        d = self.cfg.hidden
+        gate = self.linear(x, f"{p}.ffn_gate{suffix}", size, d)
+        up = self.linear(x, f"{p}.ffn_up{suffix}", size, d)
+        return self.linear(self.g.mul(act(gate), up), f"{p}.ffn_down{suffix}", d, size)
+
+    def moe(self, x: NodeId, p: str, act: Any) -> NodeId:
+        """The mixture of experts of layer ``p`` over the tokens ``x [T, d]`` (config.py's
+        ``MoeSpec``; the routing of transformers' Mixtral / Qwen-MoE blocks). GGUF-packed
+        expert stacks (``ffn_*_exps``, made by quantization at load) run as
+        ``dequant_grouped_matmul`` over the (token, slot) rows: only the chosen experts
+        are read. Experts kept one tensor each (float, or another scheme) run every
+        expert on every token, weighted by the routing (0 for the experts not chosen):
+        exact, no copy of a weight, ``experts / top_k`` times the FFN work."""
+        g, moe, d = self.g, self.cfg.moe, self.cfg.hidden
+        assert moe is not None
+        logits = self.linear(x, f"{p}.ffn_gate_inp", moe.experts, d)
+        weights, ids = g.topk(g.softmax(logits, -1), moe.top_k, -1)
+        if moe.renormalize:
+            weights = g.div(weights, g.sum(weights, [-1], keepdims=True))
+        stack = self.tensors.get(f"{p}.ffn_gate_exps.weight")
+        if stack is not None:
+            y = self._grouped(x, p, weights, ids, act)
+        else:
+            chosen = g.eq(g.unsqueeze(ids, -1), g.constant(np.arange(moe.experts, dtype=np.int64)))
+            dense = g.sum(g.mul(g.cast(chosen, DType.F32), g.unsqueeze(weights, -1)), [1])
+            y = None
+            for j in range(moe.experts):
+                e = g.mul(
+                    self.ffn(x, p, f".{j}", moe.ffn, act), g.slice(dense, [0, j], [None, j + 1])
+                )
+                y = e if y is None else g.add(y, e)
+        if moe.shared_ffn:
+            s = self.ffn(x, p, "_shexp", moe.shared_ffn, act)
+            gate = g.sigmoid(self.linear(x, f"{p}.ffn_gate_inp_shexp", 1, d))
+            y = g.add(y, g.mul(s, gate))
+        assert y is not None
+        return y
+
+    def _grouped(self, x: NodeId, p: str, weights: NodeId, ids: NodeId, act: Any) -> NodeId:
+        """The experts of GGUF-packed stacks (``rlx.ops.compose.moe``'s block body)."""
+        g, moe, d = self.g, self.cfg.moe, self.cfg.hidden
+        assert moe is not None
+        stacks = {}
+        for part in ("gate", "up", "down"):
+            name = f"{p}.ffn_{part}_exps.weight"
+            t = self.tensor(name)
+            (packed,) = t.packed()
+            self.params[name] = packed
+            stacks[part] = (t.scheme, g.param(name, packed.shape, DType.U8))
+        t_dim = g.shape(x).dims[0]
+        k = moe.top_k
+        rows = g.reshape(g.expand(g.unsqueeze(x, 1), [t_dim, k, d]), [-1, d])
+        slot = g.reshape(ids, [-1])
+        a = g.dequant_grouped_matmul(rows, *stacks["gate"], slot)
+        u = g.dequant_grouped_matmul(rows, *stacks["up"], slot)
+        y = g.dequant_grouped_matmul(g.mul(act(a), u), *stacks["down"], slot)
+        y = g.mul(g.reshape(y, [t_dim, k, d]), g.unsqueeze(weights, -1))
+        return g.sum(y, [1])
+
     def norm(self, x: NodeId, name: str, n: int) -> NodeId:
         return self.g.rms_norm(x, self.vector(name, n), eps=self.cfg.eps)
 
@@ -236,9 +297,10 @@ def build_decoder(
             o = b.norm(o, f"{p}.post_attention_norm.weight", d)
         x = g.add(x, o)
         f = b.norm(x, f"{p}.ffn_norm.weight", d)
-        gate = b.linear(f, f"{p}.ffn_gate", cfg.ffn, d)
-        up = b.linear(f, f"{p}.ffn_up", cfg.ffn, d)
-        f = b.linear(g.mul(act(gate), up), f"{p}.ffn_down", d, cfg.ffn)
+        if cfg.moe is not None and cfg.moe.is_moe(i):
+            f = g.reshape(b.moe(g.reshape(f, (-1, d)), p, act), (1, seq, d))
+        else:
+            f = b.ffn(f, p, "", cfg.ffn, act)
         if cfg.arch.post_norms:
             f = b.norm(f, f"{p}.post_ffw_norm.weight", d)
         x = g.add(x, f)

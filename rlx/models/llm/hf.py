@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from rlx.errors import ModelError
-from rlx.models.llm.config import ARCHS, LlmConfig
+from rlx.models.llm.config import ARCHS, LlmConfig, MoeSpec
 
 __all__ = [
     "HF_ARCHITECTURES",
@@ -50,10 +50,19 @@ HF_ARCHITECTURES: dict[str, str] = {
     "Gemma3ForCausalLM": "gemma3",
     "Gemma2ForCausalLM": "gemma3",
     "Phi3ForCausalLM": "llama",
+    "MixtralForCausalLM": "llama",
+    "Qwen2MoeForCausalLM": "qwen2",
+    "Qwen3MoeForCausalLM": "qwen3",
 }
 #: families built on another's spec under their own name (the graph is the same; what
 #: differs is in the config: Gemma 2's alternating windows, Phi-3's fused projections)
-_RENAMED = {"Gemma2ForCausalLM": "gemma2", "Phi3ForCausalLM": "phi3"}
+_RENAMED = {
+    "Gemma2ForCausalLM": "gemma2",
+    "Phi3ForCausalLM": "phi3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2moe",
+    "Qwen3MoeForCausalLM": "qwen3moe",
+}
 _ROPE_TYPES = ("default", "linear", "llama3")
 
 # per-layer module names (after ``model.layers.{i}.``) -> GGUF names (after ``blk.{i}.``)
@@ -82,6 +91,22 @@ _LAYER_GEMMA = {
     "post_attention_layernorm.weight": "post_attention_norm.weight",
     "pre_feedforward_layernorm.weight": "ffn_norm.weight",
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+# mixture-of-experts FFNs: the router, expert j's projections (``{j}``) and Qwen2-MoE's
+# shared expert with its sigmoid gate
+_MOE = {
+    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.experts.{j}.w1.weight": "ffn_gate.{j}.weight",
+    "block_sparse_moe.experts.{j}.w3.weight": "ffn_up.{j}.weight",
+    "block_sparse_moe.experts.{j}.w2.weight": "ffn_down.{j}.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.experts.{j}.gate_proj.weight": "ffn_gate.{j}.weight",
+    "mlp.experts.{j}.up_proj.weight": "ffn_up.{j}.weight",
+    "mlp.experts.{j}.down_proj.weight": "ffn_down.{j}.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
 }
 _TOP = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -261,7 +286,7 @@ def _sliding(hf: Mapping[str, Any], arch: str, layers: int, where: Path) -> tupl
     if arch == "Gemma3ForCausalLM":
         p = int(hf.get("sliding_window_pattern") or 6)
         return tuple((i + 1) % p != 0 for i in range(layers))
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+    if arch.startswith("Qwen"):
         if not hf.get("use_sliding_window"):
             return (False,) * layers
         first = int(hf.get("max_window_layers") or 0)
@@ -356,6 +381,7 @@ def read_hf_config(hf: Mapping[str, Any], tensors: Mapping[str, Any], where: Pat
         tied_embeddings=tied or "output.weight" not in tensors,
         sliding_layers=sliding if window else None,
         rope_inv_freq=None if full[2] is None else llama3_inv_freq(full[0], rope_dims, full[2]),
+        moe=_moe(hf, hf_arch, layers, f),
     )
 
 
@@ -413,7 +439,41 @@ def _gguf_name(name: str, gemma: bool) -> str | None:
         table = {**_LAYER, **_FUSED, **(_LAYER_GEMMA if gemma else _LAYER_PLAIN)}
         if rest in table:
             return f"blk.{parts[2]}.{table[rest]}"
+        bits = rest.split(".")
+        j = next((b for b in bits if b.isdigit()), None)
+        pattern = rest if j is None else ".".join("{j}" if b == j else b for b in bits)
+        if pattern in _MOE:
+            return f"blk.{parts[2]}." + _MOE[pattern].replace("{j}", j or "")
     return None
+
+
+def _moe(hf: Mapping[str, Any], arch: str, layers: int, f: _Fields) -> MoeSpec | None:
+    """The mixture of a Mixtral / Qwen2-MoE / Qwen3-MoE config (None for the others)."""
+    if arch == "MixtralForCausalLM":
+        experts = f.num("num_local_experts", int, hf.get("num_experts"))
+        return MoeSpec(
+            experts, f.num("num_experts_per_tok", int), f.num("intermediate_size", int), True
+        )
+    if arch not in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
+        return None
+    step = f.num("decoder_sparse_step", int, 1)
+    dense = hf.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
+        raise ModelError(
+            f"{f.where}: mlp_only_layers must be a list of layer numbers, got {dense!r:.60}"
+        )
+    which = tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
+    shared = 0
+    if arch == "Qwen2MoeForCausalLM":
+        shared = f.num("shared_expert_intermediate_size", int, 0, positive=False)
+    return MoeSpec(
+        f.num("num_experts", int, hf.get("num_local_experts")),
+        f.num("num_experts_per_tok", int),
+        f.num("moe_intermediate_size", int),
+        bool(hf.get("norm_topk_prob", False)),
+        shared,
+        None if all(which) else which,
+    )
 
 
 def _tensor(mm: np.ndarray, start: int, e: Mapping[str, Any], name: str, path: Path) -> HfTensor:
@@ -475,11 +535,30 @@ def _check_complete(
     no file holds, and how many are missing."""
     per_layer = {**_LAYER, **(_LAYER_GEMMA if gemma else _LAYER_PLAIN)}
     optional = {"bias", "q_norm", "k_norm"}
+    moe = cfg.moe
     wanted = {v: k for k, v in _TOP.items() if k != "lm_head.weight" or not cfg.tied_embeddings}
     for i in range(cfg.num_layers):
+        sparse = moe is not None and moe.is_moe(i)
         for hf_name, gguf_name in per_layer.items():
-            if not any(o in hf_name for o in optional):
-                wanted[f"blk.{i}.{gguf_name}"] = f"model.layers.{i}.{hf_name}"
+            if any(o in hf_name for o in optional) or (sparse and hf_name.startswith("mlp.")):
+                continue
+            wanted[f"blk.{i}.{gguf_name}"] = f"model.layers.{i}.{hf_name}"
+        if sparse:
+            assert moe is not None
+            names = {"ffn_gate_inp.weight": "router"}
+            names |= {
+                f"ffn_{p}.{j}.weight": f"expert {j}'s {p}"
+                for j in range(moe.experts)
+                for p in ("gate", "up", "down")
+            }
+            if moe.shared_ffn:
+                names |= {
+                    f"ffn_{p}_shexp.weight": f"the shared expert's {p}"
+                    for p in ("gate", "up", "down")
+                }
+                names["ffn_gate_inp_shexp.weight"] = "the shared expert's gate"
+            for key, what in names.items():
+                wanted[f"blk.{i}.{key}"] = f"layer {i}'s {what}"
     missing = [hf_name for gguf_name, hf_name in wanted.items() if gguf_name not in tensors]
     if missing:
         raise ModelError(
@@ -508,12 +587,32 @@ def _check_complete(
         "ffn_up.weight": (cfg.ffn, d),
         "ffn_down.weight": (d, cfg.ffn),
     }
+    if moe is not None:
+        e, s = moe.ffn, moe.shared_ffn
+        shapes |= {
+            "ffn_gate_inp.weight": (moe.experts, d),
+            "ffn_gate.j.weight": (e, d),
+            "ffn_up.j.weight": (e, d),
+            "ffn_down.j.weight": (d, e),
+            "ffn_gate_shexp.weight": (s, d),
+            "ffn_up_shexp.weight": (s, d),
+            "ffn_down_shexp.weight": (d, s),
+            "ffn_gate_inp_shexp.weight": (1, d),
+        }
     for key, t in tensors.items():
         parts = key.split(".")
         if parts[0] == "blk" and int(parts[1]) >= cfg.num_layers:
             raise ModelError(
                 f"{path}: tensor {t.name!r} is beyond the {cfg.num_layers} layers config.json gives"
             )
+        if parts[0] == "blk" and len(parts) == 5:  # an expert's: blk.i.ffn_x.j.weight
+            j = int(parts[3])
+            if moe is None or not moe.is_moe(int(parts[1])) or j >= moe.experts:
+                raise ModelError(
+                    f"{path}: tensor {t.name!r} is an expert config.json does not have "
+                    f"({0 if moe is None else moe.experts} experts)"
+                )
+            parts[3] = "j"
         want = shapes.get(key if parts[0] != "blk" else ".".join(parts[2:]), (d,))
         if t.shape != want:
             raise ModelError(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -63,15 +64,6 @@ PRECISIONS: dict[str, QuantScheme] = {
 }
 #: f32 bytes of one panel of rows being quantized
 PANEL_BYTES = 1 << 18
-_MATRICES = (
-    "attn_q.weight",
-    "attn_k.weight",
-    "attn_v.weight",
-    "attn_output.weight",
-    "ffn_gate.weight",
-    "ffn_up.weight",
-    "ffn_down.weight",
-)
 
 
 def precision_scheme(precision: str) -> QuantScheme:
@@ -225,7 +217,11 @@ def quantize_checkpoint(ckpt: HfCheckpoint, precision: str) -> QuantReport:
     scheme = precision_scheme(precision)
     cfg = ckpt.config
     tensors: dict[str, Any] = ckpt.tensors
-    names = [f"blk.{i}.{m}" for i in range(cfg.num_layers) for m in _MATRICES]
+    names = [
+        k
+        for k, t in tensors.items()
+        if k.startswith("blk.") and len(t.shape) == 2 and "ffn_gate_inp" not in k
+    ]
     head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
     gather_ok = scheme.is_gguf
     if gather_ok or not cfg.tied_embeddings:
@@ -253,9 +249,36 @@ def quantize_checkpoint(ckpt: HfCheckpoint, precision: str) -> QuantReport:
     finally:
         for fd in fds.values():
             os.close(fd)
+    if scheme.is_gguf and cfg.moe is not None:
+        _stack_experts(tensors, cfg.num_layers, cfg.moe.experts)
     if "output.weight" in tensors and cfg.tied_embeddings:
         ckpt.config = dataclasses.replace(cfg, tied_embeddings=False)
     return QuantReport(precision.lower(), str(scheme), tuple(done))
+
+
+def _stack_experts(tensors: dict[str, Any], layers: int, experts: int) -> None:
+    """Each layer's packed experts ``blk.i.ffn_{gate,up,down}.{j}.weight`` as one stack
+    ``blk.i.ffn_{part}_exps.weight`` (u8 ``[E, N, row bytes]``, what
+    ``dequant_grouped_matmul`` reads), in place; a layer whose experts are not all
+    packed alike stays one tensor per expert."""
+    for i in range(layers):
+        for part in ("gate", "up", "down"):
+            keys = [f"blk.{i}.ffn_{part}.{j}.weight" for j in range(experts)]
+            ts = [tensors.get(k) for k in keys]
+            first = ts[0]
+            if not isinstance(first, QuantTensor) or not all(
+                isinstance(t, QuantTensor) and t.scheme == first.scheme for t in ts
+            ):
+                continue
+            (packed,) = first.arrays
+            stack = np.empty((experts, *packed.shape), packed.dtype)
+            for j, k in enumerate(keys):
+                stack[j] = tensors.pop(k).arrays[0]
+            stack.flags.writeable = False
+            name = re.sub(r"experts\.0\.", "experts.*.", first.name)
+            tensors[f"blk.{i}.ffn_{part}_exps.weight"] = QuantTensor(
+                name, first.scheme, (experts, *first.shape), (stack,), first.error
+            )
 
 
 def compare_logits(got: np.ndarray, ref: np.ndarray, tokens: int) -> LogitError:

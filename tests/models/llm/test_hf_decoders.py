@@ -61,6 +61,33 @@ FAMILIES = {
         },
     ),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0, "sliding_window": 6}),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        {"num_local_experts": 4, "num_experts_per_tok": 2},
+    ),
+    "qwen2moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48,
+            "mlp_only_layers": [1],  # layer 1 a dense FFN
+        },
+    ),
+    "qwen3moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+            "head_dim": 16,
+        },
+    ),
 }
 PROMPT = [1, 5, 9, 20, 33, 7, 64, 100, 3, 11]
 
@@ -138,18 +165,18 @@ def test_logits_match_transformers(family: str, checkpoints: dict) -> None:
     _check_logits(m, _reference(model, PROMPT), 1e-5)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3", "gemma2", "phi3"])
+@pytest.mark.parametrize(
+    "family", ["llama", "qwen3", "gemma3", "gemma2", "phi3", "mixtral", "qwen2moe", "qwen3moe"]
+)
 def test_greedy_matches_transformers(family: str, checkpoints: dict) -> None:
     folder, model = checkpoints[family]
     m = llm.load(folder, max_context=64, num_threads=1)
-    prompt = PROMPT[:5]
+    # a prompt whose continuation varies on these random weights
+    prompt = PROMPT[2:7] if family in ("mixtral", "qwen2moe", "qwen3moe") else PROMPT[:5]
+    model.generation_config.eos_token_id = None  # EOS is a token like any other here
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]),
-            max_new_tokens=24,
-            min_new_tokens=24,
-            do_sample=False,
-            pad_token_id=0,
+            torch.tensor([prompt]), max_new_tokens=24, do_sample=False, pad_token_id=0
         )
     want = out[0, len(prompt) :].tolist()
     got = m.generate(prompt, max_tokens=24, stop_at_eos=False)

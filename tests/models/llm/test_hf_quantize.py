@@ -155,3 +155,20 @@ def test_peak_memory_while_quantizing(precision: str, big: Path, tiny: Path) -> 
     q = m["quantized"]
     assert q < 0.7 * big.stat().st_size
     assert m["peak"] - m["before"] < PEAK[precision] * q, ((m["peak"] - m["before"]) / q, m)
+
+
+@pytest.mark.parametrize(("family", "precision"), [("mixtral", "q8_0"), ("qwen2moe", "int8")])
+def test_quantized_mixture_of_experts(family: str, precision: str, tmp_path: Path) -> None:
+    """GGUF-packed experts run as expert stacks (dequant_grouped_matmul), Int8Block ones
+    one product per expert; both within the 8-bit tolerance of transformers at f32."""
+    from tests.models.llm.test_hf_decoders import _write
+
+    ref = _write(tmp_path, family)
+    m = llm.load(tmp_path, max_context=64, num_threads=1, precision=precision)
+    stacked = "blk.0.ffn_gate_exps.weight" in m.file.tensors
+    assert stacked == (precision == "q8_0")
+    if stacked:
+        assert any(n.op.mnemonic == "dequant_grouped_matmul" for n in m.graph.nodes)
+    want = _logits(ref, PROMPT)
+    rel = float(np.abs(m.logits(PROMPT) - want).max() / np.abs(want).max())
+    assert rel < TOLERANCE[precision], rel
