@@ -94,6 +94,7 @@ class LlmConfig:
     # (Llama 3's rope scaling); None: from the base
     rope_inv_freq: tuple[float, ...] | None = None
     moe: MoeSpec | None = None  # the FFN is a mixture of experts (on the layers it says)
+    rope_gain: float = 1.0  # cos / sin of the global layers times this (YaRN, longrope)
 
     def is_sliding(self, layer: int) -> bool:
         """Whether ``layer`` attends within the sliding window."""
@@ -111,6 +112,12 @@ class LlmConfig:
         if self.is_sliding(layer) and self.arch.rope_base_local is not None:
             return self.arch.rope_base_local, 1.0
         return self.rope_base, self.rope_scale
+
+    def rope_scaling_gain(self, layer: int) -> float:
+        """The factor on ``layer``'s rope cos / sin (1: none; YaRN's attention factor)."""
+        if self.is_sliding(layer) and self.arch.rope_base_local is not None:
+            return 1.0
+        return self.rope_gain
 
     def rope_inv(self, layer: int) -> tuple[float, ...] | None:
         """The inverse frequencies of ``layer``'s rope when given explicitly (None: from

@@ -62,11 +62,17 @@ class DecoderGraph:
 
 
 def rope_tables(
-    base: float, scale: float, rot: int, length: int, inv_freq: Sequence[float] | None = None
+    base: float,
+    scale: float,
+    rot: int,
+    length: int,
+    inv_freq: Sequence[float] | None = None,
+    gain: float = 1.0,
 ) -> tuple[np.ndarray, ...]:
     """f32 ``cos, sin [length, rot/2]`` of positions ``0..length-1`` (angles as
-    transformers computes them: f32 inverse frequencies times f32 positions); the
-    inverse frequencies are ``inv_freq`` when given, else ``base^(-2i/rot)``."""
+    transformers computes them: f32 inverse frequencies times f32 positions), times
+    ``gain``; the inverse frequencies are ``inv_freq`` when given, else
+    ``base^(-2i/rot)``."""
     inv: np.ndarray
     if inv_freq is not None:
         inv = np.asarray(inv_freq, dtype=np.float32)
@@ -75,7 +81,13 @@ def rope_tables(
     inv = inv.astype(np.float32)
     pos = (np.arange(length, dtype=np.float32) / np.float32(scale)).astype(np.float32)
     ang = (pos[:, None] * inv[None, :]).astype(np.float32)
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    if gain != 1.0:
+        cos, sin = (
+            (cos * np.float32(gain)).astype(np.float32),
+            (sin * np.float32(gain)).astype(np.float32),
+        )
+    return cos, sin
 
 
 class _Builder:
@@ -259,9 +271,9 @@ def build_decoder(
     tables: dict[tuple[Any, ...], tuple[NodeId, NodeId]] = {}
 
     def rope_at(layer: int) -> tuple[NodeId, NodeId]:
-        key = (*cfg.rope(layer), cfg.rope_inv(layer))
+        key = (*cfg.rope(layer), cfg.rope_inv(layer), cfg.rope_scaling_gain(layer))
         if key not in tables:
-            cos, sin = rope_tables(key[0], key[1], cfg.rope_dims, max_context, key[2])
+            cos, sin = rope_tables(key[0], key[1], cfg.rope_dims, max_context, key[2], key[3])
             tables[key] = (
                 g.gather(g.constant(cos), positions, 0),
                 g.gather(g.constant(sin), positions, 0),

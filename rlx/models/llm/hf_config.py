@@ -46,7 +46,7 @@ _RENAMED = {
     "Qwen2MoeForCausalLM": "qwen2moe",
     "Qwen3MoeForCausalLM": "qwen3moe",
 }
-_ROPE_TYPES = ("default", "linear", "llama3")
+_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -96,34 +96,122 @@ class _Fields:
         return kind(v)
 
 
-_Rope = tuple[float, float, tuple[float, ...] | None]  # base, linear factor, llama3 params
+# base, linear factor, and the other scalings as (type, parameters) or None
+_Rope = tuple[float, float, tuple[str, tuple[Any, ...]] | None]
 
 
-def _rope(params: Any, where: str) -> _Rope:
-    """``(base, linear factor, llama3 parameters or None)`` of one rope parameter dict;
-    ModelError for another type."""
+def _number(params: Mapping[str, Any], key: str, where: str, default: Any = None) -> float:
+    v = params.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise ModelError(f"{where}: {key} must be a number > 0, got {v!r}")
+    return float(v)
+
+
+def _rope(params: Any, where: str, top: Mapping[str, Any] | None = None) -> _Rope:
+    """``(base, linear factor, (type, parameters) or None)`` of one rope parameter dict
+    (``top``: config.json, for ``original_max_position_embeddings`` given there);
+    ModelError for a type rlx does not build."""
     if not isinstance(params, Mapping):
         raise ModelError(f"{where}: expected a rope parameter object, got {params!r:.60}")
     kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "su":  # Phi-3's first name for longrope
+        kind = "longrope"
     if kind not in _ROPE_TYPES:
         raise ModelError(
             f"{where}: rope type {kind!r} is not supported by rlx.models.llm; supported: "
             f"{', '.join(_ROPE_TYPES)}"
         )
-    base = params.get("rope_theta", 10000.0)
-    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-    need = {"default": (), "linear": keys[:1], "llama3": keys}[kind]
-    values: list[float] = []
-    for key in ("rope_theta", *need):
-        v = params.get(key, base if key == "rope_theta" else None)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise ModelError(f"{where}: {key} must be a number > 0, got {v!r}")
-        values.append(float(v))
-    base, values = values[0], values[1:]
-    if kind == "llama3" and not values[1] < values[2]:
-        raise ModelError(f"{where}: low_freq_factor must be < high_freq_factor, got {values}")
-    factor = float(values[0]) if kind == "linear" else 1.0
-    return float(base), factor, tuple(float(v) for v in values) if kind == "llama3" else None
+    top = top or {}
+    base = _number(params, "rope_theta", where, 10000.0)
+    orig_default = top.get("original_max_position_embeddings")
+    if kind == "default":
+        return base, 1.0, None
+    if kind == "linear":
+        return base, _number(params, "factor", where), None
+    if kind == "llama3":
+        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        values = tuple(_number(params, k, where) for k in keys)
+        if not values[1] < values[2]:
+            raise ModelError(
+                f"{where}: low_freq_factor must be < high_freq_factor, got {values[1:3]}"
+            )
+        return base, 1.0, ("llama3", values)
+    orig = _number(params, "original_max_position_embeddings", where, orig_default)
+    if kind == "dynamic":
+        return base, 1.0, ("dynamic", (_number(params, "factor", where), orig))
+    if kind == "yarn":
+        factor = params.get("factor")
+        factor = _number(params, "factor", where) if factor is not None else None
+        extra = tuple(params.get(k) for k in ("attention_factor", "mscale", "mscale_all_dim"))
+        beta = (params.get("beta_fast") or 32, params.get("beta_slow") or 1)
+        return base, 1.0, ("yarn", (factor, *extra, *beta, orig, params.get("truncate", True)))
+    short, long = params.get("short_factor"), params.get("long_factor")
+    for key, v in (("short_factor", short), ("long_factor", long)):
+        if not isinstance(v, list) or not all(isinstance(x, (int, float)) for x in v):
+            raise ModelError(f"{where}: {key} must be a list of numbers, got {v!r:.60}")
+    extra = (params.get("factor"), params.get("attention_factor"))
+    return base, 1.0, ("longrope", (tuple(short), tuple(long), *extra, orig))  # type: ignore[arg-type]
+
+
+def _scaled(
+    rope: _Rope, rot: int, max_pos: int, where: Path
+) -> tuple[tuple[float, ...] | None, float, int]:
+    """``(inverse frequencies or None, cos / sin gain, context cap)`` of a rope's
+    scaling, in f32 as transformers computes them. ``dynamic`` and ``longrope`` change
+    the frequencies once a sequence outgrows ``original_max_position_embeddings``
+    (transformers recomputes them per call); rlx uses fixed tables, so those contexts
+    are capped there, where they equal the default (dynamic) or the short factors
+    (longrope)."""
+    base, _, scaled = rope
+    if scaled is None:
+        return None, 1.0, max_pos
+    kind, p = scaled
+    exps = np.arange(0, rot, 2, dtype=np.int64).astype(np.float32) / np.float32(rot)
+    pos = (np.float32(base) ** exps).astype(np.float32)
+    if kind == "llama3":
+        return llama3_inv_freq(base, rot, p), 1.0, max_pos
+    if kind == "dynamic":
+        return None, 1.0, min(max_pos, int(p[1]))
+    if kind == "longrope":
+        short, long, factor, gain, orig = p
+        if len(short) != rot // 2:
+            raise ModelError(
+                f"{where}: longrope short_factor has {len(short)} entries, the rope has "
+                f"{rot // 2} frequencies"
+            )
+        factor = factor or max_pos / orig
+        if gain is None:
+            gain = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(orig))
+        inv = (np.float32(1.0) / (np.asarray(short, np.float32) * pos)).astype(np.float32)
+        return tuple(float(v) for v in inv), float(gain), min(max_pos, int(orig))
+    factor, gain, mscale, mscale_all, fast, slow, orig, truncate = p
+    factor = factor or max_pos / orig
+
+    def get_mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if gain is None:
+        gain = (
+            get_mscale(factor, mscale) / get_mscale(factor, mscale_all)
+            if mscale and mscale_all
+            else get_mscale(factor)
+        )
+
+    def corr(n: float) -> float:
+        return (rot * math.log(orig / (n * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = corr(fast), corr(slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rot - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(rot // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    extra = (np.float32(1) - ramp.astype(np.float32)).astype(np.float32)
+    inv_ext = (np.float32(1.0) / pos).astype(np.float32)
+    inv_int = (np.float32(1.0) / (np.float32(factor) * pos)).astype(np.float32)
+    inv = (inv_int * (np.float32(1) - extra) + inv_ext * extra).astype(np.float32)
+    return tuple(float(v) for v in inv), float(gain), max_pos
 
 
 def llama3_inv_freq(base: float, rot: int, params: tuple[float, ...]) -> tuple[float, ...]:
@@ -151,16 +239,16 @@ def _ropes(hf: Mapping[str, Any], where: Path) -> dict[str, _Rope]:
     ``rope_scaling`` / ``rope_local_base_freq``."""
     rp = hf.get("rope_parameters")
     if isinstance(rp, Mapping) and rp and all(isinstance(v, Mapping) for v in rp.values()):
-        out = {k: _rope(v, f"{where}: rope_parameters.{k}") for k, v in rp.items()}
+        out = {k: _rope(v, f"{where}: rope_parameters.{k}", hf) for k, v in rp.items()}
         out.setdefault("sliding_attention", out.get("full_attention", (10000.0, 1.0, None)))
         out.setdefault("full_attention", out["sliding_attention"])
         return out
     if isinstance(rp, Mapping) and rp:
-        full = _rope(rp, f"{where}: rope_parameters")
+        full = _rope(rp, f"{where}: rope_parameters", hf)
     else:
         params = dict(hf.get("rope_scaling") or {})
         params.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
-        full = _rope(params, f"{where}: rope_scaling")
+        full = _rope(params, f"{where}: rope_scaling", hf)
     local = hf.get("rope_local_base_freq")
     sliding = _rope({"rope_theta": local}, f"{where}: rope_local_base_freq") if local else full
     return {"full_attention": full, "sliding_attention": sliding}
@@ -235,6 +323,8 @@ def read_hf_config(hf: Mapping[str, Any], tensors: Mapping[str, Any], where: Pat
     sliding = _sliding(hf, hf_arch, layers, where)
     window = int(hf.get("sliding_window") or 0)
     local, full = ropes["sliding_attention"], ropes["full_attention"]
+    max_pos = f.num("max_position_embeddings", int, 2048)
+    inv_freq, gain, context = _scaled(full, rope_dims, max_pos, where)
     if local != full and (local[1] != 1.0 or local[2] is not None):
         raise ModelError(
             f"{where}: rope scaling of the sliding-window layers only is not supported"
@@ -268,14 +358,15 @@ def read_hf_config(hf: Mapping[str, Any], tensors: Mapping[str, Any], where: Pat
         rope_dims=rope_dims,
         rope_scale=ropes["full_attention"][1],
         sliding_window=window,
-        context_length=f.num("max_position_embeddings", int, 2048),
+        context_length=context,
         attn_scale=1.0 / math.sqrt(scalar),
         logit_softcap=softcap,
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
         attn_bias="blk.0.attn_q.bias" in tensors,
         tied_embeddings=tied or "output.weight" not in tensors,
         sliding_layers=sliding if window else None,
-        rope_inv_freq=None if full[2] is None else llama3_inv_freq(full[0], rope_dims, full[2]),
+        rope_inv_freq=inv_freq,
+        rope_gain=gain,
         moe=_moe(hf, hf_arch, layers, f),
     )
 
