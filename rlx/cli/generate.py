@@ -38,6 +38,13 @@ __all__ = ["command"]
     "--kv-dtype", type=click.Choice(["f32", "bf16", "f16"]), default="f32", show_default=True,
     help="KV cache precision (bf16 / f16: half the cache memory).",
 )  # fmt: skip
+@click.option(
+    "--precision", default=None, metavar="NAME",
+    help="Quantize a Hugging Face directory's weights while loading: int8 / int4 (rlx's "
+    "Int8Block / Int4Block) or a GGUF type (q8_0, q6_k, q5_k, q5_0, q5_1, q4_k, q4_0, "
+    "q4_1); the logit error against the unquantized weights on the prompt is printed on "
+    "stderr.",
+)  # fmt: skip
 @threads_option()
 def command(
     model: Path,
@@ -50,6 +57,7 @@ def command(
     stop: tuple[str, ...],
     max_context: int | None,
     kv_dtype: str,
+    precision: str | None,
     threads: int | None,
 ) -> None:
     """Generate up to --max-tokens tokens after PROMPT with MODEL (a GGUF file or a
@@ -58,7 +66,10 @@ def command(
 
     if prompt == "-":
         prompt = sys.stdin.read()
-    m = llm.load(model, max_context=max_context, num_threads=threads, kv_dtype=kv_dtype)
+    m = llm.load(
+        model, max_context=max_context, num_threads=threads, kv_dtype=kv_dtype,
+        precision=precision,
+    )  # fmt: skip
     stream = m.generate(
         prompt,
         max_tokens=max_tokens,
@@ -77,3 +88,11 @@ def command(
     r = stream.result
     assert r is not None
     click.echo(f"[{r.finish_reason}] {r.stats}", err=True)
+    if m.quantization is not None:
+        err = m.quantization_error(r.prompt_ids)
+        click.echo(
+            f"[precision] {m.quantization.summary()}; logits after the prompt vs the "
+            f"unquantized weights: max |diff| / max |logit| = {err.rel:.3g}, rms "
+            f"{err.rms:.3g}, same greedy token: {err.same_argmax}",
+            err=True,
+        )

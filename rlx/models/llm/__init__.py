@@ -39,12 +39,24 @@ def load(
     max_context: int | None = None,
     num_threads: int | None = None,
     kv_dtype: str = "f32",
+    precision: str | None = None,
 ) -> LlmModel:
     """The decoder in GGUF file ``path`` (or Hugging Face directory ``path``: Llama /
     Mistral, Qwen2, Qwen3, Gemma 3; see docs/gguf.md), compiled for the CPU with a KV cache of
     ``max_context`` positions (None: 2048, or the model's context length when smaller)
     stored as ``kv_dtype`` ("f32", or "bf16" / "f16": half the memory, see docs/gguf.md
     for the accuracy) and ``num_threads`` threads (None: physical cores).
+    ``precision`` (a Hugging Face directory only): quantize the weights while loading,
+    ``"int8"`` / ``"int4"`` (Int8Block / Int4Block) or a GGUF type such as ``"q8_0"``,
+    ``"q4_k"`` (:data:`rlx.models.llm.quantize.PRECISIONS`); the model's
+    ``quantization`` reports what was done and ``quantization_error(ids)`` the logit
+    error against the unquantized weights.
     ModelError for an unsupported architecture or a missing tensor; InputError for an
-    unknown ``kv_dtype``."""
-    return open_model(path, max_context=max_context, num_threads=num_threads, kv_dtype=kv_dtype)
+    unknown ``kv_dtype`` or ``precision``."""
+    return open_model(
+        path,
+        max_context=max_context,
+        num_threads=num_threads,
+        kv_dtype=kv_dtype,
+        precision=precision,
+    )

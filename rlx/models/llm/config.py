@@ -19,7 +19,7 @@ from typing import Any
 
 from rlx.errors import ModelError
 
-__all__ = ["ArchSpec", "ARCHS", "LlmConfig", "read_config"]
+__all__ = ["ArchSpec", "ARCHS", "LlmConfig", "MoeSpec", "read_config"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,26 @@ ARCHS: dict[str, ArchSpec] = {
     "qwen2": ArchSpec("qwen2", "silu", False, False, False),
     "qwen3": ArchSpec("qwen3", "silu", False, False, False),
 }
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """A sparse mixture-of-experts FFN (Mixtral, Qwen2-MoE, Qwen3-MoE): ``experts``
+    gated FFNs of size ``ffn``, each token routed to the ``top_k`` best by
+    ``softmax(x @ router.T)`` (weights renormalized to sum 1 when ``renormalize``),
+    plus a shared expert of size ``shared_ffn`` scaled by ``sigmoid(x @ gate.T)`` (0:
+    none). ``layers``: which layers have it (None: all; the others a dense FFN)."""
+
+    experts: int
+    top_k: int
+    ffn: int
+    renormalize: bool
+    shared_ffn: int = 0
+    layers: tuple[bool, ...] | None = None
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether ``layer``'s FFN is this mixture."""
+        return self.layers is None or self.layers[layer]
 
 
 @dataclass(frozen=True)
@@ -73,6 +93,8 @@ class LlmConfig:
     # f32 inverse frequencies of the global layers' rope when not base^(-2i/dims)
     # (Llama 3's rope scaling); None: from the base
     rope_inv_freq: tuple[float, ...] | None = None
+    moe: MoeSpec | None = None  # the FFN is a mixture of experts (on the layers it says)
+    rope_gain: float = 1.0  # cos / sin of the global layers times this (YaRN, longrope)
 
     def is_sliding(self, layer: int) -> bool:
         """Whether ``layer`` attends within the sliding window."""
@@ -90,6 +112,12 @@ class LlmConfig:
         if self.is_sliding(layer) and self.arch.rope_base_local is not None:
             return self.arch.rope_base_local, 1.0
         return self.rope_base, self.rope_scale
+
+    def rope_scaling_gain(self, layer: int) -> float:
+        """The factor on ``layer``'s rope cos / sin (1: none; YaRN's attention factor)."""
+        if self.is_sliding(layer) and self.arch.rope_base_local is not None:
+            return 1.0
+        return self.rope_gain
 
     def rope_inv(self, layer: int) -> tuple[float, ...] | None:
         """The inverse frequencies of ``layer``'s rope when given explicitly (None: from

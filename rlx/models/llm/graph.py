@@ -1,6 +1,7 @@
 """The decoder as one rlx graph. In: an :class:`LlmConfig` and the GGUF tensors. Out:
 :class:`DecoderGraph`: a MIR graph with a symbolic sequence length ``seq`` and the params
-it reads (the GGUF bytes themselves: no f32 copy of a quantized weight).
+it reads (the GGUF bytes themselves: no f32 copy of a quantized weight; bf16 / f16
+weights stay 16-bit, multiplied by the custom op of :mod:`rlx.models.llm.lowp`).
 
 Inputs: ``input_ids`` i64 ``[1, seq]``, ``positions`` i64 ``[seq]`` (consecutive, the
 positions of these tokens in the context) and ``last`` i64 ``[1]`` (which of the ``seq``
@@ -31,6 +32,7 @@ decoded), times ``sqrt(d)`` for Gemma.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +43,11 @@ from rlx.dtype import DType
 from rlx.errors import ModelError
 from rlx.ir.mir import Graph, NodeId
 from rlx.models.llm.config import LlmConfig
+from rlx.models.llm.lowp import HALF_LINEAR
+
+#: ``_Builder.matrix``'s kind of a bf16 / f16 weight kept as stored
+HALF = "half"
+_HALF = {"BF16": DType.BF16, "F16": DType.F16}
 
 __all__ = ["DecoderGraph", "build_decoder", "rope_tables"]
 
@@ -55,11 +62,17 @@ class DecoderGraph:
 
 
 def rope_tables(
-    base: float, scale: float, rot: int, length: int, inv_freq: Sequence[float] | None = None
+    base: float,
+    scale: float,
+    rot: int,
+    length: int,
+    inv_freq: Sequence[float] | None = None,
+    gain: float = 1.0,
 ) -> tuple[np.ndarray, ...]:
     """f32 ``cos, sin [length, rot/2]`` of positions ``0..length-1`` (angles as
-    transformers computes them: f32 inverse frequencies times f32 positions); the
-    inverse frequencies are ``inv_freq`` when given, else ``base^(-2i/rot)``."""
+    transformers computes them: f32 inverse frequencies times f32 positions), times
+    ``gain``; the inverse frequencies are ``inv_freq`` when given, else
+    ``base^(-2i/rot)``."""
     inv: np.ndarray
     if inv_freq is not None:
         inv = np.asarray(inv_freq, dtype=np.float32)
@@ -68,7 +81,13 @@ def rope_tables(
     inv = inv.astype(np.float32)
     pos = (np.arange(length, dtype=np.float32) / np.float32(scale)).astype(np.float32)
     ang = (pos[:, None] * inv[None, :]).astype(np.float32)
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    if gain != 1.0:
+        cos, sin = (
+            (cos * np.float32(gain)).astype(np.float32),
+            (sin * np.float32(gain)).astype(np.float32),
+        )
+    return cos, sin
 
 
 class _Builder:
@@ -77,6 +96,7 @@ class _Builder:
         self.g = Graph(f"llm_{cfg.arch.name}")
         self.params: dict[str, np.ndarray] = {}
         self.nodes: dict[str, tuple[Any, NodeId]] = {}
+        self.extra: dict[str, list[NodeId]] = defaultdict(list)  # scale / zp params
 
     def tensor(self, name: str) -> Any:
         t = self.tensors.get(name)
@@ -97,32 +117,122 @@ class _Builder:
         return self.nodes[name][1]
 
     def matrix(self, name: str, n: int, k: int) -> tuple[Any, NodeId]:
-        """``(scheme or None, param)`` of the ``[n, k]`` weight ``name``: its packed bytes
-        for a quantized type, else f32 ``[n, k]``."""
+        """``(kind, param)`` of the ``[n, k]`` weight ``name``: kind None for an f32
+        weight, ``HALF`` for a bf16 / f16 one (kept as stored, the param is its view),
+        else the QuantScheme of its packed bytes (GGUF: the one u8 param; Int8Block /
+        Int4Block...: ``w_q``, with ``.scale`` / ``.zp`` params beside it)."""
         if name in self.nodes:
             return self.nodes[name]
         t = self.tensor(name)
         if tuple(t.shape) != (n, k):
             raise ModelError(f"GGUF tensor {name!r} has shape {list(t.shape)}, expected [{n}, {k}]")
-        if t.scheme is None:
+        g = self.g
+        if t.scheme is None and t.type_name in _HALF:
+            self.params[name] = t.data.reshape(n, k)
+            self.nodes[name] = (HALF, g.param(name, (n, k), _HALF[t.type_name]))
+        elif t.scheme is None:
             arr = t.data if t.type_name == "F32" else t.dequantize()
             self.params[name] = arr.reshape(n, k)
-            self.nodes[name] = (None, self.g.param(name, (n, k), DType.F32))
+            self.nodes[name] = (None, g.param(name, (n, k), DType.F32))
         else:
-            (packed,) = t.packed()
-            self.params[name] = packed
-            self.nodes[name] = (t.scheme, self.g.param(name, packed.shape, DType.U8))
+            packed = t.packed()
+            self.params[name] = packed[0]
+            w = g.param(name, packed[0].shape, DType.from_numpy(packed[0].dtype))
+            self.nodes[name] = (t.scheme, w)
+            for suffix, arr in zip((".scale", ".zp"), packed[1:], strict=False):
+                self.params[name + suffix] = arr
+                self.extra[name].append(
+                    g.param(name + suffix, arr.shape, DType.from_numpy(arr.dtype))
+                )
         return self.nodes[name]
 
     def linear(self, x: NodeId, name: str, n: int, k: int, bias: bool = False) -> NodeId:
-        scheme, w = self.matrix(f"{name}.weight", n, k)
+        w_name = f"{name}.weight"
+        scheme, w = self.matrix(w_name, n, k)
         g = self.g
-        y = (
-            g.matmul(x, g.transpose(w, (1, 0)))
-            if scheme is None
-            else g.dequant_matmul(x, scheme, w)
-        )
+        if scheme is None:
+            y = g.matmul(x, g.transpose(w, (1, 0)))
+        elif scheme is HALF:
+            y = g.custom(HALF_LINEAR, [x, w])
+        else:
+            y = g.dequant_matmul(x, scheme, w, *self.extra[w_name])
         return g.add(y, self.vector(f"{name}.bias", n)) if bias else y
+
+    def embed(self, ids: NodeId, n: int, k: int) -> NodeId:
+        """The f32 rows ``ids`` of the token embedding ``[n, k]``."""
+        scheme, emb = self.matrix("token_embd.weight", n, k)
+        g = self.g
+        if scheme is None:
+            return g.gather(emb, ids, 0)
+        if scheme is HALF:
+            return g.cast(g.gather(emb, ids, 0), DType.F32)
+        if not scheme.is_gguf:
+            raise ModelError(
+                f"the token embedding is packed as {scheme}: rlx gathers rows only from "
+                f"GGUF-packed, f32, bf16 or f16 tables"
+            )
+        return g.dequant_gather(emb, ids, scheme)
+
+    def ffn(self, x: NodeId, p: str, suffix: str, size: int, act: Any) -> NodeId:
+        """The gated FFN ``down(act(gate(x)) * up(x))`` of ``{p}.ffn_{gate,up,down}{suffix}``."""
+        d = self.cfg.hidden
+        gate = self.linear(x, f"{p}.ffn_gate{suffix}", size, d)
+        up = self.linear(x, f"{p}.ffn_up{suffix}", size, d)
+        return self.linear(self.g.mul(act(gate), up), f"{p}.ffn_down{suffix}", d, size)
+
+    def moe(self, x: NodeId, p: str, act: Any) -> NodeId:
+        """The mixture of experts of layer ``p`` over the tokens ``x [T, d]`` (config.py's
+        ``MoeSpec``; the routing of transformers' Mixtral / Qwen-MoE blocks). GGUF-packed
+        expert stacks (``ffn_*_exps``, made by quantization at load) run as
+        ``dequant_grouped_matmul`` over the (token, slot) rows: only the chosen experts
+        are read. Experts kept one tensor each (float, or another scheme) run every
+        expert on every token, weighted by the routing (0 for the experts not chosen):
+        exact, no copy of a weight, ``experts / top_k`` times the FFN work."""
+        g, moe, d = self.g, self.cfg.moe, self.cfg.hidden
+        assert moe is not None
+        logits = self.linear(x, f"{p}.ffn_gate_inp", moe.experts, d)
+        weights, ids = g.topk(g.softmax(logits, -1), moe.top_k, -1)
+        if moe.renormalize:
+            weights = g.div(weights, g.sum(weights, [-1], keepdims=True))
+        stack = self.tensors.get(f"{p}.ffn_gate_exps.weight")
+        if stack is not None:
+            y = self._grouped(x, p, weights, ids, act)
+        else:
+            chosen = g.eq(g.unsqueeze(ids, -1), g.constant(np.arange(moe.experts, dtype=np.int64)))
+            dense = g.sum(g.mul(g.cast(chosen, DType.F32), g.unsqueeze(weights, -1)), [1])
+            y = None
+            for j in range(moe.experts):
+                e = g.mul(
+                    self.ffn(x, p, f".{j}", moe.ffn, act), g.slice(dense, [0, j], [None, j + 1])
+                )
+                y = e if y is None else g.add(y, e)
+        if moe.shared_ffn:
+            s = self.ffn(x, p, "_shexp", moe.shared_ffn, act)
+            gate = g.sigmoid(self.linear(x, f"{p}.ffn_gate_inp_shexp", 1, d))
+            y = g.add(y, g.mul(s, gate))
+        assert y is not None
+        return y
+
+    def _grouped(self, x: NodeId, p: str, weights: NodeId, ids: NodeId, act: Any) -> NodeId:
+        """The experts of GGUF-packed stacks (``rlx.ops.compose.moe``'s block body)."""
+        g, moe, d = self.g, self.cfg.moe, self.cfg.hidden
+        assert moe is not None
+        stacks = {}
+        for part in ("gate", "up", "down"):
+            name = f"{p}.ffn_{part}_exps.weight"
+            t = self.tensor(name)
+            (packed,) = t.packed()
+            self.params[name] = packed
+            stacks[part] = (t.scheme, g.param(name, packed.shape, DType.U8))
+        t_dim = g.shape(x).dims[0]
+        k = moe.top_k
+        rows = g.reshape(g.expand(g.unsqueeze(x, 1), [t_dim, k, d]), [-1, d])
+        slot = g.reshape(ids, [-1])
+        a = g.dequant_grouped_matmul(rows, *stacks["gate"], slot)
+        u = g.dequant_grouped_matmul(rows, *stacks["up"], slot)
+        y = g.dequant_grouped_matmul(g.mul(act(a), u), *stacks["down"], slot)
+        y = g.mul(g.reshape(y, [t_dim, k, d]), g.unsqueeze(weights, -1))
+        return g.sum(y, [1])
 
     def norm(self, x: NodeId, name: str, n: int) -> NodeId:
         return self.g.rms_norm(x, self.vector(name, n), eps=self.cfg.eps)
@@ -154,17 +264,16 @@ def build_decoder(
         cache = (slots, max_context, hkv * hd)
     zeros = np.zeros(cache, kv_dtype.np)  # every layer's caches start as these zeros
 
-    scheme, emb = b.matrix("token_embd.weight", cfg.vocab, d)
-    x = g.gather(emb, ids, 0) if scheme is None else g.dequant_gather(emb, ids, scheme)
+    x = b.embed(ids, cfg.vocab, d)
     if cfg.arch.embed_scale:
         x = g.mul(x, float(np.float32(math.sqrt(d))))
 
     tables: dict[tuple[Any, ...], tuple[NodeId, NodeId]] = {}
 
     def rope_at(layer: int) -> tuple[NodeId, NodeId]:
-        key = (*cfg.rope(layer), cfg.rope_inv(layer))
+        key = (*cfg.rope(layer), cfg.rope_inv(layer), cfg.rope_scaling_gain(layer))
         if key not in tables:
-            cos, sin = rope_tables(key[0], key[1], cfg.rope_dims, max_context, key[2])
+            cos, sin = rope_tables(key[0], key[1], cfg.rope_dims, max_context, key[2], key[3])
             tables[key] = (
                 g.gather(g.constant(cos), positions, 0),
                 g.gather(g.constant(sin), positions, 0),
@@ -200,9 +309,10 @@ def build_decoder(
             o = b.norm(o, f"{p}.post_attention_norm.weight", d)
         x = g.add(x, o)
         f = b.norm(x, f"{p}.ffn_norm.weight", d)
-        gate = b.linear(f, f"{p}.ffn_gate", cfg.ffn, d)
-        up = b.linear(f, f"{p}.ffn_up", cfg.ffn, d)
-        f = b.linear(g.mul(act(gate), up), f"{p}.ffn_down", d, cfg.ffn)
+        if cfg.moe is not None and cfg.moe.is_moe(i):
+            f = g.reshape(b.moe(g.reshape(f, (-1, d)), p, act), (1, seq, d))
+        else:
+            f = b.ffn(f, p, "", cfg.ffn, act)
         if cfg.arch.post_norms:
             f = b.norm(f, f"{p}.post_ffw_norm.weight", d)
         x = g.add(x, f)

@@ -41,6 +41,7 @@ from rlx.models.llm.graph import build_decoder
 
 if TYPE_CHECKING:
     from rlx.models.llm.batch import BatchedDecoder
+    from rlx.models.llm.quantize import LogitError, QuantReport
 
 __all__ = ["LlmModel", "SequenceState", "StepTimes", "check_token_ids", "open_model"]
 
@@ -149,7 +150,9 @@ class LlmModel:
     :class:`~rlx.models.llm.hf.HfCheckpoint` (``tensors`` by GGUF name, ``metadata``);
     ``tokenizer``: the file's tokenizer; ``compiled``:
     the CompiledGraph; ``position``: tokens in the default state's context (module
-    docstring: ``generate`` and ``logits`` have their own state and are thread-safe)."""
+    docstring: ``generate`` and ``logits`` have their own state and are thread-safe);
+    ``quantization``: the :class:`~rlx.models.llm.quantize.QuantReport` of a model
+    loaded with ``precision=`` (None otherwise)."""
 
     def __init__(
         self,
@@ -171,6 +174,7 @@ class LlmModel:
         self.max_context = max_context
         self.num_threads = num_threads
         self.kv_dtype = kv_dtype
+        self.quantization: QuantReport | None = None
         dec = build_decoder(config, gguf_file.tensors, max_context, KV_DTYPES[kv_dtype])
         self.graph = dec.graph
         opts = CompileOptions(num_threads=num_threads, max_shape_plans=16, use_cache=False)
@@ -317,6 +321,19 @@ class LlmModel:
         t = self.file.metadata.get("tokenizer.chat_template")
         return t if isinstance(t, str) else None
 
+    def quantization_error(self, ids: Sequence[int]) -> LogitError:
+        """The next-token logits after ``ids`` against those of the same checkpoint
+        loaded without ``precision=`` (f32 products of the stored weights; loaded for
+        this call, then dropped). InputError for a model not loaded with ``precision=``."""
+        from rlx.models.llm.quantize import compare_logits
+
+        if self.quantization is None:
+            raise InputError("llm: this model was not quantized at load (precision=None)")
+        ref = open_model(self.path, self.max_context, self.num_threads, self.kv_dtype)
+        want = ref.logits(ids)
+        del ref
+        return compare_logits(self.logits(ids), want, len(ids))
+
     def batched(self, slots: int, max_context: int | None = None) -> BatchedDecoder:
         """A :class:`~rlx.models.llm.batch.BatchedDecoder` of ``slots`` KV-cache slots of
         ``max_context`` positions (None: this model's) over this model's weights."""
@@ -345,6 +362,7 @@ def open_model(
     max_context: int | None = None,
     num_threads: int | None = None,
     kv_dtype: str = "f32",
+    precision: str | None = None,
 ) -> LlmModel:
     """Read the GGUF file or Hugging Face directory at ``path`` and build its
     :class:`LlmModel` (see :func:`rlx.models.llm.load`)."""
@@ -355,11 +373,21 @@ def open_model(
     p = Path(path)
     f: Any
     tok: Any = None
+    report = None
+    if precision is not None and not p.is_dir():
+        raise InputError(
+            f"precision={precision!r} quantizes Hugging Face directories at load; {p} is "
+            f"not a directory (a GGUF file keeps the types it was written with)"
+        )
     if p.is_dir():  # a Hugging Face directory (config.json + safetensors)
         from rlx.models.llm.hf import open_checkpoint
         from rlx.models.llm.hf_tokenizer import HfTokenizer
 
         f = open_checkpoint(p)
+        if precision is not None:
+            from rlx.models.llm.quantize import quantize_checkpoint
+
+            report = quantize_checkpoint(f, precision)
         cfg = f.config
         if (p / "tokenizer.json").is_file():
             tok = HfTokenizer(p)
@@ -377,4 +405,6 @@ def open_model(
             f"max_context={max_context} exceeds the model's context length "
             f"{cfg.context_length} ({cfg.arch.name}.context_length)"
         )
-    return LlmModel(p, f, cfg, tok, max_context, num_threads, kv_dtype)
+    model = LlmModel(p, f, cfg, tok, max_context, num_threads, kv_dtype)
+    model.quantization = report
+    return model

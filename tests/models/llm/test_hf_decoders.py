@@ -20,7 +20,7 @@ pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
 
 import rlx.models.llm as llm  # noqa: E402
-from rlx.errors import ModelError  # noqa: E402
+from rlx.errors import InputError, ModelError  # noqa: E402
 
 VOCAB = 128
 SIZES = dict(
@@ -47,6 +47,45 @@ FAMILIES = {
             "sliding_window": 4,
             "layer_types": ["sliding_attention", "full_attention"],
             "query_pre_attn_scalar": 16,
+        },
+    ),
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {
+            "head_dim": 16,
+            "sliding_window": 4,
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": None,  # rlx's cache attention has none
+            "final_logit_softcapping": 3.0,  # small enough to bend these logits
+        },
+    ),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0, "sliding_window": 6}),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        {"num_local_experts": 4, "num_experts_per_tok": 2},
+    ),
+    "qwen2moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48,
+            "mlp_only_layers": [1],  # layer 1 a dense FFN
+        },
+    ),
+    "qwen3moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+            "head_dim": 16,
         },
     ),
 }
@@ -82,7 +121,7 @@ def _write(folder: Path, family: str, dtype: str = "f32", **save: object) -> obj
         for p in model.parameters():
             if p.dim() == 1:
                 p.normal_(0.0, 0.3)
-        if family == "gemma3":  # its sqrt(d)-scaled tied embedding would echo the input
+        if family.startswith("gemma"):  # its sqrt(d)-scaled tied embedding echoes the input
             model.get_input_embeddings().weight.mul_(0.1)
     if dtype == "bf16":
         model = model.to(torch.bfloat16)
@@ -121,21 +160,23 @@ def test_logits_match_transformers(family: str, checkpoints: dict) -> None:
     folder, model = checkpoints[family]
     m = llm.load(folder, max_context=64, num_threads=1)
     assert m.config.arch.name == {"mistral": "llama"}.get(family, family)
+    if family == "gemma2":  # alternating windows, the first layer sliding
+        assert [m.config.window(i) for i in range(2)] == [4, 0]
     _check_logits(m, _reference(model, PROMPT), 1e-5)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+@pytest.mark.parametrize(
+    "family", ["llama", "qwen3", "gemma3", "gemma2", "phi3", "mixtral", "qwen2moe", "qwen3moe"]
+)
 def test_greedy_matches_transformers(family: str, checkpoints: dict) -> None:
     folder, model = checkpoints[family]
     m = llm.load(folder, max_context=64, num_threads=1)
-    prompt = PROMPT[:5]
+    # a prompt whose continuation varies on these random weights
+    prompt = PROMPT[2:7] if family in ("mixtral", "qwen2moe", "qwen3moe") else PROMPT[:5]
+    model.generation_config.eos_token_id = None  # EOS is a token like any other here
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]),
-            max_new_tokens=24,
-            min_new_tokens=24,
-            do_sample=False,
-            pad_token_id=0,
+            torch.tensor([prompt]), max_new_tokens=24, do_sample=False, pad_token_id=0
         )
     want = out[0, len(prompt) :].tolist()
     got = m.generate(prompt, max_tokens=24, stop_at_eos=False)
@@ -207,9 +248,18 @@ def test_unsupported_architecture_and_rope(tmp_path: Path) -> None:
     cfg_file.write_text(json.dumps(cfg | {"architectures": ["GPT2LMHeadModel"]}))
     with pytest.raises(ModelError, match="GPT2LMHeadModel.*supported: LlamaForCausalLM"):
         llm.load(tmp_path)
-    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}
-    cfg_file.write_text(json.dumps(cfg | {"rope_parameters": yarn}))
-    with pytest.raises(ModelError, match="rope type 'yarn'.*supported: default, linear, llama3"):
+    odd = {"rope_type": "mrope", "rope_theta": 10000.0, "factor": 4.0}
+    cfg_file.write_text(json.dumps(cfg | {"rope_parameters": odd}))
+    with pytest.raises(ModelError, match="rope type 'mrope'.*supported: default, linear, llama3"):
+        llm.load(tmp_path)
+
+
+def test_gemma2_attention_softcapping_is_refused(tmp_path: Path) -> None:
+    _write(tmp_path, "gemma2")
+    cfg_file = tmp_path / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg_file.write_text(json.dumps(cfg | {"attn_logit_softcapping": 50.0}))
+    with pytest.raises(ModelError, match="attn_logit_softcapping = 50.0.*supported: null"):
         llm.load(tmp_path)
 
 
@@ -247,6 +297,68 @@ def test_llama3_rope_scaling(tmp_path: Path) -> None:
     m = llm.load(tmp_path, max_context=64, num_threads=1)
     assert m.config.rope_inv_freq is not None
     _check_logits(m, _reference(scaled.float(), PROMPT), 1e-5)
+
+
+def _with_rope(folder: Path, family: str, rope: dict, **top: object) -> object:
+    """``folder``'s config.json with ``rope_parameters`` = ``rope`` (and ``top`` keys);
+    the transformers model read back from it (f32)."""
+    cfg_file = folder / "config.json"
+    cfg = json.loads(cfg_file.read_text()) | {"rope_parameters": rope} | top
+    cfg_file.write_text(json.dumps(cfg))
+    cls = getattr(transformers, FAMILIES[family][1])
+    return cls.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def test_yarn_rope_scaling(tmp_path: Path) -> None:
+    """YaRN: frequencies blended across the ramp (an old context of 16 puts the head's
+    frequencies on both sides of it) and cos / sin scaled by the attention factor."""
+    _write(tmp_path, "llama")
+    rope = {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 16,
+    }
+    scaled = _with_rope(tmp_path, "llama", rope)
+    m = llm.load(tmp_path, max_context=64, num_threads=1)
+    assert m.config.rope_gain == pytest.approx(0.1 * np.log(4.0) + 1.0)
+    _check_logits(m, _reference(scaled, PROMPT), 1e-5)
+
+
+def test_dynamic_rope_caps_the_context(tmp_path: Path) -> None:
+    """Dynamic NTK equals the default rope within the original context, where rlx caps
+    the context (its tables are fixed)."""
+    _write(tmp_path, "llama")
+    rope = {
+        "rope_type": "dynamic",
+        "rope_theta": 10000.0,
+        "factor": 2.0,
+        "original_max_position_embeddings": 32,
+    }
+    scaled = _with_rope(tmp_path, "llama", rope)
+    m = llm.load(tmp_path, max_context=32, num_threads=1)
+    assert m.config.context_length == 32
+    _check_logits(m, _reference(scaled, PROMPT), 1e-5)
+    with pytest.raises(InputError, match="exceeds the model's context length 32"):
+        llm.load(tmp_path, max_context=64)
+
+
+def test_phi3_longrope(tmp_path: Path) -> None:
+    """Phi-3's longrope within the original context: the short factors and the
+    attention factor sqrt(1 + ln(256 / 64) / ln 64) on cos / sin."""
+    _write(tmp_path, "phi3")
+    rot = 16 // 2
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0 + 0.25 * i for i in range(rot)],
+        "long_factor": [2.0 + i for i in range(rot)],
+        "original_max_position_embeddings": 64,
+    }
+    scaled = _with_rope(tmp_path, "phi3", rope, original_max_position_embeddings=64)
+    m = llm.load(tmp_path, max_context=64, num_threads=1)
+    assert m.config.rope_gain == pytest.approx(np.sqrt(1 + np.log(4) / np.log(64)))
+    _check_logits(m, _reference(scaled, PROMPT), 1e-5)
 
 
 def test_tokenizer_template_and_text_generation(checkpoints: dict) -> None:
