@@ -221,7 +221,7 @@ def _types(
 def _model_metadata(ck: Any, kind: GgufType) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """llama.cpp's ``general.*`` / ``{arch}.*`` keys of a checkpoint, and extra tensors
     (Llama 3's ``rope_freqs.weight``)."""
-    from rlx.models.llm.hf import _ropes
+    from rlx.models.llm.hf_config import _ropes
 
     c = ck.config
     a = c.arch.name
@@ -254,6 +254,11 @@ def _model_metadata(ck: Any, kind: GgufType) -> tuple[dict[str, Any], dict[str, 
         md[f"{a}.rope.scaling.factor"] = c.rope_scale
     extra: dict[str, np.ndarray] = {}
     full = _ropes(hf, ck.path / "config.json")["full_attention"]
+    if full[2] is not None and full[2][0] != "llama3":
+        raise ModelError(
+            f"{ck.path}: rope type {full[2][0]!r} has no GGUF form rlx writes; "
+            f"rlx convert writes default, linear and llama3 rope"
+        )
     if full[2] is not None:  # Llama 3: llama.cpp stores 1 / the per-frequency factor
         base = full[0]
         plain = 1.0 / (base ** (np.arange(0, c.rope_dims, 2, dtype=np.float32) / c.rope_dims))

@@ -89,7 +89,12 @@ def _tokenizer(folder: Path, family: str) -> int:
 
 
 def write_checkpoint(
-    folder: Path, family: str, hidden: int = 64, ffn: int = 96, dtype: str = "grid"
+    folder: Path,
+    family: str,
+    hidden: int = 64,
+    ffn: int = 96,
+    dtype: str = "grid",
+    rope_scaling: dict | None = None,
 ) -> object:
     """A tiny random ``family`` model and its tokenizer saved to ``folder`` (f32; with
     ``dtype`` "grid" the weights are :func:`on_grid`) -> the transformers model."""
@@ -110,6 +115,7 @@ def write_checkpoint(
         bos_token_id=0 if family == "llama" else None,
         eos_token_id=1 if family == "llama" else 2,
         **({"head_dim": hidden // 4} if family == "qwen3" else {}),
+        **({"rope_scaling": rope_scaling} if rope_scaling else {}),
     )
     model = getattr(transformers, model_name)(cfg).eval()
     with torch.no_grad():
@@ -312,6 +318,29 @@ def test_rlx_on_gguf_equals_rlx_on_hf(family: str, kind: str, checkpoints: dict,
     assert on_gguf.encode(PROMPT) == ids
     assert greedy(on_gguf, ids) == greedy(on_hf, ids)
     assert on_gguf.chat_template == TEMPLATE
+
+
+def test_llama3_rope_scaling_through_rope_freqs(tmp_path: Path) -> None:
+    # Llama 3's rope scaling travels as llama.cpp's rope_freqs tensor: rlx on the GGUF
+    # equals transformers on the directory (positions past the low-frequency wavelength)
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    }
+    model = write_checkpoint(tmp_path / "hf", "llama", rope_scaling=scaling)
+    path = tmp_path / "m.gguf"
+    hf_to_gguf(tmp_path / "hf", path, "f32", progress=False)
+    assert "rope_freqs.weight" in read_gguf(path)[1]
+    on_gguf = llm.load(path, max_context=128, num_threads=1)
+    ids = on_gguf.encode(PROMPT * 4)
+    assert len(ids) > 40
+    got = on_gguf.prefill(ids)
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0, -1].numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_q4_k_m_mix(tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from rlx.errors import ModelError
 
 __all__ = ["ArchSpec", "ARCHS", "LlmConfig", "MoeSpec", "read_config"]
@@ -213,6 +215,7 @@ def read_config(
         factor = _positive(
             meta, f"{a}.rope.scaling.factor", float, "positions are divided by it", 1.0
         )
+    inv_freq = _rope_freqs(tensors.get("rope_freqs.weight"), rope_base, rope_dims)
     if a == "gemma3":  # llama.cpp: 27B scales queries by (d / heads)^-1/2, others head_dim
         attn_scale = 1.0 / math.sqrt(d / heads if layers == 62 else head_dim)
     else:
@@ -242,4 +245,21 @@ def read_config(
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
         attn_bias="blk.0.attn_q.bias" in tensors,
         tied_embeddings="output.weight" not in tensors,
+        rope_inv_freq=inv_freq,
     )
+
+
+def _rope_freqs(t: Any, base: float, dims: int) -> tuple[float, ...] | None:
+    """The inverse frequencies ``base^(-2i/dims) / f[i]`` of llama.cpp's ``rope_freqs``
+    tensor ``f`` (Llama 3 rope scaling's per-frequency divisors; None when absent);
+    ModelError when it does not hold ``dims / 2`` finite values > 0."""
+    if t is None:
+        return None
+    f = np.asarray(t.dequantize(), np.float64).reshape(-1)
+    if f.size != dims // 2 or not np.all(np.isfinite(f) & (f > 0)):
+        raise ModelError(
+            f"GGUF tensor 'rope_freqs.weight' must hold {dims // 2} finite values > 0 "
+            f"(one divisor per rope frequency), got {f.size} values"
+        )
+    inv = base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims) / f
+    return tuple(float(v) for v in inv)
