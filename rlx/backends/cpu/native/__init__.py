@@ -86,13 +86,14 @@ import threading
 from pathlib import Path
 
 from rlx import config
-from rlx.backends.cpu.native import cache
+from rlx.backends.cpu.native import cache, prebuilt
 from rlx.backends.cpu.native.cache import CacheInfo
 from rlx.backends.cpu.native.cpu import (
     Isa,
     Target,
     cpu_flags,
     detect_isa,
+    gcc_flags,
     isas_for,
     runnable_targets,
     selected_target,
@@ -100,6 +101,7 @@ from rlx.backends.cpu.native.cpu import (
     target_description,
     target_spec,
 )
+from rlx.backends.cpu.native.prebuilt import CSRC, csrc_source
 from rlx.errors import CompileError
 
 __all__ = [
@@ -134,19 +136,9 @@ __all__ = [
     "qgemm_lib",
 ]
 
-CSRC = Path(__file__).with_name("csrc")
 _LOCK = threading.Lock()
 _LOADED: dict[Path, ctypes.CDLL] = {}
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.h)"$', re.M)
-
-
-def csrc_source(*files: str) -> str:
-    """The C source text of ``csrc/<files>`` joined in order (one translation unit), each
-    ``#include "<name>.h"`` line replaced by ``csrc/<name>.h`` (so a shared header is part
-    of the text :func:`build` hashes)."""
-    text = "\n".join((CSRC / f).read_text() for f in files)
-    return _INCLUDE.sub(lambda m: (CSRC / m.group(1)).read_text(), text)
 
 
 _WHICH: dict[str | None, str | None] = {}
@@ -243,15 +235,8 @@ def compile_command(
     selected one) with the int8 GEMM path ``isa`` (the C macro ``RLX_ISA``; None: not
     defined). Part of the cache key."""
     spec = target_spec(selected_target() if target is None else target)
-    # -fno-math-errno: sqrt & co. never set errno (nothing reads it), so loops with them
-    # vectorize (the result bits are the same: sqrt is correctly rounded either way)
-    cmd = [gcc_path() or "gcc", "-O3", *spec.flags, "-fPIC", "-shared", "-ffp-contract=off"]
-    cmd.append("-fno-math-errno")
-    if openmp_supported():
-        cmd.append("-fopenmp")
-    if isa is not None:
-        cmd.append(f"-DRLX_ISA={isa.value}")
-    return [*cmd, str(src), "-o", str(out)]
+    flags = gcc_flags(spec, isa, openmp_supported())
+    return [gcc_path() or "gcc", *flags, str(src), "-o", str(out)]
 
 
 def build(
@@ -282,7 +267,13 @@ def build(
         done = _BUILT.get(memo)
         if done is not None and done in _LOADED and done.exists():
             return done
-    lib = _build(source, gemm_isa, target, name)
+    lib = prebuilt.find(source, gemm_isa, target, name)
+    if lib is None:
+        prebuilt.warn_if_install_build_failed()
+        lib = _build(source, gemm_isa, target, name)
+    prebuilt.record_origin(
+        name, gemm_isa, "prebuilt" if lib.parent.parent == prebuilt.PREBUILT_DIR else "cache"
+    )
     with _LOCK:
         _BUILT[memo] = lib
     return lib
@@ -388,7 +379,8 @@ def load(path: Path) -> ctypes.CDLL:
     path = Path(path)
     with _LOCK:
         if path not in _LOADED:
-            if not cache.verify(path):
+            ok = prebuilt.verify(path) if prebuilt.is_prebuilt(path) else cache.verify(path)
+            if not ok:
                 raise CompileError(
                     f"native library {path} is missing or does not match the digest recorded "
                     "when it was built (changed or damaged since); not loading it"
