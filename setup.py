@@ -13,12 +13,14 @@ Set ``RLX_NO_PREBUILD=1`` to skip the step.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import sys
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 from setuptools import setup
@@ -28,9 +30,12 @@ ROOT = Path(__file__).resolve().parent
 NATIVE = ROOT / "rlx" / "backends" / "cpu" / "native"
 
 
-def _load_prebuilt() -> types.ModuleType:
+@contextlib.contextmanager
+def _prebuilt_module() -> Iterator[types.ModuleType]:
     """``rlx.backends.cpu.native.prebuilt`` loaded from the source tree without running the
-    package ``__init__`` files (they import NumPy, which the build environment lacks)."""
+    package ``__init__`` files (they import NumPy, which the build environment lacks); the
+    bare packages stay in ``sys.modules`` while the block runs (the module imports the
+    codegen prelude lazily), then the previous modules are restored."""
     saved = {k: v for k, v in sys.modules.items() if k == "rlx" or k.startswith("rlx.")}
     for k in saved:
         del sys.modules[k]
@@ -47,7 +52,7 @@ def _load_prebuilt() -> types.ModuleType:
         mod = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = mod
         spec.loader.exec_module(mod)
-        return mod
+        yield mod
     finally:
         for k in [k for k in sys.modules if k == "rlx" or k.startswith("rlx.")]:
             del sys.modules[k]
@@ -66,10 +71,10 @@ def prebuild(out_dir: Path) -> None:
         return
     t0 = time.perf_counter()
     try:
-        pre = _load_prebuilt()
         if out_dir.exists():
             shutil.rmtree(out_dir)
-        st = pre.build_all(out_dir, shutil.which("gcc"), log=_log)
+        with _prebuilt_module() as pre:
+            st = pre.build_all(out_dir, shutil.which("gcc"), log=_log)
         _log(f"rlx: native prebuild took {time.perf_counter() - t0:.1f} s, built {st['built']}")
     except Exception as e:  # noqa: BLE001  (the install must succeed without prebuilt libraries)
         _log(

@@ -68,6 +68,8 @@ __all__ = [
     "install_status",
     "record_origin",
     "loaded_sources",
+    "describe",
+    "describe_loaded",
     "build_all",
 ]
 
@@ -326,6 +328,36 @@ def status(target: Target, vector_math: bool | None = None) -> list[LibStatus]:
     return out
 
 
+def describe(target: Target) -> str:
+    """One line for ``rlx info``: which fixed libraries of ``target`` are prebuilt (used
+    without gcc) and which are built at run time into the cache, and why."""
+    libs = status(target)
+    pre = [s.name for s in libs if s.state == "prebuilt"]
+    stale = [s.name for s in libs if s.state == "stale"]
+    missing = [s.name for s in libs if s.state == "missing"]
+    head = f"{len(pre)} of {len(libs)} {target.value} libraries prebuilt in {PREBUILT_DIR}"
+    if not pre and not stale:
+        st = install_status()
+        why = st.get("reason") if st else None
+        why = why or ("not built at install (run pip install)" if not st else "target not built")
+        return f"none for {target.value} ({why}); every library is built at run time into the cache"
+    parts = [head + (f" ({', '.join(pre)})" if pre else "")]
+    if stale:
+        parts.append(f"from the cache, source or flags changed since install: {', '.join(stale)}")
+    if missing:
+        parts.append(f"from the cache, not prebuilt: {', '.join(missing)}")
+    return "; ".join(parts)
+
+
+def describe_loaded() -> str:
+    """One line for ``rlx info``: where this process got each native library from
+    (``(none loaded yet)`` in a fresh process)."""
+    got = loaded_sources()
+    if not got:
+        return "(none loaded yet)"
+    return ", ".join(f"{k}: {v}" for k, v in sorted(got.items()))
+
+
 # ---- the install-time build -------------------------------------------------------------
 
 
@@ -362,7 +394,7 @@ def build_all(
     else:
         try:
             _build_targets(out_dir, gcc, st, log, jobs or os.cpu_count() or 1)
-        except OSError as e:  # an unwritable directory, a vanished compiler
+        except Exception as e:  # the install goes on: rlx then builds at run time
             st["reason"] = f"{type(e).__name__}: {e}"
         if not st["built"] and "reason" not in st:
             st["reason"] = "no target could be built: " + "; ".join(
