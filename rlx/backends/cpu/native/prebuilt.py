@@ -380,9 +380,13 @@ def build_all(
     gcc: str | None,
     log: Callable[[str], None] = print,
     jobs: int | None = None,
+    targets: tuple[Target, ...] | None = None,
+    only: tuple[str, ...] | None = None,
 ) -> dict[str, object]:
-    """Build every fixed library for every target ``gcc`` can build on this machine into
-    ``out_dir/<target>/`` with its manifest, and write ``out_dir/status.json``. Never
+    """Build every fixed library (or those named in ``only``) for every target (or those
+    in ``targets``) ``gcc`` can build on this machine into ``out_dir/<target>/`` with its
+    manifest, in ``jobs`` parallel gcc runs (default: the CPU count), and write
+    ``out_dir/status.json``. Never
     raises for a missing compiler or a failed build: a target gcc cannot build is
     skipped, a library that fails is left out of the manifest (it is built at run time),
     and the status says so. Returns the status."""
@@ -393,7 +397,7 @@ def build_all(
         st["reason"] = "gcc is not on PATH"
     else:
         try:
-            _build_targets(out_dir, gcc, st, log, jobs or os.cpu_count() or 1)
+            _build_targets(out_dir, gcc, st, log, jobs or os.cpu_count() or 1, targets, only)
         except Exception as e:  # the install goes on: rlx then builds at run time
             st["reason"] = f"{type(e).__name__}: {e}"
         if not st["built"] and "reason" not in st:
@@ -411,12 +415,20 @@ def build_all(
 
 
 def _build_targets(
-    out_dir: Path, gcc: str, st: dict[str, object], log: Callable[[str], None], jobs: int
+    out_dir: Path,
+    gcc: str,
+    st: dict[str, object],
+    log: Callable[[str], None],
+    jobs: int,
+    only_targets: tuple[Target, ...] | None,
+    only: tuple[str, ...] | None,
 ) -> None:
     version = subprocess.run([gcc, "--version"], capture_output=True, text=True, check=False)
     compiler = version.stdout.splitlines()[0] if version.stdout else "gcc (unknown version)"
     x86 = platform.machine() in ("x86_64", "AMD64")
     targets = list(Target) if x86 else [Target.PORTABLE]
+    if only_targets is not None:
+        targets = [t for t in targets if t in only_targets]
     openmp, _ = _gcc_builds(gcc, ["-fopenmp", "-fPIC", "-shared"])
     vm = _libmvec()
     work: list[tuple[Target, FixedLib, list[str]]] = []
@@ -431,6 +443,8 @@ def _build_targets(
             continue
         (out_dir / t.value).mkdir(exist_ok=True)
         for lib in fixed_libraries(t, vm):
+            if only is not None and lib.name not in only:
+                continue
             work.append((t, lib, _expected_flags(t, lib.isa, openmp)))
 
     def one(item: tuple[Target, FixedLib, list[str]]) -> tuple[Target, FixedLib, str | None]:
