@@ -268,10 +268,10 @@ def test_target_gcc_cannot_build_is_skipped(
     target = selected_target()
     real = prebuilt._gcc_builds
 
-    def picky(gcc: str, flags: list[str]) -> tuple[bool, str]:
+    def picky(gcc: str, flags: list[str], *code: str) -> tuple[bool, str]:
         if "-march=x86-64" in flags:
             return False, "error: bad value 'x86-64' for '-march=' switch"
-        return real(gcc, flags)
+        return real(gcc, flags, *code)
 
     monkeypatch.setattr(prebuilt, "_gcc_builds", picky)
     st = prebuilt.build_all(
@@ -284,3 +284,17 @@ def test_target_gcc_cannot_build_is_skipped(
     assert "portable" in st["skipped"]
     if target is not native.Target.PORTABLE:
         assert st["built"] == [target.value]
+
+
+def test_gcc_facts_from_the_install_build(use_built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With an empty cache, the gcc version and OpenMP support the install-time build
+    probed for this gcc binary are used without running gcc."""
+    real = subprocess.run(["gcc", "--version"], capture_output=True, text=True, check=True)
+    native._gcc_facts.cache_clear()
+    try:
+        calls = _no_gcc(monkeypatch)
+        assert native.gcc_version() == real.stdout.splitlines()[0]
+        assert isinstance(native.openmp_supported(), bool)
+        assert calls == []
+    finally:
+        native._gcc_facts.cache_clear()

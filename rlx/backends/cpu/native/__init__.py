@@ -18,6 +18,14 @@ command line (so the target's flags) + gcc version)``: a changed source, target 
 compiler rebuilds. A failed build raises :class:`CompileError` with the command and gcc's
 message. Without gcc, :func:`available` is False and callers use their NumPy path.
 
+Prebuilt libraries (``native/prebuilt.py``). The fixed kernel libraries (sgemm,
+attention, the int8 / bf16 / dequant GEMMs, conv, the backward kernels, Adam) are built
+at install time (``setup.py``) for every target into ``_prebuilt/<target>/`` with a
+manifest of source hashes and gcc options. :func:`build` returns such a library, without
+running gcc, when its manifest entry has the same source hash and the same options as this
+build would use; otherwise (an edited source, other flags, no install-time build) it builds
+into the cache as below. Generated regions, row kernels and schedules are always built here.
+
 Cache (``native/cache.py``, see docs/security.md). Lives in ``rlx.config.cache_dir()/
 native``, used only when owned by this user and not group/other-writable (otherwise a
 warning and a private per-user directory; when nothing is usable, CompileError, so every
@@ -162,18 +170,19 @@ def _gcc_probe_file(gcc: str) -> Path | None:
     native cache named by the binary's path, size, mtime and inode (a new gcc probes
     again); None when there is no usable cache."""
     try:
-        st = os.stat(gcc)
+        key = prebuilt.gcc_key(gcc)
         root = cache.cache_root()
     except (OSError, CompileError):
         return None
-    key = f"{os.path.realpath(gcc)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
     return root / f"gcc-probe-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
 @functools.cache
 def _gcc_facts(gcc: str) -> dict[str, object]:
     """``{"version": str, "openmp": bool}`` for ``gcc``: read from the cache when an
-    earlier process probed this binary, else probed (two gcc runs, ~0.3 s) and stored."""
+    earlier process probed this binary, else taken from the install-time build's record
+    when it probed this binary (``prebuilt.gcc_facts``), else probed (two gcc runs,
+    ~0.3 s); stored in the cache."""
     where = _gcc_probe_file(gcc)
     if where is not None:
         try:
@@ -182,9 +191,11 @@ def _gcc_facts(gcc: str) -> dict[str, object]:
                 return facts
         except (OSError, ValueError, AttributeError):
             pass
-    out = subprocess.run([gcc, "--version"], capture_output=True, text=True, check=False)
-    version = out.stdout.splitlines()[0] if out.stdout else "gcc (unknown version)"
-    facts = {"version": version, "openmp": _probe_openmp(gcc)}
+    facts = prebuilt.gcc_facts(gcc)
+    if facts is None:
+        out = subprocess.run([gcc, "--version"], capture_output=True, text=True, check=False)
+        version = out.stdout.splitlines()[0] if out.stdout else "gcc (unknown version)"
+        facts = {"version": version, "openmp": _probe_openmp(gcc)}
     if where is not None:
         with contextlib.suppress(OSError):
             cache.write_atomic(where, json.dumps(facts).encode())
@@ -209,18 +220,7 @@ def openmp_supported() -> bool:
 
 
 def _probe_openmp(gcc: str) -> bool:
-    try:
-        with tempfile.TemporaryDirectory() as d:
-            src = Path(d, "t.c")
-            src.write_text("#include <omp.h>\nint f(void){return omp_get_max_threads();}\n")
-            r = subprocess.run(
-                [gcc, "-fopenmp", "-fPIC", "-shared", str(src), "-o", str(Path(d, "t.so"))],
-                capture_output=True,
-                check=False,
-            )
-    except OSError:  # no usable temporary directory: builds fail anyway
-        return False
-    return r.returncode == 0
+    return prebuilt.probe_openmp(gcc)
 
 
 def available() -> bool:

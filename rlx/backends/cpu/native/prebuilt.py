@@ -69,6 +69,9 @@ __all__ = [
     "record_origin",
     "loaded_sources",
     "describe",
+    "gcc_key",
+    "gcc_facts",
+    "probe_openmp",
     "describe_loaded",
     "build_all",
 ]
@@ -328,6 +331,25 @@ def status(target: Target, vector_math: bool | None = None) -> list[LibStatus]:
     return out
 
 
+def gcc_key(gcc: str) -> str:
+    """Identity of a gcc binary: its real path, size, mtime and inode (a new gcc differs)."""
+    st = os.stat(gcc)
+    return f"{os.path.realpath(gcc)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+
+
+def gcc_facts(gcc: str) -> dict[str, object] | None:
+    """``{"version": str, "openmp": bool}`` the install-time build probed for this very
+    gcc binary (:func:`gcc_key`), or None (another gcc, or no install-time build)."""
+    rec = install_status().get("gcc")
+    try:
+        if isinstance(rec, dict) and rec.get("key") == gcc_key(gcc):
+            if isinstance(rec.get("version"), str) and isinstance(rec.get("openmp"), bool):
+                return {"version": rec["version"], "openmp": rec["openmp"]}
+    except OSError:
+        pass
+    return None
+
+
 def describe(target: Target) -> str:
     """One line for ``rlx info``: which fixed libraries of ``target`` are prebuilt (used
     without gcc) and which are built at run time into the cache, and why."""
@@ -366,13 +388,26 @@ def _run(cmd: list[str]) -> tuple[int, str]:
     return r.returncode, r.stderr.strip()
 
 
-def _gcc_builds(gcc: str, flags: list[str]) -> tuple[bool, str]:
-    """Whether ``gcc`` builds a trivial shared object with ``flags`` (and gcc's message)."""
+def _gcc_builds(
+    gcc: str, flags: list[str], code: str = "int rlx_probe(int x) { return x + 1; }\n"
+) -> tuple[bool, str]:
+    """Whether ``gcc`` builds ``code`` into a shared object with ``flags`` (and gcc's
+    message)."""
     with tempfile.TemporaryDirectory() as d:
         src = Path(d, "t.c")
-        src.write_text("int rlx_probe(int x) { return x + 1; }\n")
+        src.write_text(code)
         rc, err = _run([gcc, *flags, str(src), "-o", str(Path(d, "t.so"))])
     return rc == 0, err
+
+
+def probe_openmp(gcc: str) -> bool:
+    """Whether ``gcc`` builds and links an ``-fopenmp`` shared object here (False also
+    when no temporary directory is usable)."""
+    code = "#include <omp.h>\nint f(void){return omp_get_max_threads();}\n"
+    try:
+        return _gcc_builds(gcc, ["-fopenmp", "-fPIC", "-shared"], code)[0]
+    except OSError:
+        return False
 
 
 def build_all(
@@ -429,7 +464,8 @@ def _build_targets(
     targets = list(Target) if x86 else [Target.PORTABLE]
     if only_targets is not None:
         targets = [t for t in targets if t in only_targets]
-    openmp, _ = _gcc_builds(gcc, ["-fopenmp", "-fPIC", "-shared"])
+    openmp = probe_openmp(gcc)
+    st["gcc"] = {"key": gcc_key(gcc), "version": compiler, "openmp": openmp}
     vm = _libmvec()
     work: list[tuple[Target, FixedLib, list[str]]] = []
     for t in targets:
