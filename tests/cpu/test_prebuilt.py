@@ -98,19 +98,33 @@ def test_manifest_matches_sources(built: Path) -> None:
     assert _check_manifest(built / selected_target().value) == len(SMALL)
 
 
-def test_installed_manifest_matches_sources() -> None:
-    """After ``pip install`` (status.json written), every target it built has a manifest
-    matching the sources; the selected target's libraries are all prebuilt."""
+def test_installed_prebuilt_is_consistent() -> None:
+    """After ``pip install`` (status.json written): every target it built has a manifest
+    whose files match their recorded hashes; each library of the selected target is
+    either used (its recorded source hash is the current source's) or, its csrc file
+    edited since the install, not used (then built at run time)."""
+    import hashlib
+
     st = prebuilt.install_status()
     if not st:
         assert not (prebuilt.PREBUILT_DIR / selected_target().value).exists()
         return  # a source checkout used without pip install: nothing was prebuilt
     assert st["built"], st
+    target = selected_target()
     for t in st["built"]:
-        assert _check_manifest(prebuilt.PREBUILT_DIR / t) > 0
-    if selected_target().value in st["built"]:
-        states = {s.name: s.state for s in prebuilt.status(selected_target())}
-        assert set(states.values()) == {"prebuilt"}, states
+        tdir = prebuilt.PREBUILT_DIR / t
+        man = json.loads((tdir / "manifest.json").read_text())
+        for e in man["libraries"]:
+            assert e["sha256"] == hashlib.sha256((tdir / e["file"]).read_bytes()).hexdigest()
+    if target.value not in st["built"]:
+        return
+    man = json.loads((prebuilt.PREBUILT_DIR / target.value / "manifest.json").read_text())
+    recorded = {(e["name"], e["isa"]): e["source_sha256"] for e in man["libraries"]}
+    for lib in prebuilt.fixed_libraries(target):
+        key = (lib.name, None if lib.isa is None else lib.isa.name)
+        current = hashlib.sha256(lib.source.encode()).hexdigest()
+        found = prebuilt.find(lib.source, lib.isa, target, lib.name)
+        assert (found is not None) is (recorded.get(key) == current), key
 
 
 def test_loaded_from_prebuilt_without_gcc(use_built: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -41,6 +41,7 @@ import platform
 import subprocess
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -486,6 +487,7 @@ def _build_targets(
     def one(item: tuple[Target, FixedLib, list[str]]) -> tuple[Target, FixedLib, str | None]:
         t, lib, flags = item
         tdir = out_dir / t.value
+        t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(dir=tdir) as d:
             src = Path(d, f"{lib.name}.c")
             src.write_text(lib.source)
@@ -494,8 +496,10 @@ def _build_targets(
             if rc != 0:
                 return t, lib, f"exit {rc}: {err[-400:]}"
             os.replace(tmp, tdir / lib.file)
+        seconds[(t, lib.file)] = time.perf_counter() - t0
         return t, lib, None
 
+    seconds: dict[tuple[Target, str], float] = {}
     log(f"rlx: prebuilding {len(work)} native kernel libraries with {compiler} ({jobs} jobs)")
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         results = list(pool.map(one, work))
@@ -519,6 +523,7 @@ def _build_targets(
                     "source_sha256": source_hash(lib.source),
                     "flags": flags_of[(t, lib.file)],
                     "sha256": _file_hash(out_dir / t.value / lib.file),
+                    "build_seconds": round(seconds[(t, lib.file)], 2),
                 }
             )
         if entries:
