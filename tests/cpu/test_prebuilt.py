@@ -312,3 +312,22 @@ def test_gcc_facts_from_the_install_build(use_built: Path, monkeypatch: pytest.M
         assert calls == []
     finally:
         native._gcc_facts.cache_clear()
+
+
+def test_failed_install_build_is_said_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the install-time build built nothing, the first run-time build warns once
+    that libraries are built at run time, and builds."""
+    prebuilt.build_all(tmp_path / "pre", None, log=lambda _: None)
+    monkeypatch.setattr(prebuilt, "PREBUILT_DIR", tmp_path / "pre")
+    monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path / "cache"))
+    _forget(monkeypatch)
+    monkeypatch.setattr(prebuilt, "_warned", [])
+    source = _lib("conv").source
+    with pytest.warns(RuntimeWarning, match="not built at install time .gcc is not on PATH"):
+        path = native.build(source, selected_target(), "conv")
+    assert path.parent == tmp_path / "cache" / "native"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        native.build(source + "\n", selected_target(), "conv")

@@ -291,10 +291,13 @@ def install_status() -> dict[str, object]:
 def warn_if_install_build_failed() -> None:
     """Once per process: a RuntimeWarning when the install-time build ran and built
     nothing (gcc missing, or every build failed), saying libraries are built at run time."""
+    with _lock:
+        if _warned:
+            return
+        _warned.append("checked")
     st = install_status()
-    if _warned or not st or st.get("built"):
+    if not st or st.get("built"):
         return
-    _warned.append("x")
     warnings.warn(
         f"rlx: the native kernel libraries were not built at install time "
         f"({st.get('reason', 'unknown reason')}); they are built by gcc at run time into "
