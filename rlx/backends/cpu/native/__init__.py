@@ -248,8 +248,10 @@ def build(
 ) -> Path:
     """Compile ``source`` (cached by content, target flags and compiler) and return the
     verified library's path. ``isa`` is the int8 GEMM macro or, given a :class:`Target`,
-    the target itself; ``target`` defaults to :func:`selected_target`. CompileError when
-    gcc fails, the target cannot hold ``isa``, or no cache directory is usable."""
+    the target itself; ``target`` defaults to :func:`selected_target`. A library prebuilt
+    at install time from the same source with the same options is returned without
+    running gcc (``prebuilt.find``). CompileError when gcc fails, the target cannot hold
+    ``isa``, or no cache directory is usable."""
     if isinstance(isa, Target):
         target, gemm_isa = isa, None
     else:
