@@ -23,7 +23,7 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -95,4 +95,12 @@ class BuildPyWithNative(build_py):
         prebuild(out)
 
 
-setup(cmdclass={"build_py": BuildPyWithNative})
+class BinaryDistribution(Distribution):
+    """The package holds native libraries (``_prebuilt``): its wheel is tagged for this
+    platform, not ``any``."""
+
+    def has_ext_modules(self) -> bool:
+        return True
+
+
+setup(cmdclass={"build_py": BuildPyWithNative}, distclass=BinaryDistribution)
