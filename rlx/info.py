@@ -8,7 +8,8 @@ prints and :meth:`Info.as_dict` what ``rlx info --json`` prints.
 Sections: rlx and Python; NumPy and the BLAS libraries it loaded (through threadpoolctl:
 kernel, version, threads); the CPU (model, the flags native code cares about); native code
 (the selected instruction-set target and why, gcc, OpenMP, the native cache directory and
-its size); the ``RLX_*`` settings in effect; threads (the default count, the CPUs, the
+its size, which fixed kernel libraries were prebuilt at install time and which are built at
+run time into the cache, and where this process got the ones it loaded); the ``RLX_*`` settings in effect; threads (the default count, the CPUs, the
 OpenMP wait policy). A part that cannot be determined
 (no gcc, an invalid ``RLX_*`` value, an unusable cache directory) says why in its line
 instead of failing the whole summary.
@@ -140,6 +141,7 @@ def _cpu() -> tuple[tuple[str, str], ...]:
 
 def _native() -> tuple[tuple[str, str], ...]:
     from rlx.backends.cpu import native
+    from rlx.backends.cpu.native import prebuilt
 
     def cache() -> str:
         ci = native.cache_info()
@@ -154,6 +156,8 @@ def _native() -> tuple[tuple[str, str], ...]:
         ("gcc", _safe(lambda: f"{native.gcc_version()} ({native.gcc_path()})")),
         ("openmp", _safe(lambda: "yes" if native.openmp_supported() else "no")),
         ("cache", _safe(cache)),
+        ("prebuilt", _safe(lambda: prebuilt.describe(native.selected_target()))),
+        ("loaded from", _safe(prebuilt.describe_loaded)),
     )
 
 

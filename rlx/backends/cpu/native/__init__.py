@@ -18,6 +18,14 @@ command line (so the target's flags) + gcc version)``: a changed source, target 
 compiler rebuilds. A failed build raises :class:`CompileError` with the command and gcc's
 message. Without gcc, :func:`available` is False and callers use their NumPy path.
 
+Prebuilt libraries (``native/prebuilt.py``). The fixed kernel libraries (sgemm,
+attention, the int8 / bf16 / dequant GEMMs, conv, the backward kernels, Adam) are built
+at install time (``setup.py``) for every target into ``_prebuilt/<target>/`` with a
+manifest of source hashes and gcc options. :func:`build` returns such a library, without
+running gcc, when its manifest entry has the same source hash and the same options as this
+build would use; otherwise (an edited source, other flags, no install-time build) it builds
+into the cache as below. Generated regions, row kernels and schedules are always built here.
+
 Cache (``native/cache.py``, see docs/security.md). Lives in ``rlx.config.cache_dir()/
 native``, used only when owned by this user and not group/other-writable (otherwise a
 warning and a private per-user directory; when nothing is usable, CompileError, so every
@@ -86,13 +94,14 @@ import threading
 from pathlib import Path
 
 from rlx import config
-from rlx.backends.cpu.native import cache
+from rlx.backends.cpu.native import cache, prebuilt
 from rlx.backends.cpu.native.cache import CacheInfo
 from rlx.backends.cpu.native.cpu import (
     Isa,
     Target,
     cpu_flags,
     detect_isa,
+    gcc_flags,
     isas_for,
     runnable_targets,
     selected_target,
@@ -100,6 +109,7 @@ from rlx.backends.cpu.native.cpu import (
     target_description,
     target_spec,
 )
+from rlx.backends.cpu.native.prebuilt import CSRC, csrc_source
 from rlx.errors import CompileError
 
 __all__ = [
@@ -134,19 +144,9 @@ __all__ = [
     "qgemm_lib",
 ]
 
-CSRC = Path(__file__).with_name("csrc")
 _LOCK = threading.Lock()
 _LOADED: dict[Path, ctypes.CDLL] = {}
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.h)"$', re.M)
-
-
-def csrc_source(*files: str) -> str:
-    """The C source text of ``csrc/<files>`` joined in order (one translation unit), each
-    ``#include "<name>.h"`` line replaced by ``csrc/<name>.h`` (so a shared header is part
-    of the text :func:`build` hashes)."""
-    text = "\n".join((CSRC / f).read_text() for f in files)
-    return _INCLUDE.sub(lambda m: (CSRC / m.group(1)).read_text(), text)
 
 
 _WHICH: dict[str | None, str | None] = {}
@@ -170,18 +170,19 @@ def _gcc_probe_file(gcc: str) -> Path | None:
     native cache named by the binary's path, size, mtime and inode (a new gcc probes
     again); None when there is no usable cache."""
     try:
-        st = os.stat(gcc)
+        key = prebuilt.gcc_key(gcc)
         root = cache.cache_root()
     except (OSError, CompileError):
         return None
-    key = f"{os.path.realpath(gcc)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
     return root / f"gcc-probe-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
 @functools.cache
 def _gcc_facts(gcc: str) -> dict[str, object]:
     """``{"version": str, "openmp": bool}`` for ``gcc``: read from the cache when an
-    earlier process probed this binary, else probed (two gcc runs, ~0.3 s) and stored."""
+    earlier process probed this binary, else taken from the install-time build's record
+    when it probed this binary (``prebuilt.gcc_facts``), else probed (two gcc runs,
+    ~0.3 s); stored in the cache."""
     where = _gcc_probe_file(gcc)
     if where is not None:
         try:
@@ -190,9 +191,11 @@ def _gcc_facts(gcc: str) -> dict[str, object]:
                 return facts
         except (OSError, ValueError, AttributeError):
             pass
-    out = subprocess.run([gcc, "--version"], capture_output=True, text=True, check=False)
-    version = out.stdout.splitlines()[0] if out.stdout else "gcc (unknown version)"
-    facts = {"version": version, "openmp": _probe_openmp(gcc)}
+    facts = prebuilt.gcc_facts(gcc)
+    if facts is None:
+        out = subprocess.run([gcc, "--version"], capture_output=True, text=True, check=False)
+        version = out.stdout.splitlines()[0] if out.stdout else "gcc (unknown version)"
+        facts = {"version": version, "openmp": _probe_openmp(gcc)}
     if where is not None:
         with contextlib.suppress(OSError):
             cache.write_atomic(where, json.dumps(facts).encode())
@@ -217,18 +220,7 @@ def openmp_supported() -> bool:
 
 
 def _probe_openmp(gcc: str) -> bool:
-    try:
-        with tempfile.TemporaryDirectory() as d:
-            src = Path(d, "t.c")
-            src.write_text("#include <omp.h>\nint f(void){return omp_get_max_threads();}\n")
-            r = subprocess.run(
-                [gcc, "-fopenmp", "-fPIC", "-shared", str(src), "-o", str(Path(d, "t.so"))],
-                capture_output=True,
-                check=False,
-            )
-    except OSError:  # no usable temporary directory: builds fail anyway
-        return False
-    return r.returncode == 0
+    return prebuilt.probe_openmp(gcc)
 
 
 def available() -> bool:
@@ -243,15 +235,8 @@ def compile_command(
     selected one) with the int8 GEMM path ``isa`` (the C macro ``RLX_ISA``; None: not
     defined). Part of the cache key."""
     spec = target_spec(selected_target() if target is None else target)
-    # -fno-math-errno: sqrt & co. never set errno (nothing reads it), so loops with them
-    # vectorize (the result bits are the same: sqrt is correctly rounded either way)
-    cmd = [gcc_path() or "gcc", "-O3", *spec.flags, "-fPIC", "-shared", "-ffp-contract=off"]
-    cmd.append("-fno-math-errno")
-    if openmp_supported():
-        cmd.append("-fopenmp")
-    if isa is not None:
-        cmd.append(f"-DRLX_ISA={isa.value}")
-    return [*cmd, str(src), "-o", str(out)]
+    flags = gcc_flags(spec, isa, openmp_supported())
+    return [gcc_path() or "gcc", *flags, str(src), "-o", str(out)]
 
 
 def build(
@@ -263,8 +248,10 @@ def build(
 ) -> Path:
     """Compile ``source`` (cached by content, target flags and compiler) and return the
     verified library's path. ``isa`` is the int8 GEMM macro or, given a :class:`Target`,
-    the target itself; ``target`` defaults to :func:`selected_target`. CompileError when
-    gcc fails, the target cannot hold ``isa``, or no cache directory is usable."""
+    the target itself; ``target`` defaults to :func:`selected_target`. A library prebuilt
+    at install time from the same source with the same options is returned without
+    running gcc (``prebuilt.find``). CompileError when gcc fails, the target cannot hold
+    ``isa``, or no cache directory is usable."""
     if isinstance(isa, Target):
         target, gemm_isa = isa, None
     else:
@@ -282,7 +269,13 @@ def build(
         done = _BUILT.get(memo)
         if done is not None and done in _LOADED and done.exists():
             return done
-    lib = _build(source, gemm_isa, target, name)
+    lib = prebuilt.find(source, gemm_isa, target, name)
+    if lib is None:
+        prebuilt.warn_if_install_build_failed()
+        lib = _build(source, gemm_isa, target, name)
+    prebuilt.record_origin(
+        name, gemm_isa, "prebuilt" if lib.parent.parent == prebuilt.PREBUILT_DIR else "cache"
+    )
     with _LOCK:
         _BUILT[memo] = lib
     return lib
@@ -388,7 +381,8 @@ def load(path: Path) -> ctypes.CDLL:
     path = Path(path)
     with _LOCK:
         if path not in _LOADED:
-            if not cache.verify(path):
+            ok = prebuilt.verify(path) if prebuilt.is_prebuilt(path) else cache.verify(path)
+            if not ok:
                 raise CompileError(
                     f"native library {path} is missing or does not match the digest recorded "
                     "when it was built (changed or damaged since); not loading it"

@@ -20,6 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from rlx.backends.cpu.native import bindings, cpu
+from rlx.backends.cpu.native.prebuilt import attention_source
 from rlx.errors import CompileError, InputError
 from rlx.ops.nn import MaskType
 
@@ -153,8 +154,7 @@ def _attention_lib(target: cpu.Target, dtype: np.dtype) -> AttentionLib:
     code = DTYPES[dtype]
     if code == 2 and target is cpu.Target.PORTABLE:
         raise CompileError("native f16 attention needs F16C: not on the portable target")
-    parts = native.csrc_source("attention_vec.c", "attention.c")
-    source = f"#define RLX_ATT_DT {code}\n" + parts
+    source = attention_source(code)
     name = "attention" if code == 0 else f"attention_{dtype.name}"
     return AttentionLib(
         bindings.typed(native.load(native.build(source, target, name)), source), dtype

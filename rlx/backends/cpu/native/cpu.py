@@ -44,6 +44,7 @@ __all__ = [
     "detect_isa",
     "supported_isas",
     "isas_for",
+    "gcc_flags",
 ]
 
 
@@ -218,3 +219,19 @@ def supported_isas(flags: frozenset[str] | None = None) -> list[Isa]:
         return isas_for(selected_target())
     best = detect_isa(flags)
     return [i for i in Isa if i.value <= best.value]
+
+
+def gcc_flags(spec: TargetSpec, isa: Isa | None, openmp: bool) -> tuple[str, ...]:
+    """The gcc options (no compiler, source or output) every native library is built
+    with for the target ``spec``: ``-O3``, the target's flags, ``-fPIC -shared
+    -ffp-contract=off -fno-math-errno``, ``-fopenmp`` when ``openmp``, and
+    ``-DRLX_ISA=<isa>`` for the int8 GEMM path ``isa`` (None: not defined). Used by the
+    run-time build and the install-time one (``native/prebuilt.py``) alike."""
+    # -fno-math-errno: sqrt & co. never set errno (nothing reads it), so loops with them
+    # vectorize (the result bits are the same: sqrt is correctly rounded either way)
+    out = ["-O3", *spec.flags, "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno"]
+    if openmp:
+        out.append("-fopenmp")
+    if isa is not None:
+        out.append(f"-DRLX_ISA={isa.value}")
+    return tuple(out)

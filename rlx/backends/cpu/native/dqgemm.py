@@ -27,6 +27,7 @@ import ml_dtypes
 import numpy as np
 
 from rlx.backends.cpu.native import bindings, cpu
+from rlx.backends.cpu.native.prebuilt import DQGEMM_SOURCES
 from rlx.errors import CompileError, InputError, QuantizationError
 from rlx.formats import schemes as S
 from rlx.formats.gguf import check_packed
@@ -296,14 +297,7 @@ class DqGemmLib:
 
 
 #: the C source, concatenated in this order (see the overview atop ``csrc/dqgemm.c``)
-SOURCES = (
-    "dqgemm_decode.c",
-    "dqgemm_rows.c",
-    "dqgemm_rows_gguf.c",
-    "dqgemm.c",
-    "dqgemm_small.c",
-    "dqgemm_q8.c",
-)
+SOURCES = DQGEMM_SOURCES
 
 
 def dqgemm_source() -> str:

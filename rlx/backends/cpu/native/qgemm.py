@@ -20,13 +20,14 @@ import numpy as np
 
 from rlx.backends.cpu.native import bindings, cpu
 from rlx.backends.cpu.native.cpu import Isa
+from rlx.backends.cpu.native.prebuilt import QGEMM_SOURCES
 from rlx.errors import CompileError, InputError
 
 __all__ = ["QGemmLib", "qgemm_lib", "ACT_CODES", "A_KINDS"]
 
 
 #: The C sources, joined in this order into one translation unit.
-SOURCES = ("qgemm.c", "qgemm_epilogue.c", "qgemm_run.c")
+SOURCES = QGEMM_SOURCES
 #: Epilogue activation -> the C ``act`` code (``UnaryKind`` values of EPILOGUE_ACTS).
 ACT_CODES: dict[str | None, int] = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 #: Activation dtype -> the C ``a_kind`` code (int8 / uint8 static, f32 / bf16 dynamic).

@@ -243,15 +243,12 @@ def sgemm_lib(target: cpu.Target | None = None) -> SgemmLib:
 @functools.cache
 def _sgemm_lib(target: cpu.Target) -> SgemmLib:
     from rlx.backends.cpu import native
-    from rlx.backends.cpu.codegen.prelude import PRELUDE, vector_math_decls
     from rlx.backends.cpu.engines.region import vector_math_available
+    from rlx.backends.cpu.native.prebuilt import sgemm_source
 
     if not native.available():
         raise CompileError("the native sgemm needs gcc, which is not on PATH")
-    head = PRELUDE
-    if vector_math_available():
-        head = PRELUDE.replace("#include <math.h>\n", "#include <math.h>\n" + vector_math_decls())
-    source = head + (native.CSRC / "sgemm.c").read_text()
+    source = sgemm_source(vector_math_available())
     try:
         return SgemmLib(bindings.typed(native.load(native.build(source, target, "sgemm")), source))
     except OSError as e:
