@@ -1,6 +1,10 @@
 """``rlx generate MODEL PROMPT``: text from a decoder language model. In: a GGUF file or a
 Hugging Face directory (config.json + safetensors + tokenizer.json) and a prompt (``-``: read it from stdin). Out: the generated text on stdout as it is made
-(streamed), then one line on stderr with the prefill and decode tokens/s."""
+(streamed), then one line on stderr with the prefill and decode tokens/s. ``--draft PATH``
+(a draft model of the same tokenizer) or ``--draft ngram`` (prompt lookup) decodes
+speculatively, ``--num-draft`` tokens per target run; the stderr line then gives the
+tokens per target run and the accepted / drafted tokens, and ``--verbose`` the accepted
+tokens of every run."""
 
 from __future__ import annotations
 
@@ -38,6 +42,21 @@ __all__ = ["command"]
     "--kv-dtype", type=click.Choice(["f32", "bf16", "f16"]), default="f32", show_default=True,
     help="KV cache precision (bf16 / f16: half the cache memory).",
 )  # fmt: skip
+@click.option(
+    "--draft",
+    default=None,
+    metavar="PATH|ngram",
+    help="Speculative decoding: a draft model (GGUF / HF directory, same tokenizer) or "
+    "'ngram' (prompt lookup, no second model). Greedy text is unchanged.",
+)
+@click.option(
+    "--num-draft",
+    type=click.IntRange(1, 16),
+    default=4,
+    show_default=True,
+    help="Tokens drafted per target run (with --draft).",
+)
+@click.option("--verbose", is_flag=True, help="With --draft: the accepted tokens of every run.")
 @threads_option()
 def command(
     model: Path,
@@ -50,6 +69,9 @@ def command(
     stop: tuple[str, ...],
     max_context: int | None,
     kv_dtype: str,
+    draft: str | None,
+    num_draft: int,
+    verbose: bool,
     threads: int | None,
 ) -> None:
     """Generate up to --max-tokens tokens after PROMPT with MODEL (a GGUF file or a
@@ -59,6 +81,11 @@ def command(
     if prompt == "-":
         prompt = sys.stdin.read()
     m = llm.load(model, max_context=max_context, num_threads=threads, kv_dtype=kv_dtype)
+    drafter: object = None
+    if draft == "ngram":
+        drafter = "ngram"
+    elif draft is not None:
+        drafter = llm.load(draft, max_context=m.max_context, num_threads=threads, kv_dtype=kv_dtype)
     stream = m.generate(
         prompt,
         max_tokens=max_tokens,
@@ -68,6 +95,8 @@ def command(
         seed=seed,
         stop=stop,
         stream=True,
+        draft=drafter,
+        num_draft=num_draft,
     )
     for piece in stream:
         click.echo(piece, nl=False)
@@ -77,3 +106,6 @@ def command(
     r = stream.result
     assert r is not None
     click.echo(f"[{r.finish_reason}] {r.stats}", err=True)
+    if verbose and r.stats.accepted:
+        runs = " ".join(f"{a}/{d}" for a, d in zip(r.stats.accepted, r.stats.drafted, strict=True))
+        click.echo(f"accepted/drafted per target run: {runs}", err=True)

@@ -7,6 +7,7 @@
 the decoder as one graph over the packed GGUF weights with a KV cache in the runtime;
 ``model.py``: compile once, run prefill and decode steps; ``batch.py``: batched decode
 (``LlmModel.batched``: N KV-cache slots, one compiled step per token for all of them);
+``speculative.py``: speculative decoding (``generate(..., draft=model | "ngram")``);
 ``hf.py`` / ``hf_tokenizer.py``: Hugging Face directories as the same config and
 GGUF-named tensors (docs/gguf.md); ``sampling.py``: greedy /
 temperature / top-k / top-p; ``generate.py``: the generation loop (stop tokens and strings,

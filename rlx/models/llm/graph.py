@@ -3,9 +3,10 @@
 it reads (the GGUF bytes themselves: no f32 copy of a quantized weight).
 
 Inputs: ``input_ids`` i64 ``[1, seq]``, ``positions`` i64 ``[seq]`` (consecutive, the
-positions of these tokens in the context) and ``last`` i64 ``[1]`` (which of the ``seq``
-rows gives the logits). Output: f32 ``[1, 1, vocab]``, the next-token logits after row
-``last``. One compiled graph serves prefill (``seq`` = the prompt, padded to a length
+positions of these tokens in the context) and ``last`` i64 ``[rows]`` (which of the ``seq``
+rows give logits: one for a prompt or a decode step, every row for the verification of
+drafted tokens in speculative decoding). Output: f32 ``[1, rows, vocab]``, the next-token
+logits after each row of ``last``. One compiled graph serves prefill (``seq`` = the prompt, padded to a length
 class) and decode (``seq`` = 1): each layer's ``cache_attention`` writes its rows into
 the layer's KV cache params ``kv.{i}.k`` / ``kv.{i}.v`` (``[1, max_context, Hkv*D]``,
 kept by the runtime) and attends over the cache's valid prefix.
@@ -13,9 +14,8 @@ kept by the runtime) and attends over the cache's valid prefix.
 The batched graph (``slots`` = N, :mod:`rlx.models.llm.batch`): the caches are
 ``[N, max_context, Hkv*D]`` (one context per slot), a further input ``slots`` i64 ``[seq]``
 names each token's slot (``positions`` are then per token, not necessarily consecutive),
-each layer's ``slot_cache_attention`` writes every token's rows into its slot and attends
-over that slot, and ``last`` i64 ``[rows]`` picks any number of rows: the output is
-``[1, rows, vocab]``. A decode step of N sequences is ``seq`` = N tokens (one per slot),
+and each layer's ``slot_cache_attention`` writes every token's rows into its slot and
+attends over that slot. A decode step of N sequences is ``seq`` = N tokens (one per slot),
 so every projection is one ``dequant_matmul`` of N rows.
 
 Per layer (llama.cpp's graphs; Gemma 3's parts where its spec says so): rms_norm ->
@@ -145,12 +145,11 @@ def build_decoder(
     seq = g.sym("seq", max=max_context)
     ids = g.input("input_ids", (1, seq), DType.I64)
     positions = g.input("positions", (seq,), DType.I64)
+    last = g.input("last", (g.sym("rows", max=max_context),), DType.I64)
     if slots is None:
-        last = g.input("last", (1,), DType.I64)
         cache = (1, max_context, hkv * hd)
     else:
         which = g.input("slots", (seq,), DType.I64)
-        last = g.input("last", (g.sym("rows", max=max_context),), DType.I64)
         cache = (slots, max_context, hkv * hd)
     zeros = np.zeros(cache, kv_dtype.np)  # every layer's caches start as these zeros
 

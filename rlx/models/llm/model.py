@@ -5,7 +5,9 @@ token-level steps generation is made of (:meth:`LlmModel.prefill`, :meth:`LlmMod
 
 One CompiledGraph (symbolic ``seq``) runs every step; the runtime keeps one schedule per
 length it has seen (decode is ``seq`` = 1; a prompt is padded to the next power of two,
-at least 8, so prompts share a few schedules), so a decode step never re-plans. The KV
+at least 8, so prompts share a few schedules; :meth:`SequenceState.verify`, the check of
+speculative decoding's drafted tokens, runs its exact length and returns every row's
+logits), so a decode step never re-plans. The KV
 cache is the ``kv.*`` params the runtime allocates once (``[1, max_context, Hkv*D]`` per
 layer and k / v, f32 or, with ``kv_dtype``, bf16 / f16: half the memory, rows rounded
 when written); a step writes only its own rows. Padding rows of a prompt land in
@@ -92,6 +94,25 @@ class SequenceState:
         """Append ``ids`` to the context (no reset) and return the next-token logits."""
         return self.model._run(self, ids)
 
+    def verify(self, ids: Sequence[int]) -> np.ndarray:
+        """Append ``ids`` to the context in one run of exactly ``len(ids)`` rows (no
+        padding) and return the logits after each of them, f32 ``[len(ids), vocab]``:
+        row ``i`` is the next-token logits after ``ids[i]`` (speculative decoding checks
+        drafted tokens with it; :meth:`truncate` drops the rejected ones)."""
+        return self.model._run(self, ids, every_row=True)
+
+    def truncate(self, position: int) -> None:
+        """Drop the context from ``position`` on (``0 <= position <= self.position``): the
+        next token goes to ``position``, and the dropped rows of the KV cache are
+        overwritten before any query can read them. InputError for another position."""
+        if not _int_like(position) or not 0 <= int(position) <= self.position:
+            raise InputError(
+                f"llm: truncate position must be an int in [0, {self.position}] (the "
+                f"tokens in the context), given {position!r}"
+            )
+        with self.model._lock:
+            self.position = int(position)
+
     def __repr__(self) -> str:
         return f"SequenceState(position={self.position})"
 
@@ -173,7 +194,7 @@ class LlmModel:
         self.kv_dtype = kv_dtype
         dec = build_decoder(config, gguf_file.tensors, max_context, KV_DTYPES[kv_dtype])
         self.graph = dec.graph
-        opts = CompileOptions(num_threads=num_threads, max_shape_plans=16, use_cache=False)
+        opts = CompileOptions(num_threads=num_threads, max_shape_plans=24, use_cache=False)
         self.compiled = Session("cpu").compile(self.graph, opts)
         self.compiled.set_params(dec.params)
         self._kv_names = [n for n in dec.params if n.startswith("kv.")]
@@ -219,7 +240,9 @@ class LlmModel:
             state._saved = None
         self._holder = weakref.ref(state)
 
-    def _run(self, state: SequenceState, ids: Sequence[int], reset: bool = False) -> np.ndarray:
+    def _run(
+        self, state: SequenceState, ids: Sequence[int], reset: bool = False, every_row: bool = False
+    ) -> np.ndarray:
         if state.model is not self:
             raise InputError("llm: a SequenceState runs only through the model that made it")
         arr = check_token_ids(ids, self.config.vocab)
@@ -237,13 +260,13 @@ class LlmModel:
                     f"at most the model's {self.config.context_length})"
                 )
             self._hold(state)
-            length = _length_class(n, self.max_context - start)
+            length = n if every_row else _length_class(n, self.max_context - start)
             padded = np.zeros((1, length), np.int64)
             padded[0, :n] = arr
             feed = {
                 "input_ids": padded,
                 "positions": np.arange(start, start + length, dtype=np.int64),
-                "last": np.array([n - 1], np.int64),
+                "last": np.arange(n, dtype=np.int64) if every_row else np.array([n - 1], np.int64),
             }
             t0 = time.perf_counter()
             (logits,) = self.compiled.run(feed)
@@ -256,7 +279,7 @@ class LlmModel:
         else:
             times.prefill_tokens += n
             times.prefill_s += dt
-        return logits.reshape(-1)
+        return logits.reshape(n, -1) if every_row else logits.reshape(-1)
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
         """Reset the default state, run ``ids`` (a prompt, BOS included if wanted) and
