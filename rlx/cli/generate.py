@@ -39,8 +39,8 @@ __all__ = ["command"]
     help="KV cache positions (default: 2048, or the model's context length when smaller).",
 )  # fmt: skip
 @click.option(
-    "--kv-dtype", type=click.Choice(["f32", "bf16", "f16"]), default="f32", show_default=True,
-    help="KV cache precision (bf16 / f16: half the cache memory).",
+    "--kv-dtype", type=click.Choice(["f32", "bf16", "f16", "int8"]), default="f32", show_default=True,
+    help="KV cache precision (bf16 / f16: half the cache memory; int8: a quarter + scales).",
 )  # fmt: skip
 @click.option(
     "--draft",

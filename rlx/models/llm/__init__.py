@@ -45,7 +45,8 @@ def load(
     Mistral, Qwen2, Qwen3, Gemma 3; see docs/gguf.md), compiled for the CPU with a KV cache of
     ``max_context`` positions (None: 2048, or the model's context length when smaller)
     stored as ``kv_dtype`` ("f32", or "bf16" / "f16": half the memory, see docs/gguf.md
-    for the accuracy) and ``num_threads`` threads (None: physical cores).
+    for the accuracy; "int8": a quarter plus per-row, per-head scales,
+    benchmarks/results/BENCHMARKS_kv_int8.md) and ``num_threads`` threads (None: physical cores).
     ModelError for an unsupported architecture or a missing tensor; InputError for an
     unknown ``kv_dtype``."""
     return open_model(path, max_context=max_context, num_threads=num_threads, kv_dtype=kv_dtype)

@@ -136,7 +136,8 @@ def build_decoder(
     slots: int | None = None,
 ) -> DecoderGraph:
     """The decoder graph of ``cfg`` over the GGUF ``tensors`` (module docstring), its KV
-    cache of ``kv_dtype`` (f32, bf16 or f16); a missing or misshapen tensor is a
+    cache of ``kv_dtype`` (f32, bf16, f16, or i8 with the f32 params ``kv.{i}.k_scale`` /
+    ``kv.{i}.v_scale [1, max_context, Hkv]``: one scale per row and kv head); a missing or misshapen tensor is a
     ModelError naming it. With ``slots``, the batched graph (module docstring): a cache
     of that many sequences, a ``slots`` input and ``last`` of any length."""
     b = _Builder(cfg, tensors, max_context)
@@ -152,6 +153,11 @@ def build_decoder(
         which = g.input("slots", (seq,), DType.I64)
         cache = (slots, max_context, hkv * hd)
     zeros = np.zeros(cache, kv_dtype.np)  # every layer's caches start as these zeros
+    int8 = kv_dtype is DType.I8
+    if int8 and slots is not None:
+        raise ModelError("an int8 KV cache is for single-stream decode; batched slots are f32, "
+                         "bf16 or f16")  # fmt: skip
+    scale_zeros = np.zeros((*cache[:2], hkv), np.float32) if int8 else None
 
     scheme, emb = b.matrix("token_embd.weight", cfg.vocab, d)
     x = g.gather(emb, ids, 0) if scheme is None else g.dequant_gather(emb, ids, scheme)
@@ -189,8 +195,13 @@ def build_decoder(
         vc = g.param(f"kv.{i}.v", cache, kv_dtype)
         b.params[f"kv.{i}.k"] = b.params[f"kv.{i}.v"] = zeros
         spec = (h, hd, hkv, cfg.window(i), cfg.attn_scale)
+        scales: dict[str, NodeId] = {}
+        if scale_zeros is not None:  # int8: one f32 scale per cache row and kv head
+            for kv in ("k", "v"):
+                b.params[f"kv.{i}.{kv}_scale"] = scale_zeros
+                scales[f"{kv}_scale"] = g.param(f"kv.{i}.{kv}_scale", scale_zeros.shape, DType.F32)
         att = (
-            g.cache_attention(q, k, v, kc, vc, positions, *spec)
+            g.cache_attention(q, k, v, kc, vc, positions, *spec, **scales)
             if slots is None
             else g.slot_cache_attention(q, k, v, kc, vc, positions, which, *spec)
         )

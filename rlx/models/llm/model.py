@@ -10,7 +10,8 @@ speculative decoding's drafted tokens, runs its exact length and returns every r
 logits), so a decode step never re-plans. The KV
 cache is the ``kv.*`` params the runtime allocates once (``[1, max_context, Hkv*D]`` per
 layer and k / v, f32 or, with ``kv_dtype``, bf16 / f16: half the memory, rows rounded
-when written); a step writes only its own rows. Padding rows of a prompt land in
+when written; or int8: a quarter, plus an f32 scale per row and kv head, rows quantized
+when written and dequantized for the attention, ``rlx/ops/kvcache.py``); a step writes only its own rows. Padding rows of a prompt land in
 the cache beyond the prompt and are overwritten by the decode steps before any query can
 see them (a query at position ``p`` reads rows ``<= p`` only).
 
@@ -50,7 +51,7 @@ _MIN_CLASS = 8
 #: The KV cache size when none is given (capped by the model's context length).
 DEFAULT_CONTEXT = 2048
 #: ``kv_dtype`` names -> the cache dtype.
-KV_DTYPES = {"f32": DType.F32, "bf16": DType.BF16, "f16": DType.F16}
+KV_DTYPES = {"f32": DType.F32, "bf16": DType.BF16, "f16": DType.F16, "int8": DType.I8}
 
 
 @dataclass
