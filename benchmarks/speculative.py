@@ -8,8 +8,10 @@ threads.
         [--threads 1 2] [--num-draft 4] [--rounds 3] [--max-tokens 64] [--out FILE.md]
 
 One process per thread count; rounds interleaved (round r runs every configuration once),
-figures are medians over rounds. Two prompts: "free" (a continuation with little to look
-up) and "lookup" (a text the answer repeats: what prompt lookup is for). Decode tokens/s
+figures are medians over rounds. Three prompts: "france" (a continuation with little to
+look up), "story" (free text, which this small model fills with repeated phrases) and
+"lookup" (a text the answer copies: what prompt lookup is for); the start of each
+greedy text is printed under the table. Decode tokens/s
 is ``GenerationStats.decode_tokens_per_s`` (wall time after the prefill, drafting
 included); tokens per CPU-second is the whole ``generate`` call over process CPU time
 (less sensitive to the other jobs on the machine). The cost of one verification run of
@@ -39,7 +41,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 PROMPTS = {
-    "free": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "france": "The capital of France is",
+    "story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
     "lookup": (
         "Copy the following paragraph exactly.\n\n"
         "The lighthouse stood on a rock at the edge of the bay. Every night the keeper "
@@ -64,7 +67,9 @@ def worker(args: argparse.Namespace) -> None:
     d = llm.load(model_path(), max_context=512, num_threads=t)
     drafts = {"plain": None, "ngram": "ngram", "self-draft": d}
     kw = dict(max_tokens=args.max_tokens, stop_at_eos=False)
-    plain = {name: m.generate(p, **kw).token_ids for name, p in PROMPTS.items()}
+    first = {name: m.generate(p, **kw) for name, p in PROMPTS.items()}
+    plain = {name: g.token_ids for name, g in first.items()}
+    texts = {name: g.text for name, g in first.items()}
     rows: dict[str, dict[str, list[float]]] = {}
     for _ in range(args.rounds):
         for pname, prompt in PROMPTS.items():
@@ -93,7 +98,7 @@ def worker(args: argparse.Namespace) -> None:
             run()
             cost[name].append(time.perf_counter() - t0)
             st.truncate(len(ids))
-    print(json.dumps({"threads": t, "rows": rows, "cost": cost}), flush=True)
+    print(json.dumps({"threads": t, "rows": rows, "cost": cost, "texts": texts}), flush=True)
 
 
 def _cpu() -> str:
@@ -176,6 +181,9 @@ def main() -> None:
     for r in results:
         s, v = med(r["cost"]["step"]) * 1e3, med(r["cost"]["verify"]) * 1e3
         lines.append(f"| {r['threads']} | {s:.1f} | {v:.1f} | {v / s:.2f} |")
+    lines += ["", "## The greedy texts (the first 160 characters)", ""]
+    for pname, ptext in results[0]["texts"].items():
+        lines.append(f"- {pname}: `{ptext[:160]!r}`")
     text = "\n".join(lines) + "\n"
     Path(args.out).write_text(text)
     print(text)

@@ -43,6 +43,10 @@ __all__ = ["command"]
     help="KV cache precision (bf16 / f16: half the cache memory; int8: a quarter + scales).",
 )  # fmt: skip
 @click.option(
+    "--kv-group", type=click.IntRange(min=0), default=0, show_default=True,
+    help="int8 KV cache: one scale per this many values of a head (0: one per head).",
+)  # fmt: skip
+@click.option(
     "--draft",
     default=None,
     metavar="PATH|ngram",
@@ -69,6 +73,7 @@ def command(
     stop: tuple[str, ...],
     max_context: int | None,
     kv_dtype: str,
+    kv_group: int,
     draft: str | None,
     num_draft: int,
     verbose: bool,
@@ -80,12 +85,14 @@ def command(
 
     if prompt == "-":
         prompt = sys.stdin.read()
-    m = llm.load(model, max_context=max_context, num_threads=threads, kv_dtype=kv_dtype)
+    m = llm.load(
+        model, max_context=max_context, num_threads=threads, kv_dtype=kv_dtype, kv_group=kv_group
+    )
     drafter: object = None
     if draft == "ngram":
         drafter = "ngram"
     elif draft is not None:
-        drafter = llm.load(draft, max_context=m.max_context, num_threads=threads, kv_dtype=kv_dtype)
+        drafter = llm.load(draft, max_context=m.max_context, num_threads=threads)
     stream = m.generate(
         prompt,
         max_tokens=max_tokens,

@@ -78,10 +78,11 @@ __all__ = [
 CACHE_DTYPES = (DType.F32, DType.BF16, DType.F16, DType.I8)
 
 
-def quantize_heads(x: np.ndarray, num_kv_heads: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows ``x[..., Hkv*D]`` (f32) as int8 ``[..., Hkv*D]`` and f32 scales ``[..., Hkv]``,
-    one per row and head (module docstring: symmetric, ``max|x| / 127``)."""
-    heads = x.reshape(*x.shape[:-1], num_kv_heads, -1).astype(np.float32, copy=False)
+def quantize_heads(x: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``x[..., Hkv*D]`` (f32) as int8 ``[..., Hkv*D]`` and f32 scales
+    ``[..., groups]``, one per row and group of ``Hkv*D / groups`` consecutive values (a
+    kv head when ``groups`` = Hkv; module docstring: symmetric, ``max|x| / 127``)."""
+    heads = x.reshape(*x.shape[:-1], groups, -1).astype(np.float32, copy=False)
     scale = (np.abs(heads).max(axis=-1) / np.float32(127.0)).astype(np.float32)
     safe = np.where(scale > 0, scale, np.float32(1.0))
     q = np.clip(np.rint(heads / safe[..., None]), -127, 127).astype(np.int8)
@@ -89,7 +90,7 @@ def quantize_heads(x: np.ndarray, num_kv_heads: int) -> tuple[np.ndarray, np.nda
 
 
 def dequantize_heads(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """f32 rows of int8 ``q[..., Hkv*D]`` with scales ``[..., Hkv]``: ``q * scale``."""
+    """f32 rows of int8 ``q[..., Hkv*D]`` with scales ``[..., groups]``: ``q * scale``."""
     heads = q.reshape(*scale.shape, -1).astype(np.float32)
     return (heads * scale[..., None]).reshape(q.shape)
 
@@ -166,12 +167,20 @@ class CacheAttention(Op):
             f"caches only), got {len(ins)}",
         )
         if i8:
+            groups = ins[6].dims[-1] if ins[6].rank == 3 else 0
+            ok = isinstance(groups, int) and groups > 0 and groups % hkv == 0
+            expect(
+                ok and (hkv * d) % groups == 0,
+                self,
+                f"k_scale must be [B,C,G] with G a multiple of Hkv={hkv} dividing "
+                f"{hkv * d}, got {ins[6]}",
+            )
             for name, t in (("k_scale", ins[6]), ("v_scale", ins[7])):
-                want = (q.dims[0], kc.dims[1], hkv)
+                want = (q.dims[0], kc.dims[1], groups)
                 expect(
                     t.dtype is DType.F32 and t.dims == want,
                     self,
-                    f"{name} must be f32 [B,C,Hkv] = {list(want)} for an int8 cache, got {t}",
+                    f"{name} must be f32 [B,C,G] = {list(want)} for an int8 cache, got {t}",
                 )
         for name, t in (("q", q), ("k", k), ("v", v)):
             expect(
@@ -209,7 +218,7 @@ class CacheAttention(Op):
         s = q.shape[1]
         p = cache_start(self.mnemonic, pos, s, kc.shape[1])
         if kc.dtype == np.int8:
-            hkv = self.num_kv_heads
+            hkv = xs[6].shape[-1]  # scale groups: Hkv (per head) or more
             keys = dequantize_heads(kc[:, : p + s], xs[6][:, : p + s])
             vals = dequantize_heads(vc[:, : p + s], xs[7][:, : p + s])
             keys[:, p:] = dequantize_heads(*quantize_heads(k, hkv))

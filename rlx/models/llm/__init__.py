@@ -40,13 +40,17 @@ def load(
     max_context: int | None = None,
     num_threads: int | None = None,
     kv_dtype: str = "f32",
+    kv_group: int = 0,
 ) -> LlmModel:
     """The decoder in GGUF file ``path`` (or Hugging Face directory ``path``: Llama /
     Mistral, Qwen2, Qwen3, Gemma 3; see docs/gguf.md), compiled for the CPU with a KV cache of
     ``max_context`` positions (None: 2048, or the model's context length when smaller)
     stored as ``kv_dtype`` ("f32", or "bf16" / "f16": half the memory, see docs/gguf.md
     for the accuracy; "int8": a quarter plus per-row, per-head scales,
-    benchmarks/results/BENCHMARKS_kv_int8.md) and ``num_threads`` threads (None: physical cores).
+    benchmarks/results/BENCHMARKS_kv_int8.md; ``kv_group`` > 0: one int8 scale per that
+    many values of a head instead, e.g. 32) and ``num_threads`` threads (None: physical cores).
     ModelError for an unsupported architecture or a missing tensor; InputError for an
     unknown ``kv_dtype``."""
-    return open_model(path, max_context=max_context, num_threads=num_threads, kv_dtype=kv_dtype)
+    return open_model(
+        path, max_context=max_context, num_threads=num_threads, kv_dtype=kv_dtype, kv_group=kv_group
+    )

@@ -134,10 +134,12 @@ def build_decoder(
     max_context: int,
     kv_dtype: DType = DType.F32,
     slots: int | None = None,
+    kv_group: int = 0,
 ) -> DecoderGraph:
     """The decoder graph of ``cfg`` over the GGUF ``tensors`` (module docstring), its KV
     cache of ``kv_dtype`` (f32, bf16, f16, or i8 with the f32 params ``kv.{i}.k_scale`` /
-    ``kv.{i}.v_scale [1, max_context, Hkv]``: one scale per row and kv head); a missing or misshapen tensor is a
+    ``kv.{i}.v_scale [1, max_context, G]``: one scale per row and kv head, G = Hkv, or with
+    ``kv_group`` > 0 per that many values of a head, G = Hkv*D / kv_group); a missing or misshapen tensor is a
     ModelError naming it. With ``slots``, the batched graph (module docstring): a cache
     of that many sequences, a ``slots`` input and ``last`` of any length."""
     b = _Builder(cfg, tensors, max_context)
@@ -157,7 +159,8 @@ def build_decoder(
     if int8 and slots is not None:
         raise ModelError("an int8 KV cache is for single-stream decode; batched slots are f32, "
                          "bf16 or f16")  # fmt: skip
-    scale_zeros = np.zeros((*cache[:2], hkv), np.float32) if int8 else None
+    groups = hkv * hd // kv_group if kv_group else hkv
+    scale_zeros = np.zeros((*cache[:2], groups), np.float32) if int8 else None
 
     scheme, emb = b.matrix("token_embd.weight", cfg.vocab, d)
     x = g.gather(emb, ids, 0) if scheme is None else g.dequant_gather(emb, ids, scheme)

@@ -182,6 +182,7 @@ class LlmModel:
         max_context: int,
         num_threads: int | None,
         kv_dtype: str = "f32",
+        kv_group: int = 0,
     ) -> None:
         from rlx.options import CompileOptions
         from rlx.runtime.session import Session
@@ -193,7 +194,10 @@ class LlmModel:
         self.max_context = max_context
         self.num_threads = num_threads
         self.kv_dtype = kv_dtype
-        dec = build_decoder(config, gguf_file.tensors, max_context, KV_DTYPES[kv_dtype])
+        self.kv_group = kv_group
+        dec = build_decoder(
+            config, gguf_file.tensors, max_context, KV_DTYPES[kv_dtype], kv_group=kv_group
+        )
         self.graph = dec.graph
         opts = CompileOptions(num_threads=num_threads, max_shape_plans=24, use_cache=False)
         self.compiled = Session("cpu").compile(self.graph, opts)
@@ -369,6 +373,7 @@ def open_model(
     max_context: int | None = None,
     num_threads: int | None = None,
     kv_dtype: str = "f32",
+    kv_group: int = 0,
 ) -> LlmModel:
     """Read the GGUF file or Hugging Face directory at ``path`` and build its
     :class:`LlmModel` (see :func:`rlx.models.llm.load`)."""
@@ -401,4 +406,13 @@ def open_model(
             f"max_context={max_context} exceeds the model's context length "
             f"{cfg.context_length} ({cfg.arch.name}.context_length)"
         )
-    return LlmModel(p, f, cfg, tok, max_context, num_threads, kv_dtype)
+    if isinstance(kv_group, bool) or not isinstance(kv_group, int) or kv_group < 0:
+        raise InputError(
+            f"kv_group must be an int >= 0 (0: one scale per head), given {kv_group!r}"
+        )
+    if kv_group and (kv_dtype != "int8" or cfg.head_dim % kv_group):
+        raise InputError(
+            f"kv_group={kv_group} needs kv_dtype='int8' (given {kv_dtype!r}) and must divide "
+            f"the head dim {cfg.head_dim}"
+        )
+    return LlmModel(p, f, cfg, tok, max_context, num_threads, kv_dtype, kv_group)

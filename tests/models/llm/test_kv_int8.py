@@ -27,13 +27,13 @@ from tests.models.llm.tiny_llama import hf_weights, write_gguf  # noqa: E402
 TINY_BOUND = 6e-2
 
 
-def absmax_int8(x: np.ndarray, hkv: int) -> np.ndarray:
-    """Rows ``x [n, hkv*d]`` through int8 with one absmax / 127 scale per row and head,
-    back in f64 (round half to even, as NumPy's rint)."""
+def absmax_int8(x: np.ndarray, groups: int) -> np.ndarray:
+    """Rows ``x [n, groups*d]`` through int8 with one absmax / 127 scale per row and group
+    of ``d`` values, back in f64 (round half to even, as NumPy's rint)."""
     out = np.zeros(x.shape)
-    d = x.shape[1] // hkv
+    d = x.shape[1] // groups
     for i in range(x.shape[0]):
-        for h in range(hkv):
+        for h in range(groups):
             seg = x[i, h * d : (h + 1) * d].astype(np.float32)
             s = np.float32(np.abs(seg).max()) / np.float32(127)
             if s > 0:
@@ -41,7 +41,7 @@ def absmax_int8(x: np.ndarray, hkv: int) -> np.ndarray:
     return out
 
 
-def int8_graph(h: int, hkv: int, d: int, cap: int, window: int) -> Graph:
+def int8_graph(h: int, hkv: int, d: int, cap: int, window: int, groups: int) -> Graph:
     g = Graph("ca8")
     seq = g.sym("seq", max=cap)
     q = g.input("q", (1, seq, h * d), DType.F32)
@@ -50,22 +50,23 @@ def int8_graph(h: int, hkv: int, d: int, cap: int, window: int) -> Graph:
     pos = g.input("positions", (seq,), DType.I64)
     kc = g.param("kc", (1, cap, hkv * d), DType.I8)
     vc = g.param("vc", (1, cap, hkv * d), DType.I8)
-    ks = g.param("ks", (1, cap, hkv), DType.F32)
-    vs = g.param("vs", (1, cap, hkv), DType.F32)
+    ks = g.param("ks", (1, cap, groups), DType.F32)
+    vs = g.param("vs", (1, cap, groups), DType.F32)
     out = g.cache_attention(q, k, v, kc, vc, pos, h, d, hkv, window, 0.3, k_scale=ks, v_scale=vs)
     g.set_outputs([out])
     return g
 
 
 @pytest.mark.parametrize("native", [True, False])
-@pytest.mark.parametrize(("h", "hkv", "d", "window"), [(4, 1, 16, 0), (4, 2, 8, 5)])
-def test_int8_cache_steps_match_a_loop(native, h, hkv, d, window) -> None:
+@pytest.mark.parametrize(("h", "hkv", "d", "window", "groups"),
+                         [(4, 1, 16, 0, 1), (4, 2, 8, 5, 2), (4, 2, 16, 0, 8)])  # fmt: skip
+def test_int8_cache_steps_match_a_loop(native, h, hkv, d, window, groups) -> None:
     cap = 24
     rng = np.random.default_rng(h + d + window)
     z8 = np.zeros((1, cap, hkv * d), np.int8)
-    zs = np.zeros((1, cap, hkv), np.float32)
+    zs = np.zeros((1, cap, groups), np.float32)
     c = Session("cpu").compile(
-        int8_graph(h, hkv, d, cap, window),
+        int8_graph(h, hkv, d, cap, window, groups),
         CompileOptions(native=native, use_cache=False),
         params={"kc": z8, "vc": z8, "ks": zs, "vs": zs},
     )
@@ -74,7 +75,7 @@ def test_int8_cache_steps_match_a_loop(native, h, hkv, d, window) -> None:
     ks = rng.standard_normal((total, hkv * d)).astype(np.float32)
     vs = rng.standard_normal((total, hkv * d)).astype(np.float32)
     ks[3, :d] = 0.0  # an all-zero head: scale 0, stored as zeros
-    kq, vq = absmax_int8(ks, hkv), absmax_int8(vs, hkv)
+    kq, vq = absmax_int8(ks, groups), absmax_int8(vs, groups)
     for start, sl, out in run_steps(c, qs, ks, vs):
         want = loop_attention(qs[sl].astype(np.float64), kq, vq, h, hkv, d, window, 0.3, start)
         np.testing.assert_allclose(out[0], want, rtol=1e-5, atol=1e-5)
@@ -89,11 +90,15 @@ def test_mixed_int8_and_scales_are_checked() -> None:
     kv = g.input("k", (1, 2, 16), DType.F32)
     pos = g.input("positions", (2,), DType.I64)
     kc = g.param("kc", (1, 8, 16), DType.I8)
-    ks = g.param("ks", (1, 8, 2), DType.F32)
+    ks = g.param("ks", (1, 8, 3), DType.F32)
+    vs = g.param("vs", (1, 8, 2), DType.F32)
     with pytest.raises(Exception, match="an i8 cache takes 8 inputs"):
         g.cache_attention(q, kv, kv, kc, kc, pos, 1, 16)
-    with pytest.raises(Exception, match=r"k_scale must be f32 \[B,C,Hkv\] = \[1, 8, 1\]"):
+    with pytest.raises(Exception, match="G a multiple of Hkv=1 dividing 16, got"):
         g.cache_attention(q, kv, kv, kc, kc, pos, 1, 16, k_scale=ks, v_scale=ks)
+    v4 = g.param("v4", (1, 8, 4), DType.F32)
+    with pytest.raises(Exception, match=r"v_scale must be f32 \[B,C,G\] = \[1, 8, 2\]"):
+        g.cache_attention(q, kv, kv, kc, kc, pos, 1, 16, k_scale=vs, v_scale=v4)
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +183,25 @@ def test_gemma_int8_cache_accuracy(monkeypatch) -> None:
         agree, total = agree + same, total + 16
     print(f"int8 cache: worst relative logit error {worst:.2e}, greedy prefix {agree}/{total}")
     assert worst < GEMMA_BOUND
+
+
+def test_kv_group_scales_and_bad_groups(tiny, monkeypatch) -> None:
+    ref, _ = tiny
+    monkeypatch.setenv("RLX_DQ_ACT", "f32")
+    c = ref.config
+    g8 = llm.load(ref.path, max_context=64, num_threads=1, kv_dtype="int8", kv_group=8)
+    scales = sum(g8._cache(n).nbytes for n in g8._kv_names if n.endswith("_scale"))
+    assert scales == 2 * c.num_layers * 64 * (c.num_kv_heads * c.head_dim // 8) * 4
+    ids = PROMPTS[0]
+    want_toks, want_logits = greedy(ref, ids, 16)
+    got_toks, _ = greedy(g8, ids, 16)
+    assert got_toks == want_toks
+    err = max(
+        float(np.abs(g - w).max() / np.abs(w).max())
+        for w, g in zip(want_logits, forced(g8, ids, want_toks), strict=True)
+    )
+    assert err < TINY_BOUND
+    with pytest.raises(InputError, match="kv_group=8 needs kv_dtype='int8' .given 'f32'"):
+        llm.load(ref.path, max_context=64, kv_group=8)
+    with pytest.raises(InputError, match="must divide the head dim 16"):
+        llm.load(ref.path, max_context=64, kv_dtype="int8", kv_group=5)

@@ -193,7 +193,7 @@ def _int8_cache_kernel(  # type: ignore[no-untyped-def]
     scratch, attend over it (module docstring)."""
     q, k, v, _, _, positions = ins[:6]
     ks, vs = _cache_storage(node, ctx, 6), _cache_storage(node, ctx, 7)
-    s, cap, hkv = q.shape[1], kc.shape[1], op.num_kv_heads
+    s, cap, groups = q.shape[1], kc.shape[1], ks.shape[-1]
     kf = ctx.scratch(kc.shape, np.float32, 64)
     vf = ctx.scratch(vc.shape, np.float32, 65)
     native = _native_call(op, q, kf, vf, out, ctx)
@@ -202,8 +202,8 @@ def _int8_cache_kernel(  # type: ignore[no-untyped-def]
 
     def run() -> None:
         p = cache_start(f"cache_attention %{node.id}", positions, s, cap)
-        kc[:, p : p + s], ks[:, p : p + s] = quantize_heads(k, hkv)
-        vc[:, p : p + s], vs[:, p : p + s] = quantize_heads(v, hkv)
+        kc[:, p : p + s], ks[:, p : p + s] = quantize_heads(k, groups)
+        vc[:, p : p + s], vs[:, p : p + s] = quantize_heads(v, groups)
         kf[:, : p + s] = dequantize_heads(kc[:, : p + s], ks[:, : p + s])
         vf[:, : p + s] = dequantize_heads(vc[:, : p + s], vs[:, : p + s])
         if native is not None:
