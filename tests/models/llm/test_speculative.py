@@ -219,3 +219,13 @@ def test_gemma3_cli_draft_gives_the_plain_text() -> None:
     assert plain.exit_code == 0 and spec.exit_code == 0, spec.output
     assert spec.stdout == plain.stdout
     assert "speculative:" in spec.stderr and "accepted/drafted per target run:" in spec.stderr
+
+
+def test_sampling_with_a_draft_runs_and_is_reproducible(tiny) -> None:
+    m, _, other = tiny
+    for draft in ("ngram", other):
+        kw = dict(max_tokens=NEW, stop_at_eos=False, temperature=0.8, top_k=20, seed=5)
+        a = m.generate(PROMPTS[2], draft=draft, **kw)
+        b = m.generate(PROMPTS[2], draft=draft, **kw)
+        assert a.token_ids == b.token_ids and len(a.token_ids) == NEW
+        assert sum(a.stats.accepted) + len(a.stats.accepted) == NEW - 1
