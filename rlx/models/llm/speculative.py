@@ -18,9 +18,9 @@ any query reads them) and from the draft model's.
 
 Greedy output equals plain greedy decoding by construction, up to the rounding of the
 k + 1-row run against the one-row run: the packed GEMV (1-3 rows) and the GEMM (more)
-round apart, so the logits of a position differ by up to about 2e-5 (absolute, on logits
-of magnitude 10-30: measured on Gemma-3-270M), and only two top logits within that of
-each other could pick another token. The tests check token-for-token equality (tiny
+round apart, so the logits of a position differ by up to about 2e-5 (absolute; measured
+on Gemma-3-270M over 8 positions), and only two top logits within that of each other
+could pick another token. The tests check token-for-token equality (tiny
 models against transformers, Gemma-3-270M against its transformers references).
 
 With ``temperature > 0`` the standard speculative sampling rule (Leviathan et al. 2023;
