@@ -1,6 +1,10 @@
 """``rlx generate MODEL PROMPT``: text from a decoder language model. In: a GGUF file or a
 Hugging Face directory (config.json + safetensors + tokenizer.json) and a prompt (``-``: read it from stdin). Out: the generated text on stdout as it is made
-(streamed), then one line on stderr with the prefill and decode tokens/s."""
+(streamed), then one line on stderr with the prefill and decode tokens/s. ``--draft PATH``
+(a draft model of the same tokenizer) or ``--draft ngram`` (prompt lookup) decodes
+speculatively, ``--num-draft`` tokens per target run; the stderr line then gives the
+tokens per target run and the accepted / drafted tokens, and ``--verbose`` the accepted
+tokens of every run."""
 
 from __future__ import annotations
 
@@ -35,8 +39,8 @@ __all__ = ["command"]
     help="KV cache positions (default: 2048, or the model's context length when smaller).",
 )  # fmt: skip
 @click.option(
-    "--kv-dtype", type=click.Choice(["f32", "bf16", "f16"]), default="f32", show_default=True,
-    help="KV cache precision (bf16 / f16: half the cache memory).",
+    "--kv-dtype", type=click.Choice(["f32", "bf16", "f16", "int8"]), default="f32", show_default=True,
+    help="KV cache precision (bf16 / f16: half the cache memory; int8: a quarter + scales).",
 )  # fmt: skip
 @click.option(
     "--precision", default=None, metavar="NAME",
@@ -45,6 +49,25 @@ __all__ = ["command"]
     "q4_1); the logit error against the unquantized weights on the prompt is printed on "
     "stderr.",
 )  # fmt: skip
+@click.option(
+    "--kv-group", type=click.IntRange(min=0), default=0, show_default=True,
+    help="int8 KV cache: one scale per this many values of a head (0: one per head).",
+)  # fmt: skip
+@click.option(
+    "--draft",
+    default=None,
+    metavar="PATH|ngram",
+    help="Speculative decoding: a draft model (GGUF / HF directory, same tokenizer) or "
+    "'ngram' (prompt lookup, no second model). Greedy text is unchanged.",
+)
+@click.option(
+    "--num-draft",
+    type=click.IntRange(1, 16),
+    default=4,
+    show_default=True,
+    help="Tokens drafted per target run (with --draft).",
+)
+@click.option("--verbose", is_flag=True, help="With --draft: the accepted tokens of every run.")
 @threads_option()
 def command(
     model: Path,
@@ -58,6 +81,10 @@ def command(
     max_context: int | None,
     kv_dtype: str,
     precision: str | None,
+    kv_group: int,
+    draft: str | None,
+    num_draft: int,
+    verbose: bool,
     threads: int | None,
 ) -> None:
     """Generate up to --max-tokens tokens after PROMPT with MODEL (a GGUF file or a
@@ -68,8 +95,13 @@ def command(
         prompt = sys.stdin.read()
     m = llm.load(
         model, max_context=max_context, num_threads=threads, kv_dtype=kv_dtype,
-        precision=precision,
+        precision=precision, kv_group=kv_group,
     )  # fmt: skip
+    drafter: object = None
+    if draft == "ngram":
+        drafter = "ngram"
+    elif draft is not None:
+        drafter = llm.load(draft, max_context=m.max_context, num_threads=threads)
     stream = m.generate(
         prompt,
         max_tokens=max_tokens,
@@ -79,6 +111,8 @@ def command(
         seed=seed,
         stop=stop,
         stream=True,
+        draft=drafter,
+        num_draft=num_draft,
     )
     for piece in stream:
         click.echo(piece, nl=False)
@@ -96,3 +130,6 @@ def command(
             f"{err.rms:.3g}, same greedy token: {err.same_argmax}",
             err=True,
         )
+    if verbose and r.stats.accepted:
+        runs = " ".join(f"{a}/{d}" for a, d in zip(r.stats.accepted, r.stats.drafted, strict=True))
+        click.echo(f"accepted/drafted per target run: {runs}", err=True)

@@ -18,6 +18,15 @@ rounded to the cache dtype when written (round to nearest even, as NumPy / ml_dt
 output is rounded to it before it is widened back to f32 (the native kernel takes q, k, v
 and out in one dtype and computes in f32); the reference models exactly those roundings.
 
+An int8 cache (``k_cache, v_cache`` i8, then two more inputs ``k_scale, v_scale``
+f32 ``[B,C,Hkv]``) holds every row as int8 with one scale per row and kv head: a new
+row's head ``x[D]`` is stored as ``rint(x / s)`` (half to even, within [-127, 127]) with
+``s = max|x| / 127`` (0 for an all-zero head, stored as zeros), and read back as
+``q * s`` (:func:`quantize_heads` / :func:`dequantize_heads`); ``q`` and the output stay
+f32 (the CPU kernel dequantizes the valid rows into f32 scratch and runs the f32
+attention). A quarter of an f32 cache's bytes plus ``4 / D`` of them for the scales.
+Only ``cache_attention`` takes an int8 cache.
+
 ``slot_cache_attention`` (:class:`SlotCacheAttention`) is the same attention over a cache of
 ``SLOTS`` independent contexts, one token sequence per slot (batched decode): in
 ``q[1,T,H*D]``, ``k, v[1,T,Hkv*D]``, the caches ``[SLOTS,C,Hkv*D]`` and, per token,
@@ -61,10 +70,29 @@ __all__ = [
     "cache_mask",
     "slot_runs",
     "CACHE_DTYPES",
+    "quantize_heads",
+    "dequantize_heads",
 ]
 
-#: The dtypes a KV cache may have.
-CACHE_DTYPES = (DType.F32, DType.BF16, DType.F16)
+#: The dtypes a KV cache may have (int8: ``cache_attention`` only, with scales).
+CACHE_DTYPES = (DType.F32, DType.BF16, DType.F16, DType.I8)
+
+
+def quantize_heads(x: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``x[..., Hkv*D]`` (f32) as int8 ``[..., Hkv*D]`` and f32 scales
+    ``[..., groups]``, one per row and group of ``Hkv*D / groups`` consecutive values (a
+    kv head when ``groups`` = Hkv; module docstring: symmetric, ``max|x| / 127``)."""
+    heads = x.reshape(*x.shape[:-1], groups, -1).astype(np.float32, copy=False)
+    scale = (np.abs(heads).max(axis=-1) / np.float32(127.0)).astype(np.float32)
+    safe = np.where(scale > 0, scale, np.float32(1.0))
+    q = np.clip(np.rint(heads / safe[..., None]), -127, 127).astype(np.int8)
+    return q.reshape(x.shape), scale
+
+
+def dequantize_heads(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """f32 rows of int8 ``q[..., Hkv*D]`` with scales ``[..., groups]``: ``q * scale``."""
+    heads = q.reshape(*scale.shape, -1).astype(np.float32)
+    return (heads * scale[..., None]).reshape(q.shape)
 
 
 def cache_start(op: str, positions: np.ndarray, rows: int, capacity: int) -> int:
@@ -99,7 +127,8 @@ def cache_mask(window: int) -> MaskKind:
 class CacheAttention(Op):
     """Attention over a KV cache with the new rows written at ``positions`` (module
     docstring). Inputs ``(q, k, v, k_cache, v_cache, positions)``; q, k, v f32, the caches
-    f32, bf16 or f16 (the same for both).
+    f32, bf16 or f16 (the same for both), or int8 with two more inputs ``(k_scale,
+    v_scale)`` f32 ``[B,C,Hkv]``.
     ``window`` 0 is causal, else a sliding window of that many keys; ``num_kv_heads``
     divides ``num_heads`` (query head ``h`` reads kv head ``h // (H // Hkv)``); ``scale``
     defaults to ``1/sqrt(head_dim)``. Not ``pure``: its CPU kernel updates the caches.
@@ -107,7 +136,7 @@ class CacheAttention(Op):
     would give 0, as :class:`~rlx.ops.nn.Attention` defines)."""
 
     mnemonic: ClassVar[str] = "cache_attention"
-    arity: ClassVar[int] = 6
+    arity: ClassVar[int | None] = None  # 6, or 8 with an int8 cache's scales
     kind: ClassVar[OpKind] = OpKind.COMPUTE
     nondiff: ClassVar[str] = (
         "inference only: it writes the KV cache; train with attention (g.attention)"
@@ -128,7 +157,31 @@ class CacheAttention(Op):
         expect(h >= 1 and d >= 1, self, f"num_heads and head_dim must be >= 1, got {h}, {d}")
         expect(hkv >= 1 and h % hkv == 0, self, f"num_kv_heads must divide {h}, got {hkv}")
         expect(self.window >= 0, self, f"window must be >= 0, got {self.window}")
-        q, k, v, kc, vc, pos = ins
+        expect(len(ins) in (6, 8), self, f"takes 6 inputs (8 with int8 caches), got {len(ins)}")
+        q, k, v, kc, vc, pos = ins[:6]
+        i8 = kc.dtype is DType.I8
+        expect(
+            len(ins) == (8 if i8 else 6),
+            self,
+            f"an {kc.dtype} cache takes {8 if i8 else 6} inputs (k_scale, v_scale with int8 "
+            f"caches only), got {len(ins)}",
+        )
+        if i8:
+            groups = ins[6].dims[-1] if ins[6].rank == 3 else 0
+            ok = isinstance(groups, int) and groups > 0 and groups % hkv == 0
+            expect(
+                ok and (hkv * d) % groups == 0,
+                self,
+                f"k_scale must be [B,C,G] with G a multiple of Hkv={hkv} dividing "
+                f"{hkv * d}, got {ins[6]}",
+            )
+            for name, t in (("k_scale", ins[6]), ("v_scale", ins[7])):
+                want = (q.dims[0], kc.dims[1], groups)
+                expect(
+                    t.dtype is DType.F32 and t.dims == want,
+                    self,
+                    f"{name} must be f32 [B,C,G] = {list(want)} for an int8 cache, got {t}",
+                )
         for name, t in (("q", q), ("k", k), ("v", v)):
             expect(
                 t.dtype is DType.F32 and t.rank == 3, self, f"{name} must be f32 rank 3, got {t}"
@@ -137,7 +190,7 @@ class CacheAttention(Op):
             expect(
                 t.dtype in CACHE_DTYPES and t.dtype is kc.dtype and t.rank == 3,
                 self,
-                f"{name} must be f32, bf16 or f16 rank 3 (as k_cache {kc}), got {t}",
+                f"{name} must be f32, bf16, f16 or i8 rank 3 (as k_cache {kc}), got {t}",
             )
         expect(q.dims[2] == h * d, self, f"q must be [B,S,{h * d}] (H={h} x D={d}), got {q}")
         for name, t in (("k", k), ("v", v)):
@@ -161,9 +214,16 @@ class CacheAttention(Op):
         return q
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
-        q, k, v, kc, vc, pos = xs
+        q, k, v, kc, vc, pos = xs[:6]
         s = q.shape[1]
         p = cache_start(self.mnemonic, pos, s, kc.shape[1])
+        if kc.dtype == np.int8:
+            hkv = xs[6].shape[-1]  # scale groups: Hkv (per head) or more
+            keys = dequantize_heads(kc[:, : p + s], xs[6][:, : p + s])
+            vals = dequantize_heads(vc[:, : p + s], xs[7][:, : p + s])
+            keys[:, p:] = dequantize_heads(*quantize_heads(k, hkv))
+            vals[:, p:] = dequantize_heads(*quantize_heads(v, hkv))
+            return _block_attention(self, q, keys, vals).astype(ctx.out_dtype)
         keys, vals = kc[:, : p + s].copy(), vc[:, : p + s].copy()
         keys[:, p:], vals[:, p:] = k, v  # rounded to the cache dtype (nearest even)
         return _block_attention(self, q, keys, vals).astype(ctx.out_dtype)
@@ -259,6 +319,11 @@ class SlotCacheAttention(Op):
             self,
             f"k_cache and v_cache must be static [SLOTS,C,{hkv * d}] alike, got {kc}, {vc}",
         )
+        expect(
+            kc.dtype is not DType.I8,
+            self,
+            "an int8 KV cache is for cache_attention only; slot caches are f32, bf16 or f16",
+        )
         one = (Shape((1, *kc.dims[1:]), kc.dtype), Shape((1, *vc.dims[1:]), vc.dtype))
         pos1 = Shape((q.dims[1],), DType.I64)
         # one slot is a cache_attention: the same rules for q, k, v and the caches
@@ -344,12 +409,16 @@ def cache_attention(
     num_kv_heads: int | None = None,
     window: int = 0,
     scale: float | None = None,
+    k_scale: NodeId | None = None,
+    v_scale: NodeId | None = None,
 ) -> NodeId:
-    """Attention of ``q`` over the caches with ``k, v`` written at ``positions``."""
+    """Attention of ``q`` over the caches with ``k, v`` written at ``positions``;
+    ``k_scale`` / ``v_scale``: the scales of int8 caches."""
     hkv = num_heads if num_kv_heads is None else int(num_kv_heads)
     sc = None if scale is None else float(scale)
     op = CacheAttention(int(num_heads), int(head_dim), hkv, int(window), sc)
-    return g.apply(op, [q, k, v, k_cache, v_cache, positions])
+    extra = [] if k_scale is None or v_scale is None else [k_scale, v_scale]
+    return g.apply(op, [q, k, v, k_cache, v_cache, positions, *extra])
 
 
 @graph_method

@@ -63,6 +63,11 @@ class BatchedDecoder:
         if not _int_like(slots) or int(slots) < 1:
             raise InputError(f"batched: slots must be an int >= 1, given {slots!r}")
         cfg = model.config
+        if model.kv_dtype == "int8":
+            raise InputError(
+                "batched: an int8 KV cache is for single-stream decode; load the model with "
+                "kv_dtype f32, bf16 or f16 for batched decode"
+            )
         if max_context is None:
             max_context = model.max_context
         if not _int_like(max_context) or not 2 <= int(max_context) <= cfg.context_length:

@@ -19,6 +19,7 @@ with a ModelError naming the step.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,12 @@ import numpy as np
 from rlx.errors import InputError, ModelError
 from rlx.models.llm.model import check_token_ids
 from rlx.models.llm.sampling import SamplingParams, choose
+from rlx.models.llm.speculative import (
+    NgramDraft,
+    SpeculativeCounts,
+    check_draft_model,
+    speculative_tokens,
+)
 
 __all__ = ["Generation", "GenerationStats", "TextStream", "generate"]
 
@@ -41,6 +48,22 @@ class GenerationStats:
     prefill_s: float
     decode_steps: int
     decode_s: float
+    #: speculative decoding: per target run, the tokens drafted and accepted (else empty)
+    drafted: tuple[int, ...] = ()
+    accepted: tuple[int, ...] = ()
+
+    @property
+    def tokens_per_target_run(self) -> float:
+        """Speculative decoding: tokens each target run of the decode made on average
+        (accepted drafts + the target's own token); nan without drafting."""
+        n = len(self.accepted)
+        return (sum(self.accepted) + n) / n if n else float("nan")
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Speculative decoding: accepted / drafted tokens (nan when nothing was drafted)."""
+        d = sum(self.drafted)
+        return sum(self.accepted) / d if d else float("nan")
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -51,10 +74,17 @@ class GenerationStats:
         return self.decode_steps / self.decode_s if self.decode_s > 0 else float("nan")
 
     def __str__(self) -> str:
-        return (
+        out = (
             f"prefill {self.prompt_tokens} tokens: {self.prefill_tokens_per_s:.1f} tokens/s; "
             f"decode {self.decode_steps} tokens: {self.decode_tokens_per_s:.1f} tokens/s"
         )
+        if self.accepted:
+            out += (
+                f"; speculative: {len(self.accepted)} target runs, "
+                f"{self.tokens_per_target_run:.2f} tokens per run, accepted "
+                f"{sum(self.accepted)} of {sum(self.drafted)} drafted"
+            )
+        return out
 
 
 @dataclass(frozen=True)
@@ -148,6 +178,8 @@ def generate(
     add_bos: bool | None = None,
     stop_at_eos: bool = True,
     stop_ids: int | Sequence[int] | None = (),
+    draft: Any = None,
+    num_draft: int = 4,
 ) -> Generation | TextStream:
     """Generate up to ``max_tokens`` tokens after ``prompt`` (text, or token ids used as
     given) (module docstring). ``temperature`` 0 is greedy; ``seed`` (an int >= 0) makes
@@ -156,8 +188,14 @@ def generate(
     the file says so (``tokenizer.ggml.add_bos_token``), True / False always / never (a
     text that starts with the BOS, as a chat template renders it, never gets a second
     one); ``stop_at_eos=False`` ignores the tokenizer's stop tokens; ``stop_ids``: more
-    stop tokens (an id or a list of ids in ``[0, vocab)``). InputError for a bad argument
-    and when the prompt plus ``max_tokens`` does not fit the model's ``max_context``."""
+    stop tokens (an id or a list of ids in ``[0, vocab)``); ``draft``: speculative decoding
+    (:mod:`rlx.models.llm.speculative`) with a draft LlmModel of the same tokenizer,
+    ``"ngram"`` (prompt lookup, no second model) or an ``NgramDraft``, proposing up to
+    ``num_draft`` tokens per target run (greedy output equals plain decoding; with
+    ``temperature > 0`` speculative sampling keeps the distribution; ``stats.accepted``
+    holds the accepted tokens per run). InputError for a bad argument, a draft model of
+    another vocabulary, and when the prompt plus ``max_tokens`` does not fit the model's
+    (or the draft model's) ``max_context``."""
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise InputError(f"max_tokens must be an int >= 1, given {max_tokens!r}")
     sp = SamplingParams(_number("temperature", temperature), top_k, _number("top_p", top_p), seed)
@@ -172,11 +210,35 @@ def generate(
             f"generate: prompt of {len(ids)} tokens + max_tokens={max_tokens} needs "
             f"{need} positions, more than max_context={model.max_context}"
         )
+    drafter = _drafter(model, draft, num_draft, need)
     stream_obj = TextStream(iter(()))
     ends = (_stop_ids(model) if stop_at_eos else frozenset()) | extra
     rng = np.random.default_rng(sp.seed)
     state = model.new_state()
-    pieces = _loop(model, state, ids, max_tokens, sp, rng, stops, stream_obj, frozenset(ends))
+    counts = SpeculativeCounts()
+
+    def check(logits: np.ndarray, step: int) -> None:
+        _check_finite(logits, step, len(ids))
+
+    tokens = (
+        _plain_tokens(state, ids, sp, rng, check)
+        if drafter is None
+        else speculative_tokens(state, ids, max_tokens, sp, rng, drafter, num_draft, counts, check)
+    )
+
+    def stats(generated: int) -> GenerationStats:
+        if drafter is None:
+            t = state.times
+            return GenerationStats(len(ids), generated, t.prefill_s, t.decode_tokens, t.decode_s)
+        # prefill: the target's and the draft model's; decode: the rest of the wall time
+        prefill = counts.prefill_s + counts.draft_prefill_s
+        total = time.perf_counter() - counts.start
+        return GenerationStats(
+            len(ids), generated, prefill, max(generated - 1, 0), total - prefill,
+            tuple(counts.drafted), tuple(counts.accepted),
+        )  # fmt: skip
+
+    pieces = _loop(model, tokens, ids, max_tokens, stops, stream_obj, frozenset(ends), stats)
     if on_text is not None:
         pieces = _tee(pieces, on_text)
     if stream:
@@ -211,26 +273,66 @@ def _check_finite(logits: np.ndarray, step: int, prompt_tokens: int) -> None:
     )
 
 
+def _drafter(model: Any, draft: Any, num_draft: Any, need: int) -> Any:
+    """``draft`` checked: None, an NgramDraft, or a draft LlmModel fit for ``model``."""
+    if draft is None:
+        return None
+    if isinstance(num_draft, bool) or not isinstance(num_draft, int) or not 1 <= num_draft <= 16:
+        raise InputError(f"num_draft must be an int in [1, 16], given {num_draft!r}")
+    if isinstance(draft, str):
+        if draft == "ngram":
+            return NgramDraft()
+        raise InputError(
+            f'draft must be a loaded draft model (rlx.models.llm.load(path)), "ngram" or an '
+            f"NgramDraft, given the str {draft!r:.60}"
+        )
+    if isinstance(draft, NgramDraft):
+        return draft
+    if not all(hasattr(draft, a) for a in ("config", "new_state", "max_context", "file")):
+        raise InputError(
+            f'draft must be a loaded draft model, "ngram" or an NgramDraft, given '
+            f"{type(draft).__name__} ({draft!r:.40})"
+        )
+    check_draft_model(model, draft)
+    if need > draft.max_context:
+        raise InputError(
+            f"generate: the draft model's max_context={draft.max_context} is smaller than "
+            f"the {need} positions the prompt + max_tokens need"
+        )
+    return draft
+
+
+def _plain_tokens(
+    state: Any, ids: list[int], sp: SamplingParams, rng: np.random.Generator, check: Any
+) -> Iterator[int]:
+    """Plain decoding: the prefill, then one step per token asked for."""
+    logits = state.prefill(ids)
+    check(logits, 0)
+    step = 0
+    while True:
+        tok = choose(logits, sp, rng)
+        yield tok
+        step += 1
+        logits = state.step(tok)
+        check(logits, step)
+
+
 def _loop(
     model: Any,
-    state: Any,
+    tokens: Iterator[int],
     ids: list[int],
     max_tokens: int,
-    sp: SamplingParams,
-    rng: np.random.Generator,
     stops: list[str],
     sink: TextStream,
     stop_ids: frozenset[int],
+    stats: Callable[[int], GenerationStats],
 ) -> Iterator[str]:
     hold = max((len(s) for s in stops), default=1) - 1
     has_text = model.tokenizer is not None
-    times = state.times
-    logits = state.prefill(ids)
-    _check_finite(logits, 0, len(ids))
     out: list[int] = []
     text, emitted, finish = "", 0, "max_tokens"
-    for i in range(max_tokens):
-        tok = choose(logits, sp, rng)
+    for _ in range(max_tokens):
+        tok = next(tokens)
         if tok in stop_ids:
             finish = "stop_token"
             break
@@ -246,12 +348,6 @@ def _loop(
             if safe > emitted:
                 yield text[emitted:safe]
                 emitted = safe
-        if i + 1 < max_tokens:
-            logits = state.step(tok)
-            _check_finite(logits, i + 1, len(ids))
     if len(text) > emitted:
         yield text[emitted:]
-    stats = GenerationStats(
-        len(ids), len(out), times.prefill_s, times.decode_tokens, times.decode_s
-    )
-    sink.result = Generation(text, out, list(ids), finish, stats)
+    sink.result = Generation(text, out, list(ids), finish, stats(len(out)))

@@ -4,9 +4,10 @@ it reads (the GGUF bytes themselves: no f32 copy of a quantized weight; bf16 / f
 weights stay 16-bit, multiplied by the custom op of :mod:`rlx.models.llm.lowp`).
 
 Inputs: ``input_ids`` i64 ``[1, seq]``, ``positions`` i64 ``[seq]`` (consecutive, the
-positions of these tokens in the context) and ``last`` i64 ``[1]`` (which of the ``seq``
-rows gives the logits). Output: f32 ``[1, 1, vocab]``, the next-token logits after row
-``last``. One compiled graph serves prefill (``seq`` = the prompt, padded to a length
+positions of these tokens in the context) and ``last`` i64 ``[rows]`` (which of the ``seq``
+rows give logits: one for a prompt or a decode step, every row for the verification of
+drafted tokens in speculative decoding). Output: f32 ``[1, rows, vocab]``, the next-token
+logits after each row of ``last``. One compiled graph serves prefill (``seq`` = the prompt, padded to a length
 class) and decode (``seq`` = 1): each layer's ``cache_attention`` writes its rows into
 the layer's KV cache params ``kv.{i}.k`` / ``kv.{i}.v`` (``[1, max_context, Hkv*D]``,
 kept by the runtime) and attends over the cache's valid prefix.
@@ -14,9 +15,8 @@ kept by the runtime) and attends over the cache's valid prefix.
 The batched graph (``slots`` = N, :mod:`rlx.models.llm.batch`): the caches are
 ``[N, max_context, Hkv*D]`` (one context per slot), a further input ``slots`` i64 ``[seq]``
 names each token's slot (``positions`` are then per token, not necessarily consecutive),
-each layer's ``slot_cache_attention`` writes every token's rows into its slot and attends
-over that slot, and ``last`` i64 ``[rows]`` picks any number of rows: the output is
-``[1, rows, vocab]``. A decode step of N sequences is ``seq`` = N tokens (one per slot),
+and each layer's ``slot_cache_attention`` writes every token's rows into its slot and
+attends over that slot. A decode step of N sequences is ``seq`` = N tokens (one per slot),
 so every projection is one ``dequant_matmul`` of N rows.
 
 Per layer (llama.cpp's graphs; Gemma 3's parts where its spec says so): rms_norm ->
@@ -244,9 +244,12 @@ def build_decoder(
     max_context: int,
     kv_dtype: DType = DType.F32,
     slots: int | None = None,
+    kv_group: int = 0,
 ) -> DecoderGraph:
     """The decoder graph of ``cfg`` over the GGUF ``tensors`` (module docstring), its KV
-    cache of ``kv_dtype`` (f32, bf16 or f16); a missing or misshapen tensor is a
+    cache of ``kv_dtype`` (f32, bf16, f16, or i8 with the f32 params ``kv.{i}.k_scale`` /
+    ``kv.{i}.v_scale [1, max_context, G]``: one scale per row and kv head, G = Hkv, or with
+    ``kv_group`` > 0 per that many values of a head, G = Hkv*D / kv_group); a missing or misshapen tensor is a
     ModelError naming it. With ``slots``, the batched graph (module docstring): a cache
     of that many sequences, a ``slots`` input and ``last`` of any length."""
     b = _Builder(cfg, tensors, max_context)
@@ -255,14 +258,19 @@ def build_decoder(
     seq = g.sym("seq", max=max_context)
     ids = g.input("input_ids", (1, seq), DType.I64)
     positions = g.input("positions", (seq,), DType.I64)
+    last = g.input("last", (g.sym("rows", max=max_context),), DType.I64)
     if slots is None:
-        last = g.input("last", (1,), DType.I64)
         cache = (1, max_context, hkv * hd)
     else:
         which = g.input("slots", (seq,), DType.I64)
-        last = g.input("last", (g.sym("rows", max=max_context),), DType.I64)
         cache = (slots, max_context, hkv * hd)
     zeros = np.zeros(cache, kv_dtype.np)  # every layer's caches start as these zeros
+    int8 = kv_dtype is DType.I8
+    if int8 and slots is not None:
+        raise ModelError("an int8 KV cache is for single-stream decode; batched slots are f32, "
+                         "bf16 or f16")  # fmt: skip
+    groups = hkv * hd // kv_group if kv_group else hkv
+    scale_zeros = np.zeros((*cache[:2], groups), np.float32) if int8 else None
 
     x = b.embed(ids, cfg.vocab, d)
     if cfg.arch.embed_scale:
@@ -299,8 +307,13 @@ def build_decoder(
         vc = g.param(f"kv.{i}.v", cache, kv_dtype)
         b.params[f"kv.{i}.k"] = b.params[f"kv.{i}.v"] = zeros
         spec = (h, hd, hkv, cfg.window(i), cfg.attn_scale)
+        scales: dict[str, NodeId] = {}
+        if scale_zeros is not None:  # int8: one f32 scale per cache row and kv head
+            for kv in ("k", "v"):
+                b.params[f"kv.{i}.{kv}_scale"] = scale_zeros
+                scales[f"{kv}_scale"] = g.param(f"kv.{i}.{kv}_scale", scale_zeros.shape, DType.F32)
         att = (
-            g.cache_attention(q, k, v, kc, vc, positions, *spec)
+            g.cache_attention(q, k, v, kc, vc, positions, *spec, **scales)
             if slots is None
             else g.slot_cache_attention(q, k, v, kc, vc, positions, which, *spec)
         )

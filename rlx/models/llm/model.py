@@ -5,10 +5,13 @@ token-level steps generation is made of (:meth:`LlmModel.prefill`, :meth:`LlmMod
 
 One CompiledGraph (symbolic ``seq``) runs every step; the runtime keeps one schedule per
 length it has seen (decode is ``seq`` = 1; a prompt is padded to the next power of two,
-at least 8, so prompts share a few schedules), so a decode step never re-plans. The KV
+at least 8, so prompts share a few schedules; :meth:`SequenceState.verify`, the check of
+speculative decoding's drafted tokens, runs its exact length and returns every row's
+logits), so a decode step never re-plans. The KV
 cache is the ``kv.*`` params the runtime allocates once (``[1, max_context, Hkv*D]`` per
 layer and k / v, f32 or, with ``kv_dtype``, bf16 / f16: half the memory, rows rounded
-when written); a step writes only its own rows. Padding rows of a prompt land in
+when written; or int8: a quarter, plus an f32 scale per row and kv head, rows quantized
+when written and dequantized for the attention, ``rlx/ops/kvcache.py``); a step writes only its own rows. Padding rows of a prompt land in
 the cache beyond the prompt and are overwritten by the decode steps before any query can
 see them (a query at position ``p`` reads rows ``<= p`` only).
 
@@ -49,7 +52,7 @@ _MIN_CLASS = 8
 #: The KV cache size when none is given (capped by the model's context length).
 DEFAULT_CONTEXT = 2048
 #: ``kv_dtype`` names -> the cache dtype.
-KV_DTYPES = {"f32": DType.F32, "bf16": DType.BF16, "f16": DType.F16}
+KV_DTYPES = {"f32": DType.F32, "bf16": DType.BF16, "f16": DType.F16, "int8": DType.I8}
 
 
 @dataclass
@@ -92,6 +95,25 @@ class SequenceState:
     def extend(self, ids: Sequence[int]) -> np.ndarray:
         """Append ``ids`` to the context (no reset) and return the next-token logits."""
         return self.model._run(self, ids)
+
+    def verify(self, ids: Sequence[int]) -> np.ndarray:
+        """Append ``ids`` to the context in one run of exactly ``len(ids)`` rows (no
+        padding) and return the logits after each of them, f32 ``[len(ids), vocab]``:
+        row ``i`` is the next-token logits after ``ids[i]`` (speculative decoding checks
+        drafted tokens with it; :meth:`truncate` drops the rejected ones)."""
+        return self.model._run(self, ids, every_row=True)
+
+    def truncate(self, position: int) -> None:
+        """Drop the context from ``position`` on (``0 <= position <= self.position``): the
+        next token goes to ``position``, and the dropped rows of the KV cache are
+        overwritten before any query can read them. InputError for another position."""
+        if not _int_like(position) or not 0 <= int(position) <= self.position:
+            raise InputError(
+                f"llm: truncate position must be an int in [0, {self.position}] (the "
+                f"tokens in the context), given {position!r}"
+            )
+        with self.model._lock:
+            self.position = int(position)
 
     def __repr__(self) -> str:
         return f"SequenceState(position={self.position})"
@@ -163,6 +185,7 @@ class LlmModel:
         max_context: int,
         num_threads: int | None,
         kv_dtype: str = "f32",
+        kv_group: int = 0,
     ) -> None:
         from rlx.options import CompileOptions
         from rlx.runtime.session import Session
@@ -175,9 +198,12 @@ class LlmModel:
         self.num_threads = num_threads
         self.kv_dtype = kv_dtype
         self.quantization: QuantReport | None = None
-        dec = build_decoder(config, gguf_file.tensors, max_context, KV_DTYPES[kv_dtype])
+        self.kv_group = kv_group
+        dec = build_decoder(
+            config, gguf_file.tensors, max_context, KV_DTYPES[kv_dtype], kv_group=kv_group
+        )
         self.graph = dec.graph
-        opts = CompileOptions(num_threads=num_threads, max_shape_plans=16, use_cache=False)
+        opts = CompileOptions(num_threads=num_threads, max_shape_plans=24, use_cache=False)
         self.compiled = Session("cpu").compile(self.graph, opts)
         self.compiled.set_params(dec.params)
         self._kv_names = [n for n in dec.params if n.startswith("kv.")]
@@ -223,7 +249,9 @@ class LlmModel:
             state._saved = None
         self._holder = weakref.ref(state)
 
-    def _run(self, state: SequenceState, ids: Sequence[int], reset: bool = False) -> np.ndarray:
+    def _run(
+        self, state: SequenceState, ids: Sequence[int], reset: bool = False, every_row: bool = False
+    ) -> np.ndarray:
         if state.model is not self:
             raise InputError("llm: a SequenceState runs only through the model that made it")
         arr = check_token_ids(ids, self.config.vocab)
@@ -241,13 +269,13 @@ class LlmModel:
                     f"at most the model's {self.config.context_length})"
                 )
             self._hold(state)
-            length = _length_class(n, self.max_context - start)
+            length = n if every_row else _length_class(n, self.max_context - start)
             padded = np.zeros((1, length), np.int64)
             padded[0, :n] = arr
             feed = {
                 "input_ids": padded,
                 "positions": np.arange(start, start + length, dtype=np.int64),
-                "last": np.array([n - 1], np.int64),
+                "last": np.arange(n, dtype=np.int64) if every_row else np.array([n - 1], np.int64),
             }
             t0 = time.perf_counter()
             (logits,) = self.compiled.run(feed)
@@ -260,7 +288,7 @@ class LlmModel:
         else:
             times.prefill_tokens += n
             times.prefill_s += dt
-        return logits.reshape(-1)
+        return logits.reshape(n, -1) if every_row else logits.reshape(-1)
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
         """Reset the default state, run ``ids`` (a prompt, BOS included if wanted) and
@@ -363,6 +391,7 @@ def open_model(
     num_threads: int | None = None,
     kv_dtype: str = "f32",
     precision: str | None = None,
+    kv_group: int = 0,
 ) -> LlmModel:
     """Read the GGUF file or Hugging Face directory at ``path`` and build its
     :class:`LlmModel` (see :func:`rlx.models.llm.load`)."""
@@ -405,6 +434,15 @@ def open_model(
             f"max_context={max_context} exceeds the model's context length "
             f"{cfg.context_length} ({cfg.arch.name}.context_length)"
         )
-    model = LlmModel(p, f, cfg, tok, max_context, num_threads, kv_dtype)
+    if isinstance(kv_group, bool) or not isinstance(kv_group, int) or kv_group < 0:
+        raise InputError(
+            f"kv_group must be an int >= 0 (0: one scale per head), given {kv_group!r}"
+        )
+    if kv_group and (kv_dtype != "int8" or cfg.head_dim % kv_group):
+        raise InputError(
+            f"kv_group={kv_group} needs kv_dtype='int8' (given {kv_dtype!r}) and must divide "
+            f"the head dim {cfg.head_dim}"
+        )
+    model = LlmModel(p, f, cfg, tok, max_context, num_threads, kv_dtype, kv_group)
     model.quantization = report
     return model

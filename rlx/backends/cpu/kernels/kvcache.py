@@ -8,7 +8,11 @@ first ``p+S`` rows, with its end-aligned causal / sliding-window mask; the valid
 a run-time argument, so one schedule serves every position. A bf16 / f16 cache: the new
 rows are rounded into it, q is rounded into a scratch of that dtype and the kernel's
 output (that dtype) is widened into the f32 output, as the op's reference models; the
-kernel reads the low-precision cache directly. Without the native library
+kernel reads the low-precision cache directly. An int8 cache (with its ``k_scale`` /
+``v_scale`` params): the new rows are quantized per row and head into it
+(``quantize_heads``), then the valid prefix is dequantized into f32 scratch rows (one pair
+of scratch caches per schedule, shared by the layers) and the f32 native kernel runs on
+them. Without the native library
 (or ``native=False``) the same attention is computed with NumPy. The cache params must not
 be given by the caller (the runtime's zeroed storage is the cache): a given one is a
 CompileError naming it.
@@ -41,6 +45,8 @@ from rlx.ops.kvcache import (
     cache_mask,
     cache_start,
     check_ids,
+    dequantize_heads,
+    quantize_heads,
     slot_runs,
 )
 from rlx.ops.nn import split_heads
@@ -51,7 +57,7 @@ __all__ = ["cache_attention_kernel", "slot_cache_attention_kernel", "dequant_gat
 def _cache_storage(node: Node, ctx: KernelCtx, i: int) -> np.ndarray:
     """The writable storage of cache input ``i`` (a param the runtime owns)."""
     src = ctx.graph.nodes[node.inputs[i]]
-    what = "k_cache" if i == 3 else "v_cache"
+    what = {3: "k_cache", 4: "v_cache", 6: "k_scale", 7: "v_scale"}[i]
     if not isinstance(src.op, Param):
         raise CompileError(
             f"{node.op.mnemonic} %{node.id}: {what} must be a param (the cache the runtime "
@@ -158,9 +164,11 @@ def cache_attention_kernel(
 ) -> Kernel:
     """Write the new rows into the caches, then attend over their valid prefix."""
     op: CacheAttention = node.op  # type: ignore[assignment]
-    q, k, v, _, _, positions = ins
+    q, k, v, _, _, positions = ins[:6]
     kc, vc = _cache_storage(node, ctx, 3), _cache_storage(node, ctx, 4)
     s, cap = q.shape[1], kc.shape[1]
+    if kc.dtype == np.int8:
+        return _int8_cache_kernel(node, op, ins, out, ctx, kc, vc)
     native: Callable[[int], None] | None = _native_call(op, q, kc, vc, out, ctx)
     if native is None:
         ctx.kind = KernelKind.NUMPY
@@ -173,6 +181,35 @@ def cache_attention_kernel(
             native(p + s)
         else:
             _numpy_attention(op, q, kc[:, : p + s], vc[:, : p + s], out)
+
+    return run
+
+
+def _int8_cache_kernel(  # type: ignore[no-untyped-def]
+    node: Node, op: CacheAttention, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx,
+    kc, vc,
+) -> Kernel:  # fmt: skip
+    """The int8 cache: quantize the new rows in, dequantize the valid prefix into f32
+    scratch, attend over it (module docstring)."""
+    q, k, v, _, _, positions = ins[:6]
+    ks, vs = _cache_storage(node, ctx, 6), _cache_storage(node, ctx, 7)
+    s, cap, groups = q.shape[1], kc.shape[1], ks.shape[-1]
+    kf = ctx.scratch(kc.shape, np.float32, 64)
+    vf = ctx.scratch(vc.shape, np.float32, 65)
+    native = _native_call(op, q, kf, vf, out, ctx)
+    if native is None:
+        ctx.kind = KernelKind.NUMPY
+
+    def run() -> None:
+        p = cache_start(f"cache_attention %{node.id}", positions, s, cap)
+        kc[:, p : p + s], ks[:, p : p + s] = quantize_heads(k, groups)
+        vc[:, p : p + s], vs[:, p : p + s] = quantize_heads(v, groups)
+        kf[:, : p + s] = dequantize_heads(kc[:, : p + s], ks[:, : p + s])
+        vf[:, : p + s] = dequantize_heads(vc[:, : p + s], vs[:, : p + s])
+        if native is not None:
+            native(p + s)
+        else:
+            _numpy_attention(op, q, kf[:, : p + s], vf[:, : p + s], out)
 
     return run
 
