@@ -7,6 +7,10 @@ results through the fused epilogue (row x channel scale, bias, activation, resid
 selected target holds (``RLX_ISA``): VNNI512 only on the AVX512 target of a CPU with
 VNNI (which also takes AMX-INT8 tiles when the CPU and kernel allow them and K is a
 multiple of 64, :attr:`QGemmLib.has_amx`), AVX2 from the AVX2 target, PLAIN always.
+The AVX2 path has two exact micro-kernels and picks one per packed weight
+(:meth:`QGemmLib.takes_7bit`): vpmaddubsw + vpmaddwd when every weight lies in
+[-64, 64] (7-bit weights, as ONNX Runtime's ``reduce_range``), vpmaddwd on int16
+otherwise (see ``csrc/qgemm.c``).
 """
 
 from __future__ import annotations
@@ -236,6 +240,16 @@ class QGemmLib:
         )  # fmt: skip
         if rc != 0:
             raise MemoryError("batch_run: out of memory")
+
+    def takes_7bit(self, packed: tuple[np.ndarray, np.ndarray], k: int, n: int) -> bool:
+        """Whether ``packed`` (a ``[k, n]`` weight packed by :meth:`pack`) runs on the AVX2
+        vpmaddubsw kernel: AVX2 path and every weight in [-64, 64]. False elsewhere."""
+        bp, colsum = packed
+        if colsum.shape != (n,) or bp.nbytes != self.lib.rlx_qgemm_packed_size(k, n):
+            raise InputError(
+                f"qgemm: the packed weight is not a [{k}, {n}] weight packed by this library"
+            )
+        return bool(self.lib.rlx_qgemm_packed_narrow(_ptr(bp), k, n))
 
     @property
     def has_amx(self) -> bool:
