@@ -154,17 +154,22 @@ static void tile_panel(long i0, long i1, long j, long M, long N, long kp, long k
     for (long g0 = 0; g0 < kg; g0 += kcg) {
         long g1 = g0 + kcg < kg ? g0 + kcg : kg;
         for (long i = i0; i < i1; ++i) {
-            long ao = i * kp * MR + g0 * MR * KG;
-            const b_t *bp = Bp + j * kp * NR + g0 * NR * KG;
+            /* element offsets: the same for u8 quads and s16 pairs (kernel b) */
+            long ao = i * kp * MR + g0 * MR * KG, bo = j * kp * NR + g0 * NR * KG;
 #if RLX_ISA == 1
             if (wide) {
-                ukernel_wide(g1 - g0, (const int16_t *)Ap_ + ao, bp, acc + (i - i0) * MR * NR);
+                ukernel_wide(2 * (g1 - g0), (const int16_t *)Ap_ + ao, (const int16_t *)Bp + bo,
+                             acc + (i - i0) * MR * NR);
                 continue;
             }
 #else
             (void)wide;
 #endif
-            ukernel(g1 - g0, Ap + ao, bp, acc + (i - i0) * MR * NR);
+#if RLX_ISA == 1
+            ukernel_rows(g1 - g0, Ap + ao, Bp + bo, acc + (i - i0) * MR * NR, M - i * MR);
+#else
+            ukernel(g1 - g0, Ap + ao, Bp + bo, acc + (i - i0) * MR * NR);
+#endif
         }
     }
     long nr = N - j * NR < NR ? N - j * NR : NR;
@@ -234,7 +239,7 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
     long mcb = kp > 0 ? A_BLOCK_BYTES / (kp * MR * esz) : mb;
     if (mcb < 1) mcb = 1;
     if (mcb > mb) mcb = mb;
-    long kcg = KC_BYTES / (NR * KG * (long)sizeof(b_t));
+    long kcg = KC_BYTES / (NR * KG * (wide ? (long)sizeof(int16_t) : (long)sizeof(b_t)));
     int oom = 0;
 
     /* enough row tiles: each thread packs its own rows and multiplies them by every panel,
