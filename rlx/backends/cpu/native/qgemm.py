@@ -37,6 +37,21 @@ ACT_CODES: dict[str | None, int] = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 
 A_KINDS: dict[str, int] = {"int8": 0, "uint8": 1, "float32": 2, "bfloat16": 3}
 
 
+class _RunArgs(ctypes.Structure):
+    """``qgemm_args_t`` of ``csrc/qgemm_run.c`` (the arguments of ``rlx_qgemm_run``)."""
+
+    _fields_ = [
+        ("M", ctypes.c_long), ("N", ctypes.c_long), ("K", ctypes.c_long),
+        ("a_kind", ctypes.c_int), ("A", ctypes.c_void_p), ("lda", ctypes.c_long),
+        ("a_zp", ctypes.c_int32), ("a_scale", ctypes.c_float), ("mode", ctypes.c_int),
+        ("Bp", ctypes.c_void_p), ("colsum", ctypes.c_void_p), ("ws", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p), ("act", ctypes.c_int), ("res", ctypes.c_void_p),
+        ("ldr", ctypes.c_long), ("Y", ctypes.c_void_p), ("ldy", ctypes.c_long),
+        ("C", ctypes.c_void_p), ("ldc", ctypes.c_long), ("row_scale", ctypes.c_void_p),
+        ("row_zp", ctypes.c_void_p), ("nthreads", ctypes.c_int), ("flags", ctypes.c_int),
+    ]  # fmt: skip
+
+
 def _ptr(a: np.ndarray | None) -> int | None:
     return None if a is None else a.ctypes.data
 
@@ -159,18 +174,17 @@ class QGemmLib:
                 )
         if out_f32 is not None and w_scales is None:
             raise InputError(f"qgemm: out_f32 needs w_scales f32 [{n}]")
-        fn, size = self.lib.rlx_qgemm_run, self.lib.rlx_qgemm_packed_size(k, n)
-        head = (
+        size = self.lib.rlx_qgemm_packed_size(k, n)
+        args = _RunArgs(
             m, n, k, A_KINDS[a.dtype.name], _ptr(a), lda, int(a_zero_point), float(a_scale),
-            int(mode),
+            int(mode), None, None, _ptr(w_scales), _ptr(bias), ACT_CODES[act], _ptr(residual),
+            n, _ptr(out_f32), n, _ptr(out_i32), n, _ptr(row_scale), _ptr(row_zp),
+            int(num_threads), 0 if amx else 1,
         )  # fmt: skip
-        tail = (
-            _ptr(w_scales), _ptr(bias), ACT_CODES[act], _ptr(residual), n, _ptr(out_f32), n,
-            _ptr(out_i32), n, _ptr(row_scale), _ptr(row_zp), int(num_threads), 0 if amx else 1,
-        )  # fmt: skip
-        seen: list[Any] = [None, (0, 0)]  # the packed weight last used and its pointers
+        fn, pargs = self.lib.rlx_qgemm_run_args, ctypes.addressof(args)
+        seen: list[Any] = [None]  # the packed weight last used
         # the arrays behind the pointers stay alive as long as the bound call
-        keep = (a, w_scales, bias, residual, out_f32, out_i32, row_scale, row_zp)
+        keep = (a, w_scales, bias, residual, out_f32, out_i32, row_scale, row_zp, args)
 
         def call(packed: tuple[np.ndarray, np.ndarray], _keep: tuple = keep) -> None:
             if seen[0] is not packed:
@@ -180,8 +194,9 @@ class QGemmLib:
                         f"qgemm: the packed weight is not a [{k}, {n}] weight packed by this "
                         "library"
                     )
-                seen[0], seen[1] = packed, (_ptr(bp), _ptr(colsum))
-            if fn(*head, *seen[1], *tail) != 0:
+                seen[0] = packed
+                args.Bp, args.colsum = _ptr(bp), _ptr(colsum)
+            if fn(pargs) != 0:
                 raise MemoryError(f"qgemm: could not allocate the packed activations ({m}x{k})")
 
         return call
