@@ -38,6 +38,8 @@
  *         multiply-adds per vpmaddwd. The packed size is that of b for both (K rounded
  *         to 4). (vpmaddubsw on full 8-bit weights would saturate at 32767 for u8 255 x
  *         s8 -128 pairs: nothing on AVX2 multiplies them faster exactly.)
+ *      Both have 4- and 2-row variants for a last row tile that short (M = 16: 6 + 6 + 4
+ *      rows, no work on zero rows).
  *   0  plain C: the VNNI data layout with scalar code (auto-vectorised by gcc).
  *
  * The epilogue runs on each MR x NR tile while it is in L1, in SIMD registers (16 lanes on
@@ -471,8 +473,8 @@ static void ukernel_rows(long kg, const a_t *ap, const b_t *bp, int32_t *ct, lon
     __m256i c##r##0 = _mm256_loadu_si256((const __m256i *)(ct + (r) * NR)),   \
             c##r##1 = _mm256_loadu_si256((const __m256i *)(ct + (r) * NR + 8))
 
-__attribute__((noinline)) static void ukernel_wide(long kp2, const int16_t *ap,
-                                                   const int16_t *bp, int32_t *ct) {
+__attribute__((noinline)) static void ukernel_wide6(long kp2, const int16_t *ap,
+                                                    const int16_t *bp, int32_t *ct) {
     LOADW(0); LOADW(1); LOADW(2); LOADW(3); LOADW(4); LOADW(5);
     for (long k = 0; k < kp2; ++k) {
         __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
@@ -482,6 +484,43 @@ __attribute__((noinline)) static void ukernel_wide(long kp2, const int16_t *ap,
         bp += 2 * NR;
     }
     STOREW(0); STOREW(1); STOREW(2); STOREW(3); STOREW(4); STOREW(5);
+}
+
+__attribute__((noinline)) static void ukernel_wide4(long kp2, const int16_t *ap,
+                                                    const int16_t *bp, int32_t *ct) {
+    LOADW(0); LOADW(1); LOADW(2); LOADW(3);
+    for (long k = 0; k < kp2; ++k) {
+        __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
+        __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 16));
+        ROWW(0); ROWW(1); ROWW(2); ROWW(3);
+        ap += 2 * MR;
+        bp += 2 * NR;
+    }
+    STOREW(0); STOREW(1); STOREW(2); STOREW(3);
+}
+
+__attribute__((noinline)) static void ukernel_wide2(long kp2, const int16_t *ap,
+                                                    const int16_t *bp, int32_t *ct) {
+    LOADW(0); LOADW(1);
+    for (long k = 0; k < kp2; ++k) {
+        __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
+        __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 16));
+        ROWW(0); ROWW(1);
+        ap += 2 * MR;
+        bp += 2 * NR;
+    }
+    STOREW(0); STOREW(1);
+}
+
+/* rows: how many rows of the tile are real (1..MR) */
+static void ukernel_wide(long kp2, const int16_t *ap, const int16_t *bp, int32_t *ct,
+                         long rows) {
+    if (rows > 4)
+        ukernel_wide6(kp2, ap, bp, ct);
+    else if (rows > 2)
+        ukernel_wide4(kp2, ap, bp, ct);
+    else
+        ukernel_wide2(kp2, ap, bp, ct);
 }
 #undef STOREW
 #undef LOADW

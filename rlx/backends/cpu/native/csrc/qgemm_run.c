@@ -159,7 +159,7 @@ static void tile_panel(long i0, long i1, long j, long M, long N, long kp, long k
 #if RLX_ISA == 1
             if (wide) {
                 ukernel_wide(2 * (g1 - g0), (const int16_t *)Ap_ + ao, (const int16_t *)Bp + bo,
-                             acc + (i - i0) * MR * NR);
+                             acc + (i - i0) * MR * NR, M - i * MR);
                 continue;
             }
 #else
