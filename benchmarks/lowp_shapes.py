@@ -253,6 +253,28 @@ def main() -> int:
             )
         i8.append("")
         b16.append("")
+    i8 += [
+        "Kernels: on AVX2 the int8 GEMM takes a weight whose values all lie in [-64, 64] "
+        "(7-bit, as ONNX Runtime's quantize_dynamic(reduce_range=True)) on vpmaddubsw + "
+        "vpmaddwd (u8 x s8, a pair sum at most 2 * 255 * 64 = 32640: no saturation), any other "
+        "8-bit weight on vpmaddwd over s16 k pairs; both exact (the `exact` column: int32 "
+        "against NumPy int64 on the same quantized operands). rlx's weight quantizer "
+        "(rlx/quant/lower.py) writes [-127, 127], so compiled models take the 8-bit kernel "
+        "unless it quantizes to 7 bits. Shapes of a few tens of microseconds and the "
+        "1024-row shape (tens of milliseconds per call) are the most sensitive to the "
+        "machine's load: compare ratios within one row.",
+        "",
+    ]
+    b16 += [
+        "Without avx512_bf16 a bf16 matmul whose weight does not change between runs widens "
+        "that weight to f32 and packs it into rlx sgemm panels once (compile time, or once "
+        "per param change); each run widens the activations, runs the f32 sgemm into f32 "
+        "scratch and rounds it natively: the f32 product plus the widening of the "
+        "activations and the rounding of the result (callgrind at 16x384x384: 784k "
+        "instructions per product against 765k for f32). The `before` column is the path it replaces (both operands widened per "
+        "run, NumPy / OpenBLAS matmul, rounding pass).",
+        "",
+    ]
     for path, lines in ((args.int8_out, i8), (args.bf16_out, b16)):
         p = Path(path)
         text = p.read_text() if p.exists() else ""
