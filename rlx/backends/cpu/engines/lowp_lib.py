@@ -17,9 +17,14 @@ built from ``native/csrc/lowp_cast.c`` + ``native/csrc/lowp_gemm.c`` (through
   accumulation, the weight packed into 32-column panels: once at compile time when it
   is a constant, once per param change when it is a param or param-derived
   (``KernelCtx.stable``), every run otherwise);
-  ``CONVERT`` elsewhere and for f16 (native widening of both operands into f32 scratch,
-  f32 BLAS sgemm, native rounding of the result: the same f32 products as the
-  reference interpreter); ``NUMPY`` when the library cannot be built (no gcc, failed
+  ``CONVERT`` elsewhere and for f16: a weight that does not change between runs (a
+  constant, or a param / param-derived one, repacked once per param change) is widened
+  and packed into rlx sgemm f32 panels once, and each run widens the activations and
+  runs the f32 micro-kernel, which rounds a bf16 output once in its epilogue
+  (``engines.lowp_gemm._f32_panels``: without avx512_bf16 a bf16 product costs the f32
+  one plus the widening of the activations, never more); any other weight: native
+  widening of both operands into f32 scratch, f32 BLAS sgemm, native rounding. Either
+  way the same f32 products as the reference interpreter; ``NUMPY`` when the library cannot be built (no gcc, failed
   build) or ``CompileOptions.native`` is False: the ``lowp`` NumPy widening of
   ``dispatch.py``.
 The matmul kernels live in :mod:`rlx.backends.cpu.engines.lowp_gemm`; this module holds

@@ -10,20 +10,37 @@ multiply-add chains, a multiply-add counting 2 FLOPs. One try is calibrated to a
 try, so the best is the closest to the peak). Threads: OpenMP ``num_threads(threads)``;
 without OpenMP one thread runs and the figure is scaled by the thread count (the
 measurement says so). Results are cached per (threads, target) for the process.
+
+:func:`measure_lowp_peak` runs the same loop on the instructions the int8 GEMM
+(:attr:`PeakKind.INT8`: ``vpdpbusd`` zmm on AVX-512 with VNNI; ``vpmaddubsw`` +
+``vpmaddwd`` ymm on AVX2, the 7-bit-weight kernel; :attr:`PeakKind.INT16`: ``vpmaddwd``
+ymm alone, the AVX2 kernel for 8-bit weights) or the bf16 GEMM (:attr:`PeakKind.BF16`:
+``vdpbf16ps`` zmm with AVX512_BF16) multiplies with; a multiply-add counts 2 ops. A target without that instruction gives
+``available=False`` (bf16 then computes in f32: its peak is the FMA peak).
 """
 
 from __future__ import annotations
 
 import ctypes
+import enum
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlx.backends.cpu.native import bindings
 from rlx.backends.cpu.native.cpu import Target
 from rlx.errors import CompileError
 
-__all__ = ["PeakMeasurement", "measure_peak", "fma_peak_gflops", "peak_source"]
+__all__ = [
+    "PeakMeasurement",
+    "PeakKind",
+    "LowpPeak",
+    "measure_peak",
+    "measure_lowp_peak",
+    "fma_peak_gflops",
+    "peak_source",
+]
 
 
 @dataclass(frozen=True)
@@ -90,13 +107,27 @@ def measure_peak(
         raise CompileError("FMA peak probe: gcc is not on PATH, nothing to measure with")
     target = native.selected_target() if target is None else target
     lib = _lib(target)
+    iters, best, ran = _time_probe(lib.rlx_peak_run, threads, seconds, tries)
+    lanes, chains = lib.rlx_peak_lanes(), lib.rlx_peak_chains()
+    flops = ran * iters * chains * lanes * 2
+    gflops = flops / best / 1e9 * (threads / ran)
+    return PeakMeasurement(
+        gflops, threads, ran, target, lanes, chains, bool(lib.rlx_peak_fused()), best, tries
+    )
+
+
+def _time_probe(
+    run: Callable[..., float], threads: int, seconds: float, tries: int
+) -> tuple[int, float, int]:
+    """Calibrate ``run(iters, threads, &used)`` to about ``seconds / tries`` per try and
+    keep the best of ``tries``: (iters, best seconds, threads that ran)."""
     used = ctypes.c_int(0)
     per_try = seconds / tries
     iters = 1000
-    lib.rlx_peak_run(iters, threads, ctypes.byref(used))  # start the threads
+    run(iters, threads, ctypes.byref(used))  # start the threads
     while True:  # calibrate: a quarter of a try at least
         t0 = time.perf_counter()
-        lib.rlx_peak_run(iters, threads, ctypes.byref(used))
+        run(iters, threads, ctypes.byref(used))
         dt = time.perf_counter() - t0
         if dt >= per_try / 4 or iters >= 1 << 34:
             break
@@ -105,15 +136,91 @@ def measure_peak(
     best = float("inf")
     for _ in range(tries):
         t0 = time.perf_counter()
-        lib.rlx_peak_run(iters, threads, ctypes.byref(used))
+        run(iters, threads, ctypes.byref(used))
         best = min(best, time.perf_counter() - t0)
-    ran = max(1, used.value)
-    lanes, chains = lib.rlx_peak_lanes(), lib.rlx_peak_chains()
-    flops = ran * iters * chains * lanes * 2
-    gflops = flops / best / 1e9 * (threads / ran)
-    return PeakMeasurement(
-        gflops, threads, ran, target, lanes, chains, bool(lib.rlx_peak_fused()), best, tries
-    )
+    return iters, best, max(1, used.value)
+
+
+class PeakKind(enum.Enum):
+    """Which low-precision multiply :func:`measure_lowp_peak` probes."""
+
+    INT8 = "int8"
+    INT16 = "int16"
+    BF16 = "bf16"
+
+
+@dataclass(frozen=True)
+class LowpPeak:
+    """``gops`` (10^9 ops/s, a multiply-add = 2 ops) of ``instruction`` on ``threads``
+    threads (``ran`` really ran); ``available`` False (``gops`` 0) when the target has no
+    such instruction."""
+
+    kind: PeakKind
+    gops: float
+    instruction: str
+    macs_per_instruction: int
+    threads: int
+    ran: int
+    target: Target
+    best_seconds: float
+    tries: int
+
+    @property
+    def available(self) -> bool:
+        """Whether the target has the instruction (else nothing was measured)."""
+        return self.macs_per_instruction > 0
+
+    def describe(self) -> str:
+        """One line: how the figure was obtained."""
+        if not self.available:
+            return f"no {self.kind.value} multiply instruction on the {self.target.name} target"
+        return (
+            f"measured: 12 independent {self.instruction} chains per thread on {self.ran} "
+            f"thread(s), best of {self.tries} x {self.best_seconds * 1e3:.1f} ms"
+        )
+
+
+_INSTRUCTIONS = {
+    (PeakKind.INT8, 64): "vpdpbusd zmm",
+    (PeakKind.INT8, 32): "vpmaddubsw + vpmaddwd ymm",
+    (PeakKind.INT16, 16): "vpmaddwd ymm",
+    (PeakKind.BF16, 32): "vdpbf16ps zmm",
+}
+
+
+def measure_lowp_peak(
+    kind: PeakKind,
+    threads: int = 1,
+    target: Target | None = None,
+    seconds: float = 0.08,
+    tries: int = 5,
+) -> LowpPeak:
+    """The int8 or bf16 multiply peak of ``target`` (default: the selected one) on
+    ``threads`` threads, measured like :func:`measure_peak`. CompileError as there."""
+    from rlx.backends.cpu import native
+
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise CompileError(
+            f"{kind.value} peak probe: threads must be an int >= 1, given {threads!r}"
+        )
+    if tries < 1:
+        raise CompileError(f"{kind.value} peak probe: tries must be >= 1, given {tries!r}")
+    if not native.available():
+        raise CompileError(f"{kind.value} peak probe: gcc is not on PATH, nothing to measure with")
+    target = native.selected_target() if target is None else target
+    lib = _lib(target)
+    ops_fn, run = {
+        PeakKind.INT8: (lib.rlx_peak_int8_ops, lib.rlx_peak_int8_run),
+        PeakKind.INT16: (lib.rlx_peak_int16_ops, lib.rlx_peak_int16_run),
+        PeakKind.BF16: (lib.rlx_peak_bf16_ops, lib.rlx_peak_bf16_run),
+    }[kind]
+    macs = int(ops_fn())
+    if macs == 0:
+        return LowpPeak(kind, 0.0, "none", 0, threads, 0, target, 0.0, 0)
+    iters, best, ran = _time_probe(run, threads, seconds, tries)
+    ops = ran * iters * int(lib.rlx_peak_chains()) * macs * 2
+    gops = ops / best / 1e9 * (threads / ran)
+    return LowpPeak(kind, gops, _INSTRUCTIONS[kind, macs], macs, threads, ran, target, best, tries)
 
 
 @functools.cache

@@ -7,6 +7,10 @@ results through the fused epilogue (row x channel scale, bias, activation, resid
 selected target holds (``RLX_ISA``): VNNI512 only on the AVX512 target of a CPU with
 VNNI (which also takes AMX-INT8 tiles when the CPU and kernel allow them and K is a
 multiple of 64, :attr:`QGemmLib.has_amx`), AVX2 from the AVX2 target, PLAIN always.
+The AVX2 path has two exact micro-kernels and picks one per packed weight
+(:meth:`QGemmLib.takes_7bit`): vpmaddubsw + vpmaddwd when every weight lies in
+[-64, 64] (7-bit weights, as ONNX Runtime's ``reduce_range``), vpmaddwd on int16
+otherwise (see ``csrc/qgemm.c``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,21 @@ SOURCES = QGEMM_SOURCES
 ACT_CODES: dict[str | None, int] = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 #: Activation dtype -> the C ``a_kind`` code (int8 / uint8 static, f32 / bf16 dynamic).
 A_KINDS: dict[str, int] = {"int8": 0, "uint8": 1, "float32": 2, "bfloat16": 3}
+
+
+class _RunArgs(ctypes.Structure):
+    """``qgemm_args_t`` of ``csrc/qgemm_run.c`` (the arguments of ``rlx_qgemm_run``)."""
+
+    _fields_ = [
+        ("M", ctypes.c_long), ("N", ctypes.c_long), ("K", ctypes.c_long),
+        ("a_kind", ctypes.c_int), ("A", ctypes.c_void_p), ("lda", ctypes.c_long),
+        ("a_zp", ctypes.c_int32), ("a_scale", ctypes.c_float), ("mode", ctypes.c_int),
+        ("Bp", ctypes.c_void_p), ("colsum", ctypes.c_void_p), ("ws", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p), ("act", ctypes.c_int), ("res", ctypes.c_void_p),
+        ("ldr", ctypes.c_long), ("Y", ctypes.c_void_p), ("ldy", ctypes.c_long),
+        ("C", ctypes.c_void_p), ("ldc", ctypes.c_long), ("row_scale", ctypes.c_void_p),
+        ("row_zp", ctypes.c_void_p), ("nthreads", ctypes.c_int), ("flags", ctypes.c_int),
+    ]  # fmt: skip
 
 
 def _ptr(a: np.ndarray | None) -> int | None:
@@ -156,18 +175,17 @@ class QGemmLib:
                 )
         if out_f32 is not None and w_scales is None:
             raise InputError(f"qgemm: out_f32 needs w_scales f32 [{n}]")
-        fn, size = self.lib.rlx_qgemm_run, self.lib.rlx_qgemm_packed_size(k, n)
-        head = (
+        size = self.lib.rlx_qgemm_packed_size(k, n)
+        args = _RunArgs(
             m, n, k, A_KINDS[a.dtype.name], _ptr(a), lda, int(a_zero_point), float(a_scale),
-            int(mode),
+            int(mode), None, None, _ptr(w_scales), _ptr(bias), ACT_CODES[act], _ptr(residual),
+            n, _ptr(out_f32), n, _ptr(out_i32), n, _ptr(row_scale), _ptr(row_zp),
+            int(num_threads), 0 if amx else 1,
         )  # fmt: skip
-        tail = (
-            _ptr(w_scales), _ptr(bias), ACT_CODES[act], _ptr(residual), n, _ptr(out_f32), n,
-            _ptr(out_i32), n, _ptr(row_scale), _ptr(row_zp), int(num_threads), 0 if amx else 1,
-        )  # fmt: skip
-        seen: list[Any] = [None, (0, 0)]  # the packed weight last used and its pointers
+        fn, pargs = self.lib.rlx_qgemm_run_args, ctypes.addressof(args)
+        seen: list[Any] = [None]  # the packed weight last used
         # the arrays behind the pointers stay alive as long as the bound call
-        keep = (a, w_scales, bias, residual, out_f32, out_i32, row_scale, row_zp)
+        keep = (a, w_scales, bias, residual, out_f32, out_i32, row_scale, row_zp, args)
 
         def call(packed: tuple[np.ndarray, np.ndarray], _keep: tuple = keep) -> None:
             if seen[0] is not packed:
@@ -177,8 +195,9 @@ class QGemmLib:
                         f"qgemm: the packed weight is not a [{k}, {n}] weight packed by this "
                         "library"
                     )
-                seen[0], seen[1] = packed, (_ptr(bp), _ptr(colsum))
-            if fn(*head, *seen[1], *tail) != 0:
+                seen[0] = packed
+                args.Bp, args.colsum = _ptr(bp), _ptr(colsum)
+            if fn(pargs) != 0:
                 raise MemoryError(f"qgemm: could not allocate the packed activations ({m}x{k})")
 
         return call
@@ -237,6 +256,16 @@ class QGemmLib:
         )  # fmt: skip
         if rc != 0:
             raise MemoryError("batch_run: out of memory")
+
+    def takes_7bit(self, packed: tuple[np.ndarray, np.ndarray], k: int, n: int) -> bool:
+        """Whether ``packed`` (a ``[k, n]`` weight packed by :meth:`pack`) runs on the AVX2
+        vpmaddubsw kernel: AVX2 path and every weight in [-64, 64]. False elsewhere."""
+        bp, colsum = packed
+        if colsum.shape != (n,) or bp.nbytes != self.lib.rlx_qgemm_packed_size(k, n):
+            raise InputError(
+                f"qgemm: the packed weight is not a [{k}, {n}] weight packed by this library"
+            )
+        return bool(self.lib.rlx_qgemm_packed_narrow(_ptr(bp), k, n))
 
     @property
     def has_amx(self) -> bool:

@@ -24,10 +24,22 @@
  *      result is raw - (128 + zp) * colsum[n]. Tile MR x NR = 12 x 32 in 24 zmm. On a CPU
  *      with AMX-INT8 (and K a multiple of 64) the same sums come from tdpbusd tiles of
  *      32 x 32 (see amx_run), about twice the vpdpbusd rate.
- *   1  AVX2: vpmaddwd on int16 (s16 x s16 -> s32, pairs: KG = 2; B is packed as int16).
- *      Exact for every 8-bit operand (a pair sums to at most 2 * 255 * 128 < 2**31, where
- *      vpmaddubsw's int16 pair sum would saturate at 32767 for u8 255 x s8 -128 pairs).
- *      No shift: the result is raw - zp * colsum[n]. Tile 6 x 16 in 12 ymm.
+ *   1  AVX2: two exact micro-kernels, tile 6 x 16, chosen per weight by
+ *      rlx_qgemm_pack_b (which records the choice in a 64-byte trailer after the panels):
+ *      a) 7-bit weights (every B in [-64, 64]): the VNNI layout (KG = 4, u8 activations
+ *         shifted as on path 2, s8 B) and vpmaddubsw (u8 x s8, adjacent pairs summed to
+ *         s16) + vpmaddwd by ones (s16 pairs to s32) + vpaddd: 32 multiply-adds per
+ *         vpmaddwd, half the bytes of b). Exact: a pair sums to at most
+ *         2 * 255 * 64 = 32640 < 32767, so vpmaddubsw never saturates (MLAS's U8S8
+ *         kernel with reduce_range weights, ONNX Runtime's quantize_dynamic(reduce_range)).
+ *      b) any other 8-bit weights: B packed as s16 k pairs (Bp[panel][k / 2][NR][2]),
+ *         activations as s16 pairs (the same shifted values), vpmaddwd on s16 pairs:
+ *         exact for every operand (a pair sums to at most 2 * 255 * 128 < 2**31); 16
+ *         multiply-adds per vpmaddwd. The packed size is that of b for both (K rounded
+ *         to 4). (vpmaddubsw on full 8-bit weights would saturate at 32767 for u8 255 x
+ *         s8 -128 pairs: nothing on AVX2 multiplies them faster exactly.)
+ *      Both have 4- and 2-row variants for a last row tile that short (M = 16: 6 + 6 + 4
+ *      rows, no work on zero rows).
  *   0  plain C: the VNNI data layout with scalar code (auto-vectorised by gcc).
  *
  * The epilogue runs on each MR x NR tile while it is in L1, in SIMD registers (16 lanes on
@@ -67,10 +79,11 @@
 #if RLX_ISA == 1
 #define MR 6
 #define NR 16
-#define KG 2
-#define S_SHIFT 0 /* what is added to a signed activation */
-typedef int16_t a_t; /* packed activation element */
-typedef int16_t b_t; /* packed weight element */
+#define KG 4
+#define S_SHIFT 128 /* what is added to a signed activation */
+#define B_TRAILER 64 /* bytes after the panels: byte 0 = 1 when every weight is 7-bit */
+typedef uint8_t a_t; /* packed activation element (kernel b packs them as int16_t) */
+typedef int8_t b_t;  /* packed weight element */
 #else
 #define MR 12
 #define NR 32
@@ -78,6 +91,9 @@ typedef int16_t b_t; /* packed weight element */
 #define S_SHIFT 128
 typedef uint8_t a_t;
 typedef int8_t b_t;
+#endif
+#ifndef B_TRAILER
+#define B_TRAILER 0
 #endif
 #define A_BLOCK_BYTES (256L * 1024L) /* packed A per M block: kept in L2 */
 #define KC_BYTES (16L * 1024L)       /* packed B slice per K block: kept in L1 */
@@ -101,21 +117,49 @@ int rlx_qgemm_openmp(void) {
 
 /* Bytes needed for the packed form of a K x N weight. */
 long rlx_qgemm_packed_size(long K, long N) {
+#if RLX_ISA == 1
+    return round_up(K, KG) * round_up(N, NR) * (long)sizeof(int16_t) + B_TRAILER;
+#else
     return round_up(K, KG) * round_up(N, NR) * (long)sizeof(b_t);
+#endif
+}
+
+/* 1 when the packed weight takes the 7-bit kernel (path 1 only: every weight in
+ * [-64, 64]), else 0. */
+int rlx_qgemm_packed_narrow(const void *Bp, long K, long N) {
+#if B_TRAILER
+    return ((const uint8_t *)Bp)[rlx_qgemm_packed_size(K, N) - B_TRAILER];
+#else
+    (void)Bp, (void)K, (void)N;
+    return 0;
+#endif
 }
 
 /* Pack B (element [k, n] at B[k * sk + n * sn]) into Bp and fill colsum[N]. */
 void rlx_qgemm_pack_b_strided(const int8_t *B, long sk, long sn, long K, long N, void *Bp_,
                               int32_t *colsum) {
     b_t *Bp = (b_t *)Bp_;
-    long kp = round_up(K, KG), np_ = round_up(N, NR);
-    memset(Bp, 0, (size_t)(kp * np_) * sizeof(b_t));
+    long kp = round_up(K, KG);
+    memset(Bp_, 0, (size_t)rlx_qgemm_packed_size(K, N));
+    int narrow = 1;
+#if RLX_ISA == 1
+    for (long k = 0; k < K && narrow; ++k)
+        for (long n = 0; n < N; ++n) {
+            int8_t v = B[k * sk + n * sn];
+            narrow &= v >= -64 && v <= 64;
+        }
+    ((uint8_t *)Bp_)[rlx_qgemm_packed_size(K, N) - B_TRAILER] = (uint8_t)narrow;
+#endif
     for (long n = 0; n < N; ++n) {
         b_t *dst = Bp + (n / NR) * kp * NR + (n % NR) * KG;
+        int16_t *dw = (int16_t *)Bp_ + (n / NR) * kp * NR + (n % NR) * 2;
         int32_t s = 0;
         for (long k = 0; k < K; ++k) {
             int8_t v = B[k * sk + n * sn];
-            dst[(k / KG) * NR * KG + (k % KG)] = (b_t)v;
+            if (narrow)
+                dst[(k / KG) * NR * KG + (k % KG)] = (b_t)v;
+            else /* path 1 kernel b: s16 k pairs */
+                dw[(k / 2) * NR * 2 + (k % 2)] = v;
             s += v;
         }
         colsum[n] = s;
@@ -200,12 +244,8 @@ static void quantize_row(const float *x, long K, float scale, int32_t zp, int32_
         t = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(t, vz), vlo), vhi);
         __m256i v = _mm256_cvtps_epi32(_mm256_add_ps(t, vsh));
         __m128i l = _mm256_castsi256_si128(v), h = _mm256_extracti128_si256(v, 1);
-#if RLX_ISA == 1
-        _mm_storeu_si128((__m128i *)(out + k), _mm_packs_epi32(l, h));
-#else
         __m128i w = _mm_packus_epi32(l, h);
         _mm_storel_epi64((__m128i *)(out + k), _mm_packus_epi16(w, w));
-#endif
     }
 #endif
     for (; k < K; ++k) {
@@ -271,12 +311,15 @@ static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int3
     return 1;
 }
 
-/* Rows m0 .. m0+MR of A into the packed tile Ap[k / KG][MR][KG], with rs[r] and corr[r]. */
+/* Rows m0 .. m0+MR of A into the packed tile Ap[k / KG][MR][KG] (a_t), or when wide (path
+ * 1's kernel for 8-bit weights) Ap[k / 2][MR][2] (int16_t), with rs[r] and corr[r]. */
 static void prepare_tile(int a_kind, const void *A, long lda, long M, long K, long m0,
-                         int32_t a_zp, float a_scale, int mode, a_t *Ap, float *rs,
+                         int32_t a_zp, float a_scale, int mode, void *Ap_, int wide, float *rs,
                          int32_t *corr, float *fbuf, a_t *qbuf) {
     long kp = round_up(K, KG);
-    memset(Ap, 0, (size_t)(kp * MR) * sizeof(a_t));
+    a_t *Ap = (a_t *)Ap_;
+    int16_t *Aw = (int16_t *)Ap_;
+    memset(Ap_, 0, (size_t)(kp * MR) * (wide ? sizeof(int16_t) : sizeof(a_t)));
     for (long r = 0; r < MR; ++r) {
         long m = m0 + r;
         rs[r] = 0.0f;
@@ -284,6 +327,10 @@ static void prepare_tile(int a_kind, const void *A, long lda, long M, long K, lo
         if (m >= M) continue;
         if (!prepare_row(a_kind, A, lda, K, m, a_zp, a_scale, mode, qbuf, fbuf, rs + r, corr + r))
             continue;
+        if (wide) { /* s16 k pairs: Aw[k / 2][MR][2] */
+            for (long k = 0; k < K; ++k) Aw[(k / 2) * MR * 2 + r * 2 + k % 2] = qbuf[k];
+            continue;
+        }
         for (long g = 0; g < kp / KG; ++g) {
             long k0 = g * KG, cnt = K - k0 < KG ? K - k0 : KG;
             memcpy(Ap + g * MR * KG + r * KG, qbuf + k0, (size_t)cnt * sizeof(a_t));
@@ -331,11 +378,22 @@ static void ukernel(long kg, const a_t *ap, const b_t *bp, int32_t *ct) {
     STORE(6); STORE(7); STORE(8); STORE(9); STORE(10); STORE(11);
 }
 #elif RLX_ISA == 1
-#define ROW(r)                                                                  \
-    do {                                                                        \
-        __m256i a = _mm256_set1_epi32(load4(ap + 2 * (r)));                     \
-        c##r##0 = _mm256_add_epi32(c##r##0, _mm256_madd_epi16(a, b0));          \
-        c##r##1 = _mm256_add_epi32(c##r##1, _mm256_madd_epi16(a, b1));          \
+/* a) 7-bit weights: vpmaddubsw + vpmaddwd(ones); ct[MR][NR] += sums over kg quads, rows
+ * [0, R) of the tile (R = MR, or 4 / 2 for a last tile that short: no work on the zero
+ * rows). The ones are a memory operand of vpmaddwd (inline assembly): 12 accumulators, two
+ * B vectors, the broadcast and a product use all 16 ymm registers, and gcc otherwise
+ * spills an accumulator to the stack every iteration. */
+static const int16_t ones16[16] __attribute__((aligned(32))) = {1, 1, 1, 1, 1, 1, 1, 1,
+                                                                1, 1, 1, 1, 1, 1, 1, 1};
+static inline __m256i madd_ones(__m256i x) {
+    __asm__("vpmaddwd %1, %0, %0" : "+x"(x) : "m"(ones16));
+    return x;
+}
+#define ROW(r)                                                                          \
+    do {                                                                                \
+        __m256i a = _mm256_set1_epi32(load4(ap + 4 * (r)));                             \
+        c##r##0 = _mm256_add_epi32(c##r##0, madd_ones(_mm256_maddubs_epi16(a, b0)));    \
+        c##r##1 = _mm256_add_epi32(c##r##1, madd_ones(_mm256_maddubs_epi16(a, b1)));    \
     } while (0)
 #define STORE(r)                                                         \
     do {                                                                 \
@@ -347,17 +405,126 @@ static void ukernel(long kg, const a_t *ap, const b_t *bp, int32_t *ct) {
     __m256i c##r##0 = _mm256_loadu_si256((const __m256i *)(ct + (r) * NR)),   \
             c##r##1 = _mm256_loadu_si256((const __m256i *)(ct + (r) * NR + 8))
 
-static void ukernel(long kg, const a_t *ap, const b_t *bp, int32_t *ct) {
+__attribute__((noinline)) static void ukernel6(long kg, const a_t *ap, const b_t *bp,
+                                               int32_t *ct) {
     LOAD(0); LOAD(1); LOAD(2); LOAD(3); LOAD(4); LOAD(5);
     for (long k = 0; k < kg; ++k) {
         __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
-        __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 16));
+        __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 32));
         ROW(0); ROW(1); ROW(2); ROW(3); ROW(4); ROW(5);
         ap += KG * MR;
         bp += KG * NR;
     }
     STORE(0); STORE(1); STORE(2); STORE(3); STORE(4); STORE(5);
 }
+
+__attribute__((noinline)) static void ukernel4(long kg, const a_t *ap, const b_t *bp,
+                                               int32_t *ct) {
+    LOAD(0); LOAD(1); LOAD(2); LOAD(3);
+    for (long k = 0; k < kg; ++k) {
+        __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
+        __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 32));
+        ROW(0); ROW(1); ROW(2); ROW(3);
+        ap += KG * MR;
+        bp += KG * NR;
+    }
+    STORE(0); STORE(1); STORE(2); STORE(3);
+}
+
+__attribute__((noinline)) static void ukernel2(long kg, const a_t *ap, const b_t *bp,
+                                               int32_t *ct) {
+    LOAD(0); LOAD(1);
+    for (long k = 0; k < kg; ++k) {
+        __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
+        __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 32));
+        ROW(0); ROW(1);
+        ap += KG * MR;
+        bp += KG * NR;
+    }
+    STORE(0); STORE(1);
+}
+
+/* rows: how many rows of the tile are real (1..MR) */
+static void ukernel_rows(long kg, const a_t *ap, const b_t *bp, int32_t *ct, long rows) {
+    if (rows > 4)
+        ukernel6(kg, ap, bp, ct);
+    else if (rows > 2)
+        ukernel4(kg, ap, bp, ct);
+    else
+        ukernel2(kg, ap, bp, ct);
+}
+#undef ROW
+#undef STORE
+#undef LOAD
+
+/* b) any other 8-bit weights: s16 k pairs, ap[kp2][MR][2] x bp[kp2][NR][2] over kp2 pairs */
+#define ROWW(r)                                                                 \
+    do {                                                                        \
+        __m256i a = _mm256_set1_epi32(load4(ap + 2 * (r)));                     \
+        c##r##0 = _mm256_add_epi32(c##r##0, _mm256_madd_epi16(a, b0));          \
+        c##r##1 = _mm256_add_epi32(c##r##1, _mm256_madd_epi16(a, b1));          \
+    } while (0)
+#define STOREW(r)                                                        \
+    do {                                                                 \
+        _mm256_storeu_si256((__m256i *)(ct + (r) * NR), c##r##0);        \
+        _mm256_storeu_si256((__m256i *)(ct + (r) * NR + 8), c##r##1);    \
+    } while (0)
+#define LOADW(r)                                                              \
+    __m256i c##r##0 = _mm256_loadu_si256((const __m256i *)(ct + (r) * NR)),   \
+            c##r##1 = _mm256_loadu_si256((const __m256i *)(ct + (r) * NR + 8))
+
+__attribute__((noinline)) static void ukernel_wide6(long kp2, const int16_t *ap,
+                                                    const int16_t *bp, int32_t *ct) {
+    LOADW(0); LOADW(1); LOADW(2); LOADW(3); LOADW(4); LOADW(5);
+    for (long k = 0; k < kp2; ++k) {
+        __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
+        __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 16));
+        ROWW(0); ROWW(1); ROWW(2); ROWW(3); ROWW(4); ROWW(5);
+        ap += 2 * MR;
+        bp += 2 * NR;
+    }
+    STOREW(0); STOREW(1); STOREW(2); STOREW(3); STOREW(4); STOREW(5);
+}
+
+__attribute__((noinline)) static void ukernel_wide4(long kp2, const int16_t *ap,
+                                                    const int16_t *bp, int32_t *ct) {
+    LOADW(0); LOADW(1); LOADW(2); LOADW(3);
+    for (long k = 0; k < kp2; ++k) {
+        __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
+        __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 16));
+        ROWW(0); ROWW(1); ROWW(2); ROWW(3);
+        ap += 2 * MR;
+        bp += 2 * NR;
+    }
+    STOREW(0); STOREW(1); STOREW(2); STOREW(3);
+}
+
+__attribute__((noinline)) static void ukernel_wide2(long kp2, const int16_t *ap,
+                                                    const int16_t *bp, int32_t *ct) {
+    LOADW(0); LOADW(1);
+    for (long k = 0; k < kp2; ++k) {
+        __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
+        __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 16));
+        ROWW(0); ROWW(1);
+        ap += 2 * MR;
+        bp += 2 * NR;
+    }
+    STOREW(0); STOREW(1);
+}
+
+/* rows: how many rows of the tile are real (1..MR) */
+static void ukernel_wide(long kp2, const int16_t *ap, const int16_t *bp, int32_t *ct,
+                         long rows) {
+    if (rows > 4)
+        ukernel_wide6(kp2, ap, bp, ct);
+    else if (rows > 2)
+        ukernel_wide4(kp2, ap, bp, ct);
+    else
+        ukernel_wide2(kp2, ap, bp, ct);
+}
+#undef STOREW
+#undef LOADW
+#undef ROWW
 #else
 static void ukernel(long kg, const a_t *ap, const b_t *bp, int32_t *ct) {
     int32_t acc[MR][NR];

@@ -147,14 +147,30 @@ int rlx_qgemm_has_amx(void) {
 /* Row tiles i0 .. i1 of Ap times panel j of Bp (K in slices of kcg groups, sums in acc),
  * through the epilogue. */
 static void tile_panel(long i0, long i1, long j, long M, long N, long kp, long kg, long kcg,
-                       const a_t *Ap, const b_t *Bp, int32_t *acc, const epi_t *e,
+                       const void *Ap_, int wide, const b_t *Bp, int32_t *acc, const epi_t *e,
                        const float *rs, const int32_t *corr) {
+    const a_t *Ap = (const a_t *)Ap_;
     memset(acc, 0, (size_t)((i1 - i0) * MR * NR) * sizeof(int32_t));
     for (long g0 = 0; g0 < kg; g0 += kcg) {
         long g1 = g0 + kcg < kg ? g0 + kcg : kg;
-        for (long i = i0; i < i1; ++i)
-            ukernel(g1 - g0, Ap + i * kp * MR + g0 * MR * KG, Bp + j * kp * NR + g0 * NR * KG,
-                    acc + (i - i0) * MR * NR);
+        for (long i = i0; i < i1; ++i) {
+            /* element offsets: the same for u8 quads and s16 pairs (kernel b) */
+            long ao = i * kp * MR + g0 * MR * KG, bo = j * kp * NR + g0 * NR * KG;
+#if RLX_ISA == 1
+            if (wide) {
+                ukernel_wide(2 * (g1 - g0), (const int16_t *)Ap_ + ao, (const int16_t *)Bp + bo,
+                             acc + (i - i0) * MR * NR, M - i * MR);
+                continue;
+            }
+#else
+            (void)wide;
+#endif
+#if RLX_ISA == 1
+            ukernel_rows(g1 - g0, Ap + ao, Bp + bo, acc + (i - i0) * MR * NR, M - i * MR);
+#else
+            ukernel(g1 - g0, Ap + ao, Bp + bo, acc + (i - i0) * MR * NR);
+#endif
+        }
     }
     long nr = N - j * NR < NR ? N - j * NR : NR;
     for (long i = i0; i < i1; ++i) {
@@ -179,8 +195,11 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
     long kp = round_up(K, KG), kg = kp / KG;
     long mb = (M + MR - 1) / MR, nb = (N + NR - 1) / NR;
     if (M <= 0 || N <= 0) return 0;
-    size_t ap_bytes = (size_t)round_up(mb * kp * MR * (long)sizeof(a_t), 64);
-    a_t *Ap = (a_t *)aligned_alloc(64, ap_bytes ? ap_bytes : 64);
+    /* path 1: the vpmaddubsw kernel for 7-bit weights, else s16 activations (see qgemm.c) */
+    int wide = RLX_ISA == 1 && !rlx_qgemm_packed_narrow(Bp_, K, N);
+    long esz = wide ? (long)sizeof(int16_t) : (long)sizeof(a_t);
+    size_t ap_bytes = (size_t)round_up(mb * kp * MR * esz, 64);
+    char *Ap = (char *)aligned_alloc(64, ap_bytes ? ap_bytes : 64);
     float *rs = (float *)malloc((size_t)(mb * MR) * sizeof(float));
     int32_t *corr = (int32_t *)malloc((size_t)(mb * MR) * sizeof(int32_t));
     if (!Ap || !rs || !corr) {
@@ -217,10 +236,10 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
      * L2 (A_BLOCK_BYTES); for each NR-column panel of B, K in slices of kcg groups whose
      * B slice (KC_BYTES) stays in L1 while every row tile of the block uses it, the tiles'
      * int32 sums kept in a small per-thread buffer; threads share out the panels */
-    long mcb = kp > 0 ? A_BLOCK_BYTES / (kp * MR * (long)sizeof(a_t)) : mb;
+    long mcb = kp > 0 ? A_BLOCK_BYTES / (kp * MR * esz) : mb;
     if (mcb < 1) mcb = 1;
     if (mcb > mb) mcb = mb;
-    long kcg = KC_BYTES / (NR * KG * (long)sizeof(b_t));
+    long kcg = KC_BYTES / (NR * KG * (wide ? (long)sizeof(int16_t) : (long)sizeof(b_t)));
     int oom = 0;
 
     /* enough row tiles: each thread packs its own rows and multiplies them by every panel,
@@ -245,22 +264,24 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
             if (rowsplit) {
                 for (long i = lo; i < hi; ++i)
                     prepare_tile(a_kind, A, lda, M, K, i * MR, a_zp, a_scale, mode,
-                                 Ap + i * kp * MR, rs + i * MR, corr + i * MR, fbuf, qbuf);
+                                 Ap + i * kp * MR * esz, wide, rs + i * MR, corr + i * MR, fbuf,
+                                 qbuf);
             } else {
 #pragma omp for schedule(static)
                 for (long i = 0; i < mb; ++i)
                     prepare_tile(a_kind, A, lda, M, K, i * MR, a_zp, a_scale, mode,
-                                 Ap + i * kp * MR, rs + i * MR, corr + i * MR, fbuf, qbuf);
+                                 Ap + i * kp * MR * esz, wide, rs + i * MR, corr + i * MR, fbuf,
+                                 qbuf);
             }
             for (long i0 = lo; i0 < hi; i0 += mcb) {
                 long i1 = i0 + mcb < hi ? i0 + mcb : hi;
                 if (rowsplit) {
                     for (long j = 0; j < nb; ++j)
-                        tile_panel(i0, i1, j, M, N, kp, kg, kcg, Ap, Bp, acc, &e, rs, corr);
+                        tile_panel(i0, i1, j, M, N, kp, kg, kcg, Ap, wide, Bp, acc, &e, rs, corr);
                 } else {
 #pragma omp for schedule(static)
                     for (long j = 0; j < nb; ++j)
-                        tile_panel(i0, i1, j, M, N, kp, kg, kcg, Ap, Bp, acc, &e, rs, corr);
+                        tile_panel(i0, i1, j, M, N, kp, kg, kcg, Ap, wide, Bp, acc, &e, rs, corr);
                 }
             }
         }
@@ -279,6 +300,41 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
     free(rs);
     free(corr);
     return oom ? -1 : 0;
+}
+
+/* rlx_qgemm_run's arguments in one block (native/qgemm.py fills a ctypes Structure of the
+ * same fields once per bound call: one pointer through ctypes per run instead of 25
+ * converted arguments, about 7 us of a 16 x 384 x 384 GEMM's 30). */
+typedef struct {
+    long M, N, K;
+    int a_kind;
+    const void *A;
+    long lda;
+    int32_t a_zp;
+    float a_scale;
+    int mode;
+    const void *Bp;
+    const int32_t *colsum;
+    const float *ws, *bias;
+    int act;
+    const float *res;
+    long ldr;
+    float *Y;
+    long ldy;
+    int32_t *C;
+    long ldc;
+    float *row_scale;
+    int32_t *row_zp;
+    int nthreads, flags;
+} qgemm_args_t;
+
+/* rlx_qgemm_run on the arguments in *p. */
+int rlx_qgemm_run_args(const void *p_) {
+    const qgemm_args_t *p = (const qgemm_args_t *)p_;
+    return rlx_qgemm_run(p->M, p->N, p->K, p->a_kind, p->A, p->lda, p->a_zp, p->a_scale,
+                         p->mode, p->Bp, p->colsum, p->ws, p->bias, p->act, p->res, p->ldr,
+                         p->Y, p->ldy, p->C, p->ldc, p->row_scale, p->row_zp, p->nthreads,
+                         p->flags);
 }
 
 /* Rows of x (f32, [M, K], row stride ldx) quantized as the dynamic path does (mode 0: s8,
