@@ -53,6 +53,9 @@ _PARALLEL_MIN_MACS = 1 << 21  # below this many multiply-adds (~30-60 us on one 
 _PARALLEL_MIN_POOL = 1 << 16  # window reads below which a pool runs on one thread
 _CHUNK = 16  # RLX_CONV_CHUNK of conv.c
 _GEMM_MIN_ROWS = 8  # output channels per group (and taps) from which the sgemm path runs
+_GEMM_BLOCK_BYTES = 1 << 20  # packed input columns per block (about L2)
+_SLACK = 64  # CONV_SLACK of conv.c
+_GEMM_MIN_BLOCK = 512  # columns per block at least (the weight is repacked per block)
 
 
 class ConvAct(Enum):
@@ -295,7 +298,7 @@ def _gemm(
     from rlx.backends.cpu.engines.sgemm import native_sgemm
 
     slib = native_sgemm(ctx)
-    if slib is None:
+    if slib is None or slib.nr != int(lib.rlx_conv_nr()):
         return None
     hp, wp = geo.bordered()
     has_bias = bias is not None
@@ -327,10 +330,14 @@ def _gemm(
     else:
         steps.append(fill)  # type: ignore[arg-type]
     direct = geo.ph == geo.pw == 0 and (hp, wp) == (geo.h, geo.w)
-    xp = x if direct else np.zeros(geo.n * geo.c * hp * wp, np.float32)
+    # a private bordered input with readable slack around it (conv.c's CONV_SLACK)
+    xbuf = None if direct else np.zeros(geo.n * geo.c * hp * wp + 2 * _SLACK, np.float32)
+    xp = x if xbuf is None else xbuf[_SLACK:-_SLACK]
     threads = ctx.num_threads
-    psize = slib.packed_size(kp, length)
-    bp = np.empty(threads * psize + 16, np.float32)
+    nr = slib.nr
+    ncb = max(_GEMM_MIN_BLOCK, _GEMM_BLOCK_BYTES // (4 * kp)) // nr * nr
+    ncb = min(ncb, -(-length // nr) * nr)
+    bp = np.empty(threads * ncb * kp + 16, np.float32)
     p = np.array(
         [
             *geo.params(),
@@ -341,6 +348,7 @@ def _gemm(
             wp,
             _f32_bits(lo),
             _f32_bits(hi),
+            ncb,
         ],
         np.int64,
     )
@@ -356,7 +364,7 @@ def _gemm(
         addr,
         threads,
     )
-    keep = (p, xp, bp, wa, slib)
+    keep = (p, xbuf, bp, wa, slib)
     ctx.kind = KernelKind.NATIVE
     ctx.notes.append(
         f"native conv on {slib.label}: {og}x{length}x{kp} per image and group, B packed "

@@ -219,15 +219,32 @@ void rlx_pool2d_f32(const float *x, float *out, const int64_t *p, int threads) {
  *   NR positions are consecutive in xp (stride 1, one output row) is NR-float copies, else
  *   a gather. act (sgemm epilogue, in the tile): 0 none, 1 relu; 5 relu6 and 6 clip(lo, hi)
  *   are applied after the product, on the image's output while it is in cache.
- *   bp: threads * packed_size(Kp, OH*OW) floats. Small images go one per thread
- *   (sgemm on one thread each); large ones one at a time with the sgemm's team.
+ *   The output positions go in column blocks of p[23] (a multiple of NR, about 256 KB of
+ *   packed B so it stays in L2 from its packing to its product; at least 128 columns so
+ *   the sgemm's repacking of the weight per block stays small): each block is packed then
+ *   multiplied. Threads: blocks over the team (sgemm on one thread each) when there are
+ *   at least two per thread, else one block at a time with the sgemm's team.
+ *   bp: threads * p[23] * Kp floats. A private xp has CONV_SLACK readable floats before
+ *   and after it (whole-panel reads of a panel split over two output rows).
  */
 typedef int (*rlx_sgemm_fn)(long m, long n, long k, const float *a, long rsa, long csa,
                             const float *bp, void *c, long ldc, int c_bf16, const float *bias,
                             const float *res, long ldr, float alpha, int act, int threads);
 
+#if defined(__AVX512F__)
+#define CONV_NR 32
+#elif defined(__AVX2__) && defined(__FMA__)
+#define CONV_NR 16
+#else
+#define CONV_NR 8
+#endif
+#define CONV_SLACK 64 /* floats of readable slack around a private bordered input */
+
+/* int rlx_conv_nr(void): the sgemm panel width of this target (sgemm.c's NR) */
+int rlx_conv_nr(void) { return CONV_NR; }
+
 static void conv_pack_panels(const float *xg, const int64_t *p, int64_t Kp, int64_t p0,
-                             int64_t p1, float *bp) {
+                             int64_t p1, float *bp, int slack) {
     const int64_t C = p[1], OW = p[8], KH = p[5], KW = p[6], OH = p[7];
     const int64_t sh = p[9], sw = p[10], dh = p[13], dw = p[14], G = p[15], NR = p[16];
     const int64_t has_bias = p[17], Hp = p[19], Wp = p[20];
@@ -253,9 +270,23 @@ static void conv_pack_panels(const float *xg, const int64_t *p, int64_t Kp, int6
                 for (int64_t kw = 0; kw < KW; kw++) {
                     const float *s = xc + kh * dh * Wp + kw * dw;
                     float *dk = d + (c * KK + kh * KW + kw) * NR;
-                    if (sw == 1) {
-                        for (int64_t r = 0; r < nr; r++)
-                            memcpy(dk + rs[r], s + base[rs[r]], (size_t)rl[r] * sizeof(float));
+                    if (NR == CONV_NR && nv == CONV_NR && nr == 1) {
+                        const float *sa = s + base[0];
+#pragma GCC unroll 4
+                        for (int j = 0; j < CONV_NR; j++) dk[j] = sa[j];
+                    } else if (NR == CONV_NR && nv == CONV_NR && nr == 2 && slack) {
+                        /* two rows' shares: whole-width reads past either run stay in
+                         * the private buffer's slack, the select keeps the run's floats */
+                        const float *sa = s + base[0], *sb = s + base[rs[1]] - rs[1];
+                        const int64_t r0 = rl[0];
+#pragma GCC unroll 4
+                        for (int j = 0; j < CONV_NR; j++) dk[j] = j < r0 ? sa[j] : sb[j];
+                    } else if (sw == 1) {
+                        for (int64_t r = 0; r < nr; r++) {
+                            float *dd = dk + rs[r];
+                            const float *ss = s + base[rs[r]];
+                            for (int64_t j = 0; j < rl[r]; j++) dd[j] = ss[j];
+                        }
                     } else {
                         for (int64_t j = 0; j < nv; j++) dk[j] = s[base[j]];
                     }
@@ -277,42 +308,39 @@ static void conv_clamp(float *y, int64_t n, float lo, float hi) {
     }
 }
 
-static void conv_image(const float *xpn, const float *wa, float *outn, const int64_t *p,
-                       float *bp, rlx_sgemm_fn sgemm, int threads, int inner_threads) {
+/* columns [j0, j1) of image n, group g (j0 a multiple of NR): pack them, one sgemm */
+static void conv_block(const float *src, const float *wa, float *out, const int64_t *p,
+                       int64_t n, int64_t g, int64_t j0, int64_t j1, float *bp,
+                       rlx_sgemm_fn sgemm, int threads, int slack) {
     const int64_t C = p[1], O = p[4], KH = p[5], KW = p[6], OH = p[7], OW = p[8];
     const int64_t G = p[15], NR = p[16], has_bias = p[17], act = p[18], Hp = p[19], Wp = p[20];
     const float lo = act == 5 ? 0.0f : ((const float *)(p + 21))[0];
     const float hi = act == 5 ? 6.0f : ((const float *)(p + 22))[0];
     const int64_t cg = C / G, og = O / G, L = OH * OW;
-    const int64_t Kp = cg * KH * KW + has_bias, panels = (L + NR - 1) / NR;
-    for (int64_t g = 0; g < G; g++) {
-        const float *xg = xpn + g * cg * Hp * Wp;
-        if (inner_threads > 1) {
-#pragma omp parallel for schedule(static) num_threads(inner_threads)
-            for (int64_t q = 0; q < panels; q++) conv_pack_panels(xg, p, Kp, q, q + 1, bp);
-        } else {
-            conv_pack_panels(xg, p, Kp, 0, panels, bp);
-        }
-        float *y = outn + g * og * L;
-        sgemm(og, L, Kp, wa + g * og * Kp, Kp, 1, bp, y, L, 0, NULL, NULL, 0, 1.0f,
-              act == 1 ? 1 : 0, inner_threads);
-        if (act >= 5) conv_clamp(y, og * L, lo, hi);
+    const int64_t Kp = cg * KH * KW + has_bias;
+    const int64_t q0 = j0 / NR, q1 = (j1 + NR - 1) / NR;
+    const float *xg = src + (n * C + g * cg) * Hp * Wp;
+    if (threads > 1) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t q = q0; q < q1; q++) conv_pack_panels(xg, p, Kp, q, q + 1, bp - q0 * Kp * NR, slack);
+    } else {
+        conv_pack_panels(xg, p, Kp, q0, q1, bp - q0 * Kp * NR, slack);
     }
-    (void)threads;
+    float *y = out + (n * O + g * og) * L + j0;
+    sgemm(og, j1 - j0, Kp, wa + g * og * Kp, Kp, 1, bp, y, L, 0, NULL, NULL, 0, 1.0f,
+          act == 1 ? 1 : 0, threads);
+    if (act >= 5)
+        for (int64_t o = 0; o < og; o++) conv_clamp(y + o * L, j1 - j0, lo, hi);
 }
 
 void rlx_conv2d_gemm_f32(const float *x, float *xp, const float *wa, float *out, float *bp,
                          const int64_t *p, void *sgemm_addr, int threads) {
     const int64_t N = p[0], C = p[1], H = p[2], W = p[3], O = p[4], KH = p[5], KW = p[6];
     const int64_t OH = p[7], OW = p[8], ph = p[11], pw = p[12], G = p[15], NR = p[16];
-    const int64_t has_bias = p[17], Hp = p[19], Wp = p[20];
+    const int64_t has_bias = p[17], Hp = p[19], Wp = p[20], ncb = p[23];
     const int64_t L = OH * OW, Kp = C / G * KH * KW + has_bias;
-    const int64_t psize = (L + NR - 1) / NR * NR * Kp;
     rlx_sgemm_fn sgemm = (rlx_sgemm_fn)sgemm_addr;
     const int copy = xp != x;
-    const double macs = (double)(O / G) * (double)Kp * (double)L * (double)G;
-    /* images one per thread when each is small (one sgemm thread each) */
-    const int per_image = threads > 1 && N >= threads && macs < (double)(1L << 23);
     if (copy) {
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t q = 0; q < N * C; q++) {
@@ -327,15 +355,23 @@ void rlx_conv2d_gemm_f32(const float *x, float *xp, const float *wa, float *out,
         }
     }
     const float *src = copy ? xp : x;
-    if (per_image) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t n = 0; n < N; n++)
-            conv_image(src + n * C * Hp * Wp, wa, out + n * O * L, p, bp + rlx_tid() * psize,
-                       sgemm, threads, 1);
+    /* column blocks of ncb positions (a multiple of NR, the packed block sized for L2) */
+    const int64_t nblk = (L + ncb - 1) / ncb, tasks = N * G * nblk;
+    const int64_t psize = ncb * Kp;
+    if (threads > 1 && tasks >= 2 * threads) {
+        /* one block per task, tasks over the team, sgemm on one thread each */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+        for (int64_t t = 0; t < tasks; t++) {
+            const int64_t n = t / (G * nblk), g = (t / nblk) % G, j0 = (t % nblk) * ncb;
+            conv_block(src, wa, out, p, n, g, j0, j0 + ncb < L ? j0 + ncb : L,
+                       bp + rlx_tid() * psize, sgemm, 1, copy);
+        }
     } else {
-        for (int64_t n = 0; n < N; n++)
-            conv_image(src + n * C * Hp * Wp, wa, out + n * O * L, p, bp, sgemm, threads,
-                       threads);
+        for (int64_t t = 0; t < tasks; t++) {
+            const int64_t n = t / (G * nblk), g = (t / nblk) % G, j0 = (t % nblk) * ncb;
+            conv_block(src, wa, out, p, n, g, j0, j0 + ncb < L ? j0 + ncb : L, bp, sgemm,
+                       threads, copy);
+        }
     }
 }
 
