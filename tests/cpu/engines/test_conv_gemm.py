@@ -2,7 +2,8 @@
 ``csrc/conv.c``: ``rlx_conv2d_gemm_f32``, ``rlx_conv2d_depthwise_f32``) against
 ``torch.nn.functional.conv2d`` in float64 (the independent oracle): 1x1 and 3x3 / 5x5 / 7x7
 windows, strides, dilations, uneven padding, groups, depthwise with channel multipliers,
-bias or none, batches one per thread or one at a time, on every native target this CPU
+bias or none, several column blocks per image, blocks over the team or one at a time
+with the sgemm's team, on every native target this CPU
 runs (RLX_ISA forced: avx512, avx2, portable), plus conv + relu / relu6 / clip fused into
 the conv's epilogue by the fusion pass (``passes/fusion_conv.py``)."""
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from rlx.backends.cpu import native
+from rlx.backends.cpu.engines import conv as conv_engine
 from rlx.backends.cpu.kernels import KernelKind
 from rlx.ir.mir import Graph
 from rlx.options import CompileOptions
@@ -52,6 +54,7 @@ GEMM_CASES = [
     (1, 3, 16, (15, 15), (7, 7), (2, 2), ((3, 3), (3, 3)), (1, 1), 1, False),  # a stem
     (2, 16, 32, (7, 9), (3, 3), (1, 2), ((1, 1), (0, 2)), (1, 1), 2, True),  # groups
     (4, 8, 64, (37, 5), (5, 5), (1, 1), ((2, 2), (2, 2)), (1, 1), 1, True),  # wide rows
+    (1, 4, 16, (41, 43), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1, True),  # column blocks
 ]
 
 
@@ -60,6 +63,8 @@ GEMM_CASES = [
 @pytest.mark.parametrize("threads", [1, 2])
 def test_gemm_conv_matches_torch(monkeypatch, target, case, threads) -> None:
     monkeypatch.setenv("RLX_ISA", target)
+    # small shapes here: lower the size from which the sgemm path runs (not the kernel)
+    monkeypatch.setattr(conv_engine, "_GEMM_MIN_MACS", 0)
     n, c, o, hw, k, stride, padding, dil, groups, bias = case
     rng = np.random.default_rng(sum(hw) + o)
     g = Graph("conv")
@@ -122,8 +127,10 @@ def test_depthwise_conv_matches_torch(monkeypatch, target, case, threads) -> Non
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
-def test_batch_one_image_per_thread() -> None:
-    """Small images with a batch of at least the thread count go one per thread."""
+def test_batch_one_image_per_thread(monkeypatch) -> None:
+    """A batch of small images: its column blocks go over the team (one sgemm thread
+    each)."""
+    monkeypatch.setattr(conv_engine, "_GEMM_MIN_MACS", 0)
     rng = np.random.default_rng(0)
     g = Graph("batch")
     x = g.input("x", (5, 8, 6, 6))

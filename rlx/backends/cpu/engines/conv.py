@@ -54,6 +54,7 @@ _PARALLEL_MIN_POOL = 1 << 16  # window reads below which a pool runs on one thre
 _CHUNK = 16  # RLX_CONV_CHUNK of conv.c
 _GEMM_MIN_ROWS = 8  # output channels per group (and taps) from which the sgemm path runs
 _GEMM_BLOCK_BYTES = 1 << 20  # packed input columns per block (about L2)
+_GEMM_MIN_MACS = 1 << 20  # per image and group; below, the direct loop when it applies
 _SLACK = 64  # CONV_SLACK of conv.c
 _GEMM_MIN_BLOCK = 512  # columns per block at least (the weight is repacked per block)
 
@@ -298,6 +299,9 @@ def _gemm(
     kq = cg * geo.kh * geo.kw
     if og < _GEMM_MIN_ROWS or kq < _GEMM_MIN_ROWS or min(geo.ph, geo.pw) < 0:
         return None
+    small = og * kq * geo.oh * geo.ow < _GEMM_MIN_MACS
+    if small and kq * geo.oh * geo.ow <= DIRECT_MAX_MACS:
+        return None  # the direct loop (measured faster on the small CNN's 16x16 planes)
     from rlx.backends.cpu.engines.sgemm import native_sgemm
 
     slib = native_sgemm(ctx)
