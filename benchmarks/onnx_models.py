@@ -1,13 +1,15 @@
 """Models imported from ONNX: rlx vs ONNX Runtime on the same .onnx file (issue 15, "Speed").
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/onnx_models.py \\
-        [--models mlp cnn bert minilm] [--exporters torchscript dynamo] [--threads 1 2] \\
+        [--models mlp cnn bert minilm resnet18 mobilenet_v2] [--exporters torchscript dynamo] [--threads 1 2] \\
         [--rounds 7] [--ort-python PY] [--work DIR] [--out benchmarks/results/BENCHMARKS_onnx.md]
 
 Models come from ``scripts/onnx_export_models.py`` (``export_model(name, exporter,
 out_dir)``: an MLP, a small CNN with conv / batchnorm / pooling, a random-weight BERT
 encoder and the real all-MiniLM-L6-v2, exported by PyTorch's TorchScript and dynamo
-exporters with dynamic batch / sequence axes); they are exported once into ``--work``.
+exporters with dynamic batch / sequence axes) and from ``tests/frontends/onnx/torch_cnns.py``
+(``resnet18``, ``mobilenet_v2``: torchvision-style, written in plain torch.nn, random
+weights, batch 1 at 224 x 224, TorchScript exporter); they are exported once into ``--work``.
 Each model runs at the shapes of :data:`SHAPES` (the encoders at two), with the same input
 arrays for both engines.
 
@@ -53,11 +55,16 @@ SHAPES: dict[str, list[tuple[int, int]]] = {
     "cnn": [(16, 0)],
     "bert": [(1, 64), (8, 64)],
     "minilm": [(1, 128), (8, 128)],
+    "resnet18": [(1, 0)],
+    "mobilenet_v2": [(1, 0)],
 }
+#: torchvision-style CNNs at 224 x 224 (tests/frontends/onnx/torch_cnns.py: plain torch.nn,
+#: random weights), exported by the TorchScript exporter only
+CNNS = ("resnet18", "mobilenet_v2")
 #: the output file keeps what follows this line across runs (the analysis, written by hand)
 ANALYSIS = "<!-- analysis: kept by benchmarks/onnx_models.py -->"
 #: calls per round per case, by model (about 50-200 ms of work per engine and round)
-INNER = {"mlp": 200, "cnn": 100, "bert": 50, "minilm": 10}
+INNER = {"mlp": 200, "cnn": 100, "bert": 50, "minilm": 10, "resnet18": 3, "mobilenet_v2": 10}
 
 
 @dataclass(frozen=True)
@@ -104,11 +111,22 @@ def prepare(models: list[str], exporters: list[str], work: Path) -> list[Case]:
     sys.path.insert(0, str(ROOT / "scripts"))
     from onnx_export_models import export_model  # noqa: E402
 
+    from tests.frontends.onnx.torch_cnns import cnn_example, export_cnn
     from tests.frontends.onnx.torch_models import build, example
 
     cases = []
     for name in models:
         model = None
+        if name in CNNS:
+            path = work / f"{name}-torchscript.onnx"
+            if not path.exists():
+                t0 = time.perf_counter()
+                export_cnn(name, work)
+                print(f"exported {path.name} in {time.perf_counter() - t0:.1f} s", flush=True)
+            for b, s in SHAPES[name]:
+                np.savez(work / f"in_{name}_{b}x{s}.npz", **cnn_example(b, 224))
+                cases.append(Case(name, "torchscript", b, s))
+            continue
         for exp in exporters:
             path = work / f"{name}-{exp}.onnx"
             if not path.exists():

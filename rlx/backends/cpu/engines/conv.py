@@ -18,6 +18,8 @@ import ctypes
 import functools
 import math
 from collections.abc import Sequence
+from dataclasses import astuple, dataclass
+from enum import Enum
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,6 +27,8 @@ import numpy as np
 from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind
 from rlx.backends.cpu.native import bindings
 from rlx.backends.cpu.native.cpu import selected_target
+from rlx.dtype import DType
+from rlx.ops.core import Constant
 from rlx.ops.nn import Conv, Pool, PoolKind
 from rlx.ops.nn_grad import window_taps
 
@@ -48,6 +52,24 @@ DIRECT_MAX_MACS = 1 << 17
 _PARALLEL_MIN_MACS = 1 << 21  # below this many multiply-adds (~30-60 us on one thread) no team
 _PARALLEL_MIN_POOL = 1 << 16  # window reads below which a pool runs on one thread
 _CHUNK = 16  # RLX_CONV_CHUNK of conv.c
+_GEMM_MIN_ROWS = 8  # output channels per group (and taps) from which the sgemm path runs
+_GEMM_BLOCK_BYTES = 1 << 20  # packed input columns per block (about L2)
+_GEMM_MIN_MACS = 1 << 20  # per image and group; below, the direct loop when it applies
+_SLACK = 64  # CONV_SLACK of conv.c
+_GEMM_MIN_BLOCK = 512  # columns per block at least (the weight is repacked per block)
+
+
+class ConvAct(Enum):
+    """An activation applied in a convolution's epilogue (conv.c's ``act`` codes)."""
+
+    NONE = "none"
+    RELU = "relu"
+    RELU6 = "relu6"
+    CLIP = "clip"
+
+    @property
+    def code(self) -> int:
+        return {"none": 0, "relu": 1, "relu6": 5, "clip": 6}[self.value]
 
 
 def window_view(
@@ -117,14 +139,18 @@ def native_conv(
     o = w.shape[0]
     taps = math.prod(w.shape[1:])
     plane = math.prod(out.shape[2:])
-    if taps * plane > DIRECT_MAX_MACS:
-        return None
     lib = _lib(ctx, "conv")
     if lib is None:
         return None
     (hh, ww), (kh, kw), (oh, ow) = (_as_2d(s) for s in (x.shape[2:], w.shape[2:], out.shape[2:]))
     (sh, sw), (dh, dw) = _as_2d(op.stride), _as_2d(op.dilation)
     (ph, _), (pw, _) = ((0, 0), op.padding[0]) if nd == 1 else op.padding
+    geo = _Geometry(n, c, hh, ww, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, op.groups)
+    fast = _depthwise(lib, geo, x, w, bias, out, ctx) or _gemm(lib, node, geo, x, w, bias, out, ctx)
+    if fast is not None:
+        return fast
+    if taps * plane > DIRECT_MAX_MACS:
+        return None
     p = np.array(
         [n, c, hh, ww, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, op.groups], dtype=np.int64
     )
@@ -162,6 +188,207 @@ def native_conv(
     call.keep = p  # type: ignore[attr-defined]  # the C code reads it on every call
     ctx.notes.append(f"native direct conv ({taps} taps x {plane} outputs per channel)")
     return call
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """A 2-D convolution's sizes (1-D as H = 1): the first 16 entries of conv.c's ``p``."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    o: int
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    sh: int
+    sw: int
+    ph: int
+    pw: int
+    dh: int
+    dw: int
+    groups: int
+
+    def bordered(self) -> tuple[int, int]:
+        """(Hp, Wp): rows / columns of a zero-bordered input every tap reads inside."""
+        hp = max(self.h + self.ph, (self.oh - 1) * self.sh + (self.kh - 1) * self.dh + 1)
+        wp = max(self.w + self.pw, (self.ow - 1) * self.sw + (self.kw - 1) * self.dw + 1)
+        return hp, wp
+
+    def params(self) -> list[int]:
+        return list(astuple(self))
+
+
+def _f32_bits(v: float) -> int:
+    return int(np.array(v, np.float32).view(np.int32))
+
+
+def _depthwise(
+    lib: ctypes.CDLL,
+    geo: _Geometry,
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    out: np.ndarray,
+    ctx: KernelCtx,
+    act: ConvAct = ConvAct.NONE,
+    lo: float = 0.0,
+    hi: float = 0.0,
+) -> Kernel | None:
+    """The depthwise kernel (groups == C, O a multiple of C), or None."""
+    if geo.groups != geo.c or geo.o % geo.c or geo.groups == 1 or min(geo.ph, geo.pw) < 0:
+        return None
+    hp, wp = geo.bordered()
+    if geo.sw == 1:  # whole vectors of outputs read inside each row (conv.c's DW_L)
+        vl = int(lib.rlx_conv_dw_l())
+        wp = max(wp, -(-geo.ow // vl) * vl + (geo.kw - 1) * geo.dw)
+    p = np.array([*geo.params(), act.code, _f32_bits(lo), _f32_bits(hi), hp, wp], np.int64)
+    macs = geo.n * geo.o * geo.oh * geo.ow * geo.kh * geo.kw
+    threads = ctx.num_threads if macs >= _PARALLEL_MIN_MACS // 4 else 1
+    xp = np.zeros(threads * hp * wp, np.float32)
+    call = functools.partial(
+        lib.rlx_conv2d_depthwise_f32,
+        x.ctypes.data,
+        w.ctypes.data,
+        None if bias is None else bias.ctypes.data,
+        out.ctypes.data,
+        xp.ctypes.data,
+        p.ctypes.data,
+        threads,
+    )
+    call.keep = (p, xp)  # type: ignore[attr-defined]  # the C code reads them
+    ctx.kind = KernelKind.NATIVE
+    ctx.notes.append(f"native depthwise conv {geo.kh}x{geo.kw}{_act_note(act)}")
+    return call
+
+
+def _act_note(act: ConvAct) -> str:
+    return "" if act is ConvAct.NONE else f", {act.value} in the epilogue"
+
+
+def _weight_kind(ctx: KernelCtx, node: Node, i: int) -> str:
+    """ "const", "stable" or "call" (a low-precision weight is widened into scratch on
+    every call by ``dispatch.lowp``: "call")."""
+    nid = node.inputs[i]
+    if ctx.graph.nodes[nid].dtype is not DType.F32:
+        return "call"
+    if isinstance(ctx.graph.nodes[nid].op, Constant):
+        return "const"
+    return "stable" if nid in ctx.stable else "call"
+
+
+def _gemm(
+    lib: ctypes.CDLL,
+    node: Node,
+    geo: _Geometry,
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    out: np.ndarray,
+    ctx: KernelCtx,
+    act: ConvAct = ConvAct.NONE,
+    lo: float = 0.0,
+    hi: float = 0.0,
+) -> Kernel | None:
+    """The convolution as one packed sgemm per image and group (conv.c's
+    ``rlx_conv2d_gemm_f32``), or None when the output channels per group are too few for
+    the GEMM's row tiles or the native sgemm is unavailable."""
+    og, cg = geo.o // geo.groups, geo.c // geo.groups
+    kq = cg * geo.kh * geo.kw
+    if og < _GEMM_MIN_ROWS or kq < _GEMM_MIN_ROWS or min(geo.ph, geo.pw) < 0:
+        return None
+    small = og * kq * geo.oh * geo.ow < _GEMM_MIN_MACS
+    if small and kq * geo.oh * geo.ow <= DIRECT_MAX_MACS:
+        return None  # the direct loop (measured faster on the small CNN's 16x16 planes)
+    from rlx.backends.cpu.engines.sgemm import native_sgemm
+
+    slib = native_sgemm(ctx)
+    if slib is None or slib.nr != int(lib.rlx_conv_nr()):
+        return None
+    hp, wp = geo.bordered()
+    has_bias = bias is not None
+    kp = kq + int(has_bias)
+    length = geo.oh * geo.ow
+    # the weight with the bias as its last column, kept current like sgemm's packed weights
+    kinds = {_weight_kind(ctx, node, 1)}
+    if has_bias:
+        kinds.add(_weight_kind(ctx, node, 2))
+    kind = "call" if "call" in kinds else ("stable" if "stable" in kinds else "const")
+    key = ("conv.gemm.weight", node.inputs[1], node.inputs[2] if has_bias else None, geo.o, kp)
+
+    def make_wa() -> np.ndarray:
+        return np.empty((geo.o, kp), np.float32)
+
+    wa = make_wa() if kind == "call" else ctx.keep(key, make_wa)
+    w2 = w.reshape(geo.o, kq)
+
+    def fill() -> None:
+        wa[:, :kq] = w2
+        if bias is not None:
+            wa[:, kq] = bias
+
+    steps: list[Kernel] = []
+    if kind == "const":
+        ctx.keep((*key, "filled"), fill)
+    elif kind == "stable":
+        ctx.prologue_once(key, fill)  # type: ignore[arg-type]
+    else:
+        steps.append(fill)  # type: ignore[arg-type]
+    direct = geo.ph == geo.pw == 0 and (hp, wp) == (geo.h, geo.w)
+    # a private bordered input with readable slack around it (conv.c's CONV_SLACK)
+    xbuf = None if direct else np.zeros(geo.n * geo.c * hp * wp + 2 * _SLACK, np.float32)
+    xp = x if xbuf is None else xbuf[_SLACK:-_SLACK]
+    threads = ctx.num_threads
+    nr = slib.nr
+    ncb = max(_GEMM_MIN_BLOCK, _GEMM_BLOCK_BYTES // (4 * kp)) // nr * nr
+    ncb = min(ncb, -(-length // nr) * nr)
+    bp = np.empty(threads * ncb * kp + 16, np.float32)
+    p = np.array(
+        [
+            *geo.params(),
+            slib.nr,
+            int(has_bias),
+            act.code,
+            hp,
+            wp,
+            _f32_bits(lo),
+            _f32_bits(hi),
+            ncb,
+        ],
+        np.int64,
+    )
+    addr = ctypes.cast(slib.lib.rlx_sgemm, ctypes.c_void_p).value
+    call = functools.partial(
+        lib.rlx_conv2d_gemm_f32,
+        x.ctypes.data,
+        xp.ctypes.data,
+        wa.ctypes.data,
+        out.ctypes.data,
+        bp.ctypes.data,
+        p.ctypes.data,
+        addr,
+        threads,
+    )
+    keep = (p, xbuf, bp, wa, slib)
+    ctx.kind = KernelKind.NATIVE
+    ctx.notes.append(
+        f"native conv on {slib.label}: {og}x{length}x{kp} per image and group, B packed "
+        f"from the input (no im2col){', bias as a ones row' if has_bias else ''}"
+        f"{_act_note(act)}"
+    )
+    if not steps:
+        call.keep = keep  # type: ignore[attr-defined]
+        return call
+
+    def run() -> None:
+        for s in steps:
+            s()
+        call()
+
+    run.keepalive = keep  # type: ignore[attr-defined]
+    return run
 
 
 def native_pool(

@@ -204,3 +204,276 @@ void rlx_pool2d_f32(const float *x, float *out, const int64_t *p, int threads) {
         }
     }
 }
+
+/* ---- convolution as a GEMM on rlx's packed sgemm ------------------------------------
+ *
+ * rlx_conv2d_gemm_f32(x, xp, wa, out, bp, p, sgemm, threads)
+ *   p = {N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups, NR, has_bias, act,
+ *        Hp, Wp, lo, hi}
+ *   Per image and group, out[n, g] [O/G, OH*OW] = wa[g] [O/G, Kp] @ B [Kp, OH*OW], with
+ *   Kp = C/G*KH*KW (+1 with a bias: wa's last column is the bias, B's last row ones), on
+ *   the packed sgemm of the same target (`sgemm`: the address of its rlx_sgemm). B is
+ *   written straight into the sgemm's packed layout (panels of NR output positions, NR
+ *   floats per k), from the zero-bordered copy xp [N*C, Hp, Wp] of x (the border zeroed
+ *   once by the caller; xp == x when there is no padding): no im2col matrix. A panel whose
+ *   NR positions are consecutive in xp (stride 1, one output row) is NR-float copies, else
+ *   a gather. act (sgemm epilogue, in the tile): 0 none, 1 relu; 5 relu6 and 6 clip(lo, hi)
+ *   are applied after the product, on the image's output while it is in cache.
+ *   The output positions go in column blocks of p[23] (a multiple of NR, about 256 KB of
+ *   packed B so it stays in L2 from its packing to its product; at least 128 columns so
+ *   the sgemm's repacking of the weight per block stays small): each block is packed then
+ *   multiplied. Threads: blocks over the team (sgemm on one thread each) when there are
+ *   at least two per thread, else one block at a time with the sgemm's team.
+ *   bp: threads * p[23] * Kp floats. A private xp has CONV_SLACK readable floats before
+ *   and after it (whole-panel reads of a panel split over two output rows).
+ */
+typedef int (*rlx_sgemm_fn)(long m, long n, long k, const float *a, long rsa, long csa,
+                            const float *bp, void *c, long ldc, int c_bf16, const float *bias,
+                            const float *res, long ldr, float alpha, int act, int threads);
+
+#if defined(__AVX512F__)
+#define CONV_NR 32
+#elif defined(__AVX2__) && defined(__FMA__)
+#define CONV_NR 16
+#else
+#define CONV_NR 8
+#endif
+#define CONV_SLACK 64 /* floats of readable slack around a private bordered input */
+
+/* int rlx_conv_nr(void): the sgemm panel width of this target (sgemm.c's NR) */
+int rlx_conv_nr(void) { return CONV_NR; }
+
+static void conv_pack_panels(const float *xg, const int64_t *p, int64_t Kp, int64_t p0,
+                             int64_t p1, float *bp, int slack) {
+    const int64_t C = p[1], OW = p[8], KH = p[5], KW = p[6], OH = p[7];
+    const int64_t sh = p[9], sw = p[10], dh = p[13], dw = p[14], G = p[15], NR = p[16];
+    const int64_t has_bias = p[17], Hp = p[19], Wp = p[20];
+    const int64_t cg = C / G, L = OH * OW, KK = KH * KW;
+    int64_t base[64], rs[64], rl[64];
+    for (int64_t q = p0; q < p1; q++) {
+        float *d = bp + q * Kp * NR;
+        const int64_t j0 = q * NR, nv = L - j0 < NR ? L - j0 : NR;
+        for (int64_t j = 0; j < nv; j++) base[j] = ((j0 + j) / OW) * sh * Wp + ((j0 + j) % OW) * sw;
+        /* runs of positions consecutive in xp (each output row's share, at stride 1) */
+        int64_t nr = 0;
+        for (int64_t j = 0; j < nv; j++) {
+            if (nr > 0 && sw == 1 && base[j] == base[rs[nr - 1]] + rl[nr - 1]) {
+                rl[nr - 1]++;
+            } else {
+                rs[nr] = j;
+                rl[nr++] = 1;
+            }
+        }
+        for (int64_t c = 0; c < cg; c++) {
+            const float *xc = xg + c * Hp * Wp;
+            for (int64_t kh = 0; kh < KH; kh++) {
+                for (int64_t kw = 0; kw < KW; kw++) {
+                    const float *s = xc + kh * dh * Wp + kw * dw;
+                    float *dk = d + (c * KK + kh * KW + kw) * NR;
+                    if (NR == CONV_NR && nv == CONV_NR && nr == 1) {
+                        const float *sa = s + base[0];
+#pragma GCC unroll 4
+                        for (int j = 0; j < CONV_NR; j++) dk[j] = sa[j];
+                    } else if (NR == CONV_NR && nv == CONV_NR && nr == 2 && slack) {
+                        /* two rows' shares: whole-width reads past either run stay in
+                         * the private buffer's slack, the select keeps the run's floats */
+                        const float *sa = s + base[0], *sb = s + base[rs[1]] - rs[1];
+                        const int64_t r0 = rl[0];
+#pragma GCC unroll 4
+                        for (int j = 0; j < CONV_NR; j++) dk[j] = j < r0 ? sa[j] : sb[j];
+                    } else if (sw == 1) {
+                        for (int64_t r = 0; r < nr; r++) {
+                            float *dd = dk + rs[r];
+                            const float *ss = s + base[rs[r]];
+                            for (int64_t j = 0; j < rl[r]; j++) dd[j] = ss[j];
+                        }
+                    } else {
+                        for (int64_t j = 0; j < nv; j++) dk[j] = s[base[j]];
+                    }
+                    for (int64_t j = nv; j < NR; j++) dk[j] = 0.0f;
+                }
+            }
+        }
+        if (has_bias)
+            for (int64_t j = 0; j < NR; j++) d[(Kp - 1) * NR + j] = 1.0f;
+    }
+}
+
+static void conv_clamp(float *y, int64_t n, float lo, float hi) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        const float v = y[i];
+        /* NaN stays NaN, as np.clip */
+        y[i] = v < lo ? lo : (v > hi ? hi : v);
+    }
+}
+
+/* columns [j0, j1) of image n, group g (j0 a multiple of NR): pack them, one sgemm */
+static void conv_block(const float *src, const float *wa, float *out, const int64_t *p,
+                       int64_t n, int64_t g, int64_t j0, int64_t j1, float *bp,
+                       rlx_sgemm_fn sgemm, int threads, int slack) {
+    const int64_t C = p[1], O = p[4], KH = p[5], KW = p[6], OH = p[7], OW = p[8];
+    const int64_t G = p[15], NR = p[16], has_bias = p[17], act = p[18], Hp = p[19], Wp = p[20];
+    const float lo = act == 5 ? 0.0f : ((const float *)(p + 21))[0];
+    const float hi = act == 5 ? 6.0f : ((const float *)(p + 22))[0];
+    const int64_t cg = C / G, og = O / G, L = OH * OW;
+    const int64_t Kp = cg * KH * KW + has_bias;
+    const int64_t q0 = j0 / NR, q1 = (j1 + NR - 1) / NR;
+    const float *xg = src + (n * C + g * cg) * Hp * Wp;
+    if (threads > 1) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t q = q0; q < q1; q++) conv_pack_panels(xg, p, Kp, q, q + 1, bp - q0 * Kp * NR, slack);
+    } else {
+        conv_pack_panels(xg, p, Kp, q0, q1, bp - q0 * Kp * NR, slack);
+    }
+    float *y = out + (n * O + g * og) * L + j0;
+    sgemm(og, j1 - j0, Kp, wa + g * og * Kp, Kp, 1, bp, y, L, 0, NULL, NULL, 0, 1.0f,
+          act == 1 ? 1 : 0, threads);
+    if (act >= 5)
+        for (int64_t o = 0; o < og; o++) conv_clamp(y + o * L, j1 - j0, lo, hi);
+}
+
+void rlx_conv2d_gemm_f32(const float *x, float *xp, const float *wa, float *out, float *bp,
+                         const int64_t *p, void *sgemm_addr, int threads) {
+    const int64_t N = p[0], C = p[1], H = p[2], W = p[3], O = p[4], KH = p[5], KW = p[6];
+    const int64_t OH = p[7], OW = p[8], ph = p[11], pw = p[12], G = p[15], NR = p[16];
+    const int64_t has_bias = p[17], Hp = p[19], Wp = p[20], ncb = p[23];
+    const int64_t L = OH * OW, Kp = C / G * KH * KW + has_bias;
+    rlx_sgemm_fn sgemm = (rlx_sgemm_fn)sgemm_addr;
+    const int copy = xp != x;
+    if (copy) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t q = 0; q < N * C; q++) {
+            for (int64_t h = 0; h < H; h++) {
+                const int64_t r = h + ph;
+                if (r < 0 || r >= Hp) continue;
+                int64_t w0 = pw < 0 ? -pw : 0, w1 = W + pw > Wp ? Wp - pw : W;
+                if (w1 > w0)
+                    memcpy(xp + (q * Hp + r) * Wp + w0 + pw, x + (q * H + h) * W + w0,
+                           (size_t)(w1 - w0) * sizeof(float));
+            }
+        }
+    }
+    const float *src = copy ? xp : x;
+    /* column blocks of ncb positions (a multiple of NR, the packed block sized for L2) */
+    const int64_t nblk = (L + ncb - 1) / ncb, tasks = N * G * nblk;
+    const int64_t psize = ncb * Kp;
+    if (threads > 1 && tasks >= 2 * threads) {
+        /* one block per task, tasks over the team, sgemm on one thread each */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+        for (int64_t t = 0; t < tasks; t++) {
+            const int64_t n = t / (G * nblk), g = (t / nblk) % G, j0 = (t % nblk) * ncb;
+            conv_block(src, wa, out, p, n, g, j0, j0 + ncb < L ? j0 + ncb : L,
+                       bp + rlx_tid() * psize, sgemm, 1, copy);
+        }
+    } else {
+        for (int64_t t = 0; t < tasks; t++) {
+            const int64_t n = t / (G * nblk), g = (t / nblk) % G, j0 = (t % nblk) * ncb;
+            conv_block(src, wa, out, p, n, g, j0, j0 + ncb < L ? j0 + ncb : L, bp, sgemm,
+                       threads, copy);
+        }
+    }
+}
+
+/* rlx_conv2d_depthwise_f32(x, w, bias|NULL, out, xp, p, threads)
+ *   groups == C, O = C * m (m output channels per input channel), any window, stride,
+ *   dilation, padding: per (n, o) the input plane is copied into the zero-bordered
+ *   per-thread buffer xp (Hp x Wp, border zeroed here); at stride 1 along W each vector
+ *   of outputs sums every tap in a register (the caller makes Wp at least the last
+ *   vector's reads: ceil(OW / DW_L) * DW_L + (KW-1)*dw), else every tap adds w * a row
+ *   of it to the output row (a vector loop over the width; stride 2 reads every other
+ *   float: measured faster than picking the even floats of two vectors with a shuffle).
+ *   p = {N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups, act, lo, hi, Hp, Wp}
+ *   act: 0 none, 1 relu, 5 relu6, 6 clip(lo, hi) (lo / hi: float bits), after the bias.
+ *   xp: threads * Hp * Wp floats.
+ */
+/* depthwise: a vector of outputs kept in a register (GCC vector extensions) */
+#if defined(__AVX512F__)
+#define DW_L 16
+#elif defined(__AVX2__)
+#define DW_L 8
+#else
+#define DW_L 4
+#endif
+typedef float dwv __attribute__((vector_size(4 * DW_L)));
+typedef float dwvu __attribute__((vector_size(4 * DW_L), aligned(4)));
+static inline dwv dw_madd(dwv acc, float w, dwv x) {
+#ifdef __FMA__
+    dwv r;
+    for (int j = 0; j < DW_L; j++) r[j] = fmaf(w, x[j], acc[j]);
+    return r;
+#else
+    return acc + w * x;
+#endif
+}
+
+int rlx_conv_dw_l(void) { return DW_L; }
+
+void rlx_conv2d_depthwise_f32(const float *x, const float *w, const float *bias, float *out,
+                              float *xp, const int64_t *p, int threads) {
+    const int64_t N = p[0], C = p[1], H = p[2], W = p[3], O = p[4], KH = p[5], KW = p[6];
+    const int64_t OH = p[7], OW = p[8], sh = p[9], sw = p[10], ph = p[11], pw = p[12];
+    const int64_t dh = p[13], dw = p[14], act = p[16], Hp = p[19], Wp = p[20];
+    float lo = ((const float *)(p + 17))[0], hi = ((const float *)(p + 18))[0];
+    if (act == 1) lo = 0.0f, hi = INFINITY;
+    if (act == 5) lo = 0.0f, hi = 6.0f;
+    const int64_t m = O / C, plane = OH * OW;
+#pragma omp parallel num_threads(threads)
+    {
+        float *buf = xp + (int64_t)rlx_tid() * Hp * Wp;
+        int64_t cur = -1;
+        memset(buf, 0, (size_t)(Hp * Wp) * sizeof(float));
+#pragma omp for schedule(static)
+        for (int64_t no = 0; no < N * O; no++) {
+            const int64_t n = no / O, o = no % O, c = o / m;
+            if (cur != n * C + c) {
+                cur = n * C + c;
+                const float *xc = x + cur * H * W;
+                for (int64_t h = 0; h < H; h++)
+                    memcpy(buf + (h + ph) * Wp + pw, xc + h * W, (size_t)W * sizeof(float));
+            }
+            const float *wo = w + o * KH * KW;
+            const float b = bias ? bias[o] : 0.0f;
+            float *y = out + no * plane;
+            for (int64_t oh = 0; oh < OH && sw == 1; oh++) {
+                /* stride 1: DW_L-wide vectors of a row in registers over all the taps */
+                float *yr = y + oh * OW;
+                const float *r0 = buf + oh * sh * Wp;
+                for (int64_t ow0 = 0; ow0 < OW; ow0 += DW_L) {
+                    dwv a0 = (dwv){0} + b;
+                    for (int64_t kh = 0; kh < KH; kh++) {
+                        const float *row = r0 + kh * dh * Wp + ow0;
+                        for (int64_t kw = 0; kw < KW; kw++)
+                            a0 = dw_madd(a0, wo[kh * KW + kw], *(const dwvu *)(row + kw * dw));
+                    }
+                    if (ow0 + DW_L <= OW)
+                        *(dwvu *)(yr + ow0) = a0;
+                    else
+                        memcpy(yr + ow0, &a0, (size_t)(OW - ow0) * sizeof(float));
+                }
+                if (act) conv_clamp(yr, OW, lo, hi);
+            }
+            for (int64_t oh = 0; oh < OH && sw != 1; oh++) {
+                float *yr = y + oh * OW;
+                for (int64_t ow = 0; ow < OW; ow++) yr[ow] = b;
+                for (int64_t kh = 0; kh < KH; kh++) {
+                    const float *xr = buf + (oh * sh + kh * dh) * Wp;
+                    for (int64_t kw = 0; kw < KW; kw++) {
+                        const float wv = wo[kh * KW + kw];
+                        const float *xs = xr + kw * dw;
+                        if (sw == 1) {
+#pragma omp simd
+                            for (int64_t ow = 0; ow < OW; ow++) RLX_MADD(yr[ow], wv, xs[ow]);
+                        } else if (sw == 2) {
+#pragma omp simd
+                            for (int64_t ow = 0; ow < OW; ow++) RLX_MADD(yr[ow], wv, xs[2 * ow]);
+                        } else {
+                            for (int64_t ow = 0; ow < OW; ow++) RLX_MADD(yr[ow], wv, xs[ow * sw]);
+                        }
+                    }
+                }
+                if (act) conv_clamp(yr, OW, lo, hi);
+            }
+        }
+    }
+}
