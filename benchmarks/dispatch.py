@@ -174,7 +174,7 @@ def bench_native_schedule(rounds: int = 30) -> dict[str, float]:
     return out
 
 
-def bench_one_op_peers(rounds: int = 9, number: int = 20000) -> dict[str, float]:
+def bench_one_op_peers(rounds: int = 200, number: int = 500) -> dict[str, float]:
     """Seconds per call of ``y = x + 0.5`` on f32[4] at one thread: rlx, ORT, torch eager
     (each the best of ``rounds`` interleaved rounds of ``number`` calls; a peer that is
     not installed is left out)."""
@@ -306,7 +306,7 @@ def main() -> None:
         "",
         "## Per-call cost of a 1-op graph against its peers (`y = x + 0.5`, f32[4], 1 thread)",
         "",
-        "Best of 9 interleaved rounds of 20,000 calls each, same process.",
+        "Best of 200 interleaved rounds of 500 calls each (short rounds: on a shared machine some run undisturbed), same process.",
         "",
         "| engine | us per call | / ORT |",
         "|---|---:|---:|",

@@ -17,6 +17,10 @@ and the engine's own option), on the same token ids (a [CLS] ... [SEP] row of th
   fusions (``ORT fused``); reported: ``InferenceSession.run`` wall time and ORT's own
   profiler (``enable_profiling``) per op type.
 
+``--gemm [SO ...]``: only the three skinny GEMMs (M = 16) in this process, hot weights,
+one thread: this tree's rlx sgemm, the given ``sgemm-*.so`` libraries (built from another
+tree: the before / after of a kernel change) and OpenBLAS.
+
 Prints a markdown section (the command, date, CPU and load average in its header) for
 benchmarks/results/BENCHMARKS_shapes.md. The machine may be shared: medians, and ratios
 taken within one run.
@@ -190,6 +194,53 @@ def section(res: dict, args: argparse.Namespace, load: tuple[float, ...], now: s
     return "\n".join(lines)
 
 
+GEMMS = ((16, 384, 384, None), (16, 1536, 384, "gelu"), (16, 384, 1536, None))
+
+
+def gemm_ab(libs: list[str], rounds: int = 300) -> list[str]:
+    """The skinny GEMMs of the 1x16 forward (bias, + erf GELU on the up projection), hot
+    weights, one thread: this tree's rlx sgemm, each extra library in ``libs`` (an
+    ``sgemm-*.so`` built from another tree, same blocking) and OpenBLAS (``np.matmul``,
+    no epilogue); best of ``rounds`` interleaved calls. Returns markdown rows."""
+    import ctypes
+    import functools
+    import time
+
+    import numpy as np
+
+    from rlx.backends.cpu.native.sgemm import sgemm_lib
+
+    ref = sgemm_lib()
+    calls_of: dict[str, ctypes.CDLL] = {"rlx sgemm (this tree)": ref.lib}
+    for path in libs:
+        lib = ctypes.CDLL(path)
+        lib.rlx_sgemm.argtypes, lib.rlx_sgemm.restype = ref.lib.rlx_sgemm.argtypes, ctypes.c_int
+        lib.rlx_sgemm_set_blocking.argtypes = [ctypes.c_long] * 3
+        lib.rlx_sgemm_set_blocking(ref.kc, ref.a_bytes, 4096)
+        calls_of[f"rlx sgemm ({Path(path).name})"] = lib
+    rng = np.random.default_rng(0)
+    rows = []
+    for m, n, k, act in GEMMS:
+        w = rng.standard_normal((k, n), dtype=np.float32)
+        packed, bias = ref.pack_b(w), rng.standard_normal(n, dtype=np.float32)
+        a, o = rng.standard_normal((m, k), dtype=np.float32), np.empty((m, n), np.float32)
+        args = ref.gemm_args(a, packed, o, bias=bias, act=act)
+        calls = {name: functools.partial(lib.rlx_sgemm, *args, 1) for name, lib in calls_of.items()}
+        calls["OpenBLAS np.matmul"] = functools.partial(np.matmul, a, w, out=o)
+        best = dict.fromkeys(calls, float("inf"))
+        for _ in range(rounds):
+            for name, fn in calls.items():
+                t0 = time.perf_counter()
+                fn()
+                best[name] = min(best[name], time.perf_counter() - t0)
+        flops = 2 * m * n * k
+        cells = "; ".join(
+            f"{nm} {t * 1e6:.1f} us ({flops / t / 1e9:.0f} GFLOP/s)" for nm, t in best.items()
+        )
+        rows.append(f"| {m}x{n}x{k}{' + ' + act if act else ''} | {cells} |")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, nargs="*", default=[1, 2])
@@ -197,7 +248,20 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--sgemm", nargs="*", default=["auto", "native"])
     ap.add_argument("--no-ort", action="store_true", help="rlx engines only")
+    ap.add_argument(
+        "--gemm",
+        nargs="*",
+        metavar="SO",
+        help="only the skinny GEMMs: this tree's sgemm, these other sgemm-*.so, OpenBLAS",
+    )
     args = ap.parse_args()
+    if args.gemm is not None:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(1):
+            print("\n".join(gemm_ab(args.gemm)))
+        return
     load = os.getloadavg()
     now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     res: dict[tuple[str, int], dict] = {}
