@@ -39,7 +39,7 @@ threads are serialised and each gets its own correct result. A lock rather than 
 per thread: an arena per thread would multiply the memory (an arena is the whole
 activation footprint) and the BLAS and native kernels already use every core, so two
 runs at once would only compete for them. The uncontended lock costs 0.2-0.3 us per
-run on one thread, against a 5 us run of a one-kernel graph (benchmarks/dispatch.py,
+run on one thread, against a 4 us run of a one-kernel graph (benchmarks/dispatch.py,
 benchmarks/results/BENCHMARKS_dispatch.md). For parallel runs,
 compile the graph again per thread (a compile-cache hit: the program is shared, the
 arena is not).
