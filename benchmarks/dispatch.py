@@ -14,7 +14,12 @@ Measures:
    the same run without the lock (``_run``) on one thread;
 5. the native schedule (``CompileOptions.native_schedule``): ``run()`` with runs of
    consecutive native kernels as one C call vs every kernel called from Python, on a
-   chain of 50 layer norms and the MiniLM-sized encoder at 1 x 16.
+   chain of 50 layer norms and the MiniLM-sized encoder at 1 x 16;
+6. the per-call cost of a 1-op graph (``y = x + 0.5`` on f32[4]) at one thread against
+   its peers in the same process, rounds interleaved: rlx ``run`` (a repeated feed
+   signature: the checked-feed cache), ``run`` with a new dict and array each call,
+   ``run_trusted``, ONNX Runtime ``InferenceSession.run`` (one ``Add`` node) and torch
+   eager (tensor in / tensor out, and NumPy in / NumPy out as rlx and ORT are).
 
 Usage: ``python benchmarks/dispatch.py [--out benchmarks/results/BENCHMARKS_dispatch.md]``. When
 OPENBLAS_CORETYPE or OPENBLAS_L2_SIZE are set, the script re-executes itself without them
@@ -169,6 +174,60 @@ def bench_native_schedule(rounds: int = 30) -> dict[str, float]:
     return out
 
 
+def bench_one_op_peers(rounds: int = 200, number: int = 500) -> dict[str, float]:
+    """Seconds per call of ``y = x + 0.5`` on f32[4] at one thread: rlx, ORT, torch eager
+    (each the best of ``rounds`` interleaved rounds of ``number`` calls; a peer that is
+    not installed is left out)."""
+    raw = CompileOptions(optimize=False, fuse=False, use_cache=False, num_threads=1)
+    one = Session("cpu").compile(chain(2), raw)
+    x = np.ones(4, np.float32)
+    feed = {"x": x}
+    one.run(feed)
+    fns: dict[str, object] = {
+        "rlx run": lambda: one.run(feed),
+        "rlx run, new dict + array each call": lambda: one.run({"x": x.copy()}),
+        "rlx run_trusted": lambda: one.run_trusted(feed, {}),
+    }
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+
+        graph = helper.make_graph(
+            [helper.make_node("Add", ["x", "c"], ["y"])],
+            "one_op",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+            [helper.make_tensor("c", TensorProto.FLOAT, [], [0.5])],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        sess = ort.InferenceSession(
+            model.SerializeToString(), so, providers=["CPUExecutionProvider"]
+        )
+        fns["ORT InferenceSession.run"] = lambda: sess.run(None, feed)
+    except ImportError:
+        pass
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        t = torch.from_numpy(x)
+        fns["torch eager (tensor in / out)"] = lambda: t + 0.5
+        fns["torch eager (NumPy in / out)"] = lambda: (torch.from_numpy(x) + 0.5).numpy()
+    except ImportError:
+        pass
+    best = dict.fromkeys(fns, float("inf"))
+    for fn in fns.values():
+        fn()  # type: ignore[operator]
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            best[name] = min(best[name], timeit(fn, repeat=1, number=number))  # type: ignore[arg-type]
+    return best
+
+
 def bench_threads() -> dict[str, float]:
     n = threads.blas_info()[0]["num_threads"] if threads.blas_info() else 1
 
@@ -193,6 +252,7 @@ def main() -> None:
     s = bench_new_shape()
     t = bench_threads()
     ns = bench_native_schedule()
+    peers = bench_one_op_peers()
     blas = threads.blas_info()
     unset = ",".join(removed_blas_pins())
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -242,6 +302,23 @@ def main() -> None:
             f"{ns[c + '_python_us']:.1f} ({ns[c + '_python_min_us']:.1f}) us | "
             f"{ns[c + '_native_us']:.1f} ({ns[c + '_native_min_us']:.1f}) us |"
             for c in ("ln_chain", "encoder_1x16")
+        ),
+        "",
+        "## Per-call cost of a 1-op graph against its peers (`y = x + 0.5`, f32[4], 1 thread)",
+        "",
+        "Best of 200 interleaved rounds of 500 calls each (short rounds: on a shared machine some run undisturbed), same process.",
+        "",
+        "| engine | us per call | / ORT |",
+        "|---|---:|---:|",
+        *(
+            f"| {name} | {sec * 1e6:.2f} | "
+            + (
+                f"{sec / peers['ORT InferenceSession.run']:.2f}"
+                if "ORT InferenceSession.run" in peers
+                else "-"
+            )
+            + " |"
+            for name, sec in peers.items()
         ),
         "",
         "## Applying num_threads",

@@ -7,7 +7,11 @@ NumPy array per graph output.
 Contract of ``run``:
 
 * inputs are checked (names, shapes, dtypes, symbol bounds, optionally finiteness) and
-  converted only where lossless (see :mod:`rlx.runtime.inputs`); they are never modified;
+  converted only where lossless (see :mod:`rlx.runtime.inputs`); they are never modified.
+  A feed that needs no conversion (a dict of NumPy arrays of the declared dtypes) is
+  remembered by its signature (names, dtypes, dims) once it passed: a later feed of the
+  same signature skips the name / dtype / dim / bound checks and the symbol binding (the
+  finiteness check, when on, still runs), any other feed gets the full check;
 * the returned arrays are fresh copies: a later run does not overwrite them;
 * a run that raises leaves the CompiledGraph usable;
 * a new binding of the symbolic dims plans and builds a new schedule (a few ms: no
@@ -35,7 +39,7 @@ threads are serialised and each gets its own correct result. A lock rather than 
 per thread: an arena per thread would multiply the memory (an arena is the whole
 activation footprint) and the BLAS and native kernels already use every core, so two
 runs at once would only compete for them. The uncontended lock costs 0.2-0.3 us per
-run on one thread, against a 5 us run of a one-kernel graph (benchmarks/dispatch.py,
+run on one thread, against a 4 us run of a one-kernel graph (benchmarks/dispatch.py,
 benchmarks/results/BENCHMARKS_dispatch.md). For parallel runs,
 compile the graph again per thread (a compile-cache hit: the program is shared, the
 arena is not).
@@ -92,12 +96,19 @@ class CompiledGraph:
         self._executors: OrderedDict[BindingKey, Executor] = OrderedDict()
         self._last: Executor | None = None
         self._profile: tuple[Executor, list[float]] | None = None  # last profiled run
-        self._trusted_blas: tuple[Executor | None, int] = (None, 1)  # run_trusted's record
+        self._trusted_blas: tuple[Executor | None, int] = (None, 1)  # BLAS threads per executor
         self._input_nodes = _named(program.graph, Input)
         self._param_nodes = _named(program.graph, Param)
         self._source_inputs = _named(program.source, Input)
         self._source_params = _named(program.source, Param)
         self._unset: set[str] = set(self._param_nodes)  # read by the running graph, not set yet
+        # feeds already checked: signature (see _signature) -> (binding key, bindings, whether
+        # the feed also names inputs the optimized graph dropped)
+        self._feeds: dict[tuple[Any, ...], tuple[BindingKey, dict[str, int], bool]] = {}
+        self._feed_names = tuple(
+            (name, name in self._input_nodes, node.dtype.np)
+            for name, node in self._source_inputs.items()
+        )
         probe = program.take_probe()
         if probe is not None and probe[0].workspace.shared:
             ex, _, live_inputs = probe
@@ -293,14 +304,79 @@ class CompiledGraph:
         with self._lock:
             return self._run(inputs, profile)
 
+    def _signature(self, inputs: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        """What makes a feed's check and binding: per source input (in declaration order)
+        the dims of its array, or None when absent. None (the full check runs) unless
+        ``inputs`` is a dict naming only inputs of the graph, with every input the
+        optimized graph reads given as a NumPy array of exactly its declared dtype (the
+        case where the check converts nothing)."""
+        if type(inputs) is not dict:
+            return None
+        sig: list[Any] = []
+        found = 0
+        for name, used, dtype in self._feed_names:
+            v = inputs.get(name)
+            if v is None:
+                if used:
+                    return None
+                sig.append(None)
+                continue
+            found += 1
+            if used and (type(v) is not np.ndarray or v.dtype is not dtype):
+                return None
+            sig.append(v.shape if used else ())
+        if found != len(inputs):
+            return None
+        return tuple(sig)
+
+    def _remember_feed(self, sig: tuple[Any, ...], bindings: dict[str, int], extra: bool) -> None:
+        """Record a feed signature whose full check passed (oldest dropped past a bound)."""
+        feeds = self._feeds
+        if len(feeds) >= max(16, 4 * self.options.max_shape_plans):
+            del feeds[next(iter(feeds))]
+        feeds[sig] = (binding_key(bindings), bindings, extra)
+
+    def _checked(self, inputs: Mapping[str, Any]) -> tuple[Mapping[str, np.ndarray], Executor]:
+        """The arrays to run and the executor of their binding. A feed whose signature
+        (:meth:`_signature`) passed the full check before skips it: its names, dtypes and
+        dims are those of that feed, so only the values (``check_finite``) are checked
+        again. Any other feed gets the full check (InputError, nothing recorded)."""
+        sig = self._signature(inputs)
+        hit = self._feeds.get(sig) if sig is not None else None
+        if hit is None:
+            arrays, bindings = self._check_inputs(inputs)
+            ex = self._executor(bindings)
+            if sig is not None and not self._unset:
+                self._remember_feed(sig, bindings, len(arrays) != len(inputs))
+            return arrays, ex
+        key, bound, extra = hit
+        feed: Mapping[str, np.ndarray] = inputs
+        if extra:
+            feed = {name: inputs[name] for name in self._input_nodes}
+        if self.options.check_finite:
+            for name, node in self._input_nodes.items():
+                check_finite("input", name, feed[name], node)
+        known = self._executors.get(key)
+        if known is None or not known.is_current():
+            known = self._executor(bound)
+        elif known is not self._last:
+            self._executors.move_to_end(key)
+        return feed, known
+
+    def _blas_threads(self, ex: Executor) -> None:
+        """Set the BLAS thread count ``ex`` wants (worked out once per executor)."""
+        blas = self._trusted_blas
+        if blas[0] is not ex:
+            blas = self._trusted_blas = (ex, threads.blas_threads_for(self.num_threads, ex))
+        threads.ensure_blas_threads(blas[1])
+
     def _run(self, inputs: Mapping[str, Any], profile: bool) -> list[np.ndarray]:
-        arrays, bindings = self._check_inputs(inputs)
-        ex = self._executor(bindings)
+        arrays, ex = self._checked(inputs)
         self._last = ex
         live = self._live_inputs
         live.clear()
         live.update(arrays)
-        threads.ensure_blas_threads(threads.blas_threads_for(self.num_threads, ex))
+        self._blas_threads(ex)
         with np.errstate(all="ignore"):
             if profile:
                 outs, times = ex.run_profiled(arrays)
@@ -325,10 +401,7 @@ class CompiledGraph:
             live = self._live_inputs
             live.clear()
             live.update(arrays)
-            blas = self._trusted_blas  # the BLAS thread count, worked out once per executor
-            if blas[0] is not ex:
-                blas = self._trusted_blas = (ex, threads.blas_threads_for(self.num_threads, ex))
-            threads.ensure_blas_threads(blas[1])
+            self._blas_threads(ex)
             with np.errstate(all="ignore"):
                 return ex.run(arrays)
 

@@ -11,6 +11,9 @@
  *            broadcast from memory (vbroadcastss);
  *   AVX2+FMA MR = 6 x NR = 16: 12 ymm accumulators, 2 ymm of B, 1 broadcast;
  *   portable MR = 6 x NR = 8: 12 accumulators of 4 floats (SSE2 mul + add on x86-64).
+ *   The last micro-panel of a row block, when it has fewer than MR rows, runs a kernel of
+ *   2, 4 or 8 rows (the smallest that covers it) instead of all MR: skinny products (M =
+ *   16 tokens: 14 + 2 rows on AVX-512) no longer pay for MR rows of zeros.
  * B: packed by rlx_sgemm_pack_b (from any strides) into panels of NR columns, panel p
  *    holding B[k, p*NR .. p*NR+NR) for k = 0..K-1 contiguously (NR floats per k; the last
  *    panel zero-padded). Weights are packed once (param prologue); activations per call.
@@ -129,40 +132,63 @@ static void pack_a(const float *a, long rsa, long csa, long mc, long kc, float *
 typedef float vf __attribute__((vector_size(VL * 4)));
 typedef float vfu __attribute__((vector_size(VL * 4), aligned(4))); /* unaligned access */
 
-__attribute__((optimize("fp-contract=fast"))) static void
-ukernel(long kc, const float *restrict a, const float *restrict b, float *restrict c, long ldc,
-        int accum) {
-    vf c0[MR], c1[MR];
-#pragma GCC unroll 14
-    for (int i = 0; i < MR; i++) {
-        c0[i] = c1[i] = (vf){0};
-        __builtin_prefetch(c + i * ldc, 1, 3);
-        __builtin_prefetch(c + i * ldc + NR - 1, 1, 3);
+/* UKERNEL(name, R): the micro-kernel on the first R rows of an MR-row A micro-panel (R
+ * accumulator rows, A read at stride MR). ukernel is R = MR; the shorter ones serve the
+ * last micro-panel of a block when fewer than MR rows remain (M = 16 on AVX-512: 14 + 2
+ * rows, where the MR-row kernel on the 2-row panel did 12 rows of zero work, nearly
+ * doubling the multiply-adds of the whole product). Each is its own function so that
+ * this one alone contracts a * b + c into FMAs (where the target has them). */
+#define UKERNEL(NAME, R)                                                                   \
+    __attribute__((optimize("fp-contract=fast"))) static void NAME(                        \
+        long kc, const float *restrict a, const float *restrict b, float *restrict c,      \
+        long ldc, int accum) {                                                             \
+        vf c0[R], c1[R];                                                                   \
+        _Pragma("GCC unroll 14") for (int i = 0; i < R; i++) {                             \
+            c0[i] = c1[i] = (vf){0};                                                       \
+            __builtin_prefetch(c + i * ldc, 1, 3);                                         \
+            __builtin_prefetch(c + i * ldc + NR - 1, 1, 3);                                \
+        }                                                                                  \
+        _Pragma("GCC unroll 2") for (long q = 0; q < kc; q++) {                            \
+            const vf b0 = *(const vfu *)b, b1 = *(const vfu *)(b + VL);                    \
+            __builtin_prefetch(b + 16 * NR, 0, 3);                                         \
+            __builtin_prefetch(a + 16 * MR, 0, 3);                                         \
+            _Pragma("GCC unroll 14") for (int i = 0; i < R; i++) {                         \
+                const float x = a[i]; /* broadcast by the vector operations */             \
+                c0[i] = x * b0 + c0[i];                                                    \
+                c1[i] = x * b1 + c1[i];                                                    \
+            }                                                                              \
+            a += MR;                                                                       \
+            b += NR;                                                                       \
+        }                                                                                  \
+        _Pragma("GCC unroll 14") for (int i = 0; i < R; i++) {                             \
+            vfu *r = (vfu *)(c + i * ldc);                                                 \
+            if (accum) {                                                                   \
+                c0[i] += r[0];                                                             \
+                c1[i] += *(vfu *)(c + i * ldc + VL);                                       \
+            }                                                                              \
+            r[0] = c0[i];                                                                  \
+            *(vfu *)(c + i * ldc + VL) = c1[i];                                            \
+        }                                                                                  \
     }
-#pragma GCC unroll 2
-    for (long q = 0; q < kc; q++) {
-        const vf b0 = *(const vfu *)b, b1 = *(const vfu *)(b + VL);
-        __builtin_prefetch(b + 16 * NR, 0, 3);
-        __builtin_prefetch(a + 16 * MR, 0, 3);
-#pragma GCC unroll 14
-        for (int i = 0; i < MR; i++) {
-            const float x = a[i]; /* broadcast by the vector operations */
-            c0[i] = x * b0 + c0[i];
-            c1[i] = x * b1 + c1[i];
-        }
-        a += MR;
-        b += NR;
-    }
-#pragma GCC unroll 14
-    for (int i = 0; i < MR; i++) {
-        vfu *r = (vfu *)(c + i * ldc);
-        if (accum) {
-            c0[i] += r[0];
-            c1[i] += *(vfu *)(c + i * ldc + VL);
-        }
-        r[0] = c0[i];
-        *(vfu *)(c + i * ldc + VL) = c1[i];
-    }
+
+UKERNEL(ukernel, MR)
+UKERNEL(ukernel2, 2)
+UKERNEL(ukernel4, 4)
+#if MR > 8
+UKERNEL(ukernel8, 8)
+#endif
+
+typedef void (*ukernel_fn)(long, const float *restrict, const float *restrict, float *restrict,
+                           long, int);
+
+/* the kernel for a micro-panel of h <= MR rows (it may compute a few zero rows past h) */
+static ukernel_fn ukernel_for(long h) {
+    if (h <= 2) return ukernel2;
+    if (h <= 4) return ukernel4;
+#if MR > 8
+    if (h <= 8) return ukernel8;
+#endif
+    return ukernel;
 }
 
 
@@ -297,7 +323,7 @@ static int gemm_rect(long m0, long m1, long n0, long n1, long k, const float *a,
                                 for (long i = 0; i < MR; i++)
                                     epi_row(e, c + i * e->ldc, i0 + i, jr, NR, tmp);
                         } else {
-                            ukernel(kc, apan, bpan, tile, NR, 0);
+                            ukernel_for(mr)(kc, apan, bpan, tile, NR, 0);
                             for (long i = 0; i < mr; i++) {
                                 float *t = tile + i * NR;
                                 if (e->c_bf16) {

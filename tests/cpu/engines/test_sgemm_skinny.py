@@ -1,0 +1,46 @@
+"""Skinny products on rlx's packed sgemm (native/csrc/sgemm.c): the last micro-panel of a
+row block runs a 2-, 4- or 8-row kernel when fewer than MR rows remain. Oracle: NumPy
+float64 matmul (bound ``2 K eps32 (|a| @ |b|)``); and a row's bits must not depend on how
+many rows share the call (the panel that computes it), on every runnable target, with and
+without K blocks and epilogues."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlx.backends.cpu import native
+from rlx.backends.cpu.native import cpu
+from rlx.backends.cpu.native.sgemm import sgemm_lib
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not installed")
+
+EPS = float(np.finfo(np.float32).eps)
+
+
+@pytest.fixture(params=cpu.runnable_targets(), ids=lambda t: t.value)
+def lib(request):
+    return sgemm_lib(request.param)
+
+
+@pytest.mark.parametrize("act", [None, "gelu"])
+@pytest.mark.parametrize("long_k", [False, True])
+def test_every_row_count_matches_float64_and_keeps_its_bits(lib, act, long_k) -> None:
+    rng = np.random.default_rng(5)
+    k = 2 * lib.kc + 5 if long_k else 96  # several K blocks: partial sums through the output
+    n = 2 * lib.nr + 3
+    a = rng.standard_normal((2 * lib.mr + 9, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    packed = lib.pack_b(b)
+    full = np.empty((a.shape[0], n), np.float32)
+    lib.gemm(a, packed, full, bias=bias, act=None)
+    want = a.astype(np.float64) @ b + bias
+    bound = 2 * k * EPS * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
+    assert np.all(np.abs(full - want) <= bound + 1e-5)
+    if act is not None:
+        lib.gemm(a, packed, full, bias=bias, act=act)
+    for m in range(1, a.shape[0] + 1):
+        out = np.full((m, n), np.nan, np.float32)
+        lib.gemm(a[:m], packed, out, bias=bias, act=act)
+        np.testing.assert_array_equal(out, full[:m], err_msg=f"m={m}")
