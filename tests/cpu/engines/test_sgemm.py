@@ -310,7 +310,14 @@ def test_choice_is_measured_once_and_recorded(choice_dir) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["{not json", "[]", '{"version": 99, "choices": {}}', '{"version": 1, "choices": 3}']
+    "text",
+    [
+        "{not json",
+        "[]",
+        '{"version": 99, "choices": {}}',
+        '{"version": 2, "choices": 3}',
+        '{"version": 1, "choices": {"k2": "blas"}}',
+    ],
 )
 def test_corrupt_choice_file_is_ignored(choice_dir, text) -> None:
     ks.choice_path().write_text(text)
@@ -318,11 +325,11 @@ def test_corrupt_choice_file_is_ignored(choice_dir, text) -> None:
     _, why = ks.choose("k2", make, 1)
     assert why.startswith("measured") and seen
     data = json.loads(ks.choice_path().read_text())  # rewritten valid
-    assert data["version"] == 1 and set(data["choices"]) == {"k2"}
+    assert data["version"] == ks._VERSION and set(data["choices"]) == {"k2"}
 
 
 def test_invalid_entries_are_dropped(choice_dir) -> None:
-    ks.choice_path().write_text('{"version": 1, "choices": {"k3": "gpu", "k4": "blas"}}')
+    ks.choice_path().write_text('{"version": 2, "choices": {"k3": "gpu", "k4": "blas"}}')
     seen, make = _calls()
     assert ks.choose("k4", make, 1) == (False, "recorded choice") and not seen
     assert ks.choose("k3", make, 1)[1].startswith("measured")
