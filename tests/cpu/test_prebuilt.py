@@ -244,6 +244,7 @@ def test_loaders_ask_for_the_listed_sources(monkeypatch: pytest.MonkeyPatch) -> 
         qgemm._qgemm_lib,
         attention._attention_lib,
         peak._lib,
+        bindings.csrc_library,  # conv / norm / Adam libraries loaded by earlier tests
     ):
         getattr(fn, "cache_clear", lambda: None)()
     for load in loaders:
@@ -256,6 +257,7 @@ def test_loaders_ask_for_the_listed_sources(monkeypatch: pytest.MonkeyPatch) -> 
         qgemm._qgemm_lib,
         attention._attention_lib,
         peak._lib,
+        bindings.csrc_library,  # conv / norm / Adam libraries loaded by earlier tests
     ):
         getattr(fn, "cache_clear", lambda: None)()
     listed = {

@@ -474,17 +474,17 @@ def test_atomic_and_progress(
 ) -> None:
     """A failure while writing leaves neither the destination nor a temporary file; with
     progress=True a tqdm bar is drawn on stderr."""
-    import rlx.frontends.convert as conv
+    from rlx.frontends.convert import to_gguf, to_hf
 
     def boom(*a: object, **k: object) -> None:
         raise RuntimeError("disk full")
 
     folder, _ = checkpoints["qwen2"]
     with monkeypatch.context() as mp:
-        mp.setattr(conv, "_write_tokenizer", boom)
+        mp.setattr(to_hf, "_write_tokenizer", boom)
         with pytest.raises(RuntimeError, match="disk full"):
             gguf_to_hf(converted["qwen2", "f16"], tmp_path / "hf", progress=False)
-        mp.setattr(conv._Prepared, "__getitem__", boom)
+        mp.setattr(to_gguf._Prepared, "__getitem__", boom)
         with pytest.raises(RuntimeError, match="disk full"):
             hf_to_gguf(folder, tmp_path / "m.gguf", progress=False)
     assert list(tmp_path.iterdir()) == []
