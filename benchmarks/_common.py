@@ -33,6 +33,19 @@ BLAS_PINS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 _REMOVED_ENV = "RLX_BENCH_REMOVED_BLAS_ENV"
 
 
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (else what :mod:`platform` says)."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "?"
+
+
 def reexec_without_blas_pins() -> None:
     """If any of :data:`BLAS_PINS` is set, re-execute this script without them (OpenBLAS
     reads them when it loads), recording what was removed for :func:`removed_blas_pins`."""

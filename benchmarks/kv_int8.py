@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from _common import reexec_without_blas_pins
+from _common import cpu_name, reexec_without_blas_pins
 
 reexec_without_blas_pins()
 
@@ -46,18 +45,6 @@ CONFIGS = {
     "int8, kv_group=32": {"kv_dtype": "int8", "kv_group": 32},
 }
 DTYPES = tuple(CONFIGS)
-
-
-def _cpu() -> str:
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name} ({os.cpu_count()} logical CPUs)"
 
 
 def main() -> None:
@@ -119,7 +106,7 @@ def main() -> None:
         "",
         f"Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python {cmd}`",
         "",
-        f"Date: {started}. CPU: {_cpu()}. Load average at start / end: "
+        f"Date: {started}. CPU: {cpu_name()} ({os.cpu_count()} logical CPUs). Load average at start / end: "
         f"{load0[0]:.1f} / {load1[0]:.1f} (other jobs share the machine). "
         f"{len(PROMPTS)} prompts x {n} greedy tokens, max_context 512, "
         f"{args.threads} thread(s), default RLX_DQ_ACT (f32).",

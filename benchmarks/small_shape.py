@@ -41,7 +41,6 @@ import argparse  # noqa: E402
 import datetime as _dt  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import shlex  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -145,16 +144,6 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
 def run(
     engine: str,
     threads: int,
@@ -192,7 +181,7 @@ def section(res: dict, args: argparse.Namespace, load: tuple[float, ...], now: s
     lines = [
         f"## Where the {args.shape} forward goes (`benchmarks/small_shape.py`)",
         "",
-        f"Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE {cmd}` ({now}); {cpu_name()}, "
+        f"Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE {cmd}` ({now}); {_common.cpu_name()}, "
         f"{os.cpu_count()} logical CPUs; load average {load[0]:.1f} / {load[1]:.1f} / "
         f"{load[2]:.1f} at the start. Real all-MiniLM-L6-v2, f32, each engine in its own "
         f"process, medians of {args.runs} calls (min in brackets).",

@@ -24,12 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _common import cpu_name  # noqa: E402  (no NumPy: safe before the re-exec)
 
 if "--worker" not in sys.argv:
     from _common import reexec_without_blas_pins
@@ -101,18 +102,6 @@ def worker(args: argparse.Namespace) -> None:
     print(json.dumps({"threads": t, "rows": rows, "cost": cost, "texts": texts}), flush=True)
 
 
-def _cpu() -> str:
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name} ({os.cpu_count()} logical CPUs)"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -144,7 +133,7 @@ def main() -> None:
         "",
         f"Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python {cmd_line}`",
         "",
-        f"Date: {started}. CPU: {_cpu()}. Load average at start / end: "
+        f"Date: {started}. CPU: {cpu_name()} ({os.cpu_count()} logical CPUs). Load average at start / end: "
         f"{load0[0]:.1f} / {load1[0]:.1f} (other jobs share the machine).",
         f"{args.max_tokens} greedy tokens, num_draft={args.num_draft}, median of "
         f"{args.rounds} interleaved rounds; default RLX_DQ_ACT (f32). Every speculative "
