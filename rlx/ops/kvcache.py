@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -68,6 +69,7 @@ __all__ = [
     "DequantGather",
     "cache_start",
     "cache_mask",
+    "softcap_scores",
     "slot_runs",
     "CACHE_DTYPES",
     "quantize_heads",
@@ -118,20 +120,60 @@ def cache_start(op: str, positions: np.ndarray, rows: int, capacity: int) -> int
     return p
 
 
+def softcap_scores(scores: np.ndarray, softcap: float) -> np.ndarray:
+    """``c * tanh(scores / c)`` in f32 for ``softcap`` ``c > 0`` (Gemma 2's soft-capping
+    of the scaled attention scores); ``scores`` unchanged for 0."""
+    if not softcap:
+        return scores
+    c = np.float32(softcap)
+    return (np.tanh(scores / c) * c).astype(np.float32, copy=False)
+
+
 def cache_mask(window: int) -> MaskKind:
     """The end-aligned mask of a cache attention: causal, or a sliding ``window``."""
     return MaskKind.sliding_window(window) if window else MaskKind.causal()
 
 
+@dataclass(frozen=True, slots=True)
+class _CacheAttentionAttrs(Op):
+    """The attributes :class:`CacheAttention` and :class:`SlotCacheAttention` share (not
+    registered). ``window`` 0 is causal, else a sliding window of that many keys;
+    ``num_kv_heads`` divides ``num_heads`` (query head ``h`` reads kv head
+    ``h // (H // Hkv)``); ``scale`` defaults to ``1/sqrt(head_dim)``; ``softcap`` ``c > 0``
+    soft-caps the scaled scores to ``c * tanh(s / c)`` before the mask and the softmax
+    (Gemma 2's attention-logit soft-capping; 0: off)."""
+
+    num_heads: int
+    head_dim: int
+    num_kv_heads: int
+    window: int = 0
+    scale: float | None = None
+    softcap: float = 0.0
+
+    @property
+    def effective_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim) if self.scale is None else float(self.scale)
+
+    def check_attrs(self) -> None:
+        """ShapeError unless the attributes are consistent (head counts, window, cap)."""
+        h, d, hkv = self.num_heads, self.head_dim, self.num_kv_heads
+        expect(h >= 1 and d >= 1, self, f"num_heads and head_dim must be >= 1, got {h}, {d}")
+        expect(hkv >= 1 and h % hkv == 0, self, f"num_kv_heads must divide {h}, got {hkv}")
+        expect(self.window >= 0, self, f"window must be >= 0, got {self.window}")
+        expect(
+            math.isfinite(self.softcap) and self.softcap >= 0,
+            self,
+            f"softcap must be a finite number >= 0 (0: off), got {self.softcap}",
+        )
+
+
 @register
-class CacheAttention(Op):
+class CacheAttention(_CacheAttentionAttrs):
     """Attention over a KV cache with the new rows written at ``positions`` (module
     docstring). Inputs ``(q, k, v, k_cache, v_cache, positions)``; q, k, v f32, the caches
     f32, bf16 or f16 (the same for both), or int8 with two more inputs ``(k_scale,
-    v_scale)`` f32 ``[B,C,Hkv]``.
-    ``window`` 0 is causal, else a sliding window of that many keys; ``num_kv_heads``
-    divides ``num_heads`` (query head ``h`` reads kv head ``h // (H // Hkv)``); ``scale``
-    defaults to ``1/sqrt(head_dim)``. Not ``pure``: its CPU kernel updates the caches.
+    v_scale)`` f32 ``[B,C,Hkv]``. Attributes: :class:`_CacheAttentionAttrs`. Not
+    ``pure``: its CPU kernel updates the caches.
     Query ``i`` always sees key ``p+i`` (its own new row), so no row sees no key (one
     would give 0, as :class:`~rlx.ops.nn.Attention` defines)."""
 
@@ -142,21 +184,10 @@ class CacheAttention(Op):
         "inference only: it writes the KV cache; train with attention (g.attention)"
     )
     pure: ClassVar[bool] = False
-    num_heads: int
-    head_dim: int
-    num_kv_heads: int
-    window: int = 0
-    scale: float | None = None
-
-    @property
-    def effective_scale(self) -> float:
-        return 1.0 / math.sqrt(self.head_dim) if self.scale is None else float(self.scale)
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
+        self.check_attrs()
         h, d, hkv = self.num_heads, self.head_dim, self.num_kv_heads
-        expect(h >= 1 and d >= 1, self, f"num_heads and head_dim must be >= 1, got {h}, {d}")
-        expect(hkv >= 1 and h % hkv == 0, self, f"num_kv_heads must divide {h}, got {hkv}")
-        expect(self.window >= 0, self, f"window must be >= 0, got {self.window}")
         expect(len(ins) in (6, 8), self, f"takes 6 inputs (8 with int8 caches), got {len(ins)}")
         q, k, v, kc, vc, pos = ins[:6]
         i8 = kc.dtype is DType.I8
@@ -242,7 +273,9 @@ def _block_attention(
         q = q.astype(dt).astype(np.float32)
     h, d = op.num_heads, op.head_dim
     qh, kh, vh = split_heads(q, keys, vals, h, d, op.num_kv_heads)
-    sc = np.matmul(qh, kh.swapaxes(-1, -2)) * np.float32(op.effective_scale)
+    sc = softcap_scores(
+        np.matmul(qh, kh.swapaxes(-1, -2)) * np.float32(op.effective_scale), op.softcap
+    )
     sc = np.where(cache_mask(op.window).allowed(s, keys.shape[1]), sc, -np.inf)
     o = attend(sc, vh).transpose(0, 2, 1, 3).reshape(b, s, h * d)
     return o.astype(dt) if low else o  # and so is its output
@@ -286,7 +319,7 @@ def slot_runs(
 
 
 @register
-class SlotCacheAttention(Op):
+class SlotCacheAttention(_CacheAttentionAttrs):
     """Attention of each token over its own slot of a multi-slot KV cache (module
     docstring). Inputs ``(q, k, v, k_cache, v_cache, positions, slots)``: q, k, v f32
     ``[1,T,...]``, the caches ``[SLOTS,C,Hkv*D]`` f32, bf16 or f16, positions and slots
@@ -300,15 +333,6 @@ class SlotCacheAttention(Op):
         "inference only: it writes the KV cache; train with attention (g.attention)"
     )
     pure: ClassVar[bool] = False
-    num_heads: int
-    head_dim: int
-    num_kv_heads: int
-    window: int = 0
-    scale: float | None = None
-
-    @property
-    def effective_scale(self) -> float:
-        return 1.0 / math.sqrt(self.head_dim) if self.scale is None else float(self.scale)
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
         q, k, v, kc, vc, pos, slots = ins
@@ -327,7 +351,9 @@ class SlotCacheAttention(Op):
         one = (Shape((1, *kc.dims[1:]), kc.dtype), Shape((1, *vc.dims[1:]), vc.dtype))
         pos1 = Shape((q.dims[1],), DType.I64)
         # one slot is a cache_attention: the same rules for q, k, v and the caches
-        CacheAttention(h, d, hkv, self.window, self.scale).infer((q, k, v, *one, pos1))
+        CacheAttention(h, d, hkv, self.window, self.scale, self.softcap).infer(
+            (q, k, v, *one, pos1)
+        )
         for name, t in (("positions", pos), ("slots", slots)):
             expect(
                 t.dtype.is_int and t.rank == 1 and t.dims[0] == q.dims[1],
@@ -411,12 +437,14 @@ def cache_attention(
     scale: float | None = None,
     k_scale: NodeId | None = None,
     v_scale: NodeId | None = None,
+    softcap: float = 0.0,
 ) -> NodeId:
     """Attention of ``q`` over the caches with ``k, v`` written at ``positions``;
-    ``k_scale`` / ``v_scale``: the scales of int8 caches."""
+    ``k_scale`` / ``v_scale``: the scales of int8 caches; ``softcap`` > 0 soft-caps the
+    scaled scores (0: off)."""
     hkv = num_heads if num_kv_heads is None else int(num_kv_heads)
     sc = None if scale is None else float(scale)
-    op = CacheAttention(int(num_heads), int(head_dim), hkv, int(window), sc)
+    op = CacheAttention(int(num_heads), int(head_dim), hkv, int(window), sc, float(softcap))
     extra = [] if k_scale is None or v_scale is None else [k_scale, v_scale]
     return g.apply(op, [q, k, v, k_cache, v_cache, positions, *extra])
 
@@ -436,12 +464,13 @@ def slot_cache_attention(
     num_kv_heads: int | None = None,
     window: int = 0,
     scale: float | None = None,
+    softcap: float = 0.0,
 ) -> NodeId:
     """Attention of each token of ``q`` over its slot of the caches, with ``k, v`` written
-    at (``slots``, ``positions``)."""
+    at (``slots``, ``positions``); ``softcap`` > 0 soft-caps the scaled scores (0: off)."""
     hkv = num_heads if num_kv_heads is None else int(num_kv_heads)
     sc = None if scale is None else float(scale)
-    op = SlotCacheAttention(int(num_heads), int(head_dim), hkv, int(window), sc)
+    op = SlotCacheAttention(int(num_heads), int(head_dim), hkv, int(window), sc, float(softcap))
     return g.apply(op, [q, k, v, k_cache, v_cache, positions, slots])
 
 

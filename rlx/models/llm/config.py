@@ -97,6 +97,8 @@ class LlmConfig:
     rope_inv_freq: tuple[float, ...] | None = None
     moe: MoeSpec | None = None  # the FFN is a mixture of experts (on the layers it says)
     rope_gain: float = 1.0  # cos / sin of the global layers times this (YaRN, longrope)
+    # scaled attention scores become c * tanh(s / c) before the mask (Gemma 2); None: off
+    attn_softcap: float | None = None
 
     def is_sliding(self, layer: int) -> bool:
         """Whether ``layer`` attends within the sliding window."""

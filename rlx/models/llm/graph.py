@@ -312,10 +312,11 @@ def build_decoder(
             for kv in ("k", "v"):
                 b.params[f"kv.{i}.{kv}_scale"] = scale_zeros
                 scales[f"{kv}_scale"] = g.param(f"kv.{i}.{kv}_scale", scale_zeros.shape, DType.F32)
+        cap = cfg.attn_softcap or 0.0  # Gemma 2's attention-logit soft-capping (0: off)
         att = (
-            g.cache_attention(q, k, v, kc, vc, positions, *spec, **scales)
+            g.cache_attention(q, k, v, kc, vc, positions, *spec, **scales, softcap=cap)
             if slots is None
-            else g.slot_cache_attention(q, k, v, kc, vc, positions, which, *spec)
+            else g.slot_cache_attention(q, k, v, kc, vc, positions, which, *spec, softcap=cap)
         )
         o = b.linear(att, f"{p}.attn_output", d, h * hd)
         if cfg.arch.post_norms:

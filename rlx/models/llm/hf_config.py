@@ -296,12 +296,6 @@ def read_hf_config(hf: Mapping[str, Any], tensors: Mapping[str, Any], where: Pat
         raise ModelError(
             f"{where}: mlp_bias = {hf['mlp_bias']!r} is not supported by rlx.models.llm"
         )
-    if hf.get("attn_logit_softcapping"):
-        raise ModelError(
-            f"{where}: attn_logit_softcapping = {hf['attn_logit_softcapping']!r} is not "
-            f"supported by rlx.models.llm (rlx's cache attention has no soft-capping of the "
-            f"attention logits; supported: null)"
-        )
     if "blk.0.attn_output.bias" in tensors:
         raise ModelError(f"{where}: an o_proj bias is not supported by rlx.models.llm")
     act = hf.get("hidden_activation", hf.get("hidden_act"))
@@ -340,6 +334,10 @@ def read_hf_config(hf: Mapping[str, Any], tensors: Mapping[str, Any], where: Pat
     softcap = hf.get("final_logit_softcapping") or None
     if softcap is not None:
         softcap = f.num("final_logit_softcapping", float)
+    # Gemma 2 (and any config that sets it): scores become c * tanh(s / c); null or 0: off
+    attn_softcap = None
+    if hf.get("attn_logit_softcapping") is not None and hf["attn_logit_softcapping"] != 0:
+        attn_softcap = f.num("attn_logit_softcapping", float)
     emb = tensors.get("token_embd.weight")
     if emb is None:
         raise ModelError(f"{where}: tensor 'model.embed_tokens.weight' is missing")
@@ -368,6 +366,7 @@ def read_hf_config(hf: Mapping[str, Any], tensors: Mapping[str, Any], where: Pat
         rope_inv_freq=inv_freq,
         rope_gain=gain,
         moe=_moe(hf, hf_arch, layers, f),
+        attn_softcap=attn_softcap,
     )
 
 

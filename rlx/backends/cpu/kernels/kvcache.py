@@ -1,5 +1,8 @@
 """CPU kernels of ``cache_attention`` and ``dequant_gather`` (``rlx/ops/kvcache.py``).
 
+Both attention ops pass their ``softcap`` (0: off) to the native kernel, which caps the
+scaled scores before the mask; the NumPy fallback does the same with ``softcap_scores``.
+
 ``cache_attention``: each run reads ``positions`` (start ``p``, checked), copies the ``S``
 new k / v rows into rows ``p..p+S-1`` of the cache params' private storage (the cache
 update: ``S`` rows, never the whole cache), then runs the fused native attention kernel
@@ -48,6 +51,7 @@ from rlx.ops.kvcache import (
     dequantize_heads,
     quantize_heads,
     slot_runs,
+    softcap_scores,
 )
 from rlx.ops.nn import split_heads
 
@@ -80,7 +84,9 @@ def _numpy_attention(op: CacheAttention | SlotCacheAttention, q, keys, vals, out
         keys, vals = keys.astype(np.float32), vals.astype(np.float32)
     s, skv = q.shape[1], keys.shape[1]
     qh, kh, vh = split_heads(q, keys, vals, op.num_heads, op.head_dim, op.num_kv_heads)
-    sc = np.matmul(qh, kh.swapaxes(-1, -2)) * np.float32(op.effective_scale)
+    sc = softcap_scores(
+        np.matmul(qh, kh.swapaxes(-1, -2)) * np.float32(op.effective_scale), op.softcap
+    )
     sc = np.where(cache_mask(op.window).allowed(s, skv), sc, -np.inf)
     sc -= sc.max(axis=-1, keepdims=True)
     np.exp(sc, out=sc)
@@ -118,8 +124,8 @@ def _native_block(op: CacheAttention | SlotCacheAttention, q, kc, vc, out, ctx: 
     code = MASK_CODES[cache_mask(op.window).type]
     fn = lib.lib.rlx_attention
     qp, kp, vp, op_ = qn.ctypes.data, kc.ctypes.data, vc.ctypes.data, on.ctypes.data
-    scale = ctypes.c_float(op.effective_scale)
-    tail = (h, hkv, d, scale, code, op.window, None, 0, 0, 0, 0, ws.ctypes.data, ws.size)
+    scale, cap = ctypes.c_float(op.effective_scale), ctypes.c_float(op.softcap)
+    tail = (h, hkv, d, scale, cap, code, op.window, None, 0, 0, 0, 0, ws.ctypes.data, ws.size)
     keep = (q, kc, vc, out, ws, qn, on)
 
     def block(q_off: int, c_off: int, o_off: int, s: int, skv: int) -> None:

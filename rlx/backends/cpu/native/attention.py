@@ -1,7 +1,8 @@
 """The fused attention library (``csrc/attention_vec.c``, the vector layer, then
 ``csrc/attention.c``, the kernel). In: q, k, v (packed heads; f32, bf16 or f16, one
 library per dtype), a mask kind and an optional additive f32 mask. Out:
-``softmax(q kᵀ scale + mask) v`` (f32 arithmetic) written into the output (q's dtype),
+``softmax(cap(q kᵀ scale) + mask) v`` (f32 arithmetic; ``cap(s)`` is ``c * tanh(s / c)``
+for a ``softcap`` ``c > 0``, ``s`` for 0) written into the output (q's dtype),
 through :class:`AttentionLib`.
 
 :func:`attention_lib` builds the library for a build target (default: the selected one,
@@ -65,6 +66,7 @@ class AttentionLib:
         num_kv_heads: int,
         head_dim: int,
         scale: float,
+        softcap: float = 0.0,
         mask_type: MaskType = MaskType.NONE,
         window: int = 0,
         mask: np.ndarray | None = None,
@@ -75,7 +77,9 @@ class AttentionLib:
         addresses are taken now: the call reads their contents when run). q, k, v, out
         C-contiguous of this library's dtype, ``mask`` f32 broadcastable to [B,H,Sq,Skv] (custom masks only);
         InputError otherwise. ``workspace``: f32 of :meth:`workspace_floats` elements
-        (allocated here when None)."""
+        (allocated here when None). ``softcap`` > 0: the scaled scores are soft-capped to
+        ``softcap * tanh(s / softcap)`` before the mask (0: off, the same code path and
+        bits as without it)."""
         b, sq, hd = q.shape
         skv = k.shape[1]
         h, hkv, d = num_heads, num_kv_heads, head_dim
@@ -109,7 +113,7 @@ class AttentionLib:
             raise InputError(f"attention: workspace must be f32 with >= {need} elements")
         args = (
             q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data, b, sq, skv, h, hkv,
-            d, float(scale), MASK_CODES[mask_type], int(window),
+            d, float(scale), float(softcap), MASK_CODES[mask_type], int(window),
             None if mask is None else mask.ctypes.data, *strides,
             workspace.ctypes.data, workspace.size, threads,
         )  # fmt: skip

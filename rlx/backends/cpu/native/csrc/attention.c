@@ -4,8 +4,10 @@
  * In: q[B,Sq,H*D], k[B,Skv,Hkv*D], v[B,Skv,Hkv*D] (C-contiguous; all f32, bf16 or f16 as
  * RLX_ATT_DT says), a mask kind (none / causal / sliding window, end-aligned) and an
  * optional additive f32 mask given by element strides over [B,H,Sq,Skv] (0 on broadcast
- * dims). Out: out[B,Sq,H*D] = softmax(q k^T * scale + mask) v per head; query head h
- * reads kv head h / (H / Hkv).
+ * dims). Out: out[B,Sq,H*D] = softmax(cap(q k^T * scale) + mask) v per head; query
+ * head h reads kv head h / (H / Hkv). cap(s) = softcap * tanh(s / softcap) for softcap >
+ * 0 (Gemma 2's attention-logit soft-capping, a pass over a block's scores before its
+ * mask), s for 0 (that path does not change: no pass, the same bits).
  *
  * One task is (batch, kv head, block of MB query rows): the G = H / Hkv query heads that
  * share a kv head are stacked into G * Sq rows (so a decode step of grouped-query
@@ -91,7 +93,7 @@ typedef struct {
     const float *mask;
     elt *out;
     long B, Sq, Skv, H, Hkv, D;
-    float scale;
+    float scale, softcap;
     int mtype;
     long window;
     long msb, msh, msq, msk;
@@ -210,6 +212,20 @@ static inline __attribute__((always_inline)) void qk_tiles(
     }
 }
 
+/* st[j][i] = cap * tanh(st[j][i] / cap) for the nb keys of a block and, when MAXED,
+ * the block max of the result */
+static inline __attribute__((always_inline)) void softcap_pass(
+    float *st, long nb, int R, float cap, int MAXED, vf *bmax) {
+    const vf c = VSET1(cap);
+    for (long jj = 0; jj < nb; jj++)
+        for (int r = 0; r < R; r++) {
+            float *sp = st + jj * MB + r * W;
+            vf s = VMUL(vtanh(VDIV(VLOAD(sp), c)), c);
+            VSTORE(sp, s);
+            if (MAXED) bmax[r] = VMAX(bmax[r], s);
+        }
+}
+
 /* scores of keys j0..j0+nb (their rows at kbase, kstride apart) for R row vectors into
  * st[j][i] (scaled, masked); returns the block max per row vector in bmax. Tiles of
  * QK_J keys, the last one as wide as the keys left (a compile-time width each); a masked
@@ -219,6 +235,13 @@ static inline __attribute__((always_inline)) void qk_block(
     long kstride, long j0, long nb, long m, int R, int need_causal, vf *bmax) {
     const vf scale = VSET1(a->scale);
     for (int r = 0; r < R; r++) bmax[r] = VSET1(-INFINITY);
+    if (a->softcap != 0.0f) { /* cap the scaled scores, then the mask (if any) */
+        const int masked = rw->mbase != NULL || need_causal;
+        qk_tiles(qt, st, kbase, kstride, nb, a->D, scale, R, 1, bmax);
+        softcap_pass(st, nb, R, a->softcap, !masked, bmax);
+        if (masked) mask_pass(a, rw, st, j0, nb, m, R, need_causal, bmax);
+        return;
+    }
     if (rw->mbase == NULL && !need_causal) {
         qk_tiles(qt, st, kbase, kstride, nb, a->D, scale, R, 0, bmax);
         return;
@@ -413,10 +436,10 @@ int rlx_attention_dtype(void) { return RLX_ATT_DT; }
 
 /* Returns 0, or -1 when the workspace is too small. */
 int rlx_attention(const elt *q, const elt *k, const elt *v, elt *out, long B, long Sq,
-                  long Skv, long H, long Hkv, long D, float scale, int mtype, long window,
-                  const float *mask, long msb, long msh, long msq, long msk, float *ws,
-                  long ws_floats, int threads) {
-    att_args a = {q, k, v, mask, out, B, Sq, Skv, H, Hkv, D, scale, mtype, window,
+                  long Skv, long H, long Hkv, long D, float scale, float softcap, int mtype,
+                  long window, const float *mask, long msb, long msh, long msq, long msk,
+                  float *ws, long ws_floats, int threads) {
+    att_args a = {q, k, v, mask, out, B, Sq, Skv, H, Hkv, D, scale, softcap, mtype, window,
                   msb, msh, msq, msk};
     const long per = rlx_attention_ws_floats(D);
     const long rows = (H / Hkv) * Sq; /* query rows per kv head */

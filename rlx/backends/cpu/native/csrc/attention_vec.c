@@ -1,6 +1,6 @@
 /* Vector layer of the fused attention kernel (csrc/attention.c, which the loader appends
  * to this file): the SIMD width and operations of the build target, the element type of
- * q / k / v / out and its row conversions, exp and an in-register W x W transpose.
+ * q / k / v / out and its row conversions, exp, tanh and an in-register W x W transpose.
  *
  * Paths: AVX-512 (16 lanes) or AVX2+FMA (8 lanes) intrinsics when the build target
  * defines __AVX512F__ / __AVX2__, else GCC vector extensions of 4 lanes (plain C);
@@ -176,6 +176,25 @@ static inline vf vexp(vf x) {
 #else
     return VSEL_LT(x, lo, VMUL(p, VPOW2I(n)), VZERO());
 #endif
+}
+
+/* tanh(x) (the soft-capping of attention scores): Cephes' odd polynomial below |x| =
+ * 0.625, (1 - t) / (1 + t) with t = exp(-2|x|) (vexp's domain) above, the sign put back;
+ * a few ulp; +-1 beyond |x| = 43.5 (t is 0), NaN stays NaN. */
+static inline vf vtanh(vf x) {
+    const vf zero = VZERO(), one = VSET1(1.0f);
+    vf ax = VMAX(x, VSUB(zero, x));
+    vf z = VMUL(x, x);
+    vf p = VSET1(-5.70498872745e-3f);
+    p = VFMA(p, z, VSET1(2.06390887954e-2f));
+    p = VFMA(p, z, VSET1(-5.37397155531e-2f));
+    p = VFMA(p, z, VSET1(1.33314422036e-1f));
+    p = VFMA(p, z, VSET1(-3.33332819422e-1f));
+    vf small = VFMA(VMUL(p, z), x, x);
+    vf t = vexp(VMUL(ax, VSET1(-2.0f)));
+    vf big = VDIV(VSUB(one, t), VADD(one, t));
+    big = VSEL_LT(x, zero, big, VSUB(zero, big));
+    return VSEL_LT(ax, VSET1(0.625f), big, small);
 }
 
 /* In-register transpose of a W x W block (r[i] = row i -> r[i] = column i). */
