@@ -1,11 +1,13 @@
 """Conversion between Hugging Face decoder directories and GGUF files, both ways.
 
 * :func:`hf_to_gguf`: In: a directory :func:`rlx.models.llm.load` reads (Llama / Mistral,
-  Qwen2, Qwen3, Gemma 3: config.json, safetensors, tokenizer.json, tokenizer_config.json).
+  Qwen2, Qwen3, Gemma 2 / 3: config.json, safetensors, tokenizer.json,
+  tokenizer_config.json).
   Out: a GGUF file as llama.cpp's ``convert_hf_to_gguf.py`` writes it: llama.cpp's
   metadata keys and tensor names, Llama's q / k rows permuted for its adjacent-pair rope,
-  Gemma's norms stored as ``1 + w``, the tokenizer (tokens, token types, merges or
-  scores, special ids, flags) and the chat template. Weights are written as a
+  Gemma's norms stored as ``1 + w`` (Gemma 2's soft-capping as
+  ``gemma2.attn_logit_softcapping`` / ``final_logit_softcapping``), the tokenizer
+  (tokens, token types, merges or scores, special ids, flags) and the chat template. Weights are written as a
   :class:`GgufType` (f32, f16, bf16, q8_0, q4_k_m), quantized with rlx's packers
   (:func:`rlx.gguf.save`).
 * :func:`gguf_to_hf`: In: a GGUF file of one of those architectures. Out: a directory

@@ -14,7 +14,7 @@ import numpy as np
 from rlx.errors import InputError
 
 #: GGUF ``general.architecture`` values converted both ways.
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "gemma2")
 
 
 class GgufType(enum.Enum):

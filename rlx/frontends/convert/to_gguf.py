@@ -111,6 +111,8 @@ def _model_metadata(ck: Any, kind: GgufType) -> tuple[dict[str, Any], dict[str, 
         md[f"{a}.attention.sliding_window"] = c.sliding_window
     if c.logit_softcap:
         md[f"{a}.final_logit_softcapping"] = c.logit_softcap
+    if c.attn_softcap:  # read by llama.cpp for gemma2 only (_check_expressible)
+        md[f"{a}.attn_logit_softcapping"] = c.attn_softcap
     if c.rope_scale != 1.0:
         md[f"{a}.rope.scaling.type"] = "linear"
         md[f"{a}.rope.scaling.factor"] = c.rope_scale
@@ -280,6 +282,7 @@ def _check_expressible(ck: Any, md: Mapping[str, Any], rope_freqs: bool) -> None
     checks: list[tuple[str, Any, Any]] = [
         ("the attention scale", c.attn_scale, back.attn_scale),
         ("the logit soft-capping", c.logit_softcap, back.logit_softcap),
+        ("the attention-logit soft-capping", c.attn_softcap, back.attn_softcap),
         ("the rope base / scale per layer", [c.rope(i) for i in range(n)],
          [back.rope(i) for i in range(n)]),
     ]  # fmt: skip

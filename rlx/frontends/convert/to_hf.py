@@ -29,6 +29,9 @@ from rlx.frontends.convert.common import (
     _unpermute,
 )
 
+#: the Gemma architectures: Gemma's tensor names, norms stored as 1 + w, gemma config keys
+_GEMMA = ("gemma2", "gemma3")
+
 # ---- GGUF -> HF ---------------------------------------------------------------------
 
 
@@ -37,7 +40,7 @@ def _hf_names(arch: str) -> dict[str, str]:
     from rlx.models.llm.hf import _LAYER, _LAYER_GEMMA, _LAYER_PLAIN, _TOP
 
     out = {g: h for h, g in _TOP.items()}
-    layer = {**_LAYER, **(_LAYER_GEMMA if arch == "gemma3" else _LAYER_PLAIN)}
+    layer = {**_LAYER, **(_LAYER_GEMMA if arch in _GEMMA else _LAYER_PLAIN)}
     out.update({f"blk.#.{g}": f"model.layers.#.{h}" for h, g in layer.items()})
     return out
 
@@ -76,6 +79,7 @@ def _hf_config(cfg: Any, meta: Mapping[str, Any], dtype: HfType) -> dict[str, An
         "llama": ("LlamaForCausalLM", "llama"),
         "qwen2": ("Qwen2ForCausalLM", "qwen2"),
         "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+        "gemma2": ("Gemma2ForCausalLM", "gemma2"),
         "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
     }[a]
     out: dict[str, Any] = {
@@ -103,7 +107,7 @@ def _hf_config(cfg: Any, meta: Mapping[str, Any], dtype: HfType) -> dict[str, An
     pad = meta.get("tokenizer.ggml.padding_token_id")
     if isinstance(pad, int):
         out["pad_token_id"] = pad
-    if a == "gemma3":
+    if a in _GEMMA:
         out.update(
             hidden_activation="gelu_pytorch_tanh",
             query_pre_attn_scalar=round(1.0 / cfg.attn_scale**2),
@@ -112,10 +116,11 @@ def _hf_config(cfg: Any, meta: Mapping[str, Any], dtype: HfType) -> dict[str, An
                 "sliding_attention" if cfg.is_sliding(i) else "full_attention"
                 for i in range(cfg.num_layers)
             ],
-            rope_local_base_freq=cfg.arch.rope_base_local,
             final_logit_softcapping=cfg.logit_softcap,
-            attn_logit_softcapping=None,
+            attn_logit_softcapping=cfg.attn_softcap,
         )
+        if a == "gemma3":
+            out["rope_local_base_freq"] = cfg.arch.rope_base_local
     else:
         out["hidden_act"] = "silu"
         if a == "llama":
@@ -317,7 +322,7 @@ def gguf_to_hf(
         w = _dequantize(t)
         if a == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight")):
             w = _unpermute(w, cfg.num_heads if "q_proj" in hf else cfg.num_kv_heads)
-        if a == "gemma3" and hf.endswith("norm.weight"):  # the file holds 1 + w
+        if a in _GEMMA and hf.endswith("norm.weight"):  # the file holds 1 + w
             w = w - np.float32(1.0)
         return w
 

@@ -4,7 +4,9 @@
 
 Conventions follow llama.cpp, which wrote the file: the ``{arch}.*`` keys give the sizes;
 what llama.cpp hard-codes per architecture (Gemma 3's sliding-window pattern of 6 and its
-local rope base 10000; the rope layout) is in the spec. GGUF norm weights are used as
+local rope base 10000, Gemma 2's pattern of 2; the rope layout) is in the spec. Gemma 2
+soft-caps its attention scores and its logits (``gemma2.attn_logit_softcapping``, default
+50, and ``gemma2.final_logit_softcapping``, default 30, as llama.cpp reads them). GGUF norm weights are used as
 stored (llama.cpp's converter already added Gemma's ``1 +``). Llama-family files store
 q / k permuted for llama.cpp's adjacent-pair rope, so their rope is ``interleaved``; Gemma
 and Qwen use NeoX's rotate-half.
@@ -42,6 +44,8 @@ ARCHS: dict[str, ArchSpec] = {
     "gemma3": ArchSpec(
         "gemma3", "gelu_tanh", True, True, False, swa_pattern=6, rope_base_local=10000.0
     ),
+    # Gemma 2: every other layer sliding-window (layer 0 first), one rope base
+    "gemma2": ArchSpec("gemma2", "gelu_tanh", True, True, False, swa_pattern=2),
     "llama": ArchSpec("llama", "silu", False, False, True),
     "qwen2": ArchSpec("qwen2", "silu", False, False, False),
     "qwen3": ArchSpec("qwen3", "silu", False, False, False),
@@ -218,15 +222,23 @@ def read_config(
             meta, f"{a}.rope.scaling.factor", float, "positions are divided by it", 1.0
         )
     inv_freq = _rope_freqs(tensors.get("rope_freqs.weight"), rope_base, rope_dims)
-    if a == "gemma3":  # llama.cpp: 27B scales queries by (d / heads)^-1/2, others head_dim
-        attn_scale = 1.0 / math.sqrt(d / heads if layers == 62 else head_dim)
-    else:
-        attn_scale = 1.0 / math.sqrt(head_dim)
+    # llama.cpp: Gemma 2 / 3 27B (46 / 62 layers) scale queries by (d / heads)^-1/2
+    big = {"gemma2": 46, "gemma3": 62}.get(a)
+    attn_scale = 1.0 / math.sqrt(d / heads if layers == big else head_dim)
+    # llama.cpp's Gemma 2 always soft-caps, 50 (attention) and 30 (logits) when absent
+    final_default, attn_default = (30.0, 50.0) if a == "gemma2" else (None, None)
     softcap = None
-    if meta.get(f"{a}.final_logit_softcapping"):  # absent or 0: no soft-capping
+    if meta.get(f"{a}.final_logit_softcapping", final_default):  # absent or 0: none
         softcap = _positive(
-            meta, f"{a}.final_logit_softcapping", float, "logits become c * tanh(logits / c)"
-        )
+            meta, f"{a}.final_logit_softcapping", float, "logits become c * tanh(logits / c)",
+            final_default,
+        )  # fmt: skip
+    attn_softcap = None
+    if a == "gemma2":  # the one architecture whose attention llama.cpp soft-caps
+        attn_softcap = _positive(
+            meta, f"{a}.attn_logit_softcapping", float, "attention scores become "
+            "c * tanh(s / c)", attn_default,
+        )  # fmt: skip
     return LlmConfig(
         arch=spec,
         num_layers=layers,
@@ -248,6 +260,7 @@ def read_config(
         attn_bias="blk.0.attn_q.bias" in tensors,
         tied_embeddings="output.weight" not in tensors,
         rope_inv_freq=inv_freq,
+        attn_softcap=attn_softcap,
     )
 
 

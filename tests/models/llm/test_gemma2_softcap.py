@@ -175,3 +175,80 @@ def test_bad_cap_is_named(gemma2, tmp_path: Path, bad: object) -> None:
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelError, match="'attn_logit_softcapping' must be a finite number > 0"):
         llm.load(tmp_path, max_context=64)
+
+
+# ---- conversion both ways ------------------------------------------------------------
+
+
+def _gemma2_for_gguf(folder: Path, **over: object) -> object:
+    """A tiny Gemma2 with a SentencePiece-style tokenizer and weights on the f16 grid, in
+    the form a gemma2 GGUF expresses (queries scaled by the head size) -> the model."""
+    from tests.frontends.test_convert import _spm_tokenizer, on_grid
+
+    folder.mkdir()
+    vocab = _spm_tokenizer(folder)
+    kw = dict(GEMMA2, query_pre_attn_scalar=16) | over
+    cfg = transformers.Gemma2Config(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        bos_token_id=2, eos_token_id=1, initializer_range=0.2, **kw,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Gemma2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.normal_(0.0, 0.3)
+            else:
+                p.copy_(torch.from_numpy(on_grid(p.numpy())))
+        model.get_input_embeddings().weight.mul_(0.125)  # (a power of two: still on grid)
+    model.save_pretrained(folder)
+    return model
+
+
+def test_convert_both_ways_keeps_the_cap(tmp_path: Path) -> None:
+    """HF -> GGUF writes ``gemma2.attn_logit_softcapping`` (and rlx on the GGUF equals
+    transformers); GGUF -> HF writes ``attn_logit_softcapping`` back, and transformers on
+    that directory generates what rlx does."""
+    from rlx.frontends.convert import gguf_to_hf, hf_to_gguf
+    from tests.frontends.test_convert import read_gguf
+
+    model = _gemma2_for_gguf(tmp_path / "hf")
+    path = tmp_path / "g2.gguf"
+    hf_to_gguf(tmp_path / "hf", path, "f16", progress=False)
+    md, _ = read_gguf(path)
+    assert md["general.architecture"] == "gemma2"
+    assert md["gemma2.attn_logit_softcapping"] == CAP
+    assert md["gemma2.final_logit_softcapping"] == 30.0
+    on_gguf = llm.load(path, max_context=64, num_threads=1)
+    assert on_gguf.config.attn_softcap == CAP
+    assert [on_gguf.config.window(i) for i in range(2)] == [4, 0]
+    ids = [2, 17, 40, 99, 120, 33, 7, 64]
+    ref = _reference(model, ids)
+    assert _rel(on_gguf.prefill(ids[:5]), ref[4]) < 1e-5
+    for j in range(5, len(ids)):
+        assert _rel(on_gguf.step(ids[j]), ref[j]) < 1e-5, j
+    want = _generate(model, ids, 32)
+    assert on_gguf.generate(ids, max_tokens=32, stop_at_eos=False).token_ids == want
+
+    back = tmp_path / "back"
+    gguf_to_hf(path, back, progress=False)
+    cfg = json.loads((back / "config.json").read_text())
+    assert cfg["architectures"] == ["Gemma2ForCausalLM"]
+    assert (cfg["attn_logit_softcapping"], cfg["final_logit_softcapping"]) == (CAP, 30.0)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        back, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    assert _generate(hf, ids, 32) == want
+    assert llm.load(back, max_context=64, num_threads=1).config.attn_softcap == CAP
+
+
+def test_gemma2_without_a_cap_has_no_gguf_form(tmp_path: Path) -> None:
+    """llama.cpp always soft-caps Gemma 2's attention (50 when the key is absent): a
+    checkpoint without the cap cannot be written as a gemma2 GGUF."""
+    from rlx.frontends.convert import hf_to_gguf
+
+    _gemma2_for_gguf(tmp_path / "hf", attn_logit_softcapping=None)
+    with pytest.raises(ModelError, match="attention-logit soft-capping"):
+        hf_to_gguf(tmp_path / "hf", tmp_path / "g.gguf", progress=False)
+    assert not (tmp_path / "g.gguf").exists()
