@@ -144,47 +144,60 @@ def _cache_graph(h, hkv, d, cap_rows, window, dt, softcap) -> Graph:  # type: ig
     pos = g.input("positions", (seq,), DType.I64)
     kc = g.param("kc", (1, cap_rows, hkv * d), dt)
     vc = g.param("vc", (1, cap_rows, hkv * d), dt)
-    out = g.cache_attention(q, k, v, kc, vc, pos, h, d, hkv, window, 0.3, softcap=softcap)
+    scales = {}
+    if dt is DType.I8:  # one scale per row and kv head
+        scales = {f"{x}_scale": g.param(f"{x}s", (1, cap_rows, hkv), DType.F32) for x in "kv"}
+    out = g.cache_attention(q, k, v, kc, vc, pos, h, d, hkv, window, 0.3, softcap=softcap, **scales)
     g.set_outputs([out])
     return g
 
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("native", [True, False])
-@pytest.mark.parametrize("dt", ["f32", "bf16"])
+@pytest.mark.parametrize("dt", ["f32", "bf16", "i8"])
 @pytest.mark.parametrize("window", [0, 5])
 def test_cache_attention_softcap_steps(monkeypatch, isa, native, dt, window) -> None:
     """Prefill, decode steps and a chunk through ``cache_attention`` with a cap: the
     compiled kernel (native or its NumPy fallback) against the f64 loop over the rows
-    rounded to the cache dtype, and against the op's reference (``Graph.evaluate``)."""
+    rounded to the cache dtype (int8: through absmax int8 per row and head), and against
+    the op's reference (``Graph.evaluate``)."""
+    from tests.models.llm.test_kv_int8 import absmax_int8
+
     _force(monkeypatch, isa)
     h, hkv, d, rows, softcap = 4, 2, 16, 24, 1.5
-    npdt = NP_DTYPES[dt]
-    g = _cache_graph(h, hkv, d, rows, window, CACHE_DTYPES[dt], softcap)
+    npdt = NP_DTYPES.get(dt, np.int8)
+    g = _cache_graph(h, hkv, d, rows, window, CACHE_DTYPES.get(dt, DType.I8), softcap)
     zeros = np.zeros((1, rows, hkv * d), npdt)
-    c = Session("cpu").compile(
-        g, CompileOptions(native=native, use_cache=False), params={"kc": zeros, "vc": zeros}
-    )
+    params = {"kc": zeros, "vc": zeros}
+    if dt == "i8":
+        params |= {n: np.zeros((1, rows, hkv), np.float32) for n in ("ks", "vs")}
+    c = Session("cpu").compile(g, CompileOptions(native=native, use_cache=False), params=params)
     rng = np.random.default_rng(window + 11)
     total = 13
     qs = (rng.standard_normal((total, h * d)) * 1.5).astype(np.float32)
     ks = (rng.standard_normal((total, hkv * d)) * 1.5).astype(np.float32)
     vs = rng.standard_normal((total, hkv * d)).astype(np.float32)
-    r = (lambda x: x.astype(npdt).astype(np.float64)) if dt != "f32" else (lambda x: x)
-    tol = dict(rtol=2e-5, atol=2e-5) if dt == "f32" else dict(rtol=8e-3, atol=1e-5)
+    r = (lambda x: x.astype(npdt).astype(np.float64)) if dt == "bf16" else (lambda x: x)
+    tol = dict(rtol=8e-3, atol=1e-5) if dt == "bf16" else dict(rtol=2e-5, atol=2e-5)
+    kr, vr = (absmax_int8(ks, hkv), absmax_int8(vs, hkv)) if dt == "i8" else (r(ks), r(vs))
     start = 0
     for n in (6, 1, 1, 4, 1):
         sl = slice(start, start + n)
         feed = {"q": qs[None, sl], "k": ks[None, sl], "v": vs[None, sl]}
         feed["positions"] = np.arange(start, start + n)
-        kc = np.zeros((1, rows, hkv * d), npdt)
-        vc = np.zeros((1, rows, hkv * d), npdt)
-        kc[0, :start], vc[0, :start] = ks[:start], vs[:start]
-        (ref,) = g.evaluate(feed, {"kc": kc, "vc": vc})
+        state = {n: np.zeros_like(a) for n, a in params.items()}
+        if dt == "i8" and start:
+            from rlx.ops.kvcache import quantize_heads
+
+            state["kc"][0, :start], state["ks"][0, :start] = quantize_heads(ks[:start], hkv)
+            state["vc"][0, :start], state["vs"][0, :start] = quantize_heads(vs[:start], hkv)
+        elif dt != "i8":
+            state["kc"][0, :start], state["vc"][0, :start] = ks[:start], vs[:start]
+        (ref,) = g.evaluate(feed, state)
         (out,) = c.run(feed)
         want = np.stack(
             [
-                _loop(r(qs[start + i]), r(ks), r(vs), h, hkv, d, 0.3, softcap, window, start + i)
+                _loop(r(qs[start + i]), kr, vr, h, hkv, d, 0.3, softcap, window, start + i)
                 for i in range(n)
             ]
         )
