@@ -7,7 +7,8 @@ caches ``k_cache, v_cache[B,C,Hkv*D]`` (``C`` = the max context) and ``positions
 (the consecutive positions ``p..p+S-1`` of the new rows); out ``[B,S,H*D]``. Its value
 is that of the cache with rows ``p..p+S-1`` replaced by ``k`` / ``v``, attended causally
 (optionally within a sliding window) over its first ``p+S`` rows: query ``i`` sees keys
-``j <= p+i`` (and ``j > p+i-window``). The reference computes exactly that and changes
+``j <= p+i`` (and ``j > p+i-window``); a ``softcap`` ``c > 0`` first maps the scaled
+scores ``s`` to ``c * tanh(s / c)`` (Gemma 2). The reference computes exactly that and changes
 nothing; the CPU kernel also stores the new rows into the cache params' storage (the
 runtime's private, zeroed storage of a param that was never set), so the next run sees
 them: that write is the cache update, ``S`` rows per run, no copy of the cache.
@@ -141,8 +142,14 @@ class _CacheAttentionAttrs(Op):
     ``num_kv_heads`` divides ``num_heads`` (query head ``h`` reads kv head
     ``h // (H // Hkv)``); ``scale`` defaults to ``1/sqrt(head_dim)``; ``softcap`` ``c > 0``
     soft-caps the scaled scores to ``c * tanh(s / c)`` before the mask and the softmax
-    (Gemma 2's attention-logit soft-capping; 0: off)."""
+    (Gemma 2's attention-logit soft-capping; 0: off). Both ops are inference only and not
+    ``pure``: their CPU kernels write the caches."""
 
+    kind: ClassVar[OpKind] = OpKind.COMPUTE
+    nondiff: ClassVar[str] = (
+        "inference only: it writes the KV cache; train with attention (g.attention)"
+    )
+    pure: ClassVar[bool] = False
     num_heads: int
     head_dim: int
     num_kv_heads: int
@@ -172,18 +179,12 @@ class CacheAttention(_CacheAttentionAttrs):
     """Attention over a KV cache with the new rows written at ``positions`` (module
     docstring). Inputs ``(q, k, v, k_cache, v_cache, positions)``; q, k, v f32, the caches
     f32, bf16 or f16 (the same for both), or int8 with two more inputs ``(k_scale,
-    v_scale)`` f32 ``[B,C,Hkv]``. Attributes: :class:`_CacheAttentionAttrs`. Not
-    ``pure``: its CPU kernel updates the caches.
+    v_scale)`` f32 ``[B,C,Hkv]``. Attributes: :class:`_CacheAttentionAttrs`.
     Query ``i`` always sees key ``p+i`` (its own new row), so no row sees no key (one
     would give 0, as :class:`~rlx.ops.nn.Attention` defines)."""
 
     mnemonic: ClassVar[str] = "cache_attention"
     arity: ClassVar[int | None] = None  # 6, or 8 with an int8 cache's scales
-    kind: ClassVar[OpKind] = OpKind.COMPUTE
-    nondiff: ClassVar[str] = (
-        "inference only: it writes the KV cache; train with attention (g.attention)"
-    )
-    pure: ClassVar[bool] = False
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
         self.check_attrs()
@@ -323,16 +324,10 @@ class SlotCacheAttention(_CacheAttentionAttrs):
     """Attention of each token over its own slot of a multi-slot KV cache (module
     docstring). Inputs ``(q, k, v, k_cache, v_cache, positions, slots)``: q, k, v f32
     ``[1,T,...]``, the caches ``[SLOTS,C,Hkv*D]`` f32, bf16 or f16, positions and slots
-    integer ``[T]``. Attributes as :class:`CacheAttention`. Not ``pure``: its CPU kernel
-    writes the caches."""
+    integer ``[T]``. Attributes: :class:`_CacheAttentionAttrs`."""
 
     mnemonic: ClassVar[str] = "slot_cache_attention"
     arity: ClassVar[int] = 7
-    kind: ClassVar[OpKind] = OpKind.COMPUTE
-    nondiff: ClassVar[str] = (
-        "inference only: it writes the KV cache; train with attention (g.attention)"
-    )
-    pure: ClassVar[bool] = False
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
         q, k, v, kc, vc, pos, slots = ins
