@@ -258,3 +258,13 @@ def test_softcap_attribute_is_checked_printed_and_serialized() -> None:
     assert next(n for n in back.nodes if n.op.mnemonic == "cache_attention").op == node.op
     with pytest.raises(ShapeError, match=r"softcap must be a finite number >= 0.*-1"):
         _cache_graph(2, 1, 8, 8, 0, DType.F32, -1.0)
+
+
+def test_native_library_refuses_a_negative_cap() -> None:
+    from rlx.errors import InputError
+
+    lib = attention_lib(dtype=np.float32)
+    x = np.zeros((1, 2, 16), np.float32)
+    kw = dict(num_heads=1, num_kv_heads=1, head_dim=16, scale=0.25)
+    with pytest.raises(InputError, match="softcap must be a finite number >= 0, given -2.0"):
+        lib.prepare(x, x, x, x.copy(), softcap=-2.0, **kw)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 from collections.abc import Callable
 
 import ml_dtypes
@@ -93,6 +94,8 @@ class AttentionLib:
                 )
         if h % hkv:
             raise InputError(f"attention: num_kv_heads={hkv} must divide num_heads={h}")
+        if not (math.isfinite(softcap) and softcap >= 0):
+            raise InputError(f"attention: softcap must be a finite number >= 0, given {softcap}")
         strides = (0, 0, 0, 0)
         if mask_type is MaskType.CUSTOM:
             if mask is None or mask.dtype != np.float32:
