@@ -5,8 +5,8 @@ windows, strides, dilations, uneven padding, groups, depthwise with channel mult
 bias or none, several column blocks per image, blocks over the team or one at a time
 with the sgemm's team, on every native target this CPU
 runs (RLX_ISA forced: avx512, avx2, portable), plus the kernels' activation epilogues
-(relu / relu6 / clip; no graph pass emits them yet: called through the engine's
-factories on a conv node)."""
+(relu / relu6 / clip, called through the engine's factories on a conv node; the fused
+graph nodes ``fuse_conv_act`` makes are test_conv_fused.py's)."""
 
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ from rlx.backends.cpu.native.cpu import selected_target
 from rlx.dtype import DType
 from rlx.ops.core import Constant
 from rlx.ops.nn import Conv, Pool, PoolKind
+from rlx.ops.nn import ConvAct as OpAct
 from rlx.ops.nn_grad import window_taps
 
 if TYPE_CHECKING:
@@ -39,6 +40,10 @@ __all__ = [
     "window_view",
     "bordered",
     "native_conv",
+    "conv_inputs",
+    "conv_epilogue",
+    "then",
+    "ConvAct",
     "native_pool",
     "conv_lib",
     "DIRECT_MAX_MACS",
@@ -70,6 +75,55 @@ class ConvAct(Enum):
     @property
     def code(self) -> int:
         return {"none": 0, "relu": 1, "relu6": 5, "clip": 6}[self.value]
+
+    @staticmethod
+    def of(op: Conv) -> tuple[ConvAct, float, float]:
+        """(epilogue, lo, hi) of a conv's fused activation (``op.act``, ``op.clip``)."""
+        if op.act is OpAct.RELU:
+            return ConvAct.RELU, 0.0, 0.0
+        if op.act is OpAct.CLIP:
+            lo, hi = op.clip
+            return (ConvAct.RELU6, 0.0, 6.0) if (lo, hi) == (0.0, 6.0) else (ConvAct.CLIP, lo, hi)
+        return ConvAct.NONE, 0.0, 0.0
+
+
+def conv_inputs(
+    op: Conv, ins: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """(x, w, bias or None, residual or None) of a conv node's input arrays."""
+    bias = ins[2] if op.has_bias else None
+    return ins[0], ins[1], bias, ins[-1] if op.has_residual else None
+
+
+def conv_epilogue(op: Conv, out: np.ndarray, res: np.ndarray | None) -> Kernel | None:
+    """``out = act(out + res)`` in place, by NumPy: a fused conv's residual and activation
+    on the paths whose kernel does not apply them; None when there is nothing to do."""
+    if op.act is OpAct.NONE and res is None:
+        return None
+    lo, hi = (0.0, None) if op.act is OpAct.RELU else op.clip
+
+    def run() -> None:
+        if res is not None:
+            np.add(out, res, out=out)
+        if op.act is not OpAct.NONE:
+            np.maximum(out, lo, out=out)
+            if hi is not None:
+                np.minimum(out, hi, out=out)
+
+    return run
+
+
+def then(first: Kernel, second: Kernel | None) -> Kernel:
+    """``first`` then ``second`` (``first`` alone when ``second`` is None)."""
+    if second is None:
+        return first
+
+    def run() -> None:
+        first()
+        second()
+
+    run.keepalive = (first, second)  # type: ignore[attr-defined]
+    return run
 
 
 def window_view(
@@ -128,9 +182,9 @@ def native_conv(
 ) -> Kernel | None:
     """The direct f32 convolution, or None."""
     op: Conv = node.op  # type: ignore[assignment]
-    x, w = ins[:2]
-    bias = ins[2] if len(ins) == 3 else None
-    if not _f32_contiguous(x, w, out, *(() if bias is None else (bias,))):
+    x, w, bias, res = conv_inputs(op, ins)
+    extra = tuple(a for a in (bias, res) if a is not None)
+    if not _f32_contiguous(x, w, out, *extra):
         return None
     nd = x.ndim - 2
     if nd not in (1, 2) or x.size == 0 or out.size == 0:
@@ -146,11 +200,20 @@ def native_conv(
     (sh, sw), (dh, dw) = _as_2d(op.stride), _as_2d(op.dilation)
     (ph, _), (pw, _) = ((0, 0), op.padding[0]) if nd == 1 else op.padding
     geo = _Geometry(n, c, hh, ww, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, op.groups)
-    fast = _depthwise(lib, geo, x, w, bias, out, ctx) or _gemm(lib, node, geo, x, w, bias, out, ctx)
+    act, lo, hi = ConvAct.of(op)
+    fast = _gemm(lib, node, geo, x, w, bias, out, ctx, act, lo, hi, res)
+    if fast is not None:
+        return fast
+    if res is None:
+        fast = _depthwise(lib, geo, x, w, bias, out, ctx, act, lo, hi)
+    else:  # the residual after the kernel, then the activation
+        fast = _depthwise(lib, geo, x, w, bias, out, ctx)
+        fast = None if fast is None else then(fast, conv_epilogue(op, out, res))
     if fast is not None:
         return fast
     if taps * plane > DIRECT_MAX_MACS:
         return None
+    post = conv_epilogue(op, out, res)
     p = np.array(
         [n, c, hh, ww, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, op.groups], dtype=np.int64
     )
@@ -175,7 +238,7 @@ def native_conv(
         )
         call.keep = (p, xp, ws)  # type: ignore[attr-defined]  # the C code reads them
         ctx.notes.append(f"native direct conv, stride 1 ({taps} taps x {plane} outputs)")
-        return call
+        return then(call, post)
     call = functools.partial(
         lib.rlx_conv2d_f32,
         x.ctypes.data,
@@ -187,7 +250,7 @@ def native_conv(
     )
     call.keep = p  # type: ignore[attr-defined]  # the C code reads it on every call
     ctx.notes.append(f"native direct conv ({taps} taps x {plane} outputs per channel)")
-    return call
+    return then(call, post)
 
 
 @dataclass(frozen=True)
@@ -291,10 +354,12 @@ def _gemm(
     act: ConvAct = ConvAct.NONE,
     lo: float = 0.0,
     hi: float = 0.0,
+    res: np.ndarray | None = None,
 ) -> Kernel | None:
     """The convolution as one packed sgemm per image and group (conv.c's
-    ``rlx_conv2d_gemm_f32``), or None when the output channels per group are too few for
-    the GEMM's row tiles or the native sgemm is unavailable."""
+    ``rlx_conv2d_gemm_f32``), ``act(conv + bias + res)`` in its epilogue, or None when the
+    output channels per group are too few for the GEMM's row tiles or the native sgemm is
+    unavailable."""
     og, cg = geo.o // geo.groups, geo.c // geo.groups
     kq = cg * geo.kh * geo.kw
     if og < _GEMM_MIN_ROWS or kq < _GEMM_MIN_ROWS or min(geo.ph, geo.pw) < 0:
@@ -366,6 +431,7 @@ def _gemm(
         xp.ctypes.data,
         wa.ctypes.data,
         out.ctypes.data,
+        None if res is None else res.ctypes.data,
         bp.ctypes.data,
         p.ctypes.data,
         addr,
@@ -376,7 +442,7 @@ def _gemm(
     ctx.notes.append(
         f"native conv on {slib.label}: {og}x{length}x{kp} per image and group, B packed "
         f"from the input (no im2col){', bias as a ones row' if has_bias else ''}"
-        f"{_act_note(act)}"
+        f"{', residual in the epilogue' if res is not None else ''}{_act_note(act)}"
     )
     if not steps:
         call.keep = keep  # type: ignore[attr-defined]

@@ -207,7 +207,7 @@ void rlx_pool2d_f32(const float *x, float *out, const int64_t *p, int threads) {
 
 /* ---- convolution as a GEMM on rlx's packed sgemm ------------------------------------
  *
- * rlx_conv2d_gemm_f32(x, xp, wa, out, bp, p, sgemm, threads)
+ * rlx_conv2d_gemm_f32(x, xp, wa, out, res|NULL, bp, p, sgemm, threads)
  *   p = {N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups, NR, has_bias, act,
  *        Hp, Wp, lo, hi}
  *   Per image and group, out[n, g] [O/G, OH*OW] = wa[g] [O/G, Kp] @ B [Kp, OH*OW], with
@@ -217,8 +217,9 @@ void rlx_pool2d_f32(const float *x, float *out, const int64_t *p, int threads) {
  *   floats per k), from the zero-bordered copy xp [N*C, Hp, Wp] of x (the border zeroed
  *   once by the caller; xp == x when there is no padding): no im2col matrix. A panel whose
  *   NR positions are consecutive in xp (stride 1, one output row) is NR-float copies, else
- *   a gather. act (sgemm epilogue, in the tile): 0 none, 1 relu; 5 relu6 and 6 clip(lo, hi)
- *   are applied after the product, on the image's output while it is in cache.
+ *   a gather. res: a residual of out's shape, added in the sgemm's epilogue (in the tile).
+ *   act (sgemm epilogue, in the tile): 0 none, 1 relu; 5 relu6, 6 clip(lo, hi) and a relu
+ *   after a residual are applied after the product, on the block while it is in cache.
  *   The output positions go in column blocks of p[23] (a multiple of NR, about 256 KB of
  *   packed B so it stays in L2 from its packing to its product; at least 128 columns so
  *   the sgemm's repacking of the weight per block stays small): each block is packed then
@@ -309,9 +310,9 @@ static void conv_clamp(float *y, int64_t n, float lo, float hi) {
 }
 
 /* columns [j0, j1) of image n, group g (j0 a multiple of NR): pack them, one sgemm */
-static void conv_block(const float *src, const float *wa, float *out, const int64_t *p,
-                       int64_t n, int64_t g, int64_t j0, int64_t j1, float *bp,
-                       rlx_sgemm_fn sgemm, int threads, int slack) {
+static void conv_block(const float *src, const float *wa, float *out, const float *res,
+                       const int64_t *p, int64_t n, int64_t g, int64_t j0, int64_t j1,
+                       float *bp, rlx_sgemm_fn sgemm, int threads, int slack) {
     const int64_t C = p[1], O = p[4], KH = p[5], KW = p[6], OH = p[7], OW = p[8];
     const int64_t G = p[15], NR = p[16], has_bias = p[17], act = p[18], Hp = p[19], Wp = p[20];
     const float lo = act == 5 ? 0.0f : ((const float *)(p + 21))[0];
@@ -327,14 +328,18 @@ static void conv_block(const float *src, const float *wa, float *out, const int6
         conv_pack_panels(xg, p, Kp, q0, q1, bp - q0 * Kp * NR, slack);
     }
     float *y = out + (n * O + g * og) * L + j0;
-    sgemm(og, j1 - j0, Kp, wa + g * og * Kp, Kp, 1, bp, y, L, 0, NULL, NULL, 0, 1.0f,
-          act == 1 ? 1 : 0, threads);
-    if (act >= 5)
-        for (int64_t o = 0; o < og; o++) conv_clamp(y + o * L, j1 - j0, lo, hi);
+    const float *r = res ? res + (n * O + g * og) * L + j0 : NULL;
+    /* the sgemm adds the residual after its activation: with one, the relu comes after */
+    sgemm(og, j1 - j0, Kp, wa + g * og * Kp, Kp, 1, bp, y, L, 0, NULL, r, L, 1.0f,
+          act == 1 && !r ? 1 : 0, threads);
+    if (act >= 5 || (act == 1 && r))
+        for (int64_t o = 0; o < og; o++)
+            conv_clamp(y + o * L, j1 - j0, act == 1 ? 0.0f : lo, act == 1 ? INFINITY : hi);
 }
 
-void rlx_conv2d_gemm_f32(const float *x, float *xp, const float *wa, float *out, float *bp,
-                         const int64_t *p, void *sgemm_addr, int threads) {
+void rlx_conv2d_gemm_f32(const float *x, float *xp, const float *wa, float *out,
+                         const float *res, float *bp, const int64_t *p, void *sgemm_addr,
+                         int threads) {
     const int64_t N = p[0], C = p[1], H = p[2], W = p[3], O = p[4], KH = p[5], KW = p[6];
     const int64_t OH = p[7], OW = p[8], ph = p[11], pw = p[12], G = p[15], NR = p[16];
     const int64_t has_bias = p[17], Hp = p[19], Wp = p[20], ncb = p[23];
@@ -363,14 +368,14 @@ void rlx_conv2d_gemm_f32(const float *x, float *xp, const float *wa, float *out,
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
         for (int64_t t = 0; t < tasks; t++) {
             const int64_t n = t / (G * nblk), g = (t / nblk) % G, j0 = (t % nblk) * ncb;
-            conv_block(src, wa, out, p, n, g, j0, j0 + ncb < L ? j0 + ncb : L,
+            conv_block(src, wa, out, res, p, n, g, j0, j0 + ncb < L ? j0 + ncb : L,
                        bp + rlx_tid() * psize, sgemm, 1, copy);
         }
     } else {
         for (int64_t t = 0; t < tasks; t++) {
             const int64_t n = t / (G * nblk), g = (t / nblk) % G, j0 = (t % nblk) * ncb;
-            conv_block(src, wa, out, p, n, g, j0, j0 + ncb < L ? j0 + ncb : L, bp, sgemm,
-                       threads, copy);
+            conv_block(src, wa, out, res, p, n, g, j0, j0 + ncb < L ? j0 + ncb : L, bp,
+                       sgemm, threads, copy);
         }
     }
 }
