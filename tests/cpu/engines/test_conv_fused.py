@@ -1,7 +1,8 @@
 """Convolutions with a fused residual and activation (``fuse_conv_act`` -> ``Conv.act``,
 ``Conv.has_residual``) compiled end to end, against ``torch.nn.functional.conv2d`` in
 float64 followed by the same residual add and relu / relu6 / clip: on each path of the
-Conv kernel (the packed sgemm with the residual in its epilogue, the depthwise kernel,
+Conv kernel (the packed sgemm with the residual in its epilogue, its transposed form for
+small planes, the depthwise kernel,
 the direct stride-1 and strided loops, the im2col + NumPy fallback), every native target
 this CPU runs (RLX_ISA forced), batch 1 and 3, odd sizes, one and two threads."""
 
@@ -24,6 +25,8 @@ pytestmark = pytest.mark.skipif(not TARGETS, reason="gcc is not installed")
 PATHS = {
     "gemm": ((16, 24, (9, 11), 3, 1, 1, 1), "sgemm"),
     "gemm1x1s2": ((24, 16, (11, 7), 1, 2, 0, 1), "sgemm"),
+    "gemm_t": ((16, 40, (5, 7), 3, 1, 1, 1), "transposed"),
+    "gemm_t_s2": ((16, 40, (9, 8), 3, 2, 1, 1), "transposed"),
     "depthwise": ((12, 12, (9, 10), 3, 1, 1, 12), "depthwise"),
     "direct": ((3, 4, (10, 9), 3, 1, 1, 1), "stride 1"),
     "direct_s2": ((3, 4, (11, 9), 3, 2, 1, 1), "native direct conv ("),

@@ -1,7 +1,7 @@
 """The convolutions on rlx's packed sgemm and the depthwise kernel (``engines/conv.py``,
 ``csrc/conv.c``: ``rlx_conv2d_gemm_f32``, ``rlx_conv2d_depthwise_f32``) against
 ``torch.nn.functional.conv2d`` in float64 (the independent oracle): 1x1 and 3x3 / 5x5 / 7x7
-windows, strides, dilations, uneven padding, groups, depthwise with channel multipliers,
+windows, small planes (``rlx_conv2d_gemm_t_f32``: the product transposed), strides, dilations, uneven padding, groups, depthwise with channel multipliers,
 bias or none, several column blocks per image, blocks over the team or one at a time
 with the sgemm's team, on every native target this CPU
 runs (RLX_ISA forced: avx512, avx2, portable), plus the kernels' activation epilogues
@@ -56,6 +56,10 @@ GEMM_CASES = [
     (2, 16, 32, (7, 9), (3, 3), (1, 2), ((1, 1), (0, 2)), (1, 1), 2, True),  # groups
     (4, 8, 64, (37, 5), (5, 5), (1, 1), ((2, 2), (2, 2)), (1, 1), 1, True),  # wide rows
     (1, 4, 16, (41, 43), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1, True),  # column blocks
+    # small planes (L <= O): the transposed product, the weight packed once as B
+    (2, 16, 48, (5, 7), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1, True),
+    (3, 24, 40, (9, 8), (3, 3), (2, 2), ((1, 0), (1, 2)), (1, 1), 1, False),
+    (1, 32, 64, (7, 7), (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1, True),
 ]
 
 

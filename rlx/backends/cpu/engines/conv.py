@@ -62,6 +62,7 @@ _GEMM_BLOCK_BYTES = 1 << 20  # packed input columns per block (about L2)
 _GEMM_MIN_MACS = 1 << 20  # per image and group; below, the direct loop when it applies
 _SLACK = 64  # CONV_SLACK of conv.c
 _GEMM_MIN_BLOCK = 512  # columns per block at least (the weight is repacked per block)
+_GEMM_T_MAX_PLANE = 256  # output positions up to which the transposed product may run
 
 
 class ConvAct(Enum):
@@ -201,7 +202,8 @@ def native_conv(
     (ph, _), (pw, _) = ((0, 0), op.padding[0]) if nd == 1 else op.padding
     geo = _Geometry(n, c, hh, ww, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, op.groups)
     act, lo, hi = ConvAct.of(op)
-    fast = _gemm(lib, node, geo, x, w, bias, out, ctx, act, lo, hi, res)
+    fast = _gemm_t(lib, node, geo, x, w, bias, out, ctx, act, lo, hi, res)
+    fast = fast or _gemm(lib, node, geo, x, w, bias, out, ctx, act, lo, hi, res)
     if fast is not None:
         return fast
     if res is None:
@@ -451,6 +453,93 @@ def _gemm(
     def run() -> None:
         for s in steps:
             s()
+        call()
+
+    run.keepalive = keep  # type: ignore[attr-defined]
+    return run
+
+
+def _gemm_t(
+    lib: ctypes.CDLL,
+    node: Node,
+    geo: _Geometry,
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    out: np.ndarray,
+    ctx: KernelCtx,
+    act: ConvAct,
+    lo: float,
+    hi: float,
+    res: np.ndarray | None,
+) -> Kernel | None:
+    """A small output plane (at most :data:`_GEMM_T_MAX_PLANE` positions, fewer than the
+    output channels): the product transposed, ``[L, K] @ W^T [K, O]`` with the weight
+    packed once as the sgemm's B (conv.c's ``rlx_conv2d_gemm_t_f32``), or None."""
+    length = geo.oh * geo.ow
+    kq = geo.c * geo.kh * geo.kw
+    if geo.groups != 1 or min(geo.ph, geo.pw) < 0 or kq < _GEMM_MIN_ROWS:
+        return None
+    if length > _GEMM_T_MAX_PLANE or length > geo.o or geo.o * kq * length < _GEMM_MIN_MACS:
+        return None
+    from rlx.backends.cpu.engines.sgemm import native_sgemm
+
+    slib = native_sgemm(ctx)
+    if slib is None:
+        return None
+    hp, wp = geo.bordered()
+    kind = _weight_kind(ctx, node, 1)
+    size = slib.packed_size(kq, geo.o)
+    key = ("conv.gemm_t.weight", node.inputs[1], geo.o, kq, slib.isa)
+
+    def make() -> np.ndarray:
+        return np.empty(size + 16, np.float32)
+
+    packed = make() if kind == "call" else ctx.keep(key, make)
+    w2 = w.reshape(geo.o, kq)  # W^T [K, O]: row stride 1, column stride K
+    args = (w2.ctypes.data, 1, kq, kq, geo.o, packed.ctypes.data, 1)
+    pack = slib.lib.rlx_sgemm_pack_b
+    if kind == "const":
+        ctx.keep((*key, "packed"), lambda: pack(*args))
+    elif kind == "stable":
+        ctx.prologue_once(key, lambda: pack(*args))  # type: ignore[arg-type, return-value]
+    direct = geo.ph == geo.pw == 0 and (hp, wp) == (geo.h, geo.w)
+    xp = x if direct else np.zeros(geo.n * geo.c * hp * wp, np.float32)
+    cols = np.empty(kq * length + 16, np.float32)
+    yt = np.empty(length * geo.o + 16, np.float32)
+    p = np.array(
+        [*geo.params(), slib.nr, int(bias is not None), act.code, hp, wp, _f32_bits(lo),
+         _f32_bits(hi), 0],
+        np.int64,
+    )  # fmt: skip
+    addr = ctypes.cast(slib.lib.rlx_sgemm, ctypes.c_void_p).value
+    call = functools.partial(
+        lib.rlx_conv2d_gemm_t_f32,
+        x.ctypes.data,
+        xp.ctypes.data,
+        cols.ctypes.data,
+        packed.ctypes.data,
+        None if bias is None else bias.ctypes.data,
+        out.ctypes.data,
+        None if res is None else res.ctypes.data,
+        yt.ctypes.data,
+        p.ctypes.data,
+        addr,
+        ctx.num_threads,
+    )
+    keep = (p, xp, cols, yt, packed, slib)
+    ctx.kind = KernelKind.NATIVE
+    ctx.notes.append(
+        f"native conv on {slib.label}, transposed: {length}x{geo.o}x{kq} per image, the "
+        f"weight packed once as B, im2col of the small plane"
+        f"{', residual in the epilogue' if res is not None else ''}{_act_note(act)}"
+    )
+    if kind != "call":
+        call.keep = keep  # type: ignore[attr-defined]
+        return call
+
+    def run() -> None:
+        pack(*args)
         call()
 
     run.keepalive = keep  # type: ignore[attr-defined]

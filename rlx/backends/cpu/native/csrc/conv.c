@@ -482,3 +482,63 @@ void rlx_conv2d_depthwise_f32(const float *x, const float *w, const float *bias,
         }
     }
 }
+
+/* rlx_conv2d_gemm_t_f32(x, xp, cols, wp, bias|NULL, out, res|NULL, yt, p, sgemm, threads)
+ *   groups == 1, for small output planes (the late stages of a ResNet: 7x7, 14x14), where
+ *   the weight is the big operand: per image, yt [L, O] = cols [L, K] @ W^T [K, O] on the
+ *   packed sgemm with W^T packed once as its B (wp, rlx_sgemm_pack_b) instead of the weight
+ *   repacked as A on every call; cols is the image's im2col matrix stored K x L (cols[k*L
+ *   + l], read as A with row stride 1 and column stride L; L*K floats, small here), the
+ *   bias in the sgemm's epilogue; then out[n, o, l] = act(yt[l, o] + res[n, o, l]), the
+ *   transpose with the residual and the activation. p as rlx_conv2d_gemm_f32's (its NR
+ *   and ncb unused). yt: L*O floats.
+ */
+void rlx_conv2d_gemm_t_f32(const float *x, float *xp, float *cols, const float *wp,
+                           const float *bias, float *out, const float *res, float *yt,
+                           const int64_t *p, void *sgemm_addr, int threads) {
+    const int64_t N = p[0], C = p[1], H = p[2], W = p[3], O = p[4], KH = p[5], KW = p[6];
+    const int64_t OH = p[7], OW = p[8], sh = p[9], sw = p[10], ph = p[11], pw = p[12];
+    const int64_t dh = p[13], dw = p[14], act = p[18], Hp = p[19], Wp = p[20];
+    float lo = ((const float *)(p + 21))[0], hi = ((const float *)(p + 22))[0];
+    if (act == 1) lo = 0.0f, hi = INFINITY;
+    if (act == 5) lo = 0.0f, hi = 6.0f;
+    const int64_t L = OH * OW, KK = KH * KW, K = C * KK;
+    rlx_sgemm_fn sgemm = (rlx_sgemm_fn)sgemm_addr;
+    const int copy = xp != x;
+    for (int64_t n = 0; n < N; n++) {
+        const float *xn = x + n * C * H * W;
+        if (copy) {
+            float *xpn = xp + n * C * Hp * Wp;
+            for (int64_t q = 0; q < C; q++)
+                for (int64_t h = 0; h < H; h++)
+                    memcpy(xpn + (q * Hp + h + ph) * Wp + pw, xn + (q * H + h) * W,
+                           (size_t)W * sizeof(float));
+            xn = xpn;
+        }
+#pragma omp parallel for schedule(static) num_threads(threads) if (K * L >= (1 << 16))
+        for (int64_t q = 0; q < K; q++) {
+            const int64_t c = q / KK, kh = (q / KW) % KH, kw = q % KW;
+            const float *s = xn + c * Hp * Wp + kh * dh * Wp + kw * dw;
+            float *d = cols + q * L;
+            for (int64_t oh = 0; oh < OH; oh++) {
+                const float *sr = s + oh * sh * Wp;
+                float *dr = d + oh * OW;
+                if (sw == 1) {
+                    for (int64_t ow = 0; ow < OW; ow++) dr[ow] = sr[ow];
+                } else {
+                    for (int64_t ow = 0; ow < OW; ow++) dr[ow] = sr[ow * sw];
+                }
+            }
+        }
+        sgemm(L, O, K, cols, 1, L, wp, yt, O, 0, bias, NULL, 0, 1.0f, 0, threads);
+        float *y = out + n * O * L;
+        const float *r = res ? res + n * O * L : NULL;
+        for (int64_t o = 0; o < O; o++) {
+            float *yo = y + o * L;
+            for (int64_t l = 0; l < L; l++) {
+                float v = yt[l * O + o] + (r ? r[o * L + l] : 0.0f);
+                yo[l] = act ? (v < lo ? lo : (v > hi ? hi : v)) : v;
+            }
+        }
+    }
+}
