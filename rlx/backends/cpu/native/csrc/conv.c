@@ -215,9 +215,10 @@ void rlx_pool2d_f32(const float *x, float *out, const int64_t *p, int threads) {
  *   the packed sgemm of the same target (`sgemm`: the address of its rlx_sgemm). B is
  *   written straight into the sgemm's packed layout (panels of NR output positions, NR
  *   floats per k), from the zero-bordered copy xp [N*C, Hp, Wp] of x (the border zeroed
- *   once by the caller; xp == x when there is no padding): no im2col matrix. A panel whose
- *   NR positions are consecutive in xp (stride 1, one output row) is NR-float copies, else
- *   a gather. res: a residual of out's shape, added in the sgemm's epilogue (in the tile).
+ *   once by the caller; xp == x when there is no padding): no im2col matrix. A panel is
+ *   copied run by run (an output row's share: consecutive floats at stride 1, every
+ *   other float at stride 2), else gathered. res: a residual of out's shape, added in the
+ *   sgemm's epilogue (in the tile).
  *   act (sgemm epilogue, in the tile): 0 none, 1 relu; 5 relu6, 6 clip(lo, hi) and a relu
  *   after a residual are applied after the product, on the block while it is in cache.
  *   The output positions go in column blocks of p[23] (a multiple of NR, about 256 KB of
@@ -255,10 +256,10 @@ static void conv_pack_panels(const float *xg, const int64_t *p, int64_t Kp, int6
         float *d = bp + q * Kp * NR;
         const int64_t j0 = q * NR, nv = L - j0 < NR ? L - j0 : NR;
         for (int64_t j = 0; j < nv; j++) base[j] = ((j0 + j) / OW) * sh * Wp + ((j0 + j) % OW) * sw;
-        /* runs of positions consecutive in xp (each output row's share, at stride 1) */
+        /* runs of positions sw apart in xp (each output row's share) */
         int64_t nr = 0;
         for (int64_t j = 0; j < nv; j++) {
-            if (nr > 0 && sw == 1 && base[j] == base[rs[nr - 1]] + rl[nr - 1]) {
+            if (nr > 0 && base[j] == base[rs[nr - 1]] + rl[nr - 1] * sw) {
                 rl[nr - 1]++;
             } else {
                 rs[nr] = j;
@@ -271,11 +272,15 @@ static void conv_pack_panels(const float *xg, const int64_t *p, int64_t Kp, int6
                 for (int64_t kw = 0; kw < KW; kw++) {
                     const float *s = xc + kh * dh * Wp + kw * dw;
                     float *dk = d + (c * KK + kh * KW + kw) * NR;
-                    if (NR == CONV_NR && nv == CONV_NR && nr == 1) {
+                    if (NR == CONV_NR && nv == CONV_NR && nr == 1 && sw == 1) {
                         const float *sa = s + base[0];
 #pragma GCC unroll 4
                         for (int j = 0; j < CONV_NR; j++) dk[j] = sa[j];
-                    } else if (NR == CONV_NR && nv == CONV_NR && nr == 2 && slack) {
+                    } else if (NR == CONV_NR && nv == CONV_NR && nr == 1 && sw == 2) {
+                        const float *sa = s + base[0];
+#pragma GCC unroll 4
+                        for (int j = 0; j < CONV_NR; j++) dk[j] = sa[2 * j];
+                    } else if (NR == CONV_NR && nv == CONV_NR && nr == 2 && slack && sw == 1) {
                         /* two rows' shares: whole-width reads past either run stay in
                          * the private buffer's slack, the select keeps the run's floats */
                         const float *sa = s + base[0], *sb = s + base[rs[1]] - rs[1];
@@ -287,6 +292,12 @@ static void conv_pack_panels(const float *xg, const int64_t *p, int64_t Kp, int6
                             float *dd = dk + rs[r];
                             const float *ss = s + base[rs[r]];
                             for (int64_t j = 0; j < rl[r]; j++) dd[j] = ss[j];
+                        }
+                    } else if (sw == 2) {
+                        for (int64_t r = 0; r < nr; r++) {
+                            float *dd = dk + rs[r];
+                            const float *ss = s + base[rs[r]];
+                            for (int64_t j = 0; j < rl[r]; j++) dd[j] = ss[2 * j];
                         }
                     } else {
                         for (int64_t j = 0; j < nv; j++) dk[j] = s[base[j]];
