@@ -306,13 +306,18 @@ def _depthwise(
     if geo.groups != geo.c or geo.o % geo.c or geo.groups == 1 or min(geo.ph, geo.pw) < 0:
         return None
     hp, wp = geo.bordered()
-    if geo.sw == 1:  # whole vectors of outputs read inside each row (conv.c's DW_L)
-        vl = int(lib.rlx_conv_dw_l())
-        wp = max(wp, -(-geo.ow // vl) * vl + (geo.kw - 1) * geo.dw)
-    p = np.array([*geo.params(), act.code, _f32_bits(lo), _f32_bits(hi), hp, wp], np.int64)
+    vl = int(lib.rlx_conv_dw_l())  # whole vectors of outputs read inside each row
+    span = -(-geo.ow // vl) * vl
+    wq = 0
+    if geo.sw == 1:
+        wp = max(wp, span + (geo.kw - 1) * geo.dw)
+    elif geo.sw == 2:  # each row split into its even and odd columns, wq floats each
+        wq = max(span + (geo.kw - 1) * geo.dw // 2, -(-wp // 2))
+        wp = 2 * wq
+    p = np.array([*geo.params(), act.code, _f32_bits(lo), _f32_bits(hi), hp, wp, wq], np.int64)
     macs = geo.n * geo.o * geo.oh * geo.ow * geo.kh * geo.kw
     threads = ctx.num_threads if macs >= _PARALLEL_MIN_MACS // 4 else 1
-    xp = np.zeros(threads * hp * wp, np.float32)
+    xp = np.zeros(threads * (hp * wp + hp * 2 * wq), np.float32)
     call = functools.partial(
         lib.rlx_conv2d_depthwise_f32,
         x.ctypes.data,
