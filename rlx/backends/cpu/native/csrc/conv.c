@@ -21,6 +21,8 @@
  *   p = {NC, H, W, OH, OW, KH, KW, sh, sw, ph, pw, kind}; kind 0 max, 1 average.
  *   Max over the window's real elements (-inf when none; NaN propagates, as np.max);
  *   average = their sum / their count (padding not counted), as rlx's Pool reference.
+ *   The 2x2 stride-2 pool without padding (the small CNNs' downsampling) runs one
+ *   straight pass per output row.
  */
 #include <math.h>
 #include <stdint.h>
@@ -163,9 +165,35 @@ void rlx_conv2d_wide_f32(const float *x, float *xp, float *ws, const float *w,
     }
 }
 
+/* the 2x2 stride-2 pool without padding: one pass over each pair of input rows */
+static void pool2x2(const float *x, float *out, const int64_t *p, int threads) {
+    const int64_t NC = p[0], H = p[1], W = p[2], OH = p[3], OW = p[4], kind = p[11];
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t q = 0; q < NC * OH; q++) {
+        const float *r0 = x + ((q / OH) * H + (q % OH) * 2) * W, *r1 = r0 + W;
+        float *y = out + q * OW;
+        if (kind == 0) {
+            for (int64_t ow = 0; ow < OW; ow++) {
+                const float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+                const float ab = a > b ? a : b, cd = c > d ? c : d, m = ab > cd ? ab : cd;
+                /* NaN wins (as np.max): the sum of the four is NaN then */
+                y[ow] = (a != a) | (b != b) | (c != c) | (d != d) ? a + b + c + d : m;
+            }
+        } else {
+            for (int64_t ow = 0; ow < OW; ow++)
+                y[ow] = (r0[2 * ow] + r0[2 * ow + 1] + r1[2 * ow] + r1[2 * ow + 1]) / 4.0f;
+        }
+    }
+}
+
 void rlx_pool2d_f32(const float *x, float *out, const int64_t *p, int threads) {
     const int64_t NC = p[0], H = p[1], W = p[2], OH = p[3], OW = p[4], KH = p[5], KW = p[6];
     const int64_t sh = p[7], sw = p[8], ph = p[9], pw = p[10], kind = p[11];
+    if (KH == 2 && KW == 2 && sh == 2 && sw == 2 && ph == 0 && pw == 0 && 2 * OH <= H &&
+        2 * OW <= W) {
+        pool2x2(x, out, p, threads);
+        return;
+    }
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t q = 0; q < NC; q++) {
         const float *xq = x + q * H * W;
