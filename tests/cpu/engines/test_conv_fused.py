@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rlx.backends.cpu import native
-from rlx.backends.cpu.engines import conv as conv_engine
+from rlx.backends.cpu.engines import conv_gemm
 from rlx.ir.mir import Graph, NodeId
 from rlx.options import CompileOptions
 from rlx.runtime.session import Session
@@ -86,7 +86,7 @@ def _want(path: str, act: str, params: dict, feeds: dict) -> np.ndarray:
 )
 def test_fused_conv_matches_torch(monkeypatch, target, path, act, residual) -> None:
     monkeypatch.setenv("RLX_ISA", target)
-    monkeypatch.setattr(conv_engine, "_GEMM_MIN_MACS", 0)  # small shapes take the sgemm
+    monkeypatch.setattr(conv_gemm, "_GEMM_MIN_MACS", 0)  # small shapes take the sgemm
     for n, threads in ((1, 1), (3, 2)):
         g, params, feeds = _graph(path, act, residual, n)
         opts = CompileOptions(num_threads=threads, use_cache=False, verbose=False)

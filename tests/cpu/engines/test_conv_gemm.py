@@ -16,6 +16,7 @@ import torch
 
 from rlx.backends.cpu import native
 from rlx.backends.cpu.engines import conv as conv_engine
+from rlx.backends.cpu.engines import conv_gemm
 from rlx.backends.cpu.kernels import KernelKind
 from rlx.ir.mir import Graph
 from rlx.options import CompileOptions
@@ -70,7 +71,7 @@ GEMM_CASES = [
 def test_gemm_conv_matches_torch(monkeypatch, target, case, threads) -> None:
     monkeypatch.setenv("RLX_ISA", target)
     # small shapes here: lower the size from which the sgemm path runs (not the kernel)
-    monkeypatch.setattr(conv_engine, "_GEMM_MIN_MACS", 0)
+    monkeypatch.setattr(conv_gemm, "_GEMM_MIN_MACS", 0)
     n, c, o, hw, k, stride, padding, dil, groups, bias = case
     rng = np.random.default_rng(sum(hw) + o)
     g = Graph("conv")
@@ -136,7 +137,7 @@ def test_depthwise_conv_matches_torch(monkeypatch, target, case, threads) -> Non
 def test_batch_one_image_per_thread(monkeypatch) -> None:
     """A batch of small images: its column blocks go over the team (one sgemm thread
     each)."""
-    monkeypatch.setattr(conv_engine, "_GEMM_MIN_MACS", 0)
+    monkeypatch.setattr(conv_gemm, "_GEMM_MIN_MACS", 0)
     rng = np.random.default_rng(0)
     g = Graph("batch")
     x = g.input("x", (5, 8, 6, 6))
@@ -156,7 +157,7 @@ def test_activation_epilogues(monkeypatch, target, act, kind) -> None:
     """act(conv + bias) from the kernels' epilogues against torch (relu, relu6 = clip to
     [0, 6], clip to [lo, hi]); NaN stays NaN."""
     monkeypatch.setenv("RLX_ISA", target)
-    monkeypatch.setattr(conv_engine, "_GEMM_MIN_MACS", 0)
+    monkeypatch.setattr(conv_gemm, "_GEMM_MIN_MACS", 0)
     from rlx.backends.cpu.dispatch import KernelCtx
 
     n, c, hw = 2, 8, (9, 10)
@@ -175,10 +176,10 @@ def test_activation_epilogues(monkeypatch, target, act, kind) -> None:
     out = np.empty((n, o, *hw), np.float32)
     ctx = KernelCtx(node=node, graph=g, bindings={}, params={}, inputs={}, pool=None)  # type: ignore[arg-type]
     ctx.num_threads = 2
-    geo = conv_engine._Geometry(n, c, *hw, o, 3, 3, *hw, 1, 1, 1, 1, 1, 1, groups)
+    geo = conv_engine.Geometry(n, c, *hw, o, 3, 3, *hw, 1, 1, 1, 1, 1, 1, groups)
     lo, hi = (-0.5, 1.5) if act is conv_engine.ConvAct.CLIP else (0.0, 0.0)
     lib = conv_engine.conv_lib()
-    make = conv_engine._gemm if kind == "gemm" else conv_engine._depthwise
+    make = conv_gemm.gemm if kind == "gemm" else conv_engine._depthwise
     if kind == "gemm":
         run = make(lib, node, geo, x, w, b, out, ctx, act, lo, hi)
     else:

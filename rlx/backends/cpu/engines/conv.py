@@ -27,8 +27,6 @@ import numpy as np
 from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind
 from rlx.backends.cpu.native import bindings
 from rlx.backends.cpu.native.cpu import selected_target
-from rlx.dtype import DType
-from rlx.ops.core import Constant
 from rlx.ops.nn import Conv, Pool, PoolKind
 from rlx.ops.nn import ConvAct as OpAct
 from rlx.ops.nn_grad import window_taps
@@ -50,6 +48,9 @@ __all__ = [
     "ConvColumns",
     "pool_geometry",
     "FirstMax",
+    "Geometry",
+    "f32_bits",
+    "act_note",
 ]
 
 #: above this many multiply-adds per (image, output channel) the BLAS path is taken
@@ -57,12 +58,6 @@ DIRECT_MAX_MACS = 1 << 17
 _PARALLEL_MIN_MACS = 1 << 21  # below this many multiply-adds (~30-60 us on one thread) no team
 _PARALLEL_MIN_POOL = 1 << 16  # window reads below which a pool runs on one thread
 _CHUNK = 16  # RLX_CONV_CHUNK of conv.c
-_GEMM_MIN_ROWS = 8  # output channels per group (and taps) from which the sgemm path runs
-_GEMM_BLOCK_BYTES = 1 << 20  # packed input columns per block (about L2)
-_GEMM_MIN_MACS = 1 << 20  # per image and group; below, the direct loop when it applies
-_SLACK = 64  # CONV_SLACK of conv.c
-_GEMM_MIN_BLOCK = 512  # columns per block at least (the weight is repacked per block)
-_GEMM_T_MAX_PLANE = 256  # output positions up to which the transposed product may run
 
 
 class ConvAct(Enum):
@@ -200,10 +195,12 @@ def native_conv(
     (hh, ww), (kh, kw), (oh, ow) = (_as_2d(s) for s in (x.shape[2:], w.shape[2:], out.shape[2:]))
     (sh, sw), (dh, dw) = _as_2d(op.stride), _as_2d(op.dilation)
     (ph, _), (pw, _) = ((0, 0), op.padding[0]) if nd == 1 else op.padding
-    geo = _Geometry(n, c, hh, ww, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, op.groups)
+    geo = Geometry(n, c, hh, ww, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, op.groups)
+    from rlx.backends.cpu.engines import conv_gemm as cg
+
     act, lo, hi = ConvAct.of(op)
-    fast = _gemm_t(lib, node, geo, x, w, bias, out, ctx, act, lo, hi, res)
-    fast = fast or _gemm(lib, node, geo, x, w, bias, out, ctx, act, lo, hi, res)
+    fast = cg.gemm_t(lib, node, geo, x, w, bias, out, ctx, act, lo, hi, res)
+    fast = fast or cg.gemm(lib, node, geo, x, w, bias, out, ctx, act, lo, hi, res)
     if fast is not None:
         return fast
     if res is None:
@@ -256,7 +253,7 @@ def native_conv(
 
 
 @dataclass(frozen=True)
-class _Geometry:
+class Geometry:
     """A 2-D convolution's sizes (1-D as H = 1): the first 16 entries of conv.c's ``p``."""
 
     n: int
@@ -286,13 +283,13 @@ class _Geometry:
         return list(astuple(self))
 
 
-def _f32_bits(v: float) -> int:
+def f32_bits(v: float) -> int:
     return int(np.array(v, np.float32).view(np.int32))
 
 
 def _depthwise(
     lib: ctypes.CDLL,
-    geo: _Geometry,
+    geo: Geometry,
     x: np.ndarray,
     w: np.ndarray,
     bias: np.ndarray | None,
@@ -314,7 +311,7 @@ def _depthwise(
     elif geo.sw == 2:  # each row split into its even and odd columns, wq floats each
         wq = max(span + (geo.kw - 1) * geo.dw // 2, -(-wp // 2))
         wp = 2 * wq
-    p = np.array([*geo.params(), act.code, _f32_bits(lo), _f32_bits(hi), hp, wp, wq], np.int64)
+    p = np.array([*geo.params(), act.code, f32_bits(lo), f32_bits(hi), hp, wp, wq], np.int64)
     macs = geo.n * geo.o * geo.oh * geo.ow * geo.kh * geo.kw
     threads = ctx.num_threads if macs >= _PARALLEL_MIN_MACS // 4 else 1
     xp = np.zeros(threads * (hp * wp + hp * 2 * wq), np.float32)
@@ -330,225 +327,12 @@ def _depthwise(
     )
     call.keep = (p, xp)  # type: ignore[attr-defined]  # the C code reads them
     ctx.kind = KernelKind.NATIVE
-    ctx.notes.append(f"native depthwise conv {geo.kh}x{geo.kw}{_act_note(act)}")
+    ctx.notes.append(f"native depthwise conv {geo.kh}x{geo.kw}{act_note(act)}")
     return call
 
 
-def _act_note(act: ConvAct) -> str:
+def act_note(act: ConvAct) -> str:
     return "" if act is ConvAct.NONE else f", {act.value} in the epilogue"
-
-
-def _weight_kind(ctx: KernelCtx, node: Node, i: int) -> str:
-    """ "const", "stable" or "call" (a low-precision weight is widened into scratch on
-    every call by ``dispatch.lowp``: "call")."""
-    nid = node.inputs[i]
-    if ctx.graph.nodes[nid].dtype is not DType.F32:
-        return "call"
-    if isinstance(ctx.graph.nodes[nid].op, Constant):
-        return "const"
-    return "stable" if nid in ctx.stable else "call"
-
-
-def _gemm(
-    lib: ctypes.CDLL,
-    node: Node,
-    geo: _Geometry,
-    x: np.ndarray,
-    w: np.ndarray,
-    bias: np.ndarray | None,
-    out: np.ndarray,
-    ctx: KernelCtx,
-    act: ConvAct = ConvAct.NONE,
-    lo: float = 0.0,
-    hi: float = 0.0,
-    res: np.ndarray | None = None,
-) -> Kernel | None:
-    """The convolution as one packed sgemm per image and group (conv.c's
-    ``rlx_conv2d_gemm_f32``), ``act(conv + bias + res)`` in its epilogue, or None when the
-    output channels per group are too few for the GEMM's row tiles or the native sgemm is
-    unavailable."""
-    og, cg = geo.o // geo.groups, geo.c // geo.groups
-    kq = cg * geo.kh * geo.kw
-    if og < _GEMM_MIN_ROWS or kq < _GEMM_MIN_ROWS or min(geo.ph, geo.pw) < 0:
-        return None
-    small = og * kq * geo.oh * geo.ow < _GEMM_MIN_MACS
-    if small and kq * geo.oh * geo.ow <= DIRECT_MAX_MACS:
-        return None  # the direct loop (measured faster on the small CNN's 16x16 planes)
-    from rlx.backends.cpu.engines.sgemm import native_sgemm
-
-    slib = native_sgemm(ctx)
-    if slib is None or slib.nr != int(lib.rlx_conv_nr()):
-        return None
-    hp, wp = geo.bordered()
-    has_bias = bias is not None
-    kp = kq + int(has_bias)
-    length = geo.oh * geo.ow
-    # the weight with the bias as its last column, kept current like sgemm's packed weights
-    kinds = {_weight_kind(ctx, node, 1)}
-    if has_bias:
-        kinds.add(_weight_kind(ctx, node, 2))
-    kind = "call" if "call" in kinds else ("stable" if "stable" in kinds else "const")
-    key = ("conv.gemm.weight", node.inputs[1], node.inputs[2] if has_bias else None, geo.o, kp)
-
-    def make_wa() -> np.ndarray:
-        return np.empty((geo.o, kp), np.float32)
-
-    wa = make_wa() if kind == "call" else ctx.keep(key, make_wa)
-    w2 = w.reshape(geo.o, kq)
-
-    def fill() -> None:
-        wa[:, :kq] = w2
-        if bias is not None:
-            wa[:, kq] = bias
-
-    steps: list[Kernel] = []
-    if kind == "const":
-        ctx.keep((*key, "filled"), fill)
-    elif kind == "stable":
-        ctx.prologue_once(key, fill)  # type: ignore[arg-type]
-    else:
-        steps.append(fill)  # type: ignore[arg-type]
-    direct = geo.ph == geo.pw == 0 and (hp, wp) == (geo.h, geo.w)
-    # a private bordered input with readable slack around it (conv.c's CONV_SLACK)
-    xbuf = None if direct else np.zeros(geo.n * geo.c * hp * wp + 2 * _SLACK, np.float32)
-    xp = x if xbuf is None else xbuf[_SLACK:-_SLACK]
-    threads = ctx.num_threads
-    nr = slib.nr
-    ncb = max(_GEMM_MIN_BLOCK, _GEMM_BLOCK_BYTES // (4 * kp)) // nr * nr
-    ncb = min(ncb, -(-length // nr) * nr)
-    bp = np.empty(threads * ncb * kp + 16, np.float32)
-    p = np.array(
-        [
-            *geo.params(),
-            slib.nr,
-            int(has_bias),
-            act.code,
-            hp,
-            wp,
-            _f32_bits(lo),
-            _f32_bits(hi),
-            ncb,
-        ],
-        np.int64,
-    )
-    addr = ctypes.cast(slib.lib.rlx_sgemm, ctypes.c_void_p).value
-    call = functools.partial(
-        lib.rlx_conv2d_gemm_f32,
-        x.ctypes.data,
-        xp.ctypes.data,
-        wa.ctypes.data,
-        out.ctypes.data,
-        None if res is None else res.ctypes.data,
-        bp.ctypes.data,
-        p.ctypes.data,
-        addr,
-        threads,
-    )
-    keep = (p, xbuf, bp, wa, slib)
-    ctx.kind = KernelKind.NATIVE
-    ctx.notes.append(
-        f"native conv on {slib.label}: {og}x{length}x{kp} per image and group, B packed "
-        f"from the input (no im2col){', bias as a ones row' if has_bias else ''}"
-        f"{', residual in the epilogue' if res is not None else ''}{_act_note(act)}"
-    )
-    if not steps:
-        call.keep = keep  # type: ignore[attr-defined]
-        return call
-
-    def run() -> None:
-        for s in steps:
-            s()
-        call()
-
-    run.keepalive = keep  # type: ignore[attr-defined]
-    return run
-
-
-def _gemm_t(
-    lib: ctypes.CDLL,
-    node: Node,
-    geo: _Geometry,
-    x: np.ndarray,
-    w: np.ndarray,
-    bias: np.ndarray | None,
-    out: np.ndarray,
-    ctx: KernelCtx,
-    act: ConvAct,
-    lo: float,
-    hi: float,
-    res: np.ndarray | None,
-) -> Kernel | None:
-    """A small output plane (at most :data:`_GEMM_T_MAX_PLANE` positions, fewer than the
-    output channels): the product transposed, ``[L, K] @ W^T [K, O]`` with the weight
-    packed once as the sgemm's B (conv.c's ``rlx_conv2d_gemm_t_f32``), or None."""
-    length = geo.oh * geo.ow
-    kq = geo.c * geo.kh * geo.kw
-    if geo.groups != 1 or min(geo.ph, geo.pw) < 0 or kq < _GEMM_MIN_ROWS:
-        return None
-    if length > _GEMM_T_MAX_PLANE or length > geo.o or geo.o * kq * length < _GEMM_MIN_MACS:
-        return None
-    from rlx.backends.cpu.engines.sgemm import native_sgemm
-
-    slib = native_sgemm(ctx)
-    if slib is None:
-        return None
-    hp, wp = geo.bordered()
-    kind = _weight_kind(ctx, node, 1)
-    size = slib.packed_size(kq, geo.o)
-    key = ("conv.gemm_t.weight", node.inputs[1], geo.o, kq, slib.isa)
-
-    def make() -> np.ndarray:
-        return np.empty(size + 16, np.float32)
-
-    packed = make() if kind == "call" else ctx.keep(key, make)
-    w2 = w.reshape(geo.o, kq)  # W^T [K, O]: row stride 1, column stride K
-    args = (w2.ctypes.data, 1, kq, kq, geo.o, packed.ctypes.data, 1)
-    pack = slib.lib.rlx_sgemm_pack_b
-    if kind == "const":
-        ctx.keep((*key, "packed"), lambda: pack(*args))
-    elif kind == "stable":
-        ctx.prologue_once(key, lambda: pack(*args))  # type: ignore[arg-type, return-value]
-    direct = geo.ph == geo.pw == 0 and (hp, wp) == (geo.h, geo.w)
-    xp = x if direct else np.zeros(geo.n * geo.c * hp * wp, np.float32)
-    cols = np.empty(kq * length + 16, np.float32)
-    yt = np.empty(length * geo.o + 16, np.float32)
-    p = np.array(
-        [*geo.params(), slib.nr, int(bias is not None), act.code, hp, wp, _f32_bits(lo),
-         _f32_bits(hi), 0],
-        np.int64,
-    )  # fmt: skip
-    addr = ctypes.cast(slib.lib.rlx_sgemm, ctypes.c_void_p).value
-    call = functools.partial(
-        lib.rlx_conv2d_gemm_t_f32,
-        x.ctypes.data,
-        xp.ctypes.data,
-        cols.ctypes.data,
-        packed.ctypes.data,
-        None if bias is None else bias.ctypes.data,
-        out.ctypes.data,
-        None if res is None else res.ctypes.data,
-        yt.ctypes.data,
-        p.ctypes.data,
-        addr,
-        ctx.num_threads,
-    )
-    keep = (p, xp, cols, yt, packed, slib)
-    ctx.kind = KernelKind.NATIVE
-    ctx.notes.append(
-        f"native conv on {slib.label}, transposed: {length}x{geo.o}x{kq} per image, the "
-        f"weight packed once as B, im2col of the small plane"
-        f"{', residual in the epilogue' if res is not None else ''}{_act_note(act)}"
-    )
-    if kind != "call":
-        call.keep = keep  # type: ignore[attr-defined]
-        return call
-
-    def run() -> None:
-        pack(*args)
-        call()
-
-    run.keepalive = keep  # type: ignore[attr-defined]
-    return run
 
 
 def native_pool(
