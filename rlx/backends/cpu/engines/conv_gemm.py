@@ -117,6 +117,9 @@ def gemm(
     threads = ctx.num_threads
     nr = slib.nr
     ncb = max(_GEMM_MIN_BLOCK, _GEMM_BLOCK_BYTES // (4 * kp)) // nr * nr
+    if act in (ConvAct.RELU6, ConvAct.CLIP) or (res is not None and act is not ConvAct.NONE):
+        # the clamp runs over the block's output after the sgemm: keep that in L2 too
+        ncb = min(ncb, max(_GEMM_MIN_BLOCK, _GEMM_BLOCK_BYTES // 2 // (4 * og)) // nr * nr)
     ncb = min(ncb, -(-length // nr) * nr)
     bp = np.empty(threads * ncb * kp + 16, np.float32)
     p = np.array(
