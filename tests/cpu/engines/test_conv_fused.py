@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(not TARGETS, reason="gcc is not installed")
 PATHS = {
     "gemm": ((16, 24, (9, 11), 3, 1, 1, 1), "sgemm"),
     "gemm1x1s2": ((24, 16, (11, 7), 1, 2, 0, 1), "sgemm"),
+    "gemm_blocks": ((8, 256, (23, 41), 3, 1, 1, 1), "sgemm"),  # 2 column blocks
     "gemm_t": ((16, 40, (5, 7), 3, 1, 1, 1), "transposed"),
     "gemm_t_s2": ((16, 40, (9, 8), 3, 2, 1, 1), "transposed"),
     "depthwise": ((12, 12, (9, 10), 3, 1, 1, 12), "depthwise"),
