@@ -114,9 +114,18 @@ class ConvActFusion(PatternFusion):
         if why is None and view.node(r).shape != node.shape:
             why = f"residual {view.node(r).shape} is not the conv output {node.shape}"
         if why is not None:
-            self.miss([node.id, add], desc, why)
+            if not self._other_takes(view, r, add):
+                self.miss([node.id, add], desc, why)
             return None
         return add, r
+
+    @staticmethod
+    def _other_takes(view: FusionView, r: NodeId, add: NodeId) -> bool:
+        """True when the add's other operand is an unfused conv read only by it (that
+        conv takes the add: no near miss to report for this one)."""
+        op = view.node(r).op
+        plain = isinstance(op, Conv) and op.act is ConvAct.NONE and not op.has_residual
+        return plain and view.sole_user(r) == add
 
     def _act(
         self, view: FusionView, tail: NodeId, claimed: set[NodeId]

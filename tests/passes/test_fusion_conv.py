@@ -120,3 +120,20 @@ def test_fused_conv_has_no_derivative() -> None:
     (node,) = ops_of(out, Conv)
     with pytest.raises(Exception, match="no derivative"):
         node.op.vjp(out, node, node.id)
+
+
+def test_conv_plus_conv_fuses_once_without_a_near_miss() -> None:
+    """``a + b`` of two convs where ``a`` has another user: ``b`` takes the add (``a`` is
+    its residual) and the report records no near miss for ``a``."""
+    g = Graph("two")
+    x = g.input("x", (1, 4, 5, 5))
+    a = _conv(g, x, 4, 4, "a")
+    b = _conv(g, g.relu(a), 4, 4, "b")
+    g.set_outputs([g.add(a, b)])
+    out, report = fuse_all(g)
+    assert [(c.act, c.has_residual) for c in _convs(out)] == [
+        (ConvAct.NONE, False),
+        (ConvAct.NONE, True),
+    ]
+    assert not report.missed_of(FusionPattern.CONV_ACT)
+    same_numbers(g, out, *_values(g))
