@@ -611,8 +611,10 @@ void rlx_conv2d_gemm_t_f32(const float *x, float *xp, float *cols, const float *
                            (size_t)W * sizeof(float));
             xn = xpn;
         }
+        /* a 1x1 stride-1 conv without padding: the image is its own im2col matrix */
+        const int plain = KK == 1 && sh == 1 && sw == 1 && !copy;
 #pragma omp parallel for schedule(static) num_threads(threads) if (K * L >= (1 << 16))
-        for (int64_t q = 0; q < K; q++) {
+        for (int64_t q = 0; q < K * !plain; q++) {
             const int64_t c = q / KK, kh = (q / KW) % KH, kw = q % KW;
             const float *s = xn + c * Hp * Wp + kh * dh * Wp + kw * dw;
             float *d = cols + q * L;
@@ -626,15 +628,16 @@ void rlx_conv2d_gemm_t_f32(const float *x, float *xp, float *cols, const float *
                 }
             }
         }
-        sgemm(L, O, K, cols, 1, L, wp, yt, O, 0, bias, NULL, 0, 1.0f, 0, threads);
+        sgemm(L, O, K, plain ? xn : cols, 1, L, wp, yt, O, 0, bias, NULL, 0, 1.0f, 0, threads);
         float *y = out + n * O * L;
         const float *r = res ? res + n * O * L : NULL;
-        for (int64_t o = 0; o < O; o++) {
-            float *yo = y + o * L;
-            for (int64_t l = 0; l < L; l++) {
-                float v = yt[l * O + o] + (r ? r[o * L + l] : 0.0f);
-                yo[l] = act ? (v < lo ? lo : (v > hi ? hi : v)) : v;
-            }
+        for (int64_t o0 = 0; o0 < O; o0 += 16) { /* 16 channels: a line of yt per l */
+            const int64_t o1 = o0 + 16 < O ? o0 + 16 : O;
+            for (int64_t l = 0; l < L; l++)
+                for (int64_t o = o0; o < o1; o++) {
+                    float v = yt[l * O + o] + (r ? r[o * L + l] : 0.0f);
+                    y[o * L + l] = act ? (v < lo ? lo : (v > hi ? hi : v)) : v;
+                }
         }
     }
 }
