@@ -31,6 +31,7 @@ __all__ = [
     "Attention",
     "Rope",
     "Conv",
+    "ConvAct",
     "PoolKind",
     "Pool",
 ]
@@ -388,20 +389,24 @@ def _window_view(
     nd = len(k)
     spans = [d * (kk - 1) + 1 for kk, d in zip(k, dil, strict=True)]
     v = np.lib.stride_tricks.sliding_window_view(xp, spans, axis=tuple(range(2, 2 + nd)))
-    idx: list[slice] = [slice(None), slice(None)]
-    idx += [slice(None, None, s) for s in stride]
-    idx += [slice(None, None, d) for d in dil]
-    return v[tuple(idx)]
+    return v[(slice(None), slice(None), *(slice(None, None, s) for s in (*stride, *dil)))]
+
+
+class ConvAct(enum.Enum):
+    """A :class:`Conv`'s last step (``fuse_conv_act``): none, relu, clip to ``Conv.clip``."""
+
+    NONE = "none"
+    RELU = "relu"
+    CLIP = "clip"
 
 
 @register
 class Conv(Op):
     """1-D or 2-D cross-correlation (PyTorch ``conv1d``/``conv2d``).
 
-    Inputs ``x[N,C,*sp]``, ``w[O,C/groups,*k]`` and, when ``has_bias``, ``bias[O]``;
-    output ``[N,O,*out]`` with ``out = (sp + pad_lo + pad_hi - dilation*(k-1) - 1) //
-    stride + 1``. ``padding`` is one ``(lo, hi)`` pair per spatial dim (zeros).
-    """
+    Inputs ``x[N,C,*sp]``, ``w[O,C/groups,*k]``, ``bias[O]`` (``has_bias``), ``residual``
+    (``has_residual``, the output's shape); output ``act(conv + bias + residual)``
+    ``[N,O,*out]``, ``out = (sp + pad_lo + pad_hi - dilation*(k-1) - 1) // stride + 1``."""
 
     mnemonic: ClassVar[str] = "conv"
     kind: ClassVar[OpKind] = OpKind.COMPUTE
@@ -410,9 +415,12 @@ class Conv(Op):
     dilation: tuple[int, ...]
     groups: int = 1
     has_bias: bool = False
+    act: ConvAct = ConvAct.NONE
+    clip: tuple[float, float] = (0.0, 0.0)
+    has_residual: bool = False
 
     def num_inputs(self) -> int:
-        return 3 if self.has_bias else 2
+        return 2 + int(self.has_bias) + int(self.has_residual)
 
     def infer(self, ins: tuple[Shape, ...]) -> Shape:
         nd = _check_window_attrs(
@@ -463,7 +471,9 @@ class Conv(Op):
                 f"bias must be {x.dtype}[{o}], got {bias}",
             )
         out = _spatial_out(self, x, w.dims[2:], self.stride, self.padding, self.dilation)
-        return Shape((x.dims[0], o, *out), x.dtype)
+        y = Shape((x.dims[0], o, *out), x.dtype)
+        expect(not self.has_residual or ins[-1] == y, self, f"residual must be {y}, got {ins[-1]}")
+        return y
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
         x, w = upcast(xs[0]), upcast(xs[1])
@@ -483,17 +493,26 @@ class Conv(Op):
         y = y.transpose(0, 1, 3, 2).reshape(n, o, *out_sp)
         if self.has_bias:
             y = y + upcast(xs[2]).reshape((o,) + (1,) * len(k))
+        y = y + upcast(xs[-1]) if self.has_residual else y
+        if self.act is not ConvAct.NONE:
+            lo, hi = (0.0, np.inf) if self.act is ConvAct.RELU else self.clip
+            y = np.minimum(np.maximum(y, lo), hi)
         return y.astype(ctx.out_dtype)
 
     def vjp(self, g: Graph, node: Node, ct: NodeId) -> tuple[NodeId | None, ...]:
         from rlx.ops import nn_rules
 
+        self._unfused()
         return nn_rules.conv_vjp(self, g, node, ct)
 
     def jvp(self, g: Graph, node: Node, tangents: tuple[NodeId | None, ...]) -> NodeId | None:
         from rlx.ops import nn_rules
 
+        self._unfused()
         return nn_rules.conv_jvp(self, g, node, tangents)
+
+    def _unfused(self) -> None:
+        expect(self.act is ConvAct.NONE and not self.has_residual, self, "fused: no derivative")
 
 
 class PoolKind(enum.Enum):

@@ -13,7 +13,8 @@ The passes, in pipeline order (pattern fusions first, then elementwise regions):
 recognition of spelled-out GELU and layer norm (``fusion_gelu``, ``fusion_layernorm``:
 what importers write as formulas becomes the op the later fusions take), cross-entropy
 (``fusion_loss``: ``-log_softmax(x)[label]`` -> ``softmax_cross_entropy``), attention, SwiGLU,
-residual + norm, integer matmul epilogues (``fusion_quant``), matmul + bias + activation, the
+residual + norm, integer matmul epilogues (``fusion_quant``), conv + residual + activation
+(``fusion_conv``), matmul + bias + activation, the
 opt-in block fusions (``fusion_blocks``: attention block and transformer layer, with
 ``CompileOptions.fuse_blocks``), elementwise regions.
 SwiGLU runs before matmul + activation so ``silu(x @ w_gate)`` is not taken first.
@@ -210,6 +211,7 @@ def fusion_passes(report: FusionReport, blocks: bool = False) -> list[PatternFus
     (``CompileOptions.fuse_blocks``) adds the block fusions before elementwise regions."""
     from rlx.passes.fusion_attention import AttentionFusion
     from rlx.passes.fusion_blocks import AttentionBlockFusion, TransformerLayerFusion
+    from rlx.passes.fusion_conv import ConvActFusion
     from rlx.passes.fusion_elementwise import ElementwiseFusion
     from rlx.passes.fusion_gelu import GeluFusion
     from rlx.passes.fusion_layernorm import LayerNormFusion
@@ -225,6 +227,7 @@ def fusion_passes(report: FusionReport, blocks: bool = False) -> list[PatternFus
         SwiGLUFusion(report),
         ResidualNormFusion(report),
         QuantEpilogueFusion(report),
+        ConvActFusion(report),
         MatMulBiasActFusion(report),
         *([AttentionBlockFusion(report), TransformerLayerFusion(report)] if blocks else []),
         ElementwiseFusion(report),

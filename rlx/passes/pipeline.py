@@ -13,8 +13,8 @@ The default pass list (:func:`default_passes`), in order:
 2. ``broadcast_legalization`` (always: it is what the elementwise kernels expect);
 3. fusion (``options.fuse``): ``fuse_gelu``, ``fuse_layer_norm``, ``fuse_cross_entropy``
    (spelled-out forms -> the op), ``fuse_attention``, ``fuse_swiglu``, ``fuse_residual_norm``,
-   ``fuse_quant_epilogue``, ``fuse_matmul_bias_act``, with ``options.fuse_blocks``
-   ``fuse_attention_block`` and ``fuse_transformer_layer``, then ``fuse_elementwise``
+   ``fuse_quant_epilogue``, ``fuse_conv_act``, ``fuse_matmul_bias_act``, with
+   ``options.fuse_blocks`` ``fuse_attention_block`` and ``fuse_transformer_layer``, then ``fuse_elementwise``
    (pattern fusions before regions);
 4. precision (a non-f32 ``options.precision``): ``auto_mixed_precision`` then
    ``cast_elimination``;
@@ -67,6 +67,7 @@ PASS_NAMES: tuple[str, ...] = (
     "fuse_swiglu",
     "fuse_residual_norm",
     "fuse_quant_epilogue",
+    "fuse_conv_act",
     "fuse_matmul_bias_act",
     "fuse_attention_block",
     "fuse_transformer_layer",

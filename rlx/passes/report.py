@@ -50,6 +50,7 @@ class FusionPattern(enum.Enum):
     RESIDUAL_NORM = "residual_norm"
     QUANT_EPILOGUE = "quant_epilogue"
     MATMUL_BIAS_ACT = "matmul_bias_act"
+    CONV_ACT = "conv_act"
     ATTENTION_BLOCK = "attention_block"
     TRANSFORMER_LAYER = "transformer_layer"
     ELEMENTWISE_REGION = "elementwise_region"

@@ -47,6 +47,7 @@ def test_default_pass_order():
         "fuse_swiglu",
         "fuse_residual_norm",
         "fuse_quant_epilogue",
+        "fuse_conv_act",
         "fuse_matmul_bias_act",
         "fuse_elementwise",
     ]

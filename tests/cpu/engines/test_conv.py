@@ -170,3 +170,21 @@ def test_pool_window_over_padding_only(fn):
     (got,) = cg.run({"x": xv})
     (ref,) = g.evaluate({"x": xv}, {})
     np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("fn", ["max_pool", "avg_pool"])
+@pytest.mark.parametrize("hw", [(16, 16), (9, 7), (2, 5)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_pool_2x2_stride_2(fn, hw, threads):
+    """The 2x2 stride-2 pool without padding (conv.c's one-pass loop; odd sizes drop the
+    last row / column) against the reference, NaN included."""
+    g = Graph("pool2")
+    x = g.input("x", (3, 5, *hw))
+    g.set_outputs([getattr(g, fn)(x, 2, 2, ((0, 0), (0, 0)))])
+    xv = np.random.default_rng(sum(hw)).standard_normal((3, 5, *hw)).astype(np.float32)
+    xv.flat[::5] = np.nan if fn == "max_pool" else xv.flat[::5]
+    cg = _compile(g, {}, threads)
+    assert _kinds(cg, "pool") == [KernelKind.NATIVE]
+    (got,) = cg.run({"x": xv})
+    (ref,) = g.evaluate({"x": xv}, {})
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)

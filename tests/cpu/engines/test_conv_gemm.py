@@ -1,12 +1,12 @@
 """The convolutions on rlx's packed sgemm and the depthwise kernel (``engines/conv.py``,
 ``csrc/conv.c``: ``rlx_conv2d_gemm_f32``, ``rlx_conv2d_depthwise_f32``) against
 ``torch.nn.functional.conv2d`` in float64 (the independent oracle): 1x1 and 3x3 / 5x5 / 7x7
-windows, strides, dilations, uneven padding, groups, depthwise with channel multipliers,
+windows, small planes (``rlx_conv2d_gemm_t_f32``: the product transposed), strides, dilations, uneven padding, groups, depthwise with channel multipliers,
 bias or none, several column blocks per image, blocks over the team or one at a time
 with the sgemm's team, on every native target this CPU
 runs (RLX_ISA forced: avx512, avx2, portable), plus the kernels' activation epilogues
-(relu / relu6 / clip; no graph pass emits them yet: called through the engine's
-factories on a conv node)."""
+(relu / relu6 / clip, called through the engine's factories on a conv node; the fused
+graph nodes ``fuse_conv_act`` makes are test_conv_fused.py's)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch
 
 from rlx.backends.cpu import native
 from rlx.backends.cpu.engines import conv as conv_engine
+from rlx.backends.cpu.engines import conv_gemm
 from rlx.backends.cpu.kernels import KernelKind
 from rlx.ir.mir import Graph
 from rlx.options import CompileOptions
@@ -56,6 +57,11 @@ GEMM_CASES = [
     (2, 16, 32, (7, 9), (3, 3), (1, 2), ((1, 1), (0, 2)), (1, 1), 2, True),  # groups
     (4, 8, 64, (37, 5), (5, 5), (1, 1), ((2, 2), (2, 2)), (1, 1), 1, True),  # wide rows
     (1, 4, 16, (41, 43), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1, True),  # column blocks
+    (1, 8, 16, (9, 70), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 1, True),  # whole s2 panels
+    # small planes (L <= O): the transposed product, the weight packed once as B
+    (2, 16, 48, (5, 7), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1, True),
+    (3, 24, 40, (9, 8), (3, 3), (2, 2), ((1, 0), (1, 2)), (1, 1), 1, False),
+    (2, 32, 64, (7, 7), (1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 1, True),  # x is im2col
 ]
 
 
@@ -65,7 +71,7 @@ GEMM_CASES = [
 def test_gemm_conv_matches_torch(monkeypatch, target, case, threads) -> None:
     monkeypatch.setenv("RLX_ISA", target)
     # small shapes here: lower the size from which the sgemm path runs (not the kernel)
-    monkeypatch.setattr(conv_engine, "_GEMM_MIN_MACS", 0)
+    monkeypatch.setattr(conv_gemm, "_GEMM_MIN_MACS", 0)
     n, c, o, hw, k, stride, padding, dil, groups, bias = case
     rng = np.random.default_rng(sum(hw) + o)
     g = Graph("conv")
@@ -131,7 +137,7 @@ def test_depthwise_conv_matches_torch(monkeypatch, target, case, threads) -> Non
 def test_batch_one_image_per_thread(monkeypatch) -> None:
     """A batch of small images: its column blocks go over the team (one sgemm thread
     each)."""
-    monkeypatch.setattr(conv_engine, "_GEMM_MIN_MACS", 0)
+    monkeypatch.setattr(conv_gemm, "_GEMM_MIN_MACS", 0)
     rng = np.random.default_rng(0)
     g = Graph("batch")
     x = g.input("x", (5, 8, 6, 6))
@@ -151,7 +157,7 @@ def test_activation_epilogues(monkeypatch, target, act, kind) -> None:
     """act(conv + bias) from the kernels' epilogues against torch (relu, relu6 = clip to
     [0, 6], clip to [lo, hi]); NaN stays NaN."""
     monkeypatch.setenv("RLX_ISA", target)
-    monkeypatch.setattr(conv_engine, "_GEMM_MIN_MACS", 0)
+    monkeypatch.setattr(conv_gemm, "_GEMM_MIN_MACS", 0)
     from rlx.backends.cpu.dispatch import KernelCtx
 
     n, c, hw = 2, 8, (9, 10)
@@ -170,10 +176,10 @@ def test_activation_epilogues(monkeypatch, target, act, kind) -> None:
     out = np.empty((n, o, *hw), np.float32)
     ctx = KernelCtx(node=node, graph=g, bindings={}, params={}, inputs={}, pool=None)  # type: ignore[arg-type]
     ctx.num_threads = 2
-    geo = conv_engine._Geometry(n, c, *hw, o, 3, 3, *hw, 1, 1, 1, 1, 1, 1, groups)
+    geo = conv_engine.Geometry(n, c, *hw, o, 3, 3, *hw, 1, 1, 1, 1, 1, 1, groups)
     lo, hi = (-0.5, 1.5) if act is conv_engine.ConvAct.CLIP else (0.0, 0.0)
     lib = conv_engine.conv_lib()
-    make = conv_engine._gemm if kind == "gemm" else conv_engine._depthwise
+    make = conv_gemm.gemm if kind == "gemm" else conv_engine._depthwise
     if kind == "gemm":
         run = make(lib, node, geo, x, w, b, out, ctx, act, lo, hi)
     else:

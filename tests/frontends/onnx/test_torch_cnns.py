@@ -57,3 +57,33 @@ def test_cnn_matches_torch_and_ort(files, name, threads) -> None:
         scale = float(np.abs(want).max())
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
         np.testing.assert_allclose(got, want_ort, rtol=1e-4, atol=1e-4 * scale)
+
+
+def test_cnn_convs_fuse_their_epilogues(files) -> None:
+    """``fuse_conv_act`` takes every relu / relu6 after a conv and the residual adds:
+    ResNet-18's block ends ``relu(conv + skip)`` and MobileNetV2's ``conv + x`` become
+    conv nodes (no separate relu, clip or add kernel is left)."""
+    for name in tc.CNN_NAMES:
+        c = rlx.onnx.load(str(files[name][1])).compile(num_threads=1)
+        ops = [k.op for k in c.report().kernels]
+        assert "unary" not in ops and "add" not in ops and "elementwise_region" not in ops, ops
+        fused = [k for k in c.report().kernels if k.op == "conv" and "add" in " ".join(k.fused)]
+        assert len(fused) == (8 if name == "resnet18" else 10), [k.fused for k in fused]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", tc.CNN_NAMES)
+def test_cnn_on_every_native_target(monkeypatch, files, name) -> None:
+    """The same check under each native target this CPU runs (RLX_ISA forced), batch 2."""
+    from rlx.backends.cpu import native
+
+    model, path = files[name]
+    feeds = tc.cnn_example(2, SIZE, seed=5)
+    with torch.no_grad():
+        want = model(torch.from_numpy(feeds["x"])).numpy()
+    scale = float(np.abs(want).max())
+    for target in native.runnable_targets():
+        monkeypatch.setenv("RLX_ISA", target.value)
+        m = rlx.onnx.load(str(path))
+        (got,) = m.compile(num_threads=1).run(m.feeds(feeds))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale, err_msg=target.value)

@@ -27,9 +27,8 @@ import numpy as np
 from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind
 from rlx.backends.cpu.native import bindings
 from rlx.backends.cpu.native.cpu import selected_target
-from rlx.dtype import DType
-from rlx.ops.core import Constant
 from rlx.ops.nn import Conv, Pool, PoolKind
+from rlx.ops.nn import ConvAct as OpAct
 from rlx.ops.nn_grad import window_taps
 
 if TYPE_CHECKING:
@@ -39,12 +38,19 @@ __all__ = [
     "window_view",
     "bordered",
     "native_conv",
+    "conv_inputs",
+    "conv_epilogue",
+    "then",
+    "ConvAct",
     "native_pool",
     "conv_lib",
     "DIRECT_MAX_MACS",
     "ConvColumns",
     "pool_geometry",
     "FirstMax",
+    "Geometry",
+    "f32_bits",
+    "act_note",
 ]
 
 #: above this many multiply-adds per (image, output channel) the BLAS path is taken
@@ -52,11 +58,6 @@ DIRECT_MAX_MACS = 1 << 17
 _PARALLEL_MIN_MACS = 1 << 21  # below this many multiply-adds (~30-60 us on one thread) no team
 _PARALLEL_MIN_POOL = 1 << 16  # window reads below which a pool runs on one thread
 _CHUNK = 16  # RLX_CONV_CHUNK of conv.c
-_GEMM_MIN_ROWS = 8  # output channels per group (and taps) from which the sgemm path runs
-_GEMM_BLOCK_BYTES = 1 << 20  # packed input columns per block (about L2)
-_GEMM_MIN_MACS = 1 << 20  # per image and group; below, the direct loop when it applies
-_SLACK = 64  # CONV_SLACK of conv.c
-_GEMM_MIN_BLOCK = 512  # columns per block at least (the weight is repacked per block)
 
 
 class ConvAct(Enum):
@@ -70,6 +71,55 @@ class ConvAct(Enum):
     @property
     def code(self) -> int:
         return {"none": 0, "relu": 1, "relu6": 5, "clip": 6}[self.value]
+
+    @staticmethod
+    def of(op: Conv) -> tuple[ConvAct, float, float]:
+        """(epilogue, lo, hi) of a conv's fused activation (``op.act``, ``op.clip``)."""
+        if op.act is OpAct.RELU:
+            return ConvAct.RELU, 0.0, 0.0
+        if op.act is OpAct.CLIP:
+            lo, hi = op.clip
+            return (ConvAct.RELU6, 0.0, 6.0) if (lo, hi) == (0.0, 6.0) else (ConvAct.CLIP, lo, hi)
+        return ConvAct.NONE, 0.0, 0.0
+
+
+def conv_inputs(
+    op: Conv, ins: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """(x, w, bias or None, residual or None) of a conv node's input arrays."""
+    bias = ins[2] if op.has_bias else None
+    return ins[0], ins[1], bias, ins[-1] if op.has_residual else None
+
+
+def conv_epilogue(op: Conv, out: np.ndarray, res: np.ndarray | None) -> Kernel | None:
+    """``out = act(out + res)`` in place, by NumPy: a fused conv's residual and activation
+    on the paths whose kernel does not apply them; None when there is nothing to do."""
+    if op.act is OpAct.NONE and res is None:
+        return None
+    lo, hi = (0.0, None) if op.act is OpAct.RELU else op.clip
+
+    def run() -> None:
+        if res is not None:
+            np.add(out, res, out=out)
+        if op.act is not OpAct.NONE:
+            np.maximum(out, lo, out=out)
+            if hi is not None:
+                np.minimum(out, hi, out=out)
+
+    return run
+
+
+def then(first: Kernel, second: Kernel | None) -> Kernel:
+    """``first`` then ``second`` (``first`` alone when ``second`` is None)."""
+    if second is None:
+        return first
+
+    def run() -> None:
+        first()
+        second()
+
+    run.keepalive = (first, second)  # type: ignore[attr-defined]
+    return run
 
 
 def window_view(
@@ -128,9 +178,9 @@ def native_conv(
 ) -> Kernel | None:
     """The direct f32 convolution, or None."""
     op: Conv = node.op  # type: ignore[assignment]
-    x, w = ins[:2]
-    bias = ins[2] if len(ins) == 3 else None
-    if not _f32_contiguous(x, w, out, *(() if bias is None else (bias,))):
+    x, w, bias, res = conv_inputs(op, ins)
+    extra = tuple(a for a in (bias, res) if a is not None)
+    if not _f32_contiguous(x, w, out, *extra):
         return None
     nd = x.ndim - 2
     if nd not in (1, 2) or x.size == 0 or out.size == 0:
@@ -145,12 +195,24 @@ def native_conv(
     (hh, ww), (kh, kw), (oh, ow) = (_as_2d(s) for s in (x.shape[2:], w.shape[2:], out.shape[2:]))
     (sh, sw), (dh, dw) = _as_2d(op.stride), _as_2d(op.dilation)
     (ph, _), (pw, _) = ((0, 0), op.padding[0]) if nd == 1 else op.padding
-    geo = _Geometry(n, c, hh, ww, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, op.groups)
-    fast = _depthwise(lib, geo, x, w, bias, out, ctx) or _gemm(lib, node, geo, x, w, bias, out, ctx)
+    geo = Geometry(n, c, hh, ww, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, op.groups)
+    from rlx.backends.cpu.engines import conv_gemm as cg
+
+    act, lo, hi = ConvAct.of(op)
+    fast = cg.gemm_t(lib, node, geo, x, w, bias, out, ctx, act, lo, hi, res)
+    fast = fast or cg.gemm(lib, node, geo, x, w, bias, out, ctx, act, lo, hi, res)
+    if fast is not None:
+        return fast
+    if res is None:
+        fast = _depthwise(lib, geo, x, w, bias, out, ctx, act, lo, hi)
+    else:  # the residual after the kernel, then the activation
+        fast = _depthwise(lib, geo, x, w, bias, out, ctx)
+        fast = None if fast is None else then(fast, conv_epilogue(op, out, res))
     if fast is not None:
         return fast
     if taps * plane > DIRECT_MAX_MACS:
         return None
+    post = conv_epilogue(op, out, res)
     p = np.array(
         [n, c, hh, ww, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, op.groups], dtype=np.int64
     )
@@ -175,7 +237,7 @@ def native_conv(
         )
         call.keep = (p, xp, ws)  # type: ignore[attr-defined]  # the C code reads them
         ctx.notes.append(f"native direct conv, stride 1 ({taps} taps x {plane} outputs)")
-        return call
+        return then(call, post)
     call = functools.partial(
         lib.rlx_conv2d_f32,
         x.ctypes.data,
@@ -187,11 +249,11 @@ def native_conv(
     )
     call.keep = p  # type: ignore[attr-defined]  # the C code reads it on every call
     ctx.notes.append(f"native direct conv ({taps} taps x {plane} outputs per channel)")
-    return call
+    return then(call, post)
 
 
 @dataclass(frozen=True)
-class _Geometry:
+class Geometry:
     """A 2-D convolution's sizes (1-D as H = 1): the first 16 entries of conv.c's ``p``."""
 
     n: int
@@ -221,13 +283,13 @@ class _Geometry:
         return list(astuple(self))
 
 
-def _f32_bits(v: float) -> int:
+def f32_bits(v: float) -> int:
     return int(np.array(v, np.float32).view(np.int32))
 
 
 def _depthwise(
     lib: ctypes.CDLL,
-    geo: _Geometry,
+    geo: Geometry,
     x: np.ndarray,
     w: np.ndarray,
     bias: np.ndarray | None,
@@ -241,13 +303,18 @@ def _depthwise(
     if geo.groups != geo.c or geo.o % geo.c or geo.groups == 1 or min(geo.ph, geo.pw) < 0:
         return None
     hp, wp = geo.bordered()
-    if geo.sw == 1:  # whole vectors of outputs read inside each row (conv.c's DW_L)
-        vl = int(lib.rlx_conv_dw_l())
-        wp = max(wp, -(-geo.ow // vl) * vl + (geo.kw - 1) * geo.dw)
-    p = np.array([*geo.params(), act.code, _f32_bits(lo), _f32_bits(hi), hp, wp], np.int64)
+    vl = int(lib.rlx_conv_dw_l())  # whole vectors of outputs read inside each row
+    span = -(-geo.ow // vl) * vl
+    wq = 0
+    if geo.sw == 1:
+        wp = max(wp, span + (geo.kw - 1) * geo.dw)
+    elif geo.sw == 2:  # each row split into its even and odd columns, wq floats each
+        wq = max(span + (geo.kw - 1) * geo.dw // 2, -(-wp // 2))
+        wp = 2 * wq
+    p = np.array([*geo.params(), act.code, f32_bits(lo), f32_bits(hi), hp, wp, wq], np.int64)
     macs = geo.n * geo.o * geo.oh * geo.ow * geo.kh * geo.kw
     threads = ctx.num_threads if macs >= _PARALLEL_MIN_MACS // 4 else 1
-    xp = np.zeros(threads * hp * wp, np.float32)
+    xp = np.zeros(threads * (hp * wp + hp * 2 * wq), np.float32)
     call = functools.partial(
         lib.rlx_conv2d_depthwise_f32,
         x.ctypes.data,
@@ -260,135 +327,12 @@ def _depthwise(
     )
     call.keep = (p, xp)  # type: ignore[attr-defined]  # the C code reads them
     ctx.kind = KernelKind.NATIVE
-    ctx.notes.append(f"native depthwise conv {geo.kh}x{geo.kw}{_act_note(act)}")
+    ctx.notes.append(f"native depthwise conv {geo.kh}x{geo.kw}{act_note(act)}")
     return call
 
 
-def _act_note(act: ConvAct) -> str:
+def act_note(act: ConvAct) -> str:
     return "" if act is ConvAct.NONE else f", {act.value} in the epilogue"
-
-
-def _weight_kind(ctx: KernelCtx, node: Node, i: int) -> str:
-    """ "const", "stable" or "call" (a low-precision weight is widened into scratch on
-    every call by ``dispatch.lowp``: "call")."""
-    nid = node.inputs[i]
-    if ctx.graph.nodes[nid].dtype is not DType.F32:
-        return "call"
-    if isinstance(ctx.graph.nodes[nid].op, Constant):
-        return "const"
-    return "stable" if nid in ctx.stable else "call"
-
-
-def _gemm(
-    lib: ctypes.CDLL,
-    node: Node,
-    geo: _Geometry,
-    x: np.ndarray,
-    w: np.ndarray,
-    bias: np.ndarray | None,
-    out: np.ndarray,
-    ctx: KernelCtx,
-    act: ConvAct = ConvAct.NONE,
-    lo: float = 0.0,
-    hi: float = 0.0,
-) -> Kernel | None:
-    """The convolution as one packed sgemm per image and group (conv.c's
-    ``rlx_conv2d_gemm_f32``), or None when the output channels per group are too few for
-    the GEMM's row tiles or the native sgemm is unavailable."""
-    og, cg = geo.o // geo.groups, geo.c // geo.groups
-    kq = cg * geo.kh * geo.kw
-    if og < _GEMM_MIN_ROWS or kq < _GEMM_MIN_ROWS or min(geo.ph, geo.pw) < 0:
-        return None
-    small = og * kq * geo.oh * geo.ow < _GEMM_MIN_MACS
-    if small and kq * geo.oh * geo.ow <= DIRECT_MAX_MACS:
-        return None  # the direct loop (measured faster on the small CNN's 16x16 planes)
-    from rlx.backends.cpu.engines.sgemm import native_sgemm
-
-    slib = native_sgemm(ctx)
-    if slib is None or slib.nr != int(lib.rlx_conv_nr()):
-        return None
-    hp, wp = geo.bordered()
-    has_bias = bias is not None
-    kp = kq + int(has_bias)
-    length = geo.oh * geo.ow
-    # the weight with the bias as its last column, kept current like sgemm's packed weights
-    kinds = {_weight_kind(ctx, node, 1)}
-    if has_bias:
-        kinds.add(_weight_kind(ctx, node, 2))
-    kind = "call" if "call" in kinds else ("stable" if "stable" in kinds else "const")
-    key = ("conv.gemm.weight", node.inputs[1], node.inputs[2] if has_bias else None, geo.o, kp)
-
-    def make_wa() -> np.ndarray:
-        return np.empty((geo.o, kp), np.float32)
-
-    wa = make_wa() if kind == "call" else ctx.keep(key, make_wa)
-    w2 = w.reshape(geo.o, kq)
-
-    def fill() -> None:
-        wa[:, :kq] = w2
-        if bias is not None:
-            wa[:, kq] = bias
-
-    steps: list[Kernel] = []
-    if kind == "const":
-        ctx.keep((*key, "filled"), fill)
-    elif kind == "stable":
-        ctx.prologue_once(key, fill)  # type: ignore[arg-type]
-    else:
-        steps.append(fill)  # type: ignore[arg-type]
-    direct = geo.ph == geo.pw == 0 and (hp, wp) == (geo.h, geo.w)
-    # a private bordered input with readable slack around it (conv.c's CONV_SLACK)
-    xbuf = None if direct else np.zeros(geo.n * geo.c * hp * wp + 2 * _SLACK, np.float32)
-    xp = x if xbuf is None else xbuf[_SLACK:-_SLACK]
-    threads = ctx.num_threads
-    nr = slib.nr
-    ncb = max(_GEMM_MIN_BLOCK, _GEMM_BLOCK_BYTES // (4 * kp)) // nr * nr
-    ncb = min(ncb, -(-length // nr) * nr)
-    bp = np.empty(threads * ncb * kp + 16, np.float32)
-    p = np.array(
-        [
-            *geo.params(),
-            slib.nr,
-            int(has_bias),
-            act.code,
-            hp,
-            wp,
-            _f32_bits(lo),
-            _f32_bits(hi),
-            ncb,
-        ],
-        np.int64,
-    )
-    addr = ctypes.cast(slib.lib.rlx_sgemm, ctypes.c_void_p).value
-    call = functools.partial(
-        lib.rlx_conv2d_gemm_f32,
-        x.ctypes.data,
-        xp.ctypes.data,
-        wa.ctypes.data,
-        out.ctypes.data,
-        bp.ctypes.data,
-        p.ctypes.data,
-        addr,
-        threads,
-    )
-    keep = (p, xbuf, bp, wa, slib)
-    ctx.kind = KernelKind.NATIVE
-    ctx.notes.append(
-        f"native conv on {slib.label}: {og}x{length}x{kp} per image and group, B packed "
-        f"from the input (no im2col){', bias as a ones row' if has_bias else ''}"
-        f"{_act_note(act)}"
-    )
-    if not steps:
-        call.keep = keep  # type: ignore[attr-defined]
-        return call
-
-    def run() -> None:
-        for s in steps:
-            s()
-        call()
-
-    run.keepalive = keep  # type: ignore[attr-defined]
-    return run
 
 
 def native_pool(

@@ -52,7 +52,15 @@ import numpy as np
 from rlx.backends.cpu.codegen.elementwise import C_TYPES, CodegenUnsupported
 from rlx.backends.cpu.codegen.rows import RowKind, RowSpec
 from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind, kind, lowp
-from rlx.backends.cpu.engines.conv import bordered, native_conv, native_pool, window_view
+from rlx.backends.cpu.engines.conv import (
+    bordered,
+    conv_epilogue,
+    conv_inputs,
+    native_conv,
+    native_pool,
+    then,
+    window_view,
+)
 from rlx.backends.cpu.engines.rows import row_kernel
 from rlx.backends.cpu.native.attention import DTYPES, attention_lib
 from rlx.dtype import DType
@@ -276,8 +284,7 @@ def conv_kernel(
     if direct is not None:
         return direct
     op: Conv = node.op  # type: ignore[assignment]
-    x, w = ins[:2]
-    bias = ins[2] if len(ins) == 3 else None
+    x, w, bias, res = conv_inputs(op, ins)
     if x.dtype.kind != "f":
         return None
     n, c = x.shape[:2]
@@ -313,7 +320,7 @@ def conv_kernel(
         if b_view is not None:
             np.add(out, b_view, out=out)
 
-    return run
+    return then(run, conv_epilogue(op, out, res))
 
 
 @lowp

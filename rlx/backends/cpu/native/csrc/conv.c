@@ -21,6 +21,8 @@
  *   p = {NC, H, W, OH, OW, KH, KW, sh, sw, ph, pw, kind}; kind 0 max, 1 average.
  *   Max over the window's real elements (-inf when none; NaN propagates, as np.max);
  *   average = their sum / their count (padding not counted), as rlx's Pool reference.
+ *   The 2x2 stride-2 pool without padding (the small CNNs' downsampling) runs one
+ *   straight pass per output row.
  */
 #include <math.h>
 #include <stdint.h>
@@ -163,9 +165,35 @@ void rlx_conv2d_wide_f32(const float *x, float *xp, float *ws, const float *w,
     }
 }
 
+/* the 2x2 stride-2 pool without padding: one pass over each pair of input rows */
+static void pool2x2(const float *x, float *out, const int64_t *p, int threads) {
+    const int64_t NC = p[0], H = p[1], W = p[2], OH = p[3], OW = p[4], kind = p[11];
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t q = 0; q < NC * OH; q++) {
+        const float *r0 = x + ((q / OH) * H + (q % OH) * 2) * W, *r1 = r0 + W;
+        float *y = out + q * OW;
+        if (kind == 0) {
+            for (int64_t ow = 0; ow < OW; ow++) {
+                const float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+                const float ab = a > b ? a : b, cd = c > d ? c : d, m = ab > cd ? ab : cd;
+                /* NaN wins (as np.max): the sum of the four is NaN then */
+                y[ow] = (a != a) | (b != b) | (c != c) | (d != d) ? a + b + c + d : m;
+            }
+        } else {
+            for (int64_t ow = 0; ow < OW; ow++)
+                y[ow] = (r0[2 * ow] + r0[2 * ow + 1] + r1[2 * ow] + r1[2 * ow + 1]) / 4.0f;
+        }
+    }
+}
+
 void rlx_pool2d_f32(const float *x, float *out, const int64_t *p, int threads) {
     const int64_t NC = p[0], H = p[1], W = p[2], OH = p[3], OW = p[4], KH = p[5], KW = p[6];
     const int64_t sh = p[7], sw = p[8], ph = p[9], pw = p[10], kind = p[11];
+    if (KH == 2 && KW == 2 && sh == 2 && sw == 2 && ph == 0 && pw == 0 && 2 * OH <= H &&
+        2 * OW <= W) {
+        pool2x2(x, out, p, threads);
+        return;
+    }
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t q = 0; q < NC; q++) {
         const float *xq = x + q * H * W;
@@ -207,7 +235,7 @@ void rlx_pool2d_f32(const float *x, float *out, const int64_t *p, int threads) {
 
 /* ---- convolution as a GEMM on rlx's packed sgemm ------------------------------------
  *
- * rlx_conv2d_gemm_f32(x, xp, wa, out, bp, p, sgemm, threads)
+ * rlx_conv2d_gemm_f32(x, xp, wa, out, res|NULL, bp, p, sgemm, threads)
  *   p = {N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups, NR, has_bias, act,
  *        Hp, Wp, lo, hi}
  *   Per image and group, out[n, g] [O/G, OH*OW] = wa[g] [O/G, Kp] @ B [Kp, OH*OW], with
@@ -215,10 +243,12 @@ void rlx_pool2d_f32(const float *x, float *out, const int64_t *p, int threads) {
  *   the packed sgemm of the same target (`sgemm`: the address of its rlx_sgemm). B is
  *   written straight into the sgemm's packed layout (panels of NR output positions, NR
  *   floats per k), from the zero-bordered copy xp [N*C, Hp, Wp] of x (the border zeroed
- *   once by the caller; xp == x when there is no padding): no im2col matrix. A panel whose
- *   NR positions are consecutive in xp (stride 1, one output row) is NR-float copies, else
- *   a gather. act (sgemm epilogue, in the tile): 0 none, 1 relu; 5 relu6 and 6 clip(lo, hi)
- *   are applied after the product, on the image's output while it is in cache.
+ *   once by the caller; xp == x when there is no padding): no im2col matrix. A panel is
+ *   copied run by run (an output row's share: consecutive floats at stride 1, every
+ *   other float at stride 2), else gathered. res: a residual of out's shape, added in the
+ *   sgemm's epilogue (in the tile).
+ *   act (sgemm epilogue, in the tile): 0 none, 1 relu; 5 relu6, 6 clip(lo, hi) and a relu
+ *   after a residual are applied after the product, on the block while it is in cache.
  *   The output positions go in column blocks of p[23] (a multiple of NR, about 256 KB of
  *   packed B so it stays in L2 from its packing to its product; at least 128 columns so
  *   the sgemm's repacking of the weight per block stays small): each block is packed then
@@ -254,10 +284,10 @@ static void conv_pack_panels(const float *xg, const int64_t *p, int64_t Kp, int6
         float *d = bp + q * Kp * NR;
         const int64_t j0 = q * NR, nv = L - j0 < NR ? L - j0 : NR;
         for (int64_t j = 0; j < nv; j++) base[j] = ((j0 + j) / OW) * sh * Wp + ((j0 + j) % OW) * sw;
-        /* runs of positions consecutive in xp (each output row's share, at stride 1) */
+        /* runs of positions sw apart in xp (each output row's share) */
         int64_t nr = 0;
         for (int64_t j = 0; j < nv; j++) {
-            if (nr > 0 && sw == 1 && base[j] == base[rs[nr - 1]] + rl[nr - 1]) {
+            if (nr > 0 && base[j] == base[rs[nr - 1]] + rl[nr - 1] * sw) {
                 rl[nr - 1]++;
             } else {
                 rs[nr] = j;
@@ -270,11 +300,15 @@ static void conv_pack_panels(const float *xg, const int64_t *p, int64_t Kp, int6
                 for (int64_t kw = 0; kw < KW; kw++) {
                     const float *s = xc + kh * dh * Wp + kw * dw;
                     float *dk = d + (c * KK + kh * KW + kw) * NR;
-                    if (NR == CONV_NR && nv == CONV_NR && nr == 1) {
+                    if (NR == CONV_NR && nv == CONV_NR && nr == 1 && sw == 1) {
                         const float *sa = s + base[0];
 #pragma GCC unroll 4
                         for (int j = 0; j < CONV_NR; j++) dk[j] = sa[j];
-                    } else if (NR == CONV_NR && nv == CONV_NR && nr == 2 && slack) {
+                    } else if (NR == CONV_NR && nv == CONV_NR && nr == 1 && sw == 2) {
+                        const float *sa = s + base[0];
+#pragma GCC unroll 4
+                        for (int j = 0; j < CONV_NR; j++) dk[j] = sa[2 * j];
+                    } else if (NR == CONV_NR && nv == CONV_NR && nr == 2 && slack && sw == 1) {
                         /* two rows' shares: whole-width reads past either run stay in
                          * the private buffer's slack, the select keeps the run's floats */
                         const float *sa = s + base[0], *sb = s + base[rs[1]] - rs[1];
@@ -286,6 +320,12 @@ static void conv_pack_panels(const float *xg, const int64_t *p, int64_t Kp, int6
                             float *dd = dk + rs[r];
                             const float *ss = s + base[rs[r]];
                             for (int64_t j = 0; j < rl[r]; j++) dd[j] = ss[j];
+                        }
+                    } else if (sw == 2) {
+                        for (int64_t r = 0; r < nr; r++) {
+                            float *dd = dk + rs[r];
+                            const float *ss = s + base[rs[r]];
+                            for (int64_t j = 0; j < rl[r]; j++) dd[j] = ss[2 * j];
                         }
                     } else {
                         for (int64_t j = 0; j < nv; j++) dk[j] = s[base[j]];
@@ -309,9 +349,9 @@ static void conv_clamp(float *y, int64_t n, float lo, float hi) {
 }
 
 /* columns [j0, j1) of image n, group g (j0 a multiple of NR): pack them, one sgemm */
-static void conv_block(const float *src, const float *wa, float *out, const int64_t *p,
-                       int64_t n, int64_t g, int64_t j0, int64_t j1, float *bp,
-                       rlx_sgemm_fn sgemm, int threads, int slack) {
+static void conv_block(const float *src, const float *wa, float *out, const float *res,
+                       const int64_t *p, int64_t n, int64_t g, int64_t j0, int64_t j1,
+                       float *bp, rlx_sgemm_fn sgemm, int threads, int slack) {
     const int64_t C = p[1], O = p[4], KH = p[5], KW = p[6], OH = p[7], OW = p[8];
     const int64_t G = p[15], NR = p[16], has_bias = p[17], act = p[18], Hp = p[19], Wp = p[20];
     const float lo = act == 5 ? 0.0f : ((const float *)(p + 21))[0];
@@ -327,16 +367,20 @@ static void conv_block(const float *src, const float *wa, float *out, const int6
         conv_pack_panels(xg, p, Kp, q0, q1, bp - q0 * Kp * NR, slack);
     }
     float *y = out + (n * O + g * og) * L + j0;
-    sgemm(og, j1 - j0, Kp, wa + g * og * Kp, Kp, 1, bp, y, L, 0, NULL, NULL, 0, 1.0f,
-          act == 1 ? 1 : 0, threads);
-    if (act >= 5)
-        for (int64_t o = 0; o < og; o++) conv_clamp(y + o * L, j1 - j0, lo, hi);
+    const float *r = res ? res + (n * O + g * og) * L + j0 : NULL;
+    /* the sgemm adds the residual after its activation: with one, the relu comes after */
+    sgemm(og, j1 - j0, Kp, wa + g * og * Kp, Kp, 1, bp, y, L, 0, NULL, r, L, 1.0f,
+          act == 1 && !r ? 1 : 0, threads);
+    if (act >= 5 || (act == 1 && r))
+        for (int64_t o = 0; o < og; o++)
+            conv_clamp(y + o * L, j1 - j0, act == 1 ? 0.0f : lo, act == 1 ? INFINITY : hi);
 }
 
-void rlx_conv2d_gemm_f32(const float *x, float *xp, const float *wa, float *out, float *bp,
-                         const int64_t *p, void *sgemm_addr, int threads) {
-    const int64_t N = p[0], C = p[1], H = p[2], W = p[3], O = p[4], KH = p[5], KW = p[6];
-    const int64_t OH = p[7], OW = p[8], ph = p[11], pw = p[12], G = p[15], NR = p[16];
+void rlx_conv2d_gemm_f32(const float *x, float *xp, const float *wa, float *out,
+                         const float *res, float *bp, const int64_t *p, void *sgemm_addr,
+                         int threads) {
+    const int64_t N = p[0], C = p[1], H = p[2], W = p[3], KH = p[5], KW = p[6];
+    const int64_t OH = p[7], OW = p[8], ph = p[11], pw = p[12], G = p[15];
     const int64_t has_bias = p[17], Hp = p[19], Wp = p[20], ncb = p[23];
     const int64_t L = OH * OW, Kp = C / G * KH * KW + has_bias;
     rlx_sgemm_fn sgemm = (rlx_sgemm_fn)sgemm_addr;
@@ -363,14 +407,14 @@ void rlx_conv2d_gemm_f32(const float *x, float *xp, const float *wa, float *out,
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
         for (int64_t t = 0; t < tasks; t++) {
             const int64_t n = t / (G * nblk), g = (t / nblk) % G, j0 = (t % nblk) * ncb;
-            conv_block(src, wa, out, p, n, g, j0, j0 + ncb < L ? j0 + ncb : L,
+            conv_block(src, wa, out, res, p, n, g, j0, j0 + ncb < L ? j0 + ncb : L,
                        bp + rlx_tid() * psize, sgemm, 1, copy);
         }
     } else {
         for (int64_t t = 0; t < tasks; t++) {
             const int64_t n = t / (G * nblk), g = (t / nblk) % G, j0 = (t % nblk) * ncb;
-            conv_block(src, wa, out, p, n, g, j0, j0 + ncb < L ? j0 + ncb : L, bp, sgemm,
-                       threads, copy);
+            conv_block(src, wa, out, res, p, n, g, j0, j0 + ncb < L ? j0 + ncb : L, bp,
+                       sgemm, threads, copy);
         }
     }
 }
@@ -378,14 +422,17 @@ void rlx_conv2d_gemm_f32(const float *x, float *xp, const float *wa, float *out,
 /* rlx_conv2d_depthwise_f32(x, w, bias|NULL, out, xp, p, threads)
  *   groups == C, O = C * m (m output channels per input channel), any window, stride,
  *   dilation, padding: per (n, o) the input plane is copied into the zero-bordered
- *   per-thread buffer xp (Hp x Wp, border zeroed here); at stride 1 along W each vector
- *   of outputs sums every tap in a register (the caller makes Wp at least the last
- *   vector's reads: ceil(OW / DW_L) * DW_L + (KW-1)*dw), else every tap adds w * a row
- *   of it to the output row (a vector loop over the width; stride 2 reads every other
- *   float: measured faster than picking the even floats of two vectors with a shuffle).
- *   p = {N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups, act, lo, hi, Hp, Wp}
- *   act: 0 none, 1 relu, 5 relu6, 6 clip(lo, hi) (lo / hi: float bits), after the bias.
- *   xp: threads * Hp * Wp floats.
+ *   per-thread buffer xp (Hp x Wp, border zeroed here). At stride 1 or 2 along W (and at
+ *   most DW_TAPS taps) 4 output rows x DW_L outputs are summed in registers over every
+ *   tap, then clamped and stored; at stride 2 the plane's rows are first split into
+ *   their even and odd columns (Wq floats each, after the Hp x Wp plane in xp) so a
+ *   tap's outputs are consecutive floats there. The caller makes Wp at least the last
+ *   vector's reads (stride 1: ceil(OW / DW_L) * DW_L + (KW-1)*dw; stride 2: Wq >=
+ *   ceil(OW / DW_L) * DW_L + (KW-1)*dw / 2 and Wp >= 2*Wq). Other strides: every tap
+ *   adds w * a row of the plane to the output row (a vector loop over the width).
+ *   p = {N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups, act, lo, hi, Hp, Wp,
+ *   Wq}; act: 0 none, 1 relu, 5 relu6, 6 clip(lo, hi) (lo / hi: float bits), after the
+ *   bias. xp: threads * (Hp * Wp + (stride 2: Hp * 2 * Wq)) floats.
  */
 /* depthwise: a vector of outputs kept in a register (GCC vector extensions) */
 #if defined(__AVX512F__)
@@ -397,6 +444,7 @@ void rlx_conv2d_gemm_f32(const float *x, float *xp, const float *wa, float *out,
 #endif
 typedef float dwv __attribute__((vector_size(4 * DW_L)));
 typedef float dwvu __attribute__((vector_size(4 * DW_L), aligned(4)));
+typedef int32_t dwi __attribute__((vector_size(4 * DW_L)));
 static inline dwv dw_madd(dwv acc, float w, dwv x) {
 #ifdef __FMA__
     dwv r;
@@ -407,20 +455,48 @@ static inline dwv dw_madd(dwv acc, float w, dwv x) {
 #endif
 }
 
+#define DW_TAPS 64 /* windows of up to this many taps take the register path */
 int rlx_conv_dw_l(void) { return DW_L; }
+
+/* the vector a of outputs ow0.. of a row into y (clamped to [lo, hi] when act; only the
+ * floats before OW) */
+static inline void dw_store(float *y, int64_t ow0, int64_t OW, dwv a, int64_t act, float lo,
+                            float hi) {
+    if (act) { /* selects on the lane masks of the compares: NaN stays NaN */
+        const dwv lov = (dwv){0} + lo, hiv = (dwv){0} + hi;
+        dwi m = a < lov;
+        a = (dwv)(((dwi)a & ~m) | ((dwi)lov & m));
+        m = a > hiv;
+        a = (dwv)(((dwi)a & ~m) | ((dwi)hiv & m));
+    }
+    if (ow0 + DW_L <= OW)
+        *(dwvu *)(y + ow0) = a;
+    else
+        memcpy(y + ow0, &a, (size_t)(OW - ow0) * sizeof(float));
+}
 
 void rlx_conv2d_depthwise_f32(const float *x, const float *w, const float *bias, float *out,
                               float *xp, const int64_t *p, int threads) {
     const int64_t N = p[0], C = p[1], H = p[2], W = p[3], O = p[4], KH = p[5], KW = p[6];
     const int64_t OH = p[7], OW = p[8], sh = p[9], sw = p[10], ph = p[11], pw = p[12];
-    const int64_t dh = p[13], dw = p[14], act = p[16], Hp = p[19], Wp = p[20];
+    const int64_t dh = p[13], dw = p[14], act = p[16], Hp = p[19], Wp = p[20], Wq = p[21];
     float lo = ((const float *)(p + 17))[0], hi = ((const float *)(p + 18))[0];
     if (act == 1) lo = 0.0f, hi = INFINITY;
     if (act == 5) lo = 0.0f, hi = 6.0f;
-    const int64_t m = O / C, plane = OH * OW;
+    const int64_t m = O / C, plane = OH * OW, KK = KH * KW;
+    /* the register path: stride 1 or 2 along W, at most DW_TAPS taps */
+    const int vec = (sw == 1 || (sw == 2 && Wq > 0)) && KK <= DW_TAPS;
+    const int64_t rw = sw == 2 ? 2 * Wq : Wp; /* floats per row of the buffer it reads */
+    const int64_t per = Hp * Wp + (sw == 2 ? Hp * rw : 0);
+    int64_t toff[DW_TAPS]; /* each tap's offset in that buffer */
+    for (int64_t t = 0; vec && t < KK; t++) {
+        const int64_t kh = t / KW, c = (t % KW) * dw;
+        toff[t] = kh * dh * rw + (sw == 2 ? (c & 1) * Wq + (c >> 1) : c);
+    }
 #pragma omp parallel num_threads(threads)
     {
-        float *buf = xp + (int64_t)rlx_tid() * Hp * Wp;
+        float *buf = xp + (int64_t)rlx_tid() * per;
+        float *split = buf + Hp * Wp; /* stride 2: each row's even then odd columns */
         int64_t cur = -1;
         memset(buf, 0, (size_t)(Hp * Wp) * sizeof(float));
 #pragma omp for schedule(static)
@@ -431,29 +507,54 @@ void rlx_conv2d_depthwise_f32(const float *x, const float *w, const float *bias,
                 const float *xc = x + cur * H * W;
                 for (int64_t h = 0; h < H; h++)
                     memcpy(buf + (h + ph) * Wp + pw, xc + h * W, (size_t)W * sizeof(float));
+                if (vec && sw == 2)
+                    for (int64_t r = 0; r < Hp; r++) {
+                        const float *src = buf + r * Wp;
+                        float *ev = split + r * rw, *od = ev + Wq;
+                        for (int64_t i = 0; i < Wq; i++) {
+                            ev[i] = src[2 * i];
+                            od[i] = src[2 * i + 1];
+                        }
+                    }
             }
-            const float *wo = w + o * KH * KW;
+            const float *wo = w + o * KK;
             const float b = bias ? bias[o] : 0.0f;
             float *y = out + no * plane;
-            for (int64_t oh = 0; oh < OH && sw == 1; oh++) {
-                /* stride 1: DW_L-wide vectors of a row in registers over all the taps */
+            const float *src = sw == 2 ? split : buf;
+            const int64_t rs = sh * rw; /* floats between the input rows of two output rows */
+            int64_t oh1 = 0;
+            for (; vec && oh1 + 4 <= OH; oh1 += 4) {
+                /* 4 output rows x DW_L-wide vectors in registers over all the taps (4
+                 * independent FMA chains; a tap's weight loaded once) */
+                const float *r0 = src + oh1 * rs;
+                float *yr = y + oh1 * OW;
+                for (int64_t ow0 = 0; ow0 < OW; ow0 += DW_L) {
+                    dwv a0 = (dwv){0} + b, a1 = a0, a2 = a0, a3 = a0;
+                    for (int64_t t = 0; t < KK; t++) {
+                        const float wv = wo[t], *sp = r0 + toff[t] + ow0;
+                        a0 = dw_madd(a0, wv, *(const dwvu *)sp);
+                        a1 = dw_madd(a1, wv, *(const dwvu *)(sp + rs));
+                        a2 = dw_madd(a2, wv, *(const dwvu *)(sp + 2 * rs));
+                        a3 = dw_madd(a3, wv, *(const dwvu *)(sp + 3 * rs));
+                    }
+                    dw_store(yr, ow0, OW, a0, act, lo, hi);
+                    dw_store(yr + OW, ow0, OW, a1, act, lo, hi);
+                    dw_store(yr + 2 * OW, ow0, OW, a2, act, lo, hi);
+                    dw_store(yr + 3 * OW, ow0, OW, a3, act, lo, hi);
+                }
+            }
+            for (int64_t oh = oh1; vec && oh < OH; oh++) {
+                /* the last rows: one row's vectors at a time */
                 float *yr = y + oh * OW;
-                const float *r0 = buf + oh * sh * Wp;
+                const float *r0 = src + oh * rs;
                 for (int64_t ow0 = 0; ow0 < OW; ow0 += DW_L) {
                     dwv a0 = (dwv){0} + b;
-                    for (int64_t kh = 0; kh < KH; kh++) {
-                        const float *row = r0 + kh * dh * Wp + ow0;
-                        for (int64_t kw = 0; kw < KW; kw++)
-                            a0 = dw_madd(a0, wo[kh * KW + kw], *(const dwvu *)(row + kw * dw));
-                    }
-                    if (ow0 + DW_L <= OW)
-                        *(dwvu *)(yr + ow0) = a0;
-                    else
-                        memcpy(yr + ow0, &a0, (size_t)(OW - ow0) * sizeof(float));
+                    for (int64_t t = 0; t < KK; t++)
+                        a0 = dw_madd(a0, wo[t], *(const dwvu *)(r0 + toff[t] + ow0));
+                    dw_store(yr, ow0, OW, a0, act, lo, hi);
                 }
-                if (act) conv_clamp(yr, OW, lo, hi);
             }
-            for (int64_t oh = 0; oh < OH && sw != 1; oh++) {
+            for (int64_t oh = 0; oh < OH && !vec; oh++) {
                 float *yr = y + oh * OW;
                 for (int64_t ow = 0; ow < OW; ow++) yr[ow] = b;
                 for (int64_t kh = 0; kh < KH; kh++) {
@@ -474,6 +575,69 @@ void rlx_conv2d_depthwise_f32(const float *x, const float *w, const float *bias,
                 }
                 if (act) conv_clamp(yr, OW, lo, hi);
             }
+        }
+    }
+}
+
+/* rlx_conv2d_gemm_t_f32(x, xp, cols, wp, bias|NULL, out, res|NULL, yt, p, sgemm, threads)
+ *   groups == 1, for small output planes (the late stages of a ResNet: 7x7, 14x14), where
+ *   the weight is the big operand: per image, yt [L, O] = cols [L, K] @ W^T [K, O] on the
+ *   packed sgemm with W^T packed once as its B (wp, rlx_sgemm_pack_b) instead of the weight
+ *   repacked as A on every call; cols is the image's im2col matrix stored K x L (cols[k*L
+ *   + l], read as A with row stride 1 and column stride L; L*K floats, small here), the
+ *   bias in the sgemm's epilogue; then out[n, o, l] = act(yt[l, o] + res[n, o, l]), the
+ *   transpose with the residual and the activation. p as rlx_conv2d_gemm_f32's (its NR
+ *   and ncb unused). yt: L*O floats.
+ */
+void rlx_conv2d_gemm_t_f32(const float *x, float *xp, float *cols, const float *wp,
+                           const float *bias, float *out, const float *res, float *yt,
+                           const int64_t *p, void *sgemm_addr, int threads) {
+    const int64_t N = p[0], C = p[1], H = p[2], W = p[3], O = p[4], KH = p[5], KW = p[6];
+    const int64_t OH = p[7], OW = p[8], sh = p[9], sw = p[10], ph = p[11], pw = p[12];
+    const int64_t dh = p[13], dw = p[14], act = p[18], Hp = p[19], Wp = p[20];
+    float lo = ((const float *)(p + 21))[0], hi = ((const float *)(p + 22))[0];
+    if (act == 1) lo = 0.0f, hi = INFINITY;
+    if (act == 5) lo = 0.0f, hi = 6.0f;
+    const int64_t L = OH * OW, KK = KH * KW, K = C * KK;
+    rlx_sgemm_fn sgemm = (rlx_sgemm_fn)sgemm_addr;
+    const int copy = xp != x;
+    for (int64_t n = 0; n < N; n++) {
+        const float *xn = x + n * C * H * W;
+        if (copy) {
+            float *xpn = xp + n * C * Hp * Wp;
+            for (int64_t q = 0; q < C; q++)
+                for (int64_t h = 0; h < H; h++)
+                    memcpy(xpn + (q * Hp + h + ph) * Wp + pw, xn + (q * H + h) * W,
+                           (size_t)W * sizeof(float));
+            xn = xpn;
+        }
+        /* a 1x1 stride-1 conv without padding: the image is its own im2col matrix */
+        const int plain = KK == 1 && sh == 1 && sw == 1 && !copy;
+#pragma omp parallel for schedule(static) num_threads(threads) if (K * L >= (1 << 16))
+        for (int64_t q = 0; q < K * !plain; q++) {
+            const int64_t c = q / KK, kh = (q / KW) % KH, kw = q % KW;
+            const float *s = xn + c * Hp * Wp + kh * dh * Wp + kw * dw;
+            float *d = cols + q * L;
+            for (int64_t oh = 0; oh < OH; oh++) {
+                const float *sr = s + oh * sh * Wp;
+                float *dr = d + oh * OW;
+                if (sw == 1) {
+                    for (int64_t ow = 0; ow < OW; ow++) dr[ow] = sr[ow];
+                } else {
+                    for (int64_t ow = 0; ow < OW; ow++) dr[ow] = sr[ow * sw];
+                }
+            }
+        }
+        sgemm(L, O, K, plain ? xn : cols, 1, L, wp, yt, O, 0, bias, NULL, 0, 1.0f, 0, threads);
+        float *y = out + n * O * L;
+        const float *r = res ? res + n * O * L : NULL;
+        for (int64_t o0 = 0; o0 < O; o0 += 16) { /* 16 channels: a line of yt per l */
+            const int64_t o1 = o0 + 16 < O ? o0 + 16 : O;
+            for (int64_t l = 0; l < L; l++)
+                for (int64_t o = o0; o < o1; o++) {
+                    float v = yt[l * O + o] + (r ? r[o * L + l] : 0.0f);
+                    y[o * L + l] = act ? (v < lo ? lo : (v > hi ? hi : v)) : v;
+                }
         }
     }
 }
