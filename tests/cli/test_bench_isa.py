@@ -20,7 +20,7 @@ from rlx.backends.cpu.native import cpu
 from rlx.backends.cpu.native.cpu import Target
 from rlx.cli import bench
 from rlx.errors import ConfigError
-from tests.cli.conftest import run
+from tests.cli.conftest import here, run
 
 # /proc/cpuinfo flags of three kinds of CPU (x86-64-v3 / v4 sets as gcc defines them)
 V3 = frozenset(
@@ -125,12 +125,6 @@ def test_kernels_built_without_amx_stay_exact(monkeypatch, tmp_path_factory) -> 
         np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-4)
 
 
-def _here() -> list[str]:
-    """``--isa`` / ``--amx`` naming this process's own configuration (runs in-process)."""
-    c = bench.current_config()
-    return ["--isa", c.target.value, "--amx", "on" if c.amx else "off"]
-
-
 def _expected_peak(precision: str, target: Target) -> str | None:
     """The path each precision multiplies on, from the target's CPU features."""
     spec = cpu.target_spec(target)
@@ -145,7 +139,7 @@ def _expected_peak(precision: str, target: Target) -> str | None:
 
 def test_bench_json_rows_and_peaks(tiny_bert) -> None:
     args = ["bench", str(tiny_bert), "--shapes", "1x8,2x16", "--precision", "f32,bf16,int8"]
-    r = run([*args, *_here(), "--repeat", "2", "--warmup", "0", "--json"])
+    r = run([*args, *here(), "--repeat", "2", "--warmup", "0", "--json"])
     assert r.code == 0, r.err
     items = [json.loads(line) for line in r.out.splitlines()]
     notes = [x for x in items if x["kind"] == "note"]
@@ -173,7 +167,7 @@ def test_bench_json_rows_and_peaks(tiny_bert) -> None:
         assert x["peak_pct"] == pytest.approx(100 * x["gflops"] / p["gops"])
     for p in peaks:
         assert set(p) == PEAK_KEYS and p["isa"] == target.value and p["threads"] == 1
-    r = run([*args[:4], *_here(), "--repeat", "1", "--warmup", "0"])  # the table
+    r = run([*args[:4], *here(), "--repeat", "1", "--warmup", "0"])  # the table
     assert r.code == 0, r.err
     lines = r.out.splitlines()
     assert any(ln.startswith(f"{target.value} ") and "f32 FMA" in ln for ln in lines)

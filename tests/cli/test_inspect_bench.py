@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import rlx
-from tests.cli.conftest import run, tiny_matmul_flops
+from tests.cli.conftest import here, run, tiny_matmul_flops
 
 
 def test_inspect_model_dir(tiny_bert) -> None:
@@ -73,21 +73,12 @@ def test_inspect_and_bench_bad_shapes(tiny_bert) -> None:
         assert "Traceback" not in r.err
 
 
-def _here() -> list[str]:
-    """``--isa`` / ``--amx`` naming this process's configuration: the rows run in-process
-    (tests/cli/test_bench_isa.py covers the other targets)."""
-    from rlx.cli.bench import current_config
-
-    c = current_config()
-    return ["--isa", c.target.value, "--amx", "on" if c.amx else "off"]
-
-
 def _runs(out: str) -> list[dict]:
     return [d for d in map(json.loads, out.splitlines()) if d["kind"] == "run"]
 
 
 def test_bench_rows(tiny_bert) -> None:
-    args = ["bench", str(tiny_bert), "--shapes", "1x8,2x16", "--threads", "1", *_here()]
+    args = ["bench", str(tiny_bert), "--shapes", "1x8,2x16", "--threads", "1", *here()]
     r = run([*args, "--repeat", "2", "--warmup", "0", "--json"])
     assert r.code == 0, r.err
     rows = _runs(r.out)
@@ -101,7 +92,7 @@ def test_bench_rows(tiny_bert) -> None:
         assert x["per_second"] == pytest.approx(b / (x["median_ms"] / 1e3))
         assert x["gflops"] == pytest.approx(x["gflop"] / (x["median_ms"] / 1e3))
         assert x["peak_pct"] > 0
-    r = run([*args[:4], *_here(), "--repeat", "1", "--precision", "f32,bf16"])  # the table
+    r = run([*args[:4], *here(), "--repeat", "1", "--precision", "f32,bf16"])  # the table
     assert r.code == 0, r.err
     assert "f32 FMA" in r.out and "% peak" in r.out
     table = [
@@ -131,7 +122,7 @@ def test_bench_int8_compiles_once_per_thread_count(tiny_bert) -> None:
             "--warmup",
             "0",
             "--json",
-            *_here(),
+            *here(),
         ]
     )
     assert r.code == 0, r.err
