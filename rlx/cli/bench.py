@@ -275,9 +275,9 @@ def command(
         for n in notes:
             click.echo(json.dumps({"kind": "note", "text": n}))
         for pk in peaks:
-            click.echo(json.dumps({"kind": "peak", **asdict(pk)}))
+            click.echo(json.dumps({"kind": "peak", **_no_nan(asdict(pk))}))
         for row in rows:
-            click.echo(json.dumps({"kind": "run", **asdict(row)}))
+            click.echo(json.dumps({"kind": "run", **_no_nan(asdict(row))}))
         return 0
     click.echo(f"rlx bench: {target.description}")
     for n in notes:
@@ -385,10 +385,16 @@ def _child(
         d = json.loads(line)
         kind = d.pop("kind")
         if kind == "peak":
+            d["gops"] = float("nan") if d["gops"] is None else d["gops"]
             peaks.append(PeakRow(**d))
         elif kind == "run":
             rows.append(Row(**d))
     return peaks, rows
+
+
+def _no_nan(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` with NaN floats as None (JSON null: strict JSON has no NaN)."""
+    return {k: None if isinstance(v, float) and v != v else v for k, v in d.items()}
 
 
 def _fmt(x: float | None, spec: str) -> str:

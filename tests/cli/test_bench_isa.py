@@ -199,3 +199,29 @@ def test_another_target_runs_in_its_own_process(tiny_bert) -> None:
     # the child's probe ran that target's vectors, not this process's
     assert [p["isa"] for p in peaks] == [other.value] and VECTOR[other] in peaks[0]["how"]
     assert f"{other.value}, AMX off: own process" in r.err
+
+
+def test_a_peak_that_cannot_be_measured_is_null(tiny_bert, monkeypatch) -> None:
+    """No probe result (no gcc, a failed build): the peak's gops and the rows' peak_pct
+    are JSON null (strict JSON: no NaN) and the table prints '-'."""
+    import rlx.cli.peak as peak_mod
+
+    def unknown(path, threads, *a):  # noqa: ANN001, ANN202
+        return peak_mod.Peak(float("nan"), threads, False, "unknown (test)")
+
+    monkeypatch.setattr(peak_mod, "path_peak", unknown)
+    args = ["bench", str(tiny_bert), "--shapes", "1x8", *here(), "--repeat", "1", "--warmup", "0"]
+    r = run([*args, "--json"])
+    assert r.code == 0, r.err
+
+    def no_nan(c: str) -> None:
+        raise AssertionError(f"{c} in the JSON")
+
+    items = [json.loads(line, parse_constant=no_nan) for line in r.out.splitlines()]
+    (pk,) = [x for x in items if x["kind"] == "peak"]
+    (row,) = [x for x in items if x["kind"] == "run"]
+    assert pk["gops"] is None and pk["how"] == "unknown (test)" and not pk["measured"]
+    assert row["peak"] == "f32 FMA" and row["peak_gops"] is None and row["peak_pct"] is None
+    r = run(args)
+    assert r.code == 0, r.err
+    assert any(ln.split()[-1] == "-%" for ln in r.out.splitlines() if " f32 " in ln)
