@@ -301,7 +301,7 @@ def measure(
     thread count and shape, and measure the peak of each path the rows ran on."""
     from rlx.backends.cpu.native import cpu
     from rlx.cli.flops import matmul_flops
-    from rlx.cli.peak import estimated_peak, path_for, path_peak
+    from rlx.cli.peak import PeakPath, estimated_peak, path_for, path_peak
 
     conf = current_config()
     spec = cpu.target_spec(conf.target)
@@ -336,8 +336,6 @@ def measure(
     peaks = []
     for name in dict.fromkeys(r.peak for r in rows if r.peak is not None):
         for t in used:
-            from rlx.cli.peak import PeakPath
-
             pk = path_peak(PeakPath(name), t)
             how = pk.how
             est = estimated_peak(t) if name == PeakPath.FMA.value else None
