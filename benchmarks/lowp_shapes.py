@@ -258,9 +258,9 @@ def main() -> int:
         "(7-bit, as ONNX Runtime's quantize_dynamic(reduce_range=True)) on vpmaddubsw + "
         "vpmaddwd (u8 x s8, a pair sum at most 2 * 255 * 64 = 32640: no saturation), any other "
         "8-bit weight on vpmaddwd over s16 k pairs; both exact (the `exact` column: int32 "
-        "against NumPy int64 on the same quantized operands). rlx's weight quantizer "
-        "(rlx/quant/lower.py) writes [-127, 127], so compiled models take the 8-bit kernel "
-        "unless it quantizes to 7 bits. Shapes of a few tens of microseconds and the "
+        "against NumPy int64 on the same quantized operands). rlx.quantize writes 7-bit "
+        "weights by default where the int8 GEMM is the AVX2 one (reduce_range=None: auto; "
+        "True / False force it; docs/bench.md), 8-bit ones elsewhere. Shapes of a few tens of microseconds and the "
         "1024-row shape (tens of milliseconds per call) are the most sensitive to the "
         "machine's load: compare ratios within one row.",
         "",

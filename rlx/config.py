@@ -17,6 +17,11 @@ RLX_ISA=auto|avx512|avx2|portable
                          default) picks the best this CPU has; the others force a lower
                          path (a test and debugging aid); asking for one the CPU lacks
                          is an error
+RLX_AMX=1|0              AMX tiles (the int8 and bf16 GEMMs on a CPU with amx_int8 /
+                         amx_bf16): 1 (the default) uses them where the CPU and kernel
+                         allow; 0 keeps every kernel off them (the VNNI / vdpbf16ps
+                         paths most CPUs have; benchmarks measure both). No effect on a
+                         CPU without AMX
 RLX_CACHE_MAX_MB=n       size bound of the native cache, pruned oldest-first (decimal
                          digits, >= 1; default 512)
 RLX_SGEMM=auto|native|blas
@@ -50,6 +55,7 @@ __all__ = [
     "num_threads",
     "verify_mode",
     "isa",
+    "amx",
     "cache_max_bytes",
     "sgemm",
     "dq_act",
@@ -160,6 +166,11 @@ def verify_mode() -> str | None:
 def isa() -> str:
     """RLX_ISA: 'auto' (default), 'avx512', 'avx2' or 'portable'."""
     return _choice("RLX_ISA", ISA_CHOICES, "auto") or "auto"
+
+
+def amx() -> bool:
+    """RLX_AMX as a bool (default on: AMX tiles where the CPU has them)."""
+    return _flag("RLX_AMX", True)
 
 
 SGEMM_CHOICES = ("auto", "native", "blas")

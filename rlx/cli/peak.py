@@ -11,15 +11,38 @@ Estimated: cores x GHz x FLOPs/cycle, with the clock from /proc/cpuinfo's ``cpu 
 (the current clock: turbo and AVX-512 down-clocking make the real one differ) and
 FLOPs/cycle from the target assuming two FMA units: AVX-512 2 x 16 x 2 = 64, AVX2
 2 x 8 x 2 = 32, portable (SSE2 mul + add, two units) 2 x 4 x 2 = 16.
+
+Per path (:class:`PeakPath`, :func:`path_for`, :func:`path_peak`): the peak of the
+instruction a precision's GEMM multiplies with on the selected target, measured the
+same way (``measure_lowp_peak``): f32 -> the FMA peak; int8 -> ``vpdpbusd`` (AVX-512
+VNNI), on AVX2 ``vpmaddwd`` (8-bit weights) or ``vpmaddubsw + vpmaddwd`` (7-bit
+weights, ``rlx.quantize(reduce_range=True)``), none on the portable target (plain C);
+bf16 -> ``vdpbf16ps`` (AVX512_BF16), else the FMA peak (bf16 runs through f32 panels).
+There is no AMX probe: AMX rows are compared with the VNNI / BF16 peak, and can pass
+100 %.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["Peak", "fma_peak", "estimated_peak", "cpu_mhz", "flops_per_cycle"]
+if TYPE_CHECKING:
+    from rlx.backends.cpu.native.cpu import TargetSpec
+
+__all__ = [
+    "Peak",
+    "PeakPath",
+    "fma_peak",
+    "estimated_peak",
+    "cpu_mhz",
+    "flops_per_cycle",
+    "path_for",
+    "path_peak",
+]
 
 #: FLOPs per cycle per core by native target, assuming two FMA units.
 _PER_CYCLE = {"avx512": 64, "avx2": 32, "portable": 16}
@@ -102,3 +125,58 @@ def fma_peak(threads: int, tries: int = 10, seconds: float = 0.02) -> Peak:
         if est is None:
             return Peak(float("nan"), threads, False, why)
         return Peak(est.gflops, threads, False, f"{est.how}; {why}")
+
+
+class PeakPath(enum.Enum):
+    """The multiply a GEMM runs on (the value is its name in reports)."""
+
+    FMA = "f32 FMA"
+    VNNI = "int8 vpdpbusd"
+    MADDWD = "int8 vpmaddwd"
+    MADDUBSW = "int8 vpmaddubsw"
+    BF16 = "bf16 vdpbf16ps"
+
+
+def path_for(precision: str, spec: TargetSpec, seven_bit: bool = False) -> PeakPath | None:
+    """The path ``precision`` ("f32", "bf16", "int8") multiplies on with the target
+    ``spec``; ``seven_bit``: the int8 weights lie in [-64, 64] (the AVX2 vpmaddubsw
+    kernel). None for int8 on the portable target (plain C: no probe)."""
+    from rlx.backends.cpu.native.cpu import Target
+
+    if precision == "bf16":
+        return PeakPath.BF16 if spec.bf16 else PeakPath.FMA
+    if precision != "int8":
+        return PeakPath.FMA
+    if spec.vnni:
+        return PeakPath.VNNI
+    if spec.target is Target.PORTABLE:
+        return None
+    return PeakPath.MADDUBSW if seven_bit else PeakPath.MADDWD
+
+
+@functools.cache
+def path_peak(path: PeakPath, threads: int, tries: int = 10, seconds: float = 0.02) -> Peak:
+    """The measured peak of ``path`` on ``threads`` threads for the selected target, in
+    10^9 ops/s (a multiply-add = 2); NaN with the reason in ``how`` when it cannot be
+    measured (no gcc, a build failure, the target lacks the instruction)."""
+    if path is PeakPath.FMA:
+        return fma_peak(threads, tries, seconds)
+    from rlx.backends.cpu import native
+    from rlx.backends.cpu.native.peak import PeakKind, measure_lowp_peak
+    from rlx.errors import CompileError
+
+    kind = {
+        PeakPath.VNNI: PeakKind.INT8,
+        PeakPath.MADDUBSW: PeakKind.INT8,
+        PeakPath.MADDWD: PeakKind.INT16,
+        PeakPath.BF16: PeakKind.BF16,
+    }[path]
+    if not native.available():
+        return Peak(float("nan"), threads, False, "unknown (no gcc to measure with)")
+    try:
+        m = measure_lowp_peak(kind, threads, seconds=seconds * tries, tries=tries)
+    except CompileError as e:
+        return Peak(float("nan"), threads, False, f"measuring failed ({str(e).splitlines()[0]})")
+    if not m.available:
+        return Peak(float("nan"), threads, False, m.describe())
+    return Peak(m.gops, threads, True, m.describe())

@@ -28,7 +28,8 @@ Steps (stages 1-3 are :func:`_plan`, :func:`_calibrate` and :func:`_lower`; the 
    measure accuracy). Each activation gets one per-tensor scale: symmetric int8, or
    asymmetric uint8 with a zero point where that lowers the error (``asymmetric``, see
    :mod:`rlx.quant.static`); weights are symmetric per output channel (or per tensor with
-   ``per_channel=False``).
+   ``per_channel=False``), in [-127, 127], or [-64, 64] with ``reduce_range`` (the
+   default on a target whose int8 GEMM is the AVX2 one: its vpmaddubsw kernel).
 4. *Lowering* (:mod:`rlx.quant.mix`): ``dynamic_qmatmul`` for dynamic layers, Q/DQ then
    ``qmatmul`` / ``qconv2d`` for static ones, weights quantized into i8 constants (the f32
    weight params leave the graph); with ``activation_products=True`` attention's products
@@ -86,7 +87,7 @@ from rlx.quant.layers import (
     float_products,
     weight_value,
 )
-from rlx.quant.lower import ExpandFusedMatMuls, quantize_weight
+from rlx.quant.lower import ExpandFusedMatMuls, default_reduce_range, quantize_weight
 from rlx.quant.mix import VariantBuilder, fake_quant_graph, meet_budget
 from rlx.quant.record import CalibrationEntry
 from rlx.quant.report import AccuracyReport, ErrorAccumulator, LayerError, measure, method_text
@@ -109,6 +110,8 @@ class QuantizeResult:
     graph: Graph
     record: dict[str, tuple[CalibrationEntry, CalibrationEntry]] = field(default_factory=dict)
     params: dict[str, np.ndarray] = field(default_factory=dict)
+    #: 8, or 7 when the weights were quantized to [-64, 64] (``reduce_range``)
+    weight_bits: int = 8
 
 
 #: ``method=`` strings accepted by :func:`quantize`.
@@ -181,6 +184,7 @@ def quantize(
     rank_layers: bool = True,
     weights_only: bool = False,
     scheme: Any = None,
+    reduce_range: bool | None = None,
 ) -> QuantizeResult:
     """Post-training INT8 quantization of every matmul with a known 2-D weight (and every
     2-D conv with a known weight); see the module docstring for the steps.
@@ -198,8 +202,14 @@ def quantize(
     keep in float. ``accuracy_budget``: the largest acceptable relative output error (the
     cheapest mix that meets it is picked). Accuracy is measured on ``eval_data`` (default:
     the first ``eval_batches`` calibration batches). ``rank_layers`` computes the
-    one-layer-at-a-time ranking (one compile per layer). Returns a
-    :class:`QuantizeResult`.
+    one-layer-at-a-time ranking (one compile per layer). ``reduce_range``: weights to
+    [-64, 64] (7 bits, ONNX Runtime's ``reduce_range``) instead of [-127, 127], so the
+    AVX2 int8 GEMM takes its faster vpmaddubsw kernel (exact either way; the cost is
+    accuracy: the weight step doubles); None (the default) picks it when the selected
+    native target's int8 GEMM is the AVX2 one (no VNNI:
+    :func:`~rlx.quant.lower.default_reduce_range`); the weights are quantized now, so
+    the choice follows the target of the process that quantizes
+    (:attr:`QuantizeResult.weight_bits` says which). Returns a :class:`QuantizeResult`.
 
     Raises QuantizationError naming the tensor for a NaN / Inf weight of a quantized
     layer, an activation that saw only non-finite values or a saturating range; an
@@ -216,6 +226,11 @@ def quantize(
 
         if not weights_only:
             raise QuantizationError("scheme= applies to weights_only=True quantization")
+        if reduce_range:
+            raise QuantizationError(
+                "reduce_range=True applies to int8 GEMM weights, not to weights_only=True "
+                "schemes (their block formats fix the range)"
+            )
         return quantize_weights_only(
             graph_or_module, calibration_data, params=params, scheme=scheme, exclude=exclude,
             options=options, eval_data=eval_data, eval_batches=eval_batches,
@@ -223,7 +238,7 @@ def quantize(
         )  # fmt: skip
     plan = _plan(
         graph_or_module, calibration_data, params, activations, method, smooth_alpha,
-        dynamic_mode, exclude, accuracy_budget, options,
+        dynamic_mode, exclude, accuracy_budget, options, reduce_range,
     )  # fmt: skip
     cal = _calibrate(
         plan, calibration_data, activations, asymmetric, per_channel, smooth_alpha,
@@ -253,6 +268,7 @@ class _Plan:
     method: CalibrationMethod
     dyn_mode: ActQuant
     opts: CompileOptions
+    reduce_range: bool = False
 
 
 def _plan(
@@ -266,11 +282,17 @@ def _plan(
     exclude: Iterable[str | int],
     accuracy_budget: float | None,
     options: CompileOptions | None,
+    reduce_range: bool | None = None,
 ) -> _Plan:
     """Stage 1: check the arguments, bring the graph to MIR with canonical weights, find
     its layers (matmuls and convs) and pick those to quantize (not excluded, not a conv
     without calibration data); refuses NaN / Inf weights."""
     meth, dyn_mode = _check_args(method, activations, accuracy_budget, smooth_alpha, dynamic_mode)
+    if reduce_range is not None and not isinstance(reduce_range, bool):
+        raise QuantizationError(
+            f"reduce_range must be True, False or None (auto), got {reduce_range!r}"
+        )
+    reduced = default_reduce_range() if reduce_range is None else reduce_range
     graph = ExpandFusedMatMuls().run(to_mir(graph_or_module))
     graph.verify()
     if isinstance(calibration_data, Sized) and len(calibration_data) == 0:
@@ -308,8 +330,9 @@ def _plan(
             )
         active = [ly for ly in active if ly.name not in kept_float]
     return _Plan(
-        graph, np_params, all_layers, active, kept_float, float_compute, meth, dyn_mode, opts
-    )
+        graph, np_params, all_layers, active, kept_float, float_compute, meth, dyn_mode, opts,
+        reduced,
+    )  # fmt: skip
 
 
 # ---- 2. calibrate ----------------------------------------------------------------------
@@ -425,7 +448,8 @@ def _static_entries(
         if ly.act not in by_tap or ly.act in degenerate:
             continue
         axis = 0 if ly.kind == "conv2d" else 1
-        _, ws = quantize_weight(weight_value(cal.graph, ly, cal.params), per_channel, axis)
+        w = weight_value(cal.graph, ly, cal.params)
+        _, ws = quantize_weight(w, per_channel, axis, plan.reduce_range)
         w_entry = (
             CalibrationEntry.per_channel(axis, ws)
             if per_channel
@@ -482,6 +506,7 @@ def _lower(
         cal.entries,
         plan.dyn_mode,
         per_channel,
+        plan.reduce_range,
     )
     use_products = [activation_products]
 
@@ -579,4 +604,7 @@ def _result(
         products=dict(builder.products_done) if low.products else {},
     )
     record = {n: cal.entries[n] for n, m in modes.items() if m == "static"}
-    return QuantizeResult(low.compiled, low.float_compiled, report, low.graph, record, low.params)
+    bits = 7 if plan.reduce_range else 8
+    return QuantizeResult(
+        low.compiled, low.float_compiled, report, low.graph, record, low.params, bits
+    )

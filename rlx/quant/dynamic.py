@@ -41,10 +41,12 @@ class DynamicLowering:
         params: Mapping[str, np.ndarray],
         nodes: Mapping[NodeId, ActQuant | str],
         per_channel: bool = True,
+        reduce_range: bool = False,
     ):
         self.params = dict(params)
         self.nodes = {int(k): ActQuant.parse(v) for k, v in nodes.items()}
         self.per_channel = per_channel
+        self.reduce_range = reduce_range  # weights to [-64, 64] (7 bits)
         self.map: dict[NodeId, NodeId] = {}
         self.decisions: list[LoweringDecision] = []
         self.folded: set[str] = set()
@@ -87,7 +89,7 @@ class DynamicLowering:
             assert not isinstance(got, str)
             w, pname = got
             if b not in consts:
-                wq, scales = quantize_weight(w, self.per_channel)
+                wq, scales = quantize_weight(w, self.per_channel, reduce_range=self.reduce_range)
                 cv = ConstValue.of(wq, DType.I8)
                 cid = rw.emit(Constant(cv), [], graph.nodes[b].loc, Shape(cv.dims, DType.I8))
                 consts[b] = (cid, scales)

@@ -48,6 +48,8 @@ __all__ = [
     "LoweringDecision",
     "ExpandFusedMatMuls",
     "quantize_weight",
+    "default_reduce_range",
+    "REDUCED_QMAX",
     "drop_params",
 ]
 
@@ -68,12 +70,30 @@ class LoweringDecision:
         return f"%{self.node} ({self.weight}): {verb}: {self.reason}"
 
 
+#: The largest weight magnitude of ``reduce_range`` (7-bit) weights: [-64, 64] is what the
+#: AVX2 int8 GEMM's vpmaddubsw kernel takes exactly (``csrc/qgemm.c``), ONNX Runtime's
+#: ``reduce_range`` on CPUs without VNNI.
+REDUCED_QMAX = 64
+
+
+def default_reduce_range() -> bool:
+    """``rlx.quantize(reduce_range=None)``: True when the int8 GEMM of the selected native
+    target (``RLX_ISA``) is the AVX2 one, whose vpmaddubsw kernel takes 7-bit weights
+    (about 1.3x the vpmaddwd kernel 8-bit weights need). False with VNNI (vpdpbusd takes
+    8-bit weights at full rate) and on the portable target (plain C: no gain, only the
+    accuracy cost)."""
+    from rlx.backends.cpu.native.cpu import Isa, detect_isa
+
+    return detect_isa() is Isa.AVX2
+
+
 def quantize_weight(
-    w: np.ndarray, per_channel: bool = True, axis: int = 1
+    w: np.ndarray, per_channel: bool = True, axis: int = 1, reduce_range: bool = False
 ) -> tuple[np.ndarray, tuple[float, ...]]:
-    """Symmetric i8 quantization of a float weight to [-127, 127]; per output channel
-    (one scale per index of ``axis``: 1 for a matmul weight [K, N], 0 for a conv weight
-    [O, C, kH, kW]) or per tensor. Returns (w_q, scales).
+    """Symmetric i8 quantization of a float weight to [-127, 127] (``reduce_range``: to
+    [-64, 64], :data:`REDUCED_QMAX`); per output channel (one scale per index of ``axis``:
+    1 for a matmul weight [K, N], 0 for a conv weight [O, C, kH, kW]) or per tensor.
+    Returns (w_q, scales).
     QuantizationError when ``w`` holds NaN or Inf (it has no int8 value)."""
     w = np.asarray(w, dtype=np.float32)
     if not np.isfinite(w).all():
@@ -85,9 +105,10 @@ def quantize_weight(
     other = tuple(d for d in range(w.ndim) if d != axis)
     amax = np.abs(w).max(axis=other) if per_channel else np.abs(w).max(keepdims=True)
     amax = np.asarray(amax, dtype=np.float32).reshape(-1)
-    scales = np.where(amax > 0, amax / np.float32(127.0), np.float32(1.0)).astype(np.float32)
+    qmax = REDUCED_QMAX if reduce_range else 127
+    scales = np.where(amax > 0, amax / np.float32(qmax), np.float32(1.0)).astype(np.float32)
     q = quantize_array(
-        w, scales.tolist(), [0] * scales.size, axis if per_channel else None, -127, 127
+        w, scales.tolist(), [0] * scales.size, axis if per_channel else None, -qmax, qmax
     )
     return q.astype(np.int8), tuple(float(s) for s in scales)
 
@@ -132,9 +153,11 @@ class QuantLowering:
         params: Mapping[str, np.ndarray] | None = None,
         per_channel: bool = True,
         drop_folded_params: bool = True,
+        reduce_range: bool = False,
     ):
         self.params = dict(params or {})
         self.per_channel = per_channel
+        self.reduce_range = reduce_range  # weights without Q/DQ quantized to [-64, 64]
         self.drop_folded_params = drop_folded_params
         self.notes: list[str] = []
         self.decisions: list[LoweringDecision] = []
@@ -201,7 +224,7 @@ class QuantLowering:
         w = self._float_value(node)
         if w is None:
             return f"rhs %{nid} ({node.op.mnemonic}) has no value at compile time (give params to quantize it)"
-        wq, scales = quantize_weight(w, self.per_channel)
+        wq, scales = quantize_weight(w, self.per_channel, reduce_range=self.reduce_range)
         return (nid, wq, scales, _param_name(node))
 
     def _match_bias(
@@ -254,7 +277,7 @@ class QuantLowering:
         w = self._float_value(wn)
         if w is None or not wn.dtype.is_float:
             return f"conv weight %{wn.id} has no float value at compile time"
-        wq, scales = quantize_weight(w, self.per_channel, axis=0)
+        wq, scales = quantize_weight(w, self.per_channel, 0, self.reduce_range)
         return _ConvPlan(act, wq, scales, _param_name(wn))
 
     # ---- rewriting --------------------------------------------------------------

@@ -101,6 +101,7 @@ class VariantBuilder:
     entries: Mapping[str, tuple[CalibrationEntry, CalibrationEntry]]
     dynamic_mode: ActQuant = ActQuant.U8
     per_channel: bool = True
+    reduce_range: bool = False
     #: what the last ``lower(..., products=True)`` made integer / left float (label -> how)
     products_done: dict[str, str] = field(default_factory=dict)
 
@@ -115,13 +116,14 @@ class VariantBuilder:
         g, folded = self.graph, set()
         idmap: dict[NodeId, NodeId] = {n.id: n.id for n in g.nodes}
         if dyn:
-            dl = DynamicLowering(self.params, dyn, self.per_channel)
+            dl = DynamicLowering(self.params, dyn, self.per_channel, self.reduce_range)
             g, idmap, folded = dl.run(g), dl.map, dl.folded
         static = {
             idmap[self.layers[n].node]: self.entries[n] for n, m in modes.items() if m == "static"
         }
         if static:
-            g = QuantLowering(self.params, self.per_channel).run(fake_quant_graph(g, static))
+            low = QuantLowering(self.params, self.per_channel, reduce_range=self.reduce_range)
+            g = low.run(fake_quant_graph(g, static))
         if folded:
             g, _ = drop_params(g, folded)
         if products:

@@ -56,3 +56,12 @@ def tiny_matmul_flops(batch: int, seq: int) -> int:
     t = batch * seq
     per_layer = 4 * 2 * t * h * h + 2 * 2 * t * h * f + 4 * batch * heads * seq * seq * (h // heads)
     return layers * per_layer
+
+
+def here() -> list[str]:
+    """``--isa`` / ``--amx`` naming this process's own configuration, so ``rlx bench``
+    runs in-process (tests/cli/test_bench_isa.py covers the child processes)."""
+    from rlx.cli.bench import current_config
+
+    c = current_config()
+    return ["--isa", c.target.value, "--amx", "on" if c.amx else "off"]

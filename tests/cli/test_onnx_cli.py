@@ -10,7 +10,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from tests.cli.conftest import run  # noqa: E402
+from tests.cli.conftest import here, run  # noqa: E402
 
 W = np.random.default_rng(3).standard_normal((16, 5)).astype(np.float32)
 
@@ -53,6 +53,7 @@ def test_inspect_and_bench_take_an_onnx_file(mlp) -> None:  # noqa: ANN001
     r = run(["inspect", str(mlp), "--shape", "4", "--threads", "1"])
     assert r.code == 0, r.err
     assert "= input 'x'" in r.out and "== compile report (f32, 1 thread(s), batch=4) ==" in r.out
-    r = run(["bench", str(mlp), "--shapes", "4", "--repeat", "1", "--warmup", "0", "--json"])
+    args = ["bench", str(mlp), "--shapes", "4", *here(), "--json"]
+    r = run([*args, "--repeat", "1", "--warmup", "0"])
     assert r.code == 0, r.err
     assert '"shape": "4"' in r.out

@@ -64,7 +64,7 @@ def test_untrained_qat_converts_to_exactly_what_rlx_quantize_builds():
     x = np.random.default_rng(1).random((96, 64)).astype(np.float32)
     p = init()
     cal = batches(x, 32)
-    ptq = rlx.quantize(mlp(), cal, params=p, rank_layers=False)
+    ptq = rlx.quantize(mlp(), cal, params=p, rank_layers=False, reduce_range=False)
     model = qat.convert(*qat.prepare(mlp(), p, cal))
     np.testing.assert_array_equal(model.run({"x": x})[0], ptq.compiled.run({"x": x})[0])
     kinds = [k.op for k in model.compiled.report().kernels]
@@ -84,7 +84,7 @@ def test_convs_go_the_same_way_to_qconv2d_and_train():
         "w": (r.standard_normal((256, 10)) * 0.1).astype(np.float32),
     }
     xs = r.random((8, 1, 8, 8)).astype(np.float32)
-    ptq = rlx.quantize(g, [{"x": xs}], params=p, rank_layers=False)
+    ptq = rlx.quantize(g, [{"x": xs}], params=p, rank_layers=False, reduce_range=False)
     qg, qp = qat.prepare(g, p, [{"x": xs}])
     model = qat.convert(qg, qp)
     np.testing.assert_array_equal(model.run({"x": xs})[0], ptq.compiled.run({"x": xs})[0])

@@ -60,6 +60,7 @@ from rlx import config
 from rlx.backends.cpu import native
 from rlx.backends.cpu.dispatch import KernelCtx
 from rlx.backends.cpu.native import bindings
+from rlx.backends.cpu.native.cpu import amx_prelude
 from rlx.errors import CompileError, InputError
 
 if TYPE_CHECKING:
@@ -271,16 +272,17 @@ def _check_rows(fn: str, name: str, x: np.ndarray) -> None:
 
 def lowp_lib() -> LowpLib:
     """Build (cached on disk by content) and load the library for the selected native
-    target (``RLX_ISA``: its SIMD levels and BF16 follow the target). CompileError
+    target (``RLX_ISA``: its SIMD levels and BF16 follow the target; ``RLX_AMX=0``: no
+    AMX tiles, see ``native.cpu.amx_prelude``). CompileError
     without gcc or when the build fails."""
-    return _lowp_lib(native.selected_target())
+    return _lowp_lib(native.selected_target(), amx_prelude())
 
 
 @functools.cache
-def _lowp_lib(target: native.Target) -> LowpLib:
+def _lowp_lib(target: native.Target, prelude: str = "") -> LowpLib:
     if not native.available():
         raise CompileError("native low-precision kernels need gcc, which is not on PATH")
-    source = native.csrc_source("lowp_cast.c", "lowp_gemm.c")
+    source = prelude + native.csrc_source("lowp_cast.c", "lowp_gemm.c")
     try:
         return LowpLib(bindings.typed(native.load(native.build(source, target, "lowp")), source))
     except OSError as e:

@@ -20,6 +20,12 @@ AVX512      ``-march=x86-64-v4`` plus               AVX-512 F/BW/CD/DQ/VL and th
 :func:`selected_target` takes ``rlx.config.isa()``: ``auto`` picks the best target this
 CPU runs; ``avx512`` / ``avx2`` / ``portable`` force one (forcing one the CPU lacks is a
 :class:`ConfigError` naming the missing features).
+
+AMX (``amx_tile`` with ``amx_int8`` / ``amx_bf16``) is not a target of its own: the int8
+and bf16 GEMM libraries of the AVX512 target take AMX tiles at run time when the CPU and
+kernel grant them. ``RLX_AMX=0`` (``rlx.config.amx()``) keeps them off: those libraries
+are then built from a source that starts with :func:`amx_prelude` (``#define
+RLX_NO_AMX 1``), which compiles the AMX paths out (a separate cache entry).
 """
 
 from __future__ import annotations
@@ -45,6 +51,9 @@ __all__ = [
     "supported_isas",
     "isas_for",
     "gcc_flags",
+    "has_amx",
+    "amx_enabled",
+    "amx_prelude",
 ]
 
 
@@ -235,3 +244,25 @@ def gcc_flags(spec: TargetSpec, isa: Isa | None, openmp: bool) -> tuple[str, ...
     if isa is not None:
         out.append(f"-DRLX_ISA={isa.value}")
     return tuple(out)
+
+
+_AMX = ("amx_tile", "amx_int8", "amx_bf16")
+
+
+def has_amx(flags: frozenset[str] | None = None) -> bool:
+    """Whether a CPU with ``flags`` (default: this CPU) has AMX tiles (``amx_tile`` and
+    ``amx_int8`` or ``amx_bf16`` in /proc/cpuinfo)."""
+    f = cpu_flags() if flags is None else flags
+    return _AMX[0] in f and bool(f & set(_AMX[1:]))
+
+
+def amx_enabled(flags: frozenset[str] | None = None) -> bool:
+    """Whether kernels may take AMX tiles: the CPU has them and ``RLX_AMX`` is on."""
+    return config.amx() and has_amx(flags)
+
+
+def amx_prelude() -> str:
+    """The text the int8 / bf16 GEMM sources start with: ``#define RLX_NO_AMX 1`` when
+    ``RLX_AMX=0`` (their AMX paths compiled out), else nothing (the same source, so the
+    same cache entry and prebuilt library as before)."""
+    return "" if config.amx() else "#define RLX_NO_AMX 1 /* RLX_AMX=0 */\n"

@@ -6,7 +6,7 @@ results through the fused epilogue (row x channel scale, bias, activation, resid
 :func:`qgemm_lib` builds the GEMM for an :class:`~rlx.backends.cpu.native.cpu.Isa` the
 selected target holds (``RLX_ISA``): VNNI512 only on the AVX512 target of a CPU with
 VNNI (which also takes AMX-INT8 tiles when the CPU and kernel allow them and K is a
-multiple of 64, :attr:`QGemmLib.has_amx`), AVX2 from the AVX2 target, PLAIN always.
+multiple of 64, :attr:`QGemmLib.has_amx`; ``RLX_AMX=0`` builds it without them), AVX2 from the AVX2 target, PLAIN always.
 The AVX2 path has two exact micro-kernels and picks one per packed weight
 (:meth:`QGemmLib.takes_7bit`): vpmaddubsw + vpmaddwd when every weight lies in
 [-64, 64] (7-bit weights, as ONNX Runtime's ``reduce_range``), vpmaddwd on int16
@@ -318,7 +318,7 @@ class QGemmLib:
 
 def qgemm_lib(isa: Isa | None = None) -> QGemmLib:
     """Build (cached) and load the int8 GEMM for ``isa`` (default: the best the selected
-    target holds). CompileError without gcc, when the build fails or when the selected
+    target holds); under ``RLX_AMX=0`` built without its AMX path. CompileError without gcc, when the build fails or when the selected
     target (``RLX_ISA``) cannot hold ``isa``."""
     target = cpu.selected_target()
     usable = cpu.isas_for(target)
@@ -328,13 +328,13 @@ def qgemm_lib(isa: Isa | None = None) -> QGemmLib:
             f"the {isa.name} int8 GEMM is not available on the {target.name} target "
             f"(RLX_ISA); usable paths: {[i.name for i in usable]}"
         )
-    return _qgemm_lib(isa, target)
+    return _qgemm_lib(isa, target, cpu.amx_prelude())
 
 
 @functools.cache
-def _qgemm_lib(isa: Isa, target: cpu.Target) -> QGemmLib:
+def _qgemm_lib(isa: Isa, target: cpu.Target, prelude: str = "") -> QGemmLib:
     from rlx.backends.cpu import native
 
-    source = native.csrc_source(*SOURCES)
+    source = prelude + native.csrc_source(*SOURCES)
     lib = native.load(native.build(source, isa, "qgemm", target=target))
     return QGemmLib(bindings.typed(lib, source), isa)

@@ -229,7 +229,7 @@ static int dp_gemm(long m, long n, long k, const uint16_t *a, long lda, const ui
  * rows [0, M rounded down to 16) when K is a multiple of 32 and the CPU and kernel grant
  * AMX; the other rows go through the vdpbf16ps kernel (which rows take which path does not
  * depend on the thread count, so results do not either). */
-#if defined(__x86_64__) && defined(__linux__)
+#if defined(__x86_64__) && defined(__linux__) && !defined(RLX_NO_AMX) /* RLX_AMX=0 */
 #define RLX_AMX_CPUID_EDX ((1u << 22) | (1u << 24)) /* AMX-BF16, AMX-TILE */
 #include "amx.h"
 #else

@@ -9,10 +9,11 @@
  * so the packed B is read as it is. 32 rows x 32 columns keep 4 int32 accumulator tiles
  * over the whole K; they are stored to a per-thread buffer and go through the same
  * epilogue. Taken when K is a multiple of 64 (rlx_qgemm_has_amx() says whether the CPU and
- * kernel allow it; flag bit 0 of rlx_qgemm_run turns it off). Integer sums are exact
+ * kernel allow it; flag bit 0 of rlx_qgemm_run turns it off, and RLX_NO_AMX, defined by the
+ * loader under RLX_AMX=0, compiles it out). Integer sums are exact
  * either way, so results equal the VNNI path's bit for bit. */
 #include "omp_workspace.h"
-#if RLX_ISA == 2 && defined(__x86_64__) && defined(__linux__)
+#if RLX_ISA == 2 && defined(__x86_64__) && defined(__linux__) && !defined(RLX_NO_AMX)
 #define RLX_AMX_CPUID_EDX ((1u << 24) | (1u << 25)) /* AMX-TILE, AMX-INT8 */
 #include "amx.h"
 
