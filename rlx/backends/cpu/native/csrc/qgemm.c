@@ -377,6 +377,48 @@ static void ukernel(long kg, const a_t *ap, const b_t *bp, int32_t *ct) {
     STORE(0); STORE(1); STORE(2); STORE(3); STORE(4); STORE(5);
     STORE(6); STORE(7); STORE(8); STORE(9); STORE(10); STORE(11);
 }
+
+/* VNNI kernels on the first R rows of a tile, for a last row tile that short (M = 16:
+ * 12 + 4 rows instead of 12 + 12, a third of the multiply-adds at 1x16 on zero rows) */
+#define VNNI_UKERNEL(NAME, R)                                                         \
+    static void NAME(long kg, const a_t *ap, const b_t *bp, int32_t *ct) {            \
+        __m512i c0[R], c1[R];                                                         \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {                         \
+            c0[r] = _mm512_loadu_si512((const void *)(ct + r * NR));                  \
+            c1[r] = _mm512_loadu_si512((const void *)(ct + r * NR + 16));             \
+        }                                                                             \
+        for (long k = 0; k < kg; ++k) {                                               \
+            __m512i b0 = _mm512_loadu_si512((const void *)bp);                        \
+            __m512i b1 = _mm512_loadu_si512((const void *)(bp + 64));                 \
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {                     \
+                __m512i a = _mm512_set1_epi32(load4(ap + 4 * r));                     \
+                c0[r] = _mm512_dpbusd_epi32(c0[r], a, b0);                            \
+                c1[r] = _mm512_dpbusd_epi32(c1[r], a, b1);                            \
+            }                                                                         \
+            ap += KG * MR;                                                            \
+            bp += KG * NR;                                                            \
+        }                                                                             \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {                         \
+            _mm512_storeu_si512((void *)(ct + r * NR), c0[r]);                        \
+            _mm512_storeu_si512((void *)(ct + r * NR + 16), c1[r]);                   \
+        }                                                                             \
+    }
+VNNI_UKERNEL(ukernel_v8, 8)
+VNNI_UKERNEL(ukernel_v4, 4)
+VNNI_UKERNEL(ukernel_v2, 2)
+#undef VNNI_UKERNEL
+
+/* rows: how many rows of the tile are real (1..MR; more than MR: all) */
+static void ukernel_vnni_rows(long kg, const a_t *ap, const b_t *bp, int32_t *ct, long rows) {
+    if (rows > 8)
+        ukernel(kg, ap, bp, ct);
+    else if (rows > 4)
+        ukernel_v8(kg, ap, bp, ct);
+    else if (rows > 2)
+        ukernel_v4(kg, ap, bp, ct);
+    else
+        ukernel_v2(kg, ap, bp, ct);
+}
 #elif RLX_ISA == 1
 /* a) 7-bit weights: vpmaddubsw + vpmaddwd(ones); ct[MR][NR] += sums over kg quads, rows
  * [0, R) of the tile (R = MR, or 4 / 2 for a last tile that short: no work on the zero
