@@ -363,12 +363,31 @@ static inline int32_t load4(const void *p) {
     __m512i c##r##0 = _mm512_loadu_si512((const void *)(ct + (r) * NR)),      \
             c##r##1 = _mm512_loadu_si512((const void *)(ct + (r) * NR + 16))
 
+/* B (both cache lines of a k group's 128 bytes) prefetched VNNI_PFB bytes ahead into L2
+ * (the next panel's start at a panel's end: panels are contiguous). The 36 int8 GEMMs of
+ * the 1x16 MiniLM forward (10.6 MB of weights), sum of per-call minima, one process: 1.90
+ * ms without, 1.86 at 1 KB into L1, 1.72-1.75 at 8 KB and 1.73 at 16 KB into L2, 1.81 at
+ * 32 KB (Zen 4, load ~12). */
+#ifndef VNNI_PFB
+#define VNNI_PFB 8192
+#endif
+#ifndef VNNI_PFH
+#define VNNI_PFH _MM_HINT_T1
+#endif
+#define VNNI_PREFETCH(p)                                                   \
+    do {                                                                   \
+        if (VNNI_PFB) {                                                    \
+            _mm_prefetch((const char *)(p) + VNNI_PFB, VNNI_PFH);          \
+            _mm_prefetch((const char *)(p) + VNNI_PFB + 64, VNNI_PFH);     \
+        }                                                                  \
+    } while (0)
 static void ukernel(long kg, const a_t *ap, const b_t *bp, int32_t *ct) {
     LOAD(0); LOAD(1); LOAD(2); LOAD(3); LOAD(4); LOAD(5);
     LOAD(6); LOAD(7); LOAD(8); LOAD(9); LOAD(10); LOAD(11);
     for (long k = 0; k < kg; ++k) {
         __m512i b0 = _mm512_loadu_si512((const void *)bp);
         __m512i b1 = _mm512_loadu_si512((const void *)(bp + 64));
+        VNNI_PREFETCH(bp);
         ROW(0); ROW(1); ROW(2); ROW(3); ROW(4); ROW(5);
         ROW(6); ROW(7); ROW(8); ROW(9); ROW(10); ROW(11);
         ap += KG * MR;
@@ -390,6 +409,7 @@ static void ukernel(long kg, const a_t *ap, const b_t *bp, int32_t *ct) {
         for (long k = 0; k < kg; ++k) {                                               \
             __m512i b0 = _mm512_loadu_si512((const void *)bp);                        \
             __m512i b1 = _mm512_loadu_si512((const void *)(bp + 64));                 \
+            VNNI_PREFETCH(bp);                                                        \
             _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {                     \
                 __m512i a = _mm512_set1_epi32(load4(ap + 4 * r));                     \
                 c0[r] = _mm512_dpbusd_epi32(c0[r], a, b0);                            \
