@@ -13,7 +13,10 @@
  *   portable MR = 6 x NR = 8: 12 accumulators of 4 floats (SSE2 mul + add on x86-64).
  *   The last micro-panel of a row block, when it has fewer than MR rows, runs a kernel of
  *   2, 4 or 8 rows (the smallest that covers it) instead of all MR: skinny products (M =
- *   16 tokens: 14 + 2 rows on AVX-512) no longer pay for MR rows of zeros.
+ *   16 tokens: 14 + 2 rows on AVX-512) no longer pay for MR rows of zeros. A block of 1
+ *   or 2 rows (M <= 2) runs 4 column panels at once (8 or 16 accumulator chains).
+ *   The first row panel on each B block prefetches B into L2 ahead of use (and the next
+ *   panel's block at its end): skinny products are bound by streaming the weights.
  * B: packed by rlx_sgemm_pack_b (from any strides) into panels of NR columns, panel p
  *    holding B[k, p*NR .. p*NR+NR) for k = 0..K-1 contiguously (NR floats per k; the last
  *    panel zero-padded). Weights are packed once (param prologue); activations per call.
@@ -221,6 +224,41 @@ static ukernel_fn ukernel_for(long h) {
 }
 
 
+/* UKERNEL_P(name, R): R (1 or 2) rows x NP = 4 panels of NR columns (B panels bstride
+ * floats apart) into tile[R][NP * NR], from zero. For a block of at most 2 rows (M <= 2):
+ * the 2-row kernel on one panel has 4 accumulator chains (2 on 1 real row) and waits on
+ * the FMA latency; here 8 R chains. Each output element is the same chain of FMAs over k
+ * as in the one-panel kernels, so a row keeps its bits whatever M. */
+#define NP 4
+#define UKERNEL_P(NAME, R)                                                                 \
+    __attribute__((optimize("fp-contract=fast"))) static void NAME(                        \
+        long kc, const float *restrict a, const float *restrict b, long bstride,           \
+        float *restrict tile) {                                                            \
+        vf acc[R][2 * NP];                                                                 \
+        _Pragma("GCC unroll 16") for (int i = 0; i < R; i++)                               \
+            _Pragma("GCC unroll 16") for (int p = 0; p < 2 * NP; p++) acc[i][p] = (vf){0}; \
+        for (long q = 0; q < kc; q++) {                                                    \
+            _Pragma("GCC unroll 4") for (int p = 0; p < NP; p++) {                         \
+                const float *bq = b + p * bstride;                                         \
+                const vf b0 = *(const vfu *)bq, b1 = *(const vfu *)(bq + VL);              \
+                __builtin_prefetch(bq + PFD * NR, 0, PFH);                                 \
+                if (NR * 4 > 64) __builtin_prefetch(bq + PFD * NR + VL, 0, PFH);           \
+                _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) {                      \
+                    const float x = a[i];                                                  \
+                    acc[i][2 * p] = x * b0 + acc[i][2 * p];                                \
+                    acc[i][2 * p + 1] = x * b1 + acc[i][2 * p + 1];                        \
+                }                                                                          \
+            }                                                                              \
+            a += MR;                                                                       \
+            b += NR;                                                                       \
+        }                                                                                  \
+        _Pragma("GCC unroll 16") for (int i = 0; i < R; i++)                               \
+            _Pragma("GCC unroll 16") for (int p = 0; p < 2 * NP; p++)                      \
+                *(vfu *)(tile + i * NP * NR + p * VL) = acc[i][p];                         \
+    }
+UKERNEL_P(ukernel1p, 1)
+UKERNEL_P(ukernel2p, 2)
+
 /* ---- epilogue ----------------------------------------------------------------------- */
 
 typedef struct {
@@ -309,12 +347,33 @@ static float *grow(tbuf_t *t, size_t n) {
     return t->buf;
 }
 
+/* rows i0 .. i0+mr of a tile (row stride ldt, nr columns from jr) into the output: plus
+ * the output's partial sums unless first, through the epilogue on the last K block */
+static void tile_out(const epi_t *e, float *tile, long ldt, long i0, long mr, long jr, long nr,
+                     int first, int last, int trivial, float *tmp) {
+    for (long i = 0; i < mr; i++) {
+        float *t = tile + i * ldt;
+        if (e->c_bf16) {
+            epi_row(e, t, i0 + i, jr, nr, tmp);
+            continue;
+        }
+        float *c = (float *)e->c + (i0 + i) * e->ldc + jr;
+        if (!first)
+            for (long j = 0; j < nr; j++) t[j] += c[j];
+        if (last && !trivial)
+            epi_row(e, t, i0 + i, jr, nr, tmp);
+        else
+            memcpy(c, t, nr * sizeof(float));
+    }
+}
+
 /* one thread: rows [m0, m1) x columns [n0, n1) (n0 a multiple of NR) */
 static int gemm_rect(long m0, long m1, long n0, long n1, long k, const float *a, long rsa,
                      long csa, const float *bp, const epi_t *e) {
     if (m0 >= m1 || n0 >= n1) return 0;
     const int trivial = epi_trivial(e);
     float tile[MR * NR] __attribute__((aligned(64)));
+    float tile4[2 * NP * NR] __attribute__((aligned(64)));
     float tmp[NR] __attribute__((aligned(64)));
     if (k == 0) {
         memset(tile, 0, sizeof(tile));
@@ -339,6 +398,15 @@ static int gemm_rect(long m0, long m1, long n0, long n1, long k, const float *a,
                 const long mc = m1 - ic < mcs ? m1 - ic : mcs;
                 pack_a(a + ic * rsa + pc * csa, rsa, csa, mc, kc, ap);
                 for (long jr = jc; jr < jend; jr += NR) {
+                    if (mc <= 2 && jr + NP * NR <= jend) { /* 1-2 rows: NP panels at once */
+                        const float *bpan = bp + (jr / NR) * k * NR + pc * NR;
+                        (mc == 1 ? ukernel1p : ukernel2p)(kc, ap, bpan, k * NR, tile4);
+                        for (int p = 0; p < NP; p++)
+                            tile_out(e, tile4 + p * NR, NP * NR, ic, mc, jr + p * NR, NR, first,
+                                     last, trivial, tmp);
+                        jr += (NP - 1) * NR;
+                        continue;
+                    }
                     const long nr = jend - jr < NR ? jend - jr : NR;
                     const float *bpan = bp + (jr / NR) * k * NR + pc * NR;
                     /* the B block the next panel reads, for the kernel's prefetch */
@@ -359,20 +427,7 @@ static int gemm_rect(long m0, long m1, long n0, long n1, long k, const float *a,
                                     epi_row(e, c + i * e->ldc, i0 + i, jr, NR, tmp);
                         } else {
                             ukernel_for(mr)(kc, apan, bpan, tile, NR, 0, bnx);
-                            for (long i = 0; i < mr; i++) {
-                                float *t = tile + i * NR;
-                                if (e->c_bf16) {
-                                    epi_row(e, t, i0 + i, jr, nr, tmp);
-                                    continue;
-                                }
-                                float *c = (float *)e->c + (i0 + i) * e->ldc + jr;
-                                if (!first)
-                                    for (long j = 0; j < nr; j++) t[j] += c[j];
-                                if (last && !trivial)
-                                    epi_row(e, t, i0 + i, jr, nr, tmp);
-                                else
-                                    memcpy(c, t, nr * sizeof(float));
-                            }
+                            tile_out(e, tile, NR, i0, mr, jr, nr, first, last, trivial, tmp);
                         }
                     }
                 }
