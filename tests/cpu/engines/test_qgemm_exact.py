@@ -188,3 +188,28 @@ def test_empty_operands(isa):
     lib.run(np.ones((3, 0), np.float32), lib.pack(np.ones((0, 5), np.int8)), 5, mode=0,
             w_scales=ones, bias=2 * ones, act="relu", out_f32=y)  # fmt: skip
     np.testing.assert_array_equal(y, np.full((3, 5), 2.0, np.float32))
+
+
+@pytest.mark.parametrize("isa", ISAS, ids=lambda i: i.name)
+@pytest.mark.parametrize("k", [384, 1540])
+def test_every_row_count_is_exact_and_keeps_its_row_values(isa, k):
+    """Every M from 1 to 29 (the short last row tiles: 8-, 4- and 2-row VNNI
+    kernels, 6 / 4 / 2 rows on AVX2), K over several slices: the int32 accumulator equals
+    int64 NumPy, dynamic f32 rows give the f32 result of the full product row for row."""
+    lib = native.qgemm_lib(isa)
+    rng = np.random.default_rng(k)
+    n = 67
+    w = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    packed = lib.pack(w)
+    a = rng.integers(-128, 128, (29, k), dtype=np.int8)  # 12 + 12 + 5 rows (VNNI)
+    x = rng.standard_normal((a.shape[0], k)).astype(np.float32)
+    ws = rng.uniform(0.001, 0.01, n).astype(np.float32)
+    full = np.empty((a.shape[0], n), np.float32)
+    lib.run(x, packed, n, mode=1, w_scales=ws, out_f32=full)
+    for m in range(1, a.shape[0] + 1):
+        c = np.empty((m, n), np.int32)
+        lib.run(a[:m], packed, n, a_zero_point=3, out_i32=c)
+        np.testing.assert_array_equal(c, acc64(a[:m], 3, w), err_msg=f"m={m}")
+        y = np.empty((m, n), np.float32)
+        lib.run(x[:m], packed, n, mode=1, w_scales=ws, out_f32=y)
+        np.testing.assert_array_equal(y, full[:m], err_msg=f"m={m}")

@@ -329,7 +329,8 @@ def test_corrupt_choice_file_is_ignored(choice_dir, text) -> None:
 
 
 def test_invalid_entries_are_dropped(choice_dir) -> None:
-    ks.choice_path().write_text('{"version": 2, "choices": {"k3": "gpu", "k4": "blas"}}')
+    data = {"version": ks._VERSION, "choices": {"k3": "gpu", "k4": "blas"}}
+    ks.choice_path().write_text(json.dumps(data))
     seen, make = _calls()
     assert ks.choose("k4", make, 1) == (False, "recorded choice") and not seen
     assert ks.choose("k3", make, 1)[1].startswith("measured")

@@ -1,5 +1,6 @@
 """Skinny products on rlx's packed sgemm (native/csrc/sgemm.c): the last micro-panel of a
-row block runs a 2-, 4- or 8-row kernel when fewer than MR rows remain. Oracle: NumPy
+row block runs a 2-, 4- or 8-row kernel when fewer than MR rows remain; a block of 1 or 2
+rows runs 4 column panels at once. Oracle: NumPy
 float64 matmul (bound ``2 K eps32 (|a| @ |b|)``); and a row's bits must not depend on how
 many rows share the call (the panel that computes it), on every runnable target, with and
 without K blocks and epilogues."""
@@ -25,10 +26,11 @@ def lib(request):
 
 @pytest.mark.parametrize("act", [None, "gelu"])
 @pytest.mark.parametrize("long_k", [False, True])
-def test_every_row_count_matches_float64_and_keeps_its_bits(lib, act, long_k) -> None:
+@pytest.mark.parametrize("panels", [2, 9])  # 9: M <= 2 runs 4 panels at once, then 4, then 1
+def test_every_row_count_matches_float64_and_keeps_its_bits(lib, act, long_k, panels) -> None:
     rng = np.random.default_rng(5)
     k = 2 * lib.kc + 5 if long_k else 96  # several K blocks: partial sums through the output
-    n = 2 * lib.nr + 3
+    n = panels * lib.nr + 3
     a = rng.standard_normal((2 * lib.mr + 9, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)

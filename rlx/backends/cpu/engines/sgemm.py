@@ -67,7 +67,7 @@ __all__ = [
 F32 = np.dtype(np.float32)
 EPILOGUE_ACTS = frozenset(k for k in ACT_CODES if k is not None)
 _CHOICE_FILE = "sgemm_choice.json"
-_VERSION = 2  # 2: the 2-/4-/8-row tail kernels changed the timings
+_VERSION = 3  # 2: the 2-/4-/8-row tail kernels; 3: B prefetch, 1-2 rows on 4 panels (issue 31)
 _MEASURE_ROWS = 256
 _TIE = 1.05  # native wins within 5 % of BLAS
 

@@ -168,6 +168,8 @@ static void tile_panel(long i0, long i1, long j, long M, long N, long kp, long k
 #endif
 #if RLX_ISA == 1
             ukernel_rows(g1 - g0, Ap + ao, Bp + bo, acc + (i - i0) * MR * NR, M - i * MR);
+#elif RLX_ISA == 2 /* VNNI: 8-, 4- or 2-row kernels for a short last tile */
+            ukernel_vnni_rows(g1 - g0, Ap + ao, Bp + bo, acc + (i - i0) * MR * NR, M - i * MR);
 #else
             ukernel(g1 - g0, Ap + ao, Bp + bo, acc + (i - i0) * MR * NR);
 #endif
