@@ -23,7 +23,15 @@ from tests.cpu.kernels.test_quant_dequant import check_close, check_q8, make_wei
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not installed")
 
-Q8 = [S.GgufQ8_0(), S.GgufQ5_0(), S.GgufQ4K(), S.GgufQ6K()]
+Q8 = [
+    S.GgufQ8_0(),
+    S.GgufQ5_0(),
+    S.GgufQ4_0(),
+    S.GgufQ4_1(),
+    S.GgufQ5_1(),
+    S.GgufQ4K(),
+    S.GgufQ6K(),
+]
 
 
 def _k(scheme: S.QuantScheme) -> int:
@@ -66,7 +74,7 @@ def test_auto_is_q8_below_4_rows_and_f32_above(scheme):
 def test_other_schemes_ignore_q8():
     lib = dqgemm_lib()
     rng = np.random.default_rng(4)
-    for scheme in (S.Int8Block(32), S.GgufQ4_0(), S.GgufQ5K()):
+    for scheme in (S.Int8Block(32), S.GgufQ3K(), S.GgufQ5K()):
         n, k = 5, 256
         ws, w = make_weight(scheme, n, k, rng)
         x = rng.standard_normal((1, k)).astype(np.float32)

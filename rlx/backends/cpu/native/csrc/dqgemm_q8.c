@@ -1,5 +1,5 @@
 /* dqgemm part 6 of 6 (see dqgemm.c): the integer path, activations quantized to q8 (as
- * llama.cpp's vec_dot kernels), for Q8_0, Q5_0, Q4_K and Q6_K weights.
+ * llama.cpp's vec_dot kernels), for Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, Q4_K and Q6_K weights.
  *
  * Activations: each X row is quantized once per call, per block of 32 inputs, to int8
  * codes xq = round(x / dx) with dx = max|x| / 127 (round to nearest even), so
@@ -9,7 +9,10 @@
  * Weights: each row is brought to one form, w = ws[g] * q[j] + wo[g] (g: the 32 or, for
  * Q6_K, 16 inputs sharing a scale), with q unsigned 0..63 (Q4_K: 0..15 scale d * sc,
  * offset -dmin * m; Q6_K: 0..63 scale d * sc, offset -32 d * sc), or signed with no offset
- * (Q5_0: q - 16 in -16..15; Q8_0: the codes read in place, stride 34). The product of a 32-input block is an exact integer
+ * (Q5_0: q - 16 in -16..15; Q4_0: q - 8; Q8_0: the codes read in place, stride 34); Q4_1
+ * and Q5_1 are unsigned with scale d and offset m per 32. At M = 1 on AVX2 / AVX-512 the
+ * 32-weight layouts skip this prepared copy (q8_row32: codes straight from the packed
+ * bytes). The product of a 32-input block is an exact integer
  * dot product per 16 (vpdpbusd on AVX-512 VNNI; vpmaddubsw + vpmaddwd on AVX2; with
  * Q8_0's signs moved onto X by vpsignb), scaled in f32 by ws * dx and summed; the offsets
  * add dot(wo, dx * sum(xq)) over the K / 16 groups.
@@ -29,7 +32,11 @@
 #endif
 
 static int q8_ok(int code) {
-    return code == S_Q8_0 || code == S_Q5_0 || code == S_Q4_K || code == S_Q6_K;
+    switch (code) {
+    case S_Q8_0: case S_Q5_0: case S_Q4_0: case S_Q4_1: case S_Q5_1: case S_Q4_K: case S_Q6_K:
+        return 1;
+    default: return 0;
+    }
 }
 
 /* X row -> int8 codes q[K], scales d[K / 32], scaled sums s16[K / 16] and s32[K / 32]. A
@@ -152,6 +159,31 @@ static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict
             ws[b] = Q8_HF(p);
         }
         return 0;
+    case S_Q4_0: /* signed codes q - 8, no offset */
+        for (long b = 0; b < s->nb; b++, p += 18, wq += 32) {
+            for (int j = 0; j < 16; j++) {
+                wq[j] = (uint8_t)(int8_t)((p[2 + j] & 15) - 8);
+                wq[j + 16] = (uint8_t)(int8_t)((p[2 + j] >> 4) - 8);
+            }
+            ws[b] = Q8_HF(p);
+        }
+        return 0;
+    case S_Q4_1: /* unsigned codes, scale d and offset m per 32 (kind 1) */
+    case S_Q5_1: {
+        int five = s->code == S_Q5_1;
+        for (long b = 0; b < s->nb; b++, p += s->bb, wq += 32) {
+            uint32_t qh = 0;
+            if (five) memcpy(&qh, p + 4, 4);
+            const uint8_t *qs = p + 4 + 4 * five;
+            for (int j = 0; j < 16; j++) {
+                wq[j] = (uint8_t)((qs[j] & 15) | (((qh >> j) & 1) << 4));
+                wq[j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+            }
+            ws[b] = Q8_HF(p);
+            wo[b] = Q8_HF(p + 2);
+        }
+        return 1;
+    }
     case S_Q4_K:
         for (long b = 0; b < s->nb; b++, p += 144, wq += 256) {
             float d = Q8_HF(p), dmin = Q8_HF(p + 2);
@@ -308,6 +340,104 @@ static void q8_dot_c(const uint8_t *wq, long stride, const float *ws, int per16,
     q8_dot_c(q, stride, ws, per16, sgn, nb32, xq + m0 * K, K, dx + m0 * nb32, nb32, mr, part)
 #endif
 
+#if VW >= 8
+/* ---- M = 1, the 32-weight layouts: one row straight from its packed bytes (no prepared
+ * copy), two blocks per step into separate accumulators. Per block: the 32 codes as bytes
+ * (signed: Q8_0, Q4_0 q - 8, Q5_0 q - 16, their signs moved onto X; unsigned: Q4_1 / Q5_1
+ * q, whose min m adds m * dx * sum(xq) over the block), one integer dot product, one FMA
+ * by d * dx. ---- */
+static inline __m256i q4_nibbles(const uint8_t *qs) {
+    const __m128i m4 = _mm_set1_epi8(15);
+    __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+}
+
+/* the 32 5-bit codes of a Q5_0 / Q5_1 block (nibbles at qs, bit j of qh as bit 4 of byte
+ * j), as llama.cpp's bytes_from_bits_32 */
+static inline __m256i q5_codes(const uint8_t *qs, uint32_t qh) {
+    const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                            0x0303030303030303LL);
+    __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
+    bits = _mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL));
+    bits = _mm256_cmpeq_epi8(bits, _mm256_set1_epi64x(-1));
+    return _mm256_or_si256(q4_nibbles(qs), _mm256_and_si256(bits, _mm256_set1_epi8(16)));
+}
+
+/* block b of the row at p (bytes bb) -> its 32 codes; *m: the min (unsigned forms) */
+static inline __attribute__((always_inline)) __m256i q8r_codes(int code, const uint8_t *p,
+                                                                float *m) {
+    uint32_t qh;
+    switch (code) {
+    case S_Q8_0: return _mm256_loadu_si256((const __m256i *)(p + 2));
+    case S_Q4_0: return _mm256_sub_epi8(q4_nibbles(p + 2), _mm256_set1_epi8(8));
+    case S_Q5_0:
+        memcpy(&qh, p + 2, 4);
+        return _mm256_sub_epi8(q5_codes(p + 6, qh), _mm256_set1_epi8(16));
+    case S_Q4_1: *m = Q8_HF(p + 2); return q4_nibbles(p + 4);
+    default: /* S_Q5_1 */
+        memcpy(&qh, p + 4, 4);
+        *m = Q8_HF(p + 2);
+        return q5_codes(p + 8, qh);
+    }
+}
+
+static inline __attribute__((always_inline)) __m256 q8r_blk(int code, const uint8_t *p,
+                                                             const int8_t *xq, float dx,
+                                                             float sx, __m256 acc, float *mt) {
+    float m = 0.0f;
+    __m256i c = q8r_codes(code, p, &m);
+    __m256i xv = _mm256_loadu_si256((const __m256i *)xq);
+    int sgn = code == S_Q8_0 || code == S_Q4_0 || code == S_Q5_0;
+    if (sgn) {
+        xv = _mm256_sign_epi8(xv, c);
+        c = _mm256_sign_epi8(c, c);
+    }
+    if (!sgn) *mt += m * sx;
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dp_us(c, xv)), _mm256_set1_ps(Q8_HF(p) * dx), acc);
+}
+
+/* y = row . x for the row at p (nb blocks of bb bytes); xq, dx, s32: quant_x of x */
+static inline __attribute__((always_inline)) float q8_row32(int code, const uint8_t *p,
+                                                             long bb, long nb, const int8_t *xq,
+                                                             const float *dx, const float *s32) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    float m0 = 0.0f, m1 = 0.0f;
+    long b = 0;
+    for (; b + 2 <= nb; b += 2, p += 2 * bb, xq += 64) {
+        a0 = q8r_blk(code, p, xq, dx[b], s32[b], a0, &m0);
+        a1 = q8r_blk(code, p + bb, xq + 32, dx[b + 1], s32[b + 1], a1, &m1);
+    }
+    if (b < nb) a0 = q8r_blk(code, p, xq, dx[b], s32[b], a0, &m0);
+    return hsum8(_mm256_add_ps(a0, a1)) + (m0 + m1);
+}
+
+static int q8_row32_ok(int code) {
+    return code == S_Q8_0 || code == S_Q4_0 || code == S_Q5_0 || code == S_Q4_1 ||
+           code == S_Q5_1;
+}
+
+/* y[n] for rows n of [0, N) at M = 1, the layout's kernel chosen once per call */
+#define Q8_ROWS32(CODE, BB)                                                                    \
+    _Pragma("omp for schedule(dynamic, chunk)") for (long n = 0; n < N; n++) {                 \
+        prefetch_rows(s, &pf, n);                                                              \
+        y[n] = q8_row32(CODE, s->w + n * s->row_bytes, BB, s->nb, xq, dx, s32);                \
+    }
+static void gemv_q8_row32(const dq_t *s, long N, const int8_t *xq, const float *dx,
+                          const float *s32, float *y, int threads, long chunk) {
+#pragma omp parallel num_threads(threads)
+    {
+        prefetcher pf = {0, 0};
+        switch (s->code) {
+        case S_Q8_0: Q8_ROWS32(S_Q8_0, 34) break;
+        case S_Q4_0: Q8_ROWS32(S_Q4_0, 18) break;
+        case S_Q5_0: Q8_ROWS32(S_Q5_0, 22) break;
+        case S_Q4_1: Q8_ROWS32(S_Q4_1, 20) break;
+        default: Q8_ROWS32(S_Q5_1, 24) break;
+        }
+    }
+}
+#endif
+
 /* Y = X @ dequant(W)^T with X quantized to q8 (see the top of this file) */
 static int gemm_q8(const dq_t *s, long M, long N, long K, const float *x, long ldx, float *y,
                    long ldy, int threads) {
@@ -326,6 +456,13 @@ static int gemm_q8(const dq_t *s, long M, long N, long K, const float *x, long l
          * core leaves its rows to the others instead of holding the barrier */
         long chunk = 32768 / s->row_bytes;
         if (chunk < 1) chunk = 1;
+#if VW >= 8
+        int direct = M == 1 && q8_row32_ok(s->code);
+        if (direct) gemv_q8_row32(s, N, xq, dx, xs32, y, threads, chunk);
+#else
+        int direct = 0;
+#endif
+        if (!direct)
 #pragma omp parallel num_threads(threads) reduction(| : fail)
         {
             uint8_t *wq = (uint8_t *)aligned_alloc(64, (size_t)((K + 63) / 64 * 64));
