@@ -411,9 +411,79 @@ static inline __attribute__((always_inline)) float q8_row32(int code, const uint
     return hsum8(_mm256_add_ps(a0, a1)) + (m0 + m1);
 }
 
+/* the 8 lane sums of each of v[0 .. 8), as the 8 lanes of one vector (hadd tree) */
+static inline __m256i hsum8x8(const __m256i *v) {
+    __m256i a = _mm256_hadd_epi32(v[0], v[1]), b = _mm256_hadd_epi32(v[2], v[3]);
+    __m256i c = _mm256_hadd_epi32(v[4], v[5]), d = _mm256_hadd_epi32(v[6], v[7]);
+    a = _mm256_hadd_epi32(a, b); /* per 128-bit half: sums of v0..v3 over that half */
+    c = _mm256_hadd_epi32(c, d);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x20),
+                            _mm256_permute2x128_si256(a, c, 0x31));
+}
+
+/* M = 1, Q4_K: one row straight from its packed bytes. Per 256-weight block: the 8
+ * sub-blocks' integer dot products (codes 0..15 x xq), reduced to one vector of 8 sums,
+ * converted and scaled by (d * sc_j) * dx_j in one FMA; the mins add (dmin * m_j) * (dx_j
+ * * sum xq_j) in one FMA per block. */
+static float q8_row_q4_k(const uint8_t *p, long nb, const int8_t *xq, const float *dx,
+                         const float *s32) {
+    __m256 acc = _mm256_setzero_ps(), mins = acc;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (long b = 0; b < nb; b++, p += 144, xq += 256, dx += 8, s32 += 8) {
+        __m256 scf, mf;
+        q4k_scales_mins(p, &scf, &mf);
+        __m256 sc = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(Q8_HF(p)), scf),
+                                  _mm256_loadu_ps(dx));
+        mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(Q8_HF(p + 2)), mf),
+                               _mm256_loadu_ps(s32), mins);
+        __m256i v[8];
+        for (int c = 0; c < 4; c++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * c));
+            v[2 * c] = dp_us(_mm256_and_si256(q, m4),
+                             _mm256_loadu_si256((const __m256i *)(xq + 64 * c)));
+            v[2 * c + 1] = dp_us(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+                                 _mm256_loadu_si256((const __m256i *)(xq + 64 * c + 32)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8(v)), sc, acc);
+    }
+    return hsum8(acc) - hsum8(mins);
+}
+
+/* M = 1, Q6_K: as q8_row_q4_k with a scale per 16 weights. Group i = 4 h + g (outputs
+ * 32 i .. 32 i + 32, X block i) has scales 2 i (first 16) and 2 i + 1; two hadd stages
+ * leave [groups 0-3 first 16 | groups 0-3 second 16] (and 4-7 likewise), matched by the
+ * scales permuted (0 2 4 6 1 3 5 7) times dx; the -32 offset adds 32 d sc_t * (dx sum xq
+ * over 16-run t), with t = the scale's index. */
+static float q8_row_q6_k(const uint8_t *p, long nb, const int8_t *xq, const float *dx,
+                         const float *s16) {
+    __m256 acc = _mm256_setzero_ps(), offs = acc;
+    const __m256i perm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    for (long b = 0; b < nb; b++, p += 210, xq += 256, dx += 8, s16 += 16) {
+        __m256 lo, hi;
+        q6k_scales(p, Q8_HF(p + 208), &lo, &hi); /* d * sc[0..8), d * sc[8..16) */
+        const __m256 c32 = _mm256_set1_ps(32.0f);
+        offs = _mm256_fmadd_ps(_mm256_mul_ps(c32, lo), _mm256_loadu_ps(s16), offs);
+        offs = _mm256_fmadd_ps(_mm256_mul_ps(c32, hi), _mm256_loadu_ps(s16 + 8), offs);
+        __m256i v[8];
+        for (int h = 0; h < 2; h++) {
+            q6k_half_t half = q6k_half(p, h);
+            for (int g = 0; g < 4; g++)
+                v[4 * h + g] = dp_us(q6k_codes(half, g),
+                                     _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * g)));
+        }
+        __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+        __m256 sa = _mm256_mul_ps(_mm256_permutevar8x32_ps(lo, perm), _mm256_broadcast_ps((const __m128 *)dx));
+        __m256 sc = _mm256_mul_ps(_mm256_permutevar8x32_ps(hi, perm), _mm256_broadcast_ps((const __m128 *)(dx + 4)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), sa, acc);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), sc, acc);
+    }
+    return hsum8(acc) - hsum8(offs);
+}
+
 static int q8_row32_ok(int code) {
     return code == S_Q8_0 || code == S_Q4_0 || code == S_Q5_0 || code == S_Q4_1 ||
-           code == S_Q5_1;
+           code == S_Q5_1 || code == S_Q4_K || code == S_Q6_K;
 }
 
 /* y[n] for rows n of [0, N) at M = 1, the layout's kernel chosen once per call */
@@ -423,11 +493,26 @@ static int q8_row32_ok(int code) {
         y[n] = q8_row32(CODE, s->w + n * s->row_bytes, BB, s->nb, xq, dx, s32);                \
     }
 static void gemv_q8_row32(const dq_t *s, long N, const int8_t *xq, const float *dx,
-                          const float *s32, float *y, int threads, long chunk) {
+                          const float *s16, const float *s32, float *y, int threads,
+                          long chunk) {
 #pragma omp parallel num_threads(threads)
     {
         prefetcher pf = {0, 0};
         switch (s->code) {
+        case S_Q6_K:
+#pragma omp for schedule(dynamic, chunk)
+            for (long n = 0; n < N; n++) {
+                prefetch_rows(s, &pf, n);
+                y[n] = q8_row_q6_k(s->w + n * s->row_bytes, s->nb, xq, dx, s16);
+            }
+            break;
+        case S_Q4_K:
+#pragma omp for schedule(dynamic, chunk)
+            for (long n = 0; n < N; n++) {
+                prefetch_rows(s, &pf, n);
+                y[n] = q8_row_q4_k(s->w + n * s->row_bytes, s->nb, xq, dx, s32);
+            }
+            break;
         case S_Q8_0: Q8_ROWS32(S_Q8_0, 34) break;
         case S_Q4_0: Q8_ROWS32(S_Q4_0, 18) break;
         case S_Q5_0: Q8_ROWS32(S_Q5_0, 22) break;
@@ -458,7 +543,7 @@ static int gemm_q8(const dq_t *s, long M, long N, long K, const float *x, long l
         if (chunk < 1) chunk = 1;
 #if VW >= 8
         int direct = M == 1 && q8_row32_ok(s->code);
-        if (direct) gemv_q8_row32(s, N, xq, dx, xs32, y, threads, chunk);
+        if (direct) gemv_q8_row32(s, N, xq, dx, xs16, xs32, y, threads, chunk);
 #else
         int direct = 0;
 #endif
