@@ -381,36 +381,6 @@ static inline __attribute__((always_inline)) __m256i q8r_codes(int code, const u
     }
 }
 
-static inline __attribute__((always_inline)) __m256 q8r_blk(int code, const uint8_t *p,
-                                                             const int8_t *xq, float dx,
-                                                             float sx, __m256 acc, float *mt) {
-    float m = 0.0f;
-    __m256i c = q8r_codes(code, p, &m);
-    __m256i xv = _mm256_loadu_si256((const __m256i *)xq);
-    int sgn = code == S_Q8_0 || code == S_Q4_0 || code == S_Q5_0;
-    if (sgn) {
-        xv = _mm256_sign_epi8(xv, c);
-        c = _mm256_sign_epi8(c, c);
-    }
-    if (!sgn) *mt += m * sx;
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dp_us(c, xv)), _mm256_set1_ps(Q8_HF(p) * dx), acc);
-}
-
-/* y = row . x for the row at p (nb blocks of bb bytes); xq, dx, s32: quant_x of x */
-static inline __attribute__((always_inline)) float q8_row32(int code, const uint8_t *p,
-                                                             long bb, long nb, const int8_t *xq,
-                                                             const float *dx, const float *s32) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-    float m0 = 0.0f, m1 = 0.0f;
-    long b = 0;
-    for (; b + 2 <= nb; b += 2, p += 2 * bb, xq += 64) {
-        a0 = q8r_blk(code, p, xq, dx[b], s32[b], a0, &m0);
-        a1 = q8r_blk(code, p + bb, xq + 32, dx[b + 1], s32[b + 1], a1, &m1);
-    }
-    if (b < nb) a0 = q8r_blk(code, p, xq, dx[b], s32[b], a0, &m0);
-    return hsum8(_mm256_add_ps(a0, a1)) + (m0 + m1);
-}
-
 /* the 8 lane sums of each of v[0 .. 8), as the 8 lanes of one vector (hadd tree) */
 static inline __m256i hsum8x8(const __m256i *v) {
     __m256i a = _mm256_hadd_epi32(v[0], v[1]), b = _mm256_hadd_epi32(v[2], v[3]);
@@ -419,6 +389,73 @@ static inline __m256i hsum8x8(const __m256i *v) {
     c = _mm256_hadd_epi32(c, d);
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x20),
                             _mm256_permute2x128_si256(a, c, 0x31));
+}
+
+/* the integer dot product of block p's codes with xq (32 bytes); *m: its min (unsigned
+ * forms). off: Q4_0 / Q5_0 as unsigned codes q, their offset -8 / -16 applied by the
+ * caller (times dx sum xq) */
+static inline __attribute__((always_inline)) __m256i q8r_dot(int code, const uint8_t *p,
+                                                              const int8_t *xq, float *m,
+                                                              int off) {
+    __m256i c;
+    if (off && code == S_Q4_0) c = q4_nibbles(p + 2);
+    else if (off && code == S_Q5_0) {
+        uint32_t qh;
+        memcpy(&qh, p + 2, 4);
+        c = q5_codes(p + 6, qh);
+    } else c = q8r_codes(code, p, m);
+    __m256i xv = _mm256_loadu_si256((const __m256i *)xq);
+    if (code == S_Q8_0 || (!off && (code == S_Q4_0 || code == S_Q5_0))) {
+        xv = _mm256_sign_epi8(xv, c);
+        c = _mm256_sign_epi8(c, c);
+    }
+    return dp_us(c, xv);
+}
+
+/* y = row . x for the row at p (nb blocks of bb bytes); xq, dx, s32: quant_x of x. Eight
+ * blocks per step: their dot products reduced to one vector (hsum8x8), converted and
+ * scaled by d_b * dx_b in one FMA (the eight f16 d gathered into one vcvtph2ps), the mins
+ * of the unsigned forms likewise (m_b * dx_b sum xq_b; Q4_0 / Q5_0 read as unsigned codes
+ * with the min -8 d_b / -16 d_b); the last nb % 8 blocks one at a time. */
+static inline __attribute__((always_inline)) float q8_row32(int code, const uint8_t *p,
+                                                             long bb, long nb, const int8_t *xq,
+                                                             const float *dx, const float *s32) {
+    __m256 acc = _mm256_setzero_ps(), macc = acc;
+    int mins = !(code == S_Q8_0 || code == S_Q4_0 || code == S_Q5_0);
+    float m0 = 0.0f;
+    long b = 0;
+    for (; b + 8 <= nb; b += 8, p += 8 * bb, xq += 256) {
+        __m256i v[8];
+        float m;
+        for (int i = 0; i < 8; i++) v[i] = q8r_dot(code, p + i * bb, xq + 32 * i, &m, 1);
+        __m128i dh = _mm_setzero_si128(), mh = dh;
+        uint16_t u;
+#define Q8_LANE(i)                                                                             \
+    memcpy(&u, p + (i) * bb, 2);                                                               \
+    dh = _mm_insert_epi16(dh, u, i);                                                           \
+    if (mins) {                                                                                \
+        memcpy(&u, p + (i) * bb + 2, 2);                                                       \
+        mh = _mm_insert_epi16(mh, u, i);                                                       \
+    }
+        Q8_LANE(0) Q8_LANE(1) Q8_LANE(2) Q8_LANE(3) Q8_LANE(4) Q8_LANE(5) Q8_LANE(6) Q8_LANE(7)
+#undef Q8_LANE
+        __m256 sc = _mm256_mul_ps(_mm256_cvtph_ps(dh), _mm256_loadu_ps(dx + b));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8(v)), sc, acc);
+        if (mins) macc = _mm256_fmadd_ps(_mm256_cvtph_ps(mh), _mm256_loadu_ps(s32 + b), macc);
+        if (code == S_Q4_0 || code == S_Q5_0) {
+            __m256 off = _mm256_set1_ps(code == S_Q4_0 ? -8.0f : -16.0f);
+            macc = _mm256_fmadd_ps(_mm256_mul_ps(off, _mm256_cvtph_ps(dh)),
+                                   _mm256_loadu_ps(s32 + b), macc);
+        }
+    }
+    __m256 a1 = _mm256_setzero_ps();
+    for (; b < nb; b++, p += bb, xq += 32) {
+        float m = 0.0f;
+        __m256i d = q8r_dot(code, p, xq, &m, 0);
+        a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(Q8_HF(p) * dx[b]), a1);
+        if (mins) m0 += m * s32[b];
+    }
+    return hsum8(_mm256_add_ps(acc, a1)) + (hsum8(macc) + m0);
 }
 
 /* M = 1, Q4_K: one row straight from its packed bytes. Per 256-weight block: the 8
