@@ -67,7 +67,10 @@ Q8_SCHEMES: tuple[type, ...] = (
     S.GgufQ4_0,
     S.GgufQ4_1,
     S.GgufQ5_1,
+    S.GgufQ2K,
+    S.GgufQ3K,
     S.GgufQ4K,
+    S.GgufQ5K,
     S.GgufQ6K,
 )
 #: activation modes: ``f32`` exact f32 products; ``q8`` int8 activations (Q8_SCHEMES only);

@@ -1,5 +1,5 @@
 /* dqgemm part 6 of 6 (see dqgemm.c): the integer path, activations quantized to q8 (as
- * llama.cpp's vec_dot kernels), for Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, Q4_K and Q6_K weights.
+ * llama.cpp's vec_dot kernels), for every GGUF layout but Q8_K.
  *
  * Activations: each X row is quantized once per call, per block of 32 inputs, to int8
  * codes xq = round(x / dx) with dx = max|x| / 127 (round to nearest even), so
@@ -10,9 +10,11 @@
  * Q6_K, 16 inputs sharing a scale), with q unsigned 0..63 (Q4_K: 0..15 scale d * sc,
  * offset -dmin * m; Q6_K: 0..63 scale d * sc, offset -32 d * sc), or signed with no offset
  * (Q5_0: q - 16 in -16..15; Q4_0: q - 8; Q8_0: the codes read in place, stride 34); Q4_1
- * and Q5_1 are unsigned with scale d and offset m per 32. At M = 1 on AVX2 / AVX-512 the
- * 32-weight layouts skip this prepared copy (q8_row32: codes straight from the packed
- * bytes). The product of a 32-input block is an exact integer
+ * and Q5_1 are unsigned with scale d and offset m per 32, Q5_K as Q4_K with 5-bit codes,
+ * Q2_K / Q3_K as Q6_K with 2- / 3-bit codes (offsets -dmin m / -4 d scl per 16). At M = 1
+ * on AVX2 / AVX-512 every layout skips this prepared copy (q8_row32, q8_row_q45_k,
+ * q8_row_k16: codes straight from the packed bytes, the per-block dot products reduced
+ * to one vector and scaled by one FMA). The product of a 32-input block is an exact integer
  * dot product per 16 (vpdpbusd on AVX-512 VNNI; vpmaddubsw + vpmaddwd on AVX2; with
  * Q8_0's signs moved onto X by vpsignb), scaled in f32 by ws * dx and summed; the offsets
  * add dot(wo, dx * sum(xq)) over the K / 16 groups.
@@ -33,7 +35,8 @@
 
 static int q8_ok(int code) {
     switch (code) {
-    case S_Q8_0: case S_Q5_0: case S_Q4_0: case S_Q4_1: case S_Q5_1: case S_Q4_K: case S_Q6_K:
+    case S_Q8_0: case S_Q5_0: case S_Q4_0: case S_Q4_1: case S_Q5_1:
+    case S_Q2_K: case S_Q3_K: case S_Q4_K: case S_Q5_K: case S_Q6_K:
         return 1;
     default: return 0;
     }
@@ -107,6 +110,18 @@ static inline void q4k_sm(const uint8_t *q, int j, int *sc, int *m) {
     } else {
         *sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
         *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Q3_K block p: the 16 scales d * scl (sc) and offsets -4 d * scl (of) of its 16-runs */
+static inline void q3k_scales(const uint8_t *p, float *sc, float *of) {
+    const uint8_t *s = p + 96;
+    float d = Q8_HF(p + 108);
+    for (int i = 0; i < 16; i++) {
+        int lo = i < 8 ? (s[i] & 15) : (s[i - 8] >> 4);
+        int hi = (s[8 + (i & 3)] >> (2 * (i >> 2))) & 3;
+        sc[i] = d * (float)((lo | (hi << 4)) - 32);
+        of[i] = -4.0f * sc[i];
     }
 }
 
@@ -184,6 +199,21 @@ static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict
         }
         return 1;
     }
+    case S_Q5_K: /* as Q4_K, codes 0..31 (bit 4 from qh) */
+        for (long b = 0; b < s->nb; b++, p += 176, wq += 256) {
+            float d = Q8_HF(p), dmin = Q8_HF(p + 2);
+            const uint8_t *qh = p + 16, *qs = p + 48;
+            for (int j = 0; j < 8; j++) {
+                int sc, m;
+                q4k_sm(p + 4, j, &sc, &m);
+                ws[8 * b + j] = d * (float)sc;
+                wo[8 * b + j] = -(dmin * (float)m);
+                for (int l = 0; l < 32; l++)
+                    wq[32 * j + l] = (uint8_t)(((qs[32 * (j / 2) + l] >> (4 * (j & 1))) & 15) |
+                                               (((qh[l] >> j) & 1) << 4));
+            }
+        }
+        return 1;
     case S_Q4_K:
         for (long b = 0; b < s->nb; b++, p += 144, wq += 256) {
             float d = Q8_HF(p), dmin = Q8_HF(p + 2);
@@ -217,6 +247,33 @@ static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict
 #endif
         }
         return 1;
+    case S_Q2_K: /* codes 0..3, scale d sc & 15 and offset -dmin sc >> 4 per 16 */
+    case S_Q3_K: /* codes 0..7 (bit 2 from hmask), scale d scl and offset -4 d scl per 16 */
+        for (long b = 0; b < s->nb; b++, p += s->bb, wq += 256) {
+            float sc16[16], of16[16];
+            const uint8_t *qs = p + (s->code == S_Q2_K ? 16 : 32), *hm = p;
+            if (s->code == S_Q2_K) {
+                float d = Q8_HF(p + 80), dmin = Q8_HF(p + 82);
+                for (int i = 0; i < 16; i++) {
+                    sc16[i] = d * (float)(p[i] & 15);
+                    of16[i] = -(dmin * (float)(p[i] >> 4));
+                }
+            } else {
+                q3k_scales(p, sc16, of16);
+            }
+            for (int i = 0; i < 16; i++) {
+                wo[16 * b + i] = of16[i];
+                for (int l = 0; l < 4; l++) ws[64 * b + 8 * (i / 2) + 4 * (i & 1) + l] = sc16[i];
+            }
+            for (int h = 0; h < 2; h++)
+                for (int sh = 0; sh < 4; sh++)
+                    for (int l = 0; l < 32; l++) {
+                        int c = (qs[32 * h + l] >> (2 * sh)) & 3;
+                        if (s->code == S_Q3_K) c |= ((hm[l] >> (4 * h + sh)) & 1) << 2;
+                        wq[128 * h + 32 * sh + l] = (uint8_t)c;
+                    }
+        }
+        return 2;
     default: /* S_Q6_K */
         for (long b = 0; b < s->nb; b++, p += 210, wq += 256) {
             const int8_t *sc = (const int8_t *)(p + 192);
@@ -458,55 +515,103 @@ static inline __attribute__((always_inline)) float q8_row32(int code, const uint
     return hsum8(_mm256_add_ps(acc, a1)) + (hsum8(macc) + m0);
 }
 
-/* M = 1, Q4_K: one row straight from its packed bytes. Per 256-weight block: the 8
- * sub-blocks' integer dot products (codes 0..15 x xq), reduced to one vector of 8 sums,
- * converted and scaled by (d * sc_j) * dx_j in one FMA; the mins add (dmin * m_j) * (dx_j
- * * sum xq_j) in one FMA per block. */
-static float q8_row_q4_k(const uint8_t *p, long nb, const int8_t *xq, const float *dx,
-                         const float *s32) {
+/* M = 1, Q4_K (five = 0, 144-byte blocks) and Q5_K (five = 1, 176: bit 4 of the codes of
+ * sub-block j is bit j of qh[l]): one row straight from its packed bytes. Per 256-weight
+ * block: the 8 sub-blocks' integer dot products (codes x xq), reduced to one vector of 8
+ * sums, converted and scaled by (d * sc_j) * dx_j in one FMA; the mins add (dmin * m_j) *
+ * (dx_j * sum xq_j) in one FMA per block. */
+static inline __attribute__((always_inline)) float q8_row_q45_k(const uint8_t *p, long nb,
+                                                                 const int8_t *xq,
+                                                                 const float *dx,
+                                                                 const float *s32, int five) {
     __m256 acc = _mm256_setzero_ps(), mins = acc;
-    const __m256i m4 = _mm256_set1_epi8(15);
-    for (long b = 0; b < nb; b++, p += 144, xq += 256, dx += 8, s32 += 8) {
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    for (long b = 0; b < nb; b++, p += five ? 176 : 144, xq += 256, dx += 8, s32 += 8) {
         __m256 scf, mf;
         q4k_scales_mins(p, &scf, &mf);
         __m256 sc = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(Q8_HF(p)), scf),
                                   _mm256_loadu_ps(dx));
         mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(Q8_HF(p + 2)), mf),
                                _mm256_loadu_ps(s32), mins);
+        const uint8_t *qs = p + 16 + 32 * five;
+        __m256i hv = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
         __m256i v[8];
         for (int c = 0; c < 4; c++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * c));
-            v[2 * c] = dp_us(_mm256_and_si256(q, m4),
-                             _mm256_loadu_si256((const __m256i *)(xq + 64 * c)));
-            v[2 * c + 1] = dp_us(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
-                                 _mm256_loadu_si256((const __m256i *)(xq + 64 * c + 32)));
+            __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if (five) {
+                __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), one);
+                __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c + 1), one);
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(h0, 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(h1, 4));
+            }
+            v[2 * c] = dp_us(lo, _mm256_loadu_si256((const __m256i *)(xq + 64 * c)));
+            v[2 * c + 1] = dp_us(hi, _mm256_loadu_si256((const __m256i *)(xq + 64 * c + 32)));
         }
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8(v)), sc, acc);
     }
     return hsum8(acc) - hsum8(mins);
 }
 
-/* M = 1, Q6_K: as q8_row_q4_k with a scale per 16 weights. Group i = 4 h + g (outputs
- * 32 i .. 32 i + 32, X block i) has scales 2 i (first 16) and 2 i + 1; two hadd stages
- * leave [groups 0-3 first 16 | groups 0-3 second 16] (and 4-7 likewise), matched by the
- * scales permuted (0 2 4 6 1 3 5 7) times dx; the -32 offset adds 32 d sc_t * (dx sum xq
- * over 16-run t), with t = the scale's index. */
-static float q8_row_q6_k(const uint8_t *p, long nb, const int8_t *xq, const float *dx,
-                         const float *s16) {
+/* M = 1, the layouts with a scale per 16 weights (Q2_K, Q3_K, Q6_K), straight from the
+ * packed bytes. Output 128 h + 32 g + l (l < 32) is group i = 4 h + g (X block i) with
+ * unsigned codes (Q6_K: 6 bits; Q3_K: 2 bits of qs and bit 4 h + g of hmask; Q2_K: 2 bits)
+ * and 16-run t = 2 i + l / 16: w = sc_t * code - of_t, sc_t / of_t: Q6_K d scl, 32 d scl;
+ * Q3_K d scl, 4 d scl; Q2_K d (s & 15), dmin (s >> 4). Two hadd stages leave [groups 0-3
+ * first 16 | groups 0-3 second 16] (and 4-7), matched by the scales permuted
+ * (0 2 4 6 1 3 5 7) times dx; the offsets add of_t * (dx sum xq over run t). */
+static inline __attribute__((always_inline)) float q8_row_k16(int code, const uint8_t *p,
+                                                               long bb, long nb,
+                                                               const int8_t *xq,
+                                                               const float *dx,
+                                                               const float *s16) {
     __m256 acc = _mm256_setzero_ps(), offs = acc;
     const __m256i perm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-    for (long b = 0; b < nb; b++, p += 210, xq += 256, dx += 8, s16 += 16) {
-        __m256 lo, hi;
-        q6k_scales(p, Q8_HF(p + 208), &lo, &hi); /* d * sc[0..8), d * sc[8..16) */
-        const __m256 c32 = _mm256_set1_ps(32.0f);
-        offs = _mm256_fmadd_ps(_mm256_mul_ps(c32, lo), _mm256_loadu_ps(s16), offs);
-        offs = _mm256_fmadd_ps(_mm256_mul_ps(c32, hi), _mm256_loadu_ps(s16 + 8), offs);
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    for (long b = 0; b < nb; b++, p += bb, xq += 256, dx += 8, s16 += 16) {
+        __m256 lo, hi, olo, ohi;
+        if (code == S_Q6_K) {
+            q6k_scales(p, Q8_HF(p + 208), &lo, &hi); /* d * sc[0..8), d * sc[8..16) */
+            olo = _mm256_mul_ps(_mm256_set1_ps(32.0f), lo);
+            ohi = _mm256_mul_ps(_mm256_set1_ps(32.0f), hi);
+        } else if (code == S_Q2_K) {
+            __m128i s8 = _mm_loadu_si128((const __m128i *)p), m4 = _mm_set1_epi8(15);
+            __m128i sl = _mm_and_si128(s8, m4), sh = _mm_and_si128(_mm_srli_epi16(s8, 4), m4);
+            __m256 d = _mm256_set1_ps(Q8_HF(p + 80)), dm = _mm256_set1_ps(Q8_HF(p + 82));
+            lo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sl)));
+            hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sl, 8))));
+            olo = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sh)));
+            ohi = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sh, 8))));
+        } else { /* S_Q3_K */
+            float sc16[16], of16[16];
+            q3k_scales(p, sc16, of16);
+            lo = _mm256_loadu_ps(sc16);
+            hi = _mm256_loadu_ps(sc16 + 8);
+            olo = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(of16));
+            ohi = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(of16 + 8));
+        }
+        offs = _mm256_fmadd_ps(olo, _mm256_loadu_ps(s16), offs);
+        offs = _mm256_fmadd_ps(ohi, _mm256_loadu_ps(s16 + 8), offs);
         __m256i v[8];
         for (int h = 0; h < 2; h++) {
-            q6k_half_t half = q6k_half(p, h);
-            for (int g = 0; g < 4; g++)
-                v[4 * h + g] = dp_us(q6k_codes(half, g),
-                                     _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * g)));
+            q6k_half_t half;
+            __m256i qv, hv;
+            if (code == S_Q6_K) half = q6k_half(p, h);
+            else {
+                qv = _mm256_loadu_si256((const __m256i *)(p + (code == S_Q2_K ? 16 : 32) + 32 * h));
+                hv = _mm256_loadu_si256((const __m256i *)p);
+            }
+            for (int g = 0; g < 4; g++) {
+                __m256i c;
+                if (code == S_Q6_K) c = q6k_codes(half, g);
+                else {
+                    c = _mm256_and_si256(_mm256_srli_epi16(qv, 2 * g), m3);
+                    if (code == S_Q3_K)
+                        c = _mm256_or_si256(
+                            c, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 4 * h + g), one), 2));
+                }
+                v[4 * h + g] = dp_us(c, _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * g)));
+            }
         }
         __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
         __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
@@ -520,7 +625,8 @@ static float q8_row_q6_k(const uint8_t *p, long nb, const int8_t *xq, const floa
 
 static int q8_row32_ok(int code) {
     return code == S_Q8_0 || code == S_Q4_0 || code == S_Q5_0 || code == S_Q4_1 ||
-           code == S_Q5_1 || code == S_Q4_K || code == S_Q6_K;
+           code == S_Q5_1 || code == S_Q2_K || code == S_Q3_K || code == S_Q4_K ||
+           code == S_Q5_K || code == S_Q6_K;
 }
 
 /* y[n] for rows n of [0, N) at M = 1, the layout's kernel chosen once per call */
@@ -536,18 +642,26 @@ static void gemv_q8_row32(const dq_t *s, long N, const int8_t *xq, const float *
     {
         prefetcher pf = {0, 0};
         switch (s->code) {
-        case S_Q6_K:
-#pragma omp for schedule(dynamic, chunk)
-            for (long n = 0; n < N; n++) {
-                prefetch_rows(s, &pf, n);
-                y[n] = q8_row_q6_k(s->w + n * s->row_bytes, s->nb, xq, dx, s16);
-            }
-            break;
+#define Q8_ROWS16(CODE, BB)                                                                    \
+    _Pragma("omp for schedule(dynamic, chunk)") for (long n = 0; n < N; n++) {                 \
+        prefetch_rows(s, &pf, n);                                                              \
+        y[n] = q8_row_k16(CODE, s->w + n * s->row_bytes, BB, s->nb, xq, dx, s16);              \
+    }
+        case S_Q6_K: Q8_ROWS16(S_Q6_K, 210) break;
+        case S_Q3_K: Q8_ROWS16(S_Q3_K, 110) break;
+        case S_Q2_K: Q8_ROWS16(S_Q2_K, 84) break;
         case S_Q4_K:
 #pragma omp for schedule(dynamic, chunk)
             for (long n = 0; n < N; n++) {
                 prefetch_rows(s, &pf, n);
-                y[n] = q8_row_q4_k(s->w + n * s->row_bytes, s->nb, xq, dx, s32);
+                y[n] = q8_row_q45_k(s->w + n * s->row_bytes, s->nb, xq, dx, s32, 0);
+            }
+            break;
+        case S_Q5_K:
+#pragma omp for schedule(dynamic, chunk)
+            for (long n = 0; n < N; n++) {
+                prefetch_rows(s, &pf, n);
+                y[n] = q8_row_q45_k(s->w + n * s->row_bytes, s->nb, xq, dx, s32, 1);
             }
             break;
         case S_Q8_0: Q8_ROWS32(S_Q8_0, 34) break;
