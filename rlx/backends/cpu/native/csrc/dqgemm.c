@@ -32,8 +32,8 @@
  * output rows (decode) or NB-row panels (prefill), num_threads from the caller.
  *
  * The integer path (rlx_dq_gemm_q8, dqgemm_q8.c): for every GGUF layout but Q8_K, X is
- * quantized to int8 per 32 inputs once per call and each 32-input block's
- * product is an integer dot product (VNNI vpdpbusd / AVX2 vpmaddubsw / C), scaled in f32, as llama.cpp
+ * quantized to int8 per 32 inputs once per call and each 32-input block's product is an
+ * integer dot product (VNNI vpdpbusd / AVX2 vpmaddubsw / C), scaled in f32, as llama.cpp
  * decodes; the caller picks it (native/dqgemm.py: RLX_DQ_ACT=auto at batch < 4, or q8).
  *
  * Source: six files that native/dqgemm.py concatenates in this order: dqgemm_decode.c

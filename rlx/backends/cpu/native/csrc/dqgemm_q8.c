@@ -534,11 +534,13 @@ static inline __attribute__((always_inline)) float q8_row_q45_k(const uint8_t *p
         mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(Q8_HF(p + 2)), mf),
                                _mm256_loadu_ps(s32), mins);
         const uint8_t *qs = p + 16 + 32 * five;
-        __m256i hv = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
+        __m256i hv = _mm256_setzero_si256();
+        if (five) hv = _mm256_loadu_si256((const __m256i *)(p + 16));
         __m256i v[8];
         for (int c = 0; c < 4; c++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            __m256i lo = _mm256_and_si256(q, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
             if (five) {
                 __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), one);
                 __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c + 1), one);
@@ -581,7 +583,8 @@ static inline __attribute__((always_inline)) float q8_row_k16(int code, const ui
             lo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sl)));
             hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sl, 8))));
             olo = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sh)));
-            ohi = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sh, 8))));
+            ohi = _mm256_mul_ps(dm,
+                                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sh, 8))));
         } else { /* S_Q3_K */
             float sc16[16], of16[16];
             q3k_scales(p, sc16, of16);
@@ -598,7 +601,8 @@ static inline __attribute__((always_inline)) float q8_row_k16(int code, const ui
             __m256i qv, hv;
             if (code == S_Q6_K) half = q6k_half(p, h);
             else {
-                qv = _mm256_loadu_si256((const __m256i *)(p + (code == S_Q2_K ? 16 : 32) + 32 * h));
+                const uint8_t *qs = p + (code == S_Q2_K ? 16 : 32) + 32 * h;
+                qv = _mm256_loadu_si256((const __m256i *)qs);
                 hv = _mm256_loadu_si256((const __m256i *)p);
             }
             for (int g = 0; g < 4; g++) {
@@ -606,17 +610,23 @@ static inline __attribute__((always_inline)) float q8_row_k16(int code, const ui
                 if (code == S_Q6_K) c = q6k_codes(half, g);
                 else {
                     c = _mm256_and_si256(_mm256_srli_epi16(qv, 2 * g), m3);
-                    if (code == S_Q3_K)
-                        c = _mm256_or_si256(
-                            c, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 4 * h + g), one), 2));
+                    if (code == S_Q3_K) {
+                        __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hv, 4 * h + g), one);
+                        c = _mm256_or_si256(c, _mm256_slli_epi16(hb, 2));
+                    }
                 }
-                v[4 * h + g] = dp_us(c, _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * g)));
+                const int8_t *xg = xq + 128 * h + 32 * g;
+                v[4 * h + g] = dp_us(c, _mm256_loadu_si256((const __m256i *)xg));
             }
         }
-        __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-        __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-        __m256 sa = _mm256_mul_ps(_mm256_permutevar8x32_ps(lo, perm), _mm256_broadcast_ps((const __m128 *)dx));
-        __m256 sc = _mm256_mul_ps(_mm256_permutevar8x32_ps(hi, perm), _mm256_broadcast_ps((const __m128 *)(dx + 4)));
+        __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]),
+                                      _mm256_hadd_epi32(v[2], v[3]));
+        __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]),
+                                      _mm256_hadd_epi32(v[6], v[7]));
+        __m256 sa = _mm256_mul_ps(_mm256_permutevar8x32_ps(lo, perm),
+                                  _mm256_broadcast_ps((const __m128 *)dx));
+        __m256 sc = _mm256_mul_ps(_mm256_permutevar8x32_ps(hi, perm),
+                                  _mm256_broadcast_ps((const __m128 *)(dx + 4)));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), sa, acc);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), sc, acc);
     }
