@@ -586,12 +586,9 @@ static inline __attribute__((always_inline)) float q8_row_k16(int code, const ui
             ohi = _mm256_mul_ps(dm,
                                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sh, 8))));
         } else { /* S_Q3_K */
-            float sc16[16], of16[16];
-            q3k_scales(p, sc16, of16);
-            lo = _mm256_loadu_ps(sc16);
-            hi = _mm256_loadu_ps(sc16 + 8);
-            olo = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(of16));
-            ohi = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(of16 + 8));
+            q3k_scales16(p, Q8_HF(p + 108), &lo, &hi);
+            olo = _mm256_mul_ps(_mm256_set1_ps(4.0f), lo);
+            ohi = _mm256_mul_ps(_mm256_set1_ps(4.0f), hi);
         }
         offs = _mm256_fmadd_ps(olo, _mm256_loadu_ps(s16), offs);
         offs = _mm256_fmadd_ps(ohi, _mm256_loadu_ps(s16 + 8), offs);
