@@ -11,10 +11,12 @@
  * offset -dmin * m; Q6_K: 0..63 scale d * sc, offset -32 d * sc), or signed with no offset
  * (Q5_0: q - 16 in -16..15; Q4_0: q - 8; Q8_0: the codes read in place, stride 34); Q4_1
  * and Q5_1 are unsigned with scale d and offset m per 32, Q5_K as Q4_K with 5-bit codes,
- * Q2_K / Q3_K as Q6_K with 2- / 3-bit codes (offsets -dmin m / -4 d scl per 16). At M = 1
- * on AVX2 / AVX-512 every layout skips this prepared copy (q8_row32, q8_row_q45_k,
- * q8_row_k16: codes straight from the packed bytes, the per-block dot products reduced
- * to one vector and scaled by one FMA). The product of a 32-input block is an exact integer
+ * Q2_K / Q3_K as Q6_K with 2- / 3-bit codes (offsets -dmin m / -4 d scl per 16). On AVX2 /
+ * AVX-512 below 4 X rows every layout skips this prepared copy (gemv_q8_direct: q8_row32,
+ * q8_row_q45_k, q8_row_k16 read the codes straight from the packed bytes, reduce the
+ * per-block dot products to one vector and scale it by one FMA), and so do, at every M,
+ * the layouts whose prepared copy is built by scalar code (Q4_0, Q4_1, Q5_1, Q2_K, Q3_K,
+ * Q5_K). The product of a 32-input block is an exact integer
  * dot product per 16 (vpdpbusd on AVX-512 VNNI; vpmaddubsw + vpmaddwd on AVX2; with
  * Q8_0's signs moved onto X by vpsignb), scaled in f32 by ws * dx and summed; the offsets
  * add dot(wo, dx * sum(xq)) over the K / 16 groups.
@@ -630,54 +632,51 @@ static inline __attribute__((always_inline)) float q8_row_k16(int code, const ui
     return hsum8(acc) - hsum8(offs);
 }
 
-static int q8_row32_ok(int code) {
-    return code == S_Q8_0 || code == S_Q4_0 || code == S_Q5_0 || code == S_Q4_1 ||
-           code == S_Q5_1 || code == S_Q2_K || code == S_Q3_K || code == S_Q4_K ||
-           code == S_Q5_K || code == S_Q6_K;
-}
-
-/* y[n] for rows n of [0, N) at M = 1, the layout's kernel chosen once per call */
-#define Q8_ROWS32(CODE, BB)                                                                    \
+/* Y[m, n] for the M X rows (quant_x: xq [M, K], dx [M, K / 32], s16 [M, K / 16], s32
+ * [M, K / 32]) and rows n of [0, N): each weight row runs the direct kernel once per X row
+ * while it is in L1; the layout's kernel is chosen once per call */
+#define Q8_DIRECT(CALL)                                                                        \
     _Pragma("omp for schedule(dynamic, chunk)") for (long n = 0; n < N; n++) {                 \
         prefetch_rows(s, &pf, n);                                                              \
-        y[n] = q8_row32(CODE, s->w + n * s->row_bytes, BB, s->nb, xq, dx, s32);                \
+        const uint8_t *p = s->w + n * s->row_bytes;                                            \
+        for (long m = 0; m < M; m++) {                                                         \
+            const int8_t *xqm = xq + m * K;                                                    \
+            const float *dxm = dx + m * (K / 32), *s16m = s16 + m * (K / 16);                  \
+            const float *s32m = s32 + m * (K / 32);                                            \
+            (void)s16m, (void)s32m;                                                            \
+            y[m * ldy + n] = CALL;                                                             \
+        }                                                                                      \
     }
-static void gemv_q8_row32(const dq_t *s, long N, const int8_t *xq, const float *dx,
-                          const float *s16, const float *s32, float *y, int threads,
-                          long chunk) {
+static void gemv_q8_direct(const dq_t *s, long M, long N, long K, const int8_t *xq,
+                           const float *dx, const float *s16, const float *s32, float *y,
+                           long ldy, int threads, long chunk) {
 #pragma omp parallel num_threads(threads)
     {
         prefetcher pf = {0, 0};
+        long nb = s->nb;
         switch (s->code) {
-#define Q8_ROWS16(CODE, BB)                                                                    \
-    _Pragma("omp for schedule(dynamic, chunk)") for (long n = 0; n < N; n++) {                 \
-        prefetch_rows(s, &pf, n);                                                              \
-        y[n] = q8_row_k16(CODE, s->w + n * s->row_bytes, BB, s->nb, xq, dx, s16);              \
-    }
-        case S_Q6_K: Q8_ROWS16(S_Q6_K, 210) break;
-        case S_Q3_K: Q8_ROWS16(S_Q3_K, 110) break;
-        case S_Q2_K: Q8_ROWS16(S_Q2_K, 84) break;
-        case S_Q4_K:
-#pragma omp for schedule(dynamic, chunk)
-            for (long n = 0; n < N; n++) {
-                prefetch_rows(s, &pf, n);
-                y[n] = q8_row_q45_k(s->w + n * s->row_bytes, s->nb, xq, dx, s32, 0);
-            }
-            break;
-        case S_Q5_K:
-#pragma omp for schedule(dynamic, chunk)
-            for (long n = 0; n < N; n++) {
-                prefetch_rows(s, &pf, n);
-                y[n] = q8_row_q45_k(s->w + n * s->row_bytes, s->nb, xq, dx, s32, 1);
-            }
-            break;
-        case S_Q8_0: Q8_ROWS32(S_Q8_0, 34) break;
-        case S_Q4_0: Q8_ROWS32(S_Q4_0, 18) break;
-        case S_Q5_0: Q8_ROWS32(S_Q5_0, 22) break;
-        case S_Q4_1: Q8_ROWS32(S_Q4_1, 20) break;
-        default: Q8_ROWS32(S_Q5_1, 24) break;
+        case S_Q6_K: Q8_DIRECT(q8_row_k16(S_Q6_K, p, 210, nb, xqm, dxm, s16m)) break;
+        case S_Q3_K: Q8_DIRECT(q8_row_k16(S_Q3_K, p, 110, nb, xqm, dxm, s16m)) break;
+        case S_Q2_K: Q8_DIRECT(q8_row_k16(S_Q2_K, p, 84, nb, xqm, dxm, s16m)) break;
+        case S_Q4_K: Q8_DIRECT(q8_row_q45_k(p, nb, xqm, dxm, s32m, 0)) break;
+        case S_Q5_K: Q8_DIRECT(q8_row_q45_k(p, nb, xqm, dxm, s32m, 1)) break;
+        case S_Q8_0: Q8_DIRECT(q8_row32(S_Q8_0, p, 34, nb, xqm, dxm, s32m)) break;
+        case S_Q4_0: Q8_DIRECT(q8_row32(S_Q4_0, p, 18, nb, xqm, dxm, s32m)) break;
+        case S_Q5_0: Q8_DIRECT(q8_row32(S_Q5_0, p, 22, nb, xqm, dxm, s32m)) break;
+        case S_Q4_1: Q8_DIRECT(q8_row32(S_Q4_1, p, 20, nb, xqm, dxm, s32m)) break;
+        default: Q8_DIRECT(q8_row32(S_Q5_1, p, 24, nb, xqm, dxm, s32m)) break;
         }
     }
+}
+#undef Q8_DIRECT
+
+/* whether M X rows of layout `code` run gemv_q8_direct: below 4 rows every layout; from 4
+ * rows those without a vector prep_row (the others share each prepared row over Q8_MR X
+ * rows) */
+static int q8_direct_ok(int code, long M) {
+    if (M < 4) return 1;
+    return code == S_Q4_0 || code == S_Q4_1 || code == S_Q5_1 || code == S_Q2_K ||
+           code == S_Q3_K || code == S_Q5_K;
 }
 #endif
 
@@ -700,8 +699,8 @@ static int gemm_q8(const dq_t *s, long M, long N, long K, const float *x, long l
         long chunk = 32768 / s->row_bytes;
         if (chunk < 1) chunk = 1;
 #if VW >= 8
-        int direct = M == 1 && q8_row32_ok(s->code);
-        if (direct) gemv_q8_row32(s, N, xq, dx, xs16, xs32, y, threads, chunk);
+        int direct = q8_direct_ok(s->code, M);
+        if (direct) gemv_q8_direct(s, M, N, K, xq, dx, xs16, xs32, y, ldy, threads, chunk);
 #else
         int direct = 0;
 #endif
