@@ -1,13 +1,15 @@
-"""Decode GEMV (M = 1, f32 activations) of every GGUF scheme x native target x threads, in
-GB/s of packed weight bytes, against the streaming read bandwidth measured in the same run.
+"""Decode GEMV (M = 1) of every GGUF scheme x native target x threads x activation mode,
+in GB/s of packed weight bytes, against the streaming read bandwidth measured in the same
+run.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/gemv_schemes.py \\
-        [--targets avx512 avx2] [--threads 1 2] [--rounds 2] [--reps 3] \\
+        [--targets avx512 avx2] [--threads 1 2] [--acts f32 q8] [--rounds 2] [--reps 3] \\
         [--working-set-mb 256] [--json FILE] [--baseline FILE] [--out FILE.md]
 
 One process per target (``dqgemm_lib(target)``: the kernels ``RLX_ISA=<target>`` builds),
 rounds interleaved over targets. Per scheme and shape, ``DqGemmLib.bind`` at M = 1 with
-``act="f32"`` (the exact path, RLX_DQ_ACT's default), each call reading another copy of
+each ``--acts`` mode (``f32``: the exact path, RLX_DQ_ACT's default; ``q8``: int8
+activations, for the schemes of ``dqgemm.Q8_SCHEMES`` only), each call reading another copy of
 the packed weight, cycling through copies that fill ``--working-set-mb`` (weights come
 from DRAM as in a decode step: each byte read once per token). Shapes (y[N] = W[N, K] x):
 2048 x 2048 and Gemma-3-270M's FFN down projection K 2048 x N 640 (K a multiple of 256,
@@ -76,7 +78,7 @@ def _time_cycle(calls: list, reps: int) -> float:
 
 def worker(args: argparse.Namespace, target_name: str) -> dict:
     from rlx.backends.cpu.native import cpu
-    from rlx.backends.cpu.native.dqgemm import dqgemm_lib
+    from rlx.backends.cpu.native.dqgemm import dqgemm_lib, uses_q8
 
     lib = dqgemm_lib(cpu.Target(target_name))
     ws_bytes = args.working_set_mb * 1024 * 1024
@@ -100,11 +102,19 @@ def worker(args: argparse.Namespace, target_name: str) -> dict:
             x = rng.standard_normal((1, k)).astype(np.float32)
             y = np.empty((1, n), np.float32)
             for t in args.threads:
-                calls = [lib.bind(scheme, x, c, y, num_threads=t, act="f32") for c in copies]
-                sec = _time_cycle(calls, args.reps)
-                out["gemv"][f"{name}|{sname}|{t}"] = nb / sec / 1e9
+                for act in args.acts:
+                    if act == "q8" and not uses_q8(scheme, 1, act):
+                        continue
+                    calls = [lib.bind(scheme, x, c, y, num_threads=t, act=act) for c in copies]
+                    sec = _time_cycle(calls, args.reps)
+                    out["gemv"][_key(name, sname, t, act)] = nb / sec / 1e9
             del copies
     return out
+
+
+def _key(name: str, shape: str, threads: int, act: str) -> str:
+    """The JSON key of one figure (f32 keys as in earlier runs, for --baseline)."""
+    return f"{name}|{shape}|{threads}" + ("" if act == "f32" else f"|{act}")
 
 
 def _timed(fn, *args) -> float:  # noqa: ANN001, ANN002
@@ -133,6 +143,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", nargs="+", default=["avx512", "avx2"])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--acts", nargs="+", default=["f32", "q8"], choices=["f32", "q8"])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--working-set-mb", type=int, default=256)
@@ -146,7 +157,7 @@ def main() -> None:
         print(json.dumps(worker(args, args.worker)))
         return
     argv = [
-        "--threads", *map(str, args.threads), "--reps", str(args.reps),
+        "--threads", *map(str, args.threads), "--acts", *args.acts, "--reps", str(args.reps),
         "--working-set-mb", str(args.working_set_mb), "--schemes", *args.schemes,
     ]  # fmt: skip
     rounds: dict[str, list[dict]] = {t: [] for t in args.targets}
@@ -172,7 +183,7 @@ def report(args: argparse.Namespace, res: dict, base: dict | None) -> None:
 
     meta = res["_meta"]
     lines = [
-        "## Decode GEMV (M = 1, f32 activations) per GGUF scheme, target and thread count",
+        "## Decode GEMV (M = 1) per GGUF scheme, target, thread count and activation mode",
         "",
         "Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python "
         f"benchmarks/gemv_schemes.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
@@ -191,22 +202,22 @@ def report(args: argparse.Namespace, res: dict, base: dict | None) -> None:
     ]  # fmt: skip
     for sname, k, n in SHAPES:
         lines += [f"### {sname}: K {k} x N {n}, GB/s of packed weight (% of stream)", ""]
-        cols = [f"{t} {n}T" for t in args.targets for n in args.threads]
+        cols = [(t, n, a) for t in args.targets for n in args.threads for a in args.acts]
+        names = [f"{t} {n}T {a}" for t, n, a in cols]
         head = "| scheme | MB | " + " | ".join(
-            (f"{c} before | {c} after" if base else c) for c in cols
+            (f"{c} before | {c} after" if base else c) for c in names
         )
         lines += [head + " |", "|---|---|" + "---|" * (len(cols) * (2 if base else 1))]
         for name in args.schemes:
             nb = res[args.targets[0]]["bytes"][f"{name}|{sname}"]
             cells = []
-            for t in args.targets:
-                for th in args.threads:
-                    key, bw = f"{name}|{sname}|{th}", res[t]["stream"][str(th)]
-                    if base:
-                        b = base.get(t, {}).get("gemv", {}).get(key)
-                        cells.append("-" if b is None else f"{b:.1f}")
-                    g = res[t]["gemv"][key]
-                    cells.append(f"{g:.1f} ({100 * g / bw:.0f} %)")
+            for t, th, act in cols:
+                key, bw = _key(name, sname, th, act), res[t]["stream"][str(th)]
+                if base:
+                    b = base.get(t, {}).get("gemv", {}).get(key)
+                    cells.append("-" if b is None else f"{b:.1f}")
+                g = res[t]["gemv"].get(key)
+                cells.append("-" if g is None else f"{g:.1f} ({100 * g / bw:.0f} %)")
             lines.append(f"| {name} | {nb / 1e6:.2f} | " + " | ".join(cells) + " |")
         lines.append("")
     text = "\n".join(lines)

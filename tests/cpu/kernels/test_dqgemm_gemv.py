@@ -4,9 +4,12 @@ dqgemm_rows_gguf.c on AVX2 / AVX-512, the block decoder on the portable target),
 NumPy f64 products of weights decoded by ``gguf.quants``: one block, odd block counts (the
 two-block loops' tails), K = 2048, N = 1 and odd N, 1 and 2 threads, and signed offsets
 (Q4_1 / Q5_1 mins below zero, as llama.cpp writes them: w = d q + m cancels). Within the
-f32 accumulation bound of test_quant_dequant.check_close."""
+f32 accumulation bound of test_quant_dequant.check_close; and every batch path (M = 1, 2, 5,
+17, 64) with f32 and int8 activations (q8_bound)."""
 
 from __future__ import annotations
+
+import zlib
 
 import numpy as np
 import pytest
@@ -15,7 +18,7 @@ from rlx.backends.cpu import native
 from rlx.backends.cpu.native import cpu
 from rlx.backends.cpu.native.dqgemm import dqgemm_lib
 from rlx.formats import schemes as S
-from tests.cpu.kernels.test_quant_dequant import check_close, make_weight
+from tests.cpu.kernels.test_quant_dequant import check_close, check_q8, make_weight
 
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not installed")
@@ -66,3 +69,23 @@ def test_gemv_rows_wider_than_a_thread_chunk(target) -> None:
         out = np.full((1, n), np.nan, np.float32)
         lib.gemm(scheme, x, ws, out, num_threads=2)
         check_close(out, x, w)
+
+
+@pytest.mark.parametrize("target", cpu.runnable_targets(), ids=lambda t: t.value)
+@pytest.mark.parametrize("name", NAMES)
+def test_every_batch_path_both_activations(target, name) -> None:
+    """M = 1, 2, 5, 17, 64 (the GEMV, small-batch and tiled paths) with f32 activations
+    within the f32 bound and with int8 ones within q8_bound, N odd (13: no multiple of a
+    row group), K = 2 super-blocks (odd block counts of the 32-weight layouts: 17)."""
+    scheme = S.GGUF_SCHEMES[name]()
+    lib = dqgemm_lib(target)
+    rng = np.random.default_rng(zlib.crc32(f"{name}{target.value}".encode()))
+    k = 512 if scheme.block_size == 256 else 17 * 32
+    n = 13
+    ws, w = _signed_min_weight(scheme, n, k, rng)
+    for m in (1, 2, 5, 17, 64):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        for act, check in (("f32", check_close), ("q8", check_q8)):
+            out = np.full((m, n), np.nan, np.float32)
+            lib.gemm(scheme, x, ws, out, num_threads=2, act=act)
+            check(out, x, w)

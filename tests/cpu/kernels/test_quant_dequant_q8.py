@@ -1,5 +1,5 @@
 """The int8-activation DequantMatMul path (csrc/dqgemm_q8.c: X quantized to int8 per 32
-inputs, integer dot products with the packed Q8_0 / Q5_0 / Q4_K / Q6_K codes) on every
+inputs, integer dot products with the packed codes of every GGUF layout but Q8_K) on every
 build target this CPU runs, against NumPy f64 products of weights decoded by
 ``gguf.quants`` (not rlx's decoders) within the documented bound (``q8_bound``); batch 1,
 2, 3, 4, 7 and 128, odd N, 1 and 2 threads; the ``auto`` policy, non-finite and zero
@@ -23,7 +23,18 @@ from tests.cpu.kernels.test_quant_dequant import check_close, check_q8, make_wei
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not installed")
 
-Q8 = [S.GgufQ8_0(), S.GgufQ5_0(), S.GgufQ4K(), S.GgufQ6K()]
+Q8 = [
+    S.GgufQ8_0(),
+    S.GgufQ5_0(),
+    S.GgufQ4_0(),
+    S.GgufQ4_1(),
+    S.GgufQ5_1(),
+    S.GgufQ2K(),
+    S.GgufQ3K(),
+    S.GgufQ4K(),
+    S.GgufQ5K(),
+    S.GgufQ6K(),
+]
 
 
 def _k(scheme: S.QuantScheme) -> int:
@@ -66,7 +77,7 @@ def test_auto_is_q8_below_4_rows_and_f32_above(scheme):
 def test_other_schemes_ignore_q8():
     lib = dqgemm_lib()
     rng = np.random.default_rng(4)
-    for scheme in (S.Int8Block(32), S.GgufQ4_0(), S.GgufQ5K()):
+    for scheme in (S.Int8Block(32), S.Int4Block(32)):
         n, k = 5, 256
         ws, w = make_weight(scheme, n, k, rng)
         x = rng.standard_normal((1, k)).astype(np.float32)

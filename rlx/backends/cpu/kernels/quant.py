@@ -20,7 +20,7 @@ as a GEMV streaming the weight once (fused decode-dot row kernels for Q8_0, Q5_0
 Q6_K, Int8Block and Int4Block on AVX2 / AVX-512; a block-decode-then-FMA path for the
 rest); 2..16 rows (batched decode) decode each weight row once and apply it to every row
 (``csrc/dqgemm_small.c``, AVX2 / AVX-512); larger batches decode panels of the weight into L1-sized f32 tiles for an FMA
-micro-kernel. With ``RLX_DQ_ACT=auto`` (Q8_0, Q5_0, Q4_K and Q6_K at batch < 4) or
+micro-kernel. With ``RLX_DQ_ACT=auto`` (``dqgemm.Q8_SCHEMES`` at batch < 4) or
 ``q8`` the activations are quantized to int8 per 32 inputs and the products are
 integer dot products (``csrc/dqgemm_q8.c``, VNNI / AVX2 / C), as llama.cpp decodes; the
 default ``f32`` keeps them exact. Threads: ``KernelCtx.num_threads``. Non-f32 or strided

@@ -61,7 +61,18 @@ _GGUF_CODES: dict[type, int] = {
     S.GgufQ8K: 25,
 }
 #: the schemes with an integer path (activations quantized to q8, ``act="q8"``)
-Q8_SCHEMES: tuple[type, ...] = (S.GgufQ8_0, S.GgufQ5_0, S.GgufQ4K, S.GgufQ6K)
+Q8_SCHEMES: tuple[type, ...] = (
+    S.GgufQ8_0,
+    S.GgufQ5_0,
+    S.GgufQ4_0,
+    S.GgufQ4_1,
+    S.GgufQ5_1,
+    S.GgufQ2K,
+    S.GgufQ3K,
+    S.GgufQ4K,
+    S.GgufQ5K,
+    S.GgufQ6K,
+)
 #: activation modes: ``f32`` exact f32 products; ``q8`` int8 activations (Q8_SCHEMES only);
 #: ``auto`` q8 below :data:`Q8_MAX_M` rows (decode), f32 above (the f32 tiled GEMM is the
 #: faster prefill here)

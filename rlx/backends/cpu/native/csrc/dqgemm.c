@@ -31,7 +31,7 @@
  * chosen by the build target's -march flags (never -march=native). Threads: OpenMP over
  * output rows (decode) or NB-row panels (prefill), num_threads from the caller.
  *
- * The integer path (rlx_dq_gemm_q8, dqgemm_q8.c): for Q8_0, Q5_0, Q4_K and Q6_K, X is
+ * The integer path (rlx_dq_gemm_q8, dqgemm_q8.c): for every GGUF layout but Q8_K, X is
  * quantized to int8 per 32 inputs once per call and each 32-input block's product is an
  * integer dot product (VNNI vpdpbusd / AVX2 vpmaddubsw / C), scaled in f32, as llama.cpp
  * decodes; the caller picks it (native/dqgemm.py: RLX_DQ_ACT=auto at batch < 4, or q8).

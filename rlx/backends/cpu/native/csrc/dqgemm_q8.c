@@ -1,5 +1,5 @@
 /* dqgemm part 6 of 6 (see dqgemm.c): the integer path, activations quantized to q8 (as
- * llama.cpp's vec_dot kernels), for Q8_0, Q5_0, Q4_K and Q6_K weights.
+ * llama.cpp's vec_dot kernels), for every GGUF layout but Q8_K.
  *
  * Activations: each X row is quantized once per call, per block of 32 inputs, to int8
  * codes xq = round(x / dx) with dx = max|x| / 127 (round to nearest even), so
@@ -9,7 +9,14 @@
  * Weights: each row is brought to one form, w = ws[g] * q[j] + wo[g] (g: the 32 or, for
  * Q6_K, 16 inputs sharing a scale), with q unsigned 0..63 (Q4_K: 0..15 scale d * sc,
  * offset -dmin * m; Q6_K: 0..63 scale d * sc, offset -32 d * sc), or signed with no offset
- * (Q5_0: q - 16 in -16..15; Q8_0: the codes read in place, stride 34). The product of a 32-input block is an exact integer
+ * (Q5_0: q - 16 in -16..15; Q4_0: q - 8; Q8_0: the codes read in place, stride 34); Q4_1
+ * and Q5_1 are unsigned with scale d and offset m per 32, Q5_K as Q4_K with 5-bit codes,
+ * Q2_K / Q3_K as Q6_K with 2- / 3-bit codes (offsets -dmin m / -4 d scl per 16). On AVX2 /
+ * AVX-512 below 4 X rows every layout skips this prepared copy (gemv_q8_direct: q8_row32,
+ * q8_row_q45_k, q8_row_k16 read the codes straight from the packed bytes, reduce the
+ * per-block dot products to one vector and scale it by one FMA), and so do, at every M,
+ * the layouts whose prepared copy is built by scalar code (Q4_0, Q4_1, Q5_1, Q2_K, Q3_K,
+ * Q5_K). The product of a 32-input block is an exact integer
  * dot product per 16 (vpdpbusd on AVX-512 VNNI; vpmaddubsw + vpmaddwd on AVX2; with
  * Q8_0's signs moved onto X by vpsignb), scaled in f32 by ws * dx and summed; the offsets
  * add dot(wo, dx * sum(xq)) over the K / 16 groups.
@@ -29,7 +36,12 @@
 #endif
 
 static int q8_ok(int code) {
-    return code == S_Q8_0 || code == S_Q5_0 || code == S_Q4_K || code == S_Q6_K;
+    switch (code) {
+    case S_Q8_0: case S_Q5_0: case S_Q4_0: case S_Q4_1: case S_Q5_1:
+    case S_Q2_K: case S_Q3_K: case S_Q4_K: case S_Q5_K: case S_Q6_K:
+        return 1;
+    default: return 0;
+    }
 }
 
 /* X row -> int8 codes q[K], scales d[K / 32], scaled sums s16[K / 16] and s32[K / 32]. A
@@ -103,6 +115,18 @@ static inline void q4k_sm(const uint8_t *q, int j, int *sc, int *m) {
     }
 }
 
+/* Q3_K block p: the 16 scales d * scl (sc) and offsets -4 d * scl (of) of its 16-runs */
+static inline void q3k_scales(const uint8_t *p, float *sc, float *of) {
+    const uint8_t *s = p + 96;
+    float d = Q8_HF(p + 108);
+    for (int i = 0; i < 16; i++) {
+        int lo = i < 8 ? (s[i] & 15) : (s[i - 8] >> 4);
+        int hi = (s[8 + (i & 3)] >> (2 * (i >> 2))) & 3;
+        sc[i] = d * (float)((lo | (hi << 4)) - 32);
+        of[i] = -4.0f * sc[i];
+    }
+}
+
 /* Row n of the weight in the form above: codes in wq (or *qp pointing into the packed row,
  * stride *stride per 32 codes). Q8_0 / Q5_0 (signed codes, no offset): ws per 32
  * (returns 0); Q4_K: ws / wo per 32 (returns 1);
@@ -152,6 +176,46 @@ static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict
             ws[b] = Q8_HF(p);
         }
         return 0;
+    case S_Q4_0: /* signed codes q - 8, no offset */
+        for (long b = 0; b < s->nb; b++, p += 18, wq += 32) {
+            for (int j = 0; j < 16; j++) {
+                wq[j] = (uint8_t)(int8_t)((p[2 + j] & 15) - 8);
+                wq[j + 16] = (uint8_t)(int8_t)((p[2 + j] >> 4) - 8);
+            }
+            ws[b] = Q8_HF(p);
+        }
+        return 0;
+    case S_Q4_1: /* unsigned codes, scale d and offset m per 32 (kind 1) */
+    case S_Q5_1: {
+        int five = s->code == S_Q5_1;
+        for (long b = 0; b < s->nb; b++, p += s->bb, wq += 32) {
+            uint32_t qh = 0;
+            if (five) memcpy(&qh, p + 4, 4);
+            const uint8_t *qs = p + 4 + 4 * five;
+            for (int j = 0; j < 16; j++) {
+                wq[j] = (uint8_t)((qs[j] & 15) | (((qh >> j) & 1) << 4));
+                wq[j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+            }
+            ws[b] = Q8_HF(p);
+            wo[b] = Q8_HF(p + 2);
+        }
+        return 1;
+    }
+    case S_Q5_K: /* as Q4_K, codes 0..31 (bit 4 from qh) */
+        for (long b = 0; b < s->nb; b++, p += 176, wq += 256) {
+            float d = Q8_HF(p), dmin = Q8_HF(p + 2);
+            const uint8_t *qh = p + 16, *qs = p + 48;
+            for (int j = 0; j < 8; j++) {
+                int sc, m;
+                q4k_sm(p + 4, j, &sc, &m);
+                ws[8 * b + j] = d * (float)sc;
+                wo[8 * b + j] = -(dmin * (float)m);
+                for (int l = 0; l < 32; l++)
+                    wq[32 * j + l] = (uint8_t)(((qs[32 * (j / 2) + l] >> (4 * (j & 1))) & 15) |
+                                               (((qh[l] >> j) & 1) << 4));
+            }
+        }
+        return 1;
     case S_Q4_K:
         for (long b = 0; b < s->nb; b++, p += 144, wq += 256) {
             float d = Q8_HF(p), dmin = Q8_HF(p + 2);
@@ -185,6 +249,33 @@ static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict
 #endif
         }
         return 1;
+    case S_Q2_K: /* codes 0..3, scale d sc & 15 and offset -dmin sc >> 4 per 16 */
+    case S_Q3_K: /* codes 0..7 (bit 2 from hmask), scale d scl and offset -4 d scl per 16 */
+        for (long b = 0; b < s->nb; b++, p += s->bb, wq += 256) {
+            float sc16[16], of16[16];
+            const uint8_t *qs = p + (s->code == S_Q2_K ? 16 : 32), *hm = p;
+            if (s->code == S_Q2_K) {
+                float d = Q8_HF(p + 80), dmin = Q8_HF(p + 82);
+                for (int i = 0; i < 16; i++) {
+                    sc16[i] = d * (float)(p[i] & 15);
+                    of16[i] = -(dmin * (float)(p[i] >> 4));
+                }
+            } else {
+                q3k_scales(p, sc16, of16);
+            }
+            for (int i = 0; i < 16; i++) {
+                wo[16 * b + i] = of16[i];
+                for (int l = 0; l < 4; l++) ws[64 * b + 8 * (i / 2) + 4 * (i & 1) + l] = sc16[i];
+            }
+            for (int h = 0; h < 2; h++)
+                for (int sh = 0; sh < 4; sh++)
+                    for (int l = 0; l < 32; l++) {
+                        int c = (qs[32 * h + l] >> (2 * sh)) & 3;
+                        if (s->code == S_Q3_K) c |= ((hm[l] >> (4 * h + sh)) & 1) << 2;
+                        wq[128 * h + 32 * sh + l] = (uint8_t)c;
+                    }
+        }
+        return 2;
     default: /* S_Q6_K */
         for (long b = 0; b < s->nb; b++, p += 210, wq += 256) {
             const int8_t *sc = (const int8_t *)(p + 192);
@@ -308,6 +399,287 @@ static void q8_dot_c(const uint8_t *wq, long stride, const float *ws, int per16,
     q8_dot_c(q, stride, ws, per16, sgn, nb32, xq + m0 * K, K, dx + m0 * nb32, nb32, mr, part)
 #endif
 
+#if VW >= 8
+/* ---- M = 1, the 32-weight layouts: one row straight from its packed bytes (no prepared
+ * copy), two blocks per step into separate accumulators. Per block: the 32 codes as bytes
+ * (signed: Q8_0, Q4_0 q - 8, Q5_0 q - 16, their signs moved onto X; unsigned: Q4_1 / Q5_1
+ * q, whose min m adds m * dx * sum(xq) over the block), one integer dot product, one FMA
+ * by d * dx. ---- */
+static inline __m256i q4_nibbles(const uint8_t *qs) {
+    const __m128i m4 = _mm_set1_epi8(15);
+    __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+}
+
+/* the 32 5-bit codes of a Q5_0 / Q5_1 block (nibbles at qs, bit j of qh as bit 4 of byte
+ * j), as llama.cpp's bytes_from_bits_32 */
+static inline __m256i q5_codes(const uint8_t *qs, uint32_t qh) {
+    const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                            0x0303030303030303LL);
+    __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
+    bits = _mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL));
+    bits = _mm256_cmpeq_epi8(bits, _mm256_set1_epi64x(-1));
+    return _mm256_or_si256(q4_nibbles(qs), _mm256_and_si256(bits, _mm256_set1_epi8(16)));
+}
+
+/* block b of the row at p (bytes bb) -> its 32 codes; *m: the min (unsigned forms) */
+static inline __attribute__((always_inline)) __m256i q8r_codes(int code, const uint8_t *p,
+                                                                float *m) {
+    uint32_t qh;
+    switch (code) {
+    case S_Q8_0: return _mm256_loadu_si256((const __m256i *)(p + 2));
+    case S_Q4_0: return _mm256_sub_epi8(q4_nibbles(p + 2), _mm256_set1_epi8(8));
+    case S_Q5_0:
+        memcpy(&qh, p + 2, 4);
+        return _mm256_sub_epi8(q5_codes(p + 6, qh), _mm256_set1_epi8(16));
+    case S_Q4_1: *m = Q8_HF(p + 2); return q4_nibbles(p + 4);
+    default: /* S_Q5_1 */
+        memcpy(&qh, p + 4, 4);
+        *m = Q8_HF(p + 2);
+        return q5_codes(p + 8, qh);
+    }
+}
+
+/* the 8 lane sums of each of v[0 .. 8), as the 8 lanes of one vector (hadd tree) */
+static inline __m256i hsum8x8(const __m256i *v) {
+    __m256i a = _mm256_hadd_epi32(v[0], v[1]), b = _mm256_hadd_epi32(v[2], v[3]);
+    __m256i c = _mm256_hadd_epi32(v[4], v[5]), d = _mm256_hadd_epi32(v[6], v[7]);
+    a = _mm256_hadd_epi32(a, b); /* per 128-bit half: sums of v0..v3 over that half */
+    c = _mm256_hadd_epi32(c, d);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x20),
+                            _mm256_permute2x128_si256(a, c, 0x31));
+}
+
+/* the integer dot product of block p's codes with xq (32 bytes); *m: its min (unsigned
+ * forms). off: Q4_0 / Q5_0 as unsigned codes q, their offset -8 / -16 applied by the
+ * caller (times dx sum xq) */
+static inline __attribute__((always_inline)) __m256i q8r_dot(int code, const uint8_t *p,
+                                                              const int8_t *xq, float *m,
+                                                              int off) {
+    __m256i c;
+    if (off && code == S_Q4_0) c = q4_nibbles(p + 2);
+    else if (off && code == S_Q5_0) {
+        uint32_t qh;
+        memcpy(&qh, p + 2, 4);
+        c = q5_codes(p + 6, qh);
+    } else c = q8r_codes(code, p, m);
+    __m256i xv = _mm256_loadu_si256((const __m256i *)xq);
+    if (code == S_Q8_0 || (!off && (code == S_Q4_0 || code == S_Q5_0))) {
+        xv = _mm256_sign_epi8(xv, c);
+        c = _mm256_sign_epi8(c, c);
+    }
+    return dp_us(c, xv);
+}
+
+/* y = row . x for the row at p (nb blocks of bb bytes); xq, dx, s32: quant_x of x. Eight
+ * blocks per step: their dot products reduced to one vector (hsum8x8), converted and
+ * scaled by d_b * dx_b in one FMA (the eight f16 d gathered into one vcvtph2ps), the mins
+ * of the unsigned forms likewise (m_b * dx_b sum xq_b; Q4_0 / Q5_0 read as unsigned codes
+ * with the min -8 d_b / -16 d_b); the last nb % 8 blocks one at a time. */
+static inline __attribute__((always_inline)) float q8_row32(int code, const uint8_t *p,
+                                                             long bb, long nb, const int8_t *xq,
+                                                             const float *dx, const float *s32) {
+    __m256 acc = _mm256_setzero_ps(), macc = acc;
+    int mins = !(code == S_Q8_0 || code == S_Q4_0 || code == S_Q5_0);
+    float m0 = 0.0f;
+    long b = 0;
+    for (; b + 8 <= nb; b += 8, p += 8 * bb, xq += 256) {
+        __m256i v[8];
+        float m;
+        for (int i = 0; i < 8; i++) v[i] = q8r_dot(code, p + i * bb, xq + 32 * i, &m, 1);
+        __m128i dh = _mm_setzero_si128(), mh = dh;
+        uint16_t u;
+#define Q8_LANE(i)                                                                             \
+    memcpy(&u, p + (i) * bb, 2);                                                               \
+    dh = _mm_insert_epi16(dh, u, i);                                                           \
+    if (mins) {                                                                                \
+        memcpy(&u, p + (i) * bb + 2, 2);                                                       \
+        mh = _mm_insert_epi16(mh, u, i);                                                       \
+    }
+        Q8_LANE(0) Q8_LANE(1) Q8_LANE(2) Q8_LANE(3) Q8_LANE(4) Q8_LANE(5) Q8_LANE(6) Q8_LANE(7)
+#undef Q8_LANE
+        __m256 sc = _mm256_mul_ps(_mm256_cvtph_ps(dh), _mm256_loadu_ps(dx + b));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8(v)), sc, acc);
+        if (mins) macc = _mm256_fmadd_ps(_mm256_cvtph_ps(mh), _mm256_loadu_ps(s32 + b), macc);
+        if (code == S_Q4_0 || code == S_Q5_0) {
+            __m256 off = _mm256_set1_ps(code == S_Q4_0 ? -8.0f : -16.0f);
+            macc = _mm256_fmadd_ps(_mm256_mul_ps(off, _mm256_cvtph_ps(dh)),
+                                   _mm256_loadu_ps(s32 + b), macc);
+        }
+    }
+    __m256 a1 = _mm256_setzero_ps();
+    for (; b < nb; b++, p += bb, xq += 32) {
+        float m = 0.0f;
+        __m256i d = q8r_dot(code, p, xq, &m, 0);
+        a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(Q8_HF(p) * dx[b]), a1);
+        if (mins) m0 += m * s32[b];
+    }
+    return hsum8(_mm256_add_ps(acc, a1)) + (hsum8(macc) + m0);
+}
+
+/* M = 1, Q4_K (five = 0, 144-byte blocks) and Q5_K (five = 1, 176: bit 4 of the codes of
+ * sub-block j is bit j of qh[l]): one row straight from its packed bytes. Per 256-weight
+ * block: the 8 sub-blocks' integer dot products (codes x xq), reduced to one vector of 8
+ * sums, converted and scaled by (d * sc_j) * dx_j in one FMA; the mins add (dmin * m_j) *
+ * (dx_j * sum xq_j) in one FMA per block. */
+static inline __attribute__((always_inline)) float q8_row_q45_k(const uint8_t *p, long nb,
+                                                                 const int8_t *xq,
+                                                                 const float *dx,
+                                                                 const float *s32, int five) {
+    __m256 acc = _mm256_setzero_ps(), mins = acc;
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    for (long b = 0; b < nb; b++, p += five ? 176 : 144, xq += 256, dx += 8, s32 += 8) {
+        __m256 scf, mf;
+        q4k_scales_mins(p, &scf, &mf);
+        __m256 sc = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(Q8_HF(p)), scf),
+                                  _mm256_loadu_ps(dx));
+        mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(Q8_HF(p + 2)), mf),
+                               _mm256_loadu_ps(s32), mins);
+        const uint8_t *qs = p + 16 + 32 * five;
+        __m256i hv = _mm256_setzero_si256();
+        if (five) hv = _mm256_loadu_si256((const __m256i *)(p + 16));
+        __m256i v[8];
+        for (int c = 0; c < 4; c++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i lo = _mm256_and_si256(q, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if (five) {
+                __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), one);
+                __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c + 1), one);
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(h0, 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(h1, 4));
+            }
+            v[2 * c] = dp_us(lo, _mm256_loadu_si256((const __m256i *)(xq + 64 * c)));
+            v[2 * c + 1] = dp_us(hi, _mm256_loadu_si256((const __m256i *)(xq + 64 * c + 32)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8(v)), sc, acc);
+    }
+    return hsum8(acc) - hsum8(mins);
+}
+
+/* M = 1, the layouts with a scale per 16 weights (Q2_K, Q3_K, Q6_K), straight from the
+ * packed bytes. Output 128 h + 32 g + l (l < 32) is group i = 4 h + g (X block i) with
+ * unsigned codes (Q6_K: 6 bits; Q3_K: 2 bits of qs and bit 4 h + g of hmask; Q2_K: 2 bits)
+ * and 16-run t = 2 i + l / 16: w = sc_t * code - of_t, sc_t / of_t: Q6_K d scl, 32 d scl;
+ * Q3_K d scl, 4 d scl; Q2_K d (s & 15), dmin (s >> 4). Two hadd stages leave [groups 0-3
+ * first 16 | groups 0-3 second 16] (and 4-7), matched by the scales permuted
+ * (0 2 4 6 1 3 5 7) times dx; the offsets add of_t * (dx sum xq over run t). */
+static inline __attribute__((always_inline)) float q8_row_k16(int code, const uint8_t *p,
+                                                               long bb, long nb,
+                                                               const int8_t *xq,
+                                                               const float *dx,
+                                                               const float *s16) {
+    __m256 acc = _mm256_setzero_ps(), offs = acc;
+    const __m256i perm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    for (long b = 0; b < nb; b++, p += bb, xq += 256, dx += 8, s16 += 16) {
+        __m256 lo, hi, olo, ohi;
+        if (code == S_Q6_K) {
+            q6k_scales(p, Q8_HF(p + 208), &lo, &hi); /* d * sc[0..8), d * sc[8..16) */
+            olo = _mm256_mul_ps(_mm256_set1_ps(32.0f), lo);
+            ohi = _mm256_mul_ps(_mm256_set1_ps(32.0f), hi);
+        } else if (code == S_Q2_K) {
+            __m128i s8 = _mm_loadu_si128((const __m128i *)p), m4 = _mm_set1_epi8(15);
+            __m128i sl = _mm_and_si128(s8, m4), sh = _mm_and_si128(_mm_srli_epi16(s8, 4), m4);
+            __m256 d = _mm256_set1_ps(Q8_HF(p + 80)), dm = _mm256_set1_ps(Q8_HF(p + 82));
+            lo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sl)));
+            hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sl, 8))));
+            olo = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sh)));
+            ohi = _mm256_mul_ps(dm,
+                                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sh, 8))));
+        } else { /* S_Q3_K */
+            q3k_scales16(p, Q8_HF(p + 108), &lo, &hi);
+            olo = _mm256_mul_ps(_mm256_set1_ps(4.0f), lo);
+            ohi = _mm256_mul_ps(_mm256_set1_ps(4.0f), hi);
+        }
+        offs = _mm256_fmadd_ps(olo, _mm256_loadu_ps(s16), offs);
+        offs = _mm256_fmadd_ps(ohi, _mm256_loadu_ps(s16 + 8), offs);
+        __m256i v[8];
+        for (int h = 0; h < 2; h++) {
+            q6k_half_t half;
+            __m256i qv, hv;
+            if (code == S_Q6_K) half = q6k_half(p, h);
+            else {
+                const uint8_t *qs = p + (code == S_Q2_K ? 16 : 32) + 32 * h;
+                qv = _mm256_loadu_si256((const __m256i *)qs);
+                hv = _mm256_loadu_si256((const __m256i *)p);
+            }
+            for (int g = 0; g < 4; g++) {
+                __m256i c;
+                if (code == S_Q6_K) c = q6k_codes(half, g);
+                else {
+                    c = _mm256_and_si256(_mm256_srli_epi16(qv, 2 * g), m3);
+                    if (code == S_Q3_K) {
+                        __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hv, 4 * h + g), one);
+                        c = _mm256_or_si256(c, _mm256_slli_epi16(hb, 2));
+                    }
+                }
+                const int8_t *xg = xq + 128 * h + 32 * g;
+                v[4 * h + g] = dp_us(c, _mm256_loadu_si256((const __m256i *)xg));
+            }
+        }
+        __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]),
+                                      _mm256_hadd_epi32(v[2], v[3]));
+        __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]),
+                                      _mm256_hadd_epi32(v[6], v[7]));
+        __m256 sa = _mm256_mul_ps(_mm256_permutevar8x32_ps(lo, perm),
+                                  _mm256_broadcast_ps((const __m128 *)dx));
+        __m256 sc = _mm256_mul_ps(_mm256_permutevar8x32_ps(hi, perm),
+                                  _mm256_broadcast_ps((const __m128 *)(dx + 4)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), sa, acc);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), sc, acc);
+    }
+    return hsum8(acc) - hsum8(offs);
+}
+
+/* Y[m, n] for the M X rows (quant_x: xq [M, K], dx [M, K / 32], s16 [M, K / 16], s32
+ * [M, K / 32]) and rows n of [0, N): each weight row runs the direct kernel once per X row
+ * while it is in L1; the layout's kernel is chosen once per call */
+#define Q8_DIRECT(CALL)                                                                        \
+    _Pragma("omp for schedule(dynamic, chunk)") for (long n = 0; n < N; n++) {                 \
+        prefetch_rows(s, &pf, n);                                                              \
+        const uint8_t *p = s->w + n * s->row_bytes;                                            \
+        for (long m = 0; m < M; m++) {                                                         \
+            const int8_t *xqm = xq + m * K;                                                    \
+            const float *dxm = dx + m * (K / 32), *s16m = s16 + m * (K / 16);                  \
+            const float *s32m = s32 + m * (K / 32);                                            \
+            (void)s16m, (void)s32m;                                                            \
+            y[m * ldy + n] = CALL;                                                             \
+        }                                                                                      \
+    }
+static void gemv_q8_direct(const dq_t *s, long M, long N, long K, const int8_t *xq,
+                           const float *dx, const float *s16, const float *s32, float *y,
+                           long ldy, int threads, long chunk) {
+#pragma omp parallel num_threads(threads)
+    {
+        prefetcher pf = {0, 0};
+        long nb = s->nb;
+        switch (s->code) {
+        case S_Q6_K: Q8_DIRECT(q8_row_k16(S_Q6_K, p, 210, nb, xqm, dxm, s16m)) break;
+        case S_Q3_K: Q8_DIRECT(q8_row_k16(S_Q3_K, p, 110, nb, xqm, dxm, s16m)) break;
+        case S_Q2_K: Q8_DIRECT(q8_row_k16(S_Q2_K, p, 84, nb, xqm, dxm, s16m)) break;
+        case S_Q4_K: Q8_DIRECT(q8_row_q45_k(p, nb, xqm, dxm, s32m, 0)) break;
+        case S_Q5_K: Q8_DIRECT(q8_row_q45_k(p, nb, xqm, dxm, s32m, 1)) break;
+        case S_Q8_0: Q8_DIRECT(q8_row32(S_Q8_0, p, 34, nb, xqm, dxm, s32m)) break;
+        case S_Q4_0: Q8_DIRECT(q8_row32(S_Q4_0, p, 18, nb, xqm, dxm, s32m)) break;
+        case S_Q5_0: Q8_DIRECT(q8_row32(S_Q5_0, p, 22, nb, xqm, dxm, s32m)) break;
+        case S_Q4_1: Q8_DIRECT(q8_row32(S_Q4_1, p, 20, nb, xqm, dxm, s32m)) break;
+        default: Q8_DIRECT(q8_row32(S_Q5_1, p, 24, nb, xqm, dxm, s32m)) break;
+        }
+    }
+}
+#undef Q8_DIRECT
+
+/* whether M X rows of layout `code` run gemv_q8_direct: below 4 rows every layout; from 4
+ * rows those without a vector prep_row (the others share each prepared row over Q8_MR X
+ * rows) */
+static int q8_direct_ok(int code, long M) {
+    if (M < 4) return 1;
+    return code == S_Q4_0 || code == S_Q4_1 || code == S_Q5_1 || code == S_Q2_K ||
+           code == S_Q3_K || code == S_Q5_K;
+}
+#endif
+
 /* Y = X @ dequant(W)^T with X quantized to q8 (see the top of this file) */
 static int gemm_q8(const dq_t *s, long M, long N, long K, const float *x, long ldx, float *y,
                    long ldy, int threads) {
@@ -326,6 +698,13 @@ static int gemm_q8(const dq_t *s, long M, long N, long K, const float *x, long l
          * core leaves its rows to the others instead of holding the barrier */
         long chunk = 32768 / s->row_bytes;
         if (chunk < 1) chunk = 1;
+#if VW >= 8
+        int direct = q8_direct_ok(s->code, M);
+        if (direct) gemv_q8_direct(s, M, N, K, xq, dx, xs16, xs32, y, ldy, threads, chunk);
+#else
+        int direct = 0;
+#endif
+        if (!direct)
 #pragma omp parallel num_threads(threads) reduction(| : fail)
         {
             uint8_t *wq = (uint8_t *)aligned_alloc(64, (size_t)((K + 63) / 64 * 64));

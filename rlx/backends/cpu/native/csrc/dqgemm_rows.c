@@ -142,7 +142,7 @@ static inline void q4k_scales_mins(const uint8_t *p, __m256 *sc, __m256 *mn) {
     u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
     u[2] = m03;
     u[0] &= 0x3f3f3f3fu; /* bytes: scales 0..7, then mins 0..7 */
-    __m128i sm = _mm_loadu_si128((const __m128i *)u);
+    __m128i sm = _mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]); /* no reload */
     *sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm));
     *mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
 }

@@ -212,13 +212,10 @@ static float row_q3_k(const uint8_t *p, long nb, const float *x) {
     const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), c4 = _mm256_set1_epi8(4);
     float dsc[16];
     for (long b = 0; b < nb; b++, p += 110, x += 256) {
-        const uint8_t *sc = p + 96;
-        float d = hf(p + 108);
-        for (int i = 0; i < 16; i++) {
-            int lo = i < 8 ? (sc[i] & 15) : (sc[i - 8] >> 4);
-            int hi = (sc[8 + (i & 3)] >> (2 * (i >> 2))) & 3;
-            dsc[i] = d * (float)((lo | (hi << 4)) - 32);
-        }
+        __m256 slo, shi; /* d * scale, as decode_block computes it */
+        q3k_scales16(p, hf(p + 108), &slo, &shi);
+        _mm256_storeu_ps(dsc, slo);
+        _mm256_storeu_ps(dsc + 8, shi);
         __m256i hv = _mm256_loadu_si256((const __m256i *)p);
         for (int h = 0; h < 2; h++) {
             __m256i qv = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * h));
