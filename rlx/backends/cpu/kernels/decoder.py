@@ -2,13 +2,13 @@
 views. Out: a closure writing the output view.
 
 * Native (f32 with i64 positions): one C function walks the tokens and heads: the table
-  rows at the token's position, the head's RMS norm (sum of squares in f32, in order;
+  rows at the token's position, the head's RMS norm (sum of squares in 16 f32 partial sums;
   ``x / sqrt(mean + eps) * w`` as the reference), then the rotation of the first ``n_rot``
   dims, the rest copied. It carries a ``native_call``, so a decode step's schedule runs it
   inside its native segments (:mod:`rlx.backends.cpu.native.schedule`) with no Python call.
   A position outside the tables returns 1; the closure then raises the InputError.
   The C text is built here for the selected target (cached by content).
-* Native ``norm_add`` (f32): per row the sum of squares in f32, then
+* Native ``norm_add`` (f32): per row the sum of squares (16 f32 partial sums), then
   ``r + x / sqrt(mean + eps) * w``, also with a ``native_call``.
 * NumPy (other dtypes, i32 positions, no gcc): the reference functions on the views,
   low-precision inputs widened to f32.
@@ -41,6 +41,19 @@ SOURCE = r"""
 #include <math.h>
 #include <stdint.h>
 
+/* sum of v[i]^2 in 16 interleaved f32 partial sums (lane j adds i = j mod 16, in order),
+   then the 16 in order: a fixed order the compiler vectorises */
+static float sum_sq(const float *v, long n) {
+  float acc[16] = {0};
+  long i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; j++) acc[j] += v[i + j] * v[i + j];
+  for (int j = 0; i < n; i++, j++) acc[j] += v[i] * v[i];
+  float s = 0.0f;
+  for (int j = 0; j < 16; j++) s += acc[j];
+  return s;
+}
+
 int rlx_rope_norm_f32(const float *x, const float *cos_t, const float *sin_t,
                       const int64_t *pos, const float *w, float *out, long batch, long seq,
                       long heads, long d, long rot, long rows, long interleaved, float eps) {
@@ -56,9 +69,7 @@ int rlx_rope_norm_f32(const float *x, const float *cos_t, const float *sin_t,
         const float *v = x + at;
         float *o = out + at;
         if (w) {
-          float ss = 0.0f;
-          for (long i = 0; i < d; i++) ss += v[i] * v[i];
-          float r = sqrtf(ss / (float)d + eps);
+          float r = sqrtf(sum_sq(v, d) / (float)d + eps);
           for (long i = 0; i < d; i++) buf[i] = v[i] / r * w[i];
           v = buf;
         }
@@ -86,9 +97,7 @@ int rlx_norm_add_f32(const float *x, const float *w, const float *r, float *out,
   for (long j = 0; j < rows; j++) {
     const float *v = x + j * n, *res = r + j * n;
     float *o = out + j * n;
-    float ss = 0.0f;
-    for (long i = 0; i < n; i++) ss += v[i] * v[i];
-    float q = sqrtf(ss / (float)n + eps);
+    float q = sqrtf(sum_sq(v, n) / (float)n + eps);
     for (long i = 0; i < n; i++) o[i] = res[i] + v[i] / q * w[i];
   }
   return 0;
