@@ -39,6 +39,18 @@ def _span(rows: list[dict], key: str) -> str:
     return f"{statistics.median(vals):.1f} ({min(vals):.1f}-{max(vals):.1f})"
 
 
+def _prefill(rows: list[dict], n: int) -> list[float]:
+    return [r["prefill"][str(n)] for r in rows if str(n) in r.get("prefill", {})]
+
+
+def _pspan(rows: list[dict], n: int) -> str:
+    vals = _prefill(rows, n) or ([r["prefill_tps"] for r in rows if "prefill_tps" in r]
+                                 if n == 0 else [])  # fmt: skip
+    if not vals:
+        return "n/a"
+    return f"{statistics.median(vals):.1f} ({min(vals):.1f}-{max(vals):.1f})"
+
+
 def report(a, runs: dict[str, list[dict]], started: str, path: str) -> str:  # noqa: ANN001
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from rlx.backends.cpu import native
@@ -51,7 +63,7 @@ def report(a, runs: dict[str, list[dict]], started: str, path: str) -> str:  # n
         (r[field] for rows in [runs.get(key, [])] for r in rows if field in r), "n/a"
     )
     lines = [
-        "## Gemma-3-270M Q4_K_M: rlx vs llama-cpp-python vs PyTorch eager",
+        f"## {os.path.basename(path)}: rlx vs llama-cpp-python vs PyTorch eager",
         "",
         "Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python "
         f"benchmarks/llm.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
@@ -64,7 +76,8 @@ def report(a, runs: dict[str, list[dict]], started: str, path: str) -> str:  # n
         f"llama-cpp-python {first(f'llama|{a.threads[0]}', 'version')}: "
         f"`{first(f'llama|{a.threads[0]}', 'system_info')}`. "
         f"{a.rounds} rounds, engines interleaved, each (engine, threads) its own process; "
-        f"median over rounds (min-max in brackets). Prompt {a.prompt_tokens} tokens, "
+        f"median over rounds (min-max in brackets). Prompts of "
+        f"{' and '.join(map(str, a.prompt_tokens))} tokens, "
         f"{a.decode_tokens} greedy decode steps. File: {size / 1e6:.1f} MB.",
         "",
         "Streaming read bandwidth: "
@@ -72,30 +85,53 @@ def report(a, runs: dict[str, list[dict]], started: str, path: str) -> str:  # n
         + "; decode bound (file bytes / bandwidth): "
         + ", ".join(f"{bw[t] * 1e9 / size:.1f} tokens/s on {t}" for t in bw),
         "",
-        "| threads | engine | decode tokens/s | prefill tokens/s | decode / llama.cpp "
-        "| prefill / llama.cpp | decode / bound |",
-        "|---|---|---|---|---|---|---|",
+        "| threads | engine | decode tokens/s | "
+        + " | ".join(f"prefill {n} tokens/s" for n in a.prompt_tokens)
+        + " | decode / llama.cpp | "
+        + " | ".join(f"prefill {n} / llama.cpp" for n in a.prompt_tokens)
+        + " | decode / bound |",
+        "|---|---|---|" + "---|" * (2 * len(a.prompt_tokens)) + "---|---|",
     ]
     for t in a.threads:
         ref = runs.get(f"llama|{t}", [])
-        ld, lp = _med(ref, "decode_tps"), _med(ref, "prefill_tps")
+        ld = _med(ref, "decode_tps")
         for e in ("rlx", "llama", "torch"):
             rows = runs.get(f"{e}|{t}")
             if rows is None:
                 continue
-            d, p = _med(rows, "decode_tps"), _med(rows, "prefill_tps")
+            d = _med(rows, "decode_tps")
             rd = f"{d / ld:.2f}" if d and ld else "n/a"
-            rp = f"{p / lp:.2f}" if p and lp else "n/a"
+            pre, rp = [], []
+            for i, n in enumerate(a.prompt_tokens):
+                mine = _prefill(rows, n) or (
+                    [r["prefill_tps"] for r in rows if "prefill_tps" in r] if i == 0 else []
+                )
+                theirs = _prefill(ref, n)
+                p = statistics.median(mine) if mine else None
+                lp = statistics.median(theirs) if theirs else None
+                pre.append(
+                    _pspan(rows, n) if _prefill(rows, n) else _pspan(rows, 0 if i == 0 else n)
+                )
+                rp.append(f"{p / lp:.2f}" if p and lp else "n/a")
             rb = f"{d / (bw[t] * 1e9 / size):.2f}" if d and t in bw else "n/a"
             name = {"rlx": "rlx", "llama": "llama.cpp", "torch": "PyTorch eager"}[e]
             lines.append(
-                f"| {t} | {name} | {_span(rows, 'decode_tps')} | {_span(rows, 'prefill_tps')} "
-                f"| {rd} | {rp} | {rb} |"
+                f"| {t} | {name} | {_span(rows, 'decode_tps')} | {' | '.join(pre)} "
+                f"| {rd} | {' | '.join(rp)} | {rb} |"
             )
     share = [f"{_med(runs[f'rlx|{t}'], 'gemv_share') * 100:.0f} % on {t} thread(s)"
              for t in a.threads if runs.get(f"rlx|{t}") and _med(runs[f"rlx|{t}"], "gemv_share")]  # fmt: skip
     if share:
-        lines += ["", "rlx decode step spent in the packed GEMVs: " + ", ".join(share) + "."]
+        out = [f"{(1 - _med(runs[f'rlx|{t}'], 'gemv_share')) * 100:.0f} % on {t} thread(s)"
+               for t in a.threads if runs.get(f"rlx|{t}") and _med(runs[f"rlx|{t}"], "gemv_share")]  # fmt: skip
+        lines += [
+            "",
+            "rlx decode step (wall time of `model.step` + argmax) spent in the packed GEMVs: "
+            + ", ".join(share)
+            + "; outside the GEMVs: "
+            + ", ".join(out)
+            + ".",
+        ]
     if any(runs.get(f"gemv|{t}") for t in a.threads):
         act = first(f"gemv|{a.threads[0]}", "act")
         lines += [

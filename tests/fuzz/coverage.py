@@ -85,6 +85,8 @@ COVERAGE: dict[str, tuple[str, tuple[str, ...]]] = {
     "conv": ("torch F.conv1d / F.conv2d", (_NN + "test_conv_matches_torch",)),
     "pool": ("torch F.max_pool / F.avg_pool", (_NN + "test_pool_matches_torch",)),
     "rope": ("torch, float64 (torch_oracles.rope)", (_NN + "test_rope_matches_torch",)),
+    "rope_norm": ("torch F.rms_norm + torch_oracles.rope, float64", ("test_ops_decoder.py::test_rope_norm_matches_torch",)),
+    "norm_add": ("torch F.rms_norm + residual, float64", ("test_ops_decoder.py::test_norm_add_matches_torch",)),
     "fused_matmul_bias_act": ("torch matmul + activation", (_NN + "test_fused_matmul_ops_match_torch",)),
     "fused_swiglu": ("torch F.silu(x @ wg) * (x @ wu)", (_NN + "test_fused_matmul_ops_match_torch",)),
     # ---- derivative ops

@@ -118,6 +118,8 @@ SEED: dict[str, tuple[str | None, OpKind]] = {
 # default), with rlx's class and why. argmax/argmin produce integers, which the precision
 # pass never retypes, so their class changes nothing.
 RLX_ONLY: dict[str, tuple[OpKind, str]] = {
+    "rope_norm": (R, "an RMS norm (a reduction) per head, then the rotation of rope"),
+    "norm_add": (R, "an RMS norm (a reduction) and the residual add after it"),
     "argmax": (R, "an index reduction; integer output, never retyped"),
     "argmin": (R, "an index reduction; integer output, never retyped"),
     "dynamic_qmatmul": (C, "an integer GEMM (activations quantized per row), like QMatMul"),

@@ -21,9 +21,11 @@ so every projection is one ``dequant_matmul`` of N rows.
 
 Per layer (llama.cpp's graphs; Gemma 3's parts where its spec says so): rms_norm ->
 q, k, v (``dequant_matmul`` on the packed weight; biases when present) -> per-head q / k
-rms_norm (when present) -> rope (per-layer base) -> cache attention (causal or sliding
+rms_norm (when present) and rope (per-layer base) as one ``rope_norm`` (the rope tables
+are constants of every position; the op reads the rows at ``positions``) -> cache attention (causal or sliding
 window, grouped-query) -> output projection (-> post norm) -> residual; rms_norm -> gated
-FFN ``act(gate) * up`` -> down (-> post norm) -> residual. Then the final rms_norm, the
+FFN ``act(gate) * up`` -> down (-> post norm) -> residual (a post norm and its residual
+add are one ``norm_add``). Then the final rms_norm, the
 row ``last``, and the LM head (the token embedding when tied; logit soft-capping when the
 metadata gives one). The token embedding is ``dequant_gather`` (only the ids' rows are
 decoded), times ``sqrt(d)`` for Gemma.
@@ -237,6 +239,13 @@ class _Builder:
     def norm(self, x: NodeId, name: str, n: int) -> NodeId:
         return self.g.rms_norm(x, self.vector(name, n), eps=self.cfg.eps)
 
+    def residual(self, x: NodeId, y: NodeId, norm: str | None) -> NodeId:
+        """``x + y``, ``y`` RMS-normed by ``norm`` first when given (Gemma's post norms):
+        one ``norm_add`` (rlx/ops/decoder.py)."""
+        if norm is None:
+            return self.g.add(x, y)
+        return self.g.norm_add(y, self.vector(norm, self.cfg.hidden), x, self.cfg.eps)
+
 
 def build_decoder(
     cfg: LlmConfig,
@@ -279,14 +288,20 @@ def build_decoder(
     tables: dict[tuple[Any, ...], tuple[NodeId, NodeId]] = {}
 
     def rope_at(layer: int) -> tuple[NodeId, NodeId]:
+        """The whole ``[max_context, rot/2]`` tables of ``layer``'s rope (``rope_norm``
+        reads the rows at ``positions``)."""
         key = (*cfg.rope(layer), cfg.rope_inv(layer), cfg.rope_scaling_gain(layer))
         if key not in tables:
             cos, sin = rope_tables(key[0], key[1], cfg.rope_dims, max_context, key[2], key[3])
-            tables[key] = (
-                g.gather(g.constant(cos), positions, 0),
-                g.gather(g.constant(sin), positions, 0),
-            )
+            tables[key] = (g.constant(cos), g.constant(sin))
         return tables[key]
+
+    def heads(x: NodeId, norm: str | None, cos: NodeId, sin: NodeId) -> NodeId:
+        """``x``'s heads RMS-normed by ``norm`` (None: no norm) and rotated: one
+        ``rope_norm`` (rlx/ops/decoder.py)."""
+        w = None if norm is None else b.vector(norm, hd)
+        return g.rope_norm(x, cos, sin, positions, w, hd, cfg.rope_dims,
+                           cfg.arch.rope_interleaved, cfg.eps)  # fmt: skip
 
     act = g.gelu_tanh if cfg.arch.activation == "gelu_tanh" else g.silu
     for i in range(cfg.num_layers):
@@ -295,14 +310,9 @@ def build_decoder(
         q = b.linear(a, f"{p}.attn_q", h * hd, d, cfg.attn_bias)
         k = b.linear(a, f"{p}.attn_k", hkv * hd, d, cfg.attn_bias)
         v = b.linear(a, f"{p}.attn_v", hkv * hd, d, cfg.attn_bias)
-        if cfg.qk_norm:
-            q = g.reshape(b.norm(g.reshape(q, (1, seq, h, hd)), f"{p}.attn_q_norm.weight", hd),
-                          (1, seq, h * hd))  # fmt: skip
-            k = g.reshape(b.norm(g.reshape(k, (1, seq, hkv, hd)), f"{p}.attn_k_norm.weight", hd),
-                          (1, seq, hkv * hd))  # fmt: skip
         cos, sin = rope_at(i)
-        q = g.rope(q, cos, sin, hd, cfg.rope_dims, cfg.arch.rope_interleaved)
-        k = g.rope(k, cos, sin, hd, cfg.rope_dims, cfg.arch.rope_interleaved)
+        q = heads(q, f"{p}.attn_q_norm.weight" if cfg.qk_norm else None, cos, sin)
+        k = heads(k, f"{p}.attn_k_norm.weight" if cfg.qk_norm else None, cos, sin)
         kc = g.param(f"kv.{i}.k", cache, kv_dtype)
         vc = g.param(f"kv.{i}.v", cache, kv_dtype)
         b.params[f"kv.{i}.k"] = b.params[f"kv.{i}.v"] = zeros
@@ -319,19 +329,15 @@ def build_decoder(
             else g.slot_cache_attention(q, k, v, kc, vc, positions, which, *spec, softcap=cap)
         )
         o = b.linear(att, f"{p}.attn_output", d, h * hd)
-        if cfg.arch.post_norms:
-            o = b.norm(o, f"{p}.post_attention_norm.weight", d)
-        x = g.add(x, o)
+        x = b.residual(x, o, f"{p}.post_attention_norm.weight" if cfg.arch.post_norms else None)
         f = b.norm(x, f"{p}.ffn_norm.weight", d)
         if cfg.moe is not None and cfg.moe.is_moe(i):
             f = g.reshape(b.moe(g.reshape(f, (-1, d)), p, act), (1, seq, d))
         else:
             f = b.ffn(f, p, "", cfg.ffn, act)
-        if cfg.arch.post_norms:
-            f = b.norm(f, f"{p}.post_ffw_norm.weight", d)
-        x = g.add(x, f)
+        x = b.residual(x, f, f"{p}.post_ffw_norm.weight" if cfg.arch.post_norms else None)
 
-    x = g.gather(b.norm(x, "output_norm.weight", d), last, 1)
+    x = b.norm(g.gather(x, last, 1), "output_norm.weight", d)  # row-wise: the rows first
     head = "token_embd" if cfg.tied_embeddings else "output"
     logits = b.linear(x, head, cfg.vocab, d)
     if cfg.logit_softcap:

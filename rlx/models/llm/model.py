@@ -4,8 +4,11 @@ token-level steps generation is made of (:meth:`LlmModel.prefill`, :meth:`LlmMod
 :meth:`LlmModel.logits`).
 
 One CompiledGraph (symbolic ``seq``) runs every step; the runtime keeps one schedule per
-length it has seen (decode is ``seq`` = 1; a prompt is padded to the next power of two,
-at least 8, so prompts share a few schedules; :meth:`SequenceState.verify`, the check of
+length it has seen (decode is ``seq`` = 1; a prompt is padded to the next multiple of
+:data:`LENGTH_STEP` tokens, at least 8, so its cost follows its real length, 129 tokens
+run as 144, and prompts share a few schedules; a prompt longer than
+``LlmModel.prefill_chunk`` runs in chunks of that many tokens on the KV cache, each chunk
+attending over the rows the earlier ones wrote; :meth:`SequenceState.verify`, the check of
 speculative decoding's drafted tokens, runs its exact length and returns every row's
 logits), so a decode step never re-plans. The KV
 cache is the ``kv.*`` params the runtime allocates once (``[1, max_context, Hkv*D]`` per
@@ -49,6 +52,10 @@ if TYPE_CHECKING:
 __all__ = ["LlmModel", "SequenceState", "StepTimes", "check_token_ids", "open_model"]
 
 _MIN_CLASS = 8
+#: A prompt's run length is rounded up to a multiple of this (one schedule per class).
+LENGTH_STEP = 16
+#: The longest prompt run at once: longer prompts run in chunks of this many tokens.
+DEFAULT_PREFILL_CHUNK = 512
 #: The KV cache size when none is given (capped by the model's context length).
 DEFAULT_CONTEXT = 2048
 #: ``kv_dtype`` names -> the cache dtype.
@@ -156,11 +163,12 @@ def check_token_ids(ids: object, vocab: int, what: str = "llm") -> np.ndarray:
 
 
 def _length_class(n: int, room: int) -> int:
-    """The padded prefill length of ``n`` tokens: the next power of two >= 8, at most
-    ``room`` (what is left of the context); ``n`` itself for one token."""
+    """The padded prefill length of ``n`` tokens: 8 for up to 8 tokens, else the next
+    multiple of :data:`LENGTH_STEP`, at most ``room`` (what is left of the context);
+    ``n`` itself for one token."""
     if n <= 1:
         return n
-    c = max(_MIN_CLASS, 1 << (n - 1).bit_length())
+    c = _MIN_CLASS if n <= _MIN_CLASS else -(-n // LENGTH_STEP) * LENGTH_STEP
     return max(n, min(c, room))
 
 
@@ -174,7 +182,9 @@ class LlmModel:
     the CompiledGraph; ``position``: tokens in the default state's context (module
     docstring: ``generate`` and ``logits`` have their own state and are thread-safe);
     ``quantization``: the :class:`~rlx.models.llm.quantize.QuantReport` of a model
-    loaded with ``precision=`` (None otherwise)."""
+    loaded with ``precision=`` (None otherwise); ``prefill_chunk``: the longest run of
+    prompt tokens (longer prompts run in chunks of that many on the KV cache; an int >= 1,
+    settable)."""
 
     def __init__(
         self,
@@ -199,6 +209,7 @@ class LlmModel:
         self.kv_dtype = kv_dtype
         self.quantization: QuantReport | None = None
         self.kv_group = kv_group
+        self.prefill_chunk = DEFAULT_PREFILL_CHUNK
         dec = build_decoder(
             config, gguf_file.tensors, max_context, KV_DTYPES[kv_dtype], kv_group=kv_group
         )
@@ -258,6 +269,7 @@ class LlmModel:
         n = len(arr)
         if n == 0:
             raise InputError("llm: no tokens to run (an empty prompt needs at least a BOS)")
+        chunk = n if every_row else self._chunk()
         with self._lock:
             if reset:
                 state.reset()
@@ -269,17 +281,13 @@ class LlmModel:
                     f"at most the model's {self.config.context_length})"
                 )
             self._hold(state)
-            length = n if every_row else _length_class(n, self.max_context - start)
-            padded = np.zeros((1, length), np.int64)
-            padded[0, :n] = arr
-            feed = {
-                "input_ids": padded,
-                "positions": np.arange(start, start + length, dtype=np.int64),
-                "last": np.arange(n, dtype=np.int64) if every_row else np.array([n - 1], np.int64),
-            }
-            t0 = time.perf_counter()
-            (logits,) = self.compiled.run(feed)
-            dt = time.perf_counter() - t0
+            dt, pos = 0.0, start
+            for c0 in range(0, n, chunk):
+                part = arr[c0 : c0 + chunk]
+                t0 = time.perf_counter()
+                logits = self._forward(part, pos, every_row)
+                dt += time.perf_counter() - t0
+                pos += len(part)
             state.position = start + n
         times = state.times
         if n == 1 and start > 0:
@@ -289,6 +297,28 @@ class LlmModel:
             times.prefill_tokens += n
             times.prefill_s += dt
         return logits.reshape(n, -1) if every_row else logits.reshape(-1)
+
+    def _chunk(self) -> int:
+        c = self.prefill_chunk
+        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+            raise InputError(f"llm: prefill_chunk must be an int >= 1, given {c!r}")
+        return c
+
+    def _forward(self, arr: np.ndarray, start: int, every_row: bool) -> np.ndarray:
+        """One run of the tokens ``arr`` at positions ``start..``: padded to their length
+        class unless ``every_row``; the logits of the last token (of every token with
+        ``every_row``), as the compiled graph returns them. Under the lock."""
+        n = len(arr)
+        length = n if every_row else _length_class(n, self.max_context - start)
+        padded = np.zeros((1, length), np.int64)
+        padded[0, :n] = arr
+        feed = {
+            "input_ids": padded,
+            "positions": np.arange(start, start + length, dtype=np.int64),
+            "last": np.arange(n, dtype=np.int64) if every_row else np.array([n - 1], np.int64),
+        }
+        (logits,) = self.compiled.run(feed)
+        return logits
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
         """Reset the default state, run ``ids`` (a prompt, BOS included if wanted) and
