@@ -231,13 +231,18 @@ def worker_llama(a: argparse.Namespace) -> dict:
         # this build's AMX matmul (ggml_backend_amx_mul_mat) segfaults on the first
         # llama_decode of this model here; without the extra buffer types (AMX, weight
         # repacking) llama.cpp runs its AVX-512 / AVX2 vec_dot kernels on the file's blocks
-        default = llama_cpp.llama_model_default_params
+        # (Llama reads the defaults from the inner module llama_cpp.llama_cpp: patching
+        # the package-level name alone left use_extra_bufts on; runs before 2026-12-07
+        # labelled "use_extra_bufts = false" had them on)
+        inner = llama_cpp.llama_cpp
+        default = inner.llama_model_default_params
 
         def params():  # noqa: ANN202
             p = default()
             p.use_extra_bufts = False
             return p
 
+        inner.llama_model_default_params = params
         llama_cpp.llama_model_default_params = params
     t = a.threads[0]
     ctx = max(a.prompt_tokens) + a.decode_tokens + 16

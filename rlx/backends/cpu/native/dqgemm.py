@@ -283,6 +283,9 @@ class DqGemmLib:
             if fn(*args) != 0:
                 raise MemoryError(f"dqgemm: could not allocate a decode buffer ({len(keep)})")
 
+        # one C call: the native schedule makes it from its descriptor loop (a non-zero
+        # result fails the run there as here), so a decode step has no Python per GEMV
+        call.native_call = (fn, args, True)  # type: ignore[attr-defined]
         return call
 
     def decode(
