@@ -28,7 +28,7 @@ RLX_SGEMM=auto|native|blas
                          f32 matmuls: auto (the default) times rlx's packed sgemm against
                          BLAS once per shape class and records the winner; native / blas
                          force one (benchmarks, tests)
-RLX_DQ_ACT=f32|auto|q8   activations of weight-only GGUF matmuls (Q8_0, Q5_0, Q4_K, Q6_K):
+RLX_DQ_ACT=f32|auto|q8   activations of weight-only GGUF matmuls (every GGUF layout but Q8_K):
                          f32 (the default) keeps them exact; auto quantizes them to int8
                          per 32 inputs for integer dot products at batch < 4 (decode, as
                          llama.cpp) and keeps f32 above; q8 at every batch (error bound
