@@ -187,8 +187,9 @@ class LlmModel:
         kv_dtype: str = "f32",
         kv_group: int = 0,
     ) -> None:
+        from rlx.backends.cpu.program import compile_program
         from rlx.options import CompileOptions
-        from rlx.runtime.session import Session
+        from rlx.runtime.compiled import CompiledGraph
 
         self.path = path
         self.file = gguf_file
@@ -204,8 +205,14 @@ class LlmModel:
         )
         self.graph = dec.graph
         opts = CompileOptions(num_threads=num_threads, max_shape_plans=24, use_cache=False)
-        self.compiled = Session("cpu").compile(self.graph, opts)
-        self.compiled.set_params(dec.params)
+        # The params go to the compile itself, which seeds its probe executor with them
+        # (no zero-filled stand-in per weight: that was a second, quantized-model-sized
+        # allocation left resident in the heap). The program is compiled here rather than
+        # through Session.compile(params=), whose compile-cache key hashes every weight's
+        # bytes even with use_cache=False (a read of the whole model, ~0.6 s per GB).
+        # CompiledGraph checks each param's name, dtype and dims as set_params does.
+        program = compile_program(self.graph, opts, dec.params)
+        self.compiled = CompiledGraph(program, dec.params, opts)
         self._kv_names = [n for n in dec.params if n.startswith("kv.")]
         self._lock = threading.RLock()
         self._holder: weakref.ref[SequenceState] | None = None  # whose rows the cache holds
