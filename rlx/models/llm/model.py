@@ -41,6 +41,7 @@ from rlx.dtype import DType
 from rlx.errors import InputError, ModelError
 from rlx.models.llm.config import LlmConfig, read_config
 from rlx.models.llm.graph import build_decoder
+from rlx.models.llm.lowp import use_threads
 
 if TYPE_CHECKING:
     from rlx.models.llm.batch import BatchedDecoder
@@ -285,7 +286,8 @@ class LlmModel:
                 "last": np.arange(n, dtype=np.int64) if every_row else np.array([n - 1], np.int64),
             }
             t0 = time.perf_counter()
-            (logits,) = self.compiled.run(feed)
+            with use_threads(self.num_threads):  # the bf16 / f16 products' kernel
+                (logits,) = self.compiled.run(feed)
             dt = time.perf_counter() - t0
             state.position = start + n
         times = state.times
