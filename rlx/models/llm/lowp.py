@@ -16,7 +16,8 @@ whole weight ever exists and the checkpoint's bytes are read where they lie.
 Threads: the op has no thread count of its own (a custom op's kernel is its reference);
 it uses :func:`half_threads` (set around a run with :func:`use_threads`, as
 :class:`~rlx.models.llm.model.LlmModel` does with its ``num_threads``), by default
-rlx's default thread count (``RLX_NUM_THREADS``, else the physical cores).
+rlx's default thread count (``RLX_NUM_THREADS``, else the physical cores; resolved
+once per process).
 """
 
 from __future__ import annotations
@@ -65,13 +66,18 @@ def _infer(ins: tuple[Shape, ...], attrs: Mapping[str, Any]) -> Shape:
 _THREADS: contextvars.ContextVar[int | None] = contextvars.ContextVar("half_threads", default=None)
 
 
+_DEFAULT_THREADS: list[int] = []  # resolved once: resolve_threads reads /proc/cpuinfo
+
+
 def half_threads() -> int:
     """Threads the op's native kernel splits a weight's rows over (module docstring)."""
     n = _THREADS.get()
     if n is None:
-        from rlx.backends.cpu.threads import resolve_threads
+        if not _DEFAULT_THREADS:
+            from rlx.backends.cpu.threads import resolve_threads
 
-        n = resolve_threads(None)
+            _DEFAULT_THREADS.append(resolve_threads(None))
+        n = _DEFAULT_THREADS[0]
     return n
 
 

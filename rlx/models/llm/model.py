@@ -286,7 +286,7 @@ class LlmModel:
                 "last": np.arange(n, dtype=np.int64) if every_row else np.array([n - 1], np.int64),
             }
             t0 = time.perf_counter()
-            with use_threads(self.num_threads):  # the bf16 / f16 products' kernel
+            with use_threads(self.compiled.num_threads):  # the bf16 / f16 products' kernel
                 (logits,) = self.compiled.run(feed)
             dt = time.perf_counter() - t0
             state.position = start + n
