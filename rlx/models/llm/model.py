@@ -188,6 +188,7 @@ class LlmModel:
         kv_dtype: str = "f32",
         kv_group: int = 0,
     ) -> None:
+        from rlx.backends.cpu import threads
         from rlx.backends.cpu.program import compile_program
         from rlx.options import CompileOptions
         from rlx.runtime.compiled import CompiledGraph
@@ -212,6 +213,7 @@ class LlmModel:
         # through Session.compile(params=), whose compile-cache key hashes every weight's
         # bytes even with use_cache=False (a read of the whole model, ~0.6 s per GB).
         # CompiledGraph checks each param's name, dtype and dims as set_params does.
+        threads.resolve_threads(num_threads)  # CompileError for a bad count, as compile
         program = compile_program(self.graph, opts, dec.params)
         self.compiled = CompiledGraph(program, dec.params, opts)
         self._kv_names = [n for n in dec.params if n.startswith("kv.")]
