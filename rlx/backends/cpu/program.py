@@ -5,7 +5,10 @@ records, and the buffer plans per symbol binding (an LRU of ``options.max_shape_
 A program holds no arena and no params: those belong to each CompiledGraph, so the
 compile cache can hand one program to several CompiledGraphs. The executor built at
 compile time (the probe) comes with its own ParamStore and Workspace, which the first
-CompiledGraph made from the program adopts. Compiling builds one
+CompiledGraph made from the program adopts; params given to the compile are set in that
+ParamStore before the probe is built, so it never allocates zero-filled storage for them
+(for a model whose weights are a file mapping that storage would be a second copy of the
+model, left resident in the heap). Compiling builds one
 schedule (the static shape, or every symbol at its lower bound) so an op the backend
 cannot run fails here, at compile time, listing every such node.
 
@@ -144,6 +147,10 @@ def compile_program(
     )
     live_inputs: dict[str, np.ndarray] = {}
     store = ParamStore(graph)
+    if params:  # seeded: the probe reads the given arrays, no zero-filled stand-ins
+        for name, arr in params.items():
+            if name in param_shapes:
+                store.set(name, arr)
     probe = Executor(
         graph,
         prog.plan(prog.probe_bindings()),

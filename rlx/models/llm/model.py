@@ -44,6 +44,7 @@ from rlx.dtype import DType
 from rlx.errors import InputError, ModelError
 from rlx.models.llm.config import LlmConfig, read_config
 from rlx.models.llm.graph import build_decoder
+from rlx.models.llm.lowp import use_threads
 
 if TYPE_CHECKING:
     from rlx.models.llm.batch import BatchedDecoder
@@ -197,8 +198,10 @@ class LlmModel:
         kv_dtype: str = "f32",
         kv_group: int = 0,
     ) -> None:
+        from rlx.backends.cpu import threads
+        from rlx.backends.cpu.program import compile_program
         from rlx.options import CompileOptions
-        from rlx.runtime.session import Session
+        from rlx.runtime.compiled import CompiledGraph
 
         self.path = path
         self.file = gguf_file
@@ -215,8 +218,15 @@ class LlmModel:
         )
         self.graph = dec.graph
         opts = CompileOptions(num_threads=num_threads, max_shape_plans=24, use_cache=False)
-        self.compiled = Session("cpu").compile(self.graph, opts)
-        self.compiled.set_params(dec.params)
+        # The params go to the compile itself, which seeds its probe executor with them
+        # (no zero-filled stand-in per weight: that was a second, quantized-model-sized
+        # allocation left resident in the heap). The program is compiled here rather than
+        # through Session.compile(params=), whose compile-cache key hashes every weight's
+        # bytes even with use_cache=False (a read of the whole model, ~0.6 s per GB).
+        # CompiledGraph checks each param's name, dtype and dims as set_params does.
+        threads.resolve_threads(num_threads)  # CompileError for a bad count, as compile
+        program = compile_program(self.graph, opts, dec.params)
+        self.compiled = CompiledGraph(program, dec.params, opts)
         self._kv_names = [n for n in dec.params if n.startswith("kv.")]
         self._lock = threading.RLock()
         self._holder: weakref.ref[SequenceState] | None = None  # whose rows the cache holds
@@ -317,7 +327,8 @@ class LlmModel:
             "positions": np.arange(start, start + length, dtype=np.int64),
             "last": np.arange(n, dtype=np.int64) if every_row else np.array([n - 1], np.int64),
         }
-        (logits,) = self.compiled.run(feed)
+        with use_threads(self.compiled.num_threads):  # the bf16 / f16 products' kernel
+            (logits,) = self.compiled.run(feed)
         return logits
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:

@@ -270,6 +270,7 @@ def _stack_experts(tensors: dict[str, Any], layers: int, experts: int) -> None:
                 isinstance(t, QuantTensor) and t.scheme == first.scheme for t in ts
             ):
                 continue
+            del ts  # each expert's arrays are dropped as soon as they are in the stack
             (packed,) = first.arrays
             stack = np.empty((experts, *packed.shape), packed.dtype)
             for j, k in enumerate(keys):

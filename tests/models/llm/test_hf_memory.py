@@ -1,7 +1,9 @@
 """Memory of Hugging Face checkpoints as rlx.models.llm loads them, measured by the kernel
 (``/proc/self/statm`` resident pages, ``VmHWM`` of ``/proc/self/status``) in a fresh
 subprocess: a bf16 checkpoint stays packed (resident growth within 1.1x the file size,
-where widening to f32 would double it).
+where widening to f32 would double it), and quantizing one at load (``precision=``) peaks
+under 1.2x the quantized size (the issue's bound: no f32 or second packed copy of the
+model, only one panel of rows at a time).
 
 The checkpoints are random bf16 Llama weights written with ``safetensors.torch`` (sizes
 big enough that interpreter noise is small against them). The child first loads and
@@ -124,3 +126,15 @@ def test_bf16_checkpoint_stays_within_its_file_size(big: Path, tiny: Path) -> No
     grown = m["run"] - m["before"]
     assert grown < 1.1 * size, (grown / size, m)
     assert m["loaded"] - m["before"] < 0.2 * size, m  # mapped, not read, until it runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["int8", "int4", "q8_0", "q4_k"])
+def test_quantizing_at_load_peaks_under_1_2x_the_quantized_size(
+    big: Path, tiny: Path, precision: str
+) -> None:
+    m = measure(big, tiny, precision=precision)
+    quantized = m["quantized"]
+    assert 0 < quantized < 0.7 * big.stat().st_size, m
+    peak = m["peak"] - m["before"]  # the kernel's high-water mark, through load and a run
+    assert peak < 1.2 * quantized, (precision, peak / quantized, m)
