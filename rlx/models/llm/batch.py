@@ -40,6 +40,7 @@ import numpy as np
 
 from rlx.errors import InputError
 from rlx.models.llm.graph import build_decoder
+from rlx.models.llm.lowp import use_threads
 from rlx.models.llm.model import KV_DTYPES, _int_like, _length_class, check_token_ids
 
 if TYPE_CHECKING:
@@ -154,7 +155,8 @@ class BatchedDecoder:
             )
 
     def _run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
-        (logits,) = self.compiled.run(feed)
+        with use_threads(self.compiled.num_threads):  # the bf16 / f16 products' kernel
+            (logits,) = self.compiled.run(feed)
         return np.asarray(logits).reshape(len(feed["last"]), -1)
 
     def _chunk(self, slot: int, ids: Sequence[int], reset: bool) -> np.ndarray:

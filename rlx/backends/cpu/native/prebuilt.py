@@ -104,6 +104,7 @@ _CSRC_LIBS: dict[str, tuple[tuple[str, ...], str]] = {
     "norm_grad": (("norm_grad.c",), ""),
     "attention_grad": (("attention_vec.c", "attention_grad.c"), "#define RLX_ATT_DT 0\n"),
     "maxpool2d_grad": (("maxpool2d_grad.c",), ""),
+    "half_linear": (("half_linear.c",), ""),
 }
 #: attention element type code (``RLX_ATT_DT``) -> library name
 _ATTENTION = {0: "attention", 1: "attention_bfloat16", 2: "attention_float16"}
