@@ -689,6 +689,24 @@ CASES: list[Case] = [
         lambda g: g.layer_norm(g.input("x", (4, 8), "bf16"), g.input("g", (8,), "bf16")),
     ),
     Case("rms_norm", lambda g: g.rms_norm(g.input("x", (2, 3, 8)), g.input("g", (8,)))),
+    # the decoder's fused ops (rlx/ops/decoder.py): positions are ints in [0, 4), the
+    # rotary tables have 4 rows
+    Case(
+        "rope_norm",
+        lambda g: g.rope_norm(
+            g.input("x", (1, 3, 16)),
+            g.input("cos", (4, 2)),
+            g.input("sin", (4, 2)),
+            g.input("pos", (3,), "i64"),
+            g.input("w", (8,)),
+            8,
+            4,
+        ),  # fmt: skip
+    ),
+    Case(
+        "norm_add",
+        lambda g: g.norm_add(g.input("x", (2, 8)), g.input("w", (8,)), g.input("r", (2, 8))),
+    ),
     Case(
         "rms_norm_beta",
         lambda g: g.rms_norm(g.input("x", (4, 8)), g.input("g", (8,)), g.input("b", (8,))),

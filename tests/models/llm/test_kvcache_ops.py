@@ -126,10 +126,13 @@ def test_cache_attention_refuses_a_caller_owned_cache() -> None:
     g = cache_graph(2, 1, 8, 6, 0)
     ro = np.zeros((1, 6, 8), np.float32)
     ro.flags.writeable = False  # shared in place: the kernel must not write it
-    c = Session("cpu").compile(g, CompileOptions(use_cache=False), params={"kc": ro, "vc": ro})
+    # refused when the kernel is built: at compile (the compile probe binds the given
+    # params) or, at the latest, at the first run
     x, kv = np.zeros((1, 1, 16), np.float32), np.zeros((1, 1, 8), np.float32)
     with pytest.raises(CompileError, match="given by the caller"):
+        c = Session("cpu").compile(g, CompileOptions(use_cache=False), params={"kc": ro, "vc": ro})
         c.run({"q": x, "k": kv, "v": kv, "positions": np.arange(1)})
+    assert not ro.any()  # nothing was written
 
 
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q5_0", "Q4_K", "Q6_K"])
