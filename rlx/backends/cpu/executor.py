@@ -52,6 +52,7 @@ from rlx.backends.cpu.dispatch import (
     load_kernels,
     reference_kernel,
 )
+from rlx.backends.cpu.engines import region
 from rlx.backends.cpu.memory import (
     ARENA_ALIGNMENT,
     ArenaScratch,
@@ -163,7 +164,8 @@ class Executor:
                 raise CompileError(
                     f"{self._memory_text(need)}; allocating it failed: {e}"
                 ) from None
-            self._build(store.params, inputs)
+            # the graph's generated regions built in one gcc run (each alone if that fails)
+            region.batched(lambda: self._build(store.params, inputs), reset=self._layout)
             pool = self.pool
             ws.scratch_hint = max(ws.scratch_hint, pool.scratch_bytes)
             if attempt or not ws.shared or pool.spilled <= SPILL_REBUILD_BYTES:

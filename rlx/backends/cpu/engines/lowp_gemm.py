@@ -29,15 +29,15 @@ if TYPE_CHECKING:
     from rlx.ir.mir import Node
 
 from rlx.backends.cpu.engines.lowp_lib import (
-    BF16,
-    F16,
     F32,
     GemmPath,
     LowpLib,
     _padded_table,
     gemm_path,
+    is_half,
     lib_or_none,
 )
+from rlx.dtype import is_bf16
 
 __all__ = ["lowp_matmul", "lowp_fused_matmul", "activation_table"]
 
@@ -76,7 +76,7 @@ def lowp_matmul(
     widened, into private buffers) in a ``KernelCtx.prologue`` step: once per param
     change. ``epilogue`` (bf16 only) is applied by the vdpbf16ps/AMX GEMM as it writes
     ``out`` when that path is taken (then ``epilogue.fused`` is set)."""
-    if a.dtype != b.dtype or a.dtype != out.dtype or a.dtype not in (BF16, F16):
+    if a.dtype != b.dtype or a.dtype != out.dtype or not is_half(a.dtype):
         return None
     lib = lib_or_none(ctx)
     if lib is None:
@@ -391,7 +391,7 @@ def lowp_fused_matmul(
     x, w = ins[:2]
     bias = ins[2] if len(ins) == 3 else None
     dt = out.dtype
-    if dt not in (BF16, F16) or any(t.dtype != dt for t in ins) or not out.flags.c_contiguous:
+    if not is_half(dt) or any(t.dtype != dt for t in ins) or not out.flags.c_contiguous:
         return None
     if bias is not None and not bias.flags.c_contiguous:
         return None
@@ -419,7 +419,7 @@ def lowp_fused_matmul(
     ep: _Epilogue | None = None
     if (
         (bias is not None or act is not None)
-        and dt == BF16
+        and is_bf16(dt)
         and (bias is None or bias.shape[-1:] == (out.shape[-1],) and bias.size == out.shape[-1])
     ):
         ep = _Epilogue(b32, None if table is None else _padded_table(table))

@@ -53,7 +53,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import ml_dtypes
 import numpy as np
 
 from rlx import config
@@ -61,6 +60,7 @@ from rlx.backends.cpu import native
 from rlx.backends.cpu.dispatch import KernelCtx
 from rlx.backends.cpu.native import bindings
 from rlx.backends.cpu.native.cpu import amx_prelude
+from rlx.dtype import is_bf16
 from rlx.errors import CompileError, InputError
 
 if TYPE_CHECKING:
@@ -75,14 +75,25 @@ __all__ = [
     "lowp_override",
     "gemm_path",
     "lib_or_none",
-    "CASTS",
-    "BF16",
+    "cast_name",
+    "is_half",
+    "is_half_or_f32",
     "F16",
 ]
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
+# bf16 is tested with rlx.dtype.is_bf16 (ml_dtypes is imported only when bf16 is used)
+
+
+def is_half(dt: np.dtype) -> bool:
+    """bf16 or f16."""
+    return dt == F16 or is_bf16(dt)
+
+
+def is_half_or_f32(dt: np.dtype) -> bool:
+    """bf16, f16 or f32."""
+    return dt == F32 or dt == F16 or is_bf16(dt)
 
 
 class SimdLevel(enum.IntEnum):
@@ -129,13 +140,20 @@ def lowp_override(
         _override = prev
 
 
-# (source dtype, target dtype) -> C function name
-CASTS = {
-    (F32, BF16): "rlx_f32_to_bf16",
-    (BF16, F32): "rlx_bf16_to_f32",
+# (source dtype, target dtype) -> C function name; f32 <-> bf16 in ``cast_name``
+_CASTS_F16 = {
     (F32, F16): "rlx_f32_to_f16",
     (F16, F32): "rlx_f16_to_f32",
 }
+
+
+def cast_name(src: np.dtype, dst: np.dtype) -> str | None:
+    """The C conversion function ``src -> dst`` of the library (None: there is none)."""
+    if src == F32 and is_bf16(dst):
+        return "rlx_f32_to_bf16"
+    if is_bf16(src) and dst == F32:
+        return "rlx_bf16_to_f32"
+    return _CASTS_F16.get((src, dst))
 
 
 class LowpLib:
@@ -154,7 +172,7 @@ class LowpLib:
 
     def cast_fn(self, src: np.dtype, dst: np.dtype) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
         """The C conversion ``src -> dst`` (None when this library has none)."""
-        name = CASTS.get((np.dtype(src), np.dtype(dst)))
+        name = cast_name(np.dtype(src), np.dtype(dst))
         return None if name is None else getattr(self.lib, name)
 
     def cast(self, x: np.ndarray, out: np.ndarray, threads: int = 1) -> None:
@@ -172,7 +190,7 @@ class LowpLib:
         """``out = table[x]`` over the 16-bit codes of C-contiguous bf16/f16 ``x`` (``out``
         may be ``x``): applies an :func:`activation_table`."""
         if (
-            x.dtype not in (BF16, F16)
+            not is_half(x.dtype)
             or out.dtype != x.dtype
             or out.size != x.size
             or not (x.flags.c_contiguous and out.flags.c_contiguous)
@@ -227,7 +245,7 @@ class LowpLib:
         [65536], as :func:`activation_table`) maps each code."""
         m, k = a.shape
         n = out.shape[1]
-        if (bias is not None or act_table is not None) and out.dtype != BF16:
+        if (bias is not None or act_table is not None) and not is_bf16(out.dtype):
             raise InputError(f"lowp gemm: bias/act_table need a bf16 out, given {out.dtype}")
         if bias is not None and (bias.dtype != F32 or bias.shape != (n,)):
             raise InputError(f"lowp gemm: bias f32 [{n}] needed, given {bias.dtype} {bias.shape}")
@@ -237,7 +255,11 @@ class LowpLib:
             )
         _check_rows("gemm", "a", a)
         _check_rows("gemm", "out", out)
-        if a.dtype != BF16 or out.dtype not in (F32, BF16) or out.shape[0] != m:
+        if (
+            not is_bf16(a.dtype)
+            or not (out.dtype == F32 or is_bf16(out.dtype))
+            or out.shape[0] != m
+        ):
             raise InputError(
                 f"lowp gemm: a bf16 [M, K] and out f32/bf16 [M, N] needed, given {a.dtype} {a.shape} -> {out.dtype} {out.shape}"
             )
@@ -249,7 +271,7 @@ class LowpLib:
         lut = None if act_table is None else _padded_table(act_table)
         rc = self.lib.rlx_bf16_gemm_ep(
             m, n, k, a.ctypes.data, a.strides[0] // 2, packed.ctypes.data,
-            out.ctypes.data, out.strides[0] // out.itemsize, int(out.dtype == BF16),
+            out.ctypes.data, out.strides[0] // out.itemsize, int(is_bf16(out.dtype)),
             max(1, threads), None if bias is None else bias.ctypes.data,
             None if lut is None else lut.ctypes.data,
         )  # fmt: skip
@@ -318,10 +340,10 @@ def gemm_path(dtype: np.dtype, lib: LowpLib | None) -> GemmPath:
     if forced is not None:
         if forced is GemmPath.DPBF16 and not dpbf16:
             raise CompileError("GemmPath.DPBF16 forced on a CPU or library without avx512_bf16")
-        if forced is GemmPath.DPBF16 and np.dtype(dtype) != BF16:
+        if forced is GemmPath.DPBF16 and not is_bf16(np.dtype(dtype)):
             return GemmPath.CONVERT
         return forced
-    return GemmPath.DPBF16 if dpbf16 and np.dtype(dtype) == BF16 else GemmPath.CONVERT
+    return GemmPath.DPBF16 if dpbf16 and is_bf16(np.dtype(dtype)) else GemmPath.CONVERT
 
 
 # ---- cast ------------------------------------------------------------------------------

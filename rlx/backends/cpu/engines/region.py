@@ -17,6 +17,17 @@ arguments precomputed. Regions whose work estimate (:func:`region_work`) reaches
 :data:`PARALLEL_MIN_WORK` run on an OpenMP team of ``KernelCtx.num_threads``
 (``CompileOptions.num_threads``).
 
+Batches (issue 31, cold start). Inside :func:`batch` (or :func:`batched`), ``load_function``
+does not run gcc: it returns a :class:`DeferredFunction` and ``bind`` a
+:class:`DeferredKernel`; when the outermost batch ends, every deferred function is built
+in ONE gcc run (one C file: the prelude once, the functions sorted by name, cached by the
+content of that file, so a compile whose set of regions was built before hits the cache;
+a region shared with another graph is built again inside that graph's file: the cache
+key is the set, not the region) and the kernels are bound to it. The functions are the
+same text as alone, so the results are the same bits. When that build fails, each
+function is built alone; :func:`batched` then runs its build again without batching, so
+a region gcc rejects falls back to NumPy as outside a batch.
+
 When native kernels are off (``CompileOptions.native=False``), gcc is missing, the build
 fails, or the body has something the C tables cannot render, the region's next attempt,
 the NumPy region kernel of ``kernels/fused.py``, runs instead: its report kind is then
@@ -25,11 +36,14 @@ the NumPy region kernel of ``kernels/fused.py``, runs instead: its report kind i
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import math
 import platform
-from typing import Any
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -45,7 +59,14 @@ __all__ = [
     "vector_math_available",
     "load_function",
     "bind",
+    "batch",
+    "batched",
+    "DeferredFunction",
+    "DeferredKernel",
+    "BatchBuildError",
 ]
+
+T = TypeVar("T")
 
 # A team pays when the region's one-thread time is well above what starting it costs.
 # With libgomp's workers spinning briefly between regions (GOMP_SPINCOUNT, see
@@ -83,30 +104,158 @@ def region_work(fn: CFunction, out: np.ndarray) -> int:
 
 def load_function(fn: CFunction) -> Any:
     """Build (cached by content) and load ``fn``; returns the ctypes function with its
-    argtypes set. CompileError when gcc is missing, the build fails or the library does
-    not export ``fn.name`` (it holds other code: a damaged or swapped cache entry)."""
+    argtypes set (inside :func:`batch`: a :class:`DeferredFunction`, built when the batch
+    ends). CompileError when gcc is missing, the build fails or the library does not
+    export ``fn.name`` (it holds other code: a damaged or swapped cache entry)."""
     if not native.available():
         raise CompileError("gcc is not on PATH")
-    module = CModule((fn,), vector_math=vector_math_available())
-    lib_path = native.build(module.source, native.Isa.PLAIN, "region")
+    pending = getattr(_STATE, "batch", None)
+    if pending is not None:
+        return pending.defer(fn)
+    return _load((fn,), "region")[fn.name]
+
+
+def _load(fns: tuple[CFunction, ...], name: str) -> dict[str, Any]:
+    """Build ``fns`` as one C file (one gcc run, cached by content) and load them: their
+    ctypes functions by name, argtypes set."""
+    module = CModule(fns, vector_math=vector_math_available())
+    lib_path = native.build(module.source, native.Isa.PLAIN, name)
     try:
         lib = native.load(lib_path)
     except OSError as e:
         raise CompileError(f"cannot load {lib_path}: {e}") from e
-    try:
-        cfn = getattr(lib, fn.name)
-    except AttributeError as e:
-        raise CompileError(
-            f"{lib_path} does not export {fn.name}: the cached library holds other code"
-        ) from e
-    cfn.argtypes = [ctypes.c_void_p] * fn.num_pointers + [ctypes.c_long]
-    cfn.restype = None
-    return cfn
+    out = {}
+    for fn in fns:
+        try:
+            cfn = getattr(lib, fn.name)
+        except AttributeError as e:
+            raise CompileError(
+                f"{lib_path} does not export {fn.name}: the cached library holds other code"
+            ) from e
+        cfn.argtypes = [ctypes.c_void_p] * fn.num_pointers + [ctypes.c_long]
+        cfn.restype = None
+        out[fn.name] = cfn
+    return out
 
 
 def bind(cfn: Any, arrays: list[np.ndarray], nthreads: int = 1) -> Kernel:
-    """A zero-argument call of ``cfn`` on ``arrays`` with ``nthreads`` (all bound now)."""
+    """A zero-argument call of ``cfn`` on ``arrays`` with ``nthreads`` (all bound now; a
+    :class:`DeferredFunction` gives a :class:`DeferredKernel`)."""
     ptrs = [ctypes.c_void_p(a.ctypes.data) for a in arrays]
+    if isinstance(cfn, DeferredFunction):
+        if cfn.cfn is None:
+            pending = getattr(_STATE, "batch", None)
+            if pending is None:  # cached by a caller beyond a batch that failed: build now
+                cfn.cfn = _load((cfn.fn,), "region")[cfn.fn.name]
+            else:
+                pending.deferred.setdefault(cfn.fn.name, cfn)
+                return DeferredKernel(cfn, (*ptrs, ctypes.c_long(nthreads)), arrays)
+        cfn = cfn.cfn
     run: Any = functools.partial(cfn, *ptrs, ctypes.c_long(nthreads))
     run.keepalive = arrays  # constants rendered as arrays live as long as the kernel
     return run  # type: ignore[no-any-return]
+
+
+class DeferredFunction:
+    """A region function of a :func:`batch`, loaded when the batch ends (``cfn``)."""
+
+    __slots__ = ("fn", "cfn")
+
+    def __init__(self, fn: CFunction):
+        self.fn = fn
+        self.cfn: Any = None
+
+    def __call__(self, *args: Any) -> None:
+        if self.cfn is None:
+            raise CompileError(f"{self.fn.name} is called before its batch was built")
+        self.cfn(*args)
+
+
+class DeferredKernel:
+    """:func:`bind` of a :class:`DeferredFunction`: callable once its batch is built, and
+    one native call for the native schedule (``native_call``)."""
+
+    __slots__ = ("fn", "args", "keepalive")
+
+    def __init__(self, fn: DeferredFunction, args: tuple[Any, ...], keepalive: list[np.ndarray]):
+        self.fn = fn
+        self.args = args
+        self.keepalive = keepalive
+
+    def __call__(self) -> None:
+        cfn = self.fn.cfn
+        if cfn is None:
+            raise CompileError(f"{self.fn.fn.name} is called before its batch was built")
+        cfn(*self.args)
+
+    @property
+    def native_call(self) -> tuple[Any, tuple[Any, ...], bool]:
+        """``(ctypes function, arguments, checked)`` (see ``native/schedule.py``)."""
+        if self.fn.cfn is None:
+            raise CompileError(f"{self.fn.fn.name} is used before its batch was built")
+        return self.fn.cfn, self.args, False
+
+
+class _Batch:
+    def __init__(self) -> None:
+        self.deferred: dict[str, DeferredFunction] = {}
+
+    def defer(self, fn: CFunction) -> DeferredFunction:
+        d = self.deferred.get(fn.name)
+        if d is None:
+            d = self.deferred[fn.name] = DeferredFunction(fn)
+        return d
+
+    def build(self) -> None:
+        """One gcc run for all (sorted by name); on a failure, each alone (the first that
+        fails alone raises its CompileError)."""
+        if not self.deferred:
+            return
+        fns = tuple(d.fn for _, d in sorted(self.deferred.items()))
+        try:
+            got = _load(fns, "regions") if len(fns) > 1 else _load(fns, "region")
+        except CompileError:
+            got = {}
+            try:
+                for fn in fns:
+                    got |= _load((fn,), "region")
+            except CompileError as e:
+                raise BatchBuildError(e.bare_message) from e
+        for name, d in self.deferred.items():
+            d.cfn = got[name]
+
+
+class BatchBuildError(CompileError):
+    """A region of a :func:`batch` does not build (alone either)."""
+
+
+_STATE = threading.local()
+
+
+@contextlib.contextmanager
+def batch() -> Iterator[None]:
+    """Defer the region builds of this thread to the end of the outermost ``batch``,
+    then build them in one gcc run (see the module docstring). BatchBuildError at the
+    end when a region does not build alone either (its kernels are not usable then)."""
+    if getattr(_STATE, "batch", None) is not None:
+        yield  # nested: the outer batch builds
+        return
+    b = _STATE.batch = _Batch()
+    try:
+        yield
+    finally:
+        _STATE.batch = None
+    b.build()
+
+
+def batched(build: Callable[[], T], reset: Callable[[], object] | None = None) -> T:
+    """``build()`` with its region builds batched into one gcc run; when that fails,
+    ``reset()`` (if given) and ``build()`` again without batching (each region alone, a
+    region gcc rejects falls back as its caller says)."""
+    try:
+        with batch():
+            return build()
+    except BatchBuildError:
+        if reset is not None:
+            reset()
+        return build()

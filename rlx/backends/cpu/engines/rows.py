@@ -38,14 +38,13 @@ import numpy as np
 from rlx.backends.cpu.codegen.elementwise import C_TYPES, CodegenUnsupported
 from rlx.backends.cpu.codegen.rows import RowKind, RowSpec, render_rows
 from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelFactory, KernelKind
-from rlx.backends.cpu.engines.lowp_lib import BF16
 from rlx.backends.cpu.engines.region import (
     CALL_WEIGHT,
     PARALLEL_MIN_WORK,
     bind,
     load_function,
 )
-from rlx.dtype import DType
+from rlx.dtype import DType, is_bf16
 from rlx.errors import CompileError
 
 if TYPE_CHECKING:
@@ -63,7 +62,7 @@ __all__ = [
     "norm_factory",
 ]
 
-_ROW_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.float16, BF16))
+_ROW_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.float16))  # and bf16
 
 
 class Decline(Exception):
@@ -109,7 +108,7 @@ def row_kernel(
 def ctype_of(out: np.ndarray, ins: list[np.ndarray]) -> Any:
     """The C type of ``out``'s dtype when every operand has it (Decline otherwise)."""
     dt = out.dtype
-    if dt not in _ROW_DTYPES:
+    if dt not in _ROW_DTYPES and not is_bf16(dt):
         raise Decline(f"dtype {dt} has no native row kernel")
     bad = [x.dtype for x in ins if x.dtype != dt]
     if bad:

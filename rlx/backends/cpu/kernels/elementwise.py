@@ -24,9 +24,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind, lowp
-from rlx.backends.cpu.engines.lowp_lib import BF16, CASTS, F16, F32, LowpLib, lib_or_none
+from rlx.backends.cpu.engines.lowp_lib import (
+    F32,
+    LowpLib,
+    cast_name,
+    is_half_or_f32,
+    lib_or_none,
+)
 from rlx.backends.cpu.engines.region import PARALLEL_MIN_WORK, bind, load_function, region_work
-from rlx.dtype import DType
+from rlx.dtype import DType, is_bf16
 from rlx.errors import UnsupportedOpError
 from rlx.ops.elementwise import (
     COMPARE_FNS,
@@ -441,13 +447,13 @@ def _native_cast(x: np.ndarray, out: np.ndarray, ctx: KernelCtx, lib: LowpLib) -
         return None
     level, nt = int(lib.level()), ctx.num_threads
     n = x.size
-    if pair in CASTS and not (
+    if cast_name(*pair) is not None and not (
         x.dtype.itemsize != out.dtype.itemsize and np.may_share_memory(x, out)
     ):
         fn = lib.cast_fn(*pair)
         ps, pd = x.ctypes.data, out.ctypes.data
         return lambda: fn(ps, pd, n, level, nt)  # type: ignore[misc]
-    if {x.dtype, out.dtype} <= {BF16, F16, F32}:  # bf16 <-> f16, or an aliased pair
+    if is_half_or_f32(x.dtype) and is_half_or_f32(out.dtype):  # bf16 <-> f16, or aliased
         s = ctx.scratch(x.shape, F32, 310)
         up = lib.cast_fn(x.dtype, F32) if x.dtype != F32 else None
         down = lib.cast_fn(F32, out.dtype) if out.dtype != F32 else None
@@ -474,16 +480,16 @@ def cast_kernel(node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelC
     (x,) = ins
     if x.dtype.kind == "c" and out.dtype.kind != "c":
         x = x.real  # a view: complex -> real keeps the real part, without NumPy's warning
-    if x.dtype != out.dtype and {x.dtype, out.dtype} <= {BF16, F16, F32}:
+    if x.dtype != out.dtype and is_half_or_f32(x.dtype) and is_half_or_f32(out.dtype):
         lib = lib_or_none(ctx)
         if lib is not None:
             fn = _native_cast(x, out, ctx, lib)
             if fn is not None:
                 ctx.kind = KernelKind.NATIVE
                 return fn
-    if x.dtype == np.float64 and out.dtype == BF16:  # rounded once (ml_dtypes: twice)
+    if x.dtype == np.float64 and is_bf16(out.dtype):  # rounded once (ml_dtypes: twice)
         return lambda: np.copyto(out, f64_to_bf16(x))  # type: ignore[return-value]
-    if x.dtype.kind in "iu" and out.dtype == BF16:  # rounded once (ml_dtypes: twice)
+    if x.dtype.kind in "iu" and is_bf16(out.dtype):  # rounded once (ml_dtypes: twice)
         return lambda: np.copyto(out, int_to_bf16(x))  # type: ignore[return-value]
     via_f32 = x.dtype.name in (
         "bfloat16",

@@ -32,7 +32,7 @@ from rlx.backends.cpu.dispatch import (
 )
 from rlx.backends.cpu.engines.blas import matmul_into
 from rlx.backends.cpu.engines.lowp_gemm import lowp_fused_matmul
-from rlx.backends.cpu.engines.lowp_lib import BF16, F16
+from rlx.backends.cpu.engines.lowp_lib import is_half
 from rlx.backends.cpu.engines.region import PARALLEL_MIN_WORK, bind, load_function, region_work
 from rlx.backends.cpu.engines.rows import (
     Decline,
@@ -286,7 +286,7 @@ def native_fused_matmul_kernel(
     act = node.op.act  # type: ignore[attr-defined]
 
     def build() -> Kernel:
-        if out.dtype in (BF16, F16):
+        if is_half(out.dtype):
             fn = lowp_fused_matmul(node, ins, out, ctx)
             if fn is None:
                 raise Decline(f"the {out.dtype} matmul has no native low-precision path here")

@@ -28,7 +28,7 @@ from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind, kind, lowp
 from rlx.backends.cpu.engines.blas import as_3d, matmul_into, view_3d
 from rlx.backends.cpu.engines.intgemm import int_product
 from rlx.backends.cpu.engines.lowp_gemm import lowp_matmul
-from rlx.backends.cpu.engines.lowp_lib import BF16, F16
+from rlx.backends.cpu.engines.lowp_lib import is_half
 from rlx.backends.cpu.engines.sgemm import batched_matmul, weight_matmul
 from rlx.ops.linalg import (
     BatchedDenseSolve,
@@ -55,7 +55,6 @@ __all__ = [
 ]
 
 
-_NATIVE_LOWP = (BF16, F16)
 _F32 = np.dtype(np.float32)
 
 
@@ -86,7 +85,7 @@ def matmul_kernel(
     """``np.matmul(a, b, out=out)``: rlx's sgemm or BLAS for f32 (by measurement), BLAS
     gemm for f64 (batched, broadcast); the native low-precision GEMM for bf16/f16."""
     a, b = ins
-    if a.dtype in _NATIVE_LOWP:
+    if is_half(a.dtype):
         fn = lowp_matmul(node, a, b, out, ctx)
         if fn is not None:
             return fn
@@ -114,7 +113,7 @@ def dot_general_kernel(
     """One batched matmul over [batch, free, contract] x [batch, contract, free]; operands
     already in that order are views, others are transposed into scratch first."""
     a, b = ins
-    if a.dtype in _NATIVE_LOWP and a.dtype == b.dtype == out.dtype:
+    if is_half(a.dtype) and a.dtype == b.dtype == out.dtype:
         lc, rc, lb, rb, lf, rf = node.op._axes(a.ndim, b.ndim)  # type: ignore[attr-defined]
         nb, m, k, n = _dims(a, b, lc, lb, lf, rf)
         a3, prep_a = as_3d(a, lb + lf + lc, (nb, m, k), ctx, 1)

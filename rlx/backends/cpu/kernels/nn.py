@@ -62,7 +62,7 @@ from rlx.backends.cpu.engines.conv import (
     window_view,
 )
 from rlx.backends.cpu.engines.rows import row_kernel
-from rlx.backends.cpu.native.attention import DTYPES, attention_lib
+from rlx.backends.cpu.native.attention import attention_lib, dtype_code
 from rlx.dtype import DType
 from rlx.errors import CompileError
 from rlx.ops.nn import Attention, Conv, Pool, PoolKind, Rope
@@ -140,7 +140,7 @@ def _native_declines(
     kernels are off), or None when it does."""
     if not ctx.native:
         return ""
-    if q.dtype not in DTYPES:
+    if dtype_code(q.dtype) is None:
         return f"the native kernel takes f32, bf16 or f16, given {q.dtype}"
     if not all(x.flags.c_contiguous for x in (q, k, v, out)):
         return "a non-contiguous q, k, v or output view"

@@ -18,11 +18,11 @@ import functools
 import math
 from collections.abc import Callable
 
-import ml_dtypes
 import numpy as np
 
 from rlx.backends.cpu.native import bindings, cpu
 from rlx.backends.cpu.native.prebuilt import attention_source
+from rlx.dtype import is_bf16
 from rlx.errors import CompileError, InputError
 from rlx.ops.nn import MaskType
 
@@ -32,8 +32,13 @@ __all__ = ["AttentionLib", "attention_lib", "MASK_CODES"]
 #: the C kernel's mask codes
 MASK_CODES = {MaskType.NONE: 0, MaskType.CAUSAL: 1, MaskType.SLIDING_WINDOW: 2, MaskType.CUSTOM: 3}
 _PATHS = {0: "c", 1: "avx2", 2: "avx512"}
-#: element dtype -> the C ``RLX_ATT_DT`` code
-DTYPES = {np.dtype(np.float32): 0, np.dtype(ml_dtypes.bfloat16): 1, np.dtype(np.float16): 2}
+_CODES = {np.dtype(np.float32): 0, np.dtype(np.float16): 2}
+
+
+def dtype_code(dt: np.dtype) -> int | None:
+    """The C ``RLX_ATT_DT`` code of element dtype ``dt`` (f32 0, bf16 1, f16 2; None for
+    another dtype)."""
+    return 1 if is_bf16(dt) else _CODES.get(dt)
 
 
 class AttentionLib:
@@ -42,7 +47,7 @@ class AttentionLib:
     def __init__(self, lib: ctypes.CDLL, dtype: np.dtype):
         self.lib = lib
         self.dtype = np.dtype(dtype)
-        if lib.rlx_attention_dtype() != DTYPES[self.dtype]:
+        if lib.rlx_attention_dtype() != dtype_code(self.dtype):
             raise CompileError(f"attention library {lib} is not the {self.dtype} one")
         self.path: str = _PATHS[int(lib.rlx_attention_isa())]
         self.openmp = bool(lib.rlx_attention_openmp())
@@ -149,7 +154,7 @@ def attention_lib(
     ``dtype`` (f32, bf16, f16). CompileError without gcc, when the build fails, for
     another dtype, or f16 on the portable target."""
     dt = np.dtype(dtype)
-    if dt not in DTYPES:
+    if dtype_code(dt) is None:
         raise CompileError(f"native attention takes f32, bf16 or f16, not {dt}")
     return _attention_lib(cpu.selected_target() if target is None else target, dt)
 
@@ -158,7 +163,7 @@ def attention_lib(
 def _attention_lib(target: cpu.Target, dtype: np.dtype) -> AttentionLib:
     from rlx.backends.cpu import native
 
-    code = DTYPES[dtype]
+    code = dtype_code(dtype)
     if code == 2 and target is cpu.Target.PORTABLE:
         raise CompileError("native f16 attention needs F16C: not on the portable target")
     source = attention_source(code)

@@ -23,11 +23,11 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
 from rlx.backends.cpu.native import bindings, cpu
 from rlx.backends.cpu.native.prebuilt import DQGEMM_SOURCES
+from rlx.dtype import f8e4m3_np, f8e5m2_np
 from rlx.errors import CompileError, InputError, QuantizationError
 from rlx.formats import schemes as S
 from rlx.formats.gguf import check_packed
@@ -155,9 +155,10 @@ def check_weights(
         check_packed(scheme, ws[0], n, k, names[0])
         return
     w, sc, zp = ws
-    want_dt = {S.Int4Block: np.uint8, S.Fp8E4m3: ml_dtypes.float8_e4m3fn}
-    want_dt[S.Fp8E5m2] = ml_dtypes.float8_e5m2
-    dt = np.dtype(want_dt.get(type(scheme), np.int8))
+    if isinstance(scheme, S.Fp8E4m3 | S.Fp8E5m2):
+        dt = f8e4m3_np() if isinstance(scheme, S.Fp8E4m3) else f8e5m2_np()
+    else:
+        dt = np.dtype(np.uint8 if isinstance(scheme, S.Int4Block) else np.int8)
     lay = layout(scheme, k)
     cols = k // 2 if isinstance(scheme, S.Int4Block) else k
     if w.dtype != dt or w.shape != (n, cols):
@@ -175,7 +176,7 @@ def check_weights(
 
 
 def _fp8_lut(scheme: S.QuantScheme) -> np.ndarray:
-    dt = ml_dtypes.float8_e4m3fn if isinstance(scheme, S.Fp8E4m3) else ml_dtypes.float8_e5m2
+    dt = f8e4m3_np() if isinstance(scheme, S.Fp8E4m3) else f8e5m2_np()
     return np.arange(256, dtype=np.uint8).view(dt).astype(np.float32)
 
 
