@@ -164,8 +164,10 @@ class Executor:
                 raise CompileError(
                     f"{self._memory_text(need)}; allocating it failed: {e}"
                 ) from None
-            # the graph's generated regions built in one gcc run (each alone if that fails)
-            region.batched(lambda: self._build(store.params, inputs), reset=self._layout)
+            if region.in_batch():  # a nested graph's executor: the outer batch builds
+                self._build(store.params, inputs)
+            else:  # the graph's generated regions in one gcc run (each alone if that fails)
+                region.batched(lambda: self._build(store.params, inputs), reset=self._layout)
             pool = self.pool
             ws.scratch_hint = max(ws.scratch_hint, pool.scratch_bytes)
             if attempt or not ws.shared or pool.spilled <= SPILL_REBUILD_BYTES:

@@ -119,6 +119,29 @@ def test_the_native_schedule_takes_deferred_kernels() -> None:
     np.testing.assert_allclose(out, 1 / (1 + np.exp(-x.astype(np.float64))), 2e-6, 1e-6)
 
 
+def test_a_kernel_used_inside_its_batch_builds_what_is_deferred_so_far() -> None:
+    """A kernel factory that runs (or schedules) a region kernel while the batch is still
+    open (a fused block building its inner schedule) gets it built then; later regions
+    of the same batch are built when it ends."""
+    from rlx.backends.cpu.native.schedule import native_call
+
+    x = np.linspace(-2, 2, 24, dtype=np.float32).reshape(4, 6)
+    first = _body(DType.F32, [x.shape], lambda g, a: g.mul(g.tanh(a), 0.375))
+    second = _body(DType.F32, [x.shape], lambda g, a: g.add(g.exp(a), 0.625))
+    o1, o2 = np.empty_like(x), np.empty_like(x)
+    with region.batch():
+        fn, arrays = codegen.render_region(first, [x], o1)
+        k1 = region.bind(region.load_function(fn), arrays)
+        assert native_call(k1) is not None  # asked inside the batch: built now
+        k1()
+        fn, arrays = codegen.render_region(second, [x], o2)
+        k2 = region.bind(region.load_function(fn), arrays)
+    k2()
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(o1, np.tanh(x64) * 0.375, 2e-6, 1e-6)
+    np.testing.assert_allclose(o2, np.exp(x64) + 0.625, 2e-6, 1e-6)
+
+
 def test_batched_falls_back_per_region_when_one_does_not_build(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

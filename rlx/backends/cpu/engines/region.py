@@ -148,7 +148,8 @@ def bind(cfn: Any, arrays: list[np.ndarray], nthreads: int = 1) -> Kernel:
             if pending is None:  # cached by a caller beyond a batch that failed: build now
                 cfn.cfn = _load((cfn.fn,), "region")[cfn.fn.name]
             else:
-                pending.deferred.setdefault(cfn.fn.name, cfn)
+                cfn.owner = pending  # (one of an earlier batch: this one builds it now)
+                cfn = pending.deferred.setdefault(cfn.fn.name, cfn)
                 return DeferredKernel(cfn, (*ptrs, ctypes.c_long(nthreads)), arrays)
         cfn = cfn.cfn
     run: Any = functools.partial(cfn, *ptrs, ctypes.c_long(nthreads))
@@ -159,16 +160,22 @@ def bind(cfn: Any, arrays: list[np.ndarray], nthreads: int = 1) -> Kernel:
 class DeferredFunction:
     """A region function of a :func:`batch`, loaded when the batch ends (``cfn``)."""
 
-    __slots__ = ("fn", "cfn")
+    __slots__ = ("fn", "cfn", "owner")
 
-    def __init__(self, fn: CFunction):
+    def __init__(self, fn: CFunction, owner: _Batch):
         self.fn = fn
         self.cfn: Any = None
+        self.owner = owner
+
+    def resolve(self) -> Any:
+        """The loaded function; a use before the batch ends (a kernel factory that runs
+        or schedules another kernel while building) builds what is deferred so far."""
+        if self.cfn is None:
+            self.owner.build()
+        return self.cfn
 
     def __call__(self, *args: Any) -> None:
-        if self.cfn is None:
-            raise CompileError(f"{self.fn.name} is called before its batch was built")
-        self.cfn(*args)
+        self.resolve()(*args)
 
 
 class DeferredKernel:
@@ -183,17 +190,12 @@ class DeferredKernel:
         self.keepalive = keepalive
 
     def __call__(self) -> None:
-        cfn = self.fn.cfn
-        if cfn is None:
-            raise CompileError(f"{self.fn.fn.name} is called before its batch was built")
-        cfn(*self.args)
+        self.fn.resolve()(*self.args)
 
     @property
     def native_call(self) -> tuple[Any, tuple[Any, ...], bool]:
         """``(ctypes function, arguments, checked)`` (see ``native/schedule.py``)."""
-        if self.fn.cfn is None:
-            raise CompileError(f"{self.fn.fn.name} is used before its batch was built")
-        return self.fn.cfn, self.args, False
+        return self.fn.resolve(), self.args, False
 
 
 class _Batch:
@@ -203,15 +205,16 @@ class _Batch:
     def defer(self, fn: CFunction) -> DeferredFunction:
         d = self.deferred.get(fn.name)
         if d is None:
-            d = self.deferred[fn.name] = DeferredFunction(fn)
+            d = self.deferred[fn.name] = DeferredFunction(fn, self)
         return d
 
     def build(self) -> None:
-        """One gcc run for all (sorted by name); on a failure, each alone (the first that
-        fails alone raises its CompileError)."""
-        if not self.deferred:
+        """One gcc run for all not yet built (sorted by name); on a failure, each alone
+        (the first that fails alone raises its CompileError)."""
+        todo = {name: d for name, d in self.deferred.items() if d.cfn is None}
+        if not todo:
             return
-        fns = tuple(d.fn for _, d in sorted(self.deferred.items()))
+        fns = tuple(d.fn for _, d in sorted(todo.items()))
         try:
             got = _load(fns, "regions") if len(fns) > 1 else _load(fns, "region")
         except CompileError:
@@ -221,7 +224,7 @@ class _Batch:
                     got |= _load((fn,), "region")
             except CompileError as e:
                 raise BatchBuildError(e.bare_message) from e
-        for name, d in self.deferred.items():
+        for name, d in todo.items():
             d.cfn = got[name]
 
 
@@ -246,6 +249,11 @@ def batch() -> Iterator[None]:
     finally:
         _STATE.batch = None
     b.build()
+
+
+def in_batch() -> bool:
+    """Whether this thread is inside a :func:`batch` (a nested build joins it)."""
+    return getattr(_STATE, "batch", None) is not None
 
 
 def batched(build: Callable[[], T], reset: Callable[[], object] | None = None) -> T:
