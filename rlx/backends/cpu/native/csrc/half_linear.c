@@ -82,25 +82,10 @@ static inline float hl_bits_f32(uint32_t u) {
     return f;
 }
 
-static inline uint32_t hl_f16_bits(uint16_t h) {
-    uint32_t h_exp = h & 0x7c00u;
-    uint32_t f_sgn = ((uint32_t)h & 0x8000u) << 16;
-    if (h_exp == 0) {
-        uint32_t h_sig = h & 0x03ffu;
-        if (h_sig == 0) return f_sgn;
-        h_sig <<= 1;
-        while ((h_sig & 0x0400u) == 0) {
-            h_sig <<= 1;
-            h_exp++;
-        }
-        return f_sgn + (((uint32_t)(127 - 15 - h_exp)) << 23) + ((h_sig & 0x03ffu) << 13);
-    }
-    if (h_exp == 0x7c00u) return f_sgn + 0x7f800000u + (((uint32_t)(h & 0x03ffu)) << 13);
-    return f_sgn + ((((uint32_t)h & 0x7fffu) + 0x1c000u) << 13);
-}
+#include "f16_bits.h"
 
 HL_INLINE float hl_widen(uint16_t h, int kind) {
-    return hl_bits_f32(kind ? hl_f16_bits(h) : ((uint32_t)h << 16));
+    return hl_bits_f32(kind ? rlx_f16_bits(h) : ((uint32_t)h << 16));
 }
 
 /* ---- portable C ------------------------------------------------------------------- */
@@ -124,7 +109,7 @@ HL_INLINE void hl_block_c(const float *x, long ldx, int mr, const uint16_t *w, l
             const uint16_t *wr = w + j * ldw + k0;
             uint32_t *wb = wf.u[j];
             if (kind)
-                for (long t = 0; t < kc; t++) wb[t] = hl_f16_bits(wr[t]);
+                for (long t = 0; t < kc; t++) wb[t] = rlx_f16_bits(wr[t]);
             else
                 for (long t = 0; t < kc; t++) wb[t] = (uint32_t)wr[t] << 16;
             for (long t = kc; t < (kc + HL_CL - 1) / HL_CL * HL_CL; t++) wf.f[j][t] = 0.0f;

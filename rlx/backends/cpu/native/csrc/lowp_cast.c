@@ -102,22 +102,7 @@ static inline uint16_t f16_from_bits(uint32_t f) {
     return (uint16_t)(h_sgn + (uint16_t)((uint16_t)(f_sig >> 13) + h_exp));
 }
 
-static inline uint32_t f32_from_f16(uint16_t h) {
-    uint32_t h_exp = h & 0x7c00u;
-    uint32_t f_sgn = ((uint32_t)h & 0x8000u) << 16;
-    if (h_exp == 0) {
-        uint32_t h_sig = h & 0x03ffu;
-        if (h_sig == 0) return f_sgn;
-        h_sig <<= 1;
-        while ((h_sig & 0x0400u) == 0) {
-            h_sig <<= 1;
-            h_exp++;
-        }
-        return f_sgn + (((uint32_t)(127 - 15 - h_exp)) << 23) + ((h_sig & 0x03ffu) << 13);
-    }
-    if (h_exp == 0x7c00u) return f_sgn + 0x7f800000u + (((uint32_t)(h & 0x03ffu)) << 13);
-    return f_sgn + ((((uint32_t)h & 0x7fffu) + 0x1c000u) << 13);
-}
+#include "f16_bits.h"
 
 /* ---- one contiguous range per kind and level ----------------------------------- */
 
@@ -226,7 +211,7 @@ static void f16_to_f32_range(const uint16_t *src, uint32_t *dst, long n, int lev
             __m256i h = _mm256_loadu_si256((const __m256i *)(src + i));
             _mm512_storeu_ps((void *)(dst + i), _mm512_cvtph_ps(h));
             if (_mm256_cmpgt_epu16_mask(_mm256_and_si256(h, absm), inf))
-                for (long j = i; j < i + 16; j++) dst[j] = f32_from_f16(src[j]);
+                for (long j = i; j < i + 16; j++) dst[j] = rlx_f16_bits(src[j]);
         }
     }
 #endif
@@ -238,12 +223,12 @@ static void f16_to_f32_range(const uint16_t *src, uint32_t *dst, long n, int lev
             _mm256_storeu_ps((float *)(dst + i), _mm256_cvtph_ps(h));
             /* signed 16-bit compare: the masked values are < 2^15 */
             if (_mm_movemask_epi8(_mm_cmpgt_epi16(_mm_and_si128(h, absm), inf)))
-                for (long j = i; j < i + 8; j++) dst[j] = f32_from_f16(src[j]);
+                for (long j = i; j < i + 8; j++) dst[j] = rlx_f16_bits(src[j]);
         }
     }
 #endif
     (void)level;
-    for (; i < n; i++) dst[i] = f32_from_f16(src[i]);
+    for (; i < n; i++) dst[i] = rlx_f16_bits(src[i]);
 }
 
 /* ---- entry points ---------------------------------------------------------------- */
