@@ -1,14 +1,16 @@
-"""The rope encoder families: rlx ``SentenceEncoder.encode`` against sentence-transformers'
-``SentenceTransformer.encode`` on the same texts, batch and thread count (issue 34's
-target: rlx <= 0.8x sentence-transformers' time).
+"""The new encoder families and rerankers: rlx ``SentenceEncoder.encode`` against
+sentence-transformers' ``SentenceTransformer.encode`` (``reranker``: rlx
+``Reranker.predict`` against ``CrossEncoder.predict`` on (query, text) pairs) on the same
+texts, batch and thread count (issue 34's target: rlx <= 0.8x sentence-transformers' time).
 
-    .venv/bin/python benchmarks/encoder_families.py [--families modernbert qwen3]
+    .venv/bin/python benchmarks/encoder_families.py [--families modernbert qwen3 reranker]
         [--threads 1] [--texts 64] [--batch 32] [--rounds 5] [--layers 4]
 
 Models are random-weight checkpoints written by transformers into a temp dir at the
 published widths (ModernBERT-base: hidden 768, 12 heads, GLU 1152, local window 128;
-Qwen3-Embedding-0.6B: hidden 1024, 16 / 8 heads of 128, FFN 3072) but ``--layers``
-layers, with a word-level tokenizer over a generated vocabulary (truncation at 512). The
+Qwen3-Embedding-0.6B: hidden 1024, 16 / 8 heads of 128, FFN 3072; the reranker a
+BertForSequenceClassification at ms-marco-MiniLM-L-6-v2's widths: hidden 384, 12 heads,
+FFN 1536, one label) but ``--layers`` layers, with a word-level tokenizer over a generated vocabulary (truncation at 512). The
 texts are ``--texts`` generated sentences of 8-200 words. The two engines run in this
 process, one after the other in each round (the order alternating), after one untimed
 encode each; reported: the median seconds over the rounds, the ratio rlx / ST, and the
@@ -60,6 +62,15 @@ def _build(family: str, root: Path, layers: int) -> Path:
 
     torch.manual_seed(0)
     vocab = len(VOCAB) + 4
+    if family == "reranker":
+        cfg = transformers.BertConfig(
+            vocab_size=vocab, hidden_size=384, intermediate_size=1536, num_hidden_layers=layers,
+            num_attention_heads=12, max_position_embeddings=512, num_labels=1,
+        )  # fmt: skip
+        out = root / family
+        transformers.BertForSequenceClassification(cfg).eval().save_pretrained(str(out))
+        _tokenizer(out, cls_sep=True)
+        return out
     if family == "modernbert":
         cfg = transformers.ModernBertConfig(
             vocab_size=vocab, hidden_size=768, intermediate_size=1152, num_hidden_layers=layers,
@@ -86,7 +97,7 @@ def _build(family: str, root: Path, layers: int) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--families", nargs="+", default=["modernbert", "qwen3"])
+    ap.add_argument("--families", nargs="+", default=["modernbert", "qwen3", "reranker"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--texts", type=int, default=64)
     ap.add_argument("--batch", type=int, default=32)
@@ -96,25 +107,33 @@ def main() -> None:
 
     import numpy as np
     import torch
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import CrossEncoder, SentenceTransformer
 
-    from rlx.models import SentenceEncoder
+    from rlx.models import Reranker, SentenceEncoder
 
     torch.set_num_threads(a.threads)
     rng = random.Random(0)
     texts = [" ".join(rng.choices(VOCAB, k=rng.randint(8, 200))) for _ in range(a.texts)]
+    pairs = [(" ".join(rng.choices(VOCAB, k=rng.randint(3, 12))), t) for t in texts]
     print(f"load average {os.getloadavg()}, threads {a.threads}, {a.texts} texts, "
           f"batch {a.batch}, {a.layers} layers")  # fmt: skip
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for fam in a.families:
             d = _build(fam, Path(tmp), a.layers)
-            st = SentenceTransformer(str(d), device="cpu")
-            enc = SentenceEncoder(d, num_threads=a.threads)
-            runs = {
-                "st": lambda st=st: st.encode(texts, batch_size=a.batch),
-                "rlx": lambda enc=enc: enc.encode(texts, batch_size=a.batch),
-            }
+            if fam == "reranker":
+                ce, rr = CrossEncoder(str(d), device="cpu"), Reranker(d, num_threads=a.threads)
+                runs = {
+                    "st": lambda ce=ce: np.asarray(ce.predict(pairs, batch_size=a.batch)),
+                    "rlx": lambda rr=rr: rr.predict(pairs, batch_size=a.batch),
+                }
+            else:
+                st = SentenceTransformer(str(d), device="cpu")
+                enc = SentenceEncoder(d, num_threads=a.threads)
+                runs = {
+                    "st": lambda st=st: st.encode(texts, batch_size=a.batch),
+                    "rlx": lambda enc=enc: enc.encode(texts, batch_size=a.batch),
+                }
             outs = {k: f() for k, f in runs.items()}  # untimed: plans, caches
             diff = float(np.abs(outs["st"] - outs["rlx"]).max())
             times: dict[str, list[float]] = {"st": [], "rlx": []}
