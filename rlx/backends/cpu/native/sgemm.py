@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,7 @@ __all__ = [
     "cache_sizes",
     "blocking",
     "aligned_empty",
+    "HugeArena",
     "ACT_CODES",
 ]
 
@@ -213,10 +216,62 @@ class SgemmLib:
 
 
 def aligned_empty(n: int) -> np.ndarray:
-    """An uninitialised f32 array of ``n`` (at least 1) elements starting on 64 bytes."""
+    """An uninitialised f32 array of ``n`` (at least 1) elements starting on 64 bytes; from
+    :data:`HUGE_MIN_BYTES` on, carved from memory advised to use 2 MB pages
+    (:class:`HugeArena`) where the OS allows it."""
+    if n * 4 >= HUGE_MIN_BYTES:
+        got = _ARENA.take(n)
+        if got is not None:
+            return got
     raw = np.empty(max(n, 1) + 16, np.float32)
     off = (-raw.ctypes.data % 64) // 4
     return raw[off : off + max(n, 1)]
+
+
+# Packed weights from this size on take 2 MB pages: at 1x16 the 36 GEMMs of
+# all-MiniLM-L6-v2 stream 42.5 MB of packed weights from DRAM per forward, and on 4 KB
+# pages the TLB misses of that stream cost 0.4-1.2 ms of a 4.3-5.0 ms GEMM time (Zen 4,
+# benchmarks/results/BENCHMARKS_shapes.md).
+HUGE_MIN_BYTES = 128 << 10
+_HUGE_PAGE = 2 << 20
+
+
+class HugeArena:
+    """Bump allocator over anonymous mappings advised ``MADV_HUGEPAGE`` (transparent huge
+    pages in ``madvise`` mode), each ``chunk`` bytes from a 2 MB boundary. ``take(n)``: an
+    uninitialised f32 array of ``n`` elements on 64 bytes, or None where mmap / madvise is
+    missing (not Linux) or fails. A mapping is unmapped when no array carved from it is
+    left; pages are only backed once written (the unused tail of a chunk costs address
+    space, not memory)."""
+
+    def __init__(self, chunk: int = 64 << 20):
+        self.chunk = chunk
+        self._lock = threading.Lock()
+        self._map: mmap.mmap | None = None
+        self._pos = 0
+        self._ok = hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap, "MAP_ANONYMOUS")
+
+    def take(self, n: int) -> np.ndarray | None:
+        if not self._ok or n < 1:
+            return None
+        nbytes = (n * 4 + 63) // 64 * 64
+        with self._lock:
+            if self._map is None or self._pos + nbytes > len(self._map):
+                size = max(self.chunk, nbytes + _HUGE_PAGE)
+                size = (size + _HUGE_PAGE - 1) // _HUGE_PAGE * _HUGE_PAGE
+                try:
+                    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                    m.madvise(mmap.MADV_HUGEPAGE)
+                except (OSError, ValueError):
+                    self._ok = False
+                    return None
+                addr = np.frombuffer(m, np.uint8, 1).ctypes.data
+                self._map, self._pos = m, -addr % _HUGE_PAGE
+            pos, self._pos = self._pos, self._pos + nbytes
+            return np.frombuffer(self._map, np.float32, n, pos)
+
+
+_ARENA = HugeArena()
 
 
 def _rows_ok(x: np.ndarray) -> bool:
