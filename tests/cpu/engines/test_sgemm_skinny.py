@@ -1,7 +1,8 @@
 """Skinny products on rlx's packed sgemm (native/csrc/sgemm.c): the last micro-panel of a
 row block runs a 2-, 4- or 8-row kernel when fewer than MR rows remain; a block of 1 or 2
 rows runs 4 column panels at once. Oracle: NumPy
-float64 matmul (bound ``2 K eps32 (|a| @ |b|)``); and a row's bits must not depend on how
+float64 matmul (bound ``2 K eps32 (|a| @ |b|)``) for M = 1 .. max(33, 2 MR + 9), N with a
+tail of 3 columns past whole panels, K of 99 or several K blocks plus 5; and a row's bits must not depend on how
 many rows share the call (the panel that computes it), on every runnable target, with and
 without K blocks and epilogues."""
 
@@ -29,9 +30,9 @@ def lib(request):
 @pytest.mark.parametrize("panels", [2, 9])  # 9: M <= 2 runs 4 panels at once, then 4, then 1
 def test_every_row_count_matches_float64_and_keeps_its_bits(lib, act, long_k, panels) -> None:
     rng = np.random.default_rng(5)
-    k = 2 * lib.kc + 5 if long_k else 96  # several K blocks: partial sums through the output
+    k = 2 * lib.kc + 5 if long_k else 99  # several K blocks: partial sums through the output
     n = panels * lib.nr + 3
-    a = rng.standard_normal((2 * lib.mr + 9, k)).astype(np.float32)
+    a = rng.standard_normal((max(33, 2 * lib.mr + 9), k)).astype(np.float32)  # M = 1 .. 33+
     b = rng.standard_normal((k, n)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     packed = lib.pack_b(b)

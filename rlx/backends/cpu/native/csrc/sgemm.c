@@ -119,10 +119,17 @@ static void pack_a(const float *a, long rsa, long csa, long mc, long kc, float *
             for (int i = 0; i < MR; i++) r[i] = a + (i0 + i) * rsa;
             for (long q = 0; q < kc; q++)
                 for (int i = 0; i < MR; i++) d[q * MR + i] = r[i][q];
-        } else {
-            for (long q = 0; q < kc; q++)
-                for (int i = 0; i < MR; i++)
-                    d[q * MR + i] = i < h ? a[(i0 + i) * rsa + q * csa] : 0.0f;
+        } else { /* a short panel: its h rows, then zeros up to the rows its kernel reads */
+            const long hr = h <= 2 ? 2 : h <= 4 ? 4 : (MR > 8 && h <= 8) ? 8 : MR; /* ukernel_for */
+            for (long i = 0; i < h; i++) {
+                const float *s = a + (i0 + i) * rsa;
+                if (csa == 1)
+                    for (long q = 0; q < kc; q++) d[q * MR + i] = s[q];
+                else
+                    for (long q = 0; q < kc; q++) d[q * MR + i] = s[q * csa];
+            }
+            for (long i = h; i < hr; i++)
+                for (long q = 0; q < kc; q++) d[q * MR + i] = 0.0f;
         }
     }
 }
