@@ -240,9 +240,9 @@ class HugeArena:
     """Bump allocator over anonymous mappings advised ``MADV_HUGEPAGE`` (transparent huge
     pages in ``madvise`` mode), each ``chunk`` bytes from a 2 MB boundary. ``take(n)``: an
     uninitialised f32 array of ``n`` elements on 64 bytes, or None where mmap / madvise is
-    missing (not Linux) or fails. A mapping is unmapped when no array carved from it is
-    left; pages are only backed once written (the unused tail of a chunk costs address
-    space, not memory)."""
+    missing (not Linux) or fails. A mapping the arena has moved past is unmapped once no
+    array carved from it is left; memory is backed (in 2 MB steps) as it is written, so the
+    unused tail of a mapping costs address space, not memory."""
 
     def __init__(self, chunk: int = 64 << 20):
         self.chunk = chunk
