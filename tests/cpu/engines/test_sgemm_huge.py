@@ -1,5 +1,5 @@
 """Packed sgemm weights from 128 KB on are carved from 2 MB-page mappings
-(``native/sgemm.py`` ``aligned_empty`` / ``HugeArena``): each array must be 64-byte
+(``native/sgemm.py`` ``aligned_empty(huge=True)``, ``pack_b`` / ``HugeArena``): each array must be 64-byte
 aligned, disjoint from the others, survive the arena moving to a new mapping, and a GEMM on
 a weight packed there must match NumPy's float64 product."""
 
@@ -45,10 +45,12 @@ def test_arena_arrays_are_aligned_disjoint_and_outlive_their_mapping() -> None:
 
 
 def test_aligned_empty_takes_the_arena_from_the_threshold() -> None:
-    small = nsgemm.aligned_empty(nsgemm.HUGE_MIN_BYTES // 4 - 1)
-    big = nsgemm.aligned_empty(nsgemm.HUGE_MIN_BYTES // 4)
-    assert small.ctypes.data % 64 == 0 and big.ctypes.data % 64 == 0
-    assert isinstance(small.base, np.ndarray)  # a slice of a NumPy allocation
+    small = nsgemm.aligned_empty(nsgemm.HUGE_MIN_BYTES // 4 - 1, huge=True)
+    big = nsgemm.aligned_empty(nsgemm.HUGE_MIN_BYTES // 4, huge=True)
+    plain = nsgemm.aligned_empty(nsgemm.HUGE_MIN_BYTES // 4)  # per-shape buffers: NumPy
+    for x in (small, big, plain):
+        assert x.ctypes.data % 64 == 0
+    assert isinstance(small.base, np.ndarray) and isinstance(plain.base, np.ndarray)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         assert _mapped(big)
 

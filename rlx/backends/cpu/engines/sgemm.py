@@ -313,7 +313,11 @@ def weight_matmul(
     # every shape of the compiled graph (KernelCtx.keep / prologue_once)
     key = ("sgemm.pack_b", node.inputs[1], k, n, b2.strides, lib.isa)  # w and w.T pack apart
     size = lib.packed_size(k, n)
-    packed = aligned_empty(size) if kind == "call" else ctx.keep(key, lambda: aligned_empty(size))
+    packed = (
+        aligned_empty(size)
+        if kind == "call"
+        else ctx.keep(key, lambda: aligned_empty(size, huge=True))  # 2 MB pages: TLB misses
+    )
     pb_args = (b2.ctypes.data, b2.strides[0] // 4, b2.strides[1] // 4, k, n, packed.ctypes.data)
     pack = lib.lib.rlx_sgemm_pack_b
     steps: list[Kernel] = []

@@ -99,13 +99,13 @@ class SgemmLib:
 
     def pack_b(self, b: np.ndarray, out: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
         """Pack f32 ``b`` [K, N] (any strides) into ``out`` (f32, :meth:`packed_size`
-        elements; a new array when None); returns it."""
+        elements; when None, a new one, in 2 MB pages from 128 KB on); returns it."""
         if b.dtype != np.float32 or b.ndim != 2:
             raise InputError(f"sgemm pack_b: b must be a 2-D f32 matrix, given {b.dtype} {b.shape}")
         k, n = b.shape
         size = self.packed_size(k, n)
         if out is None:
-            out = aligned_empty(size)
+            out = aligned_empty(size, huge=True)
         elif out.dtype != np.float32 or out.size < size or not out.flags.c_contiguous:
             raise InputError(
                 f"sgemm pack_b: out must be C-contiguous f32 of {size} elements, "
@@ -215,11 +215,13 @@ class SgemmLib:
         )  # fmt: skip
 
 
-def aligned_empty(n: int) -> np.ndarray:
-    """An uninitialised f32 array of ``n`` (at least 1) elements starting on 64 bytes; from
+def aligned_empty(n: int, huge: bool = False) -> np.ndarray:
+    """An uninitialised f32 array of ``n`` (at least 1) elements starting on 64 bytes.
+    ``huge`` (for a packed weight that lives as long as its compiled graph): from
     :data:`HUGE_MIN_BYTES` on, carved from memory advised to use 2 MB pages
-    (:class:`HugeArena`) where the OS allows it."""
-    if n * 4 >= HUGE_MIN_BYTES:
+    (:class:`HugeArena`) where the OS allows it; buffers made and dropped per shape should
+    not (the arena does not reuse the space of dead arrays)."""
+    if huge and n * 4 >= HUGE_MIN_BYTES:
         got = _ARENA.take(n)
         if got is not None:
             return got
