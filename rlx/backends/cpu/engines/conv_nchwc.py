@@ -1,0 +1,122 @@
+"""The direct convolution over channel-blocked (NCHWc) activations (``csrc/conv_nchwc.c``),
+called first by ``engines/conv.py``'s :func:`~rlx.backends.cpu.engines.conv.native_conv`
+for the dense convolutions it suits: in, a conv node's geometry, its input / output views
+and the kernel context; out, a bound native call, or None when the path does not apply.
+
+Per call the input is reordered into CB-channel blocks (CB = 16 on AVX-512, 8 on AVX2, 4
+otherwise) inside a private zero-bordered buffer, the weight is re-laid out once
+(``rlx_nchwc_pack_w``: at bind for a constant, once per change for a parameter), and each
+output row is computed a register tile of output positions x two blocks of output
+channels at a time, with the bias, residual and activation in the epilogue that writes
+the NCHW output. No im2col and no packed copy of the input per tap.
+
+Taken for ``groups == 1`` windows larger than 1x1 (1x1 convs stay on the sgemm, which
+reads the image as its own im2col matrix) with at least CB input and output channels:
+with fewer, most lanes of a block are padding (the 3-channel stem of a ResNet ran at a
+fifth of the GEMM path's speed).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind
+from rlx.backends.cpu.native import bindings
+from rlx.backends.cpu.native.cpu import selected_target
+
+if TYPE_CHECKING:
+    from rlx.backends.cpu.engines.conv import ConvAct, Geometry
+    from rlx.ir.mir import Node
+
+__all__ = ["nchwc", "nchwc_lib", "ENABLED"]
+
+#: switch for the path (tests and benchmarks compare it against the GEMM path)
+ENABLED = True
+_PARALLEL_MIN_MACS = 1 << 21  # below this many multiply-adds the call runs on one thread
+
+
+def nchwc_lib() -> ctypes.CDLL:
+    """The NCHWc conv library for the selected native target. CompileError without gcc or
+    when the build fails."""
+    return bindings.csrc_library(("conv_nchwc.c",), selected_target(), "conv_nchwc")
+
+
+def nchwc(
+    node: Node,
+    geo: Geometry,
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    out: np.ndarray,
+    ctx: KernelCtx,
+    act: ConvAct,
+    lo: float,
+    hi: float,
+    res: np.ndarray | None,
+) -> Kernel | None:
+    """``act(conv(x, w) + bias + res)`` into ``out`` on NCHWc blocks (conv_nchwc.c's
+    ``rlx_conv2d_nchwc_f32``), or None when the path does not apply or its library is
+    unavailable."""
+    from rlx.backends.cpu.engines.conv import f32_bits
+    from rlx.backends.cpu.engines.conv_gemm import weight_kind
+
+    if not ENABLED or geo.groups != 1 or geo.kh * geo.kw == 1:
+        return None
+    lib = bindings.lib_or_note(ctx, "conv (NCHWc)", nchwc_lib)
+    if lib is None:
+        return None
+    cb = int(lib.rlx_nchwc_block())
+    if geo.c < cb or geo.o < cb:
+        return None
+    n_cb, n_ob = -(-geo.c // cb), -(-geo.o // cb)
+    hp, wp = geo.bordered()
+    p = np.array(
+        [*geo.params(), act.code, f32_bits(lo), f32_bits(hi), hp, wp], np.int64
+    )  # fmt: skip
+    kind = weight_kind(ctx, node, 1)
+    key = ("conv.nchwc.weight", node.inputs[1], geo.o, geo.c, geo.kh, geo.kw, cb)
+
+    def make() -> np.ndarray:
+        return np.zeros(n_ob * n_cb * geo.kh * geo.kw * cb * cb, np.float32)
+
+    wb = make() if kind == "call" else ctx.keep(key, make)
+    pack = functools.partial(lib.rlx_nchwc_pack_w, w.ctypes.data, wb.ctypes.data, p.ctypes.data)
+    if kind == "const":
+        ctx.keep((*key, "packed"), pack)
+    elif kind == "stable":
+        ctx.prologue_once(key, pack)  # type: ignore[arg-type]
+    xb = np.zeros(geo.n * n_cb * hp * wp * cb, np.float32)  # private: its border stays zero
+    macs = geo.n * geo.o * geo.oh * geo.ow * geo.c * geo.kh * geo.kw
+    threads = ctx.num_threads if macs >= _PARALLEL_MIN_MACS else 1
+    call = functools.partial(
+        lib.rlx_conv2d_nchwc_f32,
+        x.ctypes.data,
+        xb.ctypes.data,
+        wb.ctypes.data,
+        None if bias is None else bias.ctypes.data,
+        out.ctypes.data,
+        None if res is None else res.ctypes.data,
+        p.ctypes.data,
+        threads,
+    )
+    keep = (p, xb, wb)
+    ctx.kind = KernelKind.NATIVE
+    ctx.notes.append(
+        f"native direct conv on NCHWc blocks of {cb} channels ({geo.kh}x{geo.kw}, "
+        f"{geo.c}->{geo.o}{', residual in the epilogue' if res is not None else ''}"
+        f"{'' if act.code == 0 else ', ' + act.value + ' in the epilogue'})"
+    )
+    if kind != "call":
+        call.keep = keep  # type: ignore[attr-defined]
+        return call
+
+    def run() -> None:
+        pack()
+        call()
+
+    run.keepalive = keep  # type: ignore[attr-defined]
+    return run

@@ -1,0 +1,153 @@
+"""The direct convolution on NCHWc channel blocks (``engines/conv_nchwc.py``,
+``csrc/conv_nchwc.c``) against ``torch.nn.functional.conv2d`` in float64 (the independent
+oracle), on every native target this CPU runs (RLX_ISA forced: avx512 with blocks of 16,
+avx2 of 8, portable of 4): strides 1 / 2 / 3, uneven padding, dilation, channel counts
+that are not a multiple of the block, odd and one-row planes, 1-D convs, bias or none,
+1 and 2 threads, new parameters after compile; the epilogue (bias + residual, then relu /
+relu6 / clip, NaN kept) through the engine's factory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rlx.backends.cpu import native
+from rlx.backends.cpu.dispatch import KernelCtx
+from rlx.backends.cpu.engines import conv as conv_engine
+from rlx.backends.cpu.engines import conv_nchwc
+from rlx.backends.cpu.kernels import KernelKind
+from rlx.ir.mir import Graph
+from rlx.options import CompileOptions
+from rlx.runtime.session import Session
+
+TARGETS = [t.value for t in native.runnable_targets()] if native.available() else []
+pytestmark = pytest.mark.skipif(not TARGETS, reason="gcc is not installed")
+
+
+def _torch_conv(x, w, b, stride, padding, dil):  # noqa: ANN001, ANN202
+    (pt, pb), (pl, pr) = padding
+    xt = torch.nn.functional.pad(torch.from_numpy(x).double(), (pl, pr, pt, pb))
+    bt = None if b is None else torch.from_numpy(b).double()
+    y = torch.nn.functional.conv2d(xt, torch.from_numpy(w).double(), bt, stride=stride,
+                                   dilation=dil)  # fmt: skip
+    return y.numpy()
+
+
+def _tol(w: np.ndarray) -> float:
+    """f32 bound: products summed over the window's taps, inputs ~N(0, 1)."""
+    return 2e-6 * float(np.sqrt(w[0].size)) * 8
+
+
+# (n, c, o, hw, k, stride, padding, dilation, bias)
+CASES = [
+    (1, 16, 32, (12, 12), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), True),  # whole blocks
+    (2, 20, 24, (11, 13), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), False),  # partial blocks
+    (1, 17, 40, (15, 9), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), True),  # stride 2, odd
+    (2, 16, 17, (10, 9), (3, 3), (2, 1), ((1, 0), (2, 1)), (1, 1), True),  # uneven pads
+    (1, 24, 16, (12, 12), (3, 3), (1, 1), ((2, 2), (2, 2)), (2, 2), False),  # dilated
+    (1, 16, 48, (13, 30), (5, 5), (3, 3), ((2, 2), (2, 2)), (1, 1), True),  # 5x5 stride 3
+    (3, 32, 16, (1, 29), (1, 3), (1, 1), ((0, 0), (1, 1)), (1, 1), True),  # one row
+    (1, 16, 16, (7, 7), (3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1), True),  # no padding
+]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", CASES, ids=[f"c{i}" for i in range(len(CASES))])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_nchwc_conv_matches_torch(monkeypatch, target, case, threads) -> None:
+    monkeypatch.setenv("RLX_ISA", target)
+    monkeypatch.setattr(conv_nchwc, "_PARALLEL_MIN_MACS", 0)  # a team even on small convs
+    n, c, o, hw, k, stride, padding, dil, bias = case
+    rng = np.random.default_rng(sum(hw) + o + c)
+    g = Graph("conv")
+    x = g.input("x", (n, c, *hw))
+    w = g.param("w", (o, c, *k))
+    b = g.param("b", (o,)) if bias else None
+    g.set_outputs([g.conv(x, w, b, stride=stride, padding=padding, dilation=dil)])
+    params = {"w": rng.standard_normal((o, c, *k)).astype(np.float32)}
+    if bias:
+        params["b"] = rng.standard_normal(o).astype(np.float32)
+    xv = rng.standard_normal((n, c, *hw)).astype(np.float32)
+    opts = CompileOptions(num_threads=threads, use_cache=False, verbose=False)
+    cg = Session("cpu").compile(g, opts, params=params)
+    rep = [kk for kk in cg.report().kernels if kk.op == "conv"]
+    assert [kk.kind for kk in rep] == [KernelKind.NATIVE]
+    assert "NCHWc" in str(cg.report())
+    (got,) = cg.run({"x": xv})
+    want = _torch_conv(xv, params["w"], params.get("b"), stride, padding, dil)
+    tol = _tol(params["w"])
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    # new params reach the re-laid-out weight
+    params2 = {k_: v * -0.5 for k_, v in params.items()}
+    cg.set_params(params2)
+    (got2,) = cg.run({"x": xv})
+    want2 = _torch_conv(xv, params2["w"], params2.get("b"), stride, padding, dil)
+    np.testing.assert_allclose(got2, want2, rtol=tol, atol=tol)
+
+
+def test_conv1d_and_too_few_channels(monkeypatch) -> None:
+    """A 1-D conv runs on the blocks; a conv with fewer input channels than a block (a
+    3-channel stem) or a 1x1 window does not take the path."""
+    rng = np.random.default_rng(3)
+    g = Graph("conv1d")
+    x = g.input("x", (2, 16, 37))
+    g.set_outputs([g.conv(x, g.param("w", (20, 16, 5)), None, stride=(2,), padding=((2, 1),))])
+    params = {"w": rng.standard_normal((20, 16, 5)).astype(np.float32)}
+    xv = rng.standard_normal((2, 16, 37)).astype(np.float32)
+    cg = Session("cpu").compile(g, CompileOptions(use_cache=False, verbose=False), params=params)
+    assert "NCHWc" in str(cg.report())
+    (got,) = cg.run({"x": xv})
+    want = torch.nn.functional.conv1d(
+        torch.nn.functional.pad(torch.from_numpy(xv).double(), (2, 1)),
+        torch.from_numpy(params["w"]).double(),
+        stride=2,
+    ).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    for c, k in ((3, 3), (32, 1)):
+        g = Graph("skip")
+        x = g.input("x", (1, c, 9, 9))
+        g.set_outputs([g.conv(x, g.param("w", (32, c, k, k)), None)])
+        params = {"w": rng.standard_normal((32, c, k, k)).astype(np.float32)}
+        cg = Session("cpu").compile(g, CompileOptions(use_cache=False, verbose=False),
+                                    params=params)  # fmt: skip
+        assert "NCHWc" not in str(cg.report())
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("act", list(conv_engine.ConvAct))
+@pytest.mark.parametrize("residual", [False, True])
+def test_epilogue(monkeypatch, target, act, residual) -> None:
+    """act(conv + bias + residual) from the kernel's epilogue against torch (relu, relu6 =
+    clip to [0, 6], clip to [lo, hi]); NaN stays NaN."""
+    monkeypatch.setenv("RLX_ISA", target)
+    n, c, o, hw = 2, 18, 20, (9, 10)
+    rng = np.random.default_rng(11)
+    g = Graph("act")
+    xi = g.input("x", (n, c, *hw))
+    y = g.conv(xi, g.input("w", (o, c, 3, 3)), g.input("b", (o,)), padding=1)
+    g.set_outputs([y])
+    node = g.nodes[y]
+    x = rng.standard_normal((n, c, *hw)).astype(np.float32) * 3
+    x[0, 0, 4, 4] = np.nan
+    w = rng.standard_normal((o, c, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    res = rng.standard_normal((n, o, *hw)).astype(np.float32) * 4 if residual else None
+    out = np.empty((n, o, *hw), np.float32)
+    ctx = KernelCtx(node=node, graph=g, bindings={}, params={}, inputs={}, pool=None)  # type: ignore[arg-type]
+    ctx.num_threads = 2
+    geo = conv_engine.Geometry(n, c, *hw, o, 3, 3, *hw, 1, 1, 1, 1, 1, 1, 1)
+    lo, hi = (-0.5, 1.5) if act is conv_engine.ConvAct.CLIP else (0.0, 0.0)
+    run = conv_nchwc.nchwc(node, geo, x, w, b, out, ctx, act, lo, hi, res)
+    assert run is not None
+    run()
+    ref = _torch_conv(x, w, b, (1, 1), ((1, 1), (1, 1)), (1, 1))
+    if res is not None:
+        ref = ref + res
+    ref = {
+        conv_engine.ConvAct.NONE: ref,
+        conv_engine.ConvAct.RELU: np.maximum(ref, 0),
+        conv_engine.ConvAct.RELU6: np.clip(ref, 0, 6),
+        conv_engine.ConvAct.CLIP: np.clip(ref, lo, hi),
+    }[act]
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)  # NaN positions agree too
