@@ -596,6 +596,7 @@ void rlx_conv2d_gemm_t_f32(const float *x, float *xp, float *cols, const float *
     const int64_t OH = p[7], OW = p[8], sh = p[9], sw = p[10], ph = p[11], pw = p[12];
     const int64_t dh = p[13], dw = p[14], act = p[18], Hp = p[19], Wp = p[20];
     float lo = ((const float *)(p + 21))[0], hi = ((const float *)(p + 22))[0];
+    if (act == 0) lo = -INFINITY, hi = INFINITY;
     if (act == 1) lo = 0.0f, hi = INFINITY;
     if (act == 5) lo = 0.0f, hi = 6.0f;
     const int64_t L = OH * OW, KK = KH * KW, K = C * KK;
@@ -635,8 +636,10 @@ void rlx_conv2d_gemm_t_f32(const float *x, float *xp, float *cols, const float *
             const int64_t o1 = o0 + 16 < O ? o0 + 16 : O;
             for (int64_t l = 0; l < L; l++)
                 for (int64_t o = o0; o < o1; o++) {
+                    /* branch-free clamps (selects: NaN compares false and stays) */
                     float v = yt[l * O + o] + (r ? r[o * L + l] : 0.0f);
-                    y[o * L + l] = act ? (v < lo ? lo : (v > hi ? hi : v)) : v;
+                    v = v < lo ? lo : v;
+                    y[o * L + l] = v > hi ? hi : v;
                 }
         }
     }

@@ -125,6 +125,7 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
         }
     }
     float lo = ((const float *)(p + 17))[0], hi = ((const float *)(p + 18))[0];
+    if (act == 0) lo = -INFINITY, hi = INFINITY;
     if (act == 1) lo = 0.0f, hi = INFINITY;
     if (act == 5) lo = 0.0f, hi = 6.0f;
     float buf[TMAX * CB];
@@ -136,13 +137,21 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
         for (int64_t j = 0; j < oc; j++) {
             const int64_t off = ((n * O + o0 + j) * OH + oh) * OW + ow0;
             float *y = out + off;
-            const float *r = res ? res + off : NULL;
             const float bj = bias ? bias[o0 + j] : 0.0f;
-            for (int64_t t = 0; t < nv; t++) {
-                float v = buf[t * CB + j] + bj;
-                if (r) v += r[t];
-                if (act) v = v < lo ? lo : (v > hi ? hi : v); /* NaN stays NaN */
-                y[t] = v;
+            /* branch-free clamps (min / max selects: a NaN compares false and stays) */
+            if (res) {
+                const float *r = res + off;
+                for (int64_t t = 0; t < nv; t++) {
+                    float v = buf[t * CB + j] + bj + r[t];
+                    v = v < lo ? lo : v;
+                    y[t] = v > hi ? hi : v;
+                }
+            } else {
+                for (int64_t t = 0; t < nv; t++) {
+                    float v = buf[t * CB + j] + bj;
+                    v = v < lo ? lo : v;
+                    y[t] = v > hi ? hi : v;
+                }
             }
         }
     }
