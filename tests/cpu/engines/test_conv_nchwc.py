@@ -1,7 +1,7 @@
 """The direct convolution on NCHWc channel blocks (``engines/conv_nchwc.py``,
 ``csrc/conv_nchwc.c``) against ``torch.nn.functional.conv2d`` in float64 (the independent
 oracle), on every native target this CPU runs (RLX_ISA forced: avx512 with blocks of 16,
-avx2 of 8, portable of 4): strides 1 / 2 / 3, uneven padding, dilation, channel counts
+avx2 of 8, portable of 4; a stem's few input channels unblocked): strides 1 / 2 / 3, uneven padding, dilation, channel counts
 that are not a multiple of the block, odd and one-row planes, 1-D convs, bias or none,
 1 and 2 threads, new parameters after compile; the epilogue (bias + residual, then relu /
 relu6 / clip, NaN kept) through the engine's factory."""
@@ -49,6 +49,8 @@ CASES = [
     (1, 16, 48, (13, 30), (5, 5), (3, 3), ((2, 2), (2, 2)), (1, 1), True),  # 5x5 stride 3
     (3, 32, 16, (1, 29), (1, 3), (1, 1), ((0, 0), (1, 1)), (1, 1), True),  # one row
     (1, 16, 16, (7, 7), (3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1), True),  # no padding
+    (2, 3, 20, (23, 21), (7, 7), (2, 2), ((3, 3), (3, 3)), (1, 1), True),  # a stem: NCHW input
+    (1, 5, 16, (9, 8), (3, 3), (2, 1), ((1, 1), (1, 1)), (1, 1), False),  # 5 input channels
 ]
 
 
@@ -86,9 +88,9 @@ def test_nchwc_conv_matches_torch(monkeypatch, target, case, threads) -> None:
     np.testing.assert_allclose(got2, want2, rtol=tol, atol=tol)
 
 
-def test_conv1d_and_too_few_channels(monkeypatch) -> None:
-    """A 1-D conv runs on the blocks; a conv with fewer input channels than a block (a
-    3-channel stem) or a 1x1 window does not take the path."""
+def test_conv1d_and_where_the_path_does_not_apply(monkeypatch) -> None:
+    """A 1-D conv runs on the blocks; a conv with fewer output channels than the smallest
+    block (4), a 1x1 window or groups does not take the path."""
     rng = np.random.default_rng(3)
     g = Graph("conv1d")
     x = g.input("x", (2, 16, 37))
@@ -104,11 +106,11 @@ def test_conv1d_and_too_few_channels(monkeypatch) -> None:
         stride=2,
     ).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    for c, k in ((3, 3), (32, 1)):
+    for c, o, k, groups in ((8, 3, 3, 1), (32, 32, 1, 1), (32, 32, 3, 2)):
         g = Graph("skip")
         x = g.input("x", (1, c, 9, 9))
-        g.set_outputs([g.conv(x, g.param("w", (32, c, k, k)), None)])
-        params = {"w": rng.standard_normal((32, c, k, k)).astype(np.float32)}
+        g.set_outputs([g.conv(x, g.param("w", (o, c // groups, k, k)), None, groups=groups)])
+        params = {"w": rng.standard_normal((o, c // groups, k, k)).astype(np.float32)}
         cg = Session("cpu").compile(g, CompileOptions(use_cache=False, verbose=False),
                                     params=params)  # fmt: skip
         assert "NCHWc" not in str(cg.report())

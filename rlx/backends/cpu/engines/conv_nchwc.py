@@ -11,9 +11,10 @@ channels at a time, with the bias, residual and activation in the epilogue that 
 the NCHW output. No im2col and no packed copy of the input per tap.
 
 Taken for ``groups == 1`` windows larger than 1x1 (1x1 convs stay on the sgemm, which
-reads the image as its own im2col matrix) with at least CB input and output channels:
-with fewer, most lanes of a block are padding (the 3-channel stem of a ResNet ran at a
-fifth of the GEMM path's speed).
+reads the image as its own im2col matrix; measured no faster here) with at least CB output
+channels. With fewer input channels than a block (a network's 3-channel stem) the input
+stays NCHW and only the output channels are blocked: a block of 16 lanes would hold 3
+channels (the stem ran at a fifth of the GEMM path's speed that way).
 """
 
 from __future__ import annotations
@@ -70,18 +71,19 @@ def nchwc(
     if lib is None:
         return None
     cb = int(lib.rlx_nchwc_block())
-    if geo.c < cb or geo.o < cb:
+    if geo.o < cb:
         return None
-    n_cb, n_ob = -(-geo.c // cb), -(-geo.o // cb)
+    ci = cb if geo.c >= cb else 1  # fewer input channels than a block: the input stays NCHW
+    n_cb, n_ob = -(-geo.c // ci), -(-geo.o // cb)
     hp, wp = geo.bordered()
     p = np.array(
-        [*geo.params(), act.code, f32_bits(lo), f32_bits(hi), hp, wp], np.int64
+        [*geo.params(), act.code, f32_bits(lo), f32_bits(hi), hp, wp, ci], np.int64
     )  # fmt: skip
     kind = weight_kind(ctx, node, 1)
-    key = ("conv.nchwc.weight", node.inputs[1], geo.o, geo.c, geo.kh, geo.kw, cb)
+    key = ("conv.nchwc.weight", node.inputs[1], geo.o, geo.c, geo.kh, geo.kw, cb, ci)
 
     def make() -> np.ndarray:
-        return np.zeros(n_ob * n_cb * geo.kh * geo.kw * cb * cb, np.float32)
+        return np.zeros(n_ob * n_cb * geo.kh * geo.kw * ci * cb, np.float32)
 
     wb = make() if kind == "call" else ctx.keep(key, make)
     pack = functools.partial(lib.rlx_nchwc_pack_w, w.ctypes.data, wb.ctypes.data, p.ctypes.data)
@@ -89,7 +91,7 @@ def nchwc(
         ctx.keep((*key, "packed"), pack)
     elif kind == "stable":
         ctx.prologue_once(key, pack)  # type: ignore[arg-type]
-    xb = np.zeros(geo.n * n_cb * hp * wp * cb, np.float32)  # private: its border stays zero
+    xb = np.zeros(geo.n * n_cb * hp * wp * ci, np.float32)  # private: its border stays zero
     macs = geo.n * geo.o * geo.oh * geo.ow * geo.c * geo.kh * geo.kw
     threads = ctx.num_threads if macs >= _PARALLEL_MIN_MACS else 1
     call = functools.partial(
@@ -106,7 +108,8 @@ def nchwc(
     keep = (p, xb, wb)
     ctx.kind = KernelKind.NATIVE
     ctx.notes.append(
-        f"native direct conv on NCHWc blocks of {cb} channels ({geo.kh}x{geo.kw}, "
+        f"native direct conv on NCHWc blocks of {cb} channels"
+        f"{' (NCHW input)' if ci == 1 else ''} ({geo.kh}x{geo.kw}, "
         f"{geo.c}->{geo.o}{', residual in the epilogue' if res is not None else ''}"
         f"{'' if act.code == 0 else ', ' + act.value + ' in the epilogue'})"
     )

@@ -5,26 +5,29 @@
  * CB channels make a block: 16 on AVX-512, 8 on AVX2 + FMA, 4 otherwise (one vector).
  *
  * int rlx_nchwc_block(void): CB.
- * int rlx_nchwc_tile(void): the register tile's width (output positions per pass).
+ * int rlx_nchwc_tile(void): TMAX, the register tile's width (output positions per pass).
+ *
+ * Input blocks: ci = p[21] channels, CB, or 1 for a conv with fewer than CB input channels
+ * (a network's 3-channel stem: its input stays NCHW, only the output channels are
+ * blocked, as MLAS's NCHW-input kernel does; with CB the block would be mostly zeros).
  *
  * rlx_nchwc_pack_w(w, wb, p)
- *   the weight w [O, C, KH, KW] as wb [Ob][Cb][KH][KW][CB (in)][CB (out)] (Ob = ceil(O /
- *   CB), Cb = ceil(C / CB); lanes past O or C zero): a tap's CB input channels each hold
- *   one vector of CB output channels. Once per weight (at bind, or when the weight
- *   changes).
+ *   the weight w [O, C, KH, KW] as wb [Ob][Cb][KH][KW][ci][CB (out)] (Ob = ceil(O / CB),
+ *   Cb = ceil(C / ci); lanes past O or C zero): a tap's ci input channels each hold one
+ *   vector of CB output channels. Once per weight (at bind, or when the weight changes).
  *
  * rlx_conv2d_nchwc_f32(x, xb, wb, bias|NULL, out, res|NULL, p, threads)
- *   p = {N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups, act, lo, hi, Hp, Wp}
- *   x [N, C, H, W] is reordered into xb [N][Cb][Hp][Wp][CB] (its interior at row ph,
- *   column pw; the border and the lanes past C stay zero: the caller zeroes xb once, and
- *   Hp / Wp cover every tap of every whole tile, see rlx_nchwc_tile), then per (image,
- *   pair of output channel blocks, output row) the row is computed a tile of T output
- *   positions at a time: 2 x T vectors of CB output channels stay in registers over every
- *   input channel and tap (each input value broadcast once per tile and block pair, each
- *   weight vector loaded once per tile). The epilogue adds the bias, the residual res
- *   (out's shape, NCHW) and applies act (0 none, 1 relu, 5 relu6, 6 clip(lo, hi); lo / hi
- *   float bits) while writing out [N, O, OH, OW] (NCHW) from the tile. Threads: an OpenMP
- *   team over (image, channel block pair, output row).
+ *   p = {N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups, act, lo, hi, Hp, Wp,
+ *   ci}. x [N, C, H, W] is reordered into xb [N][Cb][Hp][Wp][ci] (its interior at row ph,
+ *   column pw; the border and the lanes past C stay zero: the caller zeroes xb once; Hp /
+ *   Wp: every tap inside), then per (image, pair of output channel blocks, output row)
+ *   the row is computed a tile of at most TMAX output positions at a time: 2 x T vectors of
+ *   CB output channels stay in registers over every input channel and tap (each input
+ *   value broadcast once per tile and block pair, each weight vector loaded once per
+ *   tile). The epilogue adds the bias, the residual res (out's shape, NCHW) and applies act
+ *   (0 none, 1 relu, 5 relu6, 6 clip(lo, hi); lo / hi float bits) while writing out [N, O,
+ *   OH, OW] (NCHW) from the tile. Threads: an OpenMP team over (image, channel block pair,
+ *   output row).
  */
 #include <math.h>
 #include <stdint.h>
@@ -67,14 +70,14 @@ int rlx_nchwc_block(void) { return CB; }
 int rlx_nchwc_tile(void) { return TMAX; }
 
 void rlx_nchwc_pack_w(const float *w, float *wb, const int64_t *p) {
-    const int64_t C = p[1], O = p[4], KH = p[5], KW = p[6];
-    const int64_t Cb = (C + CB - 1) / CB, Ob = (O + CB - 1) / CB, KK = KH * KW;
+    const int64_t C = p[1], O = p[4], KH = p[5], KW = p[6], ci_n = p[21];
+    const int64_t Cb = (C + ci_n - 1) / ci_n, Ob = (O + CB - 1) / CB, KK = KH * KW;
     for (int64_t ob = 0; ob < Ob; ob++)
         for (int64_t cb = 0; cb < Cb; cb++)
             for (int64_t k = 0; k < KK; k++)
-                for (int64_t ci = 0; ci < CB; ci++) {
-                    float *d = wb + (((ob * Cb + cb) * KK + k) * CB + ci) * CB;
-                    const int64_t c = cb * CB + ci;
+                for (int64_t ci = 0; ci < ci_n; ci++) {
+                    float *d = wb + (((ob * Cb + cb) * KK + k) * ci_n + ci) * CB;
+                    const int64_t c = cb * ci_n + ci;
                     for (int64_t co = 0; co < CB; co++) {
                         const int64_t o = ob * CB + co;
                         d[co] = o < O && c < C ? w[(o * C + c) * KK + k] : 0.0f;
@@ -92,21 +95,21 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
                                                         float *out) {
     const int64_t C = p[1], O = p[4], KH = p[5], KW = p[6], OH = p[7], OW = p[8];
     const int64_t sh = p[9], sw = p[10], dh = p[13], dw = p[14], act = p[16];
-    const int64_t Hp = p[19], Wp = p[20];
-    const int64_t Cb = (C + CB - 1) / CB, KK = KH * KW;
-    const int64_t wstep = Cb * KK * CB * CB; /* floats between two output blocks' weights */
+    const int64_t Hp = p[19], Wp = p[20], ci_n = p[21];
+    const int64_t Cb = (C + ci_n - 1) / ci_n, KK = KH * KW;
+    const int64_t wstep = Cb * KK * ci_n * CB; /* floats between two output blocks' weights */
     vf a0[TMAX], a1[TMAX];
 #pragma GCC unroll 16
     for (int t = 0; t < T; t++) a0[t] = a1[t] = VZERO();
-    const int64_t xs = sw * CB; /* floats between two output positions' inputs */
+    const int64_t xs = sw * ci_n; /* floats between two output positions' inputs */
     for (int64_t cb = 0; cb < Cb; cb++) {
-        const float *xc = xn + cb * Hp * Wp * CB + (oh * sh * Wp + ow0 * sw) * CB;
-        const float *wc = wb0 + cb * KK * CB * CB;
+        const float *xc = xn + cb * Hp * Wp * ci_n + (oh * sh * Wp + ow0 * sw) * ci_n;
+        const float *wc = wb0 + cb * KK * ci_n * CB;
         for (int64_t kh = 0; kh < KH; kh++) {
             for (int64_t kw = 0; kw < KW; kw++) {
-                const float *xk = xc + (kh * dh * Wp + kw * dw) * CB;
-                const float *wk = wc + (kh * KW + kw) * CB * CB;
-                for (int ci = 0; ci < CB; ci++) {
+                const float *xk = xc + (kh * dh * Wp + kw * dw) * ci_n;
+                const float *wk = wc + (kh * KW + kw) * ci_n * CB;
+                for (int64_t ci = 0; ci < ci_n; ci++) {
                     const vf w0 = VLOAD(wk + ci * CB);
                     if (NB == 2) {
                         const vf w1 = VLOAD(wk + wstep + ci * CB);
@@ -192,8 +195,8 @@ void rlx_conv2d_nchwc_f32(const float *x, float *xb, const float *wb, const floa
                           float *out, const float *res, const int64_t *p, int threads) {
     const int64_t N = p[0], C = p[1], H = p[2], W = p[3], O = p[4], KH = p[5], KW = p[6];
     const int64_t OH = p[7], OW = p[8], ph = p[11], pw = p[12];
-    const int64_t Hp = p[19], Wp = p[20];
-    const int64_t Cb = (C + CB - 1) / CB, Ob = (O + CB - 1) / CB, KK = KH * KW;
+    const int64_t Hp = p[19], Wp = p[20], ci_n = p[21];
+    const int64_t Cb = (C + ci_n - 1) / ci_n, Ob = (O + CB - 1) / CB, KK = KH * KW;
     const int64_t pairs = (Ob + 1) / 2;
     /* tiles per row: as even as TMAX allows (a 56-wide row: 5 x 12 would waste 4) */
     const int64_t ntile = (OW + TMAX - 1) / TMAX, T = (OW + ntile - 1) / ntile;
@@ -203,9 +206,13 @@ void rlx_conv2d_nchwc_f32(const float *x, float *xb, const float *wb, const floa
 #pragma omp for schedule(static)
         for (int64_t q = 0; q < N * Cb * H; q++) {
             const int64_t h = q % H, cb = (q / H) % Cb, n = q / (H * Cb);
-            float *d = xb + (((n * Cb + cb) * Hp + h + ph) * Wp + pw) * CB;
-            const int64_t c0 = cb * CB, cc = C - c0 < CB ? C - c0 : CB;
+            float *d = xb + (((n * Cb + cb) * Hp + h + ph) * Wp + pw) * ci_n;
+            const int64_t c0 = cb * ci_n, cc = C - c0 < ci_n ? C - c0 : ci_n;
             const float *s = x + ((n * C + c0) * H + h) * W;
+            if (ci_n == 1) {
+                memcpy(d, s, (size_t)W * sizeof(float));
+                continue;
+            }
             for (int64_t j = 0; j < cc; j++)
                 for (int64_t i = 0; i < W; i++) d[i * CB + j] = s[j * H * W + i];
             for (int64_t j = cc; j < CB; j++)
@@ -216,8 +223,8 @@ void rlx_conv2d_nchwc_f32(const float *x, float *xb, const float *wb, const floa
             for (int64_t pr = 0; pr < pairs; pr++)
                 for (int64_t oh = 0; oh < OH; oh++) {
                     const int64_t ob = 2 * pr, nb = Ob - ob < 2 ? Ob - ob : 2;
-                    const float *xn = xb + n * Cb * Hp * Wp * CB;
-                    const float *wb0 = wb + ob * Cb * KK * CB * CB;
+                    const float *xn = xb + n * Cb * Hp * Wp * ci_n;
+                    const float *wb0 = wb + ob * Cb * KK * ci_n * CB;
                     for (int64_t ow0 = 0; ow0 < OW; ow0 += T) {
                         const int64_t nv = OW - ow0 < T ? OW - ow0 : T;
                         tile_any(xn, wb0, p, n, ob, oh, ow0, nv, (int)nv, (int)nb, bias, res,
