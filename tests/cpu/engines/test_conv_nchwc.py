@@ -3,7 +3,8 @@
 oracle), on every native target this CPU runs (RLX_ISA forced: avx512 with blocks of 16,
 avx2 of 8, portable of 4; a stem's few input channels unblocked): strides 1 / 2 / 3, uneven padding, dilation, channel counts
 that are not a multiple of the block, odd and one-row planes, 1-D convs, bias or none,
-1 and 2 threads, new parameters after compile; the epilogue (bias + residual, then relu /
+1 and 2 threads, new parameters after compile, the direct kernel and Winograd F(2x2, 3x3)
+(``csrc/conv_winograd.c``) for the 3x3 stride-1 cases; the epilogue (bias + residual, then relu /
 relu6 / clip, NaN kept) through the engine's factory."""
 
 from __future__ import annotations
@@ -54,12 +55,27 @@ CASES = [
 ]
 
 
+def _winograd_case(case: tuple) -> bool:
+    """3x3, stride 1, undilated, whole input blocks on every target (Winograd's cases)."""
+    _, c, _, _, k, stride, _, dil, _ = case
+    return k == (3, 3) and stride == dil == (1, 1) and c >= 16
+
+
+RUNS = [(case, w) for case in CASES for w in (False, True) if not w or _winograd_case(case)]
+
+
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("case", CASES, ids=[f"c{i}" for i in range(len(CASES))])
+@pytest.mark.parametrize(
+    ("case", "wino"),
+    RUNS,
+    ids=[f"c{CASES.index(c)}-{'winograd' if w else 'direct'}" for c, w in RUNS],
+)
 @pytest.mark.parametrize("threads", [1, 2])
-def test_nchwc_conv_matches_torch(monkeypatch, target, case, threads) -> None:
+def test_nchwc_conv_matches_torch(monkeypatch, target, case, wino, threads) -> None:
     monkeypatch.setenv("RLX_ISA", target)
     monkeypatch.setattr(conv_nchwc, "_PARALLEL_MIN_MACS", 0)  # a team even on small convs
+    monkeypatch.setattr(conv_nchwc, "WINOGRAD", wino)
+    monkeypatch.setattr(conv_nchwc, "WINOGRAD_MIN_PLANE", 0)  # small planes too
     n, c, o, hw, k, stride, padding, dil, bias = case
     rng = np.random.default_rng(sum(hw) + o + c)
     g = Graph("conv")
@@ -76,6 +92,7 @@ def test_nchwc_conv_matches_torch(monkeypatch, target, case, threads) -> None:
     rep = [kk for kk in cg.report().kernels if kk.op == "conv"]
     assert [kk.kind for kk in rep] == [KernelKind.NATIVE]
     assert "NCHWc" in str(cg.report())
+    assert wino == ("Winograd" in str(cg.report()))
     (got,) = cg.run({"x": xv})
     want = _torch_conv(xv, params["w"], params.get("b"), stride, padding, dil)
     tol = _tol(params["w"])
@@ -119,10 +136,14 @@ def test_conv1d_and_where_the_path_does_not_apply(monkeypatch) -> None:
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("act", list(conv_engine.ConvAct))
 @pytest.mark.parametrize("residual", [False, True])
-def test_epilogue(monkeypatch, target, act, residual) -> None:
+@pytest.mark.parametrize("wino", [False, True], ids=["direct", "winograd"])
+def test_epilogue(monkeypatch, target, act, residual, wino) -> None:
     """act(conv + bias + residual) from the kernel's epilogue against torch (relu, relu6 =
-    clip to [0, 6], clip to [lo, hi]); NaN stays NaN."""
+    clip to [0, 6], clip to [lo, hi]); NaN stays NaN (a Winograd tile spreads it over its
+    2x2 outputs' neighbours, as the direct sum does over the window's)."""
     monkeypatch.setenv("RLX_ISA", target)
+    monkeypatch.setattr(conv_nchwc, "WINOGRAD", wino)
+    monkeypatch.setattr(conv_nchwc, "WINOGRAD_MIN_PLANE", 0)
     n, c, o, hw = 2, 18, 20, (9, 10)
     rng = np.random.default_rng(11)
     g = Graph("act")
@@ -142,6 +163,7 @@ def test_epilogue(monkeypatch, target, act, residual) -> None:
     lo, hi = (-0.5, 1.5) if act is conv_engine.ConvAct.CLIP else (0.0, 0.0)
     run = conv_nchwc.nchwc(node, geo, x, w, b, out, ctx, act, lo, hi, res)
     assert run is not None
+    assert wino == ("Winograd" in ctx.notes[-1])
     run()
     ref = _torch_conv(x, w, b, (1, 1), ((1, 1), (1, 1)), (1, 1))
     if res is not None:

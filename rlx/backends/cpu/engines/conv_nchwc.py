@@ -15,6 +15,11 @@ reads the image as its own im2col matrix; measured no faster here) with at least
 channels. With fewer input channels than a block (a network's 3-channel stem) the input
 stays NCHW and only the output channels are blocked: a block of 16 lanes would hold 3
 channels (the stem ran at a fifth of the GEMM path's speed that way).
+
+3x3 stride-1 undilated convs on planes of at least :data:`WINOGRAD_MIN_PLANE` outputs run
+as Winograd F(2x2, 3x3) on the same blocks (``csrc/conv_winograd.c``: 16 multiplies per
+2x2 tile instead of 36; the input / output transforms are vector adds over a channel
+block): 3x3 64->64 @56 .. 256->256 @14 0.55-0.65x the direct kernel's time, measured.
 """
 
 from __future__ import annotations
@@ -33,17 +38,32 @@ if TYPE_CHECKING:
     from rlx.backends.cpu.engines.conv import ConvAct, Geometry
     from rlx.ir.mir import Node
 
-__all__ = ["nchwc", "nchwc_lib", "ENABLED"]
+__all__ = ["nchwc", "nchwc_lib", "ENABLED", "WINOGRAD", "FILES", "WINOGRAD_MIN_PLANE"]
 
-#: switch for the path (tests and benchmarks compare it against the GEMM path)
+#: switches for the paths (tests and benchmarks compare them against each other)
 ENABLED = True
+WINOGRAD = True
+#: the library's C files, one translation unit (conv_winograd.c uses conv_nchwc.c's macros)
+FILES = ("conv_nchwc.c", "conv_winograd.c")
+#: output positions from which Winograd is taken (measured: 512 -> 512 3x3 @7 was 0.9x the
+#: direct kernel on AVX-512 and 1.1x on AVX2; 14x14 and larger planes 0.55-0.6x)
+WINOGRAD_MIN_PLANE = 100
+_WINO_BLOCK_BYTES = 768 << 10  # a tile block's transformed input and products (about L2)
+_WINO_MAX_TILES = 36  # tiles per block (3 register tiles of 12)
 _PARALLEL_MIN_MACS = 1 << 21  # below this many multiply-adds the call runs on one thread
 
 
 def nchwc_lib() -> ctypes.CDLL:
     """The NCHWc conv library for the selected native target. CompileError without gcc or
     when the build fails."""
-    return bindings.csrc_library(("conv_nchwc.c",), selected_target(), "conv_nchwc")
+    return bindings.csrc_library(FILES, selected_target(), "conv_nchwc")
+
+
+def _winograd_fits(geo: Geometry) -> bool:
+    """A 3x3 stride-1 undilated conv on a plane of at least :data:`WINOGRAD_MIN_PLANE`
+    outputs (the path groups == 1 and whole input blocks are the caller's)."""
+    square = (geo.kh, geo.kw, geo.sh, geo.sw, geo.dh, geo.dw) == (3, 3, 1, 1, 1, 1)
+    return square and geo.oh * geo.ow >= WINOGRAD_MIN_PLANE
 
 
 def nchwc(
@@ -75,40 +95,50 @@ def nchwc(
         return None
     ci = cb if geo.c >= cb else 1  # fewer input channels than a block: the input stays NCHW
     n_cb, n_ob = -(-geo.c // ci), -(-geo.o // cb)
+    macs = geo.n * geo.o * geo.oh * geo.ow * geo.c * geo.kh * geo.kw
+    threads = ctx.num_threads if macs >= _PARALLEL_MIN_MACS else 1
     hp, wp = geo.bordered()
+    wino = WINOGRAD and ci == cb and _winograd_fits(geo)
+    ntb = 0
+    if wino:  # whole 4x4 input tiles inside the bordered input
+        hp, wp = max(hp, 2 * (-(-geo.oh // 2)) + 2), max(wp, 2 * (-(-geo.ow // 2)) + 2)
+        ntiles = -(-geo.oh // 2) * (-(-geo.ow // 2))
+        ntb = max(1, min(_WINO_MAX_TILES, _WINO_BLOCK_BYTES // (64 * (n_cb + n_ob) * cb)))
+        if geo.n * -(-ntiles // ntb) < threads:  # a block per thread at least
+            ntb = -(-geo.n * ntiles // threads)
     p = np.array(
-        [*geo.params(), act.code, f32_bits(lo), f32_bits(hi), hp, wp, ci], np.int64
+        [*geo.params(), act.code, f32_bits(lo), f32_bits(hi), hp, wp, ci, ntb], np.int64
     )  # fmt: skip
     kind = weight_kind(ctx, node, 1)
-    key = ("conv.nchwc.weight", node.inputs[1], geo.o, geo.c, geo.kh, geo.kw, cb, ci)
+    key = ("conv.nchwc.weight", node.inputs[1], geo.o, geo.c, geo.kh, geo.kw, cb, ci, wino)
+    size = (16 if wino else geo.kh * geo.kw) * n_ob * n_cb * ci * cb
 
     def make() -> np.ndarray:
-        return np.zeros(n_ob * n_cb * geo.kh * geo.kw * ci * cb, np.float32)
+        return np.zeros(size, np.float32)
 
     wb = make() if kind == "call" else ctx.keep(key, make)
-    pack = functools.partial(lib.rlx_nchwc_pack_w, w.ctypes.data, wb.ctypes.data, p.ctypes.data)
+    packer = lib.rlx_wino_pack_w if wino else lib.rlx_nchwc_pack_w
+    pack = functools.partial(packer, w.ctypes.data, wb.ctypes.data, p.ctypes.data)
     if kind == "const":
         ctx.keep((*key, "packed"), pack)
     elif kind == "stable":
         ctx.prologue_once(key, pack)  # type: ignore[arg-type]
     xb = np.zeros(geo.n * n_cb * hp * wp * ci, np.float32)  # private: its border stays zero
-    macs = geo.n * geo.o * geo.oh * geo.ow * geo.c * geo.kh * geo.kw
-    threads = ctx.num_threads if macs >= _PARALLEL_MIN_MACS else 1
-    call = functools.partial(
-        lib.rlx_conv2d_nchwc_f32,
-        x.ctypes.data,
-        xb.ctypes.data,
-        wb.ctypes.data,
-        None if bias is None else bias.ctypes.data,
-        out.ctypes.data,
-        None if res is None else res.ctypes.data,
-        p.ctypes.data,
-        threads,
-    )
-    keep = (p, xb, wb)
+    common = (x.ctypes.data, xb.ctypes.data, wb.ctypes.data,
+              None if bias is None else bias.ctypes.data, out.ctypes.data,
+              None if res is None else res.ctypes.data)  # fmt: skip
+    ws = np.empty(threads * 16 * ntb * (n_cb + n_ob) * cb if wino else 0, np.float32)
+    if wino:
+        call = functools.partial(
+            lib.rlx_conv2d_wino_f32, *common, ws.ctypes.data, p.ctypes.data, threads
+        )
+    else:
+        call = functools.partial(lib.rlx_conv2d_nchwc_f32, *common, p.ctypes.data, threads)
+    keep = (p, xb, wb, ws)
     ctx.kind = KernelKind.NATIVE
+    how = "Winograd F(2x2, 3x3)" if wino else "direct conv"
     ctx.notes.append(
-        f"native direct conv on NCHWc blocks of {cb} channels"
+        f"native {how} on NCHWc blocks of {cb} channels"
         f"{' (NCHW input)' if ci == 1 else ''} ({geo.kh}x{geo.kw}, "
         f"{geo.c}->{geo.o}{', residual in the epilogue' if res is not None else ''}"
         f"{'' if act.code == 0 else ', ' + act.value + ' in the epilogue'})"
