@@ -28,8 +28,10 @@ pytestmark = pytest.mark.skipif(not TARGETS, reason="gcc is not installed")
 
 @pytest.fixture(autouse=True)
 def _gemm_path(monkeypatch) -> None:
-    """The NCHWc direct conv (test_conv_nchwc.py's) off: these convs go to the sgemm."""
+    """The NCHWc direct and pointwise convs (test_conv_nchwc.py's) off: these convs go to
+    the sgemm."""
     monkeypatch.setattr(conv_nchwc, "ENABLED", False)
+    monkeypatch.setattr(conv_nchwc, "POINTWISE", False)
 
 
 def _compile(g: Graph, params: dict, threads: int = 1):  # noqa: ANN202

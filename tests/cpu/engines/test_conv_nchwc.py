@@ -4,7 +4,8 @@ oracle), on every native target this CPU runs (RLX_ISA forced: avx512 with block
 avx2 of 8, portable of 4; a stem's few input channels unblocked): strides 1 / 2 / 3, uneven padding, dilation, channel counts
 that are not a multiple of the block, odd and one-row planes, 1-D convs, bias or none,
 1 and 2 threads, new parameters after compile, the direct kernel and Winograd F(2x2, 3x3)
-(``csrc/conv_winograd.c``) for the 3x3 stride-1 cases; the epilogue (bias + residual, then relu /
+(``csrc/conv_winograd.c``) for the 3x3 stride-1 cases, the 1x1 kernel on NCHW
+(``csrc/conv_pointwise.c``); the epilogue (bias + residual, then relu /
 relu6 / clip, NaN kept) through the engine's factory."""
 
 from __future__ import annotations
@@ -175,3 +176,53 @@ def test_epilogue(monkeypatch, target, act, residual, wino) -> None:
         conv_engine.ConvAct.CLIP: np.clip(ref, lo, hi),
     }[act]
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)  # NaN positions agree too
+
+
+# (n, c, o, hw, bias, threads): output channels not a multiple of the 4-channel tile,
+# planes not a multiple of a chunk, a one-position plane
+PW_CASES = [
+    (1, 24, 7, (9, 11), True, 1),
+    (2, 37, 13, (8, 8), False, 2),
+    (3, 32, 5, (1, 1), True, 2),
+    (1, 40, 64, (17, 23), True, 2),
+]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", PW_CASES, ids=[f"pw{i}" for i in range(len(PW_CASES))])
+@pytest.mark.parametrize("act", list(conv_engine.ConvAct))
+def test_pointwise_matches_torch(monkeypatch, target, case, act) -> None:
+    """The 1x1 kernel on NCHW (csrc/conv_pointwise.c) compiled end to end (act(conv + bias
+    + residual) fused by ``fuse_conv_act``), against torch in float64; NaN stays NaN."""
+    monkeypatch.setenv("RLX_ISA", target)
+    monkeypatch.setattr(conv_nchwc, "_PARALLEL_MIN_MACS", 0)
+    n, c, o, hw, bias, threads = case
+    rng = np.random.default_rng(c + o)
+    g = Graph("pw")
+    x = g.input("x", (n, c, *hw))
+    b = g.param("b", (o,)) if bias else None
+    y = g.add(g.conv(x, g.param("w", (o, c, 1, 1)), b), g.input("r", (n, o, *hw)))
+    lo, hi = {"relu": (0.0, np.inf), "relu6": (0.0, 6.0), "clip": (-0.5, 1.5)}.get(
+        act.value, (-np.inf, np.inf)
+    )
+    if act is conv_engine.ConvAct.RELU:
+        y = g.relu(y)
+    elif act is not conv_engine.ConvAct.NONE:
+        y = g.minimum(g.maximum(y, g.constant(np.float32(lo))), g.constant(np.float32(hi)))
+    g.set_outputs([y])
+    params = {"w": rng.standard_normal((o, c, 1, 1)).astype(np.float32)}
+    if bias:
+        params["b"] = rng.standard_normal(o).astype(np.float32)
+    xv = rng.standard_normal((n, c, *hw)).astype(np.float32)
+    xv[0, 1, 0, 0] = np.nan
+    rv = rng.standard_normal((n, o, *hw)).astype(np.float32)
+    opts = CompileOptions(num_threads=threads, use_cache=False, verbose=False)
+    cg = Session("cpu").compile(g, opts, params=params)
+    kernels = [k for k in cg.report().kernels if k.kind.value != "view"]
+    assert [k.op for k in kernels] == ["conv"], kernels
+    assert "pointwise" in str(cg.report())
+    (got,) = cg.run({"x": xv, "r": rv})
+    want = _torch_conv(xv, params["w"], params.get("b"), (1, 1), ((0, 0), (0, 0)), (1, 1))
+    want = np.clip(want + rv, lo, hi)
+    tol = _tol(params["w"])
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)  # NaN positions agree too

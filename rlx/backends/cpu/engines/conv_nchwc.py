@@ -20,6 +20,9 @@ channels (the stem ran at a fifth of the GEMM path's speed that way).
 as Winograd F(2x2, 3x3) on the same blocks (``csrc/conv_winograd.c``: 16 multiplies per
 2x2 tile instead of 36; the input / output transforms are vector adds over a channel
 block): 3x3 64->64 @56 .. 256->256 @14 0.55-0.65x the direct kernel's time, measured.
+
+:func:`pointwise`: 1x1 stride-1 convs straight on NCHW (``csrc/conv_pointwise.c``), no
+packing and no layout change (a vector of positions is contiguous there already).
 """
 
 from __future__ import annotations
@@ -38,13 +41,27 @@ if TYPE_CHECKING:
     from rlx.backends.cpu.engines.conv import ConvAct, Geometry
     from rlx.ir.mir import Node
 
-__all__ = ["nchwc", "nchwc_lib", "ENABLED", "WINOGRAD", "FILES", "WINOGRAD_MIN_PLANE"]
+__all__ = [
+    "nchwc",
+    "pointwise",
+    "nchwc_lib",
+    "ENABLED",
+    "WINOGRAD",
+    "POINTWISE",
+    "FILES",
+    "WINOGRAD_MIN_PLANE",
+    "POINTWISE_MIN_C",
+]
 
 #: switches for the paths (tests and benchmarks compare them against each other)
 ENABLED = True
 WINOGRAD = True
 #: the library's C files, one translation unit (conv_winograd.c uses conv_nchwc.c's macros)
-FILES = ("conv_nchwc.c", "conv_winograd.c")
+FILES = ("conv_nchwc.c", "conv_winograd.c", "conv_pointwise.c")
+POINTWISE = True
+#: input channels from which a 1x1 conv takes the pointwise kernel (measured: 16 -> 96 @112
+#: was 1.1x the packed sgemm's time, output-store bound either way; 24 and more 0.6-0.9x)
+POINTWISE_MIN_C = 24
 #: output positions from which Winograd is taken (measured: 512 -> 512 3x3 @7 was 0.9x the
 #: direct kernel on AVX-512 and 1.1x on AVX2; 14x14 and larger planes 0.55-0.6x)
 WINOGRAD_MIN_PLANE = 100
@@ -153,3 +170,55 @@ def nchwc(
 
     run.keepalive = keep  # type: ignore[attr-defined]
     return run
+
+
+def pointwise(
+    geo: Geometry,
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    out: np.ndarray,
+    ctx: KernelCtx,
+    act: ConvAct,
+    lo: float,
+    hi: float,
+    res: np.ndarray | None,
+) -> Kernel | None:
+    """A 1x1 stride-1 unpadded dense conv straight on NCHW (conv_pointwise.c's
+    ``rlx_conv1x1_f32``: ``out [O, P] = W [O, C] @ x [C, P]`` per image, the input rows
+    read in place, the output stored a vector of positions at a time, ``act(. + bias +
+    res)`` on the vectors), or None when it does not apply."""
+    from rlx.backends.cpu.engines.conv import f32_bits
+
+    if not POINTWISE or geo.groups != 1 or (geo.kh, geo.kw, geo.sh, geo.sw) != (1, 1, 1, 1):
+        return None
+    if geo.ph or geo.pw or (geo.oh, geo.ow) != (geo.h, geo.w) or geo.c < POINTWISE_MIN_C:
+        return None
+    lib = bindings.lib_or_note(ctx, "conv (1x1)", nchwc_lib)
+    if lib is None:
+        return None
+    plane = geo.h * geo.w
+    threads = ctx.num_threads if geo.n * geo.o * geo.c * plane >= _PARALLEL_MIN_MACS else 1
+    p = np.array(
+        [geo.n, geo.c, plane, geo.o, act.code, f32_bits(lo), f32_bits(hi)], np.int64
+    )  # fmt: skip
+    tail = np.zeros(threads * geo.c * 4 * int(lib.rlx_nchwc_block()) + 16, np.float32)
+    call = functools.partial(
+        lib.rlx_conv1x1_f32,
+        x.ctypes.data,
+        w.ctypes.data,
+        None if bias is None else bias.ctypes.data,
+        out.ctypes.data,
+        None if res is None else res.ctypes.data,
+        tail.ctypes.data,
+        p.ctypes.data,
+        threads,
+    )
+    call.keep = (p, tail)  # type: ignore[attr-defined]
+    ctx.kind = KernelKind.NATIVE
+    ctx.notes.append(
+        f"native pointwise (1x1) conv on NCHW, {geo.c}->{geo.o} over {plane} positions"
+        f"{', residual in the epilogue' if res is not None else ''}"
+        f"{'' if act.code == 0 else ', ' + act.value + ' in the epilogue'}"
+    )
+    return call
