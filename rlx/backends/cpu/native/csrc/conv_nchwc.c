@@ -66,6 +66,70 @@ typedef float vfu __attribute__((vector_size(16), aligned(4)));
 #define VFMA(a, b, c) ((a) * (b) + (c))
 #endif
 
+#if defined(__AVX512F__)
+/* r[0..16) (rows) transposed in place: r[j] lane t = the old r[t] lane j */
+static inline __attribute__((always_inline)) void transpose_block(vf r[16]) {
+    vf t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        const __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+        const __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int h = 0; h < 16; h += 8)
+        for (int i = 0; i < 4; i++) {
+            t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+            t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+        }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+static inline vf vload_n(const float *s, int64_t n) {
+    return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), s);
+}
+static inline void vstore_n(float *d, vf v, int64_t n) {
+    _mm512_mask_storeu_ps(d, (__mmask16)((1u << n) - 1), v);
+}
+static inline vf vclamp(vf v, float lo, float hi) {
+    /* bound first: max / min return the second operand when either is NaN (NaN stays) */
+    return _mm512_min_ps(_mm512_set1_ps(hi), _mm512_max_ps(_mm512_set1_ps(lo), v));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+static inline __attribute__((always_inline)) void transpose_block(vf r[8]) {
+    vf t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+static inline __m256i lane_mask(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline vf vload_n(const float *s, int64_t n) { return _mm256_maskload_ps(s, lane_mask(n)); }
+static inline void vstore_n(float *d, vf v, int64_t n) { _mm256_maskstore_ps(d, lane_mask(n), v); }
+static inline vf vclamp(vf v, float lo, float hi) {
+    return _mm256_min_ps(_mm256_set1_ps(hi), _mm256_max_ps(_mm256_set1_ps(lo), v));
+}
+#endif
+
 int rlx_nchwc_block(void) { return CB; }
 int rlx_nchwc_tile(void) { return TMAX; }
 
@@ -131,32 +195,38 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
     if (act == 0) lo = -INFINITY, hi = INFINITY;
     if (act == 1) lo = 0.0f, hi = INFINITY;
     if (act == 5) lo = 0.0f, hi = 6.0f;
-    float buf[TMAX * CB];
     for (int b = 0; b < NB; b++) {
-#pragma GCC unroll 16
-        for (int t = 0; t < T; t++) VSTORE(buf + t * CB, b ? a1[t] : a0[t]);
         const int64_t o0 = (ob + b) * CB;
         const int64_t oc = O - o0 < CB ? O - o0 : CB;
+        float *y0 = out + ((n * O + o0) * OH + oh) * OW + ow0;
+        const float *r0 = res ? res + ((n * O + o0) * OH + oh) * OW + ow0 : NULL;
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+        /* the tile transposed in registers (a row per output channel, its nv positions
+         * consecutive in out), then bias, residual and clamp on whole vectors */
+        vf r[CB];
+#pragma GCC unroll 16
+        for (int t = 0; t < CB; t++) r[t] = t < T ? (b ? a1[t] : a0[t]) : VZERO();
+        transpose_block(r);
         for (int64_t j = 0; j < oc; j++) {
-            const int64_t off = ((n * O + o0 + j) * OH + oh) * OW + ow0;
-            float *y = out + off;
+            const int64_t off = j * OH * OW;
+            vf v = r[j] + VSET1(bias ? bias[o0 + j] : 0.0f);
+            if (r0) v = v + vload_n(r0 + off, nv);
+            vstore_n(y0 + off, vclamp(v, lo, hi), nv);
+        }
+#else
+        float buf[TMAX * CB];
+        for (int t = 0; t < T; t++) VSTORE(buf + t * CB, b ? a1[t] : a0[t]);
+        for (int64_t j = 0; j < oc; j++) {
+            const int64_t off = j * OH * OW;
             const float bj = bias ? bias[o0 + j] : 0.0f;
-            /* branch-free clamps (min / max selects: a NaN compares false and stays) */
-            if (res) {
-                const float *r = res + off;
-                for (int64_t t = 0; t < nv; t++) {
-                    float v = buf[t * CB + j] + bj + r[t];
-                    v = v < lo ? lo : v;
-                    y[t] = v > hi ? hi : v;
-                }
-            } else {
-                for (int64_t t = 0; t < nv; t++) {
-                    float v = buf[t * CB + j] + bj;
-                    v = v < lo ? lo : v;
-                    y[t] = v > hi ? hi : v;
-                }
+            /* branch-free clamps (selects: a NaN compares false and stays) */
+            for (int64_t t = 0; t < nv; t++) {
+                float v = buf[t * CB + j] + bj + (r0 ? r0[off + t] : 0.0f);
+                v = v < lo ? lo : v;
+                y0[off + t] = v > hi ? hi : v;
             }
         }
+#endif
     }
 }
 
