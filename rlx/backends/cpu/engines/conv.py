@@ -158,7 +158,7 @@ def bordered(
 def conv_lib() -> ctypes.CDLL:
     """The conv library for the selected native target. CompileError without gcc or when
     the build fails."""
-    return bindings.csrc_library(("conv.c",), selected_target(), "conv")
+    return bindings.csrc_library(("conv.c", "conv_dw.c"), selected_target(), "conv")
 
 
 def _lib(ctx: KernelCtx, what: str) -> ctypes.CDLL | None:
