@@ -1,13 +1,14 @@
 """Single convolutions of ResNet-18 / MobileNetV2 (issue 31): rlx vs ONNX Runtime on the
 same one-node ONNX file (Conv + Relu, random weights, batch 1), CPU time per call.
 
-rlx runs each conv twice: as compiled (``auto``: the NCHWc direct conv where it applies)
-and with the NCHWc path off (``gemm``: the packed-sgemm / depthwise paths it replaces).
+rlx runs each conv twice: as compiled (``auto``: Winograd / the direct conv on NCHWc blocks
+/ the pointwise 1x1 kernel where they apply) and with those off (``gemm``: the
+packed-sgemm / depthwise paths they replace).
 Both engines run in this process, alternating call by call (CPU time,
 ``time.process_time``, so a loaded machine inflates both alike); the figure is the
 minimum over ``--calls`` calls. GFLOP/s = 2 x multiply-adds / time, and % of the f32
-FMA peak measured in the same run by rlx's probe (``native/peak.py``, one thread, the
-selected target's vector width).
+FMA peak measured in the same run by rlx's probe (``native/peak.py``, best of 40 tries,
+the selected target's vector width).
 
     .venv/bin/python benchmarks/conv_layers.py [--calls 15] [--threads 1] [--only 3x3]
 """
@@ -79,15 +80,16 @@ def main() -> None:
 
     import rlx
     from rlx.backends.cpu.engines import conv_nchwc
-    from rlx.backends.cpu.native.peak import fma_peak_gflops
+    from rlx.backends.cpu.native.peak import measure_peak
 
-    peak = fma_peak_gflops(a.threads)
+    # best of 40 short tries (a loaded machine only lowers a try)
+    peak = measure_peak(a.threads, seconds=0.4, tries=40).gflops
     load0 = os.getloadavg()
     print(f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, load {load0[0]:.1f}, "
           f"RLX_ISA={os.environ.get('RLX_ISA', 'auto')}, {a.threads} thread(s), "
           f"FMA peak {peak:.1f} GFLOP/s")  # fmt: skip
     print("\n| conv | ORT ms | rlx ms | rlx / ORT | rlx GFLOP/s | % peak | ORT % peak "
-          "| rlx (NCHWc off) ms | path |")  # fmt: skip
+          "| rlx (new paths off) ms | path |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     so = ort.SessionOptions()
     so.intra_op_num_threads = a.threads
@@ -102,13 +104,15 @@ def main() -> None:
             runs = {"ort": lambda sess=sess, x=x: sess.run(None, {"x": x})}
             notes = ""
             for name, on in (("auto", True), ("gemm", False)):
-                conv_nchwc.ENABLED = on
+                conv_nchwc.ENABLED = conv_nchwc.POINTWISE = on
                 m = rlx.onnx.load(str(path))
                 cg = m.compile(num_threads=a.threads)
                 if on:
-                    notes = "NCHWc" if "NCHWc" in str(cg.report()) else "gemm / depthwise"
+                    text = str(cg.report())
+                    paths = ("Winograd", "NCHWc", "pointwise", "depthwise", "sgemm")
+                    notes = next((w for w in paths if w in text), "other")
                 runs[name] = lambda cg=cg, x=x: cg.run({"x": x})
-            conv_nchwc.ENABLED = True
+            conv_nchwc.ENABLED = conv_nchwc.POINTWISE = True
             best = dict.fromkeys(runs, float("inf"))
             for _ in range(a.calls):
                 for name, fn in runs.items():
