@@ -27,6 +27,15 @@ TARGETS = [t.value for t in native.runnable_targets()] if native.available() els
 pytestmark = pytest.mark.skipif(not TARGETS, reason="gcc is not installed")
 
 
+@pytest.fixture(autouse=True)
+def _every_shape(monkeypatch) -> None:
+    """The kernels on every shape here: the measured size rules (stems only with 25+ taps
+    on AVX-512, no small planes on AVX2 / portable) off, test_selection_rules checks them."""
+    monkeypatch.setattr(conv_nchwc, "STEM_MIN_TAPS", 0)
+    monkeypatch.setattr(conv_nchwc, "STEM_WIDE_ONLY", False)
+    monkeypatch.setattr(conv_nchwc, "NARROW_MIN_PLANE", 0)
+
+
 def _torch_conv(x, w, b, stride, padding, dil):  # noqa: ANN001, ANN202
     (pt, pb), (pl, pr) = padding
     xt = torch.nn.functional.pad(torch.from_numpy(x).double(), (pl, pr, pt, pb))
@@ -226,3 +235,30 @@ def test_pointwise_matches_torch(monkeypatch, target, case, act) -> None:
     want = np.clip(want + rv, lo, hi)
     tol = _tol(params["w"])
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)  # NaN positions agree too
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_selection_rules(monkeypatch, target) -> None:
+    """The measured size rules: a 3x3 stem (3 input channels) and, on the narrow targets
+    (AVX2, portable), a 7x7 output plane stay on the older paths; a 7x7 stem takes the direct
+    kernel only on AVX-512; a 14x14 3x3 conv takes Winograd everywhere."""
+    monkeypatch.setenv("RLX_ISA", target)
+    monkeypatch.setattr(conv_nchwc, "STEM_MIN_TAPS", 25)
+    monkeypatch.setattr(conv_nchwc, "STEM_WIDE_ONLY", True)
+    monkeypatch.setattr(conv_nchwc, "NARROW_MIN_PLANE", 100)
+    wide = target == "avx512"
+    rng = np.random.default_rng(5)
+    for c, o, hw, k, s, want in (
+        (3, 32, 24, 3, 2, None),
+        (3, 64, 30, 7, 2, "NCHWc" if wide else None),
+        (32, 32, 7, 3, 1, "NCHWc" if wide else None),
+        (32, 32, 14, 3, 1, "Winograd"),
+    ):
+        g = Graph("rule")
+        x = g.input("x", (1, c, hw, hw))
+        g.set_outputs([g.conv(x, g.param("w", (o, c, k, k)), None, stride=s, padding=k // 2)])
+        params = {"w": rng.standard_normal((o, c, k, k)).astype(np.float32)}
+        opts = CompileOptions(use_cache=False, verbose=False)
+        cg = Session("cpu").compile(g, opts, params=params)
+        text = str(cg.report())
+        assert ("NCHWc" not in text) if want is None else (want in text), (c, hw, k, target)

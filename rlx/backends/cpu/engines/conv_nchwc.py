@@ -51,6 +51,9 @@ __all__ = [
     "FILES",
     "WINOGRAD_MIN_PLANE",
     "POINTWISE_MIN_C",
+    "STEM_MIN_TAPS",
+    "STEM_WIDE_ONLY",
+    "NARROW_MIN_PLANE",
 ]
 
 #: switches for the paths (tests and benchmarks compare them against each other)
@@ -65,6 +68,15 @@ POINTWISE_MIN_C = 24
 #: output positions from which Winograd is taken (measured: 512 -> 512 3x3 @7 was 0.9x the
 #: direct kernel on AVX-512 and 1.1x on AVX2; 14x14 and larger planes 0.55-0.6x)
 WINOGRAD_MIN_PLANE = 100
+#: taps from which a conv with fewer input channels than a block (a stem, input left NCHW)
+#: takes the direct kernel, AVX-512 only (measured, 1 thread: ResNet's 7x7 stem 0.95x the
+#: sgemm path's time on AVX-512, 1.1x on AVX2; MobileNetV2's 3x3 stem 1.05-1.3x on both)
+STEM_MIN_TAPS = 25
+STEM_WIDE_ONLY = True
+#: output positions below which the AVX2 / portable kernels (blocks of 8 / 4) leave a conv
+#: to the sgemm (measured on AVX2: 7x7 planes 1.1x, 1x1 320->1280 @7 1.5x its time)
+NARROW_MIN_PLANE = 100
+_WIDE = 16  # the AVX-512 block
 _WINO_BLOCK_BYTES = 768 << 10  # a tile block's transformed input and products (about L2)
 _WINO_MAX_TILES = 36  # tiles per block (3 register tiles of 12)
 _PARALLEL_MIN_MACS = 1 << 21  # below this many multiply-adds the call runs on one thread
@@ -111,6 +123,10 @@ def nchwc(
     if geo.o < cb:
         return None
     ci = cb if geo.c >= cb else 1  # fewer input channels than a block: the input stays NCHW
+    if ci == 1 and ((STEM_WIDE_ONLY and cb < _WIDE) or geo.kh * geo.kw < STEM_MIN_TAPS):
+        return None  # measured slower than the sgemm path (3x3 stems; any stem on AVX2)
+    if cb < _WIDE and geo.oh * geo.ow < NARROW_MIN_PLANE and not _winograd_fits(geo):
+        return None  # AVX2 / portable on small planes: measured slower than the sgemm path
     n_cb, n_ob = -(-geo.c // ci), -(-geo.o // cb)
     macs = geo.n * geo.o * geo.oh * geo.ow * geo.c * geo.kh * geo.kw
     threads = ctx.num_threads if macs >= _PARALLEL_MIN_MACS else 1
@@ -198,6 +214,8 @@ def pointwise(
     if lib is None:
         return None
     plane = geo.h * geo.w
+    if int(lib.rlx_nchwc_block()) < _WIDE and plane < NARROW_MIN_PLANE:
+        return None  # AVX2 / portable on small planes: measured slower than the sgemm path
     threads = ctx.num_threads if geo.n * geo.o * geo.c * plane >= _PARALLEL_MIN_MACS else 1
     p = np.array(
         [geo.n, geo.c, plane, geo.o, act.code, f32_bits(lo), f32_bits(hi)], np.int64
