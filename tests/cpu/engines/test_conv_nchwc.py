@@ -5,7 +5,7 @@ avx2 of 8, portable of 4; a stem's few input channels unblocked): strides 1 / 2 
 that are not a multiple of the block, odd and one-row planes, 1-D convs, bias or none,
 1 and 2 threads, new parameters after compile, the direct kernel and Winograd F(2x2, 3x3)
 (``csrc/conv_winograd.c``) for the 3x3 stride-1 cases, the 1x1 kernel on NCHW
-(``csrc/conv_pointwise.c``); the epilogue (bias + residual, then relu /
+(``csrc/conv_pointwise.c``), the depthwise kernel on NCHWc blocks (``csrc/conv_dw_nchwc.c``); the epilogue (bias + residual, then relu /
 relu6 / clip, NaN kept) through the engine's factory."""
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ def _every_shape(monkeypatch) -> None:
     monkeypatch.setattr(conv_nchwc, "STEM_MIN_TAPS", 0)
     monkeypatch.setattr(conv_nchwc, "STEM_WIDE_ONLY", False)
     monkeypatch.setattr(conv_nchwc, "NARROW_MIN_PLANE", 0)
+    monkeypatch.setattr(conv_nchwc, "DEPTHWISE_WIDE_ONLY", False)
+    monkeypatch.setattr(conv_nchwc, "DEPTHWISE_MAX_PLANE", 1 << 20)
 
 
 def _torch_conv(x, w, b, stride, padding, dil):  # noqa: ANN001, ANN202
@@ -262,3 +264,56 @@ def test_selection_rules(monkeypatch, target) -> None:
         cg = Session("cpu").compile(g, opts, params=params)
         text = str(cg.report())
         assert ("NCHWc" not in text) if want is None else (want in text), (c, hw, k, target)
+
+
+# (n, c, hw, k, stride, padding, dilation, bias): channels not a multiple of a block,
+# odd planes, strides 1 / 2, uneven padding, dilation
+DW_CASES = [
+    (1, 16, (7, 7), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), True),
+    (2, 37, (14, 13), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), False),
+    (1, 20, (9, 11), (5, 5), (1, 2), ((2, 1), (0, 2)), (1, 1), True),
+    (3, 24, (12, 12), (3, 3), (1, 1), ((2, 2), (2, 2)), (2, 2), True),
+]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", DW_CASES, ids=[f"dw{i}" for i in range(len(DW_CASES))])
+@pytest.mark.parametrize("act", list(conv_engine.ConvAct))
+def test_depthwise_nchwc_matches_torch(monkeypatch, target, case, act) -> None:
+    """The depthwise kernel on NCHWc blocks (csrc/conv_dw_nchwc.c) through the engine's
+    factory: act(conv + bias + residual) against torch in float64; NaN stays NaN."""
+    monkeypatch.setenv("RLX_ISA", target)
+    n, c, hw, k, stride, padding, dil, bias = case
+    rng = np.random.default_rng(c + sum(hw))
+    (pt, pb), (pl, pr) = padding
+    oh = (hw[0] + pt + pb - dil[0] * (k[0] - 1) - 1) // stride[0] + 1
+    ow = (hw[1] + pl + pr - dil[1] * (k[1] - 1) - 1) // stride[1] + 1
+    g = Graph("dw")
+    xi = g.input("x", (n, c, *hw))
+    y = g.conv(xi, g.input("w", (c, 1, *k)), g.input("b", (c,)) if bias else None,
+               stride=stride, padding=padding, dilation=dil, groups=c)  # fmt: skip
+    g.set_outputs([y])
+    node = g.nodes[y]
+    x = rng.standard_normal((n, c, *hw)).astype(np.float32) * 3
+    x[0, 1, 2, 3] = np.nan
+    w = rng.standard_normal((c, 1, *k)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32) if bias else None
+    res = rng.standard_normal((n, c, oh, ow)).astype(np.float32)
+    out = np.empty((n, c, oh, ow), np.float32)
+    ctx = KernelCtx(node=node, graph=g, bindings={}, params={}, inputs={}, pool=None)  # type: ignore[arg-type]
+    ctx.num_threads = 2
+    geo = conv_engine.Geometry(n, c, *hw, c, *k, oh, ow, *stride, pt, pl, *dil, c)
+    lo, hi = {"relu": (0.0, np.inf), "relu6": (0.0, 6.0), "clip": (-0.5, 1.5)}.get(
+        act.value, (-np.inf, np.inf)
+    )
+    kl, kh = (lo, hi) if act is conv_engine.ConvAct.CLIP else (0.0, 0.0)
+    run = conv_nchwc.depthwise(node, geo, x, w, b, out, ctx, act, kl, kh, res)
+    assert run is not None and "depthwise conv on NCHWc" in ctx.notes[-1]
+    run()
+    xt = torch.nn.functional.pad(torch.from_numpy(x).double(), (pl, pr, pt, pb))
+    want = torch.nn.functional.conv2d(
+        xt, torch.from_numpy(w).double(), None if b is None else torch.from_numpy(b).double(),
+        stride=stride, dilation=dil, groups=c,
+    ).numpy()  # fmt: skip
+    want = np.clip(want + res, lo, hi)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)  # NaN positions agree too

@@ -23,6 +23,10 @@ block): 3x3 64->64 @56 .. 256->256 @14 0.55-0.65x the direct kernel's time, meas
 
 :func:`pointwise`: 1x1 stride-1 convs straight on NCHW (``csrc/conv_pointwise.c``), no
 packing and no layout change (a vector of positions is contiguous there already).
+
+:func:`depthwise`: depthwise convs with small output planes (7x7) on NCHWc blocks on
+AVX-512 (``csrc/conv_dw_nchwc.c``: a vector of 16 channels per position, every lane
+useful, where the NCHW kernel's vectors along a 7-wide row are mostly padding).
 """
 
 from __future__ import annotations
@@ -54,13 +58,24 @@ __all__ = [
     "STEM_MIN_TAPS",
     "STEM_WIDE_ONLY",
     "NARROW_MIN_PLANE",
+    "depthwise",
+    "DEPTHWISE",
+    "DEPTHWISE_MAX_PLANE",
+    "DEPTHWISE_WIDE_ONLY",
 ]
 
 #: switches for the paths (tests and benchmarks compare them against each other)
 ENABLED = True
 WINOGRAD = True
 #: the library's C files, one translation unit (conv_winograd.c uses conv_nchwc.c's macros)
-FILES = ("conv_nchwc.c", "conv_winograd.c", "conv_pointwise.c")
+FILES = ("conv_nchwc.c", "conv_winograd.c", "conv_pointwise.c", "conv_dw_nchwc.c")
+DEPTHWISE = True
+#: output positions up to which a depthwise conv runs on NCHWc blocks (measured, AVX-512, 1
+#: thread: 960 ch 3x3 @7 0.53x and 576 ch 3x3/2 @14 0.46x the NCHW kernel's time, 14x14
+#: outputs level, larger planes slower: there the NCHW kernel's vectors along a row are full)
+DEPTHWISE_MAX_PLANE = 64
+#: AVX-512 only: with blocks of 8 (AVX2) it measured 1.15-1.7x the NCHW kernel's time
+DEPTHWISE_WIDE_ONLY = True
 POINTWISE = True
 #: input channels from which a 1x1 conv takes the pointwise kernel (measured: 16 -> 96 @112
 #: was 1.1x the packed sgemm's time, output-store bound either way; 24 and more 0.6-0.9x)
@@ -240,3 +255,83 @@ def pointwise(
         f"{'' if act.code == 0 else ', ' + act.value + ' in the epilogue'}"
     )
     return call
+
+
+def depthwise(
+    node: Node,
+    geo: Geometry,
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    out: np.ndarray,
+    ctx: KernelCtx,
+    act: ConvAct,
+    lo: float,
+    hi: float,
+    res: np.ndarray | None,
+) -> Kernel | None:
+    """A depthwise conv (groups == C == O) on a small plane (at most
+    :data:`DEPTHWISE_MAX_PLANE` outputs) on NCHWc blocks (conv_dw_nchwc.c's
+    ``rlx_dw_nchwc_f32``: a vector of CB channels per position, every lane useful), or
+    None."""
+    from rlx.backends.cpu.engines.conv import f32_bits
+    from rlx.backends.cpu.engines.conv_gemm import weight_kind
+
+    if not DEPTHWISE or geo.groups != geo.c or geo.o != geo.c or geo.c == 1:
+        return None
+    if geo.oh * geo.ow > DEPTHWISE_MAX_PLANE:
+        return None
+    lib = bindings.lib_or_note(ctx, "conv (depthwise NCHWc)", nchwc_lib)
+    if lib is None:
+        return None
+    cb = int(lib.rlx_nchwc_block())
+    if geo.c < cb or (DEPTHWISE_WIDE_ONLY and cb < _WIDE):
+        return None
+    n_cb = -(-geo.c // cb)
+    hp, wp = geo.bordered()
+    p = np.array(
+        [*geo.params(), act.code, f32_bits(lo), f32_bits(hi), hp, wp, cb], np.int64
+    )  # fmt: skip
+    kind = weight_kind(ctx, node, 1)
+    key = ("conv.dw_nchwc.weight", node.inputs[1], geo.c, geo.kh, geo.kw, cb)
+
+    def make() -> np.ndarray:
+        return np.zeros(n_cb * geo.kh * geo.kw * cb, np.float32)
+
+    wb = make() if kind == "call" else ctx.keep(key, make)
+    pack = functools.partial(lib.rlx_dw_nchwc_pack_w, w.ctypes.data, wb.ctypes.data, p.ctypes.data)
+    if kind == "const":
+        ctx.keep((*key, "packed"), pack)
+    elif kind == "stable":
+        ctx.prologue_once(key, pack)  # type: ignore[arg-type]
+    xb = np.zeros(geo.n * n_cb * hp * wp * cb, np.float32)  # private: its border stays zero
+    macs = geo.n * geo.c * geo.oh * geo.ow * geo.kh * geo.kw
+    threads = ctx.num_threads if macs >= _PARALLEL_MIN_MACS // 4 else 1
+    call = functools.partial(
+        lib.rlx_dw_nchwc_f32,
+        x.ctypes.data,
+        xb.ctypes.data,
+        wb.ctypes.data,
+        None if bias is None else bias.ctypes.data,
+        out.ctypes.data,
+        None if res is None else res.ctypes.data,
+        p.ctypes.data,
+        threads,
+    )
+    keep = (p, xb, wb)
+    ctx.kind = KernelKind.NATIVE
+    ctx.notes.append(
+        f"native depthwise conv on NCHWc blocks of {cb} channels ({geo.kh}x{geo.kw}, "
+        f"{geo.c} channels{', residual in the epilogue' if res is not None else ''}"
+        f"{'' if act.code == 0 else ', ' + act.value + ' in the epilogue'})"
+    )
+    if kind != "call":
+        call.keep = keep  # type: ignore[attr-defined]
+        return call
+
+    def run() -> None:
+        pack()
+        call()
+
+    run.keepalive = keep  # type: ignore[attr-defined]
+    return run
