@@ -40,6 +40,8 @@ LAYERS = [
     ("depthwise 3x3 32 @112", 32, 32, 112, 3, 1, 32),
     ("depthwise 3x3/2 96 @112", 96, 96, 112, 3, 2, 96),
     ("depthwise 3x3 144 @56", 144, 144, 56, 3, 1, 144),
+    ("depthwise 3x3/2 576 @14", 576, 576, 14, 3, 2, 576),
+    ("depthwise 3x3 960 @7", 960, 960, 7, 3, 1, 960),
     ("1x1 16->96 @112", 16, 96, 112, 1, 1, 1),
     ("1x1 24->144 @56", 24, 144, 56, 1, 1, 1),
     ("1x1 144->24 @56", 144, 24, 56, 1, 1, 1),
@@ -109,7 +111,8 @@ def main() -> None:
                 cg = m.compile(num_threads=a.threads, use_cache=False)  # the switches differ
                 if on:
                     text = str(cg.report())
-                    paths = ("Winograd", "NCHWc", "pointwise", "depthwise", "sgemm")
+                    paths = ("Winograd", "depthwise conv on NCHWc", "NCHWc", "pointwise",
+                             "depthwise", "sgemm")  # fmt: skip
                     notes = next((w for w in paths if w in text), "other")
                 runs[name] = lambda cg=cg, x=x: cg.run({"x": x})
             conv_nchwc.ENABLED = conv_nchwc.POINTWISE = True
