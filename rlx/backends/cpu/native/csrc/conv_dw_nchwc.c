@@ -96,10 +96,7 @@ void rlx_dw_nchwc_f32(const float *x, float *xb, const float *wb, const float *b
             float *d = xb + (((n * Cb + cb) * Hp + h + ph) * Wp + pw) * CB;
             const int64_t c0 = cb * CB, cc = C - c0 < CB ? C - c0 : CB;
             const float *s = x + ((n * C + c0) * H + h) * W;
-            for (int64_t j = 0; j < cc; j++)
-                for (int64_t i = 0; i < W; i++) d[i * CB + j] = s[j * H * W + i];
-            for (int64_t j = cc; j < CB; j++)
-                for (int64_t i = 0; i < W; i++) d[i * CB + j] = 0.0f;
+            reorder_row(s, d, H * W, W, cc);
         }
 #pragma omp for collapse(3) schedule(static)
         for (int64_t n = 0; n < N; n++)

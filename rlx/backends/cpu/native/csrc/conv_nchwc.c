@@ -130,6 +130,26 @@ static inline vf vclamp(vf v, float lo, float hi) {
 }
 #endif
 
+/* one input row of cc (<= CB) channels (s: channel j's row at s + j * cs) into d [W][CB],
+ * the lanes past cc zero: CB x CB squares transposed in registers where the target has
+ * the transpose, else lane by lane */
+static void reorder_row(const float *s, float *d, int64_t cs, int64_t W, int64_t cc) {
+    int64_t i0 = 0;
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    for (; i0 < W; i0 += CB) {
+        const int64_t nw = W - i0 < CB ? W - i0 : CB;
+        vf r[CB];
+        for (int j = 0; j < CB; j++) r[j] = j < cc ? vload_n(s + j * cs + i0, nw) : VZERO();
+        transpose_block(r);
+        for (int64_t i = 0; i < nw; i++) VSTORE(d + (i0 + i) * CB, r[i]);
+    }
+#endif
+    for (int64_t j = 0; j < cc && i0 < W; j++)
+        for (int64_t i = i0; i < W; i++) d[i * CB + j] = s[j * cs + i];
+    for (int64_t j = cc; j < CB && i0 < W; j++)
+        for (int64_t i = i0; i < W; i++) d[i * CB + j] = 0.0f;
+}
+
 int rlx_nchwc_block(void) { return CB; }
 int rlx_nchwc_tile(void) { return TMAX; }
 
@@ -283,10 +303,7 @@ void rlx_conv2d_nchwc_f32(const float *x, float *xb, const float *wb, const floa
                 memcpy(d, s, (size_t)W * sizeof(float));
                 continue;
             }
-            for (int64_t j = 0; j < cc; j++)
-                for (int64_t i = 0; i < W; i++) d[i * CB + j] = s[j * H * W + i];
-            for (int64_t j = cc; j < CB; j++)
-                for (int64_t i = 0; i < W; i++) d[i * CB + j] = 0.0f;
+            reorder_row(s, d, H * W, W, cc);
         }
 #pragma omp for collapse(3) schedule(static)
         for (int64_t n = 0; n < N; n++)

@@ -131,10 +131,7 @@ void rlx_conv2d_wino_f32(const float *x, float *xb, const float *u, const float 
             float *d = xb + (((n * Cb + cb) * Hp + h + ph) * Wp + pw) * CB;
             const int64_t c0 = cb * CB, cc = C - c0 < CB ? C - c0 : CB;
             const float *s = x + ((n * C + c0) * H + h) * W;
-            for (int64_t j = 0; j < cc; j++)
-                for (int64_t i = 0; i < W; i++) d[i * CB + j] = s[j * H * W + i];
-            for (int64_t j = cc; j < CB; j++)
-                for (int64_t i = 0; i < W; i++) d[i * CB + j] = 0.0f;
+            reorder_row(s, d, H * W, W, cc);
         }
         float *V = ws + (int64_t)rlx_tid() * 16 * NTB * (Cb + Ob) * CB;
         float *M = V + 16 * NTB * Cb * CB;
