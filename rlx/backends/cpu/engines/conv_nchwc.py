@@ -24,9 +24,9 @@ block): 3x3 64->64 @56 .. 256->256 @14 0.55-0.65x the direct kernel's time, meas
 :func:`pointwise`: 1x1 stride-1 convs straight on NCHW (``csrc/conv_pointwise.c``), no
 packing and no layout change (a vector of positions is contiguous there already).
 
-:func:`depthwise`: depthwise convs with small output planes (<= 28x28) on NCHWc blocks on
+:func:`depthwise`: depthwise convs with 7x7 output planes on NCHWc blocks on
 AVX-512 (``csrc/conv_dw_nchwc.c``: a vector of 16 channels per position, every lane
-useful, where the NCHW kernel's vectors along a 7- or 14-wide row are mostly padding).
+useful, where the NCHW kernel's vectors along a 7-wide row are mostly padding).
 """
 
 from __future__ import annotations
@@ -70,11 +70,11 @@ WINOGRAD = True
 #: the library's C files, one translation unit (conv_winograd.c uses conv_nchwc.c's macros)
 FILES = ("conv_nchwc.c", "conv_winograd.c", "conv_pointwise.c", "conv_dw_nchwc.c")
 DEPTHWISE = True
-#: output positions up to which a depthwise conv runs on NCHWc blocks (measured, AVX-512, 1
-#: thread, with the vectorised reorder: 960 ch 3x3 @7 0.46x, 576 ch 3x3/2 @14 0.41x, 384 ch
-#: @14 0.83x, 192 ch @28 0.87x the NCHW kernel's time; 56x56 outputs level: there the
-#: NCHW kernel's vectors along a row are full)
-DEPTHWISE_MAX_PLANE = 784
+#: output positions up to which a depthwise conv runs on NCHWc blocks (measured in
+#: MobileNetV2, AVX-512, 1 thread, each kernel's best profiled time: 576 / 960 ch 3x3 with
+#: 7x7 outputs 0.080-0.088 vs 0.101-0.112 ms on the NCHW kernel; 14x14 and 28x28 outputs
+#: 1.1-1.7x its time there, although level or faster alone with the data in cache)
+DEPTHWISE_MAX_PLANE = 64
 #: AVX-512 only: with blocks of 8 (AVX2) it measured 1.15-1.7x the NCHW kernel's time
 DEPTHWISE_WIDE_ONLY = True
 POINTWISE = True
