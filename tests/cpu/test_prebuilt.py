@@ -226,7 +226,7 @@ def test_loaders_ask_for_the_listed_sources(monkeypatch: pytest.MonkeyPatch) -> 
         dqgemm.dqgemm_lib,
         lowp_lib.lowp_lib,
         lambda: peak._lib(target),
-        lambda: bindings.csrc_library(("conv.c",), target, "conv"),
+        lambda: bindings.csrc_library(("conv.c", "conv_dw.c"), target, "conv"),
         lambda: bindings.csrc_library(("adam_update.c",), target, "adam_update"),
         lambda: bindings.csrc_library(("norm_grad.c",), target, "norm_grad"),
         lambda: bindings.csrc_library(("maxpool2d_grad.c",), target, "maxpool2d_grad"),

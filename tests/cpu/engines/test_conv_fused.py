@@ -1,7 +1,7 @@
 """Convolutions with a fused residual and activation (``fuse_conv_act`` -> ``Conv.act``,
 ``Conv.has_residual``) compiled end to end, against ``torch.nn.functional.conv2d`` in
 float64 followed by the same residual add and relu / relu6 / clip: on each path of the
-Conv kernel (the packed sgemm with the residual in its epilogue, its transposed form for
+Conv kernel (the direct conv and Winograd on NCHWc blocks, the pointwise 1x1 kernel, the packed sgemm with the residual in its epilogue, its transposed form for
 small planes, the depthwise kernel,
 the direct stride-1 and strided loops, the im2col + NumPy fallback), every native target
 this CPU runs (RLX_ISA forced), batch 1 and 3, odd sizes, one and two threads."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rlx.backends.cpu import native
-from rlx.backends.cpu.engines import conv_gemm
+from rlx.backends.cpu.engines import conv_gemm, conv_nchwc
 from rlx.ir.mir import Graph, NodeId
 from rlx.options import CompileOptions
 from rlx.runtime.session import Session
@@ -23,6 +23,10 @@ pytestmark = pytest.mark.skipif(not TARGETS, reason="gcc is not installed")
 
 # path -> (c, o, hw, k, stride, pad, groups) and the kernel note that proves the path
 PATHS = {
+    "nchwc": ((16, 24, (9, 11), 3, 1, 1, 1), "NCHWc"),
+    "nchwc_s2": ((20, 17, (11, 8), 3, 2, 1, 1), "NCHWc"),
+    "winograd": ((16, 20, (11, 12), 3, 1, 1, 1), "Winograd"),
+    "pointwise": ((32, 7, (9, 11), 1, 1, 0, 1), "pointwise"),
     "gemm": ((16, 24, (9, 11), 3, 1, 1, 1), "sgemm"),
     "gemm1x1s2": ((24, 16, (11, 7), 1, 2, 0, 1), "sgemm"),
     "gemm_blocks": ((8, 256, (23, 41), 3, 1, 1, 1), "sgemm"),  # 2 column blocks
@@ -88,6 +92,10 @@ def _want(path: str, act: str, params: dict, feeds: dict) -> np.ndarray:
 def test_fused_conv_matches_torch(monkeypatch, target, path, act, residual) -> None:
     monkeypatch.setenv("RLX_ISA", target)
     monkeypatch.setattr(conv_gemm, "_GEMM_MIN_MACS", 0)  # small shapes take the sgemm
+    monkeypatch.setattr(conv_nchwc, "ENABLED", path.startswith("nchwc") or path == "winograd")
+    monkeypatch.setattr(conv_nchwc, "WINOGRAD", path == "winograd")
+    monkeypatch.setattr(conv_nchwc, "POINTWISE", path == "pointwise")
+    monkeypatch.setattr(conv_nchwc, "NARROW_MIN_PLANE", 0)  # small planes on every target
     for n, threads in ((1, 1), (3, 2)):
         g, params, feeds = _graph(path, act, residual, n)
         opts = CompileOptions(num_threads=threads, use_cache=False, verbose=False)

@@ -16,7 +16,7 @@ import torch
 
 from rlx.backends.cpu import native
 from rlx.backends.cpu.engines import conv as conv_engine
-from rlx.backends.cpu.engines import conv_gemm
+from rlx.backends.cpu.engines import conv_gemm, conv_nchwc
 from rlx.backends.cpu.kernels import KernelKind
 from rlx.ir.mir import Graph
 from rlx.options import CompileOptions
@@ -24,6 +24,14 @@ from rlx.runtime.session import Session
 
 TARGETS = [t.value for t in native.runnable_targets()] if native.available() else []
 pytestmark = pytest.mark.skipif(not TARGETS, reason="gcc is not installed")
+
+
+@pytest.fixture(autouse=True)
+def _gemm_path(monkeypatch) -> None:
+    """The NCHWc direct and pointwise convs (test_conv_nchwc.py's) off: these convs go to
+    the sgemm."""
+    monkeypatch.setattr(conv_nchwc, "ENABLED", False)
+    monkeypatch.setattr(conv_nchwc, "POINTWISE", False)
 
 
 def _compile(g: Graph, params: dict, threads: int = 1):  # noqa: ANN202

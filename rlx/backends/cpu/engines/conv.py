@@ -158,7 +158,7 @@ def bordered(
 def conv_lib() -> ctypes.CDLL:
     """The conv library for the selected native target. CompileError without gcc or when
     the build fails."""
-    return bindings.csrc_library(("conv.c",), selected_target(), "conv")
+    return bindings.csrc_library(("conv.c", "conv_dw.c"), selected_target(), "conv")
 
 
 def _lib(ctx: KernelCtx, what: str) -> ctypes.CDLL | None:
@@ -197,9 +197,13 @@ def native_conv(
     (ph, _), (pw, _) = ((0, 0), op.padding[0]) if nd == 1 else op.padding
     geo = Geometry(n, c, hh, ww, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, op.groups)
     from rlx.backends.cpu.engines import conv_gemm as cg
+    from rlx.backends.cpu.engines.conv_nchwc import depthwise, nchwc, pointwise
 
     act, lo, hi = ConvAct.of(op)
-    fast = cg.gemm_t(lib, node, geo, x, w, bias, out, ctx, act, lo, hi, res)
+    fast = nchwc(node, geo, x, w, bias, out, ctx, act, lo, hi, res)
+    fast = fast or pointwise(geo, x, w, bias, out, ctx, act, lo, hi, res)
+    fast = fast or depthwise(node, geo, x, w, bias, out, ctx, act, lo, hi, res)
+    fast = fast or cg.gemm_t(lib, node, geo, x, w, bias, out, ctx, act, lo, hi, res)
     fast = fast or cg.gemm(lib, node, geo, x, w, bias, out, ctx, act, lo, hi, res)
     if fast is not None:
         return fast

@@ -30,7 +30,7 @@ from rlx.ops.core import Constant
 if TYPE_CHECKING:
     from rlx.ir.mir import Node
 
-__all__ = ["gemm", "gemm_t"]
+__all__ = ["gemm", "gemm_t", "weight_kind"]
 
 _GEMM_MIN_ROWS = 8  # output channels per group (and taps) from which the sgemm path runs
 _GEMM_BLOCK_BYTES = 1 << 20  # packed input columns per block (about L2)
@@ -40,7 +40,7 @@ _GEMM_MIN_BLOCK = 512  # columns per block at least (the weight is repacked per 
 _GEMM_T_MAX_PLANE = 256  # output positions up to which the transposed product may run
 
 
-def _weight_kind(ctx: KernelCtx, node: Node, i: int) -> str:
+def weight_kind(ctx: KernelCtx, node: Node, i: int) -> str:
     """ "const", "stable" or "call" (a low-precision weight is widened into scratch on
     every call by ``dispatch.lowp``: "call")."""
     nid = node.inputs[i]
@@ -86,9 +86,9 @@ def gemm(
     kp = kq + int(has_bias)
     length = geo.oh * geo.ow
     # the weight with the bias as its last column, kept current like sgemm's packed weights
-    kinds = {_weight_kind(ctx, node, 1)}
+    kinds = {weight_kind(ctx, node, 1)}
     if has_bias:
-        kinds.add(_weight_kind(ctx, node, 2))
+        kinds.add(weight_kind(ctx, node, 2))
     kind = "call" if "call" in kinds else ("stable" if "stable" in kinds else "const")
     key = ("conv.gemm.weight", node.inputs[1], node.inputs[2] if has_bias else None, geo.o, kp)
 
@@ -198,7 +198,7 @@ def gemm_t(
     if slib is None:
         return None
     hp, wp = geo.bordered()
-    kind = _weight_kind(ctx, node, 1)
+    kind = weight_kind(ctx, node, 1)
     size = slib.packed_size(kq, geo.o)
     key = ("conv.gemm_t.weight", node.inputs[1], geo.o, kq, slib.isa)
 

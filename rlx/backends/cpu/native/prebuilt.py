@@ -99,7 +99,11 @@ DQGEMM_SOURCES = (
 _CSRC_LIBS: dict[str, tuple[tuple[str, ...], str]] = {
     "dqgemm": (DQGEMM_SOURCES, ""),
     "lowp": (("lowp_cast.c", "lowp_gemm.c"), ""),
-    "conv": (("conv.c",), ""),
+    "conv": (("conv.c", "conv_dw.c"), ""),
+    "conv_nchwc": (
+        ("conv_nchwc.c", "conv_winograd.c", "conv_pointwise.c", "conv_dw_nchwc.c"),
+        "",
+    ),
     "adam_update": (("adam_update.c",), ""),
     "norm_grad": (("norm_grad.c",), ""),
     "attention_grad": (("attention_vec.c", "attention_grad.c"), "#define RLX_ATT_DT 0\n"),
