@@ -1,4 +1,4 @@
-/* INT8 GEMM for rlx, part 3 of 3 (after qgemm.c and qgemm_epilogue.c): the AMX-INT8
+/* INT8 GEMM for rlx, part 4 of 4 (after qgemm.c, qgemm_kernels.c and qgemm_epilogue.c): the AMX-INT8
  * path, the entry points (rlx_qgemm_run, the batched product, row quantization) and the
  * per-tensor f32 -> 8-bit quantizer. */
 
@@ -72,8 +72,7 @@ static void amx_panel(long b0, long b1, long j, long M, long N, long K, const ui
         long i0 = bi * 32, rows = M - i0 > 16 ? 32 : 16;
         amx_block(rows, K / 4, Ar + i0 * K, K, (const int8_t *)Bp + j * K * NR, ct);
         long mr = M - i0 < 32 ? M - i0 : 32;
-        for (long r = 0; r < mr; ++r)
-            epilogue_row(e, ct + r * 32, i0 + r, j * NR, nr, rs[i0 + r], corr[i0 + r]);
+        epilogue_tile(e, ct, 32, i0, mr, j * NR, nr, rs + i0, corr + i0);
     }
 }
 
@@ -151,36 +150,30 @@ static void tile_panel(long i0, long i1, long j, long M, long N, long kp, long k
                        const void *Ap_, int wide, const b_t *Bp, int32_t *acc, const epi_t *e,
                        const float *rs, const int32_t *corr) {
     const a_t *Ap = (const a_t *)Ap_;
-    memset(acc, 0, (size_t)((i1 - i0) * MR * NR) * sizeof(int32_t));
     for (long g0 = 0; g0 < kg; g0 += kcg) {
         long g1 = g0 + kcg < kg ? g0 + kcg : kg;
         for (long i = i0; i < i1; ++i) {
             /* element offsets: the same for u8 quads and s16 pairs (kernel b) */
             long ao = i * kp * MR + g0 * MR * KG, bo = j * kp * NR + g0 * NR * KG;
+            int32_t *ct = acc + (i - i0) * MR * NR;
 #if RLX_ISA == 1
             if (wide) {
                 ukernel_wide(2 * (g1 - g0), (const int16_t *)Ap_ + ao, (const int16_t *)Bp + bo,
-                             acc + (i - i0) * MR * NR, M - i * MR);
+                             ct, M - i * MR, g0 == 0);
                 continue;
             }
 #else
             (void)wide;
 #endif
-#if RLX_ISA == 1
-            ukernel_rows(g1 - g0, Ap + ao, Bp + bo, acc + (i - i0) * MR * NR, M - i * MR);
-#elif RLX_ISA == 2 /* VNNI: 8-, 4- or 2-row kernels for a short last tile */
-            ukernel_vnni_rows(g1 - g0, Ap + ao, Bp + bo, acc + (i - i0) * MR * NR, M - i * MR);
-#else
-            ukernel(g1 - g0, Ap + ao, Bp + bo, acc + (i - i0) * MR * NR);
-#endif
+            ukernel_rows(g1 - g0, Ap + ao, Bp + bo, ct, M - i * MR, g0 == 0);
         }
     }
+    if (kg == 0) memset(acc, 0, (size_t)((i1 - i0) * MR * NR) * sizeof(int32_t));
     long nr = N - j * NR < NR ? N - j * NR : NR;
     for (long i = i0; i < i1; ++i) {
         long mr = M - i * MR < MR ? M - i * MR : MR;
-        for (long r = 0; r < mr; ++r)
-            epilogue_row(e, acc + (i - i0) * MR * NR + r * NR, i * MR + r, j * NR, nr,
-                         rs[i * MR + r], corr[i * MR + r]);
+        epilogue_tile(e, acc + (i - i0) * MR * NR, NR, i * MR, mr, j * NR, nr, rs + i * MR,
+                      corr + i * MR);
     }
 }
 
