@@ -171,8 +171,20 @@ void rlx_qgemm_pack_b(const int8_t *B, long ldb, long K, long N, void *Bp_, int3
     rlx_qgemm_pack_b_strided(B, ldb, 1, K, N, Bp_, colsum);
 }
 
-/* ---- dynamic row quantization ------------------------------------------------------ */
+/* ---- activation rows: quantization and packing ------------------------------------- */
+/* A packed row is a sequence of 4-byte groups (KG = 4 consecutive k); group g of a row
+ * goes to out + g * qs bytes (qs = 4: contiguous; MR * KG: the row's place in a packed
+ * tile, so a row is quantized straight into the tile, with no copy and no memset). */
 
+static inline int32_t load4(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline void put4(a_t *out, long g, long qs, uint32_t v) { memcpy(out + g * qs, &v, 4); }
+
+#if RLX_ISA != 2
 /* lo = min, hi = max of x[0..K); returns 1 when the row holds NaN or +-inf. */
 static int row_stats(const float *x, long K, float *lo_, float *hi_) {
     long k = 0;
@@ -205,11 +217,70 @@ static int row_stats(const float *x, long K, float *lo_, float *hi_) {
     *hi_ = hi;
     return bad != 0.0f;
 }
+#endif
+
+#if RLX_ISA == 2
+/* row_stats for path 2 in one pass of 16 lanes (the tail through a masked load: its zero
+ * lanes change neither max |x| nor the u8 range, which always holds 0). mode 0 needs only
+ * max |x|: the largest of the sign-cleared bit patterns, an integer max (a pattern at or
+ * above that of +inf is an inf or a NaN); mode 1 takes min and max as well. */
+static int row_stats16(const float *x, long K, int mode, float *lo_, float *hi_) {
+    const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+    __m512i amax = _mm512_setzero_si512();
+    __m512 vlo = _mm512_setzero_ps(), vhi = _mm512_setzero_ps();
+    for (long k = 0; k < K; k += 16) {
+        __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + k);
+        amax = _mm512_max_epu32(amax, _mm512_and_si512(_mm512_castps_si512(v), absmask));
+        if (mode) {
+            vlo = _mm512_min_ps(vlo, v);
+            vhi = _mm512_max_ps(vhi, v);
+        }
+    }
+    uint32_t bits = (uint32_t)_mm512_reduce_max_epu32(amax);
+    if (mode) {
+        *lo_ = _mm512_reduce_min_ps(vlo);
+        *hi_ = _mm512_reduce_max_ps(vhi);
+    } else {
+        float a;
+        memcpy(&a, &bits, 4);
+        *lo_ = -a;
+        *hi_ = a;
+    }
+    return bits >= 0x7f800000u;
+}
+
+/* quantize_row for a dynamic row (finite, |x / scale| <= 255: mode 0 s8 shifted by 128,
+ * mode 1 u8 with zero point zp) on path 2: cvtps2dq rounds half to even as rint does, the
+ * saturating narrowings clip, so q is the same integer with less work per lane. */
+static void quantize_row_dyn(const float *x, long K, float scale, int32_t zp, int mode,
+                             a_t *out, long qs) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    const __m512i vz = _mm512_set1_epi32(zp), zero = _mm512_setzero_si512();
+    const __m128i flip = _mm_set1_epi8((char)0x80);
+    for (long k = 0; k < K; k += 16) {
+        long n = K - k < 16 ? K - k : 16;
+        __mmask16 m = n == 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+        __m512i v = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(m, x + k), vs));
+        __m128i b = mode == 0 ? _mm_xor_si128(_mm512_cvtsepi32_epi8(v), flip)
+                              : _mm512_cvtusepi32_epi8(_mm512_max_epi32(_mm512_add_epi32(v, vz), zero));
+        b = _mm_maskz_mov_epi8(m, b); /* the last group's padding stays 0 */
+        put4(out, k / 4, qs, (uint32_t)_mm_cvtsi128_si32(b));
+        if (n > 4) put4(out, k / 4 + 1, qs, (uint32_t)_mm_extract_epi32(b, 1));
+        if (n > 8) put4(out, k / 4 + 2, qs, (uint32_t)_mm_extract_epi32(b, 2));
+        if (n > 12) put4(out, k / 4 + 3, qs, (uint32_t)_mm_extract_epi32(b, 3));
+    }
+}
+#endif
 
 /* Scale and zero point of one row (mode 0: s8, 1: u8); returns the scale (NaN: bad row). */
 static float row_params(const float *x, long K, int mode, int32_t *zp) {
     float lo, hi, scale;
+#if RLX_ISA == 2
+    int bad = row_stats16(x, K, mode, &lo, &hi);
+#else
     int bad = row_stats(x, K, &lo, &hi);
+#endif
     *zp = 0;
     if (mode == 0) {
         float amax = -lo > hi ? -lo : hi;
@@ -228,11 +299,32 @@ static float row_params(const float *x, long K, int mode, int32_t *zp) {
     return scale;
 }
 
-/* out[k] = clip(rint(x[k] / scale) + zp, qmin, qmax) + shift as a_t (k < K); NaN gives
- * zp, +-inf saturate (as rlx.ops.quant.quantize_array). */
+/* The packed row (groups qs bytes apart, the last group zero-padded) of
+ * clip(rint(x[k] / scale) + zp, qmin, qmax) + shift (k < K); NaN gives zp, +-inf saturate
+ * (as rlx.ops.quant.quantize_array). The division is the f32 one of the reference, so
+ * every q is bit for bit NumPy's. */
 static void quantize_row(const float *x, long K, float scale, int32_t zp, int32_t qmin,
-                         int32_t qmax, int32_t shift, a_t *out) {
+                         int32_t qmax, int32_t shift, a_t *out, long qs) {
     long k = 0;
+    if (K % KG) put4(out, K / KG, qs, 0);
+#if RLX_ISA == 2
+    {
+        const __m512 vs = _mm512_set1_ps(scale), vz = _mm512_set1_ps((float)zp);
+        const __m512 vlo = _mm512_set1_ps((float)qmin), vhi = _mm512_set1_ps((float)qmax);
+        const __m512 vsh = _mm512_set1_ps((float)shift);
+        for (; k + 16 <= K; k += 16) {
+            __m512 t = _mm512_div_ps(_mm512_loadu_ps(x + k), vs);
+            t = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), t); /* NaN: zp */
+            t = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(t, vz), vlo), vhi);
+            __m128i b = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_add_ps(t, vsh)));
+            put4(out, k / 4, qs, (uint32_t)_mm_cvtsi128_si32(b));
+            put4(out, k / 4 + 1, qs, (uint32_t)_mm_extract_epi32(b, 1));
+            put4(out, k / 4 + 2, qs, (uint32_t)_mm_extract_epi32(b, 2));
+            put4(out, k / 4 + 3, qs, (uint32_t)_mm_extract_epi32(b, 3));
+        }
+    }
+#endif
 #if RLX_ISA == 1 || RLX_ISA == 2
     const __m256 vs = _mm256_set1_ps(scale), vz = _mm256_set1_ps((float)zp);
     const __m256 vlo = _mm256_set1_ps((float)qmin), vhi = _mm256_set1_ps((float)qmax);
@@ -245,14 +337,16 @@ static void quantize_row(const float *x, long K, float scale, int32_t zp, int32_
         __m256i v = _mm256_cvtps_epi32(_mm256_add_ps(t, vsh));
         __m128i l = _mm256_castsi256_si128(v), h = _mm256_extracti128_si256(v, 1);
         __m128i w = _mm_packus_epi32(l, h);
-        _mm_storel_epi64((__m128i *)(out + k), _mm_packus_epi16(w, w));
+        __m128i b = _mm_packus_epi16(w, w);
+        put4(out, k / 4, qs, (uint32_t)_mm_cvtsi128_si32(b));
+        put4(out, k / 4 + 1, qs, (uint32_t)_mm_extract_epi32(b, 1));
     }
 #endif
     for (; k < K; ++k) {
         float t = nearbyintf(x[k] / scale);
         t = (t == t ? t : 0.0f) + (float)zp; /* NaN -> zp; +-inf saturate below */
         t = t < (float)qmin ? (float)qmin : t > (float)qmax ? (float)qmax : t;
-        out[k] = (a_t)((int32_t)t + shift);
+        out[(k / KG) * qs + k % KG] = (a_t)((int32_t)t + shift);
     }
 }
 
@@ -263,23 +357,26 @@ static void bf16_row(const uint16_t *x, long K, float *out) {
     }
 }
 
-/* Row m of A as packed activations dst[0..K) (shifted / quantized), with its scale *rs and
- * correction *corr (raw - corr * colsum is the exact result). Returns 0 when the row is
- * not finite (dst untouched, scale NaN: the caller leaves the row 0, its outputs NaN). */
+/* Row m of A as a packed row at dst (groups qs bytes apart: shifted / quantized), with its
+ * scale *rs and correction *corr (raw - corr * colsum is the exact result). Returns 0 when
+ * the row is not finite (dst untouched, scale NaN: the caller zeroes the row, its outputs
+ * NaN). */
 static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int32_t a_zp,
-                       float a_scale, int mode, a_t *dst, float *fbuf, float *rs,
+                       float a_scale, int mode, a_t *dst, long qs, float *fbuf, float *rs,
                        int32_t *corr) {
     if (a_kind == A_S8 || a_kind == A_U8) {
-        int32_t shift = a_kind == A_S8 ? S_SHIFT : 0;
-        if (a_kind == A_S8) {
-            const int8_t *src = (const int8_t *)A + m * lda;
-            for (long k = 0; k < K; ++k) dst[k] = (a_t)((int32_t)src[k] + shift);
-        } else {
-            const uint8_t *src = (const uint8_t *)A + m * lda;
-            for (long k = 0; k < K; ++k) dst[k] = (a_t)src[k];
+        /* s8 + 128 as u8 is the byte with its top bit flipped */
+        const uint32_t flip = a_kind == A_S8 ? 0x80808080u : 0u;
+        const uint8_t *src = (const uint8_t *)A + m * lda;
+        long g = 0;
+        for (; g < K / KG; ++g) put4(dst, g, qs, (uint32_t)load4(src + g * KG) ^ flip);
+        if (K % KG) {
+            uint8_t t[KG] = {0, 0, 0, 0};
+            for (long k = g * KG; k < K; ++k) t[k - g * KG] = (uint8_t)(src[k] ^ (flip & 0xff));
+            put4(dst, g, qs, (uint32_t)load4(t));
         }
         *rs = a_scale;
-        *corr = shift + a_zp;
+        *corr = (a_kind == A_S8 ? S_SHIFT : 0) + a_zp;
         return 1;
     }
     const float *x;
@@ -292,7 +389,7 @@ static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int3
     if (mode >= 2) { /* static per-tensor: 2 = int8, 3 = uint8, scale a_scale, zp a_zp */
         int32_t shift = mode == 2 ? S_SHIFT : 0;
         quantize_row(x, K, a_scale, a_zp, mode == 2 ? -128 : 0, mode == 2 ? 127 : 255, shift,
-                     dst);
+                     dst, qs);
         *rs = a_scale;
         *corr = shift + a_zp;
         return 1;
@@ -303,38 +400,42 @@ static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int3
     *rs = scale;
     *corr = shift;
     if (isnan(scale)) return 0;
+#if RLX_ISA == 2
+    quantize_row_dyn(x, K, scale, zp, mode, dst, qs);
+#else
     if (mode == 0)
-        quantize_row(x, K, scale, 0, -128, 127, shift, dst);
+        quantize_row(x, K, scale, 0, -128, 127, shift, dst, qs);
     else
-        quantize_row(x, K, scale, zp, 0, 255, 0, dst);
+        quantize_row(x, K, scale, zp, 0, 255, 0, dst, qs);
+#endif
     *corr = shift + zp;
     return 1;
 }
 
 /* Rows m0 .. m0+MR of A into the packed tile Ap[k / KG][MR][KG] (a_t), or when wide (path
- * 1's kernel for 8-bit weights) Ap[k / 2][MR][2] (int16_t), with rs[r] and corr[r]. */
+ * 1's kernel for 8-bit weights) Ap[k / 2][MR][2] (int16_t), with rs[r] and corr[r]; rows
+ * past M and rows that are not finite are zeros. */
 static void prepare_tile(int a_kind, const void *A, long lda, long M, long K, long m0,
                          int32_t a_zp, float a_scale, int mode, void *Ap_, int wide, float *rs,
                          int32_t *corr, float *fbuf, a_t *qbuf) {
     long kp = round_up(K, KG);
     a_t *Ap = (a_t *)Ap_;
     int16_t *Aw = (int16_t *)Ap_;
-    memset(Ap_, 0, (size_t)(kp * MR) * (wide ? sizeof(int16_t) : sizeof(a_t)));
+    if (wide) memset(Ap_, 0, (size_t)(kp * MR) * sizeof(int16_t));
     for (long r = 0; r < MR; ++r) {
         long m = m0 + r;
         rs[r] = 0.0f;
         corr[r] = 0;
-        if (m >= M) continue;
-        if (!prepare_row(a_kind, A, lda, K, m, a_zp, a_scale, mode, qbuf, fbuf, rs + r, corr + r))
+        a_t *dst = wide ? qbuf : Ap + r * KG;
+        long qs = wide ? KG : MR * KG;
+        if (m >= M ||
+            !prepare_row(a_kind, A, lda, K, m, a_zp, a_scale, mode, dst, qs, fbuf, rs + r,
+                         corr + r)) {
+            if (!wide)
+                for (long g = 0; g < kp / KG; ++g) put4(dst, g, qs, 0);
             continue;
-        if (wide) { /* s16 k pairs: Aw[k / 2][MR][2] */
+        }
+        if (wide) /* s16 k pairs: Aw[k / 2][MR][2] */
             for (long k = 0; k < K; ++k) Aw[(k / 2) * MR * 2 + r * 2 + k % 2] = qbuf[k];
-            continue;
-        }
-        for (long g = 0; g < kp / KG; ++g) {
-            long k0 = g * KG, cnt = K - k0 < KG ? K - k0 : KG;
-            memcpy(Ap + g * MR * KG + r * KG, qbuf + k0, (size_t)cnt * sizeof(a_t));
-        }
     }
 }
-

@@ -5,12 +5,6 @@
  * on zero rows); `zero` set: the sums start from 0 (the first K slice: no memset of the
  * tile, no load of it), else they add to ct. */
 
-static inline int32_t load4(const void *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 #if RLX_ISA == 2
 /* vpdpbusd through inline assembly: with the intrinsic, gcc 12 folds the two B vectors of
  * a k group into every vpdpbusd as a memory operand (24 zmm loads per k group instead of

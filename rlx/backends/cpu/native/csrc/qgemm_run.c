@@ -58,8 +58,8 @@ static void amx_prepare(int a_kind, const void *A, long lda, long M, long K, lon
     uint8_t *dst = Ar + m * K;
     rs[m] = 0.0f;
     corr[m] = 0;
-    if (m >= M || !prepare_row(a_kind, A, lda, K, m, a_zp, a_scale, mode, dst, fbuf, rs + m,
-                               corr + m))
+    if (m >= M || !prepare_row(a_kind, A, lda, K, m, a_zp, a_scale, mode, dst, KG, fbuf,
+                               rs + m, corr + m))
         memset(dst, 0, (size_t)K);
 }
 
@@ -349,9 +349,9 @@ int rlx_qgemm_quantize_rows(const float *x, long M, long K, long ldx, int mode, 
         if (isnan(scale)) {
             for (long k = 0; k < K; ++k) tmp[k] = 0;
         } else if (mode == 0) { /* shifted as the packed activations are (a_t may be u8) */
-            quantize_row(row, K, scale, 0, -128, 127, S_SHIFT, tmp);
+            quantize_row(row, K, scale, 0, -128, 127, S_SHIFT, tmp, KG);
         } else {
-            quantize_row(row, K, scale, zp, 0, 255, 0, tmp);
+            quantize_row(row, K, scale, zp, 0, 255, 0, tmp, KG);
         }
         if (mode == 0)
             for (long k = 0; k < K; ++k)
