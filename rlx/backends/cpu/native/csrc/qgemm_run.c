@@ -150,31 +150,36 @@ static void tile_panel(long i0, long i1, long j, long M, long N, long kp, long k
                        const void *Ap_, int wide, const b_t *Bp, int32_t *acc, const epi_t *e,
                        const float *rs, const int32_t *corr) {
     const a_t *Ap = (const a_t *)Ap_;
+    long nr = N - j * NR < NR ? N - j * NR : NR;
+    if (kg == 0) memset(acc, 0, (size_t)((i1 - i0) * MR * NR) * sizeof(int32_t));
     for (long g0 = 0; g0 < kg; g0 += kcg) {
         long g1 = g0 + kcg < kg ? g0 + kcg : kg;
         for (long i = i0; i < i1; ++i) {
             /* element offsets: the same for u8 quads and s16 pairs (kernel b) */
             long ao = i * kp * MR + g0 * MR * KG, bo = j * kp * NR + g0 * NR * KG;
+            long mr = M - i * MR < MR ? M - i * MR : MR;
             int32_t *ct = acc + (i - i0) * MR * NR;
 #if RLX_ISA == 1
-            if (wide) {
+            if (wide)
                 ukernel_wide(2 * (g1 - g0), (const int16_t *)Ap_ + ao, (const int16_t *)Bp + bo,
-                             ct, M - i * MR, g0 == 0);
-                continue;
-            }
+                             ct, mr, g0 == 0);
+            else
+                ukernel_rows(g1 - g0, Ap + ao, Bp + bo, ct, mr, g0 == 0);
 #else
             (void)wide;
+            ukernel_rows(g1 - g0, Ap + ao, Bp + bo, ct, mr, g0 == 0);
 #endif
-            ukernel_rows(g1 - g0, Ap + ao, Bp + bo, ct, M - i * MR, g0 == 0);
+            /* the last K slice: the tile's epilogue while its sums are in L1 */
+            if (g1 == kg)
+                epilogue_tile(e, ct, NR, i * MR, mr, j * NR, nr, rs + i * MR, corr + i * MR);
         }
     }
-    if (kg == 0) memset(acc, 0, (size_t)((i1 - i0) * MR * NR) * sizeof(int32_t));
-    long nr = N - j * NR < NR ? N - j * NR : NR;
-    for (long i = i0; i < i1; ++i) {
-        long mr = M - i * MR < MR ? M - i * MR : MR;
-        epilogue_tile(e, acc + (i - i0) * MR * NR, NR, i * MR, mr, j * NR, nr, rs + i * MR,
-                      corr + i * MR);
-    }
+    if (kg == 0)
+        for (long i = i0; i < i1; ++i) {
+            long mr = M - i * MR < MR ? M - i * MR : MR;
+            epilogue_tile(e, acc + (i - i0) * MR * NR, NR, i * MR, mr, j * NR, nr, rs + i * MR,
+                          corr + i * MR);
+        }
 }
 
 /* The whole operation (see the header). A: int8 / uint8 (a_kind 0 / 1, zero point a_zp,
