@@ -208,9 +208,15 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
         return -1;
     }
     if (nthreads < 1) nthreads = 1;
-    /* below ~32M multiply-adds (256^3 is 16.8M) waking a second thread costs more than
-     * it saves: measured on a 2-core Zen 4, 256^3 took 0.17 ms on 1 thread, 0.20 ms on 2 */
-    if ((double)M * (double)N * (double)K < 3.2e7) nthreads = 1;
+    /* below ~2M multiply-adds waking a second thread costs more than it saves; above,
+     * the row tiles (or, for few rows, the column panels) are shared out: on a 2-core Zen
+     * 4 (load ~7), 16 x 384 x 384 / 16 x 384 x 1536 / 16 x 1536 x 384 ran 1.5x / 2.0x /
+     * 1.9x faster on 2 threads than on 1 (the earlier limit, 32M, kept every GEMM of a
+     * 16-token MiniLM forward on one thread) */
+#ifndef QGEMM_MT_MIN
+#define QGEMM_MT_MIN 2e6
+#endif
+    if ((double)M * (double)N * (double)K < QGEMM_MT_MIN) nthreads = 1;
     epi_t e = {colsum, ws, bias, res, ldr, Y, ldy, C, ldc, act};
 #if RLX_AMX_BUILD
     if (!(flags & 1) && K > 0 && K % 64 == 0 && amx_ok()) {
