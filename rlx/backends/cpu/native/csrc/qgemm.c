@@ -184,29 +184,11 @@ static inline int32_t load4(const void *p) {
 
 static inline void put4(a_t *out, long g, long qs, uint32_t v) { memcpy(out + g * qs, &v, 4); }
 
-#if RLX_ISA != 2
+#if RLX_ISA == 0
 /* lo = min, hi = max of x[0..K); returns 1 when the row holds NaN or +-inf. */
 static int row_stats(const float *x, long K, float *lo_, float *hi_) {
-    long k = 0;
     float lo = INFINITY, hi = -INFINITY, bad = 0.0f;
-#if RLX_ISA == 1 || RLX_ISA == 2
-    __m256 vlo = _mm256_set1_ps(INFINITY), vhi = _mm256_set1_ps(-INFINITY);
-    __m256 vbad = _mm256_setzero_ps(), zero = _mm256_setzero_ps();
-    for (; k + 8 <= K; k += 8) {
-        __m256 v = _mm256_loadu_ps(x + k);
-        vlo = _mm256_min_ps(vlo, v);
-        vhi = _mm256_max_ps(vhi, v);
-        vbad = _mm256_add_ps(vbad, _mm256_mul_ps(v, zero)); /* inf * 0 and NaN give NaN */
-    }
-    float t[8];
-    _mm256_storeu_ps(t, vlo);
-    for (int i = 0; i < 8; ++i) lo = t[i] < lo ? t[i] : lo;
-    _mm256_storeu_ps(t, vhi);
-    for (int i = 0; i < 8; ++i) hi = t[i] > hi ? t[i] : hi;
-    _mm256_storeu_ps(t, vbad);
-    for (int i = 0; i < 8; ++i) bad += t[i];
-#endif
-    for (; k < K; ++k) {
+    for (long k = 0; k < K; ++k) {
         float v = x[k];
         lo = v < lo ? v : lo;
         hi = v > hi ? v : hi;
@@ -271,12 +253,77 @@ static void quantize_row_dyn(const float *x, long K, float scale, int32_t zp, in
         if (n > 12) put4(out, k / 4 + 3, qs, (uint32_t)_mm_extract_epi32(b, 3));
     }
 }
+#elif RLX_ISA == 1
+/* The same two functions on 8 lanes (path 1), the tail in scalar code. */
+static int row_stats16(const float *x, long K, int mode, float *lo_, float *hi_) {
+    const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
+    __m256i amax = _mm256_setzero_si256();
+    __m256 vlo = _mm256_setzero_ps(), vhi = _mm256_setzero_ps();
+    long k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 v = _mm256_loadu_ps(x + k);
+        amax = _mm256_max_epu32(amax, _mm256_and_si256(_mm256_castps_si256(v), absmask));
+        if (mode) {
+            vlo = _mm256_min_ps(vlo, v);
+            vhi = _mm256_max_ps(vhi, v);
+        }
+    }
+    uint32_t t[8], bits = 0;
+    float lo = 0.0f, hi = 0.0f, f[8];
+    _mm256_storeu_si256((__m256i *)t, amax);
+    _mm256_storeu_ps(f, vlo);
+    for (int i = 0; i < 8; ++i) bits = t[i] > bits ? t[i] : bits, lo = f[i] < lo ? f[i] : lo;
+    _mm256_storeu_ps(f, vhi);
+    for (int i = 0; i < 8; ++i) hi = f[i] > hi ? f[i] : hi;
+    for (; k < K; ++k) {
+        uint32_t u;
+        memcpy(&u, x + k, 4);
+        u &= 0x7fffffffu;
+        bits = u > bits ? u : bits;
+        lo = x[k] < lo ? x[k] : lo;
+        hi = x[k] > hi ? x[k] : hi;
+    }
+    if (!mode) {
+        float a;
+        memcpy(&a, &bits, 4);
+        lo = -a, hi = a;
+    }
+    *lo_ = lo;
+    *hi_ = hi;
+    return bits >= 0x7f800000u;
+}
+
+static void quantize_row_dyn(const float *x, long K, float scale, int32_t zp, int mode,
+                             a_t *out, long qs) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    const __m128i vz = _mm_set1_epi32(zp), flip = _mm_set1_epi8((char)0x80);
+    long k = 0;
+    if (K % KG) put4(out, K / KG, qs, 0);
+    for (; k + 8 <= K; k += 8) {
+        __m256i v = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(x + k), vs));
+        __m128i l = _mm256_castsi256_si128(v), h = _mm256_extracti128_si256(v, 1), b;
+        if (mode == 0) {
+            b = _mm_xor_si128(_mm_packs_epi16(_mm_packs_epi32(l, h), l), flip);
+        } else {
+            __m128i w = _mm_packus_epi32(_mm_add_epi32(l, vz), _mm_add_epi32(h, vz));
+            b = _mm_packus_epi16(w, w);
+        }
+        put4(out, k / 4, qs, (uint32_t)_mm_cvtsi128_si32(b));
+        put4(out, k / 4 + 1, qs, (uint32_t)_mm_extract_epi32(b, 1));
+    }
+    for (; k < K; ++k) {
+        float t = nearbyintf(x[k] / scale) + (float)zp;
+        t = mode == 0 ? (t < -128.0f ? -128.0f : t > 127.0f ? 127.0f : t) + 128.0f
+                      : (t < 0.0f ? 0.0f : t > 255.0f ? 255.0f : t);
+        out[(k / KG) * qs + k % KG] = (a_t)(int32_t)t;
+    }
+}
 #endif
 
 /* Scale and zero point of one row (mode 0: s8, 1: u8); returns the scale (NaN: bad row). */
 static float row_params(const float *x, long K, int mode, int32_t *zp) {
     float lo, hi, scale;
-#if RLX_ISA == 2
+#if RLX_ISA >= 1
     int bad = row_stats16(x, K, mode, &lo, &hi);
 #else
     int bad = row_stats(x, K, &lo, &hi);
@@ -400,7 +447,7 @@ static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int3
     *rs = scale;
     *corr = shift;
     if (isnan(scale)) return 0;
-#if RLX_ISA == 2
+#if RLX_ISA >= 1
     quantize_row_dyn(x, K, scale, zp, mode, dst, qs);
 #else
     if (mode == 0)
