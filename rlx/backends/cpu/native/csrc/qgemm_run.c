@@ -208,13 +208,14 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
         return -1;
     }
     if (nthreads < 1) nthreads = 1;
-    /* below ~2M multiply-adds waking a second thread costs more than it saves; above,
-     * the row tiles (or, for few rows, the column panels) are shared out: on a 2-core Zen
-     * 4 (load ~7), 16 x 384 x 384 / 16 x 384 x 1536 / 16 x 1536 x 384 ran 1.5x / 2.0x /
-     * 1.9x faster on 2 threads than on 1 (the earlier limit, 32M, kept every GEMM of a
-     * 16-token MiniLM forward on one thread) */
+    /* below ~32M multiply-adds (256^3 is 16.8M) a second thread does not pay for its
+     * synchronisation on a machine that is not idle: on a quiet 2-core Zen 4, 256^3 took
+     * 0.17 ms on 1 thread, 0.20 ms on 2. At 2M (every GEMM of a 16-token MiniLM forward
+     * on 2 threads), the GEMMs alone ran 1.5-2.0x faster on 2 threads, but at load 12 the
+     * 16-token forward took 23 ms instead of 1.8 (each of its 36 GEMMs waits for the
+     * second thread to be scheduled, twice) */
 #ifndef QGEMM_MT_MIN
-#define QGEMM_MT_MIN 2e6
+#define QGEMM_MT_MIN 3.2e7
 #endif
     if ((double)M * (double)N * (double)K < QGEMM_MT_MIN) nthreads = 1;
     epi_t e = {colsum, ws, bias, res, ldr, Y, ldy, C, ldc, act};
