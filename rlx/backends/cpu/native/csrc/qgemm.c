@@ -21,7 +21,8 @@
  *
  *   2  AVX-512 VNNI: vpdpbusd (u8 x s8 -> s32, groups of KG = 4). Signed activations are
  *      shifted to u8 by adding 128, so the raw sum is sum_k (q + 128) * b and the exact
- *      result is raw - (128 + zp) * colsum[n]. Tile MR x NR = 12 x 32 in 24 zmm. On a CPU
+ *      result is raw - (128 + zp) * colsum[n]. Tile MR x NR = 12 x 32 in 24 zmm (8-, 4- and
+ *      2-row variants for a last row tile that short: M = 16 runs 12 + 4). On a CPU
  *      with AMX-INT8 (and K a multiple of 64) the same sums come from tdpbusd tiles of
  *      32 x 32 (see amx_run), about twice the vpdpbusd rate.
  *   1  AVX2: two exact micro-kernels, tile 6 x 16, chosen per weight by
@@ -42,16 +43,21 @@
  *      rows, no work on zero rows).
  *   0  plain C: the VNNI data layout with scalar code (auto-vectorised by gcc).
  *
- * The epilogue runs on each MR x NR tile while it is in L1, in SIMD registers (16 lanes on
- * path 2, 8 on path 1; exp / erf by polynomials, see vexp), scalar libm on path 0.
+ * Prologue: each row of A is quantized (dynamic: its scale from one pass over the row,
+ * then the quantization) or shifted (static s8) straight into its place in the packed
+ * tile, with no row buffer, copy or memset; no separate quantize pass over A.
+ * The epilogue runs on each MR x NR tile right after its last K slice, while it is in L1,
+ * in SIMD registers (16 lanes on path 2, 8 on path 1; exp / erf by polynomials, see vexp;
+ * a full panel's column sums, scales and bias loaded once per tile), scalar libm on path
+ * 0.
  * Source: this file (types, packing, row quantization), qgemm_kernels.c (the
  * micro-kernels), qgemm_epilogue.c (the epilogue) and qgemm_run.c (AMX, entry points),
  * joined in that order by native/qgemm.py into one translation unit.
  *
  * Blocking: M in blocks of row tiles whose packed A stays in L2; for each NR-column panel
- * of packed B, K in slices that stay in L1 while every row tile of the block uses them. Measured on the AVX2 path (Sapphire
- * Rapids, 1024 x 384 x N): the earlier order (A tile in L1, B blocks from L2) ran N = 1536
- * at 24 GMAC/s against 64 at N = 384.
+ * of packed B, K in slices that stay in L1 while every row tile of the block uses them.
+ * Measured on the AVX2 path (Sapphire Rapids, 1024 x 384 x N): the earlier order (A tile
+ * in L1, B blocks from L2) ran N = 1536 at 24 GMAC/s against 64 at N = 384.
  * Threads (OpenMP, num_threads from the caller): the row tiles are quantized / packed in
  * parallel, then the tiles of each N block are shared out.
  */
@@ -244,8 +250,9 @@ static void quantize_row_dyn(const float *x, long K, float scale, int32_t zp, in
         long n = K - k < 16 ? K - k : 16;
         __mmask16 m = n == 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
         __m512i v = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(m, x + k), vs));
-        __m128i b = mode == 0 ? _mm_xor_si128(_mm512_cvtsepi32_epi8(v), flip)
-                              : _mm512_cvtusepi32_epi8(_mm512_max_epi32(_mm512_add_epi32(v, vz), zero));
+        __m128i b = mode == 0
+                        ? _mm_xor_si128(_mm512_cvtsepi32_epi8(v), flip)
+                        : _mm512_cvtusepi32_epi8(_mm512_max_epi32(_mm512_add_epi32(v, vz), zero));
         b = _mm_maskz_mov_epi8(m, b); /* the last group's padding stays 0 */
         put4(out, k / 4, qs, (uint32_t)_mm_cvtsi128_si32(b));
         if (n > 4) put4(out, k / 4 + 1, qs, (uint32_t)_mm_extract_epi32(b, 1));

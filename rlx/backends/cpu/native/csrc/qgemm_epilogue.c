@@ -1,6 +1,7 @@
 /* INT8 GEMM for rlx, part 3 of 4 (native/qgemm.py joins qgemm.c, qgemm_kernels.c,
- * qgemm_epilogue.c and qgemm_run.c into one translation unit, in that order): the fused f32 epilogue, in SIMD
- * registers on paths 1 and 2 (polynomial exp / erf), scalar libm on path 0. */
+ * qgemm_epilogue.c and qgemm_run.c into one translation unit, in that order): the fused
+ * f32 epilogue, in SIMD registers on paths 1 and 2 (polynomial exp / erf), scalar libm on
+ * path 0. */
 
 /* ---- the epilogue ------------------------------------------------------------------ */
 
@@ -107,7 +108,8 @@ static inline vf vact(vf y, int act) {
     case ACT_RELU:
         return VMAX(VSET(0.0f), y); /* NaN in y stays NaN (max returns its 2nd operand) */
     case ACT_GELU:
-        return VMUL(VMUL(VSET(0.5f), y), VADD(VSET(1.0f), verf(VMUL(y, VSET(0.70710678118654752f)))));
+        return VMUL(VMUL(VSET(0.5f), y),
+                    VADD(VSET(1.0f), verf(VMUL(y, VSET(0.70710678118654752f)))));
     case ACT_GELU_TANH: {
         /* 0.5 y (1 + tanh(u)) == y / (1 + exp(-2u)), u = sqrt(2/pi) (y + 0.044715 y^3) */
         vf u = VMUL(VSET(0.7978845608028654f), VFMA(VMUL(VMUL(y, y), y), VSET(0.044715f), y));

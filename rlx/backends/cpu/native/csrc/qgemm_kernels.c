@@ -211,7 +211,8 @@ static void ukernel_rows(long kg, const a_t *ap, const b_t *bp, int32_t *ct, lon
         memcpy(acc, ct, sizeof(acc));
     for (long k = 0; k < kg; ++k) {
         for (int r = 0; r < MR; ++r) {
-            const int32_t a0 = ap[4 * r], a1 = ap[4 * r + 1], a2 = ap[4 * r + 2], a3 = ap[4 * r + 3];
+            const int32_t a0 = ap[4 * r], a1 = ap[4 * r + 1];
+            const int32_t a2 = ap[4 * r + 2], a3 = ap[4 * r + 3];
             for (int c = 0; c < NR; ++c) {
                 const b_t *b = bp + 4 * c;
                 acc[r][c] += a0 * b[0] + a1 * b[1] + a2 * b[2] + a3 * b[3];

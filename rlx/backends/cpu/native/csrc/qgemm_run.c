@@ -1,6 +1,6 @@
-/* INT8 GEMM for rlx, part 4 of 4 (after qgemm.c, qgemm_kernels.c and qgemm_epilogue.c): the AMX-INT8
- * path, the entry points (rlx_qgemm_run, the batched product, row quantization) and the
- * per-tensor f32 -> 8-bit quantizer. */
+/* INT8 GEMM for rlx, part 4 of 4 (after qgemm.c, qgemm_kernels.c and qgemm_epilogue.c):
+ * the AMX-INT8 path, the entry points (rlx_qgemm_run, the batched product, row
+ * quantization) and the per-tensor f32 -> 8-bit quantizer. */
 
 /* ---- AMX-INT8 (path 2 on a CPU with amx_int8 whose kernel grants the tile state) --------
  * tdpbusd multiplies a 16-row x 64-byte tile of u8 activations (rows straight from a
@@ -211,9 +211,9 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
     /* below ~32M multiply-adds (256^3 is 16.8M) a second thread does not pay for its
      * synchronisation on a machine that is not idle: on a quiet 2-core Zen 4, 256^3 took
      * 0.17 ms on 1 thread, 0.20 ms on 2. At 2M (every GEMM of a 16-token MiniLM forward
-     * on 2 threads), the GEMMs alone ran 1.5-2.0x faster on 2 threads, but at load 12 the
-     * 16-token forward took 23 ms instead of 1.8 (each of its 36 GEMMs waits for the
-     * second thread to be scheduled, twice) */
+     * on 2 threads) the GEMMs alone ran 1.5-2.0x faster on 2 threads, but at load 10-12
+     * the 16-token int8 forward took a median of 134-149 ms against 2.5 (min 1.8-23 ms
+     * against 1.8): each of its GEMMs waits for the second thread to be scheduled */
 #ifndef QGEMM_MT_MIN
 #define QGEMM_MT_MIN 3.2e7
 #endif
