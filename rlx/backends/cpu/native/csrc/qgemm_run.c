@@ -212,8 +212,9 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
      * synchronisation on a machine that is not idle: on a quiet 2-core Zen 4, 256^3 took
      * 0.17 ms on 1 thread, 0.20 ms on 2. At 2M (every GEMM of a 16-token MiniLM forward
      * on 2 threads) the GEMMs alone ran 1.5-2.0x faster on 2 threads, but at load 10-12
-     * the 16-token int8 forward took a median of 134-149 ms against 2.5 (min 1.8-23 ms
-     * against 1.8): each of its GEMMs waits for the second thread to be scheduled */
+     * the 16-token int8 forward took a median of 134-149 ms against 2.5-30.5 (min
+     * 1.8-23.3 ms against 1.8-1.9): each GEMM waits for the second thread to be
+     * scheduled */
 #ifndef QGEMM_MT_MIN
 #define QGEMM_MT_MIN 3.2e7
 #endif
