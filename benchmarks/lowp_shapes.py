@@ -8,8 +8,8 @@ under each build target (``RLX_ISA``), with the physical peaks measured in the s
 Each target runs in its own process (``RLX_ISA=<target>``, the libraries built for it):
 peaks from ``rlx.backends.cpu.native.peak`` (f32 FMA; int8: vpdpbusd zmm with VNNI,
 vpmaddwd ymm on AVX2; bf16: vdpbf16ps zmm where the target has AVX512_BF16), then per shape
-M x K x N (all-MiniLM-L6-v2's projections at 16 and 128 tokens and its FFN down
-projection at 1024 tokens), the best of ``--reps`` calls after a warm-up of:
+M x K x N (all-MiniLM-L6-v2's projections at 16, 128 and 1024 tokens, and 1024^3), the
+best of ``--reps`` calls after a warm-up of:
 
 * f32: rlx sgemm, weight packed beforehand (``SgemmLib``);
 * int8 dynamic: f32 activations quantized per row in the GEMM prologue (s8), int8 weight
@@ -42,7 +42,15 @@ from pathlib import Path
 
 from _common import RESULTS, best_time
 
-SHAPES = ((16, 384, 384), (16, 384, 1536), (128, 384, 1536), (1024, 1536, 384))
+SHAPES = (
+    (16, 384, 384),
+    (16, 384, 1536),
+    (16, 1536, 384),
+    (128, 384, 1536),
+    (1024, 384, 1536),
+    (1024, 1536, 384),
+    (1024, 1024, 1024),
+)
 
 
 def _child(threads: int, reps: int) -> dict:

@@ -85,7 +85,7 @@ STATUS = "status.json"
 FORMAT = 1
 
 #: the int8 GEMM's C files, concatenated in this order
-QGEMM_SOURCES = ("qgemm.c", "qgemm_epilogue.c", "qgemm_run.c")
+QGEMM_SOURCES = ("qgemm.c", "qgemm_kernels.c", "qgemm_epilogue.c", "qgemm_run.c")
 #: the dequant GEMM's C files, concatenated in this order (see ``csrc/dqgemm.c``)
 DQGEMM_SOURCES = (
     "dqgemm_decode.c",

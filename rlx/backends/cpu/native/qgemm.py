@@ -1,4 +1,5 @@
-"""The int8 GEMM library (``csrc/qgemm.c``, ``qgemm_epilogue.c``, ``qgemm_run.c``). In: int8 / uint8 activations (or f32 / bf16
+"""The int8 GEMM library (``csrc/qgemm.c``, ``qgemm_kernels.c``, ``qgemm_epilogue.c``,
+``qgemm_run.c``). In: int8 / uint8 activations (or f32 / bf16
 rows it quantizes per row itself) and int8 weights. Out: int32 accumulators and / or f32
 results through the fused epilogue (row x channel scale, bias, activation, residual), via
 :class:`QGemmLib` (pack a weight once, then run GEMMs).

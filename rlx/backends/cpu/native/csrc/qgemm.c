@@ -21,7 +21,8 @@
  *
  *   2  AVX-512 VNNI: vpdpbusd (u8 x s8 -> s32, groups of KG = 4). Signed activations are
  *      shifted to u8 by adding 128, so the raw sum is sum_k (q + 128) * b and the exact
- *      result is raw - (128 + zp) * colsum[n]. Tile MR x NR = 12 x 32 in 24 zmm. On a CPU
+ *      result is raw - (128 + zp) * colsum[n]. Tile MR x NR = 12 x 32 in 24 zmm (8-, 4- and
+ *      2-row variants for a last row tile that short: M = 16 runs 12 + 4). On a CPU
  *      with AMX-INT8 (and K a multiple of 64) the same sums come from tdpbusd tiles of
  *      32 x 32 (see amx_run), about twice the vpdpbusd rate.
  *   1  AVX2: two exact micro-kernels, tile 6 x 16, chosen per weight by
@@ -42,16 +43,21 @@
  *      rows, no work on zero rows).
  *   0  plain C: the VNNI data layout with scalar code (auto-vectorised by gcc).
  *
- * The epilogue runs on each MR x NR tile while it is in L1, in SIMD registers (16 lanes on
- * path 2, 8 on path 1; exp / erf by polynomials, see vexp), scalar libm on path 0.
- * Source: this file (types, packing, row quantization, microkernels), qgemm_epilogue.c
- * (the epilogue) and qgemm_run.c (AMX, entry points), joined in that order by
- * native/qgemm.py into one translation unit.
+ * Prologue: each row of A is quantized (dynamic: its scale from one pass over the row,
+ * then the quantization) or shifted (static s8) straight into its place in the packed
+ * tile, with no row buffer, copy or memset; no separate quantize pass over A.
+ * The epilogue runs on each MR x NR tile right after its last K slice, while it is in L1,
+ * in SIMD registers (16 lanes on path 2, 8 on path 1; exp / erf by polynomials, see vexp;
+ * a full panel's column sums, scales and bias loaded once per tile), scalar libm on path
+ * 0.
+ * Source: this file (types, packing, row quantization), qgemm_kernels.c (the
+ * micro-kernels), qgemm_epilogue.c (the epilogue) and qgemm_run.c (AMX, entry points),
+ * joined in that order by native/qgemm.py into one translation unit.
  *
  * Blocking: M in blocks of row tiles whose packed A stays in L2; for each NR-column panel
- * of packed B, K in slices that stay in L1 while every row tile of the block uses them. Measured on the AVX2 path (Sapphire
- * Rapids, 1024 x 384 x N): the earlier order (A tile in L1, B blocks from L2) ran N = 1536
- * at 24 GMAC/s against 64 at N = 384.
+ * of packed B, K in slices that stay in L1 while every row tile of the block uses them.
+ * Measured on the AVX2 path (Sapphire Rapids, 1024 x 384 x N): the earlier order (A tile
+ * in L1, B blocks from L2) ran N = 1536 at 24 GMAC/s against 64 at N = 384.
  * Threads (OpenMP, num_threads from the caller): the row tiles are quantized / packed in
  * parallel, then the tiles of each N block are shared out.
  */
@@ -171,30 +177,24 @@ void rlx_qgemm_pack_b(const int8_t *B, long ldb, long K, long N, void *Bp_, int3
     rlx_qgemm_pack_b_strided(B, ldb, 1, K, N, Bp_, colsum);
 }
 
-/* ---- dynamic row quantization ------------------------------------------------------ */
+/* ---- activation rows: quantization and packing ------------------------------------- */
+/* A packed row is a sequence of 4-byte groups (KG = 4 consecutive k); group g of a row
+ * goes to out + g * qs bytes (qs = 4: contiguous; MR * KG: the row's place in a packed
+ * tile, so a row is quantized straight into the tile, with no copy and no memset). */
 
+static inline int32_t load4(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline void put4(a_t *out, long g, long qs, uint32_t v) { memcpy(out + g * qs, &v, 4); }
+
+#if RLX_ISA == 0
 /* lo = min, hi = max of x[0..K); returns 1 when the row holds NaN or +-inf. */
 static int row_stats(const float *x, long K, float *lo_, float *hi_) {
-    long k = 0;
     float lo = INFINITY, hi = -INFINITY, bad = 0.0f;
-#if RLX_ISA == 1 || RLX_ISA == 2
-    __m256 vlo = _mm256_set1_ps(INFINITY), vhi = _mm256_set1_ps(-INFINITY);
-    __m256 vbad = _mm256_setzero_ps(), zero = _mm256_setzero_ps();
-    for (; k + 8 <= K; k += 8) {
-        __m256 v = _mm256_loadu_ps(x + k);
-        vlo = _mm256_min_ps(vlo, v);
-        vhi = _mm256_max_ps(vhi, v);
-        vbad = _mm256_add_ps(vbad, _mm256_mul_ps(v, zero)); /* inf * 0 and NaN give NaN */
-    }
-    float t[8];
-    _mm256_storeu_ps(t, vlo);
-    for (int i = 0; i < 8; ++i) lo = t[i] < lo ? t[i] : lo;
-    _mm256_storeu_ps(t, vhi);
-    for (int i = 0; i < 8; ++i) hi = t[i] > hi ? t[i] : hi;
-    _mm256_storeu_ps(t, vbad);
-    for (int i = 0; i < 8; ++i) bad += t[i];
-#endif
-    for (; k < K; ++k) {
+    for (long k = 0; k < K; ++k) {
         float v = x[k];
         lo = v < lo ? v : lo;
         hi = v > hi ? v : hi;
@@ -205,11 +205,136 @@ static int row_stats(const float *x, long K, float *lo_, float *hi_) {
     *hi_ = hi;
     return bad != 0.0f;
 }
+#endif
+
+#if RLX_ISA == 2
+/* row_stats for path 2 in one pass of 16 lanes (the tail through a masked load: its zero
+ * lanes change neither max |x| nor the u8 range, which always holds 0). mode 0 needs only
+ * max |x|: the largest of the sign-cleared bit patterns, an integer max (a pattern at or
+ * above that of +inf is an inf or a NaN); mode 1 takes min and max as well. */
+static int row_stats16(const float *x, long K, int mode, float *lo_, float *hi_) {
+    const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+    __m512i amax = _mm512_setzero_si512();
+    __m512 vlo = _mm512_setzero_ps(), vhi = _mm512_setzero_ps();
+    for (long k = 0; k < K; k += 16) {
+        __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + k);
+        amax = _mm512_max_epu32(amax, _mm512_and_si512(_mm512_castps_si512(v), absmask));
+        if (mode) {
+            vlo = _mm512_min_ps(vlo, v);
+            vhi = _mm512_max_ps(vhi, v);
+        }
+    }
+    uint32_t bits = (uint32_t)_mm512_reduce_max_epu32(amax);
+    if (mode) {
+        *lo_ = _mm512_reduce_min_ps(vlo);
+        *hi_ = _mm512_reduce_max_ps(vhi);
+    } else {
+        float a;
+        memcpy(&a, &bits, 4);
+        *lo_ = -a;
+        *hi_ = a;
+    }
+    return bits >= 0x7f800000u;
+}
+
+/* quantize_row for a dynamic row (finite, |x / scale| <= 255: mode 0 s8 shifted by 128,
+ * mode 1 u8 with zero point zp) on path 2: cvtps2dq rounds half to even as rint does, the
+ * saturating narrowings clip, so q is the same integer with less work per lane. */
+static void quantize_row_dyn(const float *x, long K, float scale, int32_t zp, int mode,
+                             a_t *out, long qs) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    const __m512i vz = _mm512_set1_epi32(zp), zero = _mm512_setzero_si512();
+    const __m128i flip = _mm_set1_epi8((char)0x80);
+    for (long k = 0; k < K; k += 16) {
+        long n = K - k < 16 ? K - k : 16;
+        __mmask16 m = n == 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+        __m512i v = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(m, x + k), vs));
+        __m128i b = mode == 0
+                        ? _mm_xor_si128(_mm512_cvtsepi32_epi8(v), flip)
+                        : _mm512_cvtusepi32_epi8(_mm512_max_epi32(_mm512_add_epi32(v, vz), zero));
+        b = _mm_maskz_mov_epi8(m, b); /* the last group's padding stays 0 */
+        put4(out, k / 4, qs, (uint32_t)_mm_cvtsi128_si32(b));
+        if (n > 4) put4(out, k / 4 + 1, qs, (uint32_t)_mm_extract_epi32(b, 1));
+        if (n > 8) put4(out, k / 4 + 2, qs, (uint32_t)_mm_extract_epi32(b, 2));
+        if (n > 12) put4(out, k / 4 + 3, qs, (uint32_t)_mm_extract_epi32(b, 3));
+    }
+}
+#elif RLX_ISA == 1
+/* The same two functions on 8 lanes (path 1), the tail in scalar code. */
+static int row_stats16(const float *x, long K, int mode, float *lo_, float *hi_) {
+    const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
+    __m256i amax = _mm256_setzero_si256();
+    __m256 vlo = _mm256_setzero_ps(), vhi = _mm256_setzero_ps();
+    long k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 v = _mm256_loadu_ps(x + k);
+        amax = _mm256_max_epu32(amax, _mm256_and_si256(_mm256_castps_si256(v), absmask));
+        if (mode) {
+            vlo = _mm256_min_ps(vlo, v);
+            vhi = _mm256_max_ps(vhi, v);
+        }
+    }
+    uint32_t t[8], bits = 0;
+    float lo = 0.0f, hi = 0.0f, f[8];
+    _mm256_storeu_si256((__m256i *)t, amax);
+    _mm256_storeu_ps(f, vlo);
+    for (int i = 0; i < 8; ++i) bits = t[i] > bits ? t[i] : bits, lo = f[i] < lo ? f[i] : lo;
+    _mm256_storeu_ps(f, vhi);
+    for (int i = 0; i < 8; ++i) hi = f[i] > hi ? f[i] : hi;
+    for (; k < K; ++k) {
+        uint32_t u;
+        memcpy(&u, x + k, 4);
+        u &= 0x7fffffffu;
+        bits = u > bits ? u : bits;
+        lo = x[k] < lo ? x[k] : lo;
+        hi = x[k] > hi ? x[k] : hi;
+    }
+    if (!mode) {
+        float a;
+        memcpy(&a, &bits, 4);
+        lo = -a, hi = a;
+    }
+    *lo_ = lo;
+    *hi_ = hi;
+    return bits >= 0x7f800000u;
+}
+
+static void quantize_row_dyn(const float *x, long K, float scale, int32_t zp, int mode,
+                             a_t *out, long qs) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    const __m128i vz = _mm_set1_epi32(zp), flip = _mm_set1_epi8((char)0x80);
+    long k = 0;
+    if (K % KG) put4(out, K / KG, qs, 0);
+    for (; k + 8 <= K; k += 8) {
+        __m256i v = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(x + k), vs));
+        __m128i l = _mm256_castsi256_si128(v), h = _mm256_extracti128_si256(v, 1), b;
+        if (mode == 0) {
+            b = _mm_xor_si128(_mm_packs_epi16(_mm_packs_epi32(l, h), l), flip);
+        } else {
+            __m128i w = _mm_packus_epi32(_mm_add_epi32(l, vz), _mm_add_epi32(h, vz));
+            b = _mm_packus_epi16(w, w);
+        }
+        put4(out, k / 4, qs, (uint32_t)_mm_cvtsi128_si32(b));
+        put4(out, k / 4 + 1, qs, (uint32_t)_mm_extract_epi32(b, 1));
+    }
+    for (; k < K; ++k) {
+        float t = nearbyintf(x[k] / scale) + (float)zp;
+        t = mode == 0 ? (t < -128.0f ? -128.0f : t > 127.0f ? 127.0f : t) + 128.0f
+                      : (t < 0.0f ? 0.0f : t > 255.0f ? 255.0f : t);
+        out[(k / KG) * qs + k % KG] = (a_t)(int32_t)t;
+    }
+}
+#endif
 
 /* Scale and zero point of one row (mode 0: s8, 1: u8); returns the scale (NaN: bad row). */
 static float row_params(const float *x, long K, int mode, int32_t *zp) {
     float lo, hi, scale;
+#if RLX_ISA >= 1
+    int bad = row_stats16(x, K, mode, &lo, &hi);
+#else
     int bad = row_stats(x, K, &lo, &hi);
+#endif
     *zp = 0;
     if (mode == 0) {
         float amax = -lo > hi ? -lo : hi;
@@ -228,11 +353,32 @@ static float row_params(const float *x, long K, int mode, int32_t *zp) {
     return scale;
 }
 
-/* out[k] = clip(rint(x[k] / scale) + zp, qmin, qmax) + shift as a_t (k < K); NaN gives
- * zp, +-inf saturate (as rlx.ops.quant.quantize_array). */
+/* The packed row (groups qs bytes apart, the last group zero-padded) of
+ * clip(rint(x[k] / scale) + zp, qmin, qmax) + shift (k < K); NaN gives zp, +-inf saturate
+ * (as rlx.ops.quant.quantize_array). The division is the f32 one of the reference, so
+ * every q is bit for bit NumPy's. */
 static void quantize_row(const float *x, long K, float scale, int32_t zp, int32_t qmin,
-                         int32_t qmax, int32_t shift, a_t *out) {
+                         int32_t qmax, int32_t shift, a_t *out, long qs) {
     long k = 0;
+    if (K % KG) put4(out, K / KG, qs, 0);
+#if RLX_ISA == 2
+    {
+        const __m512 vs = _mm512_set1_ps(scale), vz = _mm512_set1_ps((float)zp);
+        const __m512 vlo = _mm512_set1_ps((float)qmin), vhi = _mm512_set1_ps((float)qmax);
+        const __m512 vsh = _mm512_set1_ps((float)shift);
+        for (; k + 16 <= K; k += 16) {
+            __m512 t = _mm512_div_ps(_mm512_loadu_ps(x + k), vs);
+            t = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), t); /* NaN: zp */
+            t = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(t, vz), vlo), vhi);
+            __m128i b = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_add_ps(t, vsh)));
+            put4(out, k / 4, qs, (uint32_t)_mm_cvtsi128_si32(b));
+            put4(out, k / 4 + 1, qs, (uint32_t)_mm_extract_epi32(b, 1));
+            put4(out, k / 4 + 2, qs, (uint32_t)_mm_extract_epi32(b, 2));
+            put4(out, k / 4 + 3, qs, (uint32_t)_mm_extract_epi32(b, 3));
+        }
+    }
+#endif
 #if RLX_ISA == 1 || RLX_ISA == 2
     const __m256 vs = _mm256_set1_ps(scale), vz = _mm256_set1_ps((float)zp);
     const __m256 vlo = _mm256_set1_ps((float)qmin), vhi = _mm256_set1_ps((float)qmax);
@@ -245,14 +391,16 @@ static void quantize_row(const float *x, long K, float scale, int32_t zp, int32_
         __m256i v = _mm256_cvtps_epi32(_mm256_add_ps(t, vsh));
         __m128i l = _mm256_castsi256_si128(v), h = _mm256_extracti128_si256(v, 1);
         __m128i w = _mm_packus_epi32(l, h);
-        _mm_storel_epi64((__m128i *)(out + k), _mm_packus_epi16(w, w));
+        __m128i b = _mm_packus_epi16(w, w);
+        put4(out, k / 4, qs, (uint32_t)_mm_cvtsi128_si32(b));
+        put4(out, k / 4 + 1, qs, (uint32_t)_mm_extract_epi32(b, 1));
     }
 #endif
     for (; k < K; ++k) {
         float t = nearbyintf(x[k] / scale);
         t = (t == t ? t : 0.0f) + (float)zp; /* NaN -> zp; +-inf saturate below */
         t = t < (float)qmin ? (float)qmin : t > (float)qmax ? (float)qmax : t;
-        out[k] = (a_t)((int32_t)t + shift);
+        out[(k / KG) * qs + k % KG] = (a_t)((int32_t)t + shift);
     }
 }
 
@@ -263,23 +411,26 @@ static void bf16_row(const uint16_t *x, long K, float *out) {
     }
 }
 
-/* Row m of A as packed activations dst[0..K) (shifted / quantized), with its scale *rs and
- * correction *corr (raw - corr * colsum is the exact result). Returns 0 when the row is
- * not finite (dst untouched, scale NaN: the caller leaves the row 0, its outputs NaN). */
+/* Row m of A as a packed row at dst (groups qs bytes apart: shifted / quantized), with its
+ * scale *rs and correction *corr (raw - corr * colsum is the exact result). Returns 0 when
+ * the row is not finite (dst untouched, scale NaN: the caller zeroes the row, its outputs
+ * NaN). */
 static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int32_t a_zp,
-                       float a_scale, int mode, a_t *dst, float *fbuf, float *rs,
+                       float a_scale, int mode, a_t *dst, long qs, float *fbuf, float *rs,
                        int32_t *corr) {
     if (a_kind == A_S8 || a_kind == A_U8) {
-        int32_t shift = a_kind == A_S8 ? S_SHIFT : 0;
-        if (a_kind == A_S8) {
-            const int8_t *src = (const int8_t *)A + m * lda;
-            for (long k = 0; k < K; ++k) dst[k] = (a_t)((int32_t)src[k] + shift);
-        } else {
-            const uint8_t *src = (const uint8_t *)A + m * lda;
-            for (long k = 0; k < K; ++k) dst[k] = (a_t)src[k];
+        /* s8 + 128 as u8 is the byte with its top bit flipped */
+        const uint32_t flip = a_kind == A_S8 ? 0x80808080u : 0u;
+        const uint8_t *src = (const uint8_t *)A + m * lda;
+        long g = 0;
+        for (; g < K / KG; ++g) put4(dst, g, qs, (uint32_t)load4(src + g * KG) ^ flip);
+        if (K % KG) {
+            uint8_t t[KG] = {0, 0, 0, 0};
+            for (long k = g * KG; k < K; ++k) t[k - g * KG] = (uint8_t)(src[k] ^ (flip & 0xff));
+            put4(dst, g, qs, (uint32_t)load4(t));
         }
         *rs = a_scale;
-        *corr = shift + a_zp;
+        *corr = (a_kind == A_S8 ? S_SHIFT : 0) + a_zp;
         return 1;
     }
     const float *x;
@@ -292,7 +443,7 @@ static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int3
     if (mode >= 2) { /* static per-tensor: 2 = int8, 3 = uint8, scale a_scale, zp a_zp */
         int32_t shift = mode == 2 ? S_SHIFT : 0;
         quantize_row(x, K, a_scale, a_zp, mode == 2 ? -128 : 0, mode == 2 ? 127 : 255, shift,
-                     dst);
+                     dst, qs);
         *rs = a_scale;
         *corr = shift + a_zp;
         return 1;
@@ -303,305 +454,42 @@ static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int3
     *rs = scale;
     *corr = shift;
     if (isnan(scale)) return 0;
+#if RLX_ISA >= 1
+    quantize_row_dyn(x, K, scale, zp, mode, dst, qs);
+#else
     if (mode == 0)
-        quantize_row(x, K, scale, 0, -128, 127, shift, dst);
+        quantize_row(x, K, scale, 0, -128, 127, shift, dst, qs);
     else
-        quantize_row(x, K, scale, zp, 0, 255, 0, dst);
+        quantize_row(x, K, scale, zp, 0, 255, 0, dst, qs);
+#endif
     *corr = shift + zp;
     return 1;
 }
 
 /* Rows m0 .. m0+MR of A into the packed tile Ap[k / KG][MR][KG] (a_t), or when wide (path
- * 1's kernel for 8-bit weights) Ap[k / 2][MR][2] (int16_t), with rs[r] and corr[r]. */
+ * 1's kernel for 8-bit weights) Ap[k / 2][MR][2] (int16_t), with rs[r] and corr[r]; rows
+ * past M and rows that are not finite are zeros. */
 static void prepare_tile(int a_kind, const void *A, long lda, long M, long K, long m0,
                          int32_t a_zp, float a_scale, int mode, void *Ap_, int wide, float *rs,
                          int32_t *corr, float *fbuf, a_t *qbuf) {
     long kp = round_up(K, KG);
     a_t *Ap = (a_t *)Ap_;
     int16_t *Aw = (int16_t *)Ap_;
-    memset(Ap_, 0, (size_t)(kp * MR) * (wide ? sizeof(int16_t) : sizeof(a_t)));
+    if (wide) memset(Ap_, 0, (size_t)(kp * MR) * sizeof(int16_t));
     for (long r = 0; r < MR; ++r) {
         long m = m0 + r;
         rs[r] = 0.0f;
         corr[r] = 0;
-        if (m >= M) continue;
-        if (!prepare_row(a_kind, A, lda, K, m, a_zp, a_scale, mode, qbuf, fbuf, rs + r, corr + r))
+        a_t *dst = wide ? qbuf : Ap + r * KG;
+        long qs = wide ? KG : MR * KG;
+        if (m >= M ||
+            !prepare_row(a_kind, A, lda, K, m, a_zp, a_scale, mode, dst, qs, fbuf, rs + r,
+                         corr + r)) {
+            if (!wide)
+                for (long g = 0; g < kp / KG; ++g) put4(dst, g, qs, 0);
             continue;
-        if (wide) { /* s16 k pairs: Aw[k / 2][MR][2] */
+        }
+        if (wide) /* s16 k pairs: Aw[k / 2][MR][2] */
             for (long k = 0; k < K; ++k) Aw[(k / 2) * MR * 2 + r * 2 + k % 2] = qbuf[k];
-            continue;
-        }
-        for (long g = 0; g < kp / KG; ++g) {
-            long k0 = g * KG, cnt = K - k0 < KG ? K - k0 : KG;
-            memcpy(Ap + g * MR * KG + r * KG, qbuf + k0, (size_t)cnt * sizeof(a_t));
-        }
     }
 }
-
-static inline int32_t load4(const void *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-/* ---- microkernels: ct[MR][NR] += raw sums over kg groups of KG k -------------------- */
-
-#if RLX_ISA == 2
-#define ROW(r)                                                  \
-    do {                                                        \
-        __m512i a = _mm512_set1_epi32(load4(ap + 4 * (r)));     \
-        c##r##0 = _mm512_dpbusd_epi32(c##r##0, a, b0);          \
-        c##r##1 = _mm512_dpbusd_epi32(c##r##1, a, b1);          \
-    } while (0)
-#define STORE(r)                                                    \
-    do {                                                            \
-        _mm512_storeu_si512((void *)(ct + (r) * NR), c##r##0);      \
-        _mm512_storeu_si512((void *)(ct + (r) * NR + 16), c##r##1); \
-    } while (0)
-
-#define LOAD(r)                                                               \
-    __m512i c##r##0 = _mm512_loadu_si512((const void *)(ct + (r) * NR)),      \
-            c##r##1 = _mm512_loadu_si512((const void *)(ct + (r) * NR + 16))
-
-/* B (both cache lines of a k group's 128 bytes) prefetched VNNI_PFB bytes ahead into L2
- * (the next panel's start at a panel's end: panels are contiguous). The 36 int8 GEMMs of
- * the 1x16 MiniLM forward (10.6 MB of weights), sum of per-call minima, one process: 1.90
- * ms without, 1.86 at 1 KB into L1, 1.72-1.75 at 8 KB and 1.73 at 16 KB into L2, 1.81 at
- * 32 KB (Zen 4, load ~12). */
-#ifndef VNNI_PFB
-#define VNNI_PFB 8192
-#endif
-#ifndef VNNI_PFH
-#define VNNI_PFH _MM_HINT_T1
-#endif
-#define VNNI_PREFETCH(p)                                                   \
-    do {                                                                   \
-        if (VNNI_PFB) {                                                    \
-            _mm_prefetch((const char *)(p) + VNNI_PFB, VNNI_PFH);          \
-            _mm_prefetch((const char *)(p) + VNNI_PFB + 64, VNNI_PFH);     \
-        }                                                                  \
-    } while (0)
-static void ukernel(long kg, const a_t *ap, const b_t *bp, int32_t *ct) {
-    LOAD(0); LOAD(1); LOAD(2); LOAD(3); LOAD(4); LOAD(5);
-    LOAD(6); LOAD(7); LOAD(8); LOAD(9); LOAD(10); LOAD(11);
-    for (long k = 0; k < kg; ++k) {
-        __m512i b0 = _mm512_loadu_si512((const void *)bp);
-        __m512i b1 = _mm512_loadu_si512((const void *)(bp + 64));
-        VNNI_PREFETCH(bp);
-        ROW(0); ROW(1); ROW(2); ROW(3); ROW(4); ROW(5);
-        ROW(6); ROW(7); ROW(8); ROW(9); ROW(10); ROW(11);
-        ap += KG * MR;
-        bp += KG * NR;
-    }
-    STORE(0); STORE(1); STORE(2); STORE(3); STORE(4); STORE(5);
-    STORE(6); STORE(7); STORE(8); STORE(9); STORE(10); STORE(11);
-}
-
-/* VNNI kernels on the first R rows of a tile, for a last row tile that short (M = 16:
- * 12 + 4 rows instead of 12 + 12, a third of the multiply-adds at 1x16 on zero rows) */
-#define VNNI_UKERNEL(NAME, R)                                                         \
-    static void NAME(long kg, const a_t *ap, const b_t *bp, int32_t *ct) {            \
-        __m512i c0[R], c1[R];                                                         \
-        _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {                         \
-            c0[r] = _mm512_loadu_si512((const void *)(ct + r * NR));                  \
-            c1[r] = _mm512_loadu_si512((const void *)(ct + r * NR + 16));             \
-        }                                                                             \
-        for (long k = 0; k < kg; ++k) {                                               \
-            __m512i b0 = _mm512_loadu_si512((const void *)bp);                        \
-            __m512i b1 = _mm512_loadu_si512((const void *)(bp + 64));                 \
-            VNNI_PREFETCH(bp);                                                        \
-            _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {                     \
-                __m512i a = _mm512_set1_epi32(load4(ap + 4 * r));                     \
-                c0[r] = _mm512_dpbusd_epi32(c0[r], a, b0);                            \
-                c1[r] = _mm512_dpbusd_epi32(c1[r], a, b1);                            \
-            }                                                                         \
-            ap += KG * MR;                                                            \
-            bp += KG * NR;                                                            \
-        }                                                                             \
-        _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {                         \
-            _mm512_storeu_si512((void *)(ct + r * NR), c0[r]);                        \
-            _mm512_storeu_si512((void *)(ct + r * NR + 16), c1[r]);                   \
-        }                                                                             \
-    }
-VNNI_UKERNEL(ukernel_v8, 8)
-VNNI_UKERNEL(ukernel_v4, 4)
-VNNI_UKERNEL(ukernel_v2, 2)
-#undef VNNI_UKERNEL
-
-/* rows: how many rows of the tile are real (1..MR; more than MR: all) */
-static void ukernel_vnni_rows(long kg, const a_t *ap, const b_t *bp, int32_t *ct, long rows) {
-    if (rows > 8)
-        ukernel(kg, ap, bp, ct);
-    else if (rows > 4)
-        ukernel_v8(kg, ap, bp, ct);
-    else if (rows > 2)
-        ukernel_v4(kg, ap, bp, ct);
-    else
-        ukernel_v2(kg, ap, bp, ct);
-}
-#elif RLX_ISA == 1
-/* a) 7-bit weights: vpmaddubsw + vpmaddwd(ones); ct[MR][NR] += sums over kg quads, rows
- * [0, R) of the tile (R = MR, or 4 / 2 for a last tile that short: no work on the zero
- * rows). The ones are a memory operand of vpmaddwd (inline assembly): 12 accumulators, two
- * B vectors, the broadcast and a product use all 16 ymm registers, and gcc otherwise
- * spills an accumulator to the stack every iteration. */
-static const int16_t ones16[16] __attribute__((aligned(32))) = {1, 1, 1, 1, 1, 1, 1, 1,
-                                                                1, 1, 1, 1, 1, 1, 1, 1};
-static inline __m256i madd_ones(__m256i x) {
-    __asm__("vpmaddwd %1, %0, %0" : "+x"(x) : "m"(ones16));
-    return x;
-}
-#define ROW(r)                                                                          \
-    do {                                                                                \
-        __m256i a = _mm256_set1_epi32(load4(ap + 4 * (r)));                             \
-        c##r##0 = _mm256_add_epi32(c##r##0, madd_ones(_mm256_maddubs_epi16(a, b0)));    \
-        c##r##1 = _mm256_add_epi32(c##r##1, madd_ones(_mm256_maddubs_epi16(a, b1)));    \
-    } while (0)
-#define STORE(r)                                                         \
-    do {                                                                 \
-        _mm256_storeu_si256((__m256i *)(ct + (r) * NR), c##r##0);        \
-        _mm256_storeu_si256((__m256i *)(ct + (r) * NR + 8), c##r##1);    \
-    } while (0)
-
-#define LOAD(r)                                                               \
-    __m256i c##r##0 = _mm256_loadu_si256((const __m256i *)(ct + (r) * NR)),   \
-            c##r##1 = _mm256_loadu_si256((const __m256i *)(ct + (r) * NR + 8))
-
-__attribute__((noinline)) static void ukernel6(long kg, const a_t *ap, const b_t *bp,
-                                               int32_t *ct) {
-    LOAD(0); LOAD(1); LOAD(2); LOAD(3); LOAD(4); LOAD(5);
-    for (long k = 0; k < kg; ++k) {
-        __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
-        __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 32));
-        ROW(0); ROW(1); ROW(2); ROW(3); ROW(4); ROW(5);
-        ap += KG * MR;
-        bp += KG * NR;
-    }
-    STORE(0); STORE(1); STORE(2); STORE(3); STORE(4); STORE(5);
-}
-
-__attribute__((noinline)) static void ukernel4(long kg, const a_t *ap, const b_t *bp,
-                                               int32_t *ct) {
-    LOAD(0); LOAD(1); LOAD(2); LOAD(3);
-    for (long k = 0; k < kg; ++k) {
-        __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
-        __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 32));
-        ROW(0); ROW(1); ROW(2); ROW(3);
-        ap += KG * MR;
-        bp += KG * NR;
-    }
-    STORE(0); STORE(1); STORE(2); STORE(3);
-}
-
-__attribute__((noinline)) static void ukernel2(long kg, const a_t *ap, const b_t *bp,
-                                               int32_t *ct) {
-    LOAD(0); LOAD(1);
-    for (long k = 0; k < kg; ++k) {
-        __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
-        __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 32));
-        ROW(0); ROW(1);
-        ap += KG * MR;
-        bp += KG * NR;
-    }
-    STORE(0); STORE(1);
-}
-
-/* rows: how many rows of the tile are real (1..MR) */
-static void ukernel_rows(long kg, const a_t *ap, const b_t *bp, int32_t *ct, long rows) {
-    if (rows > 4)
-        ukernel6(kg, ap, bp, ct);
-    else if (rows > 2)
-        ukernel4(kg, ap, bp, ct);
-    else
-        ukernel2(kg, ap, bp, ct);
-}
-#undef ROW
-#undef STORE
-#undef LOAD
-
-/* b) any other 8-bit weights: s16 k pairs, ap[kp2][MR][2] x bp[kp2][NR][2] over kp2 pairs */
-#define ROWW(r)                                                                 \
-    do {                                                                        \
-        __m256i a = _mm256_set1_epi32(load4(ap + 2 * (r)));                     \
-        c##r##0 = _mm256_add_epi32(c##r##0, _mm256_madd_epi16(a, b0));          \
-        c##r##1 = _mm256_add_epi32(c##r##1, _mm256_madd_epi16(a, b1));          \
-    } while (0)
-#define STOREW(r)                                                        \
-    do {                                                                 \
-        _mm256_storeu_si256((__m256i *)(ct + (r) * NR), c##r##0);        \
-        _mm256_storeu_si256((__m256i *)(ct + (r) * NR + 8), c##r##1);    \
-    } while (0)
-#define LOADW(r)                                                              \
-    __m256i c##r##0 = _mm256_loadu_si256((const __m256i *)(ct + (r) * NR)),   \
-            c##r##1 = _mm256_loadu_si256((const __m256i *)(ct + (r) * NR + 8))
-
-__attribute__((noinline)) static void ukernel_wide6(long kp2, const int16_t *ap,
-                                                    const int16_t *bp, int32_t *ct) {
-    LOADW(0); LOADW(1); LOADW(2); LOADW(3); LOADW(4); LOADW(5);
-    for (long k = 0; k < kp2; ++k) {
-        __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
-        __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 16));
-        ROWW(0); ROWW(1); ROWW(2); ROWW(3); ROWW(4); ROWW(5);
-        ap += 2 * MR;
-        bp += 2 * NR;
-    }
-    STOREW(0); STOREW(1); STOREW(2); STOREW(3); STOREW(4); STOREW(5);
-}
-
-__attribute__((noinline)) static void ukernel_wide4(long kp2, const int16_t *ap,
-                                                    const int16_t *bp, int32_t *ct) {
-    LOADW(0); LOADW(1); LOADW(2); LOADW(3);
-    for (long k = 0; k < kp2; ++k) {
-        __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
-        __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 16));
-        ROWW(0); ROWW(1); ROWW(2); ROWW(3);
-        ap += 2 * MR;
-        bp += 2 * NR;
-    }
-    STOREW(0); STOREW(1); STOREW(2); STOREW(3);
-}
-
-__attribute__((noinline)) static void ukernel_wide2(long kp2, const int16_t *ap,
-                                                    const int16_t *bp, int32_t *ct) {
-    LOADW(0); LOADW(1);
-    for (long k = 0; k < kp2; ++k) {
-        __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
-        __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 16));
-        ROWW(0); ROWW(1);
-        ap += 2 * MR;
-        bp += 2 * NR;
-    }
-    STOREW(0); STOREW(1);
-}
-
-/* rows: how many rows of the tile are real (1..MR) */
-static void ukernel_wide(long kp2, const int16_t *ap, const int16_t *bp, int32_t *ct,
-                         long rows) {
-    if (rows > 4)
-        ukernel_wide6(kp2, ap, bp, ct);
-    else if (rows > 2)
-        ukernel_wide4(kp2, ap, bp, ct);
-    else
-        ukernel_wide2(kp2, ap, bp, ct);
-}
-#undef STOREW
-#undef LOADW
-#undef ROWW
-#else
-static void ukernel(long kg, const a_t *ap, const b_t *bp, int32_t *ct) {
-    int32_t acc[MR][NR];
-    memcpy(acc, ct, sizeof(acc));
-    for (long k = 0; k < kg; ++k) {
-        for (int r = 0; r < MR; ++r) {
-            const int32_t a0 = ap[4 * r], a1 = ap[4 * r + 1], a2 = ap[4 * r + 2], a3 = ap[4 * r + 3];
-            for (int c = 0; c < NR; ++c) {
-                const b_t *b = bp + 4 * c;
-                acc[r][c] += a0 * b[0] + a1 * b[1] + a2 * b[2] + a3 * b[3];
-            }
-        }
-        ap += KG * MR;
-        bp += KG * NR;
-    }
-    memcpy(ct, acc, sizeof(acc));
-}
-#endif

@@ -1,6 +1,6 @@
-/* INT8 GEMM for rlx, part 3 of 3 (after qgemm.c and qgemm_epilogue.c): the AMX-INT8
- * path, the entry points (rlx_qgemm_run, the batched product, row quantization) and the
- * per-tensor f32 -> 8-bit quantizer. */
+/* INT8 GEMM for rlx, part 4 of 4 (after qgemm.c, qgemm_kernels.c and qgemm_epilogue.c):
+ * the AMX-INT8 path, the entry points (rlx_qgemm_run, the batched product, row
+ * quantization) and the per-tensor f32 -> 8-bit quantizer. */
 
 /* ---- AMX-INT8 (path 2 on a CPU with amx_int8 whose kernel grants the tile state) --------
  * tdpbusd multiplies a 16-row x 64-byte tile of u8 activations (rows straight from a
@@ -58,8 +58,8 @@ static void amx_prepare(int a_kind, const void *A, long lda, long M, long K, lon
     uint8_t *dst = Ar + m * K;
     rs[m] = 0.0f;
     corr[m] = 0;
-    if (m >= M || !prepare_row(a_kind, A, lda, K, m, a_zp, a_scale, mode, dst, fbuf, rs + m,
-                               corr + m))
+    if (m >= M || !prepare_row(a_kind, A, lda, K, m, a_zp, a_scale, mode, dst, KG, fbuf,
+                               rs + m, corr + m))
         memset(dst, 0, (size_t)K);
 }
 
@@ -72,8 +72,7 @@ static void amx_panel(long b0, long b1, long j, long M, long N, long K, const ui
         long i0 = bi * 32, rows = M - i0 > 16 ? 32 : 16;
         amx_block(rows, K / 4, Ar + i0 * K, K, (const int8_t *)Bp + j * K * NR, ct);
         long mr = M - i0 < 32 ? M - i0 : 32;
-        for (long r = 0; r < mr; ++r)
-            epilogue_row(e, ct + r * 32, i0 + r, j * NR, nr, rs[i0 + r], corr[i0 + r]);
+        epilogue_tile(e, ct, 32, i0, mr, j * NR, nr, rs + i0, corr + i0);
     }
 }
 
@@ -151,37 +150,36 @@ static void tile_panel(long i0, long i1, long j, long M, long N, long kp, long k
                        const void *Ap_, int wide, const b_t *Bp, int32_t *acc, const epi_t *e,
                        const float *rs, const int32_t *corr) {
     const a_t *Ap = (const a_t *)Ap_;
-    memset(acc, 0, (size_t)((i1 - i0) * MR * NR) * sizeof(int32_t));
+    long nr = N - j * NR < NR ? N - j * NR : NR;
+    if (kg == 0) memset(acc, 0, (size_t)((i1 - i0) * MR * NR) * sizeof(int32_t));
     for (long g0 = 0; g0 < kg; g0 += kcg) {
         long g1 = g0 + kcg < kg ? g0 + kcg : kg;
         for (long i = i0; i < i1; ++i) {
             /* element offsets: the same for u8 quads and s16 pairs (kernel b) */
             long ao = i * kp * MR + g0 * MR * KG, bo = j * kp * NR + g0 * NR * KG;
+            long mr = M - i * MR < MR ? M - i * MR : MR;
+            int32_t *ct = acc + (i - i0) * MR * NR;
 #if RLX_ISA == 1
-            if (wide) {
+            if (wide)
                 ukernel_wide(2 * (g1 - g0), (const int16_t *)Ap_ + ao, (const int16_t *)Bp + bo,
-                             acc + (i - i0) * MR * NR, M - i * MR);
-                continue;
-            }
+                             ct, mr, g0 == 0);
+            else
+                ukernel_rows(g1 - g0, Ap + ao, Bp + bo, ct, mr, g0 == 0);
 #else
             (void)wide;
+            ukernel_rows(g1 - g0, Ap + ao, Bp + bo, ct, mr, g0 == 0);
 #endif
-#if RLX_ISA == 1
-            ukernel_rows(g1 - g0, Ap + ao, Bp + bo, acc + (i - i0) * MR * NR, M - i * MR);
-#elif RLX_ISA == 2 /* VNNI: 8-, 4- or 2-row kernels for a short last tile */
-            ukernel_vnni_rows(g1 - g0, Ap + ao, Bp + bo, acc + (i - i0) * MR * NR, M - i * MR);
-#else
-            ukernel(g1 - g0, Ap + ao, Bp + bo, acc + (i - i0) * MR * NR);
-#endif
+            /* the last K slice: the tile's epilogue while its sums are in L1 */
+            if (g1 == kg)
+                epilogue_tile(e, ct, NR, i * MR, mr, j * NR, nr, rs + i * MR, corr + i * MR);
         }
     }
-    long nr = N - j * NR < NR ? N - j * NR : NR;
-    for (long i = i0; i < i1; ++i) {
-        long mr = M - i * MR < MR ? M - i * MR : MR;
-        for (long r = 0; r < mr; ++r)
-            epilogue_row(e, acc + (i - i0) * MR * NR + r * NR, i * MR + r, j * NR, nr,
-                         rs[i * MR + r], corr[i * MR + r]);
-    }
+    if (kg == 0)
+        for (long i = i0; i < i1; ++i) {
+            long mr = M - i * MR < MR ? M - i * MR : MR;
+            epilogue_tile(e, acc + (i - i0) * MR * NR, NR, i * MR, mr, j * NR, nr, rs + i * MR,
+                          corr + i * MR);
+        }
 }
 
 /* The whole operation (see the header). A: int8 / uint8 (a_kind 0 / 1, zero point a_zp,
@@ -210,9 +208,17 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
         return -1;
     }
     if (nthreads < 1) nthreads = 1;
-    /* below ~32M multiply-adds (256^3 is 16.8M) waking a second thread costs more than
-     * it saves: measured on a 2-core Zen 4, 256^3 took 0.17 ms on 1 thread, 0.20 ms on 2 */
-    if ((double)M * (double)N * (double)K < 3.2e7) nthreads = 1;
+    /* below ~32M multiply-adds (256^3 is 16.8M) a second thread does not pay for its
+     * synchronisation on a machine that is not idle: on a quiet 2-core Zen 4, 256^3 took
+     * 0.17 ms on 1 thread, 0.20 ms on 2. At 2M (every GEMM of a 16-token MiniLM forward
+     * on 2 threads) the GEMMs alone ran 1.5-2.0x faster on 2 threads, but at load 10-12
+     * the 16-token int8 forward took a median of 134-149 ms against 2.5-30.5 (min
+     * 1.8-23.3 ms against 1.8-1.9): each GEMM waits for the second thread to be
+     * scheduled */
+#ifndef QGEMM_MT_MIN
+#define QGEMM_MT_MIN 3.2e7
+#endif
+    if ((double)M * (double)N * (double)K < QGEMM_MT_MIN) nthreads = 1;
     epi_t e = {colsum, ws, bias, res, ldr, Y, ldy, C, ldc, act};
 #if RLX_AMX_BUILD
     if (!(flags & 1) && K > 0 && K % 64 == 0 && amx_ok()) {
@@ -356,9 +362,9 @@ int rlx_qgemm_quantize_rows(const float *x, long M, long K, long ldx, int mode, 
         if (isnan(scale)) {
             for (long k = 0; k < K; ++k) tmp[k] = 0;
         } else if (mode == 0) { /* shifted as the packed activations are (a_t may be u8) */
-            quantize_row(row, K, scale, 0, -128, 127, S_SHIFT, tmp);
+            quantize_row(row, K, scale, 0, -128, 127, S_SHIFT, tmp, KG);
         } else {
-            quantize_row(row, K, scale, zp, 0, 255, 0, tmp);
+            quantize_row(row, K, scale, zp, 0, 255, 0, tmp, KG);
         }
         if (mode == 0)
             for (long k = 0; k < K; ++k)
