@@ -171,3 +171,27 @@ def _attention_lib(target: cpu.Target, dtype: np.dtype) -> AttentionLib:
     return AttentionLib(
         bindings.typed(native.load(native.build(source, target, name)), source), dtype
     )
+
+
+class CacheCall:
+    """A bound cache-attention entry of ``csrc/cache_attention.c`` (``rlx_cache_attention``,
+    ``rlx_cache_attention_i8`` or ``rlx_slot_cache_attention``), a kernel of the native
+    schedule. Calling it runs the C function; a non-zero return calls ``on_error(rc)``,
+    which raises (1: bad positions / slots, nothing written; -1: the workspace)."""
+
+    __slots__ = ("fn", "args", "keep", "on_error")
+
+    def __init__(
+        self, fn: Callable[..., int], args: tuple, keep: tuple, on_error: Callable[[int], None]
+    ) -> None:
+        self.fn, self.args, self.keep, self.on_error = fn, args, keep, on_error
+
+    def __call__(self) -> None:
+        rc = self.fn(*self.args)
+        if rc:
+            self.on_error(rc)
+
+    @property
+    def native_call(self) -> tuple[Callable[..., int], tuple, bool]:
+        """This call for the native schedule (``native/schedule.py``): non-zero fails."""
+        return self.fn, self.args, True
