@@ -230,7 +230,7 @@ static int dec_run(const dec_cfg *c, const dec_job *jobs, long njobs, float *ws,
         work += (jobs[i].skv - dec_lo(c, jobs[i].skv)) * c->H * D;
     }
     if (ntask == 0) return 0;
-    if (work < (1L << 17)) threads = 1;
+    if (work < (1L << 19)) threads = 1; /* a team costs more than it saves below this */
     const long parts = ntask * psz, per = dec_ws_thread(c->H, c->Hkv, D);
     if (parts > ws_floats) return -1;
     if (!(threads = rlx_ws_team(threads, ntask, per, ws_floats - parts))) return -1;
