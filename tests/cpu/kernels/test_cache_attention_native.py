@@ -88,10 +88,11 @@ def _rows(x: np.ndarray, dt: str, groups: int) -> np.ndarray:
 @pytest.mark.parametrize("dt", ["f32", "bf16", "f16", "i8"])
 @pytest.mark.parametrize(("window", "cap"), [(0, 0.0), (150, 0.0), (0, 3.0)])
 def test_cache_attention_chunks_and_steps(dt, window, cap) -> None:
-    """A prompt at 0, a chunk in the middle, decode steps past one key chunk (128 keys)
-    up to the cache's last row, GQA (8 heads over 2 kv heads): every output against the
-    f64 oracle, and the 2-thread run the same bits as the 1-thread one."""
-    h, hkv, d, rows = 8, 2, 64, 300
+    """A prompt at 0, a chunk in the middle, decode steps past several key chunks (128
+    keys; without a window, from 1024 keys on, enough work to split over 2 threads) up to
+    the cache's last row, GQA (8 heads over 2 kv heads): every output against the f64
+    oracle, and the 2-thread run the same bits as the 1-thread one."""
+    h, hkv, d, rows = 8, 2, 64, 1040
     runs = [_compile(h, hkv, d, rows, window, dt, cap, t) for t in (1, 2)]
     rng = np.random.default_rng(len(dt) + window)
     qs = rng.standard_normal((rows, h * d)).astype(np.float32)
@@ -99,7 +100,7 @@ def test_cache_attention_chunks_and_steps(dt, window, cap) -> None:
     vs = rng.standard_normal((rows, hkv * d)).astype(np.float32)
     kr, vr = _rows(ks, dt, hkv), _rows(vs, dt, hkv)
     rq = (lambda x: x) if dt in ("f32", "i8") else (lambda x: x.astype(NP[dt]).astype(np.float64))
-    chunks = [(0, 5), (5, 130), (130, 131), (131, 290), *[(p, p + 1) for p in range(290, rows)]]
+    chunks = [(0, 5), (5, 130), (130, 131), (131, 1020), *[(p, p + 1) for p in range(1020, rows)]]
     for a, b in chunks:
         feed = {"q": qs[None, a:b], "k": ks[None, a:b], "v": vs[None, a:b]}
         feed["positions"] = np.arange(a, b)
@@ -162,11 +163,11 @@ def test_slot_cache_attention_native(dt, window) -> None:
     bad call (a slot out of range; two tokens on one row) that raises and writes
     nothing: each token against the f64 oracle over its slot's rows; 2 threads give the
     same bits as 1."""
-    h, hkv, d, nslots, rows = 4, 2, 64, 4, 200
+    h, hkv, d, nslots, rows = 4, 2, 128, 4, 600
     cgs = [_slot_graph(h, hkv, d, nslots, rows, dt, t, window) for t in (1, 2)]
     rng = np.random.default_rng(9)
     keys, vals = np.zeros((nslots, rows, hkv * d)), np.zeros((nslots, rows, hkv * d))
-    lens = [150, 3, 131, 40]
+    lens = [550, 3, 531, 40]  # decode steps of all 4: enough work for 2 threads
     rq = (lambda x: x) if dt == "f32" else (lambda x: x.astype(NP[dt]).astype(np.float64))
 
     def call(positions, slots, check=True):  # type: ignore[no-untyped-def]
@@ -193,7 +194,7 @@ def test_slot_cache_attention_native(dt, window) -> None:
         call([p for s in part for p in range(lens[s])], [s for s in part for _ in range(lens[s])])
     for step in range(3):
         call([n + step for n in lens], [0, 1, 2, 3])
-    for bad in (([160, 9], [0, 4]), ([160, 160], [0, 0])):
+    for bad in (([560, 9], [0, 4]), ([560, 560], [0, 0])):
         feed = call(*bad, check=False)
         for c in cgs:
             with pytest.raises(InputError, match=r"slot_cache_attention %\d+: token"):
