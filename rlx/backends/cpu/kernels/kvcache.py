@@ -3,28 +3,29 @@
 Both attention ops pass their ``softcap`` (0: off) to the native kernel, which caps the
 scaled scores before the mask; the NumPy fallback does the same with ``softcap_scores``.
 
-``cache_attention``: each run reads ``positions`` (start ``p``, checked), copies the ``S``
-new k / v rows into rows ``p..p+S-1`` of the cache params' private storage (the cache
-update: ``S`` rows, never the whole cache), then runs the fused native attention kernel
-(``native/csrc/attention.c``, the one ``attention`` uses) on ``q`` against the cache's
-first ``p+S`` rows, with its end-aligned causal / sliding-window mask; the valid length is
-a run-time argument, so one schedule serves every position. A bf16 / f16 cache: the new
-rows are rounded into it, q is rounded into a scratch of that dtype and the kernel's
-output (that dtype) is widened into the f32 output, as the op's reference models; the
-kernel reads the low-precision cache directly. An int8 cache (with its ``k_scale`` /
-``v_scale`` params): the new rows are quantized per row and head into it
-(``quantize_heads``), then the valid prefix is dequantized into f32 scratch rows (one pair
-of scratch caches per schedule, shared by the layers) and the f32 native kernel runs on
-them. Without the native library
-(or ``native=False``) the same attention is computed with NumPy. The cache params must not
-be given by the caller (the runtime's zeroed storage is the cache): a given one is a
-CompileError naming it.
+``cache_attention``: one native call per run (``native/csrc/cache_attention.c``, built
+into the attention library of the cache's dtype; a ``native_call``, so the native schedule
+runs a whole decode step, every layer, as one C call): it checks ``positions`` (start
+``p``), writes the ``S`` new k / v rows into rows ``p..p+S-1`` of the cache params' private
+storage (never the whole cache) and attends over the first ``p+S`` rows with the
+end-aligned causal / sliding-window mask. Bad positions: the call returns 1 having written
+nothing and the Python check (``cache_start``) raises the op's InputError. A bf16 / f16
+cache: the new rows and q are rounded to its dtype and the output is rounded once, as the
+op's reference models. An int8 cache (with its ``k_scale`` / ``v_scale`` params): the new
+rows are quantized as ``quantize_heads``; a decode step reads the int8 rows block by block
+inside the kernel, a prompt chunk dequantizes the valid prefix into f32 scratch rows (one
+pair per schedule) in C. Decode (S = 1) runs a kernel vectorized over head_dim with the
+keys split in fixed chunks over the threads (exact merge; the same bits at any thread
+count); S > 1 runs the fused attention kernel (``csrc/attention.c``). Without the native
+library (or ``native=False``, or a non-contiguous view) the same is computed with NumPy.
+The cache params must not be given by the caller (the runtime's zeroed storage is the
+cache): a given one is a CompileError naming it.
 
-``slot_cache_attention``: each run checks the tokens' slots and positions (``slot_runs``),
-writes every token's k / v row into its slot's row, then runs the same native attention
-once per run of tokens (one slot, consecutive positions: a decode token is a run of one,
-a prompt chunk one run) over that slot's first ``p+S`` rows; low-precision caches and the
-NumPy fallback as above.
+``slot_cache_attention``: the same as one native call for all tokens (int64 positions and
+slots): checks every token's slot and position (1, nothing written, then ``slot_runs``
+raises), writes every token's rows into its slot, then attends each run of tokens (one
+slot, consecutive positions): the runs of one token (decode) all in one parallel call of
+the decode kernel, longer runs (a prompt chunk) through the fused kernel.
 
 ``dequant_gather``: the ids' packed rows are decoded with ``rlx.formats.gguf`` into the
 output view (only those rows: one row per token).
