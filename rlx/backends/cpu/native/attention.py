@@ -9,6 +9,10 @@ through :class:`AttentionLib`.
 ``RLX_ISA``) and a dtype: the AVX-512 or AVX2 intrinsics path or plain C, as the
 target's flags define; :attr:`AttentionLib.path` names it (``avx512`` / ``avx2`` /
 ``c``). f16 needs F16C, so the portable target has no f16 library (CompileError).
+
+Each library also holds the KV-cache entries of ``csrc/cache_attention.c`` (appended to
+the kernel): ``rlx_cache_attention``, ``rlx_cache_attention_i8`` (the f32 library) and
+``rlx_slot_cache_attention``, bound by ``kernels/kvcache.py`` as :class:`CacheCall` objects.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from rlx.dtype import is_bf16
 from rlx.errors import CompileError, InputError
 from rlx.ops.nn import MaskType
 
-__all__ = ["AttentionLib", "attention_lib", "MASK_CODES"]
+__all__ = ["AttentionLib", "attention_lib", "MASK_CODES", "CacheCall"]
 
 
 #: the C kernel's mask codes
