@@ -3,28 +3,29 @@
 Both attention ops pass their ``softcap`` (0: off) to the native kernel, which caps the
 scaled scores before the mask; the NumPy fallback does the same with ``softcap_scores``.
 
-``cache_attention``: each run reads ``positions`` (start ``p``, checked), copies the ``S``
-new k / v rows into rows ``p..p+S-1`` of the cache params' private storage (the cache
-update: ``S`` rows, never the whole cache), then runs the fused native attention kernel
-(``native/csrc/attention.c``, the one ``attention`` uses) on ``q`` against the cache's
-first ``p+S`` rows, with its end-aligned causal / sliding-window mask; the valid length is
-a run-time argument, so one schedule serves every position. A bf16 / f16 cache: the new
-rows are rounded into it, q is rounded into a scratch of that dtype and the kernel's
-output (that dtype) is widened into the f32 output, as the op's reference models; the
-kernel reads the low-precision cache directly. An int8 cache (with its ``k_scale`` /
-``v_scale`` params): the new rows are quantized per row and head into it
-(``quantize_heads``), then the valid prefix is dequantized into f32 scratch rows (one pair
-of scratch caches per schedule, shared by the layers) and the f32 native kernel runs on
-them. Without the native library
-(or ``native=False``) the same attention is computed with NumPy. The cache params must not
-be given by the caller (the runtime's zeroed storage is the cache): a given one is a
-CompileError naming it.
+``cache_attention``: one native call per run (``native/csrc/cache_attention.c``, built
+into the attention library of the cache's dtype; a ``native_call``, so the native schedule
+runs a whole decode step, every layer, as one C call): it checks ``positions`` (start
+``p``), writes the ``S`` new k / v rows into rows ``p..p+S-1`` of the cache params' private
+storage (never the whole cache) and attends over the first ``p+S`` rows with the
+end-aligned causal / sliding-window mask. Bad positions: the call returns 1 having written
+nothing and the Python check (``cache_start``) raises the op's InputError. A bf16 / f16
+cache: the new rows and q are rounded to its dtype and the output is rounded once, as the
+op's reference models. An int8 cache (with its ``k_scale`` / ``v_scale`` params): the new
+rows are quantized as ``quantize_heads``; a decode step reads the int8 rows block by block
+inside the kernel, a prompt chunk dequantizes the valid prefix into f32 scratch rows (one
+pair per schedule) in C. Decode (S = 1) runs a kernel vectorized over head_dim with the
+keys split in fixed chunks over the threads (exact merge; the same bits at any thread
+count); S > 1 runs the fused attention kernel (``csrc/attention.c``). Without the native
+library (or ``native=False``, or a non-contiguous view) the same is computed with NumPy.
+The cache params must not be given by the caller (the runtime's zeroed storage is the
+cache): a given one is a CompileError naming it.
 
-``slot_cache_attention``: each run checks the tokens' slots and positions (``slot_runs``),
-writes every token's k / v row into its slot's row, then runs the same native attention
-once per run of tokens (one slot, consecutive positions: a decode token is a run of one,
-a prompt chunk one run) over that slot's first ``p+S`` rows; low-precision caches and the
-NumPy fallback as above.
+``slot_cache_attention``: the same as one native call for all tokens (int64 positions and
+slots): checks every token's slot and position (1, nothing written, then ``slot_runs``
+raises), writes every token's rows into its slot, then attends each run of tokens (one
+slot, consecutive positions): the runs of one token (decode) all in one parallel call of
+the decode kernel, longer runs (a prompt chunk) through the fused kernel.
 
 ``dequant_gather``: the ids' packed rows are decoded with ``rlx.formats.gguf`` into the
 output view (only those rows: one row per token).
@@ -95,73 +96,87 @@ def _numpy_attention(op: CacheAttention | SlotCacheAttention, q, keys, vals, out
     out[...] = o if dt == np.float32 else o.astype(dt)
 
 
-def _native_block(op: CacheAttention | SlotCacheAttention, q, kc, vc, out, ctx: KernelCtx):  # type: ignore[no-untyped-def]
-    """``(block, qn, on)``: ``block(q_off, c_off, o_off, s, skv)`` runs the native attention
-    of ``s`` query rows (``q_off`` bytes into ``qn``) over ``skv`` cache rows (``c_off``
-    bytes into the caches) into ``on`` (``o_off`` bytes); ``qn`` / ``on`` are q / out or,
-    with a low-precision cache, scratch of its dtype the caller fills / reads. None (with
-    a note) when the native library is not available."""
+def _native_lib(op: CacheAttention | SlotCacheAttention, arrays, kc, ctx: KernelCtx):  # type: ignore[no-untyped-def]
+    """The attention library of the cache's dtype (f32 for an int8 cache), or None (with
+    a note) when it is not available or an array is not C-contiguous."""
     if not ctx.native:
         return None
     what = op.mnemonic
     try:
-        from rlx.backends.cpu.native.attention import MASK_CODES, attention_lib
+        from rlx.backends.cpu.native.attention import attention_lib
 
-        lib = attention_lib(dtype=kc.dtype)
+        lib = attention_lib(dtype=np.float32 if kc.dtype == np.int8 else kc.dtype)
     except CompileError as e:
         ctx.notes.append(f"NumPy {what} (native build: {str(e).splitlines()[0]})")
         return None
-    if not all(x.flags.c_contiguous for x in (q, kc, vc, out)):
+    if not all(x.flags.c_contiguous for x in arrays):
         ctx.notes.append(f"NumPy {what} (a non-contiguous view)")
         return None
-    h, d, hkv = op.num_heads, op.head_dim, op.num_kv_heads
-    low = kc.dtype != np.float32
-    # a low-precision cache: q and the output go through scratch rows of its dtype
-    qn = ctx.scratch(q.shape, kc.dtype, 62) if low else q
-    on = ctx.scratch(out.shape, kc.dtype, 63) if low else out
-    threads = ctx.num_threads if lib.openmp else 1
-    ws = ctx.scratch((lib.workspace_floats(d, threads),), np.float32, 61)
-    code = MASK_CODES[cache_mask(op.window).type]
-    fn = lib.lib.rlx_attention
-    qp, kp, vp, op_ = qn.ctypes.data, kc.ctypes.data, vc.ctypes.data, on.ctypes.data
-    scale, cap = ctypes.c_float(op.effective_scale), ctypes.c_float(op.softcap)
-    tail = (h, hkv, d, scale, cap, code, op.window, None, 0, 0, 0, 0, ws.ctypes.data, ws.size)
-    keep = (q, kc, vc, out, ws, qn, on)
-
-    def block(q_off: int, c_off: int, o_off: int, s: int, skv: int) -> None:
-        t = threads if s * skv * h * d >= 1 << 18 else 1
-        rc = fn(qp + q_off, kp + c_off, vp + c_off, op_ + o_off, 1, s, skv, *tail, t)
-        if rc:
-            raise CompileError(f"{what}: the attention workspace is too small")
-
-    block.keep = keep  # type: ignore[attr-defined]  # the arrays outlive the pointers
-    ctx.notes.append(
-        f"native {what} over {kc.shape[1]} {kc.dtype} rows ({lib.path}, {threads} threads)"
-    )
-    return block, qn, on
+    return lib
 
 
-def _native_call(op: CacheAttention, q, kc, vc, out, ctx: KernelCtx):  # type: ignore[no-untyped-def]
-    """``call(p_plus_s)`` running the native attention over the caches' first rows, or
-    None (with a note) when the native library is not available."""
-    got = _native_block(op, q, kc, vc, out, ctx)
-    if got is None:
+def _fail(what: str, check: Callable[[], object]) -> Callable[[int], None]:
+    """``on_error(rc)`` of a native cache call: rc 1 re-runs the Python ``check`` (which
+    raises the op's InputError), -1 is the workspace."""
+
+    def on_error(rc: int) -> None:
+        if rc == 1:
+            check()
+        raise CompileError(f"{what}: the native cache attention failed (code {rc})")
+
+    return on_error
+
+
+def _native_cache(  # type: ignore[no-untyped-def]
+    node: Node, op: CacheAttention, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx,
+    kc, vc,
+):  # fmt: skip
+    """One native call (``csrc/cache_attention.c``) that checks the positions, writes the
+    new rows and attends (an int8 cache: quantizes them and attends over the int8 rows),
+    or None when it cannot run here."""
+    from rlx.backends.cpu.native.attention import CacheCall
+
+    q, k, v, _, _, positions = ins[:6]
+    i8 = kc.dtype == np.int8
+    scales = (_cache_storage(node, ctx, 6), _cache_storage(node, ctx, 7)) if i8 else ()
+    arrays = (q, k, v, positions, kc, vc, out, *scales)
+    lib = _native_lib(op, arrays, kc, ctx)
+    if lib is None or positions.dtype not in (np.int32, np.int64):
         return None
-    block, qn, on = got
     b, s, _ = q.shape
-    low = qn is not q
-    row, qrow, orow = kc.strides[0], qn.strides[0], on.strides[0]
-
-    def call(skv: int) -> None:
-        # one batch row at a time: the first skv rows of a batch's cache are contiguous
-        if low:
-            qn[...] = q
-        for i in range(b):
-            block(i * qrow, i * row, i * orow, s, skv)
-        if low:
-            out[...] = on
-
-    return call
+    cap = kc.shape[1]
+    h, d, hkv = op.num_heads, op.head_dim, op.num_kv_heads
+    threads = ctx.num_threads if lib.openmp else 1
+    nws = int(lib.lib.rlx_cache_ws_floats(b, cap, h, hkv, d, threads))
+    ws = ctx.scratch((nws,), np.float32, 61)
+    head = (q.ctypes.data, k.ctypes.data, v.ctypes.data, positions.ctypes.data,
+            int(positions.dtype == np.int64), kc.ctypes.data, vc.ctypes.data)  # fmt: skip
+    dims = (b, s, cap, h, hkv, d, ctypes.c_float(op.effective_scale), ctypes.c_float(op.softcap))
+    keep: tuple = (*arrays, ws)
+    if i8:
+        # S > 1 dequantizes the valid prefix into f32 scratch rows (shared by the layers)
+        kf = ctx.scratch(kc.shape, np.float32, 64) if s > 1 else None
+        vf = ctx.scratch(vc.shape, np.float32, 65) if s > 1 else None
+        ks, vs = scales
+        fn = lib.lib.rlx_cache_attention_i8
+        args = (*head, ks.ctypes.data, vs.ctypes.data, ks.shape[-1], out.ctypes.data, *dims,
+                op.window, None if kf is None else kf.ctypes.data,
+                None if vf is None else vf.ctypes.data, ws.ctypes.data, ws.size, threads)  # fmt: skip
+        keep += (kf, vf)
+    else:
+        low = kc.dtype != np.float32  # q / the output go through scratch of its dtype
+        qn = ctx.scratch(q.shape, kc.dtype, 62) if low and s > 1 else None
+        on = ctx.scratch(out.shape, kc.dtype, 63) if low and s > 1 else None
+        fn = lib.lib.rlx_cache_attention
+        args = (*head, out.ctypes.data, *dims, op.window,
+                None if qn is None else qn.ctypes.data, None if on is None else on.ctypes.data,
+                ws.ctypes.data, ws.size, threads)  # fmt: skip
+        keep += (qn, on)
+    what = f"cache_attention %{node.id}"
+    ctx.notes.append(
+        f"native {op.mnemonic} over {cap} {kc.dtype} rows ({lib.path}, {threads} threads)"
+    )
+    return CacheCall(fn, args, keep, _fail(what, lambda: cache_start(what, positions, s, cap)))
 
 
 @kind(KernelKind.NATIVE)
@@ -173,49 +188,30 @@ def cache_attention_kernel(
     q, k, v, _, _, positions = ins[:6]
     kc, vc = _cache_storage(node, ctx, 3), _cache_storage(node, ctx, 4)
     s, cap = q.shape[1], kc.shape[1]
+    native = _native_cache(node, op, ins, out, ctx, kc, vc)
+    if native is not None:
+        return native
+    ctx.kind = KernelKind.NUMPY
+    what = f"cache_attention %{node.id}"
     if kc.dtype == np.int8:
-        return _int8_cache_kernel(node, op, ins, out, ctx, kc, vc)
-    native: Callable[[int], None] | None = _native_call(op, q, kc, vc, out, ctx)
-    if native is None:
-        ctx.kind = KernelKind.NUMPY
+        ks, vs = _cache_storage(node, ctx, 6), _cache_storage(node, ctx, 7)
+        groups = ks.shape[-1]
+
+        def run_i8() -> None:
+            p = cache_start(what, positions, s, cap)
+            kc[:, p : p + s], ks[:, p : p + s] = quantize_heads(k, groups)
+            vc[:, p : p + s], vs[:, p : p + s] = quantize_heads(v, groups)
+            kf = dequantize_heads(kc[:, : p + s], ks[:, : p + s])
+            vf = dequantize_heads(vc[:, : p + s], vs[:, : p + s])
+            _numpy_attention(op, q, kf, vf, out)
+
+        return run_i8
 
     def run() -> None:
-        p = cache_start(f"cache_attention %{node.id}", positions, s, cap)
+        p = cache_start(what, positions, s, cap)
         kc[:, p : p + s] = k
         vc[:, p : p + s] = v
-        if native is not None:
-            native(p + s)
-        else:
-            _numpy_attention(op, q, kc[:, : p + s], vc[:, : p + s], out)
-
-    return run
-
-
-def _int8_cache_kernel(  # type: ignore[no-untyped-def]
-    node: Node, op: CacheAttention, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx,
-    kc, vc,
-) -> Kernel:  # fmt: skip
-    """The int8 cache: quantize the new rows in, dequantize the valid prefix into f32
-    scratch, attend over it (module docstring)."""
-    q, k, v, _, _, positions = ins[:6]
-    ks, vs = _cache_storage(node, ctx, 6), _cache_storage(node, ctx, 7)
-    s, cap, groups = q.shape[1], kc.shape[1], ks.shape[-1]
-    kf = ctx.scratch(kc.shape, np.float32, 64)
-    vf = ctx.scratch(vc.shape, np.float32, 65)
-    native = _native_call(op, q, kf, vf, out, ctx)
-    if native is None:
-        ctx.kind = KernelKind.NUMPY
-
-    def run() -> None:
-        p = cache_start(f"cache_attention %{node.id}", positions, s, cap)
-        kc[:, p : p + s], ks[:, p : p + s] = quantize_heads(k, groups)
-        vc[:, p : p + s], vs[:, p : p + s] = quantize_heads(v, groups)
-        kf[:, : p + s] = dequantize_heads(kc[:, : p + s], ks[:, : p + s])
-        vf[:, : p + s] = dequantize_heads(vc[:, : p + s], vs[:, : p + s])
-        if native is not None:
-            native(p + s)
-        else:
-            _numpy_attention(op, q, kf[:, : p + s], vf[:, : p + s], out)
+        _numpy_attention(op, q, kc[:, : p + s], vc[:, : p + s], out)
 
     return run
 
@@ -230,31 +226,42 @@ def slot_cache_attention_kernel(
     q, k, v, _, _, positions, slots = ins
     kc, vc = _cache_storage(node, ctx, 3), _cache_storage(node, ctx, 4)
     nslots, cap = kc.shape[0], kc.shape[1]
-    got = _native_block(op, q, kc, vc, out, ctx)
-    if got is None:
-        ctx.kind = KernelKind.NUMPY
     what = f"slot_cache_attention %{node.id}"
+    lib = _native_lib(op, (q, k, v, positions, slots, kc, vc, out), kc, ctx)
+    if lib is not None and positions.dtype == np.int64 and slots.dtype == np.int64:
+        from rlx.backends.cpu.native.attention import CacheCall
+
+        t = q.shape[1]
+        h, d, hkv = op.num_heads, op.head_dim, op.num_kv_heads
+        threads = ctx.num_threads if lib.openmp else 1
+        nws = int(lib.lib.rlx_cache_ws_floats(t, cap, h, hkv, d, threads))
+        ws = ctx.scratch((nws,), np.float32, 61)
+        low = kc.dtype != np.float32
+        qn = ctx.scratch(q.shape, kc.dtype, 62) if low and t > 1 else None
+        on = ctx.scratch(out.shape, kc.dtype, 63) if low and t > 1 else None
+        args = (q.ctypes.data, k.ctypes.data, v.ctypes.data, positions.ctypes.data,
+                slots.ctypes.data, kc.ctypes.data, vc.ctypes.data, out.ctypes.data, t, nslots,
+                cap, h, hkv, d, ctypes.c_float(op.effective_scale), ctypes.c_float(op.softcap),
+                op.window, None if qn is None else qn.ctypes.data,
+                None if on is None else on.ctypes.data, ws.ctypes.data, ws.size, threads)  # fmt: skip
+        keep = (q, k, v, positions, slots, kc, vc, out, ws, qn, on)
+        ctx.notes.append(
+            f"native {op.mnemonic} over {nslots}x{cap} {kc.dtype} rows ({lib.path}, "
+            f"{threads} threads)"
+        )
+        check = _fail(what, lambda: slot_runs(what, positions, slots, nslots, cap))
+        return CacheCall(lib.lib.rlx_slot_cache_attention, args, keep, check)
+    ctx.kind = KernelKind.NUMPY
 
     def run() -> None:
         runs = slot_runs(what, positions, slots, nslots, cap)
         sl, ps = slots.astype(np.int64, copy=False), positions.astype(np.int64, copy=False)
         kc[sl, ps] = k[0]
         vc[sl, ps] = v[0]
-        if got is None:
-            for t0, t1, j, p0 in runs:
-                end = p0 + t1 - t0
-                _numpy_attention(op, q[:, t0:t1], kc[j : j + 1, :end], vc[j : j + 1, :end],
-                                 out[:, t0:t1])  # fmt: skip
-            return
-        block, qn, on = got
-        low = qn is not q
-        if low:
-            qn[...] = q
-        qrow, crow, orow = qn.strides[1], kc.strides[0], on.strides[1]
         for t0, t1, j, p0 in runs:
-            block(t0 * qrow, j * crow, t0 * orow, t1 - t0, p0 + t1 - t0)
-        if low:
-            out[...] = on
+            end = p0 + t1 - t0
+            _numpy_attention(op, q[:, t0:t1], kc[j : j + 1, :end], vc[j : j + 1, :end],
+                             out[:, t0:t1])  # fmt: skip
 
     return run
 

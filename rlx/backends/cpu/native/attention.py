@@ -9,6 +9,10 @@ through :class:`AttentionLib`.
 ``RLX_ISA``) and a dtype: the AVX-512 or AVX2 intrinsics path or plain C, as the
 target's flags define; :attr:`AttentionLib.path` names it (``avx512`` / ``avx2`` /
 ``c``). f16 needs F16C, so the portable target has no f16 library (CompileError).
+
+Each library also holds the KV-cache entries of ``csrc/cache_attention.c`` (appended to
+the kernel): ``rlx_cache_attention``, ``rlx_cache_attention_i8`` (the f32 library) and
+``rlx_slot_cache_attention``, bound by ``kernels/kvcache.py`` as :class:`CacheCall` objects.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from rlx.dtype import is_bf16
 from rlx.errors import CompileError, InputError
 from rlx.ops.nn import MaskType
 
-__all__ = ["AttentionLib", "attention_lib", "MASK_CODES"]
+__all__ = ["AttentionLib", "attention_lib", "MASK_CODES", "CacheCall"]
 
 
 #: the C kernel's mask codes
@@ -171,3 +175,27 @@ def _attention_lib(target: cpu.Target, dtype: np.dtype) -> AttentionLib:
     return AttentionLib(
         bindings.typed(native.load(native.build(source, target, name)), source), dtype
     )
+
+
+class CacheCall:
+    """A bound cache-attention entry of ``csrc/cache_attention.c`` (``rlx_cache_attention``,
+    ``rlx_cache_attention_i8`` or ``rlx_slot_cache_attention``), a kernel of the native
+    schedule. Calling it runs the C function; a non-zero return calls ``on_error(rc)``,
+    which raises (1: bad positions / slots, nothing written; -1: the workspace)."""
+
+    __slots__ = ("fn", "args", "keep", "on_error")
+
+    def __init__(
+        self, fn: Callable[..., int], args: tuple, keep: tuple, on_error: Callable[[int], None]
+    ) -> None:
+        self.fn, self.args, self.keep, self.on_error = fn, args, keep, on_error
+
+    def __call__(self) -> None:
+        rc = self.fn(*self.args)
+        if rc:
+            self.on_error(rc)
+
+    @property
+    def native_call(self) -> tuple[Callable[..., int], tuple, bool]:
+        """This call for the native schedule (``native/schedule.py``): non-zero fails."""
+        return self.fn, self.args, True

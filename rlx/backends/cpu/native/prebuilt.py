@@ -148,7 +148,9 @@ def sgemm_source(vector_math: bool) -> str:
 
 def attention_source(code: int) -> str:
     """The attention library's source for element type ``code`` (0 f32, 1 bf16, 2 f16)."""
-    return f"#define RLX_ATT_DT {code}\n" + csrc_source("attention_vec.c", "attention.c")
+    return f"#define RLX_ATT_DT {code}\n" + csrc_source(
+        "attention_vec.c", "attention.c", "cache_attention.c"
+    )
 
 
 @dataclass(frozen=True)
