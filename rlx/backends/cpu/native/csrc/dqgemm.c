@@ -64,8 +64,9 @@ static inline void pf_range(const uint8_t **next, const uint8_t *from, const uin
 }
 
 static inline void prefetch_rows(const dq_t *s, prefetcher *pf, long n) {
-    const uint8_t *row = s->w + n * s->row_bytes;
-    pf_range(&pf->next, row, row + s->row_bytes + PF_AHEAD);
+    const uint8_t *row = dq_row(s, n);
+    long span = s->row_bytes / s->bb * dq_bst(s, n); /* a row's bytes, its group's when interleaved */
+    pf_range(&pf->next, row, row + span + PF_AHEAD);
     if (s->code == S_I8 || s->code == S_I4) {
         long per = s->nb * 4; /* bytes of scale (and of zp) per row */
         const uint8_t *sc = (const uint8_t *)(s->scale + n * s->nb);
@@ -74,6 +75,28 @@ static inline void prefetch_rows(const dq_t *s, prefetcher *pf, long n) {
         for (long o = 0; o < per; o += 64) __builtin_prefetch(zp + o + PF_AHEAD / 8, 0, 3);
     }
 }
+
+#if FUSED
+/* Rows n0 .. n0 + G - 1 (one unit of the fused GEMV: an interleaved group of R rows, four
+ * plain Q8_0 rows at M = 1, or one row) for M X rows. */
+static void fused_unit(const dq_t *s, long n0, long G, long M, long K, const float *x, long ldx,
+                       const float *px, float *y, long ldy) {
+    if (M == 1 && G % 4 == 0 && s->code == S_Q8_0) {
+        int inter = s->R > 1;
+        for (long r = 0; r < G; r += 4)
+            rows4_q8_0(dq_row(s, n0 + r), inter ? s->bb : s->row_bytes, dq_bst(s, n0), s->nb, x,
+                       y + n0 + r);
+        return;
+    }
+    if (M == 1 && G > 1 && group_ok(s)) {
+        group_rows(s, n0, G, x, px, y + n0);
+        return;
+    }
+    for (long r = 0; r < G; r++)
+        for (long m = 0; m < M; m++)
+            y[m * ldy + n0 + r] = fused_row(s, n0 + r, x + m * ldx, px + m * K, K);
+}
+#endif
 
 /* ---- decode: M < 4 ------------------------------------------------------------------ */
 static int gemv(const dq_t *s, long M, long N, long K, const float *x, long ldx, float *y,
@@ -94,31 +117,22 @@ static int gemv(const dq_t *s, long M, long N, long K, const float *x, long ldx,
         float *px = alloc_f(M * K + 1);
         if (!px) return 1;
         for (long m = 0; m < M; m++) prep_x(s, x + m * ldx, K, px + m * K);
-        if (M == 1 && s->code == S_Q8_0) {
-            /* one X row: four weight rows per pass share the X loads */
-            long g4 = N / 4, gchunk = chunk / 4 < 1 ? 1 : chunk / 4;
-#pragma omp parallel num_threads(threads)
-            {
-                prefetcher pf = {0, 0};
-#pragma omp for schedule(dynamic, gchunk)
-                for (long g = 0; g < g4; g++) {
-                    const uint8_t *row = s->w + 4 * g * s->row_bytes;
-                    pf_range(&pf.next, row, row + 4 * s->row_bytes + PF_AHEAD);
-                    rows4_q8_0(row, s->row_bytes, s->nb, x, y + 4 * g);
-                }
-            }
-            for (long n = 4 * g4; n < N; n++) y[n] = fused_row(s, n, x, px, K);
-            free(px);
-            return 0;
-        }
+        /* units of G rows: an interleaved group (R rows, one sequential stream of R * row
+         * bytes), or four plain Q8_0 rows at M = 1 sharing the X loads, or one row; the
+         * N % G tail rows one by one */
+        long G = s->R > 1 ? s->R : (M == 1 && s->code == S_Q8_0 ? 4 : 1);
+        long full = N - N % G, units = full / G + (N - full);
+        long uchunk = chunk / G < 1 ? 1 : chunk / G;
 #pragma omp parallel num_threads(threads)
         {
             prefetcher pf = {0, 0};
-#pragma omp for schedule(dynamic, chunk)
-            for (long n = 0; n < N; n++) {
-                prefetch_rows(s, &pf, n);
-                for (long m = 0; m < M; m++)
-                    y[m * ldy + n] = fused_row(s, n, x + m * ldx, px + m * K, K);
+#pragma omp for schedule(dynamic, uchunk)
+            for (long u = 0; u < units; u++) {
+                long n0 = u < full / G ? u * G : full + (u - full / G);
+                long g = u < full / G ? G : 1;
+                const uint8_t *p = dq_row(s, n0);
+                pf_range(&pf.next, p, p + g * s->row_bytes + PF_AHEAD);
+                fused_unit(s, n0, g, M, K, x, ldx, px, y, ldy);
             }
         }
         free(px);
@@ -232,9 +246,9 @@ static int gemv_small(const dq_t *s, long M, long N, long K, const float *x, lon
 /* Returns 0 on success, 1 when a scratch buffer could not be allocated, 2 on bad args. */
 int rlx_dq_gemm(int code, long qk, long bb, long M, long N, long K, const float *x, long ldx,
                 const uint8_t *w, long row_bytes, const float *scale, const int32_t *zp,
-                const float *lut, float *y, long ldy, int threads) {
-    if (qk <= 0 || K % qk || M < 0 || N < 0 || threads < 1) return 2;
-    dq_t s = {code, qk, bb, K / qk, row_bytes, w, scale, zp, lut};
+                const float *lut, float *y, long ldy, int threads, int R) {
+    if (qk <= 0 || K % qk || M < 0 || N < 0 || threads < 1 || !dq_r_ok(code, R)) return 2;
+    dq_t s = {code, qk, bb, K / qk, row_bytes, w, scale, zp, lut, N, R};
     if (M == 0 || N == 0) return 0;
     if (K == 0) {
         for (long m = 0; m < M; m++) memset(y + m * ldy, 0, (size_t)N * 4);
@@ -245,12 +259,13 @@ int rlx_dq_gemm(int code, long qk, long bb, long M, long N, long K, const float 
     return gemm_tiled(&s, M, N, K, x, ldx, y, ldy, threads);
 }
 
-/* Decode rows [n0, n0 + rows) fully into out [rows, K] (tests and the reference path). */
+/* Decode rows [n0, n0 + rows) of an [N, K] weight (R rows interleaved) fully into out
+ * [rows, K] (tests and the reference path). */
 int rlx_dq_decode(int code, long qk, long bb, long K, const uint8_t *w, long row_bytes,
                   const float *scale, const int32_t *zp, const float *lut, long n0, long rows,
-                  float *out) {
-    if (qk <= 0 || K % qk) return 2;
-    dq_t s = {code, qk, bb, K / qk, row_bytes, w, scale, zp, lut};
+                  float *out, long N, int R) {
+    if (qk <= 0 || K % qk || !dq_r_ok(code, R)) return 2;
+    dq_t s = {code, qk, bb, K / qk, row_bytes, w, scale, zp, lut, N, R};
     for (long r = 0; r < rows; r++) decode_blocks(&s, n0 + r, 0, s.nb, out + r * K);
     return 0;
 }

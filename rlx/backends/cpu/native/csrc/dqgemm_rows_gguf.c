@@ -133,25 +133,25 @@ static inline __attribute__((always_inline)) void blk_q5_0(const uint8_t *p, con
 }
 #endif
 
-/* a row of 32-weight blocks of `bytes` bytes: two blocks per step into separate
+/* a row of 32-weight blocks st bytes apart: two blocks per step into separate
  * accumulators; xs: the per-32 sums of X (the min term, where the block adds one) */
-#define ROW32(name, blk, bytes)                                                            \
-    static float name(const uint8_t *p, long nb, const float *x, const float *xs) {        \
+#define ROW32(name, blk)                                                                   \
+    static float name(const uint8_t *p, long st, long nb, const float *x, const float *xs) { \
         vf t0 = VZERO(), t1 = VZERO(), t2 = VZERO(), t3 = VZERO();                         \
         float m0 = 0.0f, m1 = 0.0f;                                                        \
         long b = 0;                                                                        \
-        for (; b + 2 <= nb; b += 2, p += 2 * (bytes), x += 64, xs += 2) {                  \
+        for (; b + 2 <= nb; b += 2, p += 2 * st, x += 64, xs += 2) {                       \
             blk(p, x, xs, &t0, &t1, &m0);                                                  \
-            blk(p + (bytes), x + 32, xs + 1, &t2, &t3, &m1);                               \
+            blk(p + st, x + 32, xs + 1, &t2, &t3, &m1);                                    \
         }                                                                                  \
         if (b < nb) blk(p, x, xs, &t0, &t1, &m0);                                          \
         return vhsum(VADD(VADD(t0, t1), VADD(t2, t3))) + (m0 + m1);                        \
     }
-ROW32(row_q4_0, blk_q4_0, 18)
-ROW32(row_q4_1, blk_q4_1, 20)
-ROW32(row_q5_1, blk_q5_1, 24)
+ROW32(row_q4_0, blk_q4_0)
+ROW32(row_q4_1, blk_q4_1)
+ROW32(row_q5_1, blk_q5_1)
 #if VW == 8
-ROW32(row_q5_0_b, blk_q5_0, 22)
+ROW32(row_q5_0_b, blk_q5_0)
 #endif
 
 /* ---- Q2_K / Q3_K: the 2-bit codes of output 128 h + 32 sh + l (l < 32) are bits 2 sh of
@@ -175,13 +175,13 @@ ROW32(row_q5_0_b, blk_q5_0, 22)
 
 /* Q2_K (84-byte blocks: u8 scales[16] (4-bit scale, 4-bit min), u8 qs[64], half d, half
  * dmin): w = d * sc * code - dmin * mn per sub-block of 16; xs: per-16 sums of X */
-static float row_q2_k(const uint8_t *p, long nb, const float *x, const float *xs) {
+static float row_q2_k(const uint8_t *p, long st, long nb, const float *x, const float *xs) {
     vf t0 = VZERO(), t1 = VZERO(), t2 = VZERO(), t3 = VZERO();
     __m256 mins = _mm256_setzero_ps();
     const __m128i m4 = _mm_set1_epi8(15);
     const __m256i m3 = _mm256_set1_epi8(3);
     float dsc[16];
-    for (long b = 0; b < nb; b++, p += 84, x += 256, xs += 16) {
+    for (long b = 0; b < nb; b++, p += st, x += 256, xs += 16) {
         __m128i s8 = _mm_loadu_si128((const __m128i *)p);
         __m128i lo = _mm_and_si128(s8, m4), hi = _mm_and_si128(_mm_srli_epi16(s8, 4), m4);
         __m256 d = _mm256_set1_ps(hf(p + 80)), dm = _mm256_set1_ps(hf(p + 82));
@@ -207,11 +207,11 @@ static float row_q2_k(const uint8_t *p, long nb, const float *x, const float *xs
 /* Q3_K (110-byte blocks: u8 hmask[32], u8 qs[64], u8 scales[12], half d): w = d * scale
  * * code per sub-block of 16 (16 6-bit scales, offset 32), code ((qs bits) | (hmask[l]
  * bit 4 h + sh) << 2) - 4 */
-static float row_q3_k(const uint8_t *p, long nb, const float *x) {
+static float row_q3_k(const uint8_t *p, long st, long nb, const float *x) {
     vf t0 = VZERO(), t1 = VZERO(), t2 = VZERO(), t3 = VZERO();
     const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), c4 = _mm256_set1_epi8(4);
     float dsc[16];
-    for (long b = 0; b < nb; b++, p += 110, x += 256) {
+    for (long b = 0; b < nb; b++, p += st, x += 256) {
         __m256 slo, shi; /* d * scale, as decode_block computes it */
         q3k_scales16(p, hf(p + 108), &slo, &shi);
         _mm256_storeu_ps(dsc, slo);
@@ -233,12 +233,12 @@ static float row_q3_k(const uint8_t *p, long nb, const float *x) {
 /* ---- Q5_K: 176-byte blocks: half d, half dmin, u8 scales[12] (as Q4_K), u8 qh[32], u8
  * qs[128]; output 32 j + l is d * sc_j * (((qs[32 (j / 2) + l] >> 4 (j & 1)) & 15) |
  * ((qh[l] >> j) & 1) << 4) - dmin * m_j. xs: per-32 sums of X --------------------------- */
-static float row_q5_k(const uint8_t *p, long nb, const float *x, const float *xs) {
+static float row_q5_k(const uint8_t *p, long st, long nb, const float *x, const float *xs) {
     vf t0 = VZERO(), t1 = VZERO();
     __m256 mins = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     float dsc[8];
-    for (long b = 0; b < nb; b++, p += 176, x += 256, xs += 8) {
+    for (long b = 0; b < nb; b++, p += st, x += 256, xs += 8) {
         __m256 scf, mf;
         q4k_scales_mins(p, &scf, &mf);
         _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(hf(p)), scf));
@@ -263,6 +263,15 @@ static float row_q5_k(const uint8_t *p, long nb, const float *x, const float *xs
         }
     }
     return vhsum(VADD(t0, t1)) - hsum8(mins);
+}
+
+/* ---- interleaved groups (M = 1) --------------------------------------------------- */
+static int group_ok(const dq_t *s) {
+    (void)s;
+    return 0;
+}
+static void group_rows(const dq_t *s, long n0, long G, const float *x, const float *px, float *y) {
+    (void)s, (void)n0, (void)G, (void)x, (void)px, (void)y;
 }
 
 /* ---- dispatch ---------------------------------------------------------------------- */
@@ -300,26 +309,27 @@ static void prep_x(const dq_t *s, const float *x, long K, float *out) {
 }
 
 static float fused_row(const dq_t *s, long n, const float *x, const float *px, long K) {
-    const uint8_t *p = s->w + n * s->row_bytes;
+    const uint8_t *p = dq_row(s, n);
+    long st = dq_bst(s, n), nb = s->nb;
     switch (s->code) {
-    case S_Q8_0: return row_q8_0(p, s->nb, x);
+    case S_Q8_0: return row_q8_0(p, st, nb, x);
 #if VW == 8
-    case S_Q5_0: return row_q5_0_b(p, s->nb, x, px);
+    case S_Q5_0: return row_q5_0_b(p, st, nb, x, px);
 #else
-    case S_Q5_0: return row_q5_0(p, s->nb, x);
+    case S_Q5_0: return row_q5_0(p, st, nb, x);
 #endif
-    case S_Q4_K: return row_q4_k(p, s->nb, x, px);
-    case S_Q6_K: return row_q6_k(p, s->nb, x);
-    case S_Q4_0: return row_q4_0(p, s->nb, x, px);
-    case S_Q4_1: return row_q4_1(p, s->nb, x, px);
-    case S_Q5_1: return row_q5_1(p, s->nb, x, px);
-    case S_Q2_K: return row_q2_k(p, s->nb, x, px);
-    case S_Q3_K: return row_q3_k(p, s->nb, x);
-    case S_Q5_K: return row_q5_k(p, s->nb, x, px);
+    case S_Q4_K: return row_q4_k(p, st, nb, x, px);
+    case S_Q6_K: return row_q6_k(p, st, nb, x);
+    case S_Q4_0: return row_q4_0(p, st, nb, x, px);
+    case S_Q4_1: return row_q4_1(p, st, nb, x, px);
+    case S_Q5_1: return row_q5_1(p, st, nb, x, px);
+    case S_Q2_K: return row_q2_k(p, st, nb, x, px);
+    case S_Q3_K: return row_q3_k(p, st, nb, x);
+    case S_Q5_K: return row_q5_k(p, st, nb, x, px);
     case S_I8:
-        return row_i8((const int8_t *)p, s->scale + n * s->nb, s->zp + n * s->nb, s->nb, s->qk, x);
+        return row_i8((const int8_t *)p, s->scale + n * nb, s->zp + n * nb, nb, s->qk, x);
     default:
-        return row_i4(p, s->scale + n * s->nb, s->zp + n * s->nb, s->nb, s->qk, px, px + K / 2);
+        return row_i4(p, s->scale + n * nb, s->zp + n * nb, nb, s->qk, px, px + K / 2);
     }
 }
 #endif
