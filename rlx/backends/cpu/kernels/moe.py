@@ -75,8 +75,13 @@ def dequant_grouped_matmul_kernel(
     xs = ctx.scratch((m, k), np.float32, 80)  # x's rows sorted by expert
     ys = ctx.scratch((m, n), np.float32, 81)  # their results
     ids = ctx.scratch((m,), np.int64, 82)
-    slabs = [w[e] for e in range(e_count)]  # views: no copy, no decode
     scheme = op.scheme
+    rows = 1
+    if lib is not None:
+        from rlx.backends.cpu.kernels.quant import repacked_weight
+
+        w, rows = repacked_weight(ctx, node, 1, scheme, w, lib)  # every expert interleaved
+    slabs = [w[e] for e in range(e_count)]  # views: no copy, no decode
     ctx.notes.append(
         f"dequant_grouped_matmul %{node.id}: rows grouped by expert, "
         + (f"native {scheme} dequant GEMM per selected expert" if lib else "decode + BLAS")
@@ -99,7 +104,13 @@ def dequant_grouped_matmul_kernel(
             e = int(sorted_ids[lo])
             if lib is not None:
                 lib.gemm(
-                    scheme, xs[lo:hi], (slabs[e],), ys[lo:hi], num_threads=threads, check=False
+                    scheme,
+                    xs[lo:hi],
+                    (slabs[e],),
+                    ys[lo:hi],
+                    num_threads=threads,
+                    check=False,
+                    rows=rows,
                 )
             else:
                 np.matmul(xs[lo:hi], dequantize_weight(scheme, slabs[e]).T, out=ys[lo:hi])

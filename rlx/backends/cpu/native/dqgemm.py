@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -48,6 +50,9 @@ __all__ = [
     "repack_rows",
     "repack",
     "unrepack",
+    "repack_enabled",
+    "release_mapped",
+    "file_mapped",
 ]
 
 
@@ -222,6 +227,62 @@ def repack(
     res[:full].reshape(full // rows, nb, rows, bb)[...] = src.transpose(0, 2, 1, 3)
     res[full:] = packed[full:]
     return res
+
+
+def repack_enabled() -> bool:
+    """RLX_DQ_REPACK: ``1`` (default) repacks GGUF weights at load into the interleaved
+    layout of the selected target (:func:`repack_rows`), ``0`` keeps them as stored."""
+    v = os.environ.get("RLX_DQ_REPACK", "1").strip()
+    if v not in ("0", "1"):
+        raise InputError(f"RLX_DQ_REPACK must be 0 or 1, given {v!r}")
+    return v == "1"
+
+
+def _mapping(arr: np.ndarray) -> mmap.mmap | None:
+    """The read-only file mapping ``arr``'s memory belongs to, if any."""
+    base: object = arr
+    while base is not None:
+        if isinstance(base, mmap.mmap):
+            return base
+        if isinstance(base, np.memmap) and isinstance(getattr(base, "_mmap", None), mmap.mmap):
+            return base._mmap  # type: ignore[no-any-return]
+        if isinstance(base, memoryview):
+            base = base.obj
+        else:
+            base = getattr(base, "base", None)
+    return None
+
+
+def file_mapped(arr: np.ndarray) -> bool:
+    """Whether ``arr`` is a read-only view of a read-only (shared) file mapping, whose
+    pages :func:`release_mapped` can drop."""
+    mm = _mapping(arr)
+    if mm is None or arr.flags.writeable or not hasattr(mm, "madvise"):
+        return False
+    with memoryview(mm) as view:
+        return bool(view.readonly)
+
+
+def release_mapped(arr: np.ndarray) -> bool:
+    """Drop the resident pages of ``arr`` when it is a view of a read-only file mapping
+    (a GGUF file that was repacked: its bytes are read again from the file only if
+    something else reads them). Returns whether it did; any other memory is left alone."""
+    mm = _mapping(arr)
+    if mm is None or not file_mapped(arr):  # a private mapping may hold changed pages
+        return False
+    try:
+        start = np.frombuffer(mm, np.uint8).ctypes.data
+    except (TypeError, ValueError):
+        return False
+    page = mmap.PAGESIZE
+    lo = arr.ctypes.data - start
+    hi = lo + arr.nbytes
+    lo = -(-lo // page) * page
+    hi = hi // page * page
+    if lo < 0 or hi <= lo or hi > len(mm):
+        return False
+    mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    return True
 
 
 def unrepack(scheme: S.QuantScheme, packed: np.ndarray, n: int, k: int, rows: int) -> np.ndarray:
