@@ -64,9 +64,12 @@ static inline void pf_range(const uint8_t **next, const uint8_t *from, const uin
 }
 
 static inline void prefetch_rows(const dq_t *s, prefetcher *pf, long n) {
+    /* interleaved: row r of a group reads the whole group, whose first r + 1 rows' worth
+     * of bytes (and PF_AHEAD more) are kept prefetched: the group's lines spread over its
+     * rows, not issued in one burst */
     const uint8_t *row = dq_row(s, n);
-    long span = s->row_bytes / s->bb * dq_bst(s, n); /* a row's bytes, its group's when interleaved */
-    pf_range(&pf->next, row, row + span + PF_AHEAD);
+    long r = dq_bst(s, n) > s->bb ? n % s->R : 0;
+    pf_range(&pf->next, row, row - r * s->bb + (r + 1) * s->row_bytes + PF_AHEAD);
     if (s->code == S_I8 || s->code == S_I4) {
         long per = s->nb * 4; /* bytes of scale (and of zp) per row */
         const uint8_t *sc = (const uint8_t *)(s->scale + n * s->nb);
@@ -79,22 +82,23 @@ static inline void prefetch_rows(const dq_t *s, prefetcher *pf, long n) {
 #if FUSED
 /* Rows n0 .. n0 + G - 1 (one unit of the fused GEMV: an interleaved group of R rows, four
  * plain Q8_0 rows at M = 1, or one row) for M X rows. */
-static void fused_unit(const dq_t *s, long n0, long G, long M, long K, const float *x, long ldx,
-                       const float *px, float *y, long ldy) {
+static void fused_unit(const dq_t *s, prefetcher *pf, long n0, long G, long M, long K,
+                       const float *x, long ldx, const float *px, float *y, long ldy) {
     if (M == 1 && G % 4 == 0 && s->code == S_Q8_0) {
         int inter = s->R > 1;
-        for (long r = 0; r < G; r += 4)
+        for (long r = 0; r < G; r += 4) {
+            if (inter) prefetch_rows(s, pf, n0 + r + 3); /* rows 0 .. r + 3 of the group */
+            else pf_range(&pf->next, dq_row(s, n0), dq_row(s, n0) + 4 * s->row_bytes + PF_AHEAD);
             rows4_q8_0(dq_row(s, n0 + r), inter ? s->bb : s->row_bytes, dq_bst(s, n0), s->nb, x,
                        y + n0 + r);
+        }
         return;
     }
-    if (M == 1 && G > 1 && group_ok(s)) {
-        group_rows(s, n0, G, x, px, y + n0);
-        return;
-    }
-    for (long r = 0; r < G; r++)
+    for (long r = 0; r < G; r++) {
+        prefetch_rows(s, pf, n0 + r);
         for (long m = 0; m < M; m++)
             y[m * ldy + n0 + r] = fused_row(s, n0 + r, x + m * ldx, px + m * K, K);
+    }
 }
 #endif
 
@@ -130,9 +134,7 @@ static int gemv(const dq_t *s, long M, long N, long K, const float *x, long ldx,
             for (long u = 0; u < units; u++) {
                 long n0 = u < full / G ? u * G : full + (u - full / G);
                 long g = u < full / G ? G : 1;
-                const uint8_t *p = dq_row(s, n0);
-                pf_range(&pf.next, p, p + g * s->row_bytes + PF_AHEAD);
-                fused_unit(s, n0, g, M, K, x, ldx, px, y, ldy);
+                fused_unit(s, &pf, n0, g, M, K, x, ldx, px, y, ldy);
             }
         }
         free(px);

@@ -1,4 +1,4 @@
-/* dqgemm part 6 of 6 (see dqgemm.c): the integer path, activations quantized to q8 (as
+/* dqgemm part 6 of 7 (see dqgemm.c): the integer path, activations quantized to q8 (as
  * llama.cpp's vec_dot kernels), for every GGUF layout but Q8_K.
  *
  * Activations: each X row is quantized once per call, per block of 32 inputs, to int8
@@ -683,6 +683,12 @@ static int q8_direct_ok(int code, long M) {
 }
 #endif
 
+#if VW >= 8 /* interleaved groups at M = 1 (dqgemm_q8_group.c, concatenated after this file) */
+static int q8_group_ok(const dq_t *s, long M);
+static void gemv_q8_group(const dq_t *s, long N, const int8_t *xq, const float *dx,
+                          const float *s32, float *y, int threads, long chunk);
+#endif
+
 /* Y = X @ dequant(W)^T with X quantized to q8 (see the top of this file) */
 static int gemm_q8(const dq_t *s, long M, long N, long K, const float *x, long ldx, float *y,
                    long ldy, int threads) {
@@ -703,7 +709,9 @@ static int gemm_q8(const dq_t *s, long M, long N, long K, const float *x, long l
         if (chunk < 1) chunk = 1;
 #if VW >= 8
         int direct = q8_direct_ok(s->code, M);
-        if (direct) gemv_q8_direct(s, M, N, K, xq, dx, xs16, xs32, y, ldy, threads, chunk);
+        if (direct && q8_group_ok(s, M)) gemv_q8_group(s, N, xq, dx, xs32, y, threads, chunk);
+        else if (direct)
+            gemv_q8_direct(s, M, N, K, xq, dx, xs16, xs32, y, ldy, threads, chunk);
 #else
         int direct = 0;
 #endif

@@ -265,15 +265,6 @@ static float row_q5_k(const uint8_t *p, long st, long nb, const float *x, const 
     return vhsum(VADD(t0, t1)) - hsum8(mins);
 }
 
-/* ---- interleaved groups (M = 1) --------------------------------------------------- */
-static int group_ok(const dq_t *s) {
-    (void)s;
-    return 0;
-}
-static void group_rows(const dq_t *s, long n0, long G, const float *x, const float *px, float *y) {
-    (void)s, (void)n0, (void)G, (void)x, (void)px, (void)y;
-}
-
 /* ---- dispatch ---------------------------------------------------------------------- */
 static int fused_ok(const dq_t *s) {
     switch (s->code) {
