@@ -94,6 +94,10 @@ static void fused_unit(const dq_t *s, prefetcher *pf, long n0, long G, long M, l
         }
         return;
     }
+    if (G > 1 && group_ok(s, M)) { /* one pass, prefetching as it goes (dqgemm_rows_gguf.c) */
+        group_rows(s, n0, x, px, y + n0);
+        return;
+    }
     for (long r = 0; r < G; r++) {
         prefetch_rows(s, pf, n0 + r);
         for (long m = 0; m < M; m++)

@@ -154,6 +154,62 @@ ROW32(row_q5_1, blk_q5_1)
 ROW32(row_q5_0_b, blk_q5_0)
 #endif
 
+#ifndef PF_AHEAD
+#define PF_AHEAD 4096 /* as dqgemm.c: bytes of the stream kept prefetched ahead */
+#endif
+/* G interleaved rows (block b of the G rows consecutive, blocks `bytes` apart) in one
+ * pass: each X vector load shared by the G rows, two accumulators per row, the block scale
+ * applied per block as in ROW32, one horizontal sum per row at the end */
+#define GROUP32(name, blk, bytes)                                                          \
+    static inline __attribute__((always_inline)) void name##_g(                            \
+        int G, const uint8_t *p, long nb, const float *x, const float *xs, float *y) {     \
+        vf t0[8], t1[8];                                                                   \
+        float mt[8];                                                                       \
+        for (int r = 0; r < G; r++) t0[r] = t1[r] = VZERO(), mt[r] = 0.0f;                \
+        for (long b = 0; b < nb; b++, p += G * (bytes), x += 32, xs++) {                   \
+            for (int o = 0; o < G * (bytes); o += 64) __builtin_prefetch(p + PF_AHEAD + o, 0, 3); \
+            for (int r = 0; r < G; r++) blk(p + r * (bytes), x, xs, &t0[r], &t1[r], &mt[r]); \
+        }                                                                                  \
+        for (int r = 0; r < G; r++) y[r] = vhsum(VADD(t0[r], t1[r])) + mt[r];              \
+    }                                                                                      \
+    static void name(int G, const uint8_t *p, long nb, const float *x, const float *xs,    \
+                     float *y) {                                                           \
+        if (G == 8) name##_g(8, p, nb, x, xs, y);                                          \
+        else name##_g(4, p, nb, x, xs, y);                                                 \
+    }
+GROUP32(group_q4_0, blk_q4_0, 18)
+GROUP32(group_q4_1, blk_q4_1, 20)
+GROUP32(group_q5_1, blk_q5_1, 24)
+#if VW == 8
+GROUP32(group_q5_0, blk_q5_0, 22)
+#endif
+
+/* whether M X rows run group_rows on an interleaved weight */
+static int group_ok(const dq_t *s, long M) {
+    if (M != 1 || s->R < 4) return 0;
+    switch (s->code) {
+    case S_Q4_0: case S_Q4_1: case S_Q5_1: return 1;
+#if VW == 8
+    case S_Q5_0: return 1;
+#endif
+    default: return 0;
+    }
+}
+
+/* y[0 .. R) for the interleaved group starting at row n0 (group_ok) */
+static void group_rows(const dq_t *s, long n0, const float *x, const float *px, float *y) {
+    const uint8_t *p = dq_row(s, n0);
+    int G = s->R;
+    switch (s->code) {
+    case S_Q4_0: group_q4_0(G, p, s->nb, x, px, y); break;
+    case S_Q4_1: group_q4_1(G, p, s->nb, x, px, y); break;
+#if VW == 8
+    case S_Q5_0: group_q5_0(G, p, s->nb, x, px, y); break;
+#endif
+    default: group_q5_1(G, p, s->nb, x, px, y); break;
+    }
+}
+
 /* ---- Q2_K / Q3_K: the 2-bit codes of output 128 h + 32 sh + l (l < 32) are bits 2 sh of
  * byte 32 h + l of qs: each (h, sh) is one 32-byte AVX2 shift-and-mask in a register,
  * widened VW at a time (as row_q6_k); sub-block 8 h + 2 sh + l / 16. ---------------- */
