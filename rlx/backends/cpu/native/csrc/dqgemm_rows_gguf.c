@@ -184,11 +184,99 @@ GROUP32(group_q5_1, blk_q5_1, 24)
 GROUP32(group_q5_0, blk_q5_0, 22)
 #endif
 
+/* ---- K-quant blocks for the groups: one 256-weight block of one row into two vector
+ * accumulators, the mins term (Q4_K: dmin m_j times the per-32 sums xs of X) subtracted in
+ * the low 8 lanes of t1 (one horizontal sum per row at the end) ---- */
+#if VW == 16
+#define VSUBV(a, b) _mm512_sub_ps(a, b)
+static inline vf lo8(__m256 v) { return _mm512_zextps256_ps512(v); }
+#else
+#define VSUBV(a, b) _mm256_sub_ps(a, b)
+static inline vf lo8(__m256 v) { return v; }
+#endif
+
+static inline __attribute__((always_inline)) void blk_q4_k(const uint8_t *p, const float *x,
+                                                            const float *xs, vf *t0, vf *t1,
+                                                            float *mt) {
+    (void)mt;
+#if VW == 16
+    const __m512 iota = _mm512_loadu_ps(IOTA16);
+#else
+    const vi m15 = VISET1(15);
+#endif
+    __m256 scf, mf;
+    q4k_scales_mins(p, &scf, &mf);
+    float dsc[8];
+    _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(hf(p)), scf));
+    __m256 mn = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(hf(p + 2)), mf), _mm256_loadu_ps(xs));
+    *t1 = VSUBV(*t1, lo8(mn));
+    const uint8_t *qs = p + 16;
+    for (int c = 0; c < 4; c++) {
+        vf alo = VZERO(), ahi = VZERO();
+        for (int v = 0; v < 32; v += VW) {
+            vi w = VU8(qs + c * 32 + v);
+#if VW == 16
+            alo = VFMA(_mm512_permutexvar_ps(w, iota), VLOAD(x + c * 64 + v), alo);
+#else
+            alo = VFMA(VCVT(VIAND(w, m15)), VLOAD(x + c * 64 + v), alo);
+#endif
+            ahi = VFMA(VCVT(VISRL(w, 4)), VLOAD(x + c * 64 + 32 + v), ahi);
+        }
+        *t0 = VFMA(VSET1(dsc[2 * c]), alo, *t0);
+        *t1 = VFMA(VSET1(dsc[2 * c + 1]), ahi, *t1);
+    }
+}
+
+static inline __attribute__((always_inline)) void blk_q6_k(const uint8_t *p, const float *x,
+                                                            const float *xs, vf *t0, vf *t1,
+                                                            float *mt) {
+    (void)xs, (void)mt;
+    const __m256i c32 = _mm256_set1_epi8(32);
+    float dsc[16];
+    __m256 s_lo, s_hi;
+    q6k_scales(p, hf(p + 208), &s_lo, &s_hi);
+    _mm256_storeu_ps(dsc, s_lo);
+    _mm256_storeu_ps(dsc + 8, s_hi);
+    for (int h = 0; h < 2; h++) {
+        q6k_half_t half = q6k_half(p, h);
+        for (int g = 0; g < 4; g++) {
+            __m256i q = _mm256_sub_epi8(q6k_codes(half, g), c32);
+            const float *xg = x + h * 128 + g * 32;
+            for (int v = 0; v < 32; v += VW) {
+                vf a = VMUL(VCVT(VI8R(part32(q, v))), VLOAD(xg + v));
+                vf dl = VSET1(dsc[h * 8 + g * 2 + v / 16]);
+                if (g & 1) *t1 = VFMA(dl, a, *t1);
+                else *t0 = VFMA(dl, a, *t0);
+            }
+        }
+    }
+}
+
+/* G interleaved rows of 256-weight blocks, as GROUP32 */
+#define GROUPK(name, blk, bytes, xsper)                                                    \
+    static inline __attribute__((always_inline)) void name##_g(                            \
+        int G, const uint8_t *p, long nb, const float *x, const float *xs, float *y) {     \
+        vf t0[8], t1[8];                                                                   \
+        for (int r = 0; r < G; r++) t0[r] = t1[r] = VZERO();                               \
+        for (long b = 0; b < nb; b++, p += G * (bytes), x += 256, xs += (xsper)) {         \
+            for (int o = 0; o < G * (bytes); o += 64) __builtin_prefetch(p + PF_AHEAD + o, 0, 3); \
+            for (int r = 0; r < G; r++) blk(p + r * (bytes), x, xs, &t0[r], &t1[r], 0);    \
+        }                                                                                  \
+        for (int r = 0; r < G; r++) y[r] = vhsum(VADD(t0[r], t1[r]));                      \
+    }                                                                                      \
+    static void name(int G, const uint8_t *p, long nb, const float *x, const float *xs,    \
+                     float *y) {                                                           \
+        if (G == 8) name##_g(8, p, nb, x, xs, y);                                          \
+        else name##_g(4, p, nb, x, xs, y);                                                 \
+    }
+GROUPK(group_q4_k, blk_q4_k, 144, 8)
+GROUPK(group_q6_k, blk_q6_k, 210, 0)
+
 /* whether M X rows run group_rows on an interleaved weight */
 static int group_ok(const dq_t *s, long M) {
     if (M != 1 || s->R < 4) return 0;
     switch (s->code) {
-    case S_Q4_0: case S_Q4_1: case S_Q5_1: return 1;
+    case S_Q4_0: case S_Q4_1: case S_Q5_1: case S_Q4_K: case S_Q6_K: return 1;
 #if VW == 8
     case S_Q5_0: return 1;
 #endif
@@ -203,6 +291,8 @@ static void group_rows(const dq_t *s, long n0, const float *x, const float *px, 
     switch (s->code) {
     case S_Q4_0: group_q4_0(G, p, s->nb, x, px, y); break;
     case S_Q4_1: group_q4_1(G, p, s->nb, x, px, y); break;
+    case S_Q4_K: group_q4_k(G, p, s->nb, x, px, y); break;
+    case S_Q6_K: group_q6_k(G, p, s->nb, x, px, y); break;
 #if VW == 8
     case S_Q5_0: group_q5_0(G, p, s->nb, x, px, y); break;
 #endif
