@@ -6,7 +6,8 @@ node into its output view.
 the ids), gathers each selected expert's rows into one contiguous f32 block and runs the
 native dequant GEMM (``native/dqgemm.py``, the ``dequant_matmul`` kernel's library) on
 that expert's packed slab ``packed[e]``: a GEMV streaming the slab once for a few rows,
-the tiled GEMM for more. Experts no token picked are never read. The results are
+the tiled GEMM for more (a file-mapped GGUF stack is repacked once, every expert's rows
+interleaved: ``kernels/quant.py``'s ``repacked_weight``). Experts no token picked are never read. The results are
 scattered back to the tokens' rows. Without the native library (no gcc,
 ``CompileOptions(native=False)``, a scheme it lacks) the selected experts are decoded
 (``rlx.formats.gguf``) and multiplied with BLAS, still only the selected ones.

@@ -26,6 +26,12 @@ integer dot products (``csrc/dqgemm_q8.c``, VNNI / AVX2 / C), as llama.cpp decod
 default ``f32`` keeps them exact. Threads: ``KernelCtx.num_threads``. Non-f32 or strided
 ``x`` is copied into an f32 scratch first.
 
+GGUF weights read in place from a file mapping are repacked once per compiled graph
+(:func:`repacked_weight`, ``RLX_DQ_REPACK=1``, the default): rows interleaved by the
+target's R (``dqgemm.repack_rows``: 8 on AVX-512, 4 on AVX2 and portable;
+``csrc/dq_layout.h``), so a decode GEMV reads one sequential stream per group of R rows
+sharing each X load; the file's pages are released as the copy is made.
+
 Without gcc, when the build fails, or with ``CompileOptions(native=False)``, the weight
 is decoded to f32 once (again only when a param's bytes change) and each run is one BLAS
 matmul; the kernel notes say which path was taken.

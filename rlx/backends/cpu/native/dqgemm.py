@@ -1,5 +1,6 @@
 """The weight-only quantized matmul library (``csrc/dqgemm_decode.c``, ``dqgemm_rows.c``,
-``dqgemm_rows_gguf.c``, ``dqgemm.c``, ``dqgemm_small.c``, ``dqgemm_q8.c``). In: f32 activations ``[M, K]`` and a weight packed in a
+``dqgemm_rows_gguf.c``, ``dqgemm.c``, ``dqgemm_small.c``, ``dqgemm_q8.c``,
+``dqgemm_q8_group.c``). In: f32 activations ``[M, K]`` and a weight packed in a
 :class:`~rlx.formats.schemes.QuantScheme` layout (``[N, ...]``, rows = output channels).
 Out: ``y = x @ dequant(w).T`` f32 ``[M, N]`` computed from the packed bytes
 (:meth:`DqGemmLib.gemm`, :meth:`DqGemmLib.bind`; a GEMV below 4 rows, the small-batch
@@ -14,6 +15,10 @@ compiled graph) picks f32 activations or, for :data:`Q8_SCHEMES`, int8 activatio
 integer dot products (:func:`uses_q8`; ``auto``: at batch < 4). Every packed tensor is checked
 against its scheme before the C code reads it (:func:`check_weights`: a wrong dtype,
 shape or byte count is a QuantizationError naming the tensor).
+
+A GGUF weight may be stored with its rows interleaved by R = 4 or 8 (``csrc/dq_layout.h``:
+:func:`repack`, :func:`unrepack`; R per target: :func:`repack_rows`); every entry point
+takes ``rows=R`` (1: as stored in the file) and every kernel reads either layout.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-/* dqgemm part 4 of 6. Weight-only quantized matmul for rlx:
+/* dqgemm part 4 of 7. Weight-only quantized matmul for rlx:
  * Y[M,N] = X[M,K] @ dequant(W)[N,K]^T, reading the packed weight directly (no f32 copy of
  * the whole weight).
  *
@@ -27,6 +27,12 @@
  *     [KC][NB] (NB = 2 vectors) for a register-blocked micro-kernel of MR = 6 X rows x NB
  *     columns (12 vector accumulators), accumulating into Y.
  *
+ * Interleaved weights (dq_layout.h; rows = R = 4 or 8, GGUF only, dq_t.R): every kernel
+ * walks row n from dq_row() in steps of dq_bst(); at M = 1 the GEMV runs one group of R
+ * rows at a time (one sequential stream, prefetched as it goes): Q4_0 / Q4_1 / Q5_1 / Q4_K /
+ * Q6_K (and Q5_0 on AVX2) in one pass sharing each X load (group_rows), Q8_0 four rows per
+ * pass, the rest row by row; the integer path's 32-weight layouts in dqgemm_q8_group.c.
+ *
  * Vectors: AVX-512 (16 lanes, FMA), AVX2 (8 lanes, FMA) or SSE2 (4 lanes, mul + add),
  * chosen by the build target's -march flags (never -march=native). Threads: OpenMP over
  * output rows (decode) or NB-row panels (prefill), num_threads from the caller.
@@ -36,10 +42,12 @@
  * integer dot product (VNNI vpdpbusd / AVX2 vpmaddubsw / C), scaled in f32, as llama.cpp
  * decodes; the caller picks it (native/dqgemm.py: RLX_DQ_ACT=auto at batch < 4, or q8).
  *
- * Source: six files that native/dqgemm.py concatenates in this order: dqgemm_decode.c
+ * Source: seven files that native/dqgemm.py concatenates in this order: dqgemm_decode.c
  * (vector layer, f16, the packed weight and its exact block decoder), dqgemm_rows.c and
- * dqgemm_rows_gguf.c (the fused decode-dot rows and their dispatch), dqgemm.c (GEMV, tiled GEMM, entry points), dqgemm_small.c (the
- * small-batch path), dqgemm_q8.c (the integer path and its entry point).
+ * dqgemm_rows_gguf.c (the fused decode-dot rows, the interleaved groups and their
+ * dispatch), dqgemm.c (GEMV, tiled GEMM, entry points), dqgemm_small.c (the small-batch
+ * path), dqgemm_q8.c (the integer path and its entry point), dqgemm_q8_group.c (its
+ * interleaved groups).
  */
 
 

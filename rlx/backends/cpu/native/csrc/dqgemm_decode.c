@@ -1,4 +1,4 @@
-/* dqgemm part 1 of 6 (see dqgemm.c for the library's overview): the vector layer, f16,
+/* dqgemm part 1 of 7 (see dqgemm.c for the library's overview): the vector layer, f16,
  * the packed weight and its exact block decoder. */
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* dqgemm part 2 of 6 (see dqgemm.c): fused decode-dot row kernels for AVX2 / AVX-512 (Q8_0,
+/* dqgemm part 2 of 7 (see dqgemm.c): fused decode-dot row kernels for AVX2 / AVX-512 (Q8_0,
  * Q5_0, Q4_K, Q6_K, Int8Block, Int4Block; the other GGUF layouts and the dispatch:
  * dqgemm_rows_gguf.c). */
 #include "gguf_unpack.h"

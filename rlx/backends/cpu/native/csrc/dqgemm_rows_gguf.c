@@ -1,4 +1,4 @@
-/* dqgemm part 3 of 6 (see dqgemm.c): fused decode-dot rows for the other GGUF layouts
+/* dqgemm part 3 of 7 (see dqgemm.c): fused decode-dot rows for the other GGUF layouts
  * (Q4_0, Q4_1, Q5_1, Q2_K, Q3_K, Q5_K) on AVX2 / AVX-512, and the fused-row dispatch.
  *
  * As dqgemm_rows.c: a block's codes go from the packed bytes straight to vector registers

@@ -1,4 +1,4 @@
-/* dqgemm part 5 of 6 (see dqgemm.c): small batches, 2 <= M <= SMALL_M (batched decode:
+/* dqgemm part 5 of 7 (see dqgemm.c): small batches, 2 <= M <= SMALL_M (batched decode:
  * one row of X per sequence). Each weight row is decoded once per call, SMALL_K weights
  * at a time, into an L1 buffer (vector decoders for Q8_0, Q5_0, Q4_K and Q6_K, the exact
  * scalar decode_block for the rest), and every decoded vector is applied to all M rows
