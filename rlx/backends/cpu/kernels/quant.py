@@ -338,7 +338,7 @@ def repacked_weight(
     lay = dqgemm.layout(scheme, 256)
     k = rb // lay.bb * lay.qk
 
-    def make() -> np.ndarray:
+    def make() -> tuple[np.ndarray, np.ndarray]:
         out = np.empty(w.shape, np.uint8)
         flat, res = w.reshape(-1, n, rb), out.reshape(-1, n, rb)
         # ~4 MB of rows (whole groups) at a time, each slab's mapped pages released once
@@ -352,10 +352,10 @@ def repacked_weight(
                 if b == n:
                     break
         out.flags.writeable = False
-        return out
+        return w, out  # w kept: its mapping (so its address, the key) stays taken
 
     key = ("dqgemm.repack", w.ctypes.data, w.shape, type(scheme), rows)
-    return ctx.keep(key, make), rows
+    return ctx.keep(key, make)[1], rows
 
 
 @kind(KernelKind.NATIVE)
