@@ -71,6 +71,19 @@ def test_repack_rejects_bad_rows() -> None:
         )
 
 
+def test_repack_flag(monkeypatch) -> None:
+    from rlx.backends.cpu.native.dqgemm import repack_enabled
+    from rlx.errors import ConfigError
+
+    monkeypatch.delenv("RLX_DQ_REPACK", raising=False)
+    assert repack_enabled()
+    monkeypatch.setenv("RLX_DQ_REPACK", " 0 ")
+    assert not repack_enabled()
+    monkeypatch.setenv("RLX_DQ_REPACK", "yes")
+    with pytest.raises(ConfigError, match="RLX_DQ_REPACK='yes'"):
+        repack_enabled()
+
+
 def test_repack_rows_per_target() -> None:
     assert repack_rows(cpu.Target.AVX512) == 8
     assert repack_rows(cpu.Target.AVX2) == 4

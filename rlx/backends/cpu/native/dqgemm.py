@@ -35,7 +35,7 @@ import numpy as np
 from rlx.backends.cpu.native import bindings, cpu
 from rlx.backends.cpu.native.prebuilt import DQGEMM_SOURCES
 from rlx.dtype import f8e4m3_np, f8e5m2_np
-from rlx.errors import CompileError, InputError, QuantizationError
+from rlx.errors import CompileError, ConfigError, InputError, QuantizationError
 from rlx.formats import schemes as S
 from rlx.formats.gguf import check_packed
 
@@ -239,7 +239,7 @@ def repack_enabled() -> bool:
     layout of the selected target (:func:`repack_rows`), ``0`` keeps them as stored."""
     v = os.environ.get("RLX_DQ_REPACK", "1").strip()
     if v not in ("0", "1"):
-        raise InputError(f"RLX_DQ_REPACK must be 0 or 1, given {v!r}")
+        raise ConfigError(f"RLX_DQ_REPACK={v!r}: accepted values are 0 and 1 (default 1)")
     return v == "1"
 
 
