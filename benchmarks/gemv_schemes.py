@@ -4,7 +4,7 @@ run.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/gemv_schemes.py \\
         [--targets avx512 avx2] [--threads 1 2] [--acts f32 q8] [--rounds 2] [--reps 3] \\
-        [--working-set-mb 256] [--json FILE] [--baseline FILE] [--out FILE.md]
+        [--working-set-mb 256] [--rows 1 R] [--json FILE] [--baseline FILE] [--out FILE.md]
 
 One process per target (``dqgemm_lib(target)``: the kernels ``RLX_ISA=<target>`` builds),
 rounds interleaved over targets. Per scheme and shape, ``DqGemmLib.bind`` at M = 1 with
@@ -19,6 +19,8 @@ so every scheme runs it). Bandwidth peak: ``rlx_dq_stream_read`` (csrc/dqgemm.c)
 Figures: best of ``--reps`` passes within a process, then best over rounds. ``%`` is GB/s
 over the stream bandwidth of the same target and thread count. ``--json`` writes the raw
 figures; ``--baseline`` (such a JSON from an earlier build) adds a "before" column.
+``--rows``: the weight as stored (1) and repacked with rows interleaved (``R``: the
+target's ``dqgemm.repack_rows``, as a model load does; or 4 / 8), one column each.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def _time_cycle(calls: list, reps: int) -> float:
 
 def worker(args: argparse.Namespace, target_name: str) -> dict:
     from rlx.backends.cpu.native import cpu
-    from rlx.backends.cpu.native.dqgemm import dqgemm_lib, uses_q8
+    from rlx.backends.cpu.native.dqgemm import dqgemm_lib, repack, repack_rows, uses_q8
 
     lib = dqgemm_lib(cpu.Target(target_name))
     ws_bytes = args.working_set_mb * 1024 * 1024
@@ -101,20 +103,30 @@ def worker(args: argparse.Namespace, target_name: str) -> dict:
             ]
             x = rng.standard_normal((1, k)).astype(np.float32)
             y = np.empty((1, n), np.float32)
-            for t in args.threads:
-                for act in args.acts:
-                    if act == "q8" and not uses_q8(scheme, 1, act):
-                        continue
-                    calls = [lib.bind(scheme, x, c, y, num_threads=t, act=act) for c in copies]
-                    sec = _time_cycle(calls, args.reps)
-                    out["gemv"][_key(name, sname, t, act)] = nb / sec / 1e9
+            for rows in args.rows:
+                r = repack_rows(lib.target) if rows == "R" else int(rows)
+                cs = copies if r == 1 else [(repack(scheme, c[0], n, k, r),) for c in copies]
+                for t in args.threads:
+                    for act in args.acts:
+                        if act == "q8" and not uses_q8(scheme, 1, act):
+                            continue
+                        calls = [
+                            lib.bind(scheme, x, c, y, num_threads=t, act=act, rows=r) for c in cs
+                        ]
+                        sec = _time_cycle(calls, args.reps)
+                        out["gemv"][_key(name, sname, t, act, rows)] = nb / sec / 1e9
+                del cs
             del copies
     return out
 
 
-def _key(name: str, shape: str, threads: int, act: str) -> str:
-    """The JSON key of one figure (f32 keys as in earlier runs, for --baseline)."""
-    return f"{name}|{shape}|{threads}" + ("" if act == "f32" else f"|{act}")
+def _key(name: str, shape: str, threads: int, act: str, rows: str = "1") -> str:
+    """The JSON key of one figure (f32 plain keys as in earlier runs, for --baseline)."""
+    return (
+        f"{name}|{shape}|{threads}"
+        + ("" if act == "f32" else f"|{act}")
+        + ("" if rows == "1" else f"|r{rows}")
+    )
 
 
 def _timed(fn, *args) -> float:  # noqa: ANN001, ANN002
@@ -148,6 +160,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--working-set-mb", type=int, default=256)
     ap.add_argument("--schemes", nargs="+", default=SCHEMES)
+    ap.add_argument("--rows", nargs="+", default=["1", "R"], choices=["1", "4", "8", "R"])
     ap.add_argument("--json", default=None)
     ap.add_argument("--baseline", default=None)
     ap.add_argument("--out", default=None)
@@ -159,6 +172,7 @@ def main() -> None:
     argv = [
         "--threads", *map(str, args.threads), "--acts", *args.acts, "--reps", str(args.reps),
         "--working-set-mb", str(args.working_set_mb), "--schemes", *args.schemes,
+        "--rows", *args.rows,
     ]  # fmt: skip
     rounds: dict[str, list[dict]] = {t: [] for t in args.targets}
     for r in range(args.rounds):
@@ -176,6 +190,16 @@ def main() -> None:
         with open(args.baseline) as f:
             base = json.load(f)
     report(args, res, base)
+
+
+def _r(target: str, rows: str) -> str:
+    """The R a ``--rows`` value stands for on ``target``."""
+    if rows != "R":
+        return rows
+    from rlx.backends.cpu.native import cpu
+    from rlx.backends.cpu.native.dqgemm import repack_rows
+
+    return str(repack_rows(cpu.Target(target)))
 
 
 def report(args: argparse.Namespace, res: dict, base: dict | None) -> None:
@@ -202,8 +226,14 @@ def report(args: argparse.Namespace, res: dict, base: dict | None) -> None:
     ]  # fmt: skip
     for sname, k, n in SHAPES:
         lines += [f"### {sname}: K {k} x N {n}, GB/s of packed weight (% of stream)", ""]
-        cols = [(t, n, a) for t in args.targets for n in args.threads for a in args.acts]
-        names = [f"{t} {n}T {a}" for t, n, a in cols]
+        cols = [
+            (t, n, a, r)
+            for t in args.targets
+            for n in args.threads
+            for a in args.acts
+            for r in args.rows
+        ]
+        names = [f"{t} {n}T {a}" + ("" if r == "1" else f" R={_r(t, r)}") for t, n, a, r in cols]
         head = "| scheme | MB | " + " | ".join(
             (f"{c} before | {c} after" if base else c) for c in names
         )
@@ -211,8 +241,8 @@ def report(args: argparse.Namespace, res: dict, base: dict | None) -> None:
         for name in args.schemes:
             nb = res[args.targets[0]]["bytes"][f"{name}|{sname}"]
             cells = []
-            for t, th, act in cols:
-                key, bw = _key(name, sname, th, act), res[t]["stream"][str(th)]
+            for t, th, act, rows in cols:
+                key, bw = _key(name, sname, th, act, rows), res[t]["stream"][str(th)]
                 if base:
                     b = base.get(t, {}).get("gemv", {}).get(key)
                     cells.append("-" if b is None else f"{b:.1f}")

@@ -6,7 +6,8 @@ node into its output view.
 the ids), gathers each selected expert's rows into one contiguous f32 block and runs the
 native dequant GEMM (``native/dqgemm.py``, the ``dequant_matmul`` kernel's library) on
 that expert's packed slab ``packed[e]``: a GEMV streaming the slab once for a few rows,
-the tiled GEMM for more. Experts no token picked are never read. The results are
+the tiled GEMM for more (a file-mapped GGUF stack is repacked once, every expert's rows
+interleaved: ``kernels/quant.py``'s ``repacked_weight``). Experts no token picked are never read. The results are
 scattered back to the tokens' rows. Without the native library (no gcc,
 ``CompileOptions(native=False)``, a scheme it lacks) the selected experts are decoded
 (``rlx.formats.gguf``) and multiplied with BLAS, still only the selected ones.
@@ -75,8 +76,13 @@ def dequant_grouped_matmul_kernel(
     xs = ctx.scratch((m, k), np.float32, 80)  # x's rows sorted by expert
     ys = ctx.scratch((m, n), np.float32, 81)  # their results
     ids = ctx.scratch((m,), np.int64, 82)
-    slabs = [w[e] for e in range(e_count)]  # views: no copy, no decode
     scheme = op.scheme
+    rows = 1
+    if lib is not None:
+        from rlx.backends.cpu.kernels.quant import repacked_weight
+
+        w, rows = repacked_weight(ctx, node, 1, scheme, w, lib)  # every expert interleaved
+    slabs = [w[e] for e in range(e_count)]  # views: no copy, no decode
     ctx.notes.append(
         f"dequant_grouped_matmul %{node.id}: rows grouped by expert, "
         + (f"native {scheme} dequant GEMM per selected expert" if lib else "decode + BLAS")
@@ -99,7 +105,13 @@ def dequant_grouped_matmul_kernel(
             e = int(sorted_ids[lo])
             if lib is not None:
                 lib.gemm(
-                    scheme, xs[lo:hi], (slabs[e],), ys[lo:hi], num_threads=threads, check=False
+                    scheme,
+                    xs[lo:hi],
+                    (slabs[e],),
+                    ys[lo:hi],
+                    num_threads=threads,
+                    check=False,
+                    rows=rows,
                 )
             else:
                 np.matmul(xs[lo:hi], dequantize_weight(scheme, slabs[e]).T, out=ys[lo:hi])

@@ -26,6 +26,12 @@ integer dot products (``csrc/dqgemm_q8.c``, VNNI / AVX2 / C), as llama.cpp decod
 default ``f32`` keeps them exact. Threads: ``KernelCtx.num_threads``. Non-f32 or strided
 ``x`` is copied into an f32 scratch first.
 
+GGUF weights read in place from a file mapping are repacked once per compiled graph
+(:func:`repacked_weight`, ``RLX_DQ_REPACK=1``, the default): rows interleaved by the
+target's R (``dqgemm.repack_rows``: 8 on AVX-512, 4 on AVX2 and portable;
+``csrc/dq_layout.h``), so a decode GEMV reads one sequential stream per group of R rows
+sharing each X load; the file's pages are released as the copy is made.
+
 Without gcc, when the build fails, or with ``CompileOptions(native=False)``, the weight
 is decoded to f32 once (again only when a param's bytes change) and each run is one BLAS
 matmul; the kernel notes say which path was taken.
@@ -41,6 +47,7 @@ from rlx import config
 from rlx.backends.cpu import native
 from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind, kind
 from rlx.backends.cpu.engines.weights import WeightCache
+from rlx.backends.cpu.memory import safe_to_share
 from rlx.backends.cpu.native import dqgemm
 from rlx.dtype import DType
 from rlx.errors import CompileError, QuantizationError
@@ -63,6 +70,7 @@ __all__ = [
     "dequantize_kernel",
     "fake_quantize_kernel",
     "dequant_matmul_kernel",
+    "repacked_weight",
 ]
 
 
@@ -299,6 +307,57 @@ def _dequant_lib(ctx: KernelCtx, node: Node, op: DequantMatMul):  # noqa: ANN202
         return None
 
 
+def repacked_weight(
+    ctx: KernelCtx,
+    node: Node,
+    i: int,
+    scheme: Any,
+    w: np.ndarray,
+    lib: dqgemm.DqGemmLib,
+) -> tuple[np.ndarray, int]:
+    """``(weight, rows)`` for input ``i`` of ``node``, a packed ``[..., N, row_bytes]``
+    weight read by ``lib``: a GGUF param read in place from a read-only file mapping (a
+    GGUF file; it never changes) is repacked once per compiled graph into the interleaved
+    layout of ``lib``'s target (``dqgemm.repack``, R = ``dqgemm.repack_rows``; every
+    leading index, e.g. an expert, separately), the mapping's pages released slab by slab;
+    anything else, or with ``RLX_DQ_REPACK=0``, is returned as is with rows = 1."""
+    if (
+        not getattr(scheme, "is_gguf", False)
+        or type(scheme) not in dqgemm.Q8_SCHEMES
+        or not dqgemm.repack_enabled()
+        or w.ndim < 2
+    ):
+        return w, 1
+    src = ctx.graph.nodes[node.inputs[i]].op
+    # only a param read in place from a file mapping: its pages are released as it is
+    # repacked, so the resident peak stays one copy (an array in memory would double)
+    if not (isinstance(src, Param) and safe_to_share(w) and dqgemm.file_mapped(w)):
+        return w, 1
+    rows = dqgemm.repack_rows(lib.target)
+    n, rb = w.shape[-2], w.shape[-1]
+    lay = dqgemm.layout(scheme, 256)
+    k = rb // lay.bb * lay.qk
+
+    def make() -> tuple[np.ndarray, np.ndarray]:
+        out = np.empty(w.shape, np.uint8)
+        flat, res = w.reshape(-1, n, rb), out.reshape(-1, n, rb)
+        # ~4 MB of rows (whole groups) at a time, each slab's mapped pages released once
+        # copied: the resident peak stays one weight plus a slab, not two weights
+        step = max(rows, (4 << 20) // max(rb, 1) // rows * rows)
+        for e in range(flat.shape[0]):
+            for a in range(0, n, step):
+                b = n if n - a < step + rows else a + step  # the tail rows join the last slab
+                dqgemm.repack(scheme, flat[e, a:b], b - a, k, rows, out=res[e, a:b])
+                dqgemm.release_mapped(flat[e, a:b])
+                if b == n:
+                    break
+        out.flags.writeable = False
+        return w, out  # w kept: its mapping (so its address, the key) stays taken
+
+    key = ("dqgemm.repack", w.ctypes.data, w.shape, type(scheme), rows)
+    return ctx.keep(key, make)[1], rows
+
+
 @kind(KernelKind.NATIVE)
 def dequant_matmul_kernel(
     node: Node, ins: list[np.ndarray], out: np.ndarray, ctx: KernelCtx
@@ -325,12 +384,19 @@ def dequant_matmul_kernel(
             path = "int8-activation GEMV" if m < 4 else "int8-activation GEMM"
         try:
             xa = (x if x_f32 is None else x_f32).reshape(m, k)
-            call = lib.bind(op.scheme, xa, weights, y, num_threads=threads, names=names, act=act)
+            rows = 1
+            if op.scheme.is_gguf:
+                packed, rows = repacked_weight(ctx, node, 1, op.scheme, weights[0], lib)
+                weights = (packed,)
+            call = lib.bind(
+                op.scheme, xa, weights, y, num_threads=threads, names=names, act=act, rows=rows
+            )
         except QuantizationError as e:
             raise QuantizationError(f"dequant_matmul %{node.id}: {e.bare_message}") from None
+        inter = f", rows interleaved by {rows}" if rows > 1 else ""
         ctx.notes.append(
             f"dequant_matmul %{node.id}: native {op.scheme} {path} on the packed bytes "
-            f"({lib.target.value}, {threads} thread(s))"
+            f"({lib.target.value}, {threads} thread(s){inter})"
         )
         if x_f32 is None:
             return call

@@ -1,5 +1,6 @@
 """The weight-only quantized matmul library (``csrc/dqgemm_decode.c``, ``dqgemm_rows.c``,
-``dqgemm_rows_gguf.c``, ``dqgemm.c``, ``dqgemm_small.c``, ``dqgemm_q8.c``). In: f32 activations ``[M, K]`` and a weight packed in a
+``dqgemm_rows_gguf.c``, ``dqgemm.c``, ``dqgemm_small.c``, ``dqgemm_q8.c``,
+``dqgemm_q8_group.c``). In: f32 activations ``[M, K]`` and a weight packed in a
 :class:`~rlx.formats.schemes.QuantScheme` layout (``[N, ...]``, rows = output channels).
 Out: ``y = x @ dequant(w).T`` f32 ``[M, N]`` computed from the packed bytes
 (:meth:`DqGemmLib.gemm`, :meth:`DqGemmLib.bind`; a GEMV below 4 rows, the small-batch
@@ -14,12 +15,18 @@ compiled graph) picks f32 activations or, for :data:`Q8_SCHEMES`, int8 activatio
 integer dot products (:func:`uses_q8`; ``auto``: at batch < 4). Every packed tensor is checked
 against its scheme before the C code reads it (:func:`check_weights`: a wrong dtype,
 shape or byte count is a QuantizationError naming the tensor).
+
+A GGUF weight may be stored with its rows interleaved by R = 4 or 8 (``csrc/dq_layout.h``:
+:func:`repack`, :func:`unrepack`; R per target: :func:`repack_rows`); every entry point
+takes ``rows=R`` (1: as stored in the file) and every kernel reads either layout.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,7 +35,7 @@ import numpy as np
 from rlx.backends.cpu.native import bindings, cpu
 from rlx.backends.cpu.native.prebuilt import DQGEMM_SOURCES
 from rlx.dtype import f8e4m3_np, f8e5m2_np
-from rlx.errors import CompileError, InputError, QuantizationError
+from rlx.errors import CompileError, ConfigError, InputError, QuantizationError
 from rlx.formats import schemes as S
 from rlx.formats.gguf import check_packed
 
@@ -44,6 +51,13 @@ __all__ = [
     "uses_q8",
     "SMALL_MAX_M",
     "small_batch",
+    "REPACK_ROWS",
+    "repack_rows",
+    "repack",
+    "unrepack",
+    "repack_enabled",
+    "release_mapped",
+    "file_mapped",
 ]
 
 
@@ -175,6 +189,118 @@ def check_weights(
             )
 
 
+#: the rows a GGUF weight is interleaved by when it is repacked at load (``csrc/dq_layout.h``)
+#: for each target: one group of R rows is one sequential stream for the GEMV, R rows
+#: sharing each X load (AVX-512: 8; AVX2 and the portable target: 4)
+REPACK_ROWS: dict[cpu.Target, int] = {}
+
+
+def repack_rows(target: cpu.Target) -> int:
+    """R (4 or 8) for GGUF weights repacked for ``target`` (:data:`REPACK_ROWS`; 8 on
+    AVX-512 targets, 4 elsewhere)."""
+    r = REPACK_ROWS.get(target)
+    if r is None:
+        r = 8 if "avx512" in target.value else 4
+    return r
+
+
+def _interleaved_view(scheme: S.QuantScheme, n: int, k: int, rows: int) -> tuple[int, int, int]:
+    lay = layout(scheme, k)
+    if not scheme.is_gguf:
+        raise QuantizationError(f"{scheme}: only GGUF block layouts are repacked")
+    if rows not in (4, 8):
+        raise InputError(f"repack: rows must be 4 or 8, given {rows}")
+    return n - n % rows, k // lay.qk, lay.bb
+
+
+def repack(
+    scheme: S.QuantScheme,
+    packed: np.ndarray,
+    n: int,
+    k: int,
+    rows: int,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """The u8 ``[n, row_bytes]`` GGUF weight ``packed`` (rows in order) with its first
+    ``n - n % rows`` rows interleaved by ``rows`` at block granularity (``csrc/dq_layout.h``):
+    in group g, block b of rows g R .. g R + R - 1 are consecutive. The block bytes and the
+    tail rows are unchanged. ``out`` (same shape, may not alias ``packed``) receives it."""
+    check_packed(scheme, packed, n, k, "packed")
+    full, nb, bb = _interleaved_view(scheme, n, k, rows)
+    res = np.empty_like(packed) if out is None else out
+    src = packed[:full].reshape(full // rows, rows, nb, bb)
+    res[:full].reshape(full // rows, nb, rows, bb)[...] = src.transpose(0, 2, 1, 3)
+    res[full:] = packed[full:]
+    return res
+
+
+def repack_enabled() -> bool:
+    """RLX_DQ_REPACK: ``1`` (default) repacks GGUF weights at load into the interleaved
+    layout of the selected target (:func:`repack_rows`), ``0`` keeps them as stored."""
+    v = os.environ.get("RLX_DQ_REPACK", "1").strip()
+    if v not in ("0", "1"):
+        raise ConfigError(f"RLX_DQ_REPACK={v!r}: accepted values are 0 and 1 (default 1)")
+    return v == "1"
+
+
+def _mapping(arr: np.ndarray) -> mmap.mmap | None:
+    """The read-only file mapping ``arr``'s memory belongs to, if any."""
+    base: object = arr
+    while base is not None:
+        if isinstance(base, mmap.mmap):
+            return base
+        if isinstance(base, np.memmap) and isinstance(getattr(base, "_mmap", None), mmap.mmap):
+            return base._mmap  # type: ignore[no-any-return]
+        if isinstance(base, memoryview):
+            base = base.obj
+        else:
+            base = getattr(base, "base", None)
+    return None
+
+
+def file_mapped(arr: np.ndarray) -> bool:
+    """Whether ``arr`` is a read-only view of a read-only (shared) file mapping, whose
+    pages :func:`release_mapped` can drop."""
+    mm = _mapping(arr)
+    if mm is None or arr.flags.writeable or not hasattr(mm, "madvise"):
+        return False
+    with memoryview(mm) as view:
+        return bool(view.readonly)
+
+
+def release_mapped(arr: np.ndarray) -> bool:
+    """Drop the resident pages of ``arr`` when it is a view of a read-only file mapping
+    (a GGUF file that was repacked: its bytes are read again from the file only if
+    something else reads them). Returns whether it did; any other memory is left alone."""
+    mm = _mapping(arr)
+    if mm is None or not file_mapped(arr):  # a private mapping may hold changed pages
+        return False
+    try:
+        start = np.frombuffer(mm, np.uint8).ctypes.data
+    except (TypeError, ValueError):
+        return False
+    page = mmap.PAGESIZE
+    lo = arr.ctypes.data - start
+    hi = lo + arr.nbytes
+    lo = -(-lo // page) * page
+    hi = hi // page * page
+    if lo < 0 or hi <= lo or hi > len(mm):
+        return False
+    mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    return True
+
+
+def unrepack(scheme: S.QuantScheme, packed: np.ndarray, n: int, k: int, rows: int) -> np.ndarray:
+    """The inverse of :func:`repack`: the rows of an interleaved weight back in order."""
+    check_packed(scheme, packed, n, k, "packed")
+    full, nb, bb = _interleaved_view(scheme, n, k, rows)
+    res = np.empty_like(packed)
+    src = packed[:full].reshape(full // rows, nb, rows, bb)
+    res[:full].reshape(full // rows, rows, nb, bb)[...] = src.transpose(0, 2, 1, 3)
+    res[full:] = packed[full:]
+    return res
+
+
 def _fp8_lut(scheme: S.QuantScheme) -> np.ndarray:
     dt = f8e4m3_np() if isinstance(scheme, S.Fp8E4m3) else f8e5m2_np()
     return np.arange(256, dtype=np.uint8).view(dt).astype(np.float32)
@@ -211,23 +337,30 @@ class DqGemmLib:
         out: np.ndarray,
         num_threads: int,
         act: str,
+        rows: int = 1,
     ) -> tuple[Callable[..., int], tuple]:
         """The C function (``rlx_dq_gemm``, or ``rlx_dq_gemm_q8`` when :func:`uses_q8`)
-        and its argument tuple for checked ``x`` [M, K], ``ws`` and ``out`` [M, N]."""
+        and its argument tuple for checked ``x`` [M, K], ``ws`` and ``out`` [M, N]
+        (``ws`` interleaved by ``rows``, :func:`repack`)."""
         m, k = x.shape
         n = out.shape[1]
         lay = layout(scheme, k)
         w, sc, zp, lut = self._aux(scheme, ws)
         if act not in ACTS:
             raise InputError(f"dqgemm: act must be one of {', '.join(ACTS)}, given {act!r}")
+        if rows != 1 and (rows not in (4, 8) or not scheme.is_gguf):
+            raise InputError(
+                f"dqgemm: rows (interleaved) must be 1, or 4 / 8 for a GGUF scheme; given "
+                f"{rows} for {scheme}"
+            )
         if uses_q8(scheme, m, act):
             return self.lib.rlx_dq_gemm_q8, (
                 lay.code, lay.qk, lay.bb, m, n, k, _ptr(x), k, _ptr(w), lay.row_bytes,
-                _ptr(out), n, int(num_threads),
+                _ptr(out), n, int(num_threads), int(rows),
             )  # fmt: skip
         return self.lib.rlx_dq_gemm, (
             lay.code, lay.qk, lay.bb, m, n, k, _ptr(x), k, _ptr(w), lay.row_bytes,
-            _ptr(sc), _ptr(zp), _ptr(lut), _ptr(out), n, int(num_threads),
+            _ptr(sc), _ptr(zp), _ptr(lut), _ptr(out), n, int(num_threads), int(rows),
         )  # fmt: skip
 
     def gemm(
@@ -241,9 +374,11 @@ class DqGemmLib:
         check: bool = True,
         names: tuple[str, ...] = ("w_q", "scale", "zp"),
         act: str = "f32",
+        rows: int = 1,
     ) -> None:
         """``out = x @ dequant(ws).T`` for C-contiguous f32 ``x`` [M, K] and ``out``
-        [M, N]; ``ws`` as :func:`check_weights` (checked unless ``check=False``).
+        [M, N]; ``ws`` as :func:`check_weights` (checked unless ``check=False``), its rows
+        interleaved by ``rows`` (1: plain; 4 / 8: :func:`repack`, GGUF only).
         ``act``: where :func:`uses_q8` says so, ``x`` is quantized to int8 per 32 inputs
         and the products are integer (``csrc/dqgemm_q8.c``, error bound there)."""
         m, k = x.shape
@@ -256,7 +391,7 @@ class DqGemmLib:
             )
         if check:
             check_weights(scheme, ws, n, k, names)
-        fn, args = self._call(scheme, x, ws, out, num_threads, act)
+        fn, args = self._call(scheme, x, ws, out, num_threads, act, rows)
         rc = fn(*args)
         if rc == 1:
             raise MemoryError("dqgemm: could not allocate a decode buffer")
@@ -273,11 +408,12 @@ class DqGemmLib:
         num_threads: int = 1,
         names: tuple[str, ...] = ("w_q", "scale", "zp"),
         act: str = "f32",
+        rows: int = 1,
     ) -> Callable[[], None]:
         """:meth:`gemm` with every argument checked and converted once: returns a
         zero-argument call (for a kernel whose arrays never move, e.g. arena views)."""
-        self.gemm(scheme, x[:0], ws, out[:0], check=True, names=names)  # checks only
-        fn, args = self._call(scheme, x, ws, out, num_threads, act)
+        self.gemm(scheme, x[:0], ws, out[:0], check=True, names=names, rows=rows)  # checks only
+        fn, args = self._call(scheme, x, ws, out, num_threads, act, rows)
         keep = (x, ws, out, self)  # the arrays (and self's FP8 tables) must outlive the call
 
         def call() -> None:
@@ -290,17 +426,20 @@ class DqGemmLib:
         return call
 
     def decode(
-        self, scheme: S.QuantScheme, ws: tuple[np.ndarray, ...], n: int, k: int
+        self, scheme: S.QuantScheme, ws: tuple[np.ndarray, ...], n: int, k: int, rows: int = 1
     ) -> np.ndarray:
-        """The f32 ``[n, k]`` weight ``ws`` stands for, decoded by the C code."""
+        """The f32 ``[n, k]`` weight ``ws`` (rows interleaved by ``rows``) stands for,
+        decoded by the C code (rows in order)."""
         check_weights(scheme, ws, n, k)
         lay = layout(scheme, k)
         w, sc, zp, lut = self._aux(scheme, ws)
         out = np.empty((n, k), np.float32)
-        self.lib.rlx_dq_decode(
+        rc = self.lib.rlx_dq_decode(
             lay.code, lay.qk, lay.bb, k, _ptr(w), lay.row_bytes, _ptr(sc), _ptr(zp), _ptr(lut),
-            0, n, _ptr(out),
+            0, n, _ptr(out), n, int(rows),
         )  # fmt: skip
+        if rc != 0:
+            raise InputError(f"dqgemm.decode: rejected {scheme} with K={k}, rows={rows}")
         return out
 
     def stream_read(self, a: np.ndarray, num_threads: int = 1) -> float:

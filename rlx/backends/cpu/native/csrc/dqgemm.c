@@ -1,4 +1,4 @@
-/* dqgemm part 4 of 6. Weight-only quantized matmul for rlx:
+/* dqgemm part 4 of 7. Weight-only quantized matmul for rlx:
  * Y[M,N] = X[M,K] @ dequant(W)[N,K]^T, reading the packed weight directly (no f32 copy of
  * the whole weight).
  *
@@ -27,6 +27,12 @@
  *     [KC][NB] (NB = 2 vectors) for a register-blocked micro-kernel of MR = 6 X rows x NB
  *     columns (12 vector accumulators), accumulating into Y.
  *
+ * Interleaved weights (dq_layout.h; rows = R = 4 or 8, GGUF only, dq_t.R): every kernel
+ * walks row n from dq_row() in steps of dq_bst(); at M = 1 the GEMV runs one group of R
+ * rows at a time (one sequential stream, prefetched as it goes): Q4_0 / Q4_1 / Q5_1 / Q4_K /
+ * Q6_K (and Q5_0 on AVX2) in one pass sharing each X load (group_rows), Q8_0 four rows per
+ * pass, the rest row by row; the integer path's 32-weight layouts in dqgemm_q8_group.c.
+ *
  * Vectors: AVX-512 (16 lanes, FMA), AVX2 (8 lanes, FMA) or SSE2 (4 lanes, mul + add),
  * chosen by the build target's -march flags (never -march=native). Threads: OpenMP over
  * output rows (decode) or NB-row panels (prefill), num_threads from the caller.
@@ -36,10 +42,12 @@
  * integer dot product (VNNI vpdpbusd / AVX2 vpmaddubsw / C), scaled in f32, as llama.cpp
  * decodes; the caller picks it (native/dqgemm.py: RLX_DQ_ACT=auto at batch < 4, or q8).
  *
- * Source: six files that native/dqgemm.py concatenates in this order: dqgemm_decode.c
+ * Source: seven files that native/dqgemm.py concatenates in this order: dqgemm_decode.c
  * (vector layer, f16, the packed weight and its exact block decoder), dqgemm_rows.c and
- * dqgemm_rows_gguf.c (the fused decode-dot rows and their dispatch), dqgemm.c (GEMV, tiled GEMM, entry points), dqgemm_small.c (the
- * small-batch path), dqgemm_q8.c (the integer path and its entry point).
+ * dqgemm_rows_gguf.c (the fused decode-dot rows, the interleaved groups and their
+ * dispatch), dqgemm.c (GEMV, tiled GEMM, entry points), dqgemm_small.c (the small-batch
+ * path), dqgemm_q8.c (the integer path and its entry point), dqgemm_q8_group.c (its
+ * interleaved groups).
  */
 
 
@@ -64,8 +72,12 @@ static inline void pf_range(const uint8_t **next, const uint8_t *from, const uin
 }
 
 static inline void prefetch_rows(const dq_t *s, prefetcher *pf, long n) {
-    const uint8_t *row = s->w + n * s->row_bytes;
-    pf_range(&pf->next, row, row + s->row_bytes + PF_AHEAD);
+    /* interleaved: row r of a group reads the whole group, whose first r + 1 rows' worth
+     * of bytes (and PF_AHEAD more) are kept prefetched: the group's lines spread over its
+     * rows, not issued in one burst */
+    const uint8_t *row = dq_row(s, n);
+    long r = dq_bst(s, n) > s->bb ? n % s->R : 0;
+    pf_range(&pf->next, row, row - r * s->bb + (r + 1) * s->row_bytes + PF_AHEAD);
     if (s->code == S_I8 || s->code == S_I4) {
         long per = s->nb * 4; /* bytes of scale (and of zp) per row */
         const uint8_t *sc = (const uint8_t *)(s->scale + n * s->nb);
@@ -74,6 +86,33 @@ static inline void prefetch_rows(const dq_t *s, prefetcher *pf, long n) {
         for (long o = 0; o < per; o += 64) __builtin_prefetch(zp + o + PF_AHEAD / 8, 0, 3);
     }
 }
+
+#if FUSED
+/* Rows n0 .. n0 + G - 1 (one unit of the fused GEMV: an interleaved group of R rows, four
+ * plain Q8_0 rows at M = 1, or one row) for M X rows. */
+static void fused_unit(const dq_t *s, prefetcher *pf, long n0, long G, long M, long K,
+                       const float *x, long ldx, const float *px, float *y, long ldy) {
+    if (M == 1 && G % 4 == 0 && s->code == S_Q8_0) {
+        int inter = s->R > 1;
+        for (long r = 0; r < G; r += 4) {
+            if (inter) prefetch_rows(s, pf, n0 + r + 3); /* rows 0 .. r + 3 of the group */
+            else pf_range(&pf->next, dq_row(s, n0), dq_row(s, n0) + 4 * s->row_bytes + PF_AHEAD);
+            rows4_q8_0(dq_row(s, n0 + r), inter ? s->bb : s->row_bytes, dq_bst(s, n0), s->nb, x,
+                       y + n0 + r);
+        }
+        return;
+    }
+    if (G > 1 && group_ok(s, M)) { /* one pass, prefetching as it goes (dqgemm_rows_gguf.c) */
+        group_rows(s, n0, x, px, y + n0);
+        return;
+    }
+    for (long r = 0; r < G; r++) {
+        prefetch_rows(s, pf, n0 + r);
+        for (long m = 0; m < M; m++)
+            y[m * ldy + n0 + r] = fused_row(s, n0 + r, x + m * ldx, px + m * K, K);
+    }
+}
+#endif
 
 /* ---- decode: M < 4 ------------------------------------------------------------------ */
 static int gemv(const dq_t *s, long M, long N, long K, const float *x, long ldx, float *y,
@@ -94,31 +133,20 @@ static int gemv(const dq_t *s, long M, long N, long K, const float *x, long ldx,
         float *px = alloc_f(M * K + 1);
         if (!px) return 1;
         for (long m = 0; m < M; m++) prep_x(s, x + m * ldx, K, px + m * K);
-        if (M == 1 && s->code == S_Q8_0) {
-            /* one X row: four weight rows per pass share the X loads */
-            long g4 = N / 4, gchunk = chunk / 4 < 1 ? 1 : chunk / 4;
-#pragma omp parallel num_threads(threads)
-            {
-                prefetcher pf = {0, 0};
-#pragma omp for schedule(dynamic, gchunk)
-                for (long g = 0; g < g4; g++) {
-                    const uint8_t *row = s->w + 4 * g * s->row_bytes;
-                    pf_range(&pf.next, row, row + 4 * s->row_bytes + PF_AHEAD);
-                    rows4_q8_0(row, s->row_bytes, s->nb, x, y + 4 * g);
-                }
-            }
-            for (long n = 4 * g4; n < N; n++) y[n] = fused_row(s, n, x, px, K);
-            free(px);
-            return 0;
-        }
+        /* units of G rows: an interleaved group (R rows, one sequential stream of R * row
+         * bytes), or four plain Q8_0 rows at M = 1 sharing the X loads, or one row; the
+         * N % G tail rows one by one */
+        long G = s->R > 1 ? s->R : (M == 1 && s->code == S_Q8_0 ? 4 : 1);
+        long full = N - N % G, units = full / G + (N - full);
+        long uchunk = chunk / G < 1 ? 1 : chunk / G;
 #pragma omp parallel num_threads(threads)
         {
             prefetcher pf = {0, 0};
-#pragma omp for schedule(dynamic, chunk)
-            for (long n = 0; n < N; n++) {
-                prefetch_rows(s, &pf, n);
-                for (long m = 0; m < M; m++)
-                    y[m * ldy + n] = fused_row(s, n, x + m * ldx, px + m * K, K);
+#pragma omp for schedule(dynamic, uchunk)
+            for (long u = 0; u < units; u++) {
+                long n0 = u < full / G ? u * G : full + (u - full / G);
+                long g = u < full / G ? G : 1;
+                fused_unit(s, &pf, n0, g, M, K, x, ldx, px, y, ldy);
             }
         }
         free(px);
@@ -232,9 +260,9 @@ static int gemv_small(const dq_t *s, long M, long N, long K, const float *x, lon
 /* Returns 0 on success, 1 when a scratch buffer could not be allocated, 2 on bad args. */
 int rlx_dq_gemm(int code, long qk, long bb, long M, long N, long K, const float *x, long ldx,
                 const uint8_t *w, long row_bytes, const float *scale, const int32_t *zp,
-                const float *lut, float *y, long ldy, int threads) {
-    if (qk <= 0 || K % qk || M < 0 || N < 0 || threads < 1) return 2;
-    dq_t s = {code, qk, bb, K / qk, row_bytes, w, scale, zp, lut};
+                const float *lut, float *y, long ldy, int threads, int R) {
+    if (qk <= 0 || K % qk || M < 0 || N < 0 || threads < 1 || !dq_r_ok(code, R)) return 2;
+    dq_t s = {code, qk, bb, K / qk, row_bytes, w, scale, zp, lut, N, R};
     if (M == 0 || N == 0) return 0;
     if (K == 0) {
         for (long m = 0; m < M; m++) memset(y + m * ldy, 0, (size_t)N * 4);
@@ -245,12 +273,13 @@ int rlx_dq_gemm(int code, long qk, long bb, long M, long N, long K, const float 
     return gemm_tiled(&s, M, N, K, x, ldx, y, ldy, threads);
 }
 
-/* Decode rows [n0, n0 + rows) fully into out [rows, K] (tests and the reference path). */
+/* Decode rows [n0, n0 + rows) of an [N, K] weight (R rows interleaved) fully into out
+ * [rows, K] (tests and the reference path). */
 int rlx_dq_decode(int code, long qk, long bb, long K, const uint8_t *w, long row_bytes,
                   const float *scale, const int32_t *zp, const float *lut, long n0, long rows,
-                  float *out) {
-    if (qk <= 0 || K % qk) return 2;
-    dq_t s = {code, qk, bb, K / qk, row_bytes, w, scale, zp, lut};
+                  float *out, long N, int R) {
+    if (qk <= 0 || K % qk || !dq_r_ok(code, R)) return 2;
+    dq_t s = {code, qk, bb, K / qk, row_bytes, w, scale, zp, lut, N, R};
     for (long r = 0; r < rows; r++) decode_blocks(&s, n0 + r, 0, s.nb, out + r * K);
     return 0;
 }

@@ -1,8 +1,9 @@
-/* dqgemm part 1 of 6 (see dqgemm.c for the library's overview): the vector layer, f16,
+/* dqgemm part 1 of 7 (see dqgemm.c for the library's overview): the vector layer, f16,
  * the packed weight and its exact block decoder. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "dq_layout.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -119,12 +120,24 @@ typedef struct {
     const float *scale; /* [N, nb] (Int8/Int4) or [1] (FP8) */
     const int32_t *zp;  /* same shape as scale */
     const float *lut;   /* FP8: byte -> f32 */
+    long N;             /* rows (the interleaved layout's tail starts at N - N % R) */
+    int R;              /* rows interleaved (dq_layout.h): 1 plain, 4 or 8 (GGUF only) */
 } dq_t;
+
+/* Block 0 of row n and the bytes from one of its blocks to the next (dq_layout.h). */
+static inline const uint8_t *dq_row(const dq_t *s, long n) {
+    return dq_row_start(s->w, n, s->N, s->nb, s->bb, s->R);
+}
+static inline long dq_bst(const dq_t *s, long n) { return dq_block_stride(n, s->N, s->bb, s->R); }
+
+/* Whether scheme `code` may be stored with R rows interleaved: R = 1 always, R = 4 or 8
+ * for the GGUF block layouts (codes 10..25). */
+static inline int dq_r_ok(int code, int R) { return R == 1 || ((R == 4 || R == 8) && code >= 10); }
 
 /* Decode block b of row n into out[0 .. qk). Same arithmetic, in the same order, as
  * rlx.formats.gguf / rlx.formats.schemes.dequantize_weight (so the values are bit-exact). */
 static void decode_block(const dq_t *s, long n, long b, float *restrict out) {
-    const uint8_t *p = s->w + n * s->row_bytes + b * s->bb;
+    const uint8_t *p = dq_row(s, n) + b * dq_bst(s, n);
     switch (s->code) {
     case S_I8: {
         const int8_t *q = (const int8_t *)p;

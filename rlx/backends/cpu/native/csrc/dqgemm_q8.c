@@ -1,4 +1,4 @@
-/* dqgemm part 6 of 6 (see dqgemm.c): the integer path, activations quantized to q8 (as
+/* dqgemm part 6 of 7 (see dqgemm.c): the integer path, activations quantized to q8 (as
  * llama.cpp's vec_dot kernels), for every GGUF layout but Q8_K.
  *
  * Activations: each X row is quantized once per call, per block of 32 inputs, to int8
@@ -134,17 +134,18 @@ static inline void q3k_scales(const uint8_t *p, float *sc, float *of) {
  * second) and wo per 16 (returns 2). */
 static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict ws,
                     float *restrict wo, const uint8_t **qp, long *stride) {
-    const uint8_t *p = s->w + n * s->row_bytes;
+    const uint8_t *p = dq_row(s, n);
+    long st = dq_bst(s, n); /* block to block: bb plain, R bb interleaved */
     *qp = wq;
     *stride = 32;
     switch (s->code) {
     case S_Q8_0:
-        for (long b = 0; b < s->nb; b++) ws[b] = Q8_HF(p + 34 * b);
+        for (long b = 0; b < s->nb; b++) ws[b] = Q8_HF(p + st * b);
         *qp = p + 2;
-        *stride = 34;
+        *stride = st;
         return 0;
     case S_Q5_0: /* signed codes q - 16 (as Q8_0's, no offset term) */
-        for (long b = 0; b < s->nb; b++, p += 22, wq += 32) {
+        for (long b = 0; b < s->nb; b++, p += st, wq += 32) {
             uint32_t qh;
             memcpy(&qh, p + 2, 4);
             const uint8_t *qs = p + 6;
@@ -177,7 +178,7 @@ static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict
         }
         return 0;
     case S_Q4_0: /* signed codes q - 8, no offset */
-        for (long b = 0; b < s->nb; b++, p += 18, wq += 32) {
+        for (long b = 0; b < s->nb; b++, p += st, wq += 32) {
             for (int j = 0; j < 16; j++) {
                 wq[j] = (uint8_t)(int8_t)((p[2 + j] & 15) - 8);
                 wq[j + 16] = (uint8_t)(int8_t)((p[2 + j] >> 4) - 8);
@@ -188,7 +189,7 @@ static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict
     case S_Q4_1: /* unsigned codes, scale d and offset m per 32 (kind 1) */
     case S_Q5_1: {
         int five = s->code == S_Q5_1;
-        for (long b = 0; b < s->nb; b++, p += s->bb, wq += 32) {
+        for (long b = 0; b < s->nb; b++, p += st, wq += 32) {
             uint32_t qh = 0;
             if (five) memcpy(&qh, p + 4, 4);
             const uint8_t *qs = p + 4 + 4 * five;
@@ -202,7 +203,7 @@ static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict
         return 1;
     }
     case S_Q5_K: /* as Q4_K, codes 0..31 (bit 4 from qh) */
-        for (long b = 0; b < s->nb; b++, p += 176, wq += 256) {
+        for (long b = 0; b < s->nb; b++, p += st, wq += 256) {
             float d = Q8_HF(p), dmin = Q8_HF(p + 2);
             const uint8_t *qh = p + 16, *qs = p + 48;
             for (int j = 0; j < 8; j++) {
@@ -217,7 +218,7 @@ static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict
         }
         return 1;
     case S_Q4_K:
-        for (long b = 0; b < s->nb; b++, p += 144, wq += 256) {
+        for (long b = 0; b < s->nb; b++, p += st, wq += 256) {
             float d = Q8_HF(p), dmin = Q8_HF(p + 2);
             const uint8_t *qs = p + 16;
 #if VW >= 8
@@ -251,7 +252,7 @@ static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict
         return 1;
     case S_Q2_K: /* codes 0..3, scale d sc & 15 and offset -dmin sc >> 4 per 16 */
     case S_Q3_K: /* codes 0..7 (bit 2 from hmask), scale d scl and offset -4 d scl per 16 */
-        for (long b = 0; b < s->nb; b++, p += s->bb, wq += 256) {
+        for (long b = 0; b < s->nb; b++, p += st, wq += 256) {
             float sc16[16], of16[16];
             const uint8_t *qs = p + (s->code == S_Q2_K ? 16 : 32), *hm = p;
             if (s->code == S_Q2_K) {
@@ -277,7 +278,7 @@ static int prep_row(const dq_t *s, long n, uint8_t *restrict wq, float *restrict
         }
         return 2;
     default: /* S_Q6_K */
-        for (long b = 0; b < s->nb; b++, p += 210, wq += 256) {
+        for (long b = 0; b < s->nb; b++, p += st, wq += 256) {
             const int8_t *sc = (const int8_t *)(p + 192);
             float d = Q8_HF(p + 208);
             float *w8 = ws + 64 * b;
@@ -522,13 +523,14 @@ static inline __attribute__((always_inline)) float q8_row32(int code, const uint
  * block: the 8 sub-blocks' integer dot products (codes x xq), reduced to one vector of 8
  * sums, converted and scaled by (d * sc_j) * dx_j in one FMA; the mins add (dmin * m_j) *
  * (dx_j * sum xq_j) in one FMA per block. */
-static inline __attribute__((always_inline)) float q8_row_q45_k(const uint8_t *p, long nb,
+static inline __attribute__((always_inline)) float q8_row_q45_k(const uint8_t *p, long st,
+                                                                 long nb,
                                                                  const int8_t *xq,
                                                                  const float *dx,
                                                                  const float *s32, int five) {
     __m256 acc = _mm256_setzero_ps(), mins = acc;
     const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-    for (long b = 0; b < nb; b++, p += five ? 176 : 144, xq += 256, dx += 8, s32 += 8) {
+    for (long b = 0; b < nb; b++, p += st, xq += 256, dx += 8, s32 += 8) {
         __m256 scf, mf;
         q4k_scales_mins(p, &scf, &mf);
         __m256 sc = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(Q8_HF(p)), scf),
@@ -638,7 +640,8 @@ static inline __attribute__((always_inline)) float q8_row_k16(int code, const ui
 #define Q8_DIRECT(CALL)                                                                        \
     _Pragma("omp for schedule(dynamic, chunk)") for (long n = 0; n < N; n++) {                 \
         prefetch_rows(s, &pf, n);                                                              \
-        const uint8_t *p = s->w + n * s->row_bytes;                                            \
+        const uint8_t *p = dq_row(s, n);                                                       \
+        long st = dq_bst(s, n);                                                                \
         for (long m = 0; m < M; m++) {                                                         \
             const int8_t *xqm = xq + m * K;                                                    \
             const float *dxm = dx + m * (K / 32), *s16m = s16 + m * (K / 16);                  \
@@ -655,16 +658,16 @@ static void gemv_q8_direct(const dq_t *s, long M, long N, long K, const int8_t *
         prefetcher pf = {0, 0};
         long nb = s->nb;
         switch (s->code) {
-        case S_Q6_K: Q8_DIRECT(q8_row_k16(S_Q6_K, p, 210, nb, xqm, dxm, s16m)) break;
-        case S_Q3_K: Q8_DIRECT(q8_row_k16(S_Q3_K, p, 110, nb, xqm, dxm, s16m)) break;
-        case S_Q2_K: Q8_DIRECT(q8_row_k16(S_Q2_K, p, 84, nb, xqm, dxm, s16m)) break;
-        case S_Q4_K: Q8_DIRECT(q8_row_q45_k(p, nb, xqm, dxm, s32m, 0)) break;
-        case S_Q5_K: Q8_DIRECT(q8_row_q45_k(p, nb, xqm, dxm, s32m, 1)) break;
-        case S_Q8_0: Q8_DIRECT(q8_row32(S_Q8_0, p, 34, nb, xqm, dxm, s32m)) break;
-        case S_Q4_0: Q8_DIRECT(q8_row32(S_Q4_0, p, 18, nb, xqm, dxm, s32m)) break;
-        case S_Q5_0: Q8_DIRECT(q8_row32(S_Q5_0, p, 22, nb, xqm, dxm, s32m)) break;
-        case S_Q4_1: Q8_DIRECT(q8_row32(S_Q4_1, p, 20, nb, xqm, dxm, s32m)) break;
-        default: Q8_DIRECT(q8_row32(S_Q5_1, p, 24, nb, xqm, dxm, s32m)) break;
+        case S_Q6_K: Q8_DIRECT(q8_row_k16(S_Q6_K, p, st, nb, xqm, dxm, s16m)) break;
+        case S_Q3_K: Q8_DIRECT(q8_row_k16(S_Q3_K, p, st, nb, xqm, dxm, s16m)) break;
+        case S_Q2_K: Q8_DIRECT(q8_row_k16(S_Q2_K, p, st, nb, xqm, dxm, s16m)) break;
+        case S_Q4_K: Q8_DIRECT(q8_row_q45_k(p, st, nb, xqm, dxm, s32m, 0)) break;
+        case S_Q5_K: Q8_DIRECT(q8_row_q45_k(p, st, nb, xqm, dxm, s32m, 1)) break;
+        case S_Q8_0: Q8_DIRECT(q8_row32(S_Q8_0, p, st, nb, xqm, dxm, s32m)) break;
+        case S_Q4_0: Q8_DIRECT(q8_row32(S_Q4_0, p, st, nb, xqm, dxm, s32m)) break;
+        case S_Q5_0: Q8_DIRECT(q8_row32(S_Q5_0, p, st, nb, xqm, dxm, s32m)) break;
+        case S_Q4_1: Q8_DIRECT(q8_row32(S_Q4_1, p, st, nb, xqm, dxm, s32m)) break;
+        default: Q8_DIRECT(q8_row32(S_Q5_1, p, st, nb, xqm, dxm, s32m)) break;
         }
     }
 }
@@ -678,6 +681,12 @@ static int q8_direct_ok(int code, long M) {
     return code == S_Q4_0 || code == S_Q4_1 || code == S_Q5_1 || code == S_Q2_K ||
            code == S_Q3_K || code == S_Q5_K;
 }
+#endif
+
+#if VW >= 8 /* interleaved groups at M = 1 (dqgemm_q8_group.c, concatenated after this file) */
+static int q8_group_ok(const dq_t *s, long M);
+static void gemv_q8_group(const dq_t *s, long N, const int8_t *xq, const float *dx,
+                          const float *s32, float *y, int threads, long chunk);
 #endif
 
 /* Y = X @ dequant(W)^T with X quantized to q8 (see the top of this file) */
@@ -700,7 +709,9 @@ static int gemm_q8(const dq_t *s, long M, long N, long K, const float *x, long l
         if (chunk < 1) chunk = 1;
 #if VW >= 8
         int direct = q8_direct_ok(s->code, M);
-        if (direct) gemv_q8_direct(s, M, N, K, xq, dx, xs16, xs32, y, ldy, threads, chunk);
+        if (direct && q8_group_ok(s, M)) gemv_q8_group(s, N, xq, dx, xs32, y, threads, chunk);
+        else if (direct)
+            gemv_q8_direct(s, M, N, K, xq, dx, xs16, xs32, y, ldy, threads, chunk);
 #else
         int direct = 0;
 #endif
@@ -757,10 +768,11 @@ static int gemm_q8(const dq_t *s, long M, long N, long K, const float *x, long l
 /* The entry point of the q8 path: as rlx_dq_gemm; 3 when the scheme has no q8 path. */
 int rlx_dq_gemm_q8(int code, long qk, long bb, long M, long N, long K, const float *x,
                    long ldx, const uint8_t *w, long row_bytes, float *y, long ldy,
-                   int threads) {
+                   int threads, int R) {
     if (!q8_ok(code)) return 3;
-    if (qk <= 0 || K % qk || K % 32 || M < 0 || N < 0 || threads < 1) return 2;
-    dq_t s = {code, qk, bb, K / qk, row_bytes, w, 0, 0, 0};
+    if (qk <= 0 || K % qk || K % 32 || M < 0 || N < 0 || threads < 1 || !dq_r_ok(code, R))
+        return 2;
+    dq_t s = {code, qk, bb, K / qk, row_bytes, w, 0, 0, 0, N, R};
     if (M == 0 || N == 0) return 0;
     if (K == 0) {
         for (long m = 0; m < M; m++) memset(y + m * ldy, 0, (size_t)N * 4);

@@ -1,4 +1,4 @@
-/* dqgemm part 2 of 6 (see dqgemm.c): fused decode-dot row kernels for AVX2 / AVX-512 (Q8_0,
+/* dqgemm part 2 of 7 (see dqgemm.c): fused decode-dot row kernels for AVX2 / AVX-512 (Q8_0,
  * Q5_0, Q4_K, Q6_K, Int8Block, Int4Block; the other GGUF layouts and the dispatch:
  * dqgemm_rows_gguf.c). */
 #include "gguf_unpack.h"
@@ -44,19 +44,19 @@ static inline float hf(const uint8_t *p) {
     return _cvtsh_ss(h); /* F16C: part of both targets */
 }
 
-static float row_q8_0(const uint8_t *p, long nb, const float *x) {
+static float row_q8_0(const uint8_t *p, long st, long nb, const float *x) {
     vf t0 = VZERO(), t1 = VZERO();
     long b = 0;
-    for (; b + 2 <= nb; b += 2, p += 68, x += 64) {
+    for (; b + 2 <= nb; b += 2, p += 2 * st, x += 64) {
         vf a0 = VZERO(), a1 = VZERO();
         for (int v = 0; v < 32; v += VW) {
             a0 = VFMA(VCVT(VI8(p + 2 + v)), VLOAD(x + v), a0);
-            a1 = VFMA(VCVT(VI8(p + 36 + v)), VLOAD(x + 32 + v), a1);
+            a1 = VFMA(VCVT(VI8(p + st + 2 + v)), VLOAD(x + 32 + v), a1);
         }
         t0 = VFMA(VSET1(hf(p)), a0, t0);
-        t1 = VFMA(VSET1(hf(p + 34)), a1, t1);
+        t1 = VFMA(VSET1(hf(p + st)), a1, t1);
     }
-    for (; b < nb; b++, p += 34, x += 32) {
+    for (; b < nb; b++, p += st, x += 32) {
         vf a0 = VZERO();
         for (int v = 0; v < 32; v += VW) a0 = VFMA(VCVT(VI8(p + 2 + v)), VLOAD(x + v), a0);
         t0 = VFMA(VSET1(hf(p)), a0, t0);
@@ -64,12 +64,13 @@ static float row_q8_0(const uint8_t *p, long nb, const float *x) {
     return vhsum(VADD(t0, t1));
 }
 
-/* Four consecutive Q8_0 rows (row stride rb bytes) against one X row: each X vector load
+/* Four Q8_0 rows (row i's block 0 at p + i rb, block stride st bytes: rb = row bytes and
+ * st = 34 plain, rb = 34 and st = 34 R interleaved) against one X row: each X vector load
  * is shared by the four rows and each row is reduced once (the caller prefetches). */
-static void rows4_q8_0(const uint8_t *p, long rb, long nb, const float *x, float *y) {
+static void rows4_q8_0(const uint8_t *p, long rb, long st, long nb, const float *x, float *y) {
     vf t0 = VZERO(), t1 = VZERO(), t2 = VZERO(), t3 = VZERO();
     const uint8_t *p1 = p + rb, *p2 = p + 2 * rb, *p3 = p + 3 * rb;
-    for (long b = 0; b < nb; b++, p += 34, p1 += 34, p2 += 34, p3 += 34, x += 32) {
+    for (long b = 0; b < nb; b++, p += st, p1 += st, p2 += st, p3 += st, x += 32) {
         vf a0 = VZERO(), a1 = VZERO(), a2 = VZERO(), a3 = VZERO();
         for (int v = 0; v < 32; v += VW) {
             vf xv = VLOAD(x + v);
@@ -89,10 +90,10 @@ static void rows4_q8_0(const uint8_t *p, long rb, long nb, const float *x, float
     y[3] = vhsum(t3);
 }
 
-__attribute__((unused)) static float row_q5_0_v(const uint8_t *p, long nb, const float *x) {
+__attribute__((unused)) static float row_q5_0_v(const uint8_t *p, long st, long nb, const float *x) {
     vf t0 = VZERO(), t1 = VZERO();
     const vi m15 = VISET1(15), one = VISET1(1), c16 = VISET1(16), lanes = VLANES();
-    for (long b = 0; b < nb; b++, p += 22, x += 32) {
+    for (long b = 0; b < nb; b++, p += st, x += 32) {
         uint32_t qh;
         memcpy(&qh, p + 2, 4);
         const vi hv = VISET1((int)qh);
@@ -149,7 +150,7 @@ static inline void q4k_scales_mins(const uint8_t *p, __m256 *sc, __m256 *mn) {
 
 /* xs[j]: sum of X over the j-th run of 32 inputs. The scales and mins come from
  * q4k_scales_mins; the mins' term is one 8-lane FMA per super-block against xs. */
-__attribute__((unused)) static float row_q4_k_v(const uint8_t *p, long nb, const float *x, const float *xs) {
+__attribute__((unused)) static float row_q4_k_v(const uint8_t *p, long st, long nb, const float *x, const float *xs) {
     vf t0 = VZERO(), t1 = VZERO();
     __m256 mins = _mm256_setzero_ps();
 #if VW == 16
@@ -158,7 +159,7 @@ __attribute__((unused)) static float row_q4_k_v(const uint8_t *p, long nb, const
     const vi m15 = VISET1(15);
 #endif
     float dsc[8];
-    for (long b = 0; b < nb; b++, p += 144, x += 256, xs += 8) {
+    for (long b = 0; b < nb; b++, p += st, x += 256, xs += 8) {
         __m256 scf, mf;
         q4k_scales_mins(p, &scf, &mf);
         _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(hf(p)), scf));
@@ -184,11 +185,11 @@ __attribute__((unused)) static float row_q4_k_v(const uint8_t *p, long nb, const
 }
 
 /* q6 values are assembled 32 at a time in bytes (AVX2 byte ops), then widened */
-static float row_q6_k(const uint8_t *p, long nb, const float *x) {
+static float row_q6_k(const uint8_t *p, long st, long nb, const float *x) {
     vf t0 = VZERO(), t1 = VZERO();
     const __m256i c32 = _mm256_set1_epi8(32);
     float dsc[16];
-    for (long b = 0; b < nb; b++, p += 210, x += 256) {
+    for (long b = 0; b < nb; b++, p += st, x += 256) {
         __m256 s_lo, s_hi;
         q6k_scales(p, hf(p + 208), &s_lo, &s_hi);
         _mm256_storeu_ps(dsc, s_lo);
@@ -257,12 +258,12 @@ __attribute__((unused)) static float row_i4_v(const uint8_t *q, const float *sc,
 static const float IOTA16[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 #if DQ_TABLE_Q4K
-static float row_q4_k(const uint8_t *p, long nb, const float *x, const float *xs) {
+static float row_q4_k(const uint8_t *p, long st, long nb, const float *x, const float *xs) {
     (void)xs;
     __m512 t0 = VZERO(), t1 = VZERO(), t2 = VZERO(), t3 = VZERO();
     const __m512 iota = _mm512_loadu_ps(IOTA16);
     float dsc[8], dmn[8];
-    for (long b = 0; b < nb; b++, p += 144, x += 256) {
+    for (long b = 0; b < nb; b++, p += st, x += 256) {
         __m256 scf, mf;
         q4k_scales_mins(p, &scf, &mf);
         _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(hf(p)), scf));
@@ -285,11 +286,11 @@ static float row_q4_k(const uint8_t *p, long nb, const float *x, const float *xs
 #endif
 
 #if DQ_TABLE_Q5_0
-static float row_q5_0(const uint8_t *p, long nb, const float *x) {
+static float row_q5_0(const uint8_t *p, long st, long nb, const float *x) {
     __m512 t0 = VZERO(), t1 = VZERO();
     const __m512 iota = _mm512_loadu_ps(IOTA16), iota_m16 = _mm512_sub_ps(iota, VSET1(16.0f));
     const __m512i m15 = VISET1(15), c16 = VISET1(16);
-    for (long b = 0; b < nb; b++, p += 22, x += 32) {
+    for (long b = 0; b < nb; b++, p += st, x += 32) {
         __m512 d = VSET1(hf(p));
         __m512 ta = _mm512_mul_ps(d, iota_m16), tb = _mm512_mul_ps(d, iota); /* d * (q - 16) */
         uint32_t qh;

@@ -1,4 +1,4 @@
-/* dqgemm part 3 of 6 (see dqgemm.c): fused decode-dot rows for the other GGUF layouts
+/* dqgemm part 3 of 7 (see dqgemm.c): fused decode-dot rows for the other GGUF layouts
  * (Q4_0, Q4_1, Q5_1, Q2_K, Q3_K, Q5_K) on AVX2 / AVX-512, and the fused-row dispatch.
  *
  * As dqgemm_rows.c: a block's codes go from the packed bytes straight to vector registers
@@ -133,26 +133,172 @@ static inline __attribute__((always_inline)) void blk_q5_0(const uint8_t *p, con
 }
 #endif
 
-/* a row of 32-weight blocks of `bytes` bytes: two blocks per step into separate
+/* a row of 32-weight blocks st bytes apart: two blocks per step into separate
  * accumulators; xs: the per-32 sums of X (the min term, where the block adds one) */
-#define ROW32(name, blk, bytes)                                                            \
-    static float name(const uint8_t *p, long nb, const float *x, const float *xs) {        \
+#define ROW32(name, blk)                                                                   \
+    static float name(const uint8_t *p, long st, long nb, const float *x, const float *xs) { \
         vf t0 = VZERO(), t1 = VZERO(), t2 = VZERO(), t3 = VZERO();                         \
         float m0 = 0.0f, m1 = 0.0f;                                                        \
         long b = 0;                                                                        \
-        for (; b + 2 <= nb; b += 2, p += 2 * (bytes), x += 64, xs += 2) {                  \
+        for (; b + 2 <= nb; b += 2, p += 2 * st, x += 64, xs += 2) {                       \
             blk(p, x, xs, &t0, &t1, &m0);                                                  \
-            blk(p + (bytes), x + 32, xs + 1, &t2, &t3, &m1);                               \
+            blk(p + st, x + 32, xs + 1, &t2, &t3, &m1);                                    \
         }                                                                                  \
         if (b < nb) blk(p, x, xs, &t0, &t1, &m0);                                          \
         return vhsum(VADD(VADD(t0, t1), VADD(t2, t3))) + (m0 + m1);                        \
     }
-ROW32(row_q4_0, blk_q4_0, 18)
-ROW32(row_q4_1, blk_q4_1, 20)
-ROW32(row_q5_1, blk_q5_1, 24)
+ROW32(row_q4_0, blk_q4_0)
+ROW32(row_q4_1, blk_q4_1)
+ROW32(row_q5_1, blk_q5_1)
 #if VW == 8
-ROW32(row_q5_0_b, blk_q5_0, 22)
+ROW32(row_q5_0_b, blk_q5_0)
 #endif
+
+#ifndef PF_AHEAD
+#define PF_AHEAD 4096 /* as dqgemm.c: bytes of the stream kept prefetched ahead */
+#endif
+/* G interleaved rows (block b of the G rows consecutive, blocks `bytes` apart) in one
+ * pass: each X vector load shared by the G rows, two accumulators per row, the block scale
+ * applied per block as in ROW32, one horizontal sum per row at the end */
+#define GROUP32(name, blk, bytes)                                                          \
+    static inline __attribute__((always_inline)) void name##_g(                            \
+        int G, const uint8_t *p, long nb, const float *x, const float *xs, float *y) {     \
+        vf t0[8], t1[8];                                                                   \
+        float mt[8];                                                                       \
+        for (int r = 0; r < G; r++) t0[r] = t1[r] = VZERO(), mt[r] = 0.0f;                \
+        for (long b = 0; b < nb; b++, p += G * (bytes), x += 32, xs++) {                   \
+            for (int o = 0; o < G * (bytes); o += 64) __builtin_prefetch(p + PF_AHEAD + o, 0, 3); \
+            for (int r = 0; r < G; r++) blk(p + r * (bytes), x, xs, &t0[r], &t1[r], &mt[r]); \
+        }                                                                                  \
+        for (int r = 0; r < G; r++) y[r] = vhsum(VADD(t0[r], t1[r])) + mt[r];              \
+    }                                                                                      \
+    static void name(int G, const uint8_t *p, long nb, const float *x, const float *xs,    \
+                     float *y) {                                                           \
+        if (G == 8) name##_g(8, p, nb, x, xs, y);                                          \
+        else name##_g(4, p, nb, x, xs, y);                                                 \
+    }
+GROUP32(group_q4_0, blk_q4_0, 18)
+GROUP32(group_q4_1, blk_q4_1, 20)
+GROUP32(group_q5_1, blk_q5_1, 24)
+#if VW == 8
+GROUP32(group_q5_0, blk_q5_0, 22)
+#endif
+
+/* ---- K-quant blocks for the groups: one 256-weight block of one row into two vector
+ * accumulators, the mins term (Q4_K: dmin m_j times the per-32 sums xs of X) subtracted in
+ * the low 8 lanes of t1 (one horizontal sum per row at the end) ---- */
+#if VW == 16
+#define VSUBV(a, b) _mm512_sub_ps(a, b)
+static inline vf lo8(__m256 v) { return _mm512_zextps256_ps512(v); }
+#else
+#define VSUBV(a, b) _mm256_sub_ps(a, b)
+static inline vf lo8(__m256 v) { return v; }
+#endif
+
+static inline __attribute__((always_inline)) void blk_q4_k(const uint8_t *p, const float *x,
+                                                            const float *xs, vf *t0, vf *t1,
+                                                            float *mt) {
+    (void)mt;
+#if VW == 16
+    const __m512 iota = _mm512_loadu_ps(IOTA16);
+#else
+    const vi m15 = VISET1(15);
+#endif
+    __m256 scf, mf;
+    q4k_scales_mins(p, &scf, &mf);
+    float dsc[8];
+    _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(hf(p)), scf));
+    __m256 mn = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(hf(p + 2)), mf), _mm256_loadu_ps(xs));
+    *t1 = VSUBV(*t1, lo8(mn));
+    const uint8_t *qs = p + 16;
+    for (int c = 0; c < 4; c++) {
+        vf alo = VZERO(), ahi = VZERO();
+        for (int v = 0; v < 32; v += VW) {
+            vi w = VU8(qs + c * 32 + v);
+#if VW == 16
+            alo = VFMA(_mm512_permutexvar_ps(w, iota), VLOAD(x + c * 64 + v), alo);
+#else
+            alo = VFMA(VCVT(VIAND(w, m15)), VLOAD(x + c * 64 + v), alo);
+#endif
+            ahi = VFMA(VCVT(VISRL(w, 4)), VLOAD(x + c * 64 + 32 + v), ahi);
+        }
+        *t0 = VFMA(VSET1(dsc[2 * c]), alo, *t0);
+        *t1 = VFMA(VSET1(dsc[2 * c + 1]), ahi, *t1);
+    }
+}
+
+static inline __attribute__((always_inline)) void blk_q6_k(const uint8_t *p, const float *x,
+                                                            const float *xs, vf *t0, vf *t1,
+                                                            float *mt) {
+    (void)xs, (void)mt;
+    const __m256i c32 = _mm256_set1_epi8(32);
+    float dsc[16];
+    __m256 s_lo, s_hi;
+    q6k_scales(p, hf(p + 208), &s_lo, &s_hi);
+    _mm256_storeu_ps(dsc, s_lo);
+    _mm256_storeu_ps(dsc + 8, s_hi);
+    for (int h = 0; h < 2; h++) {
+        q6k_half_t half = q6k_half(p, h);
+        for (int g = 0; g < 4; g++) {
+            __m256i q = _mm256_sub_epi8(q6k_codes(half, g), c32);
+            const float *xg = x + h * 128 + g * 32;
+            for (int v = 0; v < 32; v += VW) {
+                vf a = VMUL(VCVT(VI8R(part32(q, v))), VLOAD(xg + v));
+                vf dl = VSET1(dsc[h * 8 + g * 2 + v / 16]);
+                if (g & 1) *t1 = VFMA(dl, a, *t1);
+                else *t0 = VFMA(dl, a, *t0);
+            }
+        }
+    }
+}
+
+/* G interleaved rows of 256-weight blocks, as GROUP32 */
+#define GROUPK(name, blk, bytes, xsper)                                                    \
+    static inline __attribute__((always_inline)) void name##_g(                            \
+        int G, const uint8_t *p, long nb, const float *x, const float *xs, float *y) {     \
+        vf t0[8], t1[8];                                                                   \
+        for (int r = 0; r < G; r++) t0[r] = t1[r] = VZERO();                               \
+        for (long b = 0; b < nb; b++, p += G * (bytes), x += 256, xs += (xsper)) {         \
+            for (int o = 0; o < G * (bytes); o += 64) __builtin_prefetch(p + PF_AHEAD + o, 0, 3); \
+            for (int r = 0; r < G; r++) blk(p + r * (bytes), x, xs, &t0[r], &t1[r], 0);    \
+        }                                                                                  \
+        for (int r = 0; r < G; r++) y[r] = vhsum(VADD(t0[r], t1[r]));                      \
+    }                                                                                      \
+    static void name(int G, const uint8_t *p, long nb, const float *x, const float *xs,    \
+                     float *y) {                                                           \
+        if (G == 8) name##_g(8, p, nb, x, xs, y);                                          \
+        else name##_g(4, p, nb, x, xs, y);                                                 \
+    }
+GROUPK(group_q4_k, blk_q4_k, 144, 8)
+GROUPK(group_q6_k, blk_q6_k, 210, 0)
+
+/* whether M X rows run group_rows on an interleaved weight */
+static int group_ok(const dq_t *s, long M) {
+    if (M != 1 || s->R < 4) return 0;
+    switch (s->code) {
+    case S_Q4_0: case S_Q4_1: case S_Q5_1: case S_Q4_K: case S_Q6_K: return 1;
+#if VW == 8
+    case S_Q5_0: return 1;
+#endif
+    default: return 0;
+    }
+}
+
+/* y[0 .. R) for the interleaved group starting at row n0 (group_ok) */
+static void group_rows(const dq_t *s, long n0, const float *x, const float *px, float *y) {
+    const uint8_t *p = dq_row(s, n0);
+    int G = s->R;
+    switch (s->code) {
+    case S_Q4_0: group_q4_0(G, p, s->nb, x, px, y); break;
+    case S_Q4_1: group_q4_1(G, p, s->nb, x, px, y); break;
+    case S_Q4_K: group_q4_k(G, p, s->nb, x, px, y); break;
+    case S_Q6_K: group_q6_k(G, p, s->nb, x, px, y); break;
+#if VW == 8
+    case S_Q5_0: group_q5_0(G, p, s->nb, x, px, y); break;
+#endif
+    default: group_q5_1(G, p, s->nb, x, px, y); break;
+    }
+}
 
 /* ---- Q2_K / Q3_K: the 2-bit codes of output 128 h + 32 sh + l (l < 32) are bits 2 sh of
  * byte 32 h + l of qs: each (h, sh) is one 32-byte AVX2 shift-and-mask in a register,
@@ -175,13 +321,13 @@ ROW32(row_q5_0_b, blk_q5_0, 22)
 
 /* Q2_K (84-byte blocks: u8 scales[16] (4-bit scale, 4-bit min), u8 qs[64], half d, half
  * dmin): w = d * sc * code - dmin * mn per sub-block of 16; xs: per-16 sums of X */
-static float row_q2_k(const uint8_t *p, long nb, const float *x, const float *xs) {
+static float row_q2_k(const uint8_t *p, long st, long nb, const float *x, const float *xs) {
     vf t0 = VZERO(), t1 = VZERO(), t2 = VZERO(), t3 = VZERO();
     __m256 mins = _mm256_setzero_ps();
     const __m128i m4 = _mm_set1_epi8(15);
     const __m256i m3 = _mm256_set1_epi8(3);
     float dsc[16];
-    for (long b = 0; b < nb; b++, p += 84, x += 256, xs += 16) {
+    for (long b = 0; b < nb; b++, p += st, x += 256, xs += 16) {
         __m128i s8 = _mm_loadu_si128((const __m128i *)p);
         __m128i lo = _mm_and_si128(s8, m4), hi = _mm_and_si128(_mm_srli_epi16(s8, 4), m4);
         __m256 d = _mm256_set1_ps(hf(p + 80)), dm = _mm256_set1_ps(hf(p + 82));
@@ -207,11 +353,11 @@ static float row_q2_k(const uint8_t *p, long nb, const float *x, const float *xs
 /* Q3_K (110-byte blocks: u8 hmask[32], u8 qs[64], u8 scales[12], half d): w = d * scale
  * * code per sub-block of 16 (16 6-bit scales, offset 32), code ((qs bits) | (hmask[l]
  * bit 4 h + sh) << 2) - 4 */
-static float row_q3_k(const uint8_t *p, long nb, const float *x) {
+static float row_q3_k(const uint8_t *p, long st, long nb, const float *x) {
     vf t0 = VZERO(), t1 = VZERO(), t2 = VZERO(), t3 = VZERO();
     const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), c4 = _mm256_set1_epi8(4);
     float dsc[16];
-    for (long b = 0; b < nb; b++, p += 110, x += 256) {
+    for (long b = 0; b < nb; b++, p += st, x += 256) {
         __m256 slo, shi; /* d * scale, as decode_block computes it */
         q3k_scales16(p, hf(p + 108), &slo, &shi);
         _mm256_storeu_ps(dsc, slo);
@@ -233,12 +379,12 @@ static float row_q3_k(const uint8_t *p, long nb, const float *x) {
 /* ---- Q5_K: 176-byte blocks: half d, half dmin, u8 scales[12] (as Q4_K), u8 qh[32], u8
  * qs[128]; output 32 j + l is d * sc_j * (((qs[32 (j / 2) + l] >> 4 (j & 1)) & 15) |
  * ((qh[l] >> j) & 1) << 4) - dmin * m_j. xs: per-32 sums of X --------------------------- */
-static float row_q5_k(const uint8_t *p, long nb, const float *x, const float *xs) {
+static float row_q5_k(const uint8_t *p, long st, long nb, const float *x, const float *xs) {
     vf t0 = VZERO(), t1 = VZERO();
     __m256 mins = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     float dsc[8];
-    for (long b = 0; b < nb; b++, p += 176, x += 256, xs += 8) {
+    for (long b = 0; b < nb; b++, p += st, x += 256, xs += 8) {
         __m256 scf, mf;
         q4k_scales_mins(p, &scf, &mf);
         _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(hf(p)), scf));
@@ -300,26 +446,27 @@ static void prep_x(const dq_t *s, const float *x, long K, float *out) {
 }
 
 static float fused_row(const dq_t *s, long n, const float *x, const float *px, long K) {
-    const uint8_t *p = s->w + n * s->row_bytes;
+    const uint8_t *p = dq_row(s, n);
+    long st = dq_bst(s, n), nb = s->nb;
     switch (s->code) {
-    case S_Q8_0: return row_q8_0(p, s->nb, x);
+    case S_Q8_0: return row_q8_0(p, st, nb, x);
 #if VW == 8
-    case S_Q5_0: return row_q5_0_b(p, s->nb, x, px);
+    case S_Q5_0: return row_q5_0_b(p, st, nb, x, px);
 #else
-    case S_Q5_0: return row_q5_0(p, s->nb, x);
+    case S_Q5_0: return row_q5_0(p, st, nb, x);
 #endif
-    case S_Q4_K: return row_q4_k(p, s->nb, x, px);
-    case S_Q6_K: return row_q6_k(p, s->nb, x);
-    case S_Q4_0: return row_q4_0(p, s->nb, x, px);
-    case S_Q4_1: return row_q4_1(p, s->nb, x, px);
-    case S_Q5_1: return row_q5_1(p, s->nb, x, px);
-    case S_Q2_K: return row_q2_k(p, s->nb, x, px);
-    case S_Q3_K: return row_q3_k(p, s->nb, x);
-    case S_Q5_K: return row_q5_k(p, s->nb, x, px);
+    case S_Q4_K: return row_q4_k(p, st, nb, x, px);
+    case S_Q6_K: return row_q6_k(p, st, nb, x);
+    case S_Q4_0: return row_q4_0(p, st, nb, x, px);
+    case S_Q4_1: return row_q4_1(p, st, nb, x, px);
+    case S_Q5_1: return row_q5_1(p, st, nb, x, px);
+    case S_Q2_K: return row_q2_k(p, st, nb, x, px);
+    case S_Q3_K: return row_q3_k(p, st, nb, x);
+    case S_Q5_K: return row_q5_k(p, st, nb, x, px);
     case S_I8:
-        return row_i8((const int8_t *)p, s->scale + n * s->nb, s->zp + n * s->nb, s->nb, s->qk, x);
+        return row_i8((const int8_t *)p, s->scale + n * nb, s->zp + n * nb, nb, s->qk, x);
     default:
-        return row_i4(p, s->scale + n * s->nb, s->zp + n * s->nb, s->nb, s->qk, px, px + K / 2);
+        return row_i4(p, s->scale + n * nb, s->zp + n * nb, nb, s->qk, px, px + K / 2);
     }
 }
 #endif

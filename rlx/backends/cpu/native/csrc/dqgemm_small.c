@@ -1,4 +1,4 @@
-/* dqgemm part 5 of 6 (see dqgemm.c): small batches, 2 <= M <= SMALL_M (batched decode:
+/* dqgemm part 5 of 7 (see dqgemm.c): small batches, 2 <= M <= SMALL_M (batched decode:
  * one row of X per sequence). Each weight row is decoded once per call, SMALL_K weights
  * at a time, into an L1 buffer (vector decoders for Q8_0, Q5_0, Q4_K and Q6_K, the exact
  * scalar decode_block for the rest), and every decoded vector is applied to all M rows
@@ -29,16 +29,16 @@
 #define VSUBF(a, b) _mm256_sub_ps(a, b)
 #endif
 
-static void dec_q8_0(const uint8_t *p, long nblk, float *o) {
-    for (long b = 0; b < nblk; b++, p += 34, o += 32) {
+static void dec_q8_0(const uint8_t *p, long st, long nblk, float *o) {
+    for (long b = 0; b < nblk; b++, p += st, o += 32) {
         vf d = VSET1(h2f(p));
         for (int v = 0; v < 32; v += VW) VSTORE(o + v, VMUL(VCVT(VI8(p + 2 + v)), d));
     }
 }
 
-static void dec_q5_0(const uint8_t *p, long nblk, float *o) {
+static void dec_q5_0(const uint8_t *p, long st, long nblk, float *o) {
     const vi m15 = VISET1(15), one = VISET1(1), c16 = VISET1(16), lanes = VLANES();
-    for (long b = 0; b < nblk; b++, p += 22, o += 32) {
+    for (long b = 0; b < nblk; b++, p += st, o += 32) {
         uint32_t qh;
         memcpy(&qh, p + 2, 4);
         const vi hv = VISET1((int)qh);
@@ -55,9 +55,9 @@ static void dec_q5_0(const uint8_t *p, long nblk, float *o) {
     }
 }
 
-static void dec_q4_k(const uint8_t *p, long nblk, float *o) {
+static void dec_q4_k(const uint8_t *p, long st, long nblk, float *o) {
     const vi m15 = VISET1(15);
-    for (long b = 0; b < nblk; b++, p += 144, o += 256) {
+    for (long b = 0; b < nblk; b++, p += st, o += 256) {
         float d = h2f(p), dmin = h2f(p + 2);
         const uint8_t *q = p + 4, *ql = p + 16;
         for (int j = 0; j < 8; j++) {
@@ -80,10 +80,10 @@ static void dec_q4_k(const uint8_t *p, long nblk, float *o) {
     }
 }
 
-static void dec_q6_k(const uint8_t *p, long nblk, float *o) {
+static void dec_q6_k(const uint8_t *p, long st, long nblk, float *o) {
     const __m256i c32 = _mm256_set1_epi8(32);
     float dsc[16];
-    for (long b = 0; b < nblk; b++, p += 210, o += 256) {
+    for (long b = 0; b < nblk; b++, p += st, o += 256) {
         __m256 s_lo, s_hi;
         q6k_scales(p, h2f(p + 208), &s_lo, &s_hi);
         _mm256_storeu_ps(dsc, s_lo);
@@ -101,14 +101,15 @@ static void dec_q6_k(const uint8_t *p, long nblk, float *o) {
     }
 }
 
-/* blocks b0 .. b0 + nblk of row n into out, as decode_blocks */
+/* blocks b0 .. b0 + nblk of row n (any layout R) into out, as decode_blocks */
 static void decode_fast(const dq_t *s, long n, long b0, long nblk, float *out) {
-    const uint8_t *p = s->w + n * s->row_bytes + b0 * s->bb;
+    long st = dq_bst(s, n);
+    const uint8_t *p = dq_row(s, n) + b0 * st;
     switch (s->code) {
-    case S_Q8_0: dec_q8_0(p, nblk, out); break;
-    case S_Q5_0: dec_q5_0(p, nblk, out); break;
-    case S_Q4_K: dec_q4_k(p, nblk, out); break;
-    case S_Q6_K: dec_q6_k(p, nblk, out); break;
+    case S_Q8_0: dec_q8_0(p, st, nblk, out); break;
+    case S_Q5_0: dec_q5_0(p, st, nblk, out); break;
+    case S_Q4_K: dec_q4_k(p, st, nblk, out); break;
+    case S_Q6_K: dec_q6_k(p, st, nblk, out); break;
     default: decode_blocks(s, n, b0, nblk, out);
     }
 }
