@@ -33,6 +33,10 @@ RLX_DQ_ACT=f32|auto|q8   activations of weight-only GGUF matmuls (every GGUF lay
                          per 32 inputs for integer dot products at batch < 4 (decode, as
                          llama.cpp) and keeps f32 above; q8 at every batch (error bound
                          and why f32 is the default: docs/weight_only.md)
+RLX_DQ_REPACK=1|0        GGUF weights read in place from their file: 1 (the default)
+                         repacks them once at load into rows interleaved 8 (AVX-512) or
+                         4 (AVX2, portable) at a time, so a decode GEMV streams them in
+                         one pass; 0 keeps them as stored (benchmarks, tests)
 
 Each flag accepts exactly the values listed: words in any case, surrounding whitespace
 ignored. An unset flag takes its default; a flag set to an empty value is an error (except
@@ -187,6 +191,11 @@ DQ_ACT_CHOICES = ("auto", "q8", "f32")
 def dq_act() -> str:
     """RLX_DQ_ACT: 'f32' (default), 'auto' or 'q8'."""
     return _choice("RLX_DQ_ACT", DQ_ACT_CHOICES, "f32") or "f32"
+
+
+def dq_repack() -> bool:
+    """RLX_DQ_REPACK as a bool (default on: GGUF weights repacked at load)."""
+    return _flag("RLX_DQ_REPACK", True)
 
 
 def cache_max_bytes() -> int:

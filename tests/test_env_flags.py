@@ -22,6 +22,7 @@ FLAGS = (
     "RLX_CACHE_MAX_MB",
     "RLX_SGEMM",
     "RLX_DQ_ACT",
+    "RLX_DQ_REPACK",
 )
 
 # flag -> its reader; the documented values (as given, in several cases) -> what is read
@@ -34,6 +35,7 @@ READ = {
     "RLX_CACHE_MAX_MB": config.cache_max_bytes,
     "RLX_SGEMM": config.sgemm,
     "RLX_DQ_ACT": config.dq_act,
+    "RLX_DQ_REPACK": config.dq_repack,
 }
 
 GOOD = [
@@ -50,6 +52,8 @@ GOOD = [
     ("RLX_ISA", "AUTO", "auto"),
     ("RLX_SGEMM", "BLAS", "blas"),
     ("RLX_DQ_ACT", "Q8", "q8"),
+    ("RLX_DQ_REPACK", " Off", False),
+    ("RLX_DQ_REPACK", "1", True),
     ("RLX_NUM_THREADS", " 1 ", 1),
     ("RLX_NUM_THREADS", "01", 1),
     ("RLX_CACHE_MAX_MB", "3", 3 << 20),
@@ -68,6 +72,7 @@ BAD = [
     ("RLX_SGEMM", "", "auto, native, blas"),
     ("RLX_DQ_ACT", "int4", "auto, q8, f32"),
     ("RLX_DQ_ACT", "", "auto, q8, f32"),
+    ("RLX_DQ_REPACK", "2", "1, true, yes, on"),
     ("RLX_CACHE_DIR", "", "directory path"),
     ("RLX_CACHE_DIR", "   ", "directory path"),
     ("RLX_NUM_THREADS", "", "integer >= 1"),
@@ -120,6 +125,7 @@ def test_unset_flags_take_their_defaults():
     assert rlx.CompileOptions().verify is VerifyMode.END  # users' default (tests: each)
     assert config.num_threads() is None
     assert config.isa() == "auto" and config.sgemm() == "auto" and config.dq_act() == "f32"
+    assert config.dq_repack() is True
     assert config.cache_max_bytes() == 512 << 20
 
 

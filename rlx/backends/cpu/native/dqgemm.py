@@ -237,10 +237,9 @@ def repack(
 def repack_enabled() -> bool:
     """RLX_DQ_REPACK: ``1`` (default) repacks GGUF weights at load into the interleaved
     layout of the selected target (:func:`repack_rows`), ``0`` keeps them as stored."""
-    v = os.environ.get("RLX_DQ_REPACK", "1").strip()
-    if v not in ("0", "1"):
-        raise ConfigError(f"RLX_DQ_REPACK={v!r}: accepted values are 0 and 1 (default 1)")
-    return v == "1"
+    from rlx import config
+
+    return config.dq_repack()
 
 
 def _mapping(arr: np.ndarray) -> mmap.mmap | None:
