@@ -6,7 +6,9 @@ description) x M in {17, 64, 129}, against NumPy f64 products of weights decoded
 (test_quant_dequant.check_close: |err| <= K 2^-23 (|x| @ |w|^T)). N = 37 leaves tail rows
 after the interleaved groups and after the kernel's weight-row blocks; K spans two K
 blocks of the kernel with a short one. Edge cases: N = 1, K = one block, non-finite
-inputs. End to end: the greedy text of a tiny llama GGUF (tests/models/llm/tiny_llama.py)
+inputs. The int8-activation path (act="q8"): every scheme but Q8_K x target x layout x M,
+within the int8 rounding bound against the exact product and within f32 rounding of a
+NumPy model of the same per-32 quantization (check_q8_prefill). End to end: the greedy text of a tiny llama GGUF (tests/models/llm/tiny_llama.py)
 with a prompt of 40 tokens is transformers' and the one of the old tiled path."""
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from rlx.backends.cpu.native import cpu, prebuilt
 from rlx.backends.cpu.native.dqprefill import (
     INTERLEAVES,
     PREFILL_SCHEMES,
+    Q8_PREFILL_SCHEMES,
     SOURCES,
     dqprefill_lib,
     runs_prefill,
 )
 from rlx.errors import InputError, QuantizationError
 from rlx.formats import schemes as S
-from tests.cpu.kernels.test_quant_dequant import check_close, make_weight
+from tests.cpu.kernels.test_quant_dequant import check_close, make_weight, q8_bound
 
 pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not installed")
@@ -164,3 +167,82 @@ def test_tiny_llama_greedy_unchanged_by_the_prefill_kernel(tmp_path, monkeypatch
     assert got == seq[len(ids) :]
     monkeypatch.setattr(quant, "PREFILL_KERNEL", False)
     assert greedy() == got
+
+
+# ---- the int8-activation path (act="q8") -----------------------------------------------
+
+
+def q8_model(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """NumPy model of the per-32 activation quantization (f32 steps as the kernel's:
+    dx = max|x| / 127, id = 1 / dx, xq = rint(x * id)) and the f64 product of the
+    quantized activations with the decoded weight: (xhat [M, K] f64, xhat @ w.T f64)."""
+    m, k = x.shape
+    xb = x.reshape(m, k // 32, 32)
+    dx = np.abs(xb).max(-1) / np.float32(127)
+    safe = np.where(dx != 0, dx, np.float32(1))
+    idx = np.where(dx != 0, np.float32(1) / safe, np.float32(0)).astype(np.float32)
+    xq = np.rint(xb * idx[..., None])
+    xhat = (dx[..., None].astype(np.float64) * xq).reshape(m, k)
+    return xhat, xhat @ w.astype(np.float64).T
+
+
+def check_q8_prefill(got: np.ndarray, x: np.ndarray, w: np.ndarray) -> None:
+    """Two checks. (1) Against the exact product: the int8 rounding bound
+    (test_quant_dequant.q8_bound). Derivation: x_j = dx xq_j + e_j with |e_j| <= dx / 2
+    (rint of x / dx; times 1 + 2^-20 for the f32 rounding of x * id), so the activation
+    rounding alone errs by at most sum_j |w_j| dx_j / 2; the rest is f32 rounding of the
+    per-group terms (s dx) T and (mm dx) sum(xq) and of their sum over K / 16 groups, each
+    term at most 8 max|w| of its block times |x_j| + dx_j summed: 8 K 2^-24 (|x| + dx) @
+    wmax. (2) Against the NumPy model of the same quantization (q8_model): only the f32
+    rounding term remains."""
+    m, k = x.shape
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    err = np.abs(got.astype(np.float64) - want)
+    bound = q8_bound(x, w)
+    assert (err <= bound).all(), f"vs exact: max error / bound {(err / bound).max():.3g}"
+    xhat, model = q8_model(x, w)
+    x64 = np.abs(x.astype(np.float64))
+    dx = np.repeat(x64.reshape(m, k // 32, 32).max(-1) / 127, 32, axis=1)
+    wmax = np.repeat(
+        np.abs(w.astype(np.float64)).reshape(w.shape[0], k // 32, 32).max(-1), 32, axis=1
+    )
+    tol = 8 * k * 2.0**-24 * (x64 + dx) @ wmax.T
+    merr = np.abs(got.astype(np.float64) - model)
+    assert (merr <= tol).all(), f"vs model: max error / bound {(merr / tol).max():.3g}"
+
+
+Q8_SCHEMES = [cls() for cls in Q8_PREFILL_SCHEMES]
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.value)
+@pytest.mark.parametrize("scheme", Q8_SCHEMES, ids=str)
+def test_q8_prefill_matches_model_and_bound_every_layout(target, scheme) -> None:
+    lib = dqprefill_lib(target)
+    rng = np.random.default_rng(abs(hash((str(scheme), target.value, "q8"))) % 2**32)
+    n, k = 37, _k(scheme)
+    (packed,), w = make_weight(scheme, n, k, rng)
+    bb = type(scheme).block_bytes  # type: ignore[attr-defined]
+    for rows in INTERLEAVES:
+        wr = interleave(packed, rows, bb)
+        for m in (17, 64, 129):
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            x[1, :32] = 0.0  # an all-zero 32-block (dx = 0)
+            out = np.full((m, n), np.nan, np.float32)
+            lib.gemm(scheme, x, wr, out, rows=rows, num_threads=1 + m % 2, act="q8")
+            check_q8_prefill(out, x, w)
+
+
+def test_q8_prefill_non_finite_and_bad_act() -> None:
+    lib = dqprefill_lib()
+    rng = np.random.default_rng(8)
+    (packed,), w = make_weight(S.GgufQ4K(), 9, 512, rng)
+    x = rng.standard_normal((20, 512)).astype(np.float32)
+    x[4, 300] = np.inf
+    out = np.empty((20, 9), np.float32)
+    lib.gemm(S.GgufQ4K(), x, packed, out, act="q8")
+    assert np.isnan(out[4]).all() and np.isfinite(np.delete(out, 4, axis=0)).all()
+    with pytest.raises(InputError, match="act must be one of"):
+        lib.gemm(S.GgufQ4K(), x, packed, out, act="bf16")
+    (p8k,), _ = make_weight(S.GgufQ8K(), 9, 512, rng)
+    with pytest.raises(InputError, match="no int8-activation prefill"):
+        lib.gemm(S.GgufQ8K(), x, p8k, out, act="q8")

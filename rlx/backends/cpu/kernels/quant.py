@@ -21,7 +21,8 @@ Q6_K, Int8Block and Int4Block on AVX2 / AVX-512; a block-decode-then-FMA path fo
 rest); 2..16 rows (batched decode) decode each weight row once and apply it to every row
 (``csrc/dqgemm_small.c``, AVX2 / AVX-512); prompts (17 rows and more) on a GGUF scheme
 take the prefill GEMM (``native/dqprefill.py``: weight tiles decoded into f32 panels of a
-register-blocked FMA micro-kernel, ``PREFILL_KERNEL``), other larger batches decode panels
+register-blocked FMA micro-kernel; with ``RLX_DQ_ACT=q8`` int8 activations and integer
+dot products, ``PREFILL_KERNEL``), other larger batches decode panels
 of the weight into L1-sized f32 tiles for an FMA micro-kernel. With ``RLX_DQ_ACT=auto`` (``dqgemm.Q8_SCHEMES`` at batch < 4) or
 ``q8`` the activations are quantized to int8 per 32 inputs and the products are
 integer dot products (``csrc/dqgemm_q8.c``, VNNI / AVX2 / C), as llama.cpp decodes; the
@@ -294,7 +295,8 @@ def _prefill_call(
     m = xa.shape[0]
     if not (PREFILL_KERNEL and ctx.native and dqprefill.runs_prefill(op.scheme, m)):
         return None
-    if dqgemm.uses_q8(op.scheme, m, config.dq_act()):
+    act = "q8" if dqgemm.uses_q8(op.scheme, m, config.dq_act()) else "f32"
+    if act == "q8" and type(op.scheme) not in dqprefill.Q8_PREFILL_SCHEMES:
         return None
     try:
         lib = dqprefill.dqprefill_lib()
@@ -304,13 +306,14 @@ def _prefill_call(
     try:
         call = lib.bind(
             op.scheme, xa, weights[0], y, rows=rows, num_threads=ctx.num_threads,
-            name=_input_name(ctx, node, 1),
+            name=_input_name(ctx, node, 1), act=act,
         )  # fmt: skip
     except QuantizationError as e:
         raise QuantizationError(f"dequant_matmul %{node.id}: {e.bare_message}") from None
     ctx.notes.append(
-        f"dequant_matmul %{node.id}: native {op.scheme} prefill GEMM (f32 panels) on the "
-        f"packed bytes ({lib.target.value}, {ctx.num_threads} thread(s))"
+        f"dequant_matmul %{node.id}: native {op.scheme} prefill GEMM "
+        f"({'int8 activations' if act == 'q8' else 'f32 panels'}) on the packed bytes"
+        f" ({lib.target.value}, {ctx.num_threads} thread(s))"
     )
     return call
 

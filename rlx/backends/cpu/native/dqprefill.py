@@ -33,11 +33,13 @@ __all__ = [
     "PREFILL_SCHEMES",
     "PREFILL_MIN_M",
     "INTERLEAVES",
+    "Q8_PREFILL_SCHEMES",
+    "PREFILL_ACTS",
     "runs_prefill",
 ]
 
 #: the C source files, concatenated in this order
-SOURCES = ("dqgemm_prefill.c",)
+SOURCES = ("dqgemm_prefill.c", "dqgemm_prefill_q8.c")
 
 _CODES: dict[type, int] = {
     S.GgufQ4_0: 10,
@@ -54,6 +56,11 @@ _CODES: dict[type, int] = {
 }
 #: the schemes the prefill kernel reads
 PREFILL_SCHEMES: tuple[type, ...] = tuple(_CODES)
+#: the schemes with an int8-activation prefill path (``act="q8"``)
+Q8_PREFILL_SCHEMES: tuple[type, ...] = tuple(t for t in _CODES if t is not S.GgufQ8K)
+#: activation modes of :meth:`DqPrefillLib.bind`: ``f32`` exact f32 products; ``q8`` X
+#: quantized to int8 per 32 inputs, integer dot products (Q8_PREFILL_SCHEMES)
+PREFILL_ACTS = ("f32", "q8")
 #: the fewest activation rows that take the prefill kernel (fewer: native/dqgemm.py)
 PREFILL_MIN_M = 17
 #: the row interleaves (``csrc/dq_layout.h``) a packed weight may have
@@ -82,6 +89,8 @@ class DqPrefillLib:
         self.target = target
         self.level = int(lib.rlx_dqp_level())
         self.openmp = bool(lib.rlx_dqp_openmp())
+        #: the int8 path's instructions: 3 vpdpbusd (AVX-512 VNNI), 1 vpmaddubsw (AVX2), 0 C
+        self.q8_level = int(lib.rlx_dqp_q8_level())
         #: micro-tile: weight rows x tokens
         self.tile = (int(lib.rlx_dqp_mw()), int(lib.rlx_dqp_nt()))
 
@@ -123,16 +132,23 @@ class DqPrefillLib:
         rows: int = 1,
         num_threads: int = 1,
         name: str = "w_q",
+        act: str = "f32",
     ) -> Callable[[], None]:
         """A zero-argument call computing ``out = x @ dequant(w).T`` (arguments checked
         and converted once; the arrays must not move): ``x`` C-contiguous f32 [M, K],
         ``w`` the packed GGUF weight of ``scheme`` (``rows`` rows interleaved, ``dqgemm.repack``), ``out``
-        C-contiguous f32 [M, N]."""
+        C-contiguous f32 [M, N]. ``act``: ``f32`` (exact f32 products) or ``q8`` (X
+        quantized to int8 per 32 inputs, integer dot products: ``csrc/dqgemm_prefill_q8.c``,
+        error bound there)."""
         code, qk, bb, rr = self._scheme_args(scheme, rows)
+        if act not in PREFILL_ACTS:
+            raise InputError(f"dqprefill: act must be one of {PREFILL_ACTS}, given {act!r}")
+        if act == "q8" and type(scheme) not in Q8_PREFILL_SCHEMES:
+            raise InputError(f"dqprefill: no int8-activation prefill for {scheme}")
         self._check(scheme, x, w, out, name)
         m, k = x.shape
         n = out.shape[1]
-        fn = self.lib.rlx_dqp_gemm
+        fn = self.lib.rlx_dqp_gemm_q8 if act == "q8" else self.lib.rlx_dqp_gemm
         args = (code, qk, bb, rr, m, n, k, x.ctypes.data, k, w.ctypes.data,
                 out.ctypes.data, n, max(1, int(num_threads)))  # fmt: skip
         keep = (x, w, out)
@@ -156,9 +172,10 @@ class DqPrefillLib:
         *,
         rows: int = 1,
         num_threads: int = 1,
+        act: str = "f32",
     ) -> None:
         """``out = x @ dequant(w).T`` now (see :meth:`bind`)."""
-        self.bind(scheme, x, w, out, rows=rows, num_threads=num_threads)()
+        self.bind(scheme, x, w, out, rows=rows, num_threads=num_threads, act=act)()
 
     def decode(
         self, scheme: S.QuantScheme, w: np.ndarray, n: int, k: int, *, rows: int = 1
