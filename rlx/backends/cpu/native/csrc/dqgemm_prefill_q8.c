@@ -16,8 +16,10 @@
  * Q4_1 / Q5_1 (-m), Q2_K / Q4_K / Q5_K (dmin * m).
  *
  * Product of a group g of one weight row and one token: the exact integer
- * T = sum u xq - off * sum xq (vpdpbusd on AVX-512 VNNI; vpmaddubsw + vpmaddwd on AVX2;
- * int32 C on the portable target), then acc += (s dx) T - (mm dx) sum xq in f32. So
+ * T = sum u xq (vpdpbusd on AVX-512 VNNI; vpmaddubsw + vpmaddwd on AVX2; int32 C on the
+ * portable target), then acc += (s dx) T - mm' (dx sum xq) in f32, where mm' = mm + s off
+ * (exact: off is a power of two, and mm = 0 where off != 0) and dx sum xq is computed once
+ * per call with X's quantization. So
  * against the f64 product of the decoded weight the error is the activation rounding,
  * at most sum_j |w_j| dx_j / 2, plus f32 rounding of the per-group terms and their sum.
  */
@@ -50,16 +52,17 @@ static int q_form(int code, qform_t *f) {
     f->mins = 0;
     f->sgn = 0;
     switch (code) {
-    case P_Q4_0: f->off = 8; return 1;
-    case P_Q5_0: f->off = 16; return 1;
+    case P_Q4_0: f->off = 8; f->mins = 1; return 1;
+    case P_Q5_0: f->off = 16; f->mins = 1; return 1;
     case P_Q4_1: case P_Q5_1: case P_Q4_K: case P_Q5_K: f->mins = 1; return 1;
     case P_Q8_0:
         if (QLEVEL == 1) f->sgn = 1;
         else f->off = 128;
+        f->mins = !f->sgn;
         return 1;
     case P_Q2_K: f->g = 16; f->mins = 1; return 1;
-    case P_Q3_K: f->g = 16; f->off = 4; return 1;
-    case P_Q6_K: f->g = 16; f->off = 32; return 1;
+    case P_Q3_K: f->g = 16; f->off = 4; f->mins = 1; return 1;
+    case P_Q6_K: f->g = 16; f->off = 32; f->mins = 1; return 1;
     default: return 0;
     }
 }
@@ -71,7 +74,7 @@ static void q_unpack(int code, const uint8_t *p, uint8_t *restrict u, float *s, 
     case P_Q4_1: {
         const int one = code == P_Q4_1;
         s[0] = p_h2f(p);
-        mm[0] = one ? -p_h2f(p + 2) : 0.0f;
+        mm[0] = one ? -p_h2f(p + 2) : 8.0f * s[0];
         const uint8_t *qs = p + 2 + 2 * one;
         for (int j = 0; j < 16; j++) {
             u[j] = qs[j] & 15;
@@ -83,7 +86,7 @@ static void q_unpack(int code, const uint8_t *p, uint8_t *restrict u, float *s, 
     case P_Q5_1: {
         const int one = code == P_Q5_1;
         s[0] = p_h2f(p);
-        mm[0] = one ? -p_h2f(p + 2) : 0.0f;
+        mm[0] = one ? -p_h2f(p + 2) : 16.0f * s[0];
         const uint8_t *qhp = p + 2 + 2 * one, *qs = qhp + 4;
         uint32_t qh;
         memcpy(&qh, qhp, 4);
@@ -95,7 +98,7 @@ static void q_unpack(int code, const uint8_t *p, uint8_t *restrict u, float *s, 
     }
     case P_Q8_0: {
         s[0] = p_h2f(p);
-        mm[0] = 0.0f;
+        mm[0] = QLEVEL == 1 ? 0.0f : 128.0f * s[0];
         const uint8_t flip = QLEVEL == 1 ? 0 : 0x80;
         for (int j = 0; j < 32; j++) u[j] = p[2 + j] ^ flip;
         break;
@@ -120,7 +123,7 @@ static void q_unpack(int code, const uint8_t *p, uint8_t *restrict u, float *s, 
             int lo = i < 8 ? (sc[i] & 15) : (sc[i - 8] >> 4);
             int hi = (sc[8 + (i & 3)] >> (2 * (i >> 2))) & 3;
             s[i] = d * (float)((lo | (hi << 4)) - 32);
-            mm[i] = 0.0f;
+            mm[i] = 4.0f * s[i];
         }
         for (int h = 0; h < 2; h++)
             for (int sh = 0; sh < 4; sh++) {
@@ -155,7 +158,7 @@ static void q_unpack(int code, const uint8_t *p, uint8_t *restrict u, float *s, 
         const float d = p_h2f(p + 208);
         for (int i = 0; i < 16; i++) {
             s[i] = d * (float)sc[i];
-            mm[i] = 0.0f;
+            mm[i] = 32.0f * s[i];
         }
         for (int h = 0; h < 2; h++)
             for (int g = 0; g < 4; g++)
@@ -174,7 +177,8 @@ static void q_unpack(int code, const uint8_t *p, uint8_t *restrict u, float *s, 
 typedef struct {
     int8_t *q;  /* [np][K / 4][QNT][4] */
     float *dx;  /* [np][K / 32][QNT] */
-    int32_t *s; /* [np][K / 16][QNT]: sum of xq per 16 inputs */
+    float *m16; /* [np][K / 16][QNT]: dx * sum of xq per 16 inputs */
+    float *m32; /* [np][K / 32][QNT]: dx * sum of xq per 32 inputs */
 } qx_t;
 
 static void q_pack_x(const float *x, long ldx, long M, long K, qx_t *X, int threads) {
@@ -185,7 +189,7 @@ static void q_pack_x(const float *x, long ldx, long M, long K, qx_t *X, int thre
         const long p = m / QNT, t = m % QNT;
         int8_t *q = X->q + p * K * QNT;
         float *dx = X->dx + p * (K / 32) * QNT;
-        int32_t *s = X->s + p * (K / 16) * QNT;
+        float *m16 = X->m16 + p * (K / 16) * QNT, *m32 = X->m32 + p * (K / 32) * QNT;
         for (long b = 0; b < K / 32; b++) {
             int8_t c[32] = {0};
             float db = 0.0f;
@@ -205,11 +209,11 @@ static void q_pack_x(const float *x, long ldx, long M, long K, qx_t *X, int thre
                 if (bad) db = NAN;
             }
             dx[b * QNT + t] = db;
-            for (int h = 0; h < 2; h++) {
-                int sum = 0;
-                for (int j = 0; j < 16; j++) sum += c[16 * h + j];
-                s[(2 * b + h) * QNT + t] = sum;
-            }
+            int sum[2] = {0, 0};
+            for (int j = 0; j < 32; j++) sum[j / 16] += c[j];
+            m16[(2 * b) * QNT + t] = db * (float)sum[0];
+            m16[(2 * b + 1) * QNT + t] = db * (float)sum[1];
+            m32[b * QNT + t] = db * (float)(sum[0] + sum[1]);
             for (int j = 0; j < 32; j++) q[((32 * b + j) / 4 * QNT + t) * 4 + j % 4] = c[j];
         }
     }
@@ -268,13 +272,12 @@ typedef __m256 vq;
  * X panel pointers at the block's start (q: 4 inputs per lane, dx per 32, xs per 16). */
 #define QKERNEL(NAME, G, DOT)                                                               \
     static void NAME(long kc, const uint8_t *restrict u, const float *s, const float *mm,  \
-                     long gs, const int8_t *xq, const float *dx, const int32_t *xs,        \
+                     long gs, const int8_t *xq, const float *dx, const float *mxs,         \
                      const qform_t *f, float *restrict c, int accum) {                     \
         vq acc[QMW][2];                                                                     \
         for (int i = 0; i < QMW; i++)                                                       \
             for (int v = 0; v < 2; v++)                                                     \
                 acc[i][v] = accum ? VQ_LOAD(c + i * QNT + v * QL) : VQ_ZERO();              \
-        const vi offv = VI_SET1(f->off);                                                    \
         for (long g = 0; g < kc / G; g++) {                                                 \
             vi ia[QMW][2];                                                                  \
             for (int i = 0; i < QMW; i++) ia[i][0] = ia[i][1] = VI_ZERO();                  \
@@ -289,15 +292,12 @@ typedef __m256 vq;
                     ia[i][1] = DOT(ia[i][1], wb, x1);                                       \
                 }                                                                           \
             }                                                                               \
-            const long b32 = (g * G) / 32, g16 = (g * G) / 16;                              \
+            const long b32 = (g * G) / 32;                                                  \
             for (int v = 0; v < 2; v++) {                                                   \
                 const vq dxv = VQ_LOAD(dx + b32 * QNT + v * QL);                            \
-                vi xsv = VI_LOAD(xs + g16 * QNT + v * QL);                                  \
-                if (G == 32) xsv = VI_ADD(xsv, VI_LOAD(xs + (g16 + 1) * QNT + v * QL));     \
-                const vi ox = VI_MULLO(xsv, offv);                                          \
-                const vq mx = VQ_MUL(VQ_CVT(xsv), dxv);                                     \
+                const vq mx = VQ_LOAD(mxs + g * QNT + v * QL);                              \
                 for (int i = 0; i < QMW; i++) {                                             \
-                    const vq t = VQ_CVT(VI_SUB(ia[i][v], ox));                              \
+                    const vq t = VQ_CVT(ia[i][v]);                                          \
                     acc[i][v] = VQ_FMA(t, VQ_MUL(VQ_SET1(s[i * gs + g]), dxv), acc[i][v]);  \
                     if (f->mins) acc[i][v] = VQ_FNMA(VQ_SET1(mm[i * gs + g]), mx, acc[i][v]); \
                 }                                                                           \
@@ -313,7 +313,7 @@ QKERNEL(q_kernel32s, 32, VI_DOTS)
 /* portable: int32 C */
 static void q_kernel_c(long kc, int G, const uint8_t *restrict u, const float *s,
                        const float *mm, long gs, const int8_t *xq, const float *dx,
-                       const int32_t *xs, const qform_t *f, float *restrict c, int accum) {
+                       const float *mxs, const qform_t *f, float *restrict c, int accum) {
     for (int i = 0; i < QMW; i++)
         for (int t = 0; t < QNT; t++) {
             float a = accum ? c[i * QNT + t] : 0.0f;
@@ -323,11 +323,9 @@ static void q_kernel_c(long kc, int G, const uint8_t *restrict u, const float *s
                     const long k = g * G + j;
                     ia += (int32_t)u[i * QKS + k] * xq[(k / 4 * QNT + t) * 4 + k % 4];
                 }
-                const long g16 = (g * G) / 16;
-                int32_t sx = xs[g16 * QNT + t] + (G == 32 ? xs[(g16 + 1) * QNT + t] : 0);
                 const float d = dx[(g * G) / 32 * QNT + t];
-                a += (float)(ia - f->off * sx) * (s[i * gs + g] * d);
-                if (f->mins) a -= mm[i * gs + g] * ((float)sx * d);
+                a += (float)ia * (s[i * gs + g] * d);
+                if (f->mins) a -= mm[i * gs + g] * mxs[g * QNT + t];
             }
             c[i * QNT + t] = a;
         }
@@ -374,7 +372,8 @@ static int q_gemm(const pw_t *s, const qform_t *f, long M, long N, long K, const
                 for (long p = 0; p < np; p++) {
                     const int8_t *xq = X->q + p * K * QNT + k0 * QNT;
                     const float *dx = X->dx + p * (K / 32) * QNT + (k0 / 32) * QNT;
-                    const int32_t *xs = X->s + p * (K / 16) * QNT + (k0 / 16) * QNT;
+                    const float *xs = G == 32 ? X->m32 + p * (K / 32) * QNT + (k0 / 32) * QNT
+                                              : X->m16 + p * (K / 16) * QNT + (k0 / 16) * QNT;
                     float *c = tile + p * QMW * QNT;
 #if QLEVEL >= 1
                     if (f->sgn) q_kernel32s(kc, u, sc, mm, gs, xq, dx, xs, f, c, b0 != 0);
@@ -414,15 +413,17 @@ int rlx_dqp_gemm_q8(int code, long qk, long bb, int r, long M, long N, long K, c
     qx_t X;
     X.q = (int8_t *)p_alloc((size_t)np * QNT * K);
     X.dx = (float *)p_alloc((size_t)np * QNT * (K / 32) * 4);
-    X.s = (int32_t *)p_alloc((size_t)np * QNT * (K / 16) * 4);
+    X.m16 = (float *)p_alloc((size_t)np * QNT * (K / 16) * 4);
+    X.m32 = (float *)p_alloc((size_t)np * QNT * (K / 32) * 4);
     int rc = 1;
-    if (X.q && X.dx && X.s) {
+    if (X.q && X.dx && X.m16 && X.m32) {
         q_pack_x(x, ldx, M, K, &X, threads);
         rc = q_gemm(&s, &f, M, N, K, &X, y, ldy, threads);
     }
     free(X.q);
     free(X.dx);
-    free(X.s);
+    free(X.m16);
+    free(X.m32);
     return rc;
 }
 
