@@ -404,9 +404,13 @@ def _prefill_table(a: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
     with the prompt GEMMs' share of the prefill and their GFLOP/s (median over rounds)."""
     from rlx.backends.cpu.native.peak import fma_peak_gflops
 
-    head = "| threads | engine | " + " | ".join(
-        f"prefill {n} tokens/s | / llama.cpp | GEMM share | GEMM GFLOP/s (% FMA peak)"
-        for n in a.prompt_tokens
+    head = (
+        "| threads | engine | "
+        + " | ".join(
+            f"prefill {n} tokens/s | / llama.cpp | GEMM share | GEMM GFLOP/s (% FMA peak)"
+            for n in a.prompt_tokens
+        )
+        + " |"
     )
     lines = ["", "", "Prefill by rlx variant (FMA peak measured after the rounds):", "", head,
              "|" + "---|" * (2 + 4 * len(a.prompt_tokens))]  # fmt: skip
