@@ -402,25 +402,27 @@ def _prefill_table(a: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
     """The prompt rows of every rlx prefill variant (``rlx``: the f32 prefill kernel,
     ``rlx-q8``: int8 activations, ``rlx-tiled``: the old tiled GEMM) against llama.cpp,
     with the prompt GEMMs' share of the prefill and their GFLOP/s (median over rounds)."""
-    from rlx.backends.cpu.native.peak import fma_peak_gflops
+    from rlx.backends.cpu.native.peak import PeakKind, fma_peak_gflops, measure_lowp_peak
 
     head = (
         "| threads | engine | "
         + " | ".join(
-            f"prefill {n} tokens/s | / llama.cpp | GEMM share | GEMM GFLOP/s (% FMA peak)"
+            f"prefill {n} tokens/s | / llama.cpp | GEMM share | GEMM GFLOP/s (% of peak)"
             for n in a.prompt_tokens
         )
         + " |"
     )
-    lines = ["", "", "Prefill by rlx variant (FMA peak measured after the rounds):", "", head,
+    lines = ["", "", "Prefill by rlx variant (peaks measured after the rounds):", "", head,
              "|" + "---|" * (2 + 4 * len(a.prompt_tokens))]  # fmt: skip
     for t in a.threads:
-        peak = fma_peak_gflops(t)
+        fma = fma_peak_gflops(t)
+        i8 = measure_lowp_peak(PeakKind.INT8, t)
         ll = [r for r in runs.get(f"llama|{t}", []) if "prefill" in r]
         for e in ("rlx", "rlx-q8", "rlx-tiled"):
             rs = [r for r in runs.get(f"{e}|{t}", []) if "prefill" in r]
             if not rs:
                 continue
+            peak, what = (i8.gops, "int8") if e == "rlx-q8" and i8.gops else (fma, "FMA")
             cells = []
             for n in map(str, a.prompt_tokens):
                 tps = float(np.median([r["prefill"][n] for r in rs]))
@@ -428,11 +430,18 @@ def _prefill_table(a: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
                 sh = float(np.median([r["prefill_gemm"].get(n, (0, 0))[0] for r in rs]))
                 gf = float(np.median([r["prefill_gemm"].get(n, (0, 0))[1] for r in rs]))
                 cells += [f"{tps:.1f}", f"{tps / ref:.2f}", f"{sh * 100:.0f} %",
-                          f"{gf:.0f} ({gf / peak * 100:.0f} %)" if gf else "n/a"]  # fmt: skip
+                          f"{gf:.0f} ({gf / peak * 100:.0f} % {what})" if gf else "n/a"]  # fmt: skip
             lines.append(f"| {t} | {e} | " + " | ".join(cells) + " |")
     lines.append(
-        "\nFMA peak (f32, rlx_fma_peak): "
+        "\nPeaks (measured after the rounds): f32 FMA "
         + ", ".join(f"{fma_peak_gflops(t):.0f} GFLOP/s on {t} thread(s)" for t in a.threads)
+        + "; int8 ("
+        + measure_lowp_peak(PeakKind.INT8, a.threads[0]).instruction
+        + ") "
+        + ", ".join(
+            f"{measure_lowp_peak(PeakKind.INT8, t).gops:.0f} Gop/s on {t} thread(s)"
+            for t in a.threads
+        )
     )
     return "\n".join(lines)
 
