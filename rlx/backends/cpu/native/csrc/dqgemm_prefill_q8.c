@@ -181,40 +181,76 @@ typedef struct {
     float *m32; /* [np][K / 32][QNT]: dx * sum of xq per 32 inputs */
 } qx_t;
 
+/* One 32-block of X: codes c[32], returns dx (NaN for a non-finite block, codes 0) and
+ * the sums of the codes per 16 in sum[2]. */
+static inline float q_quant_block(const float *xb, int8_t *c, int *sum) {
+    float amax = 0.0f;
+    int bad = 0;
+#if QLEVEL >= 1
+    __m256 v[4], mx = _mm256_setzero_ps(), z = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(xb + 8 * i);
+        mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
+        z = _mm256_add_ps(z, _mm256_mul_ps(v[i], _mm256_setzero_ps())); /* NaN if inf / nan */
+    }
+    bad = _mm256_movemask_ps(_mm256_cmp_ps(z, z, _CMP_UNORD_Q)) != 0;
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    amax = _mm_cvtss_f32(m4);
+    const float db = amax / 127.0f;
+    const float id = db != 0.0f && !bad ? 1.0f / db : 0.0f;
+    __m256i iv[4];
+    for (int i = 0; i < 4; i++) /* cvtps: round to nearest even (the default MXCSR mode) */
+        iv[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
+    __m256i a = _mm256_add_epi32(iv[0], iv[1]), b = _mm256_add_epi32(iv[2], iv[3]);
+    __m128i a4 = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    __m128i b4 = _mm_add_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+    a4 = _mm_hadd_epi32(a4, b4);
+    a4 = _mm_hadd_epi32(a4, a4);
+    sum[0] = _mm_cvtsi128_si32(a4);
+    sum[1] = _mm_extract_epi32(a4, 1);
+    __m256i p0 = _mm256_packs_epi32(iv[0], iv[1]), p1 = _mm256_packs_epi32(iv[2], iv[3]);
+    p0 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p0, p1),
+                                      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)c, p0);
+#else
+    for (int j = 0; j < 32; j++) {
+        const float a = fabsf(xb[j]);
+        amax = a > amax ? a : amax;
+        bad |= !(a <= 3.4028235e38f);
+    }
+    const float db = amax / 127.0f;
+    const float id = db != 0.0f && !bad ? 1.0f / db : 0.0f;
+    sum[0] = sum[1] = 0;
+    for (int j = 0; j < 32; j++) {
+        c[j] = (int8_t)lrintf(xb[j] * id);
+        sum[j / 16] += c[j];
+    }
+#endif
+    return bad ? NAN : db;
+}
+
 static void q_pack_x(const float *x, long ldx, long M, long K, qx_t *X, int threads) {
     const long np = (M + QNT - 1) / QNT;
     (void)threads;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (long m = 0; m < np * QNT; m++) {
         const long p = m / QNT, t = m % QNT;
-        int8_t *q = X->q + p * K * QNT;
-        float *dx = X->dx + p * (K / 32) * QNT;
-        float *m16 = X->m16 + p * (K / 16) * QNT, *m32 = X->m32 + p * (K / 32) * QNT;
+        int32_t *q = (int32_t *)(X->q + p * K * QNT) + t; /* word w of token t: q[w * QNT] */
+        float *dx = X->dx + p * (K / 32) * QNT + t;
+        float *m16 = X->m16 + p * (K / 16) * QNT + t, *m32 = X->m32 + p * (K / 32) * QNT + t;
         for (long b = 0; b < K / 32; b++) {
-            int8_t c[32] = {0};
-            float db = 0.0f;
-            if (m < M) {
-                const float *xb = x + m * ldx + 32 * b;
-                float amax = 0.0f;
-                int bad = 0;
-                for (int j = 0; j < 32; j++) {
-                    const float a = fabsf(xb[j]);
-                    amax = a > amax ? a : amax;
-                    bad |= !(a <= 3.4028235e38f);
-                }
-                db = amax / 127.0f;
-                const float id = db != 0.0f ? 1.0f / db : 0.0f;
-                if (!bad)
-                    for (int j = 0; j < 32; j++) c[j] = (int8_t)lrintf(xb[j] * id);
-                if (bad) db = NAN;
-            }
-            dx[b * QNT + t] = db;
+            int32_t c[8] = {0};
             int sum[2] = {0, 0};
-            for (int j = 0; j < 32; j++) sum[j / 16] += c[j];
-            m16[(2 * b) * QNT + t] = db * (float)sum[0];
-            m16[(2 * b + 1) * QNT + t] = db * (float)sum[1];
-            m32[b * QNT + t] = db * (float)(sum[0] + sum[1]);
-            for (int j = 0; j < 32; j++) q[((32 * b + j) / 4 * QNT + t) * 4 + j % 4] = c[j];
+            float db = 0.0f;
+            if (m < M) db = q_quant_block(x + m * ldx + 32 * b, (int8_t *)c, sum);
+            dx[b * QNT] = db;
+            m16[2 * b * QNT] = db * (float)sum[0];
+            m16[(2 * b + 1) * QNT] = db * (float)sum[1];
+            m32[b * QNT] = db * (float)(sum[0] + sum[1]);
+            for (int w = 0; w < 8; w++) q[(8 * b + w) * QNT] = c[w];
         }
     }
 }
