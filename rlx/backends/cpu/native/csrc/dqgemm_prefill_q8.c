@@ -27,6 +27,7 @@
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
+#include "gguf_unpack.h"
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 #define QL 16
@@ -67,6 +68,24 @@ static int q_form(int code, qform_t *f) {
     }
 }
 
+#if QLEVEL >= 1
+/* the 32 nibble codes of qs[16] (low nibbles, then high) as bytes */
+static inline __m256i q_nibbles(const uint8_t *qs) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
+}
+
+/* bit j of qh as byte j (0 or 16) */
+static inline __m256i q_hbits16(uint32_t qh) {
+    const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                            0x0303030303030303LL);
+    const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bits), bits);
+    return _mm256_and_si256(v, _mm256_set1_epi8(16));
+}
+#endif
+
 /* Block at p -> codes u[0 .. qk), per-group scale s[] and min mm[] (G = 32 or 16) */
 static void q_unpack(int code, const uint8_t *p, uint8_t *restrict u, float *s, float *mm) {
     switch (code) {
@@ -76,10 +95,14 @@ static void q_unpack(int code, const uint8_t *p, uint8_t *restrict u, float *s, 
         s[0] = p_h2f(p);
         mm[0] = one ? -p_h2f(p + 2) : 8.0f * s[0];
         const uint8_t *qs = p + 2 + 2 * one;
+#if QLEVEL >= 1
+        _mm256_storeu_si256((__m256i *)u, q_nibbles(qs));
+#else
         for (int j = 0; j < 16; j++) {
             u[j] = qs[j] & 15;
             u[j + 16] = qs[j] >> 4;
         }
+#endif
         break;
     }
     case P_Q5_0:
@@ -90,10 +113,14 @@ static void q_unpack(int code, const uint8_t *p, uint8_t *restrict u, float *s, 
         const uint8_t *qhp = p + 2 + 2 * one, *qs = qhp + 4;
         uint32_t qh;
         memcpy(&qh, qhp, 4);
+#if QLEVEL >= 1
+        _mm256_storeu_si256((__m256i *)u, _mm256_or_si256(q_nibbles(qs), q_hbits16(qh)));
+#else
         for (int j = 0; j < 16; j++) {
             u[j] = (uint8_t)((qs[j] & 15) | (((qh >> j) & 1) << 4));
             u[j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
         }
+#endif
         break;
     }
     case P_Q8_0: {
@@ -146,9 +173,21 @@ static void q_unpack(int code, const uint8_t *p, uint8_t *restrict u, float *s, 
             mm[j] = dmin * (float)mj;
             const uint8_t *c = ql + (j >> 1) * 32;
             const int shift = (j & 1) * 4;
+#if QLEVEL >= 1
+            const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+            __m256i v = _mm256_loadu_si256((const __m256i *)c);
+            v = _mm256_and_si256(shift ? _mm256_srli_epi16(v, 4) : v, m4);
+            if (five) {
+                __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+                h = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(j)), one);
+                v = _mm256_or_si256(v, _mm256_slli_epi16(h, 4));
+            }
+            _mm256_storeu_si256((__m256i *)(u + j * 32), v);
+#else
             for (int l = 0; l < 32; l++)
                 u[j * 32 + l] = (uint8_t)(((c[l] >> shift) & 15) |
                                           (five ? ((qh[l] >> j) & 1) << 4 : 0));
+#endif
         }
         break;
     }
@@ -160,12 +199,22 @@ static void q_unpack(int code, const uint8_t *p, uint8_t *restrict u, float *s, 
             s[i] = d * (float)sc[i];
             mm[i] = 32.0f * s[i];
         }
+#if QLEVEL >= 1
+        (void)ql;
+        (void)qh;
+        for (int h = 0; h < 2; h++) {
+            const q6k_half_t hx = q6k_half(p, h);
+            for (int g = 0; g < 4; g++)
+                _mm256_storeu_si256((__m256i *)(u + h * 128 + g * 32), q6k_codes(hx, g));
+        }
+#else
         for (int h = 0; h < 2; h++)
             for (int g = 0; g < 4; g++)
                 for (int l = 0; l < 32; l++)
                     u[h * 128 + g * 32 + l] =
                         (uint8_t)(((ql[h * 64 + (g & 1) * 32 + l] >> ((g >> 1) * 4)) & 15) |
                                   (((qh[h * 32 + l] >> (2 * g)) & 3) << 4));
+#endif
         break;
     }
     default:
