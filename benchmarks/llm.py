@@ -26,6 +26,11 @@ runs every engine once); the figures are the median over rounds:
   share of the decode step spent in the packed GEMVs (the kernel calls timed inside the
   step; the rest is "outside the GEMVs": attention, norms, rope, the executor, the
   argmax).
+* ``rlx-q8`` / ``rlx-tiled`` (opt-in): ``rlx`` with ``RLX_DQ_ACT=q8`` (int8-activation
+  prompt GEMMs, and GEMVs) / with the old tiled GEMM for prompts
+  (``kernels.quant.PREFILL_KERNEL = False``). For every rlx variant the prompt GEMMs
+  (``DqPrefillLib`` calls) are timed inside the best prefill: their share of it and their
+  GFLOP/s against the f32 FMA peak, in a second table.
 * ``llama``: llama-cpp-python in the peer venv (``--peer-python``; llama.cpp built from
   source with the system gcc, GGML_NATIVE): ``Llama.eval`` of the same token ids,
   n_batch 512 (the prompt is one batch), then greedy ``eval([token])`` steps (logits of
@@ -177,8 +182,12 @@ def worker_gemv(a: argparse.Namespace) -> dict:
 def worker_rlx(a: argparse.Namespace) -> dict:
     sys.path.insert(0, str(ROOT))
     import rlx.models.llm as llm
-    from rlx.backends.cpu.native import dqgemm
+    from rlx.backends.cpu.native import dqgemm, dqprefill
 
+    if a.worker == "rlx-tiled":  # the old tiled GEMM for prompts (comparison)
+        from rlx.backends.cpu.kernels import quant
+
+        quant.PREFILL_KERNEL = False
     gemv_s = [0.0]
     orig = dqgemm.DqGemmLib.bind
 
@@ -193,20 +202,39 @@ def worker_rlx(a: argparse.Namespace) -> dict:
         return timed
 
     dqgemm.DqGemmLib.bind = bind  # type: ignore[method-assign]
+    pre_s, pre_flop = [0.0], [0.0]
+    porig = dqprefill.DqPrefillLib.bind
+
+    def pbind(self, scheme, x, w, out, **kw):  # noqa: ANN001, ANN003, ANN202
+        c = porig(self, scheme, x, w, out, **kw)
+        flop = 2.0 * x.shape[0] * x.shape[1] * out.shape[1]
+
+        def timed() -> None:
+            t0 = time.perf_counter()
+            c()
+            pre_s[0] += time.perf_counter() - t0
+            pre_flop[0] += flop
+
+        return timed
+
+    dqprefill.DqPrefillLib.bind = pbind  # type: ignore[method-assign]
     t = a.threads[0]
     model = llm.load(
         model_path(), num_threads=t, max_context=max(a.prompt_tokens) + a.decode_tokens + 16
     )
-    prefill = {}
+    prefill, gemm = {}, {}
     for n in a.prompt_tokens[::-1]:  # the first length last: decode follows it
         ids = prompt_ids(n)
         logits = model.prefill(ids)  # warm-up (plans the prompt's and the 1-token shapes)
         model.step(int(np.argmax(logits)))
         pre = []
         for _ in range(2):
+            pre_s[0] = pre_flop[0] = 0.0
             t0 = time.perf_counter()
             logits = model.prefill(ids)
             pre.append(time.perf_counter() - t0)
+            if pre[-1] == min(pre):  # the prompt GEMMs' share and GFLOP/s in the best run
+                gemm[str(n)] = (pre_s[0] / pre[-1], pre_flop[0] / max(pre_s[0], 1e-12) / 1e9)
         prefill[str(n)] = n / min(pre)
     tok = int(np.argmax(logits))
     gemv_s[0] = 0.0
@@ -219,6 +247,7 @@ def worker_rlx(a: argparse.Namespace) -> dict:
         "prefill": prefill,
         "decode_tps": a.decode_tokens / dec,
         "gemv_share": gemv_s[0] / dec,
+        "prefill_gemm": gemm,
         "blas": _blas(),
     }
 
@@ -337,6 +366,8 @@ WORKERS = {
     "stream": worker_stream,
     "gemv": worker_gemv,
     "rlx": worker_rlx,
+    "rlx-q8": worker_rlx,
+    "rlx-tiled": worker_rlx,
     "llama": worker_llama,
     "torch": worker_torch,
 }
@@ -360,10 +391,59 @@ def _run(engine: str, threads: list[int], a: argparse.Namespace) -> dict:
         "--decode-tokens", str(a.decode_tokens), "--prompt-tokens", *map(str, a.prompt_tokens),
         "--cache", a.cache, "--model", model_path(), *(["--llama-extra-bufts"] if a.llama_extra_bufts else []),
     ]  # fmt: skip
-    r = subprocess.run([py, __file__, *argv], capture_output=True, text=True, check=False)
+    env = dict(os.environ, **({"RLX_DQ_ACT": "q8"} if engine == "rlx-q8" else {}))
+    r = subprocess.run([py, __file__, *argv], capture_output=True, text=True, check=False, env=env)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or ["(no output)"])[-1]}
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _prefill_table(a: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
+    """The prompt rows of every rlx prefill variant (``rlx``: the f32 prefill kernel,
+    ``rlx-q8``: int8 activations, ``rlx-tiled``: the old tiled GEMM) against llama.cpp,
+    with the prompt GEMMs' share of the prefill and their GFLOP/s (median over rounds)."""
+    from rlx.backends.cpu.native.peak import PeakKind, fma_peak_gflops, measure_lowp_peak
+
+    head = (
+        "| threads | engine | "
+        + " | ".join(
+            f"prefill {n} tokens/s | / llama.cpp | GEMM share | GEMM GFLOP/s (% of peak)"
+            for n in a.prompt_tokens
+        )
+        + " |"
+    )
+    lines = ["", "", "Prefill by rlx variant (peaks measured after the rounds):", "", head,
+             "|" + "---|" * (2 + 4 * len(a.prompt_tokens))]  # fmt: skip
+    for t in a.threads:
+        fma = fma_peak_gflops(t)
+        i8 = measure_lowp_peak(PeakKind.INT8, t)
+        ll = [r for r in runs.get(f"llama|{t}", []) if "prefill" in r]
+        for e in ("rlx", "rlx-q8", "rlx-tiled"):
+            rs = [r for r in runs.get(f"{e}|{t}", []) if "prefill" in r]
+            if not rs:
+                continue
+            peak, what = (i8.gops, "int8") if e == "rlx-q8" and i8.gops else (fma, "FMA")
+            cells = []
+            for n in map(str, a.prompt_tokens):
+                tps = float(np.median([r["prefill"][n] for r in rs]))
+                ref = float(np.median([r["prefill"][n] for r in ll])) if ll else float("nan")
+                sh = float(np.median([r["prefill_gemm"].get(n, (0, 0))[0] for r in rs]))
+                gf = float(np.median([r["prefill_gemm"].get(n, (0, 0))[1] for r in rs]))
+                cells += [f"{tps:.1f}", f"{tps / ref:.2f}", f"{sh * 100:.0f} %",
+                          f"{gf:.0f} ({gf / peak * 100:.0f} % {what})" if gf else "n/a"]  # fmt: skip
+            lines.append(f"| {t} | {e} | " + " | ".join(cells) + " |")
+    lines.append(
+        "\nPeaks (measured after the rounds): f32 FMA "
+        + ", ".join(f"{fma_peak_gflops(t):.0f} GFLOP/s on {t} thread(s)" for t in a.threads)
+        + "; int8 ("
+        + measure_lowp_peak(PeakKind.INT8, a.threads[0]).instruction
+        + ") "
+        + ", ".join(
+            f"{measure_lowp_peak(PeakKind.INT8, t).gops:.0f} Gop/s on {t} thread(s)"
+            for t in a.threads
+        )
+    )
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -409,7 +489,7 @@ def main() -> None:
                 runs.setdefault(key, []).append(res)
     from _llm_report import report
 
-    text = report(a, runs, started, model_path())
+    text = report(a, runs, started, model_path()) + _prefill_table(a, runs)
     print(text)
     if a.out:
         Path(a.out).write_text(text + "\n")

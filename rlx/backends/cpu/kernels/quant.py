@@ -19,8 +19,11 @@ param weight needs no cache and a new ``set_param`` is seen at once. Batch < 4 r
 as a GEMV streaming the weight once (fused decode-dot row kernels for Q8_0, Q5_0, Q4_K,
 Q6_K, Int8Block and Int4Block on AVX2 / AVX-512; a block-decode-then-FMA path for the
 rest); 2..16 rows (batched decode) decode each weight row once and apply it to every row
-(``csrc/dqgemm_small.c``, AVX2 / AVX-512); larger batches decode panels of the weight into L1-sized f32 tiles for an FMA
-micro-kernel. With ``RLX_DQ_ACT=auto`` (``dqgemm.Q8_SCHEMES`` at batch < 4) or
+(``csrc/dqgemm_small.c``, AVX2 / AVX-512); prompts (17 rows and more) on a GGUF scheme
+take the prefill GEMM (``native/dqprefill.py``: weight tiles decoded into f32 panels of a
+register-blocked FMA micro-kernel; with ``RLX_DQ_ACT=q8`` int8 activations and integer
+dot products, ``PREFILL_KERNEL``), other larger batches decode panels
+of the weight into L1-sized f32 tiles for an FMA micro-kernel. With ``RLX_DQ_ACT=auto`` (``dqgemm.Q8_SCHEMES`` at batch < 4) or
 ``q8`` the activations are quantized to int8 per 32 inputs and the products are
 integer dot products (``csrc/dqgemm_q8.c``, VNNI / AVX2 / C), as llama.cpp decodes; the
 default ``f32`` keeps them exact. Threads: ``KernelCtx.num_threads``. Non-f32 or strided
@@ -48,7 +51,7 @@ from rlx.backends.cpu import native
 from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind, kind
 from rlx.backends.cpu.engines.weights import WeightCache
 from rlx.backends.cpu.memory import safe_to_share
-from rlx.backends.cpu.native import dqgemm
+from rlx.backends.cpu.native import dqgemm, dqprefill
 from rlx.dtype import DType
 from rlx.errors import CompileError, QuantizationError
 from rlx.ir.mir import Node
@@ -286,6 +289,52 @@ def _input_name(ctx: KernelCtx, node: Node, i: int) -> str:
     return op.name if isinstance(op, Param) else f"%{node.inputs[i]}"  # type: ignore[attr-defined]
 
 
+#: whether prompts (``dqprefill.PREFILL_MIN_M`` rows and more, GGUF schemes, f32
+#: activations) take the prefill kernel (``native/dqprefill.py``); False: the tiled GEMM
+#: of ``native/dqgemm.py`` (kept for comparison)
+PREFILL_KERNEL = True
+
+
+def _prefill_call(
+    ctx: KernelCtx, node: Node, op: DequantMatMul, xa: np.ndarray, weights: tuple, y: np.ndarray
+) -> Any:
+    """The prefill kernel's bound call for a prompt-sized product (``xa`` [M, K], f32),
+    or None when it does not take this node (then ``native/dqgemm.py`` does)."""
+    m = xa.shape[0]
+    if not (PREFILL_KERNEL and ctx.native and dqprefill.runs_prefill(op.scheme, m)):
+        return None
+    act = "q8" if dqgemm.uses_q8(op.scheme, m, config.dq_act()) else "f32"
+    if act == "q8" and type(op.scheme) not in dqprefill.Q8_PREFILL_SCHEMES:
+        return None
+    try:
+        lib = dqprefill.dqprefill_lib()
+    except CompileError:
+        return None
+    # the weight's row interleave (csrc/dq_layout.h): the copy the decode GEMVs read
+    # (repacked once per compiled graph, shared through ctx.keep), so one copy is resident
+    w, rows = weights[0], 1
+    if op.scheme.is_gguf:
+        try:
+            dlib = dqgemm.dqgemm_lib()
+        except CompileError:
+            dlib = None
+        if dlib is not None and dlib.target == lib.target:
+            w, rows = repacked_weight(ctx, node, 1, op.scheme, w, dlib)
+    try:
+        call = lib.bind(
+            op.scheme, xa, w, y, rows=rows, num_threads=ctx.num_threads,
+            name=_input_name(ctx, node, 1), act=act,
+        )  # fmt: skip
+    except QuantizationError as e:
+        raise QuantizationError(f"dequant_matmul %{node.id}: {e.bare_message}") from None
+    ctx.notes.append(
+        f"dequant_matmul %{node.id}: native {op.scheme} prefill GEMM "
+        f"({'int8 activations' if act == 'q8' else 'f32 panels'}) on the packed bytes"
+        f" ({lib.target.value}, {ctx.num_threads} thread(s))"
+    )
+    return call
+
+
 def _dequant_lib(ctx: KernelCtx, node: Node, op: DequantMatMul):  # noqa: ANN202
     """The native library when it can run this node, else None (with a note saying why)."""
     if not ctx.native:
@@ -372,6 +421,19 @@ def dequant_matmul_kernel(
     y = out.reshape(m, n)
     needs_copy = x.dtype != np.float32 or not x.flags.c_contiguous
     x_f32 = ctx.scratch(x.shape, np.float32, tag=node.id) if needs_copy else None
+    pre = None
+    if out.flags.c_contiguous:
+        xa = (x if x_f32 is None else x_f32).reshape(m, k)
+        pre = _prefill_call(ctx, node, op, xa, weights, y)
+    if pre is not None:
+        if x_f32 is None:
+            return pre  # type: ignore[no-any-return]
+
+        def run_prefill() -> None:
+            np.copyto(x_f32, x, casting="unsafe")
+            pre()
+
+        return run_prefill
     lib = _dequant_lib(ctx, node, op) if out.flags.c_contiguous else None
     if lib is not None:
         names = tuple(_input_name(ctx, node, i) for i in range(1, len(node.inputs)))

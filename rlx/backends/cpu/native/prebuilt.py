@@ -99,6 +99,7 @@ DQGEMM_SOURCES = (
 #: libraries of plain csrc file sets: name -> (files, text put before them)
 _CSRC_LIBS: dict[str, tuple[tuple[str, ...], str]] = {
     "dqgemm": (DQGEMM_SOURCES, ""),
+    "dqprefill": (("dqgemm_prefill.c", "dqgemm_prefill_q8.c"), ""),
     "lowp": (("lowp_cast.c", "lowp_gemm.c"), ""),
     "conv": (("conv.c", "conv_dw.c"), ""),
     "conv_nchwc": (
