@@ -95,7 +95,7 @@ def report(a, runs: dict[str, list[dict]], started: str, path: str) -> str:  # n
     for t in a.threads:
         ref = runs.get(f"llama|{t}", [])
         ld = _med(ref, "decode_tps")
-        for e in ("rlx", "llama", "torch"):
+        for e in ("rlx", "rlx-q8", "rlx-norepack", "llama", "torch"):
             rows = runs.get(f"{e}|{t}")
             if rows is None:
                 continue
@@ -114,22 +114,30 @@ def report(a, runs: dict[str, list[dict]], started: str, path: str) -> str:  # n
                 )
                 rp.append(f"{p / lp:.2f}" if p and lp else "n/a")
             rb = f"{d / (bw[t] * 1e9 / size):.2f}" if d and t in bw else "n/a"
-            name = {"rlx": "rlx", "llama": "llama.cpp", "torch": "PyTorch eager"}[e]
+            name = {
+                "rlx": "rlx", "rlx-q8": "rlx (RLX_DQ_ACT=q8)",
+                "rlx-norepack": "rlx (RLX_DQ_REPACK=0)", "llama": "llama.cpp",
+                "torch": "PyTorch eager",
+            }[e]  # fmt: skip
             lines.append(
                 f"| {t} | {name} | {_span(rows, 'decode_tps')} | {' | '.join(pre)} "
                 f"| {rd} | {' | '.join(rp)} | {rb} |"
             )
-    share = [f"{_med(runs[f'rlx|{t}'], 'gemv_share') * 100:.0f} % on {t} thread(s)"
-             for t in a.threads if runs.get(f"rlx|{t}") and _med(runs[f"rlx|{t}"], "gemv_share")]  # fmt: skip
-    if share:
-        out = [f"{(1 - _med(runs[f'rlx|{t}'], 'gemv_share')) * 100:.0f} % on {t} thread(s)"
-               for t in a.threads if runs.get(f"rlx|{t}") and _med(runs[f"rlx|{t}"], "gemv_share")]  # fmt: skip
+    # GEMV seconds per step (rlx-split: each GEMV timed) over the untimed step's wall time
+    fracs = {
+        t: _med(runs[f"rlx-split|{t}"], "gemv_s_per_step") * _med(runs[f"rlx|{t}"], "decode_tps")
+        for t in a.threads
+        if runs.get(f"rlx-split|{t}") and runs.get(f"rlx|{t}")
+        and _med(runs[f"rlx-split|{t}"], "gemv_s_per_step") and _med(runs[f"rlx|{t}"], "decode_tps")
+    }  # fmt: skip
+    if fracs:
         lines += [
             "",
-            "rlx decode step (wall time of `model.step` + argmax) spent in the packed GEMVs: "
-            + ", ".join(share)
+            "rlx decode step (wall time of `model.step` + argmax, untimed run) spent in the "
+            "packed GEMVs (their seconds per step from the `rlx-split` run, each GEMV timed): "
+            + ", ".join(f"{f * 100:.0f} % on {t} thread(s)" for t, f in fracs.items())
             + "; outside the GEMVs: "
-            + ", ".join(out)
+            + ", ".join(f"{(1 - f) * 100:.0f} % on {t} thread(s)" for t, f in fracs.items())
             + ".",
         ]
     if any(runs.get(f"gemv|{t}") for t in a.threads):

@@ -22,10 +22,13 @@ runs every engine once); the figures are the median over rounds:
   steps per round, the least disturbed): time vs ``bytes / bandwidth``.
 * ``rlx``: ``rlx.models.llm.load(path, num_threads=t)``; prefill = the compiled run of
   each ``--prompt-tokens`` prompt (best of 2 after a warm-up), decode = ``--decode-tokens``
-  greedy steps after the first prompt (wall time of ``model.step`` + the argmax); also the
-  share of the decode step spent in the packed GEMVs (the kernel calls timed inside the
-  step; the rest is "outside the GEMVs": attention, norms, rope, the executor, the
-  argmax).
+  greedy steps after the first prompt (wall time of ``model.step`` + the argmax).
+* ``rlx-split``: ``rlx`` with every GEMV timed from Python (which takes it out of the
+  native schedule): its GEMV seconds per step over ``rlx``'s untimed step time is the
+  share of the step in the packed GEMVs; the rest is "outside the GEMVs" (attention,
+  norms, rope, the executor, the argmax).
+* ``rlx-norepack`` (opt-in): ``rlx`` with ``RLX_DQ_REPACK=0`` (weights in the file's
+  layout, not repacked at load).
 * ``rlx-q8`` / ``rlx-tiled`` (opt-in): ``rlx`` with ``RLX_DQ_ACT=q8`` (int8-activation
   prompt GEMMs, and GEMVs) / with the old tiled GEMM for prompts
   (``kernels.quant.PREFILL_KERNEL = False``). For every rlx variant the prompt GEMMs
@@ -63,7 +66,7 @@ if "--worker" not in sys.argv:
 import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINES = ["stream", "gemv", "rlx", "llama", "torch"]
+ENGINES = ["stream", "gemv", "rlx", "rlx-split", "llama", "torch"]
 
 
 def prompt_ids(n: int) -> list[int]:
@@ -140,6 +143,7 @@ def _timed(fn) -> float:  # noqa: ANN001
 def worker_gemv(a: argparse.Namespace) -> dict:
     sys.path.insert(0, str(ROOT))
     from rlx import config
+    from rlx.backends.cpu.native import dqgemm
     from rlx.backends.cpu.native.dqgemm import dqgemm_lib
     from rlx.frontends.gguf import load
 
@@ -155,7 +159,11 @@ def worker_gemv(a: argparse.Namespace) -> dict:
         n, k = ten.shape
         x = rng.standard_normal((1, k)).astype(np.float32)
         y = np.empty((1, n), np.float32)
-        c = lib.bind(ten.scheme, x, (packed,), y, num_threads=t, act=config.dq_act())
+        rows = 1  # the layout a compiled model reads (repacked at load, RLX_DQ_REPACK)
+        if dqgemm.repack_enabled() and type(ten.scheme) in dqgemm.Q8_SCHEMES:
+            rows = dqgemm.repack_rows(lib.target)
+            packed = dqgemm.repack(ten.scheme, packed, n, k, rows)
+        c = lib.bind(ten.scheme, x, (packed,), y, num_threads=t, act=config.dq_act(), rows=rows)
         calls.append((ten.type_name, packed.nbytes, c, name))
     for _, _, c, _ in calls:  # fault the mapped pages in
         c()
@@ -201,7 +209,11 @@ def worker_rlx(a: argparse.Namespace) -> dict:
 
         return timed
 
-    dqgemm.DqGemmLib.bind = bind  # type: ignore[method-assign]
+    # timing each GEMV from Python takes it out of the native schedule (one C call per
+    # step): only the ``rlx-split`` engine does, for the GEMV seconds per step; the other
+    # engines' steps run as they do for a user
+    if a.worker == "rlx-split":
+        dqgemm.DqGemmLib.bind = bind  # type: ignore[method-assign]
     pre_s, pre_flop = [0.0], [0.0]
     porig = dqprefill.DqPrefillLib.bind
 
@@ -246,7 +258,7 @@ def worker_rlx(a: argparse.Namespace) -> dict:
         "prefill_tps": prefill[str(a.prompt_tokens[0])],
         "prefill": prefill,
         "decode_tps": a.decode_tokens / dec,
-        "gemv_share": gemv_s[0] / dec,
+        "gemv_s_per_step": gemv_s[0] / a.decode_tokens if a.worker == "rlx-split" else 0.0,
         "prefill_gemm": gemm,
         "blas": _blas(),
     }
@@ -362,12 +374,17 @@ def worker_torch(a: argparse.Namespace) -> dict:
     }
 
 
+#: environment each engine's process adds
+ENGINE_ENV = {"rlx-q8": {"RLX_DQ_ACT": "q8"}, "rlx-norepack": {"RLX_DQ_REPACK": "0"}}
+
 WORKERS = {
     "stream": worker_stream,
     "gemv": worker_gemv,
     "rlx": worker_rlx,
     "rlx-q8": worker_rlx,
     "rlx-tiled": worker_rlx,
+    "rlx-norepack": worker_rlx,
+    "rlx-split": worker_rlx,
     "llama": worker_llama,
     "torch": worker_torch,
 }
@@ -391,7 +408,7 @@ def _run(engine: str, threads: list[int], a: argparse.Namespace) -> dict:
         "--decode-tokens", str(a.decode_tokens), "--prompt-tokens", *map(str, a.prompt_tokens),
         "--cache", a.cache, "--model", model_path(), *(["--llama-extra-bufts"] if a.llama_extra_bufts else []),
     ]  # fmt: skip
-    env = dict(os.environ, **({"RLX_DQ_ACT": "q8"} if engine == "rlx-q8" else {}))
+    env = dict(os.environ, **ENGINE_ENV.get(engine, {}))
     r = subprocess.run([py, __file__, *argv], capture_output=True, text=True, check=False, env=env)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or ["(no output)"])[-1]}

@@ -26,7 +26,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import mmap
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,7 +34,7 @@ import numpy as np
 from rlx.backends.cpu.native import bindings, cpu
 from rlx.backends.cpu.native.prebuilt import DQGEMM_SOURCES
 from rlx.dtype import f8e4m3_np, f8e5m2_np
-from rlx.errors import CompileError, ConfigError, InputError, QuantizationError
+from rlx.errors import CompileError, InputError, QuantizationError
 from rlx.formats import schemes as S
 from rlx.formats.gguf import check_packed
 
