@@ -140,8 +140,8 @@ FULL_TESTS=(
 )
 if [ "${RLX_ARM_TESTS:-ci}" = full ]; then TESTS=("${FULL_TESTS[@]}"); else TESTS=("${CI_TESTS[@]}"); fi
 # the demo (f32, bf16 and int8 MiniLM with timings) takes minutes under emulation: on
-# every target with RLX_ARM_DEMO=all (the default with RLX_ARM_TESTS=full), else on the
-# last target only
+# every target with RLX_ARM_DEMO=all (the default with RLX_ARM_TESTS=full), on the last
+# target only with RLX_ARM_DEMO=last (the default), on none with RLX_ARM_DEMO=none
 DEMO=${RLX_ARM_DEMO:-$([ "${RLX_ARM_TESTS:-ci}" = full ] && echo all || echo last)}
 
 # max,pauth-impdef=on: qemu's default pointer-authentication algorithm (QARMA5) is slow
@@ -160,14 +160,14 @@ for t in $TARGETS; do
     [ $rc -eq 0 ] || { printf '%s\n' "$out" | tail -40; fail=1; }
     summary+=("$t tests: ${line:-pytest exit $rc}")
     log "$t tests: ${line:-pytest exit $rc}"
-    if [ "$DEMO" = all ] || [ "$t" = "${TARGETS##* }" ]; then
+    if [ "$DEMO" = all ] || { [ "$DEMO" = last ] && [ "$t" = "${TARGETS##* }" ]; }; then
         if $VPY -m rlx.demo >"$CACHE/demo-$t.log" 2>&1; then
             summary+=("$t demo: ok ($(grep -m1 "sentences find their pair" "$CACHE/demo-$t.log" | xargs))")
         else
             tail -20 "$CACHE/demo-$t.log"; fail=1; summary+=("$t demo: FAILED ($CACHE/demo-$t.log)")
         fi
     else
-        summary+=("$t demo: skipped (RLX_ARM_DEMO=last: the demo runs on ${TARGETS##* } only)")
+        summary+=("$t demo: skipped (RLX_ARM_DEMO=$DEMO)")
     fi
     info=$($VPY -m rlx info 2>&1)
     tline=$(printf '%s\n' "$info" | grep -E "^  target " | head -1)
