@@ -12,11 +12,15 @@ RLX_NUM_THREADS=n        default thread count for BLAS and native kernels (decim
 RLX_VERIFY=each|end|off  default graph verification mode of the compile pipeline (end
                          when unset; the test suite runs with each unless the run sets
                          it: tests/conftest.py)
-RLX_ISA=auto|avx512|avx2|portable
+RLX_ISA=auto|avx512|avx2|portable|neon|dotprod|i8mm
                          the instruction set native kernels are built for: auto (the
                          default) picks the best this CPU has; the others force a lower
-                         path (a test and debugging aid); asking for one the CPU lacks
-                         is an error
+                         path (a test and debugging aid): avx512 / avx2 / portable on
+                         x86-64, neon / dotprod / i8mm on aarch64; asking for one the CPU
+                         lacks, or one of another architecture, is an error
+RLX_CC=compiler          the C compiler native kernels are built with (a command on PATH
+                         or a path; default: gcc). For a cross toolchain such as
+                         aarch64-linux-gnu-gcc when rlx runs under qemu-user, or clang
 RLX_AMX=1|0              AMX tiles (the int8 and bf16 GEMMs on a CPU with amx_int8 /
                          amx_bf16): 1 (the default) uses them where the CPU and kernel
                          allow; 0 keeps every kernel off them (the VNNI / vdpbf16ps
@@ -59,6 +63,7 @@ __all__ = [
     "num_threads",
     "verify_mode",
     "isa",
+    "cc",
     "amx",
     "cache_max_bytes",
     "sgemm",
@@ -71,7 +76,7 @@ __all__ = [
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _DIGITS = frozenset("0123456789")
-ISA_CHOICES = ("auto", "avx512", "avx2", "portable")
+ISA_CHOICES = ("auto", "avx512", "avx2", "portable", "neon", "dotprod", "i8mm")
 
 
 def _get(name: str, allowed: str) -> str | None:
@@ -168,8 +173,14 @@ def verify_mode() -> str | None:
 
 
 def isa() -> str:
-    """RLX_ISA: 'auto' (default), 'avx512', 'avx2' or 'portable'."""
+    """RLX_ISA: 'auto' (default), 'avx512', 'avx2', 'portable', 'neon', 'dotprod' or
+    'i8mm'."""
     return _choice("RLX_ISA", ISA_CHOICES, "auto") or "auto"
+
+
+def cc() -> str:
+    """RLX_CC: the C compiler command for native kernels ('gcc' when unset)."""
+    return _get("RLX_CC", "give a compiler command or path, or unset it for gcc") or "gcc"
 
 
 def amx() -> bool:

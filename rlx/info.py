@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Info", "info", "cpu_model", "RELEVANT_FLAGS"]
+__all__ = ["Info", "info", "cpu_model", "RELEVANT_FLAGS", "RELEVANT_FLAGS_ARM"]
 
 #: /proc/cpuinfo flags that decide the native paths (AVX2 target, AVX-512 target, the
 #: VNNI int8 GEMM and the BF16 dot products).
@@ -38,6 +38,8 @@ RELEVANT_FLAGS: tuple[str, ...] = (
     "avx512_vnni",
     "avx512_bf16",
 )
+#: the same on aarch64 (HWCAP names: the NEON, DOTPROD and I8MM targets)
+RELEVANT_FLAGS_ARM: tuple[str, ...] = ("asimd", "asimddp", "i8mm", "bf16")
 
 
 @dataclass(frozen=True)
@@ -129,8 +131,10 @@ def _cpu() -> tuple[tuple[str, str], ...]:
     from rlx.backends.cpu import native
 
     flags = native.cpu_flags()
-    have = [f for f in RELEVANT_FLAGS if f in flags]
-    lack = [f for f in RELEVANT_FLAGS if f not in flags]
+    arm = native.machine_arch() is native.Arch.AARCH64
+    relevant = RELEVANT_FLAGS_ARM if arm else RELEVANT_FLAGS
+    have = [f for f in relevant if f in flags]
+    lack = [f for f in relevant if f not in flags]
     return (
         ("model", cpu_model()),
         ("machine", platform.machine()),
@@ -174,6 +178,7 @@ def _settings() -> tuple[tuple[str, str], ...]:
         ("RLX_NUM_THREADS", _safe(lambda: config.num_threads() or "unset (default)")),
         ("RLX_VERIFY", _safe(lambda: config.verify_mode() or "unset (default)")),
         ("RLX_ISA", _safe(config.isa)),
+        ("RLX_CC", _safe(config.cc)),
         ("RLX_CACHE_MAX_MB", _safe(lambda: config.cache_max_bytes() // 2**20)),
     )
 

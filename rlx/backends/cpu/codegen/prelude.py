@@ -11,7 +11,11 @@ source): changing a byte of it rebuilds every cached region.
 
 from __future__ import annotations
 
-__all__ = ["PRELUDE", "VECTOR_MATH", "vector_math_decls"]
+import ctypes
+import functools
+import platform
+
+__all__ = ["PRELUDE", "VECTOR_MATH", "simd_math", "vector_math_decls"]
 
 # The sigmoid / softplus helpers are branch-free: gcc turns ``x >= 0 ? 1 / (1 + e) : e /
 # (1 + e)`` (and ``(x >= 0 ? 1 : e) / (1 + e)``) into a division in each arm, which it
@@ -134,10 +138,37 @@ static inline uint64_t rlx_upow(uint64_t a, uint64_t b) {
 VECTOR_MATH = ("exp", "log", "log1p", "tanh", "erf", "sin", "cos", "pow")
 
 
-def vector_math_decls() -> str:
-    """Declarations marking :data:`VECTOR_MATH` (f32 and f64) as having SIMD variants."""
+def _advsimd_names(f: str) -> tuple[str, ...]:
+    """The AdvSIMD libmvec symbols gcc calls for ``simd`` ``f`` / ``f``f on aarch64 (the
+    vector function ABI: 2 x f64, 2 x f32 and 4 x f32 lanes)."""
+    v = "vv" if f == "pow" else "v"
+    return (f"_ZGVnN2{v}_{f}", f"_ZGVnN2{v}_{f}f", f"_ZGVnN4{v}_{f}f")
+
+
+@functools.cache
+def simd_math() -> tuple[str, ...]:
+    """The :data:`VECTOR_MATH` functions whose SIMD variants glibc's libmvec provides
+    here, with libmvec loaded ``RTLD_GLOBAL`` (``native.build`` links no extra library,
+    so generated code finds them this way). x86-64: all of them when libmvec loads.
+    aarch64: those whose AdvSIMD variants it exports (glibc >= 2.38 has exp, log, sin,
+    cos; 2.40 all eight); the others stay scalar libm calls. Elsewhere: none."""
+    machine = platform.machine()
+    if machine not in ("x86_64", "aarch64"):
+        return ()
+    try:
+        lib = ctypes.CDLL("libmvec.so.1", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return ()
+    if machine == "x86_64":
+        return VECTOR_MATH
+    return tuple(f for f in VECTOR_MATH if all(hasattr(lib, n) for n in _advsimd_names(f)))
+
+
+def vector_math_decls(functions: tuple[str, ...] | None = None) -> str:
+    """Declarations marking ``functions`` (default: :func:`simd_math`, which on x86-64
+    is all of :data:`VECTOR_MATH`) as having SIMD variants, f32 and f64."""
     lines = ['#define RLX_SIMD __attribute__((__simd__("notinbranch")))']
-    for f in VECTOR_MATH:
+    for f in simd_math() if functions is None else functions:
         arity = 2 if f == "pow" else 1
         for t, suffix in (("float", "f"), ("double", "")):
             params = ", ".join([t] * arity)

@@ -40,7 +40,6 @@ import contextlib
 import ctypes
 import functools
 import math
-import platform
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -49,6 +48,7 @@ import numpy as np
 
 from rlx.backends.cpu import native
 from rlx.backends.cpu.codegen.elementwise import CFunction, CModule
+from rlx.backends.cpu.codegen.prelude import simd_math
 from rlx.backends.cpu.dispatch import Kernel
 from rlx.errors import CompileError
 
@@ -88,13 +88,7 @@ def vector_math_available() -> bool:
     """Whether glibc's libmvec (SIMD exp/log/tanh/erf/sin/cos/pow) is loaded with its
     symbols global, so generated libraries calling it load. ``native.build`` links no
     extra library, so libmvec is loaded here (RTLD_GLOBAL) before any region library."""
-    if platform.machine() != "x86_64":
-        return False
-    try:
-        ctypes.CDLL("libmvec.so.1", mode=ctypes.RTLD_GLOBAL)
-    except OSError:
-        return False
-    return True
+    return bool(simd_math())
 
 
 def region_work(fn: CFunction, out: np.ndarray) -> int:

@@ -4,16 +4,20 @@ name. Out: a verified library path (:func:`build`) and a loaded ``ctypes.CDLL``
 
 Targets (``native/cpu.py``). Code is never built with ``-march=native``: every library is
 built for the :class:`Target` that :func:`selected_target` picks from the CPU flags and
-``RLX_ISA`` (auto | avx512 | avx2 | portable): PORTABLE (``-march=x86-64``), AVX2
-(``-march=x86-64-v3``: AVX2 + FMA + F16C), AVX512 (``-march=x86-64-v4``, plus
-``-mavx512vnni`` / ``-mavx512bf16`` when the CPU has them). Every native path follows it:
+``RLX_ISA`` (auto | avx512 | avx2 | portable | neon | dotprod | i8mm): PORTABLE
+(``-march=x86-64``), AVX2 (``-march=x86-64-v3``: AVX2 + FMA + F16C), AVX512
+(``-march=x86-64-v4``, plus ``-mavx512vnni`` / ``-mavx512bf16`` when the CPU has them);
+on aarch64 NEON (``-march=armv8-a``), DOTPROD (``+dotprod``), I8MM (``+i8mm+bf16``);
+see docs/platforms.md. Every native path follows it:
 regions, row kernels and epilogues (through :func:`build`), the bf16/f16 casts and GEMM
 (``vdpbf16ps`` only when the target has BF16), and the int8 GEMM (:class:`Isa` VNNI512
 only on AVX512 with VNNI, AVX2 from the AVX2 target, PLAIN on portable). Forcing a target
 the CPU lacks is a ConfigError. :func:`target_description` says which path was taken.
 
 Build. ``gcc -O3 <target flags> -fPIC -shared -ffp-contract=off`` (plus ``-fopenmp`` when
-gcc supports it). The file name is ``<name>-<key>.so`` with ``key = sha256(source +
+gcc supports it; without it, e.g. Apple clang without libomp, every ``omp`` pragma is
+ignored and the kernels run on the calling thread with the same results). ``RLX_CC``
+names another compiler (a cross ``aarch64-linux-gnu-gcc`` under qemu-user, or clang). The file name is ``<name>-<key>.so`` with ``key = sha256(source +
 command line (so the target's flags) + gcc version)``: a changed source, target or
 compiler rebuilds. A failed build raises :class:`CompileError` with the command and gcc's
 message. Without gcc, :func:`available` is False and callers use their NumPy path.
@@ -97,12 +101,14 @@ from rlx import config
 from rlx.backends.cpu.native import cache, prebuilt
 from rlx.backends.cpu.native.cache import CacheInfo
 from rlx.backends.cpu.native.cpu import (
+    Arch,
     Isa,
     Target,
     cpu_flags,
     detect_isa,
     gcc_flags,
     isas_for,
+    machine_arch,
     runnable_targets,
     selected_target,
     supported_isas,
@@ -115,9 +121,11 @@ from rlx.errors import CompileError
 __all__ = [
     "CSRC",
     "csrc_source",
+    "Arch",
     "Isa",
     "Target",
     "CacheInfo",
+    "machine_arch",
     "detect_isa",
     "supported_isas",
     "isas_for",
@@ -149,7 +157,7 @@ _LOADED: dict[Path, ctypes.CDLL] = {}
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
-_WHICH: dict[str | None, str | None] = {}
+_WHICH: dict[tuple[str | None, str], str | None] = {}
 # build() calls whose library this process loaded: (source, isa, target, name, gcc,
 # cache dir) -> its path. Such a call returns at once (schedules of new shapes rebuild
 # their kernels; the code that runs is the one verified when it was loaded).
@@ -157,12 +165,14 @@ _BUILT: dict[tuple[object, ...], Path] = {}
 
 
 def gcc_path() -> str | None:
-    """Path of gcc (``CC`` is not consulted: the flags are gcc's); looked up once per
-    value of ``PATH``."""
-    path = os.environ.get("PATH")
-    if path not in _WHICH:
-        _WHICH[path] = shutil.which("gcc")
-    return _WHICH[path]
+    """Path of the C compiler: ``RLX_CC`` (``rlx.config.cc()``: a command on ``PATH`` or
+    a path; default ``gcc``). ``CC`` is not consulted: the flags are gcc's (clang takes
+    them too), and a ``CC`` meant for another build should not change rlx's. Looked up
+    once per value of ``PATH`` and ``RLX_CC``."""
+    key = (os.environ.get("PATH"), config.cc())
+    if key not in _WHICH:
+        _WHICH[key] = shutil.which(key[1])
+    return _WHICH[key]
 
 
 def _gcc_probe_file(gcc: str) -> Path | None:

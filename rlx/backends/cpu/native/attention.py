@@ -8,7 +8,8 @@ through :class:`AttentionLib`.
 :func:`attention_lib` builds the library for a build target (default: the selected one,
 ``RLX_ISA``) and a dtype: the AVX-512 or AVX2 intrinsics path or plain C, as the
 target's flags define; :attr:`AttentionLib.path` names it (``avx512`` / ``avx2`` /
-``c``). f16 needs F16C, so the portable target has no f16 library (CompileError).
+``c``). f16 needs F16C, so the portable and aarch64 targets have no f16 library
+(CompileError).
 
 Each library also holds the KV-cache entries of ``csrc/cache_attention.c`` (appended to
 the kernel): ``rlx_cache_attention``, ``rlx_cache_attention_i8`` (the f32 library) and
@@ -156,7 +157,7 @@ def attention_lib(
     """Build (cached on disk by content) and load the attention library for ``target``
     (default: :func:`~rlx.backends.cpu.native.cpu.selected_target`) and element
     ``dtype`` (f32, bf16, f16). CompileError without gcc, when the build fails, for
-    another dtype, or f16 on the portable target."""
+    another dtype, or f16 on a target without F16C (portable, aarch64)."""
     dt = np.dtype(dtype)
     if dtype_code(dt) is None:
         raise CompileError(f"native attention takes f32, bf16 or f16, not {dt}")
@@ -168,8 +169,8 @@ def _attention_lib(target: cpu.Target, dtype: np.dtype) -> AttentionLib:
     from rlx.backends.cpu import native
 
     code = dtype_code(dtype)
-    if code == 2 and target is cpu.Target.PORTABLE:
-        raise CompileError("native f16 attention needs F16C: not on the portable target")
+    if code == 2 and target not in (cpu.Target.AVX2, cpu.Target.AVX512):
+        raise CompileError(f"native f16 attention needs F16C: not on the {target.value} target")
     source = attention_source(code)
     name = "attention" if code == 0 else f"attention_{dtype.name}"
     return AttentionLib(

@@ -15,10 +15,27 @@ AVX2        ``-march=x86-64-v3``                    AVX2, FMA, F16C, BMI1/2, LZC
 AVX512      ``-march=x86-64-v4`` plus               AVX-512 F/BW/CD/DQ/VL and the v3 set;
             ``-mavx512vnni`` / ``-mavx512bf16``     VNNI / BF16 added when the CPU has
                                                     them (they change the flags, so the key)
+NEON        ``-march=armv8-a``                      asimd (every aarch64 CPU)
+DOTPROD     ``-march=armv8.2-a+dotprod``            asimd, asimddp (SDOT / UDOT)
+I8MM        ``-march=armv8.2-a+dotprod+i8mm+bf16``  asimd, asimddp, i8mm, bf16 (SMMLA,
+                                                    BFMMLA / BFDOT)
 ==========  ======================================  ========================================
 
+Which targets exist depends on the machine (:class:`Arch`): PORTABLE / AVX2 / AVX512 on
+x86-64, NEON / DOTPROD / I8MM on aarch64 (Linux ``aarch64``, macOS ``arm64``), PORTABLE
+alone elsewhere. I8MM is ``armv8.2-a`` plus the three extensions, not ``armv8.6-a``: a
+Neoverse V1 (Graviton3) has i8mm and bf16 but is an Armv8.4-A core, and ``armv8.6-a``
+would let gcc use v8.5 instructions (FRINT32Z & co.) that it lacks.
+
+CPU features (:func:`cpu_flags`): on x86-64 the ``flags`` line of /proc/cpuinfo; on
+Linux aarch64 its ``Features`` line (the kernel's HWCAP names: ``asimd``, ``asimddp``,
+``i8mm``, ``bf16``), or, when /proc/cpuinfo has none (qemu-user shows the host's), the
+HWCAPs themselves from ``getauxval``; on macOS ``sysctl hw.optional.arm.FEAT_DotProd /
+FEAT_I8MM / FEAT_BF16`` translated to the same names (:func:`parse_sysctl`).
+
 :func:`selected_target` takes ``rlx.config.isa()``: ``auto`` picks the best target this
-CPU runs; ``avx512`` / ``avx2`` / ``portable`` force one (forcing one the CPU lacks is a
+CPU runs; ``avx512`` / ``avx2`` / ``portable`` (x86-64) and ``neon`` / ``dotprod`` /
+``i8mm`` (aarch64) force one (forcing one the CPU lacks is a
 :class:`ConfigError` naming the missing features).
 
 AMX (``amx_tile`` with ``amx_int8`` / ``amx_bf16``) is not a target of its own: the int8
@@ -30,18 +47,27 @@ RLX_NO_AMX 1``), which compiles the AMX paths out (a separate cache entry).
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import functools
 import platform
+import subprocess
+import sys
 from dataclasses import dataclass
 
 from rlx import config
 from rlx.errors import ConfigError
 
 __all__ = [
+    "Arch",
     "Isa",
     "Target",
     "TargetSpec",
+    "machine_arch",
+    "targets_of",
+    "parse_cpuinfo",
+    "hwcap_features",
+    "parse_sysctl",
     "cpu_flags",
     "target_spec",
     "runnable_targets",
@@ -65,12 +91,50 @@ class Isa(enum.Enum):
     VNNI512 = 2
 
 
+class Arch(enum.Enum):
+    """The machine's instruction set family (it decides which targets exist)."""
+
+    X86_64 = "x86_64"
+    AARCH64 = "aarch64"
+    OTHER = "other"
+
+
 class Target(enum.Enum):
     """What native code is compiled for (the value is the ``RLX_ISA`` spelling)."""
 
     PORTABLE = "portable"
     AVX2 = "avx2"
     AVX512 = "avx512"
+    NEON = "neon"
+    DOTPROD = "dotprod"
+    I8MM = "i8mm"
+
+
+_TARGETS = {
+    Arch.X86_64: (Target.PORTABLE, Target.AVX2, Target.AVX512),
+    Arch.AARCH64: (Target.NEON, Target.DOTPROD, Target.I8MM),
+    Arch.OTHER: (Target.PORTABLE,),
+}
+
+
+def machine_arch(machine: str | None = None) -> Arch:
+    """The :class:`Arch` of ``machine`` (a ``platform.machine()`` string; default: this
+    machine's): ``x86_64`` / ``AMD64`` are X86_64, ``aarch64`` / ``arm64`` AARCH64."""
+    m = platform.machine() if machine is None else machine
+    if m in ("x86_64", "AMD64", "amd64"):
+        return Arch.X86_64
+    if m in ("aarch64", "arm64", "ARM64"):
+        return Arch.AARCH64
+    return Arch.OTHER
+
+
+def _x86_64() -> bool:
+    return machine_arch() is Arch.X86_64
+
+
+def targets_of(arch: Arch) -> tuple[Target, ...]:
+    """The targets that exist on ``arch``, baseline first."""
+    return _TARGETS[arch]
 
 
 @dataclass(frozen=True)
@@ -85,8 +149,17 @@ class TargetSpec:
 
     @property
     def label(self) -> str:
-        """Short human name, e.g. ``AVX-512 (VNNI, BF16)``."""
-        base = {"portable": "portable C", "avx2": "AVX2", "avx512": "AVX-512"}[self.target.value]
+        """Short human name, e.g. ``AVX-512 (VNNI, BF16)`` or ``NEON + dotprod``."""
+        base = {
+            Target.PORTABLE: "portable C",
+            Target.AVX2: "AVX2",
+            Target.AVX512: "AVX-512",
+            Target.NEON: "aarch64 NEON",
+            Target.DOTPROD: "aarch64 NEON + dotprod",
+            Target.I8MM: "aarch64 NEON + dotprod + i8mm + bf16",
+        }[self.target]
+        if self.target is not Target.AVX512:
+            return base
         extra = [n for n, on in (("VNNI", self.vnni), ("BF16", self.bf16)) if on]
         return f"{base} ({', '.join(extra)})" if extra else base
 
@@ -99,40 +172,125 @@ _V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
 _VNNI = "avx512_vnni"
 _BF16 = "avx512_bf16"
 
+# aarch64: the kernel's HWCAP names (the /proc/cpuinfo ``Features`` words) each target
+# relies on, and the gcc flags that allow exactly those
+_ARM = {
+    Target.NEON: (("-march=armv8-a",), frozenset({"asimd"})),
+    Target.DOTPROD: (("-march=armv8.2-a+dotprod",), frozenset({"asimd", "asimddp"})),
+    Target.I8MM: (
+        ("-march=armv8.2-a+dotprod+i8mm+bf16",),
+        frozenset({"asimd", "asimddp", "i8mm", "bf16"}),
+    ),
+}
+# AT_HWCAP / AT_HWCAP2 bits (linux arch/arm64/include/uapi/asm/hwcap.h) -> names
+_HWCAP = {"fp": 0, "asimd": 1, "atomics": 8, "asimdhp": 10, "asimdrdm": 12, "asimddp": 20}
+_HWCAP2 = {"sve2": 1, "i8mm": 13, "bf16": 14}
+_AT_HWCAP, _AT_HWCAP2 = 16, 26
+# macOS sysctl hw.optional.arm.FEAT_* (and the older hw.optional.* names) -> HWCAP names
+_SYSCTL = {
+    "hw.optional.arm.FEAT_DotProd": "asimddp",
+    "hw.optional.arm.FEAT_I8MM": "i8mm",
+    "hw.optional.arm.FEAT_BF16": "bf16",
+    "hw.optional.arm.FEAT_LSE": "atomics",
+    "hw.optional.arm.FEAT_RDM": "asimdrdm",
+    "hw.optional.arm.FEAT_FP16": "asimdhp",
+    "hw.optional.AdvSIMD": "asimd",
+    "hw.optional.neon": "asimd",
+    "hw.optional.armv8_2_dotprod": "asimddp",
+}
 
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The host CPU's feature flags from /proc/cpuinfo (empty when unreadable)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+
+def parse_cpuinfo(text: str) -> frozenset[str]:
+    """The feature words of /proc/cpuinfo text: its first ``flags`` line (x86) or
+    ``Features`` line (aarch64); empty when it has neither."""
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")) and ":" in line:
+            return frozenset(line.split(":", 1)[1].split())
     return frozenset()
 
 
-def _x86_64() -> bool:
-    return platform.machine() in ("x86_64", "AMD64")
+def hwcap_features(hwcap: int, hwcap2: int) -> frozenset[str]:
+    """The aarch64 feature names (as /proc/cpuinfo spells them) set in the ``AT_HWCAP``
+    and ``AT_HWCAP2`` words."""
+    out = {n for n, b in _HWCAP.items() if hwcap >> b & 1}
+    return frozenset(out | {n for n, b in _HWCAP2.items() if hwcap2 >> b & 1})
 
 
-def target_spec(target: Target, flags: frozenset[str] | None = None) -> TargetSpec:
-    """``target``'s gcc flags on a CPU with ``flags`` (default: this CPU). VNNI and BF16
-    are added to AVX512 only when ``flags`` has them."""
+def parse_sysctl(text: str) -> frozenset[str]:
+    """The aarch64 feature names (as /proc/cpuinfo spells them) of ``sysctl`` output
+    lines ``hw.optional.arm.FEAT_DotProd: 1``; every Apple arm64 CPU has AdvSIMD."""
+    out = {"asimd", "fp"}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        name = _SYSCTL.get(key.strip())
+        if name is not None and value.strip() == "1":
+            out.add(name)
+    return frozenset(out)
+
+
+def _read_hwcaps() -> frozenset[str]:
+    try:
+        libc = ctypes.CDLL(None)
+        getauxval = libc.getauxval
+    except (OSError, AttributeError):
+        return frozenset()
+    getauxval.restype = ctypes.c_ulong
+    getauxval.argtypes = [ctypes.c_ulong]
+    return hwcap_features(int(getauxval(_AT_HWCAP)), int(getauxval(_AT_HWCAP2)))
+
+
+def _read_sysctl() -> frozenset[str]:
+    try:
+        r = subprocess.run(
+            ["sysctl", *_SYSCTL], capture_output=True, text=True, check=False, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return frozenset({"asimd", "fp"})
+    return parse_sysctl(r.stdout)
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The host CPU's feature flags (empty when unreadable): /proc/cpuinfo's ``flags``
+    (x86-64) or ``Features`` (aarch64) line; on aarch64 without one, the ``getauxval``
+    HWCAPs (Linux) or ``sysctl hw.optional`` (macOS), under the same names."""
+    arch = machine_arch()
+    if sys.platform == "darwin" and arch is Arch.AARCH64:
+        return _read_sysctl()
+    try:
+        with open("/proc/cpuinfo") as f:
+            got = parse_cpuinfo(f.read())
+    except OSError:
+        got = frozenset()
+    if arch is Arch.AARCH64 and "asimd" not in got:
+        got = _read_hwcaps()
+    return got
+
+
+def target_spec(
+    target: Target, flags: frozenset[str] | None = None, machine: str | None = None
+) -> TargetSpec:
+    """``target``'s gcc flags on a CPU with ``flags`` (default: this CPU) of the kind
+    ``machine`` names (default: this machine). VNNI and BF16 are added to AVX512 only
+    when ``flags`` has them. ConfigError for a target that does not exist there."""
     f = cpu_flags() if flags is None else flags
-    return _target_spec(target, f, _x86_64())
+    return _target_spec(target, f, machine_arch(machine))
 
 
 @functools.lru_cache(maxsize=64)
-def _target_spec(target: Target, f: frozenset[str], x86_64: bool) -> TargetSpec:
+def _target_spec(target: Target, f: frozenset[str], arch: Arch) -> TargetSpec:
     """:func:`target_spec` (memoized: kernel factories ask for it on every schedule)."""
-    if not x86_64:
-        if target is not Target.PORTABLE:
-            raise ConfigError(
-                f"RLX_ISA={target.value}: target {target.name} exists only on x86-64, "
-                f"this machine is {platform.machine()}"
-            )
+    if target not in _TARGETS[arch]:
+        raise ConfigError(
+            f"RLX_ISA={target.value}: target {target.name} does not exist on {arch.value} "
+            f"(this machine's targets: {', '.join(t.value for t in _TARGETS[arch])})"
+        )
+    if arch is Arch.AARCH64:
+        flags, req = _ARM[target]
+        # vnni / bf16 name the x86 paths (vpdpbusd / vdpbf16ps) kernels pick by them;
+        # the aarch64 ones (SDOT, SMMLA, BFMMLA) are the target itself
+        return TargetSpec(target, flags, req)
+    if arch is Arch.OTHER:
         return TargetSpec(target, (), frozenset())
     if target is Target.PORTABLE:
         return TargetSpec(target, ("-march=x86-64", "-mtune=generic"), frozenset())
@@ -144,63 +302,73 @@ def _target_spec(target: Target, f: frozenset[str], x86_64: bool) -> TargetSpec:
     return TargetSpec(target, ("-march=x86-64-v4", "-mtune=generic", *extra), req, vnni, bf16)
 
 
-def runnable_targets(flags: frozenset[str] | None = None) -> list[Target]:
-    """Every target a CPU with ``flags`` (default: this CPU) runs, best last."""
+def runnable_targets(
+    flags: frozenset[str] | None = None, machine: str | None = None
+) -> list[Target]:
+    """Every target a CPU with ``flags`` (default: this CPU) of the kind ``machine``
+    names (default: this machine) runs, best last. On aarch64 the NEON baseline is
+    always there (every aarch64 CPU has AdvSIMD, even when its features are unreadable)."""
     f = cpu_flags() if flags is None else flags
-    return list(_runnable(f, _x86_64()))
+    return list(_runnable(f, machine_arch(machine)))
 
 
 @functools.lru_cache(maxsize=16)
-def _runnable(f: frozenset[str], x86_64: bool) -> tuple[Target, ...]:
-    if not x86_64:
-        return (Target.PORTABLE,)
-    return tuple(t for t in Target if _target_spec(t, f, x86_64).requires <= f)
+def _runnable(f: frozenset[str], arch: Arch) -> tuple[Target, ...]:
+    if arch is Arch.AARCH64:
+        f = f | {"asimd"}
+    return tuple(t for t in _TARGETS[arch] if _target_spec(t, f, arch).requires <= f)
 
 
-def _missing(target: Target, f: frozenset[str]) -> list[str]:
-    if not _x86_64():
-        return [f"an x86-64 CPU (this is {platform.machine()})"]
-    return sorted(target_spec(target, f).requires - f)
+def _missing(target: Target, f: frozenset[str], arch: Arch) -> list[str]:
+    return sorted(_target_spec(target, f, arch).requires - f)
 
 
-def selected_target(flags: frozenset[str] | None = None) -> Target:
+def selected_target(flags: frozenset[str] | None = None, machine: str | None = None) -> Target:
     """The target native code is built for now: ``RLX_ISA`` (``rlx.config.isa()``) on a
-    CPU with ``flags`` (default: this CPU). ConfigError when RLX_ISA forces a target the
-    CPU cannot run."""
+    CPU with ``flags`` (default: this CPU) of the kind ``machine`` names (default: this
+    machine). ConfigError when RLX_ISA forces a target that does not exist on this
+    machine or that the CPU cannot run (naming the missing features)."""
     f = cpu_flags() if flags is None else flags
+    arch = machine_arch(machine)
     want = config.isa()
-    usable = runnable_targets(f)
+    usable = runnable_targets(f, machine)
     if want == "auto":
         return usable[-1]
     target = Target(want)
     if target not in usable:
+        if target not in _TARGETS[arch]:
+            why = f"it does not exist on {arch.value}"
+        else:
+            why = f"missing {', '.join(_missing(target, f, arch))}"
         raise ConfigError(
-            f"RLX_ISA={want}: this CPU cannot run the {target.name} target "
-            f"(missing {', '.join(_missing(target, f))}); usable: "
-            f"{', '.join(t.value for t in usable)} (or auto)"
+            f"RLX_ISA={want}: this CPU cannot run the {target.name} target ({why}); "
+            f"usable: {', '.join(t.value for t in usable)} (or auto)"
         )
     return target
 
 
-def target_description(flags: frozenset[str] | None = None) -> str:
+def target_description(flags: frozenset[str] | None = None, machine: str | None = None) -> str:
     """One line for reports: the selected target, its gcc flags and why it was chosen,
     e.g. ``AVX-512 (VNNI, BF16): gcc -march=x86-64-v4 ...; selected by RLX_ISA=auto on a
     CPU with AVX-512 (VNNI, BF16)``."""
     f = cpu_flags() if flags is None else flags
-    spec = target_spec(selected_target(f), f)
-    best = target_spec(runnable_targets(f)[-1], f)
+    spec = target_spec(selected_target(f, machine), f, machine)
+    best = target_spec(runnable_targets(f, machine)[-1], f, machine)
     gcc = " ".join(spec.flags) or "(gcc defaults)"
-    qgemm = isas_for(spec.target, f)[-1].name
+    qgemm = isas_for(spec.target, f, machine)[-1].name
     return (
         f"{spec.label}: gcc {gcc}, int8 GEMM {qgemm}; selected by RLX_ISA={config.isa()} "
         f"on a CPU with {best.label}"
     )
 
 
-def isas_for(target: Target, flags: frozenset[str] | None = None) -> list[Isa]:
+def isas_for(
+    target: Target, flags: frozenset[str] | None = None, machine: str | None = None
+) -> list[Isa]:
     """The int8 GEMM paths code built for ``target`` can hold (on a CPU with ``flags``),
-    best last: PLAIN always, AVX2 from the AVX2 target, VNNI512 on AVX512 with VNNI."""
-    spec = target_spec(target, cpu_flags() if flags is None else flags)
+    best last: PLAIN always, AVX2 from the AVX2 target, VNNI512 on AVX512 with VNNI (the
+    aarch64 targets hold PLAIN until their SDOT / SMMLA micro-kernels exist)."""
+    spec = target_spec(target, cpu_flags() if flags is None else flags, machine)
     out = [Isa.PLAIN]
     if target in (Target.AVX2, Target.AVX512):
         out.append(Isa.AVX2)

@@ -33,11 +33,9 @@ NumPy is installed.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import json
 import os
-import platform
 import subprocess
 import tempfile
 import threading
@@ -48,7 +46,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlx.backends.cpu.native.cpu import Isa, Target, gcc_flags, isas_for, target_spec
+from rlx.backends.cpu.native.cpu import (
+    Isa,
+    Target,
+    gcc_flags,
+    isas_for,
+    machine_arch,
+    target_spec,
+    targets_of,
+)
 
 __all__ = [
     "CSRC",
@@ -172,14 +178,11 @@ class FixedLib:
 
 
 def _libmvec() -> bool:
-    """Whether glibc's libmvec loads (as ``engines.region.vector_math_available`` finds)."""
-    if platform.machine() != "x86_64":
-        return False
-    try:
-        ctypes.CDLL("libmvec.so.1", mode=ctypes.RTLD_GLOBAL)
-    except OSError:
-        return False
-    return True
+    """Whether glibc's libmvec is usable here (``codegen.prelude.simd_math``, as
+    ``engines.region.vector_math_available`` finds)."""
+    from rlx.backends.cpu.codegen.prelude import simd_math
+
+    return bool(simd_math())
 
 
 def fixed_libraries(target: Target, vector_math: bool | None = None) -> tuple[FixedLib, ...]:
@@ -188,8 +191,8 @@ def fixed_libraries(target: Target, vector_math: bool | None = None) -> tuple[Fi
     vm = _libmvec() if vector_math is None else vector_math
     libs = [FixedLib("sgemm", sgemm_source(vm))]
     for code, name in _ATTENTION.items():
-        if code == 2 and target is Target.PORTABLE:
-            continue  # f16 attention needs F16C
+        if code == 2 and target not in (Target.AVX2, Target.AVX512):
+            continue  # f16 attention needs F16C (x86-64 only, so far)
         libs.append(FixedLib(name, attention_source(code)))
     qsrc = csrc_source(*QGEMM_SOURCES)
     libs += [FixedLib("qgemm", qsrc, isa) for isa in isas_for(target)]
@@ -473,8 +476,7 @@ def _build_targets(
 ) -> None:
     version = subprocess.run([gcc, "--version"], capture_output=True, text=True, check=False)
     compiler = version.stdout.splitlines()[0] if version.stdout else "gcc (unknown version)"
-    x86 = platform.machine() in ("x86_64", "AMD64")
-    targets = list(Target) if x86 else [Target.PORTABLE]
+    targets = list(targets_of(machine_arch()))
     if only_targets is not None:
         targets = [t for t in targets if t in only_targets]
     openmp = probe_openmp(gcc)

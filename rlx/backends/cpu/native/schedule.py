@@ -18,7 +18,17 @@ prototype of ``ni`` int64 and ``nf`` double parameters: on the x86-64 System V A
 integer-class arguments take the integer registers and then the stack in order, and the
 floating ones the xmm registers in order, whatever their positions, so that call passes
 each argument where the real prototype expects it (a ``float`` is its bits in the low half
-of the xmm register). Other machines: no native schedule.
+of the xmm register).
+
+AAPCS64 (Linux aarch64) does the same with other registers (:class:`CallConv`): integer
+and pointer arguments in x0-x7 then the stack, each stack argument in an 8-byte slot
+(a narrower one at the slot's low address, little-endian), floating ones in v0-v7 (a
+``float`` is ``s<n>``, the low 32 bits of ``d<n>``); at most 8 of them, so none goes to
+the stack. Callees read only the low bits of a narrower integer register. So the same
+casts hold. Apple's arm64 ABI packs stack arguments by their own size (a 4-byte ``int``
+takes 4 bytes there): on macOS a kernel whose 9th or later integer argument is narrower
+than 8 bytes stays a Python call (:func:`native_call` returns None for it). Other
+machines (and Windows): no native schedule.
 
 The descriptor array is int64: per kernel ``[function, ni | nf << 8 | checked << 16,
 ni args, nf float bit patterns]``. The library is built by :func:`rlx.backends.cpu.native.build`
@@ -29,6 +39,7 @@ failure location and the ``CompileOptions(native_schedule=False)`` path run it.
 from __future__ import annotations
 
 import ctypes
+import enum
 import functools
 import platform
 import struct
@@ -39,7 +50,16 @@ import numpy as np
 
 from rlx.errors import CompileError
 
-__all__ = ["native_call", "segments", "Segment", "MAX_INT_ARGS", "MAX_FLOAT_ARGS", "render"]
+__all__ = [
+    "CallConv",
+    "call_convention",
+    "native_call",
+    "segments",
+    "Segment",
+    "MAX_INT_ARGS",
+    "MAX_FLOAT_ARGS",
+    "render",
+]
 
 MAX_INT_ARGS = 24
 MAX_FLOAT_ARGS = 8
@@ -67,6 +87,34 @@ _RESULTS = {None, ctypes.c_int, ctypes.c_long, ctypes.c_longlong, ctypes.c_int64
 
 
 _I64 = (-(1 << 63), 1 << 63)
+_INT_REGS = 8  # integer argument registers of AAPCS64 (x0-x7); System V has 6
+
+
+class CallConv(enum.Enum):
+    """The C calling convention the descriptor loop relies on (see the module docstring);
+    NONE: this machine has no native schedule."""
+
+    SYSV_X86_64 = "x86-64 System V"
+    AAPCS64 = "AAPCS64"
+    APPLE_ARM64 = "Apple arm64"
+    NONE = "none"
+
+
+def call_convention(machine: str | None = None, system: str | None = None) -> CallConv:
+    """The calling convention of ``machine`` / ``system`` (``platform.machine()`` and
+    ``platform.system()`` strings; default: this machine's)."""
+    m = platform.machine() if machine is None else machine
+    sysname = platform.system() if system is None else system
+    if sysname == "Windows":
+        return CallConv.NONE
+    if m in ("x86_64", "amd64"):
+        return CallConv.SYSV_X86_64
+    if m in ("aarch64", "arm64"):
+        return CallConv.APPLE_ARM64 if sysname == "Darwin" else CallConv.AAPCS64
+    return CallConv.NONE
+
+
+_CONV = call_convention()
 
 
 def _int_value(a: Any) -> int | None:
@@ -89,9 +137,12 @@ def _float_bits(a: Any, fmt: str) -> int | None:
     return bits - (1 << 64) if bits >> 63 else bits
 
 
-def native_call(kernel: Callable[[], Any]) -> tuple[int, list[int], int] | None:
+def native_call(
+    kernel: Callable[[], Any], conv: CallConv | None = None
+) -> tuple[int, list[int], int] | None:
     """``(function address, descriptor words, header)`` when ``kernel`` is one C call the
-    descriptor loop can make (see the module docstring), else None."""
+    descriptor loop can make under the calling convention ``conv`` (default: this
+    machine's; see the module docstring), else None."""
     spec = getattr(kernel, "native_call", None)
     if spec is not None:
         fn, args, checked = spec
@@ -110,6 +161,7 @@ def native_call(kernel: Callable[[], Any]) -> tuple[int, list[int], int] | None:
         return None
     ints: list[int] = []
     floats: list[int] = []
+    apple = (_CONV if conv is None else conv) is CallConv.APPLE_ARM64
     for t, a in zip(types, args, strict=True):
         if t is ctypes.c_void_p or t is ctypes.c_long:  # most arguments: no lookups
             v = _int_value(a)
@@ -120,6 +172,8 @@ def native_call(kernel: Callable[[], Any]) -> tuple[int, list[int], int] | None:
         elif t in _INTS or (isinstance(t, type) and issubclass(t, ctypes._Pointer)):  # type: ignore[attr-defined]
             v = _int_value(a)
             dest = ints
+            if len(ints) >= _INT_REGS and ctypes.sizeof(t) < 8 and apple:
+                return None  # packed into fewer than 8 stack bytes there
         else:
             return None
         if v is None:
@@ -180,8 +234,11 @@ I rlx_run_schedule(const I *desc, I n) {{
 def _runner() -> Any:
     from rlx.backends.cpu import native
 
-    if platform.machine() not in ("x86_64", "AMD64"):
-        raise CompileError("the native schedule needs the x86-64 System V calling convention")
+    if _CONV is CallConv.NONE:
+        raise CompileError(
+            f"the native schedule needs the x86-64 System V or the AAPCS64 calling "
+            f"convention (this is {platform.machine()} on {platform.system()})"
+        )
     if not native.available():
         raise CompileError("the native schedule needs gcc, which is not on PATH")
     lib = native.load(native.build(render(), native.Isa.PLAIN, "schedule"))
