@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -109,6 +109,27 @@ def _winograd_fits(geo: Geometry) -> bool:
     outputs (the path groups == 1 and whole input blocks are the caller's)."""
     square = (geo.kh, geo.kw, geo.sh, geo.sw, geo.dh, geo.dw) == (3, 3, 1, 1, 1, 1)
     return square and geo.oh * geo.ow >= WINOGRAD_MIN_PLANE
+
+
+def _fused(res: np.ndarray | None, act: ConvAct) -> str:
+    """The kernel note's epilogue part: ', residual ...' / ', <act> in the epilogue'."""
+    r = ", residual in the epilogue" if res is not None else ""
+    return r + ("" if act.code == 0 else f", {act.value} in the epilogue")
+
+
+def _packed_once_or_per_call(kind: str, call: Any, pack: Any, keep: tuple) -> Kernel:
+    """``call`` alone when the weight is packed once (``kind`` const / stable), else a
+    kernel packing it before every call; ``keep`` holds the buffers the pointers name."""
+    if kind != "call":
+        call.keep = keep
+        return call  # type: ignore[no-any-return]
+
+    def run() -> None:
+        pack()
+        call()
+
+    run.keepalive = keep  # type: ignore[attr-defined]
+    return run
 
 
 def nchwc(
@@ -189,19 +210,9 @@ def nchwc(
     ctx.notes.append(
         f"native {how} on NCHWc blocks of {cb} channels"
         f"{' (NCHW input)' if ci == 1 else ''} ({geo.kh}x{geo.kw}, "
-        f"{geo.c}->{geo.o}{', residual in the epilogue' if res is not None else ''}"
-        f"{'' if act.code == 0 else ', ' + act.value + ' in the epilogue'})"
+        f"{geo.c}->{geo.o}{_fused(res, act)})"
     )
-    if kind != "call":
-        call.keep = keep  # type: ignore[attr-defined]
-        return call
-
-    def run() -> None:
-        pack()
-        call()
-
-    run.keepalive = keep  # type: ignore[attr-defined]
-    return run
+    return _packed_once_or_per_call(kind, call, pack, keep)
 
 
 def pointwise(
@@ -252,8 +263,7 @@ def pointwise(
     ctx.kind = KernelKind.NATIVE
     ctx.notes.append(
         f"native pointwise (1x1) conv on NCHW, {geo.c}->{geo.o} over {plane} positions"
-        f"{', residual in the epilogue' if res is not None else ''}"
-        f"{'' if act.code == 0 else ', ' + act.value + ' in the epilogue'}"
+        f"{_fused(res, act)}"
     )
     return call
 
@@ -323,16 +333,6 @@ def depthwise(
     ctx.kind = KernelKind.NATIVE
     ctx.notes.append(
         f"native depthwise conv on NCHWc blocks of {cb} channels ({geo.kh}x{geo.kw}, "
-        f"{geo.c} channels{', residual in the epilogue' if res is not None else ''}"
-        f"{'' if act.code == 0 else ', ' + act.value + ' in the epilogue'})"
+        f"{geo.c} channels{_fused(res, act)})"
     )
-    if kind != "call":
-        call.keep = keep  # type: ignore[attr-defined]
-        return call
-
-    def run() -> None:
-        pack()
-        call()
-
-    run.keepalive = keep  # type: ignore[attr-defined]
-    return run
+    return _packed_once_or_per_call(kind, call, pack, keep)
