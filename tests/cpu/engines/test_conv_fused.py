@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from rlx.backends.cpu import native
 from rlx.backends.cpu.engines import conv_gemm, conv_nchwc
 from rlx.ir.mir import Graph, NodeId
 from rlx.options import CompileOptions
 from rlx.runtime.session import Session
+from tests.cpu.engines.conv_oracle import conv2d_f64
 
 TARGETS = [t.value for t in native.runnable_targets()] if native.available() else []
 pytestmark = pytest.mark.skipif(not TARGETS, reason="gcc is not installed")
@@ -69,14 +69,7 @@ def _graph(path: str, act: str, residual: bool, n: int) -> tuple[Graph, dict, di
 
 def _want(path: str, act: str, params: dict, feeds: dict) -> np.ndarray:
     (_, _, _, _, s, p, groups), _ = PATHS[path]
-    y = torch.nn.functional.conv2d(
-        torch.from_numpy(feeds["x"]).double(),
-        torch.from_numpy(params["w"]).double(),
-        torch.from_numpy(params["b"]).double(),
-        stride=s,
-        padding=p,
-        groups=groups,
-    ).numpy()
+    y = conv2d_f64(feeds["x"], params["w"], params["b"], (s, s), ((p, p), (p, p)), (1, 1), groups)
     if "r" in feeds:
         y = y + feeds["r"]
     bounds = ACTS[act]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from rlx.backends.cpu import native
 from rlx.backends.cpu.engines import conv as conv_engine
@@ -21,6 +20,7 @@ from rlx.backends.cpu.kernels import KernelKind
 from rlx.ir.mir import Graph
 from rlx.options import CompileOptions
 from rlx.runtime.session import Session
+from tests.cpu.engines.conv_oracle import conv2d_f64
 
 TARGETS = [t.value for t in native.runnable_targets()] if native.available() else []
 pytestmark = pytest.mark.skipif(not TARGETS, reason="gcc is not installed")
@@ -40,13 +40,7 @@ def _compile(g: Graph, params: dict, threads: int = 1):  # noqa: ANN202
 
 
 def _torch_conv(x, w, b, stride, padding, dil, groups):  # noqa: ANN001, ANN202
-    (pt, pb), (pl, pr) = padding
-    xt = torch.nn.functional.pad(torch.from_numpy(x).double(), (pl, pr, pt, pb))
-    bt = None if b is None else torch.from_numpy(b).double()
-    y = torch.nn.functional.conv2d(
-        xt, torch.from_numpy(w).double(), bt, stride=stride, dilation=dil, groups=groups
-    )
-    return y.numpy()
+    return conv2d_f64(x, w, b, stride, padding, dil, groups)
 
 
 def _tol(w: np.ndarray) -> float:
@@ -202,3 +196,27 @@ def test_activation_epilogues(monkeypatch, target, act, kind) -> None:
         conv_engine.ConvAct.CLIP: np.clip(ref, lo, hi),
     }[act]
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)  # NaN positions agree too
+
+
+def test_numpy_oracle_agrees_with_torch() -> None:
+    """The NumPy reference conv (the emulated aarch64 run has no torch) against torch's,
+    on strides, uneven padding, dilation and groups."""
+    torch = pytest.importorskip("torch")  # installed in the x86 venv: runs there
+    from tests.cpu.engines.conv_oracle import numpy_conv2d
+
+    rng = np.random.default_rng(11)
+    for stride, pads, dil, groups in [
+        ((1, 1), ((1, 1), (1, 1)), (1, 1), 1),
+        ((2, 3), ((2, 0), (1, 2)), (1, 2), 2),
+        ((1, 2), ((0, 1), (3, 3)), (2, 1), 6),
+    ]:
+        x = rng.standard_normal((2, 6, 11, 13))
+        w = rng.standard_normal((12, 6 // groups, 3, 2))
+        b = rng.standard_normal(12)
+        (pt, pb), (pl, pr) = pads
+        xt = torch.nn.functional.pad(torch.from_numpy(x), (pl, pr, pt, pb))
+        want = torch.nn.functional.conv2d(
+            xt, torch.from_numpy(w), torch.from_numpy(b), stride=stride, dilation=dil, groups=groups
+        ).numpy()
+        got = numpy_conv2d(x, w, b, stride, pads, dil, groups)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

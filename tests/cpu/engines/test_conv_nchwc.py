@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from rlx.backends.cpu import native
 from rlx.backends.cpu.dispatch import KernelCtx
@@ -22,6 +21,7 @@ from rlx.backends.cpu.kernels import KernelKind
 from rlx.ir.mir import Graph
 from rlx.options import CompileOptions
 from rlx.runtime.session import Session
+from tests.cpu.engines.conv_oracle import conv2d_f64
 
 TARGETS = [t.value for t in native.runnable_targets()] if native.available() else []
 pytestmark = pytest.mark.skipif(not TARGETS, reason="gcc is not installed")
@@ -39,12 +39,7 @@ def _every_shape(monkeypatch) -> None:
 
 
 def _torch_conv(x, w, b, stride, padding, dil):  # noqa: ANN001, ANN202
-    (pt, pb), (pl, pr) = padding
-    xt = torch.nn.functional.pad(torch.from_numpy(x).double(), (pl, pr, pt, pb))
-    bt = None if b is None else torch.from_numpy(b).double()
-    y = torch.nn.functional.conv2d(xt, torch.from_numpy(w).double(), bt, stride=stride,
-                                   dilation=dil)  # fmt: skip
-    return y.numpy()
+    return conv2d_f64(x, w, b, stride, padding, dil)
 
 
 def _tol(w: np.ndarray) -> float:
@@ -129,11 +124,9 @@ def test_conv1d_and_where_the_path_does_not_apply(monkeypatch) -> None:
     cg = Session("cpu").compile(g, CompileOptions(use_cache=False, verbose=False), params=params)
     assert "NCHWc" in str(cg.report())
     (got,) = cg.run({"x": xv})
-    want = torch.nn.functional.conv1d(
-        torch.nn.functional.pad(torch.from_numpy(xv).double(), (2, 1)),
-        torch.from_numpy(params["w"]).double(),
-        stride=2,
-    ).numpy()
+    want = conv2d_f64(  # the 1-D conv as a 2-D one over a plane of one row
+        xv[:, :, None], params["w"][:, :, None], None, (1, 2), ((0, 0), (2, 1))
+    )[:, :, 0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     for c, o, k, groups in ((8, 3, 3, 1), (32, 32, 1, 1), (32, 32, 3, 2)):
         g = Graph("skip")
@@ -310,10 +303,6 @@ def test_depthwise_nchwc_matches_torch(monkeypatch, target, case, act) -> None:
     run = conv_nchwc.depthwise(node, geo, x, w, b, out, ctx, act, kl, kh, res)
     assert run is not None and "depthwise conv on NCHWc" in ctx.notes[-1]
     run()
-    xt = torch.nn.functional.pad(torch.from_numpy(x).double(), (pl, pr, pt, pb))
-    want = torch.nn.functional.conv2d(
-        xt, torch.from_numpy(w).double(), None if b is None else torch.from_numpy(b).double(),
-        stride=stride, dilation=dil, groups=c,
-    ).numpy()  # fmt: skip
+    want = conv2d_f64(x, w, b, stride, ((pt, pb), (pl, pr)), dil, c)
     want = np.clip(want + res, lo, hi)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)  # NaN positions agree too

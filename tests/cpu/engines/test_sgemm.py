@@ -21,7 +21,7 @@ from scipy.special import erf
 from rlx.backends.cpu import native
 from rlx.backends.cpu.engines import sgemm as ks
 from rlx.backends.cpu.native import cpu
-from rlx.backends.cpu.native.sgemm import blocking, cache_sizes, sgemm_lib
+from rlx.backends.cpu.native.sgemm import SgemmKernel, blocking, cache_sizes, sgemm_lib
 from rlx.dtype import DType
 from rlx.errors import InputError
 from rlx.ir.mir import Graph
@@ -32,7 +32,14 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not insta
 
 TARGETS = cpu.runnable_targets()
 EPS = float(np.finfo(np.float32).eps)
-ISA = {cpu.Target.AVX512: "avx512", cpu.Target.AVX2: "avx2", cpu.Target.PORTABLE: "c"}
+ISA = {
+    cpu.Target.AVX512: SgemmKernel.AVX512,
+    cpu.Target.AVX2: SgemmKernel.AVX2,
+    cpu.Target.PORTABLE: SgemmKernel.C,
+    cpu.Target.NEON: SgemmKernel.NEON,
+    cpu.Target.DOTPROD: SgemmKernel.NEON,
+    cpu.Target.I8MM: SgemmKernel.NEON,
+}
 
 
 def _bound(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -84,6 +91,22 @@ def test_blocking_edges_and_large_k(lib) -> None:
             out = np.empty((m, n), np.float32)
             lib.gemm(a, lib.pack_b(b), out, threads=threads)
             assert np.all(np.abs(out - a.astype(np.float64) @ b) <= _bound(a, b))
+
+
+def test_every_row_and_column_tail_of_the_tile(lib) -> None:
+    """M = 1 .. 2 MR + 1 (every short-row kernel, on each side of a full panel) x N with
+    each tail past 2 whole NR panels (NR = 12 on aarch64 leaves 4 / 8 columns of the
+    powers of two)."""
+    rng = np.random.default_rng(7)
+    k = 37
+    a = _rand(rng, 2 * lib.mr + 1, k)
+    for n in range(2 * lib.nr, 3 * lib.nr):
+        b = _rand(rng, k, n)
+        packed = lib.pack_b(b)
+        for m in range(1, a.shape[0] + 1):
+            out = np.full((m, n), np.nan, np.float32)
+            lib.gemm(a[:m], packed, out)
+            assert np.all(np.abs(out - a[:m].astype(np.float64) @ b) <= _bound(a[:m], b))
 
 
 def test_strided_operands(lib) -> None:
@@ -194,6 +217,9 @@ def test_bad_arguments_are_input_errors(lib) -> None:
 def test_blocking_follows_cache_sizes(tmp_path) -> None:
     kc, a_bytes, nc = blocking(14, 32, (48 << 10, 2 << 20, 32 << 20))
     assert kc * 32 * 4 <= (2 << 20) // 16 and a_bytes == 1 << 20 and nc % 32 == 0
+    # the aarch64 8 x 12 kernel on a Neoverse N1's caches: the B micro-panel in half of L1d
+    kc, a_bytes, nc = blocking(8, 12, (64 << 10, 1 << 20, 32 << 20), l1_panel=True)
+    assert kc == 680 and kc * 12 * 4 <= 32 << 10 and a_bytes == 1 << 19 and nc % 12 == 0
     d = tmp_path / "index0"
     d.mkdir()
     (d / "type").write_text("Data\n")

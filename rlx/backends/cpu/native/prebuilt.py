@@ -151,7 +151,7 @@ def sgemm_source(vector_math: bool) -> str:
     head = PRELUDE
     if vector_math:
         head = PRELUDE.replace("#include <math.h>\n", "#include <math.h>\n" + vector_math_decls())
-    return head + (CSRC / "sgemm.c").read_text()
+    return head + csrc_source("sgemm.c")
 
 
 def attention_source(code: int) -> str:

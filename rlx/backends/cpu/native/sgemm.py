@@ -3,15 +3,17 @@ once into NR-wide panels, an epilogue (scale, bias, activation, residual, bf16 o
 Out: the product written into an output array, through :class:`SgemmLib`.
 
 :func:`sgemm_lib` builds the library for the selected build target (``RLX_ISA``): an
-AVX-512 micro-kernel (14 x 32) on AVX512, AVX2 + FMA (6 x 16) on AVX2, plain C (4 x 16) on
-portable; ``SgemmLib.isa`` names it (``avx512`` / ``avx2`` / ``c``). Cache blocking (KC,
-the A block's bytes, NC: :func:`blocking`) comes from the CPU's cache sizes in sysfs
-(:func:`cache_sizes`), with defaults when they cannot be read.
+AVX-512 micro-kernel (14 x 32) on AVX512, AVX2 + FMA (6 x 16) on AVX2, plain C (6 x 8) on
+portable, NEON FMLA-by-element (8 x 12, ``csrc/sgemm_neon.h``) on the aarch64 targets;
+``SgemmLib.isa`` names it (:class:`SgemmKernel`: ``avx512`` / ``avx2`` / ``c`` / ``neon``).
+Cache blocking (KC, the A block's bytes, NC: :func:`blocking`) comes from the CPU's cache
+sizes in sysfs (:func:`cache_sizes`), with defaults when they cannot be read.
 """
 
 from __future__ import annotations
 
 import ctypes
+import enum
 import functools
 import mmap
 import threading
@@ -26,6 +28,7 @@ from rlx.errors import CompileError, InputError
 __all__ = [
     "Act",
     "SgemmLib",
+    "SgemmKernel",
     "sgemm_lib",
     "cache_sizes",
     "blocking",
@@ -39,7 +42,20 @@ __all__ = [
 ACT_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 Act = str | None
 
-_ISA_NAMES = {0: "c", 1: "avx2", 2: "avx512"}
+
+class SgemmKernel(enum.Enum):
+    """The micro-kernel a built library runs (its ``rlx_sgemm_level``); ``str()`` is the
+    short name the report and the choice keys use (``c``, ``avx2``, ``avx512``, ``neon``)."""
+
+    C = 0  # portable GCC vector extensions (6 x 8)
+    AVX2 = 1  # AVX2 + FMA (6 x 16)
+    AVX512 = 2  # AVX-512 (14 x 32)
+    NEON = 3  # aarch64 NEON FMLA by element (8 x 12)
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
 _SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
 
 
@@ -63,14 +79,21 @@ def cache_sizes(root: Path = _SYSFS) -> tuple[int, int, int]:
     return sizes[1], sizes[2], sizes[3]
 
 
-def blocking(mr: int, nr: int, sizes: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
+def blocking(
+    mr: int, nr: int, sizes: tuple[int, int, int] | None = None, *, l1_panel: bool = False
+) -> tuple[int, int, int]:
     """(KC, L2 bytes for the A block, NC) for an MR x NR micro-kernel: K is split into
     equal blocks of at most KC, so the B micro-panel (KC x NR) takes at most 1/16 of L2
-    (it streams from L2 with the A micro-panel: measured faster here than a KC sized for
-    L1, which makes more passes over the output); the A block (MC x KC) half of L2;
-    the B block (KC x NC) a quarter of L3 (at most 8192 columns)."""
+    (it streams from L2 with the A micro-panel: measured faster on x86-64 than a KC sized
+    for L1, which makes more passes over the output); the A block (MC x KC) half of L2;
+    the B block (KC x NC) a quarter of L3 (at most 8192 columns). ``l1_panel`` (the
+    aarch64 NEON kernel, not measured on ARM hardware yet): KC also keeps the B
+    micro-panel in half of L1d, BLIS's rule for its armv8a 8 x 12 kernel (64 KB L1d of a
+    Neoverse N1 / V1: KC = 680, BLIS uses 640)."""
     l1, l2, l3 = cache_sizes() if sizes is None else sizes
     kc = max(128, min(1024, (l2 // 16) // (nr * 4) // 8 * 8))
+    if l1_panel:
+        kc = max(128, min(kc, (l1 // 2) // (nr * 4) // 8 * 8))
     a_bytes = max(l2 // 2, mr * kc * 4)
     nc = max(nr, min(8192, (l3 // 4) // (kc * 4) // nr * nr))
     return kc, a_bytes, nc
@@ -81,16 +104,17 @@ class SgemmLib:
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
-        self.isa = _ISA_NAMES[int(lib.rlx_sgemm_level())]
+        self.isa = SgemmKernel(int(lib.rlx_sgemm_level()))
         self.mr = int(lib.rlx_sgemm_mr())
         self.nr = int(lib.rlx_sgemm_nr())
         self.openmp = bool(lib.rlx_sgemm_openmp())
-        self.kc, self.a_bytes, self.nc = blocking(self.mr, self.nr)
+        neon = self.isa is SgemmKernel.NEON
+        self.kc, self.a_bytes, self.nc = blocking(self.mr, self.nr, l1_panel=neon)
         lib.rlx_sgemm_set_blocking(self.kc, self.a_bytes, self.nc)
 
     @property
     def label(self) -> str:
-        """``rlx sgemm (avx512|avx2|c)``: the name the report shows."""
+        """``rlx sgemm (avx512|avx2|c|neon)``: the name the report shows."""
         return f"rlx sgemm ({self.isa})"
 
     def packed_size(self, k: int, n: int) -> int:

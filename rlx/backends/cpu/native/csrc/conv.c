@@ -83,7 +83,7 @@ void rlx_conv2d_f32(const float *x, const float *w, const float *bias, float *ou
 
 #define RLX_CONV_BLOCK 4 /* output channels per pass */
 #define RLX_CONV_CHUNK 16 /* wide outputs kept in registers per pass */
-#ifdef __FMA__
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
 #define RLX_MADD(acc, w, v) ((acc) = fmaf((w), (v), (acc)))
 #else
 #define RLX_MADD(acc, w, v) ((acc) += (w) * (v))
@@ -265,6 +265,8 @@ typedef int (*rlx_sgemm_fn)(long m, long n, long k, const float *a, long rsa, lo
 #define CONV_NR 32
 #elif defined(__AVX2__) && defined(__FMA__)
 #define CONV_NR 16
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define CONV_NR 12 /* sgemm_neon.h's */
 #else
 #define CONV_NR 8
 #endif

@@ -31,7 +31,7 @@ typedef float dwv __attribute__((vector_size(4 * DW_L)));
 typedef float dwvu __attribute__((vector_size(4 * DW_L), aligned(4)));
 typedef int32_t dwi __attribute__((vector_size(4 * DW_L)));
 static inline dwv dw_madd(dwv acc, float w, dwv x) {
-#ifdef __FMA__
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA) /* vfmadd / FMLA */
     dwv r;
     for (int j = 0; j < DW_L; j++) r[j] = fmaf(w, x[j], acc[j]);
     return r;

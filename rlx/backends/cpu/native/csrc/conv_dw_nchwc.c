@@ -62,6 +62,8 @@ static inline __attribute__((always_inline)) void dw_tile(const float *xc, const
         if (r0) v = v + vload_n(r0 + off, nv);
         vstore_n(y0 + off, vclamp(v, lo, hi), nv);
     }
+#elif defined(RLX_CONV_NEON)
+    tile_store(a, T, nv, oc, OH * OW, bias ? bias + o0 : NULL, r0, y0, lo, hi);
 #else
     float buf[TMAX * CB];
     for (int t = 0; t < T; t++) VSTORE(buf + t * CB, a[t]);

@@ -2,7 +2,8 @@
  * Runtime's MLAS run theirs), for the dense (groups == 1) convolutions with a window larger
  * than 1x1, where the GEMM path packs KH*KW copies of the input per call.
  *
- * CB channels make a block: 16 on AVX-512, 8 on AVX2 + FMA, 4 otherwise (one vector).
+ * CB channels make a block: 16 on AVX-512, 8 on AVX2 + FMA, 4 otherwise (one vector; on
+ * aarch64 conv_neon.h's NEON helpers, a tile of 12 positions).
  *
  * int rlx_nchwc_block(void): CB.
  * int rlx_nchwc_tile(void): TMAX, the register tile's width (output positions per pass).
@@ -54,6 +55,8 @@ typedef __m256 vf;
 #define VLOAD(p) _mm256_loadu_ps(p)
 #define VSTORE(p, v) _mm256_storeu_ps((p), (v))
 #define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include "conv_neon.h"
 #else
 #define CB 4
 #define TMAX 6
@@ -135,7 +138,7 @@ static inline vf vclamp(vf v, float lo, float hi) {
  * the transpose, else lane by lane */
 static void reorder_row(const float *s, float *d, int64_t cs, int64_t W, int64_t cc) {
     int64_t i0 = 0;
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)) || defined(RLX_CONV_NEON)
     for (; i0 < W; i0 += CB) {
         const int64_t nw = W - i0 < CB ? W - i0 : CB;
         vf r[CB];
@@ -233,6 +236,8 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
             if (r0) v = v + vload_n(r0 + off, nv);
             vstore_n(y0 + off, vclamp(v, lo, hi), nv);
         }
+#elif defined(RLX_CONV_NEON)
+        tile_store(b ? a1 : a0, T, nv, oc, OH * OW, bias ? bias + o0 : NULL, r0, y0, lo, hi);
 #else
         float buf[TMAX * CB];
         for (int t = 0; t < T; t++) VSTORE(buf + t * CB, b ? a1[t] : a0[t]);

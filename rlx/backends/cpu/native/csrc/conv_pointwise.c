@@ -14,7 +14,7 @@
  *   positions) is copied into tail (per thread C * PV * CB floats) first. Threads: an
  *   OpenMP team over (image, chunk of positions).
  */
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(RLX_CONV_NEON) /* NEON: 16 of the 32 q registers */
 #define PV 4
 #else
 #define PV 2
@@ -28,6 +28,8 @@ static inline vf pw_clamp(vf v, float lo, float hi) {
     return _mm512_min_ps(_mm512_set1_ps(hi), _mm512_max_ps(_mm512_set1_ps(lo), v));
 #elif defined(__AVX2__) && defined(__FMA__)
     return _mm256_min_ps(_mm256_set1_ps(hi), _mm256_max_ps(_mm256_set1_ps(lo), v));
+#elif defined(RLX_CONV_NEON)
+    return vclamp(v, lo, hi);
 #else
     typedef int32_t vi __attribute__((vector_size(sizeof(vf))));
     const vf lov = VSET1(lo), hiv = VSET1(hi);

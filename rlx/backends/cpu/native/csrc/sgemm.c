@@ -10,7 +10,8 @@
  *   AVX-512  MR = 14 rows x NR = 32 columns: 28 zmm accumulators, 2 zmm of B, A[i, k]
  *            broadcast from memory (vbroadcastss);
  *   AVX2+FMA MR = 6 x NR = 16: 12 ymm accumulators, 2 ymm of B, 1 broadcast;
- *   portable MR = 6 x NR = 8: 12 accumulators of 4 floats (SSE2 mul + add on x86-64).
+ *   portable MR = 6 x NR = 8: 12 accumulators of 4 floats (SSE2 mul + add on x86-64);
+ *   aarch64 NEON MR = 8 x NR = 12 (sgemm_neon.h: FMLA by element, 24 q accumulators).
  *   The last micro-panel of a row block, when it has fewer than MR rows, runs a kernel of
  *   2, 4 or 8 rows (the smallest that covers it) instead of all MR: skinny products (M =
  *   16 tokens: 14 + 2 rows on AVX-512) no longer pay for MR rows of zeros. A block of 1
@@ -48,6 +49,8 @@
 #define MR 6
 #define NR 16
 #define RLX_SGEMM_LEVEL 1
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include "sgemm_neon.h"
 #else
 #define MR 6
 #define NR 8
@@ -135,6 +138,8 @@ static void pack_a(const float *a, long rsa, long csa, long mc, long kc, float *
 }
 
 /* ---- micro-kernels: c[MR x NR] (row stride ldc) = (accum ? c : 0) + a_panel @ b_panel ---- */
+
+#ifndef RLX_SGEMM_UKERNELS /* aarch64: sgemm_neon.h's */
 
 /* GCC vector extensions (no immintrin.h: parsing it was half of this library's build
  * time); this function alone contracts a * b + c into FMAs (where the target has them). */
@@ -265,6 +270,7 @@ static ukernel_fn ukernel_for(long h) {
     }
 UKERNEL_P(ukernel1p, 1)
 UKERNEL_P(ukernel2p, 2)
+#endif /* RLX_SGEMM_UKERNELS */
 
 /* ---- epilogue ----------------------------------------------------------------------- */
 
