@@ -62,8 +62,15 @@ static inline __attribute__((always_inline)) void dw_tile(const float *xc, const
         if (r0) v = v + vload_n(r0 + off, nv);
         vstore_n(y0 + off, vclamp(v, lo, hi), nv);
     }
-#elif defined(RLX_CONV_NEON)
-    tile_store(a, T, nv, oc, OH * OW, bias ? bias + o0 : NULL, r0, y0, lo, hi);
+#elif defined(RLX_CONV_NEON) /* T > CB here: 4 positions at a time */
+#pragma GCC unroll 4
+    for (int g = 0; g < T; g += 4) {
+        vf r[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) r[t] = g + t < T ? a[g + t] : VZERO();
+        tile_store4(r, nv - g, oc, OH * OW, bias ? bias + o0 : NULL, r0 ? r0 + g : NULL, y0 + g,
+                    lo, hi);
+    }
 #else
     float buf[TMAX * CB];
     for (int t = 0; t < T; t++) VSTORE(buf + t * CB, a[t]);
@@ -118,6 +125,8 @@ void rlx_dw_nchwc_f32(const float *x, float *xb, const float *wb, const float *b
 #if TMAX > 6
                             DW_CASE(7)
                             DW_CASE(8)
+#endif
+#if TMAX > 8 /* NEON: 8 */
                             DW_CASE(9)
                             DW_CASE(10)
                             DW_CASE(11)

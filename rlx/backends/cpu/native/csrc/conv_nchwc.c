@@ -236,8 +236,15 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
             if (r0) v = v + vload_n(r0 + off, nv);
             vstore_n(y0 + off, vclamp(v, lo, hi), nv);
         }
-#elif defined(RLX_CONV_NEON)
-        tile_store(b ? a1 : a0, T, nv, oc, OH * OW, bias ? bias + o0 : NULL, r0, y0, lo, hi);
+#elif defined(RLX_CONV_NEON) /* T > CB here: 4 positions at a time */
+#pragma GCC unroll 4
+        for (int g = 0; g < T; g += 4) {
+            vf r[4];
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) r[t] = g + t < T ? (b ? a1[g + t] : a0[g + t]) : VZERO();
+            tile_store4(r, nv - g, oc, OH * OW, bias ? bias + o0 : NULL, r0 ? r0 + g : NULL,
+                        y0 + g, lo, hi);
+        }
 #else
         float buf[TMAX * CB];
         for (int t = 0; t < T; t++) VSTORE(buf + t * CB, b ? a1[t] : a0[t]);
@@ -276,6 +283,8 @@ static void tile_any(const float *xn, const float *wb0, const int64_t *p, int64_
 #if TMAX > 6
         TILE_CASE(7)
         TILE_CASE(8)
+#endif
+#if TMAX > 8 /* NEON: 8 */
         TILE_CASE(9)
         TILE_CASE(10)
         TILE_CASE(11)

@@ -2,16 +2,17 @@
  * __aarch64__ with __ARM_NEON; conv_winograd.c, conv_pointwise.c and conv_dw_nchwc.c use
  * them from the same translation unit). The names are the x86 branches': CB, TMAX, vf,
  * VZERO / VSET1 / VLOAD / VSTORE / VFMA, transpose_block, vload_n / vstore_n, vclamp, plus
- * tile_store (the transposing epilogue 4 positions at a time).
+ * tile_store4 (the transposing epilogue of 4 positions).
  *
  * A block is CB = 4 channels, one q register: the NCHWc layouts keep a vector per
  * position, and a block of 8 would be a pair of registers (half the positions per
  * register tile) with more zero lanes on channel counts that are not multiples of 8.
  * VFMA is FMLA (fused, one rounding, whatever -ffp-contract says). The register tile
- * holds TMAX = 12 positions x 2 output blocks: 24 accumulators, 2 weight vectors and the
- * broadcast input (by-element FMLA) in the 32 vector registers; per input channel and tap
- * 2 weight loads + 12 input loads feed 24 FMLAs. The epilogue transposes the tile 4
- * positions at a time (TMAX > CB here, unlike x86's CB x CB squares).
+ * holds TMAX = 8 positions x 2 output blocks: 16 accumulators, 2 weight vectors and 8
+ * input floats (FMLA by element) in the 32 vector registers; per input channel and tap
+ * 2 weight loads + 8 input loads feed 16 FMLAs. (12 positions, 24 accumulators, left gcc
+ * spilling 4 of them every step.) The epilogue transposes the tile 4 positions at a time
+ * (TMAX > CB here, unlike x86's CB x CB squares).
  */
 #ifndef RLX_CONV_NEON_H
 #define RLX_CONV_NEON_H
@@ -19,7 +20,7 @@
 
 #define RLX_CONV_NEON 1
 #define CB 4
-#define TMAX 12
+#define TMAX 8
 typedef float32x4_t vf;
 #define VZERO() vdupq_n_f32(0.0f)
 #define VSET1(s) vdupq_n_f32(s)
@@ -61,29 +62,23 @@ static inline vf vclamp(vf v, float lo, float hi) {
     return vminq_f32(vdupq_n_f32(hi), vmaxq_f32(vdupq_n_f32(lo), v));
 }
 
-/* the epilogue of a register tile a[0..T) (a vector of CB output channels per position)
- * into oc <= CB output rows of NCHW (y0: channel 0's first position, rows plane floats
- * apart; nv = T positions), 4 positions at a time: transposed to a vector of positions
- * per channel, + bias[j] (bias: the block's first channel's, or NULL), + the residual
- * (r0, out's layout, or NULL), clamped to [lo, hi] */
-static inline __attribute__((always_inline)) void tile_store(const vf *a, const int T,
-                                                              int64_t nv, int64_t oc,
-                                                              int64_t plane, const float *bias,
-                                                              const float *r0, float *y0,
-                                                              float lo, float hi) {
-#pragma GCC unroll 4
-    for (int g = 0; g < T; g += 4) {
-        vf r[4];
-#pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) r[t] = g + t < T ? a[g + t] : VZERO();
-        transpose_block(r);
-        const int64_t ng = nv - g < 4 ? nv - g : 4;
-        for (int64_t j = 0; j < oc; j++) {
-            const int64_t off = j * plane + g;
-            vf v = r[j] + VSET1(bias ? bias[j] : 0.0f);
-            if (r0) v = v + vload_n(r0 + off, ng);
-            vstore_n(y0 + off, vclamp(v, lo, hi), ng);
-        }
+/* the epilogue of 4 positions of a register tile, r[0..4) (a vector of CB output channels
+ * per position; transposed here to a vector of positions per channel), into oc <= CB
+ * output rows of NCHW (y0: channel 0's first position, rows plane floats apart; the first
+ * ng <= 4 positions stored): + bias[j] (bias: the block's first channel's, or NULL), +
+ * the residual (r0, out's layout, or NULL), clamped to [lo, hi]. The caller fills r from
+ * its accumulators element by element (taking their address would keep them in memory) */
+static inline __attribute__((always_inline)) void tile_store4(vf r[4], int64_t ng, int64_t oc,
+                                                               int64_t plane, const float *bias,
+                                                               const float *r0, float *y0,
+                                                               float lo, float hi) {
+    transpose_block(r);
+    if (ng > 4) ng = 4;
+    for (int64_t j = 0; j < oc; j++) {
+        const int64_t off = j * plane;
+        vf v = r[j] + VSET1(bias ? bias[j] : 0.0f);
+        if (r0) v = v + vload_n(r0 + off, ng);
+        vstore_n(y0 + off, vclamp(v, lo, hi), ng);
     }
 }
 #endif /* RLX_CONV_NEON_H */

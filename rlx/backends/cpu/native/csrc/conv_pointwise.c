@@ -40,6 +40,35 @@ static inline vf pw_clamp(vf v, float lo, float hi) {
 #endif
 }
 
+#if defined(RLX_CONV_NEON)
+/* aarch64: the sums in registers, copied into acc at the end (the caller's epilogue
+ * indexes acc at run time, so gcc keeps acc in memory and stored all of it every channel
+ * when the loop summed into it: 8 STP per 16 FMLA) */
+static inline __attribute__((always_inline)) void pw_tile(const float *xs, int64_t xstride,
+                                                          const float *w, int64_t C,
+                                                          const int OT, vf acc[4][PV]) {
+    vf s[4][PV];
+#pragma GCC unroll 4
+    for (int r = 0; r < OT; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < PV; v++) s[r][v] = VZERO();
+    for (int64_t c = 0; c < C; c++) {
+        vf xv[PV];
+#pragma GCC unroll 4
+        for (int v = 0; v < PV; v++) xv[v] = VLOAD(xs + c * xstride + v * CB);
+#pragma GCC unroll 4
+        for (int r = 0; r < OT; r++) {
+            const vf wv = VSET1(w[r * C + c]);
+#pragma GCC unroll 4
+            for (int v = 0; v < PV; v++) s[r][v] = VFMA(wv, xv[v], s[r][v]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < OT; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < PV; v++) acc[r][v] = s[r][v];
+}
+#else
 static inline __attribute__((always_inline)) void pw_tile(const float *xs, int64_t xstride,
                                                           const float *w, int64_t C,
                                                           const int OT, vf acc[4][PV]) {
@@ -54,6 +83,7 @@ static inline __attribute__((always_inline)) void pw_tile(const float *xs, int64
         }
     }
 }
+#endif
 
 void rlx_conv1x1_f32(const float *x, const float *w, const float *bias, float *out,
                      const float *res, float *tail, const int64_t *p, int threads) {

@@ -100,6 +100,8 @@ static void wino_mm_any(const float *v, const float *u0, float *m, int64_t Cb, i
 #if TMAX > 6
         WINO_CASE(7)
         WINO_CASE(8)
+#endif
+#if TMAX > 8 /* NEON: 8 */
         WINO_CASE(9)
         WINO_CASE(10)
         WINO_CASE(11)
