@@ -1,7 +1,8 @@
 """The direct convolution on NCHWc channel blocks (``engines/conv_nchwc.py``,
 ``csrc/conv_nchwc.c``) against ``torch.nn.functional.conv2d`` in float64 (the independent
-oracle), on every native target this CPU runs (RLX_ISA forced: avx512 with blocks of 16,
-avx2 of 8, portable of 4; a stem's few input channels unblocked): strides 1 / 2 / 3, uneven padding, dilation, channel counts
+oracle; NumPy's where torch is not installed, ``conv_oracle.py``), on every native target
+this CPU runs (RLX_ISA forced: avx512 with blocks of 16, avx2 of 8, portable and the aarch64
+targets of 4; a stem's few input channels unblocked): strides 1 / 2 / 3, uneven padding, dilation, channel counts
 that are not a multiple of the block, odd and one-row planes, 1-D convs, bias or none,
 1 and 2 threads, new parameters after compile, the direct kernel and Winograd F(2x2, 3x3)
 (``csrc/conv_winograd.c``) for the 3x3 stride-1 cases, the 1x1 kernel on NCHW
@@ -25,6 +26,24 @@ from tests.cpu.engines.conv_oracle import conv2d_f64
 
 TARGETS = [t.value for t in native.runnable_targets()] if native.available() else []
 pytestmark = pytest.mark.skipif(not TARGETS, reason="gcc is not installed")
+
+
+#: target -> (block CB, register tile TMAX): aarch64 NEON holds 8 positions x 2 blocks of 4
+BLOCK_TILE = {
+    "avx512": (16, 12),
+    "avx2": (8, 6),
+    "portable": (4, 6),
+    "neon": (4, 8),
+    "dotprod": (4, 8),
+    "i8mm": (4, 8),
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_block_and_tile_of_each_target(monkeypatch, target) -> None:
+    monkeypatch.setenv("RLX_ISA", target)
+    lib = conv_nchwc.nchwc_lib()
+    assert (lib.rlx_nchwc_block(), lib.rlx_nchwc_tile()) == BLOCK_TILE[target]
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,8 @@ for the dense convolutions it suits: in, a conv node's geometry, its input / out
 and the kernel context; out, a bound native call, or None when the path does not apply.
 
 Per call the input is reordered into CB-channel blocks (CB = 16 on AVX-512, 8 on AVX2, 4
-otherwise) inside a private zero-bordered buffer, the weight is re-laid out once
+on the aarch64 targets and portable: the library's ``rlx_nchwc_block``) inside a private
+zero-bordered buffer, the weight is re-laid out once
 (``rlx_nchwc_pack_w``: at bind for a constant, once per change for a parameter), and each
 output row is computed a register tile of output positions x two blocks of output
 channels at a time, with the bias, residual and activation in the epilogue that writes
@@ -93,6 +94,13 @@ STEM_WIDE_ONLY = True
 #: to the sgemm (measured on AVX2: 7x7 planes 1.1x, 1x1 320->1280 @7 1.5x its time)
 NARROW_MIN_PLANE = 100
 _WIDE = 16  # the AVX-512 block
+# aarch64 (neon / dotprod / i8mm, ``csrc/conv_neon.h``): blocks of 4 channels, one q
+# register (a block of 8 would be two registers per vector, half the positions per
+# register tile, and more zero lanes on channel counts that are not multiples of 8), a
+# register tile of 8 positions x 2 blocks (16 of the 32 q registers accumulate). The
+# size rules above treat it as the other narrow blocks (AVX2 / portable: small planes to
+# the sgemm, stems and depthwise NCHWc off): they are AVX measurements, not yet repeated
+# on ARM hardware.
 _WINO_BLOCK_BYTES = 768 << 10  # a tile block's transformed input and products (about L2)
 _WINO_MAX_TILES = 36  # tiles per block (3 register tiles of 12)
 _PARALLEL_MIN_MACS = 1 << 21  # below this many multiply-adds the call runs on one thread
