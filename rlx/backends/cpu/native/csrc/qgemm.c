@@ -42,6 +42,8 @@
  *      Both have 4- and 2-row variants for a last row tile that short (M = 16: 6 + 6 + 4
  *      rows, no work on zero rows).
  *   0  plain C: the VNNI data layout with scalar code (auto-vectorised by gcc).
+ *   3, 4, 5  aarch64 NEON (SMULL + SADALP), SDOT and SMMLA: see qgemm_neon.h (activations
+ *      packed as signed bytes there, S_SHIFT 0 and U_SHIFT -128; SMMLA packs KG = 8).
  *
  * Prologue: each row of A is quantized (dynamic: its scale from one pass over the row,
  * then the quantization) or shifted (static s8) straight into its place in the packed
@@ -75,6 +77,9 @@
 #if RLX_ISA == 1 && !defined(__AVX2__)
 #error "RLX_ISA=1 (AVX2) needs the AVX2 or AVX512 target"
 #endif
+#if RLX_ISA >= 3 && !(defined(__aarch64__) && defined(__ARM_NEON))
+#error "RLX_ISA=3..5 (NEON, SDOT, SMMLA) need an aarch64 target"
+#endif
 #if RLX_ISA == 1 || RLX_ISA == 2
 #include <immintrin.h>
 #endif
@@ -90,6 +95,8 @@
 #define B_TRAILER 64 /* bytes after the panels: byte 0 = 1 when every weight is 7-bit */
 typedef uint8_t a_t; /* packed activation element (kernel b packs them as int16_t) */
 typedef int8_t b_t;  /* packed weight element */
+#elif RLX_ISA >= 3 && defined(__aarch64__) && defined(__ARM_NEON)
+#include "qgemm_neon.h"
 #else
 #define MR 12
 #define NR 32
@@ -97,6 +104,9 @@ typedef int8_t b_t;  /* packed weight element */
 #define S_SHIFT 128
 typedef uint8_t a_t;
 typedef int8_t b_t;
+#endif
+#ifndef U_SHIFT
+#define U_SHIFT 0 /* what is added to an unsigned activation */
 #endif
 #ifndef B_TRAILER
 #define B_TRAILER 0
@@ -189,6 +199,12 @@ static inline int32_t load4(const void *p) {
 }
 
 static inline void put4(a_t *out, long g, long qs, uint32_t v) { memcpy(out + g * qs, &v, 4); }
+
+/* 4 bytes of k .. k + 3 (k a multiple of 4) into their place of a packed row whose groups
+ * of KG bytes are qs bytes apart (put4 when KG = 4) */
+static inline void put4k(a_t *out, long k, long qs, uint32_t v) {
+    memcpy(out + (k / KG) * qs + k % KG, &v, 4);
+}
 
 #if RLX_ISA == 0
 /* lo = min, hi = max of x[0..K); returns 1 when the row holds NaN or +-inf. */
@@ -360,7 +376,7 @@ static float row_params(const float *x, long K, int mode, int32_t *zp) {
 static void quantize_row(const float *x, long K, float scale, int32_t zp, int32_t qmin,
                          int32_t qmax, int32_t shift, a_t *out, long qs) {
     long k = 0;
-    if (K % KG) put4(out, K / KG, qs, 0);
+    if (K % KG) memset(out + (K / KG) * qs, 0, KG);
 #if RLX_ISA == 2
     {
         const __m512 vs = _mm512_set1_ps(scale), vz = _mm512_set1_ps((float)zp);
@@ -419,18 +435,19 @@ static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int3
                        float a_scale, int mode, a_t *dst, long qs, float *fbuf, float *rs,
                        int32_t *corr) {
     if (a_kind == A_S8 || a_kind == A_U8) {
-        /* s8 + 128 as u8 is the byte with its top bit flipped */
-        const uint32_t flip = a_kind == A_S8 ? 0x80808080u : 0u;
+        /* a shift of +-128 is the byte with its top bit flipped */
+        const int32_t shift = a_kind == A_S8 ? S_SHIFT : U_SHIFT;
+        const uint32_t flip = shift ? 0x80808080u : 0u;
         const uint8_t *src = (const uint8_t *)A + m * lda;
-        long g = 0;
-        for (; g < K / KG; ++g) put4(dst, g, qs, (uint32_t)load4(src + g * KG) ^ flip);
+        long k = 0, kf = K / KG * KG;
+        for (; k < kf; k += 4) put4k(dst, k, qs, (uint32_t)load4(src + k) ^ flip);
         if (K % KG) {
-            uint8_t t[KG] = {0, 0, 0, 0};
-            for (long k = g * KG; k < K; ++k) t[k - g * KG] = (uint8_t)(src[k] ^ (flip & 0xff));
-            put4(dst, g, qs, (uint32_t)load4(t));
+            uint8_t t[KG] = {0};
+            for (long j = k; j < K; ++j) t[j - k] = (uint8_t)(src[j] ^ (flip & 0xff));
+            memcpy(dst + (k / KG) * qs, t, KG);
         }
         *rs = a_scale;
-        *corr = (a_kind == A_S8 ? S_SHIFT : 0) + a_zp;
+        *corr = shift + a_zp;
         return 1;
     }
     const float *x;
@@ -441,7 +458,7 @@ static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int3
         x = fbuf;
     }
     if (mode >= 2) { /* static per-tensor: 2 = int8, 3 = uint8, scale a_scale, zp a_zp */
-        int32_t shift = mode == 2 ? S_SHIFT : 0;
+        int32_t shift = mode == 2 ? S_SHIFT : U_SHIFT;
         quantize_row(x, K, a_scale, a_zp, mode == 2 ? -128 : 0, mode == 2 ? 127 : 255, shift,
                      dst, qs);
         *rs = a_scale;
@@ -450,7 +467,7 @@ static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int3
     }
     int32_t zp;
     float scale = row_params(x, K, mode, &zp);
-    int32_t shift = mode == 0 ? S_SHIFT : 0;
+    int32_t shift = mode == 0 ? S_SHIFT : U_SHIFT;
     *rs = scale;
     *corr = shift;
     if (isnan(scale)) return 0;
@@ -460,7 +477,7 @@ static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int3
     if (mode == 0)
         quantize_row(x, K, scale, 0, -128, 127, shift, dst, qs);
     else
-        quantize_row(x, K, scale, zp, 0, 255, 0, dst, qs);
+        quantize_row(x, K, scale, zp, 0, 255, U_SHIFT, dst, qs);
 #endif
     *corr = shift + zp;
     return 1;
@@ -486,7 +503,7 @@ static void prepare_tile(int a_kind, const void *A, long lda, long M, long K, lo
             !prepare_row(a_kind, A, lda, K, m, a_zp, a_scale, mode, dst, qs, fbuf, rs + r,
                          corr + r)) {
             if (!wide)
-                for (long g = 0; g < kp / KG; ++g) put4(dst, g, qs, 0);
+                for (long g = 0; g < kp / KG; ++g) memset(dst + g * qs, 0, KG);
             continue;
         }
         if (wide) /* s16 k pairs: Aw[k / 2][MR][2] */
