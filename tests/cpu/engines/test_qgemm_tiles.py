@@ -1,6 +1,7 @@
 """The int8 GEMM's tile paths (rlx/backends/cpu/native/csrc/qgemm*.c) on every ISA path
-this CPU runs (VNNI512, AVX2, plain C): every count of real rows in the last row tile
-(the 12 / 8 / 4 / 2-row VNNI kernels, the 6 / 4 / 2-row AVX2 ones), K with and without a
+this CPU runs (VNNI512, AVX2, plain C; on aarch64 NEON, SDOT, SMMLA): every count of real
+rows in the last row tile (the 12 / 8 / 4 / 2-row VNNI kernels, the 6 / 4 / 2-row AVX2
+ones, the 8 / 6 / 4 / 2-row SMMLA, 8 / 4 / 2-row SDOT and 4 / 2-row NEON ones), K with and without a
 ragged last 4-byte group and 16-lane vector, K long enough for several K slices (the
 sums then carry over from one slice to the next), full and ragged column panels through
 the tile epilogue (bias, activation, residual), and the dynamic per-row quantization

@@ -412,6 +412,14 @@ static void quantize_row(const float *x, long K, float scale, int32_t zp, int32_
         put4(out, k / 4 + 1, qs, (uint32_t)_mm_extract_epi32(b, 1));
     }
 #endif
+#if RLX_ISA >= 3
+    {
+        const float32x4_t vs = vdupq_n_f32(scale), vz = vdupq_n_f32((float)zp);
+        const float32x4_t vlo = vdupq_n_f32((float)qmin), vhi = vdupq_n_f32((float)qmax);
+        const float32x4_t vsh = vdupq_n_f32((float)shift);
+        for (; k + 8 <= K; k += 8) qn_put8(out, k, qs, qn_quantize8(x + k, vs, vz, vlo, vhi, vsh));
+    }
+#endif
     for (; k < K; ++k) {
         float t = nearbyintf(x[k] / scale);
         t = (t == t ? t : 0.0f) + (float)zp; /* NaN -> zp; +-inf saturate below */

@@ -54,6 +54,22 @@ static inline void qn_put8(uint8_t *out, long k, long qs, uint8x8_t v) {
 #endif
 }
 
+/* 8 values of a static row, clip(rint(x / scale) + zp, lo, hi) + sh as bytes (each
+ * result in [-128, 255]: its low byte), NaN giving zp: the steps of quantize_row's scalar
+ * loop in 4 lanes (FRINTN rounds half to even as rint does) */
+static inline uint8x8_t qn_quantize8(const float *x, float32x4_t vs, float32x4_t vz,
+                                     float32x4_t vlo, float32x4_t vhi, float32x4_t vsh) {
+    int32x4_t q[2];
+    for (int h = 0; h < 2; ++h) {
+        float32x4_t t = vrndnq_f32(vdivq_f32(vld1q_f32(x + 4 * h), vs));
+        t = vbslq_f32(vceqq_f32(t, t), t, vdupq_n_f32(0.0f)); /* NaN -> 0: q = zp */
+        t = vminq_f32(vmaxq_f32(vaddq_f32(t, vz), vlo), vhi);
+        q[h] = vcvtnq_s32_f32(vaddq_f32(t, vsh));
+    }
+    int16x8_t w = vcombine_s16(vmovn_s32(q[0]), vmovn_s32(q[1]));
+    return vreinterpret_u8_s8(vmovn_s16(w));
+}
+
 /* lo = min(0, min x), hi = max(0, max x) (mode 0: -max|x|, max|x|) of x[0..K); returns 1
  * when the row holds NaN or +-inf (max of the sign-cleared bit patterns >= that of inf) */
 static int row_stats16(const float *x, long K, int mode, float *lo_, float *hi_) {
@@ -117,6 +133,12 @@ static void quantize_row_dyn(const float *x, long K, float scale, int32_t zp, in
     }
 }
 
+/* A scheduling barrier for gcc (a volatile asm): keeps it from hoisting the next column
+ * pair's B load (SMMLA) or the next row's products (NEON) above this step's
+ * instructions, which made it spill accumulators (gcc 12: 2 of 24 per k group on SMMLA,
+ * 1 of 16 on NEON, with 6 B vectors or 16 products live at once). */
+#define QN_NO_HOIST() __asm__ __volatile__("" ::: "memory")
+
 #if RLX_ISA == 3
 /* NEON: R (4 or 2) rows x 8 columns. lo/hi: columns 0-1 / 2-3 of each 4-column B vector,
  * each lane the sum of a k pair; ADDP folds them into the 4 columns at the end. */
@@ -127,6 +149,7 @@ static void quantize_row_dyn(const float *x, long K, float scale, int32_t zp, in
         hi0[r] = vpadalq_s16(hi0[r], vmull_high_s8(ar, b0));                             \
         lo1[r] = vpadalq_s16(lo1[r], vmull_s8(vget_low_s8(ar), vget_low_s8(b1)));        \
         hi1[r] = vpadalq_s16(hi1[r], vmull_high_s8(ar, b1));                             \
+        QN_NO_HOIST();                                                                   \
     } while (0)
 #define NEON_UKERNEL(NAME, R, ROWS)                                                      \
     static void NAME(long kg, const a_t *ap, const b_t *bp, int32_t *ct, int zero) {     \
@@ -167,7 +190,7 @@ static void ukernel_rows(long kg, const a_t *ap, const b_t *bp, int32_t *ct, lon
 #if !defined(__ARM_FEATURE_DOTPROD)
 #error "RLX_ISA=4 (SDOT) needs the dotprod or i8mm target (-march=armv8.2-a+dotprod)"
 #endif
-/* SDOT: R (8 or 4) rows x 12 columns; row r of the k group is lane r % 4 of A vector r / 4 */
+/* SDOT: R (8, 4 or 2) rows x 12 columns; row r of the k group is lane r % 4 of A vector r / 4 */
 #define SD_ROW(r, A, L)                                                                  \
     do {                                                                                 \
         c[r][0] = vdotq_laneq_s32(c[r][0], b0, A, L);                                    \
@@ -196,6 +219,7 @@ SDOT_UKERNEL(ukernel_d8, 8,
              SD_ROW(4, a1, 0); SD_ROW(5, a1, 1); SD_ROW(6, a1, 2); SD_ROW(7, a1, 3);)
 SDOT_UKERNEL(ukernel_d4, 4, SD_ROW(0, a0, 0); SD_ROW(1, a0, 1); SD_ROW(2, a0, 2);
              SD_ROW(3, a0, 3);)
+SDOT_UKERNEL(ukernel_d2, 2, SD_ROW(0, a0, 0); SD_ROW(1, a0, 1);)
 #undef SDOT_UKERNEL
 #undef SD_ROW
 
@@ -204,8 +228,10 @@ static void ukernel_rows(long kg, const a_t *ap, const b_t *bp, int32_t *ct, lon
                          int zero) {
     if (rows > 4)
         ukernel_d8(kg, ap, bp, ct, zero);
-    else
+    else if (rows > 2)
         ukernel_d4(kg, ap, bp, ct, zero);
+    else
+        ukernel_d2(kg, ap, bp, ct, zero);
 }
 #elif RLX_ISA == 5
 #if !defined(__ARM_FEATURE_MATMUL_INT8)
@@ -229,6 +255,7 @@ static void ukernel_rows(long kg, const a_t *ap, const b_t *bp, int32_t *ct, lon
                 int8x16_t b = vld1q_s8(bp + 16 * q);                                     \
                 _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p)                      \
                     c[p][q] = vmmlaq_s32(c[p][q], a[p], b);                              \
+                QN_NO_HOIST();                                                           \
             }                                                                            \
             ap += KG * MR;                                                               \
             bp += KG * NR;                                                               \
