@@ -76,6 +76,10 @@ def test_detect_isa_from_flags():
     assert native.detect_isa(frozenset({"avx2", "fma"})) is Isa.AVX2
     assert native.detect_isa(frozenset({"sse4_2"})) is Isa.PLAIN
     assert native.supported_isas(frozenset({"avx2"})) == [Isa.PLAIN, Isa.AVX2]
+    # aarch64 HWCAP names: SMULL + SADALP everywhere, SDOT with asimddp, SMMLA with i8mm
+    assert native.detect_isa(frozenset({"asimd"})) is Isa.NEON
+    assert native.detect_isa(frozenset({"asimd", "asimddp", "i8mm", "bf16"})) is Isa.SMMLA
+    assert native.supported_isas(frozenset({"asimd", "asimddp"})) == [Isa.PLAIN, Isa.NEON, Isa.SDOT]
 
 
 def test_build_is_cached_by_content(tmp_path, monkeypatch):
