@@ -200,10 +200,21 @@ static inline int32_t load4(const void *p) {
 
 static inline void put4(a_t *out, long g, long qs, uint32_t v) { memcpy(out + g * qs, &v, 4); }
 
-/* 4 bytes of k .. k + 3 (k a multiple of 4) into their place of a packed row whose groups
- * of KG bytes are qs bytes apart (put4 when KG = 4) */
-static inline void put4k(a_t *out, long k, long qs, uint32_t v) {
-    memcpy(out + (k / KG) * qs + k % KG, &v, 4);
+/* The KG bytes at src, each XOR flip, as group g of a packed row (put4 when KG = 4) */
+static inline void put_group(a_t *out, long g, long qs, const uint8_t *src, uint32_t flip) {
+    for (int j = 0; j < KG; j += 4) {
+        uint32_t v = (uint32_t)load4(src + j) ^ flip;
+        memcpy(out + g * qs + j, &v, 4);
+    }
+}
+
+/* Group g of a packed row set to zeros */
+static inline void zero_group(a_t *out, long g, long qs) {
+#if KG == 4
+    put4(out, g, qs, 0);
+#else
+    memset(out + g * qs, 0, KG);
+#endif
 }
 
 #if RLX_ISA == 0
@@ -376,7 +387,7 @@ static float row_params(const float *x, long K, int mode, int32_t *zp) {
 static void quantize_row(const float *x, long K, float scale, int32_t zp, int32_t qmin,
                          int32_t qmax, int32_t shift, a_t *out, long qs) {
     long k = 0;
-    if (K % KG) memset(out + (K / KG) * qs, 0, KG);
+    if (K % KG) zero_group(out, K / KG, qs);
 #if RLX_ISA == 2
     {
         const __m512 vs = _mm512_set1_ps(scale), vz = _mm512_set1_ps((float)zp);
@@ -444,18 +455,18 @@ static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int3
                        int32_t *corr) {
     if (a_kind == A_S8 || a_kind == A_U8) {
         /* a shift of +-128 is the byte with its top bit flipped */
-        const int32_t shift = a_kind == A_S8 ? S_SHIFT : U_SHIFT;
-        const uint32_t flip = shift ? 0x80808080u : 0u;
+        const uint32_t flip = a_kind == A_S8 ? (S_SHIFT ? 0x80808080u : 0u)
+                                             : (U_SHIFT ? 0x80808080u : 0u);
         const uint8_t *src = (const uint8_t *)A + m * lda;
-        long k = 0, kf = K / KG * KG;
-        for (; k < kf; k += 4) put4k(dst, k, qs, (uint32_t)load4(src + k) ^ flip);
+        long g = 0;
+        for (; g < K / KG; ++g) put_group(dst, g, qs, src + g * KG, flip);
         if (K % KG) {
             uint8_t t[KG] = {0};
-            for (long j = k; j < K; ++j) t[j - k] = (uint8_t)(src[j] ^ (flip & 0xff));
-            memcpy(dst + (k / KG) * qs, t, KG);
+            for (long k = g * KG; k < K; ++k) t[k - g * KG] = (uint8_t)(src[k] ^ (flip & 0xff));
+            put_group(dst, g, qs, t, 0);
         }
         *rs = a_scale;
-        *corr = shift + a_zp;
+        *corr = (a_kind == A_S8 ? S_SHIFT : U_SHIFT) + a_zp;
         return 1;
     }
     const float *x;
@@ -511,7 +522,7 @@ static void prepare_tile(int a_kind, const void *A, long lda, long M, long K, lo
             !prepare_row(a_kind, A, lda, K, m, a_zp, a_scale, mode, dst, qs, fbuf, rs + r,
                          corr + r)) {
             if (!wide)
-                for (long g = 0; g < kp / KG; ++g) memset(dst + g * qs, 0, KG);
+                for (long g = 0; g < kp / KG; ++g) zero_group(dst, g, qs);
             continue;
         }
         if (wide) /* s16 k pairs: Aw[k / 2][MR][2] */
