@@ -146,7 +146,14 @@ def test_compiled_on_every_target(monkeypatch, tmp_path, target, unsigned, act):
     np.testing.assert_allclose(got, oracle(X, unsigned, act, B, R), rtol=2e-6, atol=2e-6)
     (k,) = [k for k in c.report().kernels if k.op == "dynamic_qmatmul"]
     assert k.kind.value == "native"
-    want_isa = {"portable": "PLAIN", "avx2": "AVX2", "avx512": "VNNI512"}[target]
+    want_isa = {
+        "portable": "PLAIN",
+        "avx2": "AVX2",
+        "avx512": "VNNI512",
+        "neon": "NEON",
+        "dotprod": "SDOT",
+        "i8mm": "SMMLA",
+    }[target]
     if target == "avx512" and not cpu.target_spec(cpu.Target.AVX512).vnni:
         want_isa = "AVX2"
     assert native.qgemm_lib().isa.name == want_isa

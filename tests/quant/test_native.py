@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlx import config
 from rlx.backends.cpu import native
 from rlx.backends.cpu.native import Isa
 from rlx.errors import CompileError, InputError
@@ -76,6 +77,10 @@ def test_detect_isa_from_flags():
     assert native.detect_isa(frozenset({"avx2", "fma"})) is Isa.AVX2
     assert native.detect_isa(frozenset({"sse4_2"})) is Isa.PLAIN
     assert native.supported_isas(frozenset({"avx2"})) == [Isa.PLAIN, Isa.AVX2]
+    # aarch64 HWCAP names: SMULL + SADALP everywhere, SDOT with asimddp, SMMLA with i8mm
+    assert native.detect_isa(frozenset({"asimd"})) is Isa.NEON
+    assert native.detect_isa(frozenset({"asimd", "asimddp", "i8mm", "bf16"})) is Isa.SMMLA
+    assert native.supported_isas(frozenset({"asimd", "asimddp"})) == [Isa.PLAIN, Isa.NEON, Isa.SDOT]
 
 
 def test_build_is_cached_by_content(tmp_path, monkeypatch):
@@ -115,7 +120,8 @@ def test_gcc_facts_are_probed_once_and_kept_in_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path))
     native._gcc_facts.cache_clear()
     try:
-        real = subprocess.run(["gcc", "--version"], capture_output=True, text=True)
+        # the compiler RLX_CC names (the emulated aarch64 run cross-compiles)
+        real = subprocess.run([config.cc(), "--version"], capture_output=True, text=True)
         first = native.gcc_version()
         assert first == real.stdout.splitlines()[0]
         (probe,) = (tmp_path / "native").glob("gcc-probe-*.json")

@@ -1,5 +1,5 @@
 """The native int8 GEMM's integer accumulator, exact against int64 NumPy on every ISA path
-this CPU runs (AVX-512 VNNI, AVX2, plain C): static int8 / uint8 activations with any zero
+this CPU runs (AVX-512 VNNI, AVX2, plain C; on aarch64 NEON, SDOT, SMMLA): static int8 / uint8 activations with any zero
 point, ragged shapes (K not a multiple of 4 or 64, M = 1, odd N), the AVX2 saturation corner
 (uint8 255 x int8 -128 in every pair, where vpmaddubsw's int16 pair sum would saturate),
 strided weight packing, and identical results on 1 and 2 threads."""

@@ -1,6 +1,7 @@
 """The int8 GEMM's tile paths (rlx/backends/cpu/native/csrc/qgemm*.c) on every ISA path
-this CPU runs (VNNI512, AVX2, plain C): every count of real rows in the last row tile
-(the 12 / 8 / 4 / 2-row VNNI kernels, the 6 / 4 / 2-row AVX2 ones), K with and without a
+this CPU runs (VNNI512, AVX2, plain C; on aarch64 NEON, SDOT, SMMLA): every count of real
+rows in the last row tile (the 12 / 8 / 4 / 2-row VNNI kernels, the 6 / 4 / 2-row AVX2
+ones, the 8 / 6 / 4 / 2-row SMMLA, 8 / 4 / 2-row SDOT and 4 / 2-row NEON ones), K with and without a
 ragged last 4-byte group and 16-lane vector, K long enough for several K slices (the
 sums then carry over from one slice to the next), full and ragged column panels through
 the tile epilogue (bias, activation, residual), and the dynamic per-row quantization
@@ -145,3 +146,26 @@ def test_static_rows_every_tail(isa, unsigned):
             lib.run(a, packed, n, a_zero_point=zp, out_i32=c)
             ref = (a.astype(np.int64) - zp) @ w.astype(np.int64)
             np.testing.assert_array_equal(c, ref, err_msg=f"m={m} lim={lim}")
+
+
+@pytest.mark.parametrize("isa", ISAS, ids=lambda i: i.name)
+@pytest.mark.parametrize("mode", [2, 3])
+@pytest.mark.parametrize("k", [5, 37, 64])
+def test_static_f32_rows_quantized_in_the_packing(isa, mode, k):
+    """f32 rows quantized with one scale and zero point (mode 2: to int8, 3: to uint8)
+    straight into the tile: clip(rint(x / scale) + zp) with NaN at the zero point and
+    +-inf saturated, the accumulator exact against NumPy, every row count."""
+    lib = native.qgemm_lib(isa)
+    rng = np.random.default_rng(k + mode)
+    n, scale = 21, np.float32(0.037)
+    zp, lo, hi = (-5, -128, 127) if mode == 2 else (131, 0, 255)
+    w = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    packed = lib.pack(w)
+    for m in ROWS:
+        x = (rng.standard_normal((m, k)) * 4).astype(np.float32)
+        x[0, : min(k, 3)] = [np.nan, np.inf, -np.inf][: min(k, 3)]
+        c = np.empty((m, n), np.int32)
+        lib.run(x, packed, n, a_zero_point=zp, a_scale=float(scale), mode=mode, out_i32=c)
+        t = np.rint(x / scale)
+        q = np.clip(np.where(np.isnan(t), 0, t) + zp, lo, hi).astype(np.int64)
+        np.testing.assert_array_equal(c, (q - zp) @ w.astype(np.int64), f"m={m}")

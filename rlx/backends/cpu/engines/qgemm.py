@@ -5,7 +5,7 @@ Out: a closure writing the f32 result (``fused_gemm``), or the exact f64 BLAS fa
 (``blas_fallback``).
 
 They run ``native.qgemm_lib`` (the best path the selected target holds, ``RLX_ISA``:
-AVX-512 VNNI, AVX2 or plain C) on ``KernelCtx.num_threads`` threads, with the whole
+AVX-512 VNNI, AVX2, on aarch64 SMMLA, SDOT or NEON, or plain C) on ``KernelCtx.num_threads`` threads, with the whole
 epilogue (row scale x channel scale, bias, activation, residual) applied to each tile in
 registers. The int8 weight is packed once (``engines.weights.packed_weight``): at compile
 time when it is a constant (what the quantization lowering produces), in a prologue step

@@ -84,11 +84,16 @@ __all__ = [
 
 
 class Isa(enum.Enum):
-    """Instruction set of the int8 GEMM (the value is the C ``RLX_ISA`` macro)."""
+    """Instruction set of the int8 GEMM (the value is the C ``RLX_ISA`` macro): the x86
+    paths AVX2 / VNNI512 and the aarch64 ones NEON (SMULL + SADALP), SDOT (dotprod) and
+    SMMLA (i8mm); PLAIN is plain C anywhere."""
 
     PLAIN = 0
     AVX2 = 1
     VNNI512 = 2
+    NEON = 3
+    SDOT = 4
+    SMMLA = 5
 
 
 class Arch(enum.Enum):
@@ -366,10 +371,12 @@ def isas_for(
     target: Target, flags: frozenset[str] | None = None, machine: str | None = None
 ) -> list[Isa]:
     """The int8 GEMM paths code built for ``target`` can hold (on a CPU with ``flags``),
-    best last: PLAIN always, AVX2 from the AVX2 target, VNNI512 on AVX512 with VNNI (the
-    aarch64 targets hold PLAIN until their SDOT / SMMLA micro-kernels exist)."""
+    best last: PLAIN always, AVX2 from the AVX2 target, VNNI512 on AVX512 with VNNI;
+    NEON on every aarch64 target, SDOT from DOTPROD, SMMLA on I8MM."""
     spec = target_spec(target, cpu_flags() if flags is None else flags, machine)
     out = [Isa.PLAIN]
+    if target in _ARM_ISAS:
+        return out + list(_ARM_ISAS[target])
     if target in (Target.AVX2, Target.AVX512):
         out.append(Isa.AVX2)
     if spec.vnni:
@@ -377,11 +384,23 @@ def isas_for(
     return out
 
 
+# the int8 GEMM paths each aarch64 target adds to PLAIN, best last
+_ARM_ISAS = {
+    Target.NEON: (Isa.NEON,),
+    Target.DOTPROD: (Isa.NEON, Isa.SDOT),
+    Target.I8MM: (Isa.NEON, Isa.SDOT, Isa.SMMLA),
+}
+
+
 def detect_isa(flags: frozenset[str] | None = None) -> Isa:
     """The best int8 GEMM path: for explicit ``flags``, the best that CPU has; by
     default, the best the :func:`selected_target` holds (so ``RLX_ISA`` applies)."""
     if flags is None:
         return isas_for(selected_target())[-1]
+    if "asimd" in flags:  # aarch64 HWCAP names
+        if {"asimddp", "i8mm"} <= flags:
+            return Isa.SMMLA
+        return Isa.SDOT if "asimddp" in flags else Isa.NEON
     if {_VNNI, "avx512bw", "avx512f"} <= flags:
         return Isa.VNNI512
     if "avx2" in flags:
@@ -395,7 +414,10 @@ def supported_isas(flags: frozenset[str] | None = None) -> list[Isa]:
     if flags is None:
         return isas_for(selected_target())
     best = detect_isa(flags)
-    return [i for i in Isa if i.value <= best.value]
+    if best is Isa.PLAIN:
+        return [Isa.PLAIN]
+    chain = _ARM_ISAS[Target.I8MM] if best in _ARM_ISAS[Target.I8MM] else (Isa.AVX2, Isa.VNNI512)
+    return [Isa.PLAIN, *chain[: chain.index(best) + 1]]
 
 
 def gcc_flags(spec: TargetSpec, isa: Isa | None, openmp: bool) -> tuple[str, ...]:

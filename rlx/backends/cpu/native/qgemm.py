@@ -7,7 +7,9 @@ results through the fused epilogue (row x channel scale, bias, activation, resid
 :func:`qgemm_lib` builds the GEMM for an :class:`~rlx.backends.cpu.native.cpu.Isa` the
 selected target holds (``RLX_ISA``): VNNI512 only on the AVX512 target of a CPU with
 VNNI (which also takes AMX-INT8 tiles when the CPU and kernel allow them and K is a
-multiple of 64, :attr:`QGemmLib.has_amx`; ``RLX_AMX=0`` builds it without them), AVX2 from the AVX2 target, PLAIN always.
+multiple of 64, :attr:`QGemmLib.has_amx`; ``RLX_AMX=0`` builds it without them), AVX2 from the AVX2 target, PLAIN always;
+on aarch64 NEON (SMULL + SADALP) on every target, SDOT from the dotprod target and SMMLA
+(weights packed 8 k deep, SMMLA's operand layout) on i8mm (``csrc/qgemm_neon.h``).
 The AVX2 path has two exact micro-kernels and picks one per packed weight
 (:meth:`QGemmLib.takes_7bit`): vpmaddubsw + vpmaddwd when every weight lies in
 [-64, 64] (7-bit weights, as ONNX Runtime's ``reduce_range``), vpmaddwd on int16

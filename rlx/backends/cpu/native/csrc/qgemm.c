@@ -42,6 +42,8 @@
  *      Both have 4- and 2-row variants for a last row tile that short (M = 16: 6 + 6 + 4
  *      rows, no work on zero rows).
  *   0  plain C: the VNNI data layout with scalar code (auto-vectorised by gcc).
+ *   3, 4, 5  aarch64 NEON (SMULL + SADALP), SDOT and SMMLA: see qgemm_neon.h (activations
+ *      packed as signed bytes there, S_SHIFT 0 and U_SHIFT -128; SMMLA packs KG = 8).
  *
  * Prologue: each row of A is quantized (dynamic: its scale from one pass over the row,
  * then the quantization) or shifted (static s8) straight into its place in the packed
@@ -75,6 +77,9 @@
 #if RLX_ISA == 1 && !defined(__AVX2__)
 #error "RLX_ISA=1 (AVX2) needs the AVX2 or AVX512 target"
 #endif
+#if RLX_ISA >= 3 && !(defined(__aarch64__) && defined(__ARM_NEON))
+#error "RLX_ISA=3..5 (NEON, SDOT, SMMLA) need an aarch64 target"
+#endif
 #if RLX_ISA == 1 || RLX_ISA == 2
 #include <immintrin.h>
 #endif
@@ -90,6 +95,8 @@
 #define B_TRAILER 64 /* bytes after the panels: byte 0 = 1 when every weight is 7-bit */
 typedef uint8_t a_t; /* packed activation element (kernel b packs them as int16_t) */
 typedef int8_t b_t;  /* packed weight element */
+#elif RLX_ISA >= 3 && defined(__aarch64__) && defined(__ARM_NEON)
+#include "qgemm_neon.h"
 #else
 #define MR 12
 #define NR 32
@@ -97,6 +104,9 @@ typedef int8_t b_t;  /* packed weight element */
 #define S_SHIFT 128
 typedef uint8_t a_t;
 typedef int8_t b_t;
+#endif
+#ifndef U_SHIFT
+#define U_SHIFT 0 /* what is added to an unsigned activation */
 #endif
 #ifndef B_TRAILER
 #define B_TRAILER 0
@@ -189,6 +199,23 @@ static inline int32_t load4(const void *p) {
 }
 
 static inline void put4(a_t *out, long g, long qs, uint32_t v) { memcpy(out + g * qs, &v, 4); }
+
+/* The KG bytes at src, each XOR flip, as group g of a packed row (put4 when KG = 4) */
+static inline void put_group(a_t *out, long g, long qs, const uint8_t *src, uint32_t flip) {
+    for (int j = 0; j < KG; j += 4) {
+        uint32_t v = (uint32_t)load4(src + j) ^ flip;
+        memcpy(out + g * qs + j, &v, 4);
+    }
+}
+
+/* Group g of a packed row set to zeros */
+static inline void zero_group(a_t *out, long g, long qs) {
+#if KG == 4
+    put4(out, g, qs, 0);
+#else
+    memset(out + g * qs, 0, KG);
+#endif
+}
 
 #if RLX_ISA == 0
 /* lo = min, hi = max of x[0..K); returns 1 when the row holds NaN or +-inf. */
@@ -360,7 +387,7 @@ static float row_params(const float *x, long K, int mode, int32_t *zp) {
 static void quantize_row(const float *x, long K, float scale, int32_t zp, int32_t qmin,
                          int32_t qmax, int32_t shift, a_t *out, long qs) {
     long k = 0;
-    if (K % KG) put4(out, K / KG, qs, 0);
+    if (K % KG) zero_group(out, K / KG, qs);
 #if RLX_ISA == 2
     {
         const __m512 vs = _mm512_set1_ps(scale), vz = _mm512_set1_ps((float)zp);
@@ -396,6 +423,14 @@ static void quantize_row(const float *x, long K, float scale, int32_t zp, int32_
         put4(out, k / 4 + 1, qs, (uint32_t)_mm_extract_epi32(b, 1));
     }
 #endif
+#if RLX_ISA >= 3
+    {
+        const float32x4_t vs = vdupq_n_f32(scale), vz = vdupq_n_f32((float)zp);
+        const float32x4_t vlo = vdupq_n_f32((float)qmin), vhi = vdupq_n_f32((float)qmax);
+        const float32x4_t vsh = vdupq_n_f32((float)shift);
+        for (; k + 8 <= K; k += 8) qn_put8(out, k, qs, qn_quantize8(x + k, vs, vz, vlo, vhi, vsh));
+    }
+#endif
     for (; k < K; ++k) {
         float t = nearbyintf(x[k] / scale);
         t = (t == t ? t : 0.0f) + (float)zp; /* NaN -> zp; +-inf saturate below */
@@ -419,18 +454,19 @@ static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int3
                        float a_scale, int mode, a_t *dst, long qs, float *fbuf, float *rs,
                        int32_t *corr) {
     if (a_kind == A_S8 || a_kind == A_U8) {
-        /* s8 + 128 as u8 is the byte with its top bit flipped */
-        const uint32_t flip = a_kind == A_S8 ? 0x80808080u : 0u;
+        /* a shift of +-128 is the byte with its top bit flipped */
+        const uint32_t flip = a_kind == A_S8 ? (S_SHIFT ? 0x80808080u : 0u)
+                                             : (U_SHIFT ? 0x80808080u : 0u);
         const uint8_t *src = (const uint8_t *)A + m * lda;
         long g = 0;
-        for (; g < K / KG; ++g) put4(dst, g, qs, (uint32_t)load4(src + g * KG) ^ flip);
+        for (; g < K / KG; ++g) put_group(dst, g, qs, src + g * KG, flip);
         if (K % KG) {
-            uint8_t t[KG] = {0, 0, 0, 0};
+            uint8_t t[KG] = {0};
             for (long k = g * KG; k < K; ++k) t[k - g * KG] = (uint8_t)(src[k] ^ (flip & 0xff));
-            put4(dst, g, qs, (uint32_t)load4(t));
+            put_group(dst, g, qs, t, 0);
         }
         *rs = a_scale;
-        *corr = (a_kind == A_S8 ? S_SHIFT : 0) + a_zp;
+        *corr = (a_kind == A_S8 ? S_SHIFT : U_SHIFT) + a_zp;
         return 1;
     }
     const float *x;
@@ -441,7 +477,7 @@ static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int3
         x = fbuf;
     }
     if (mode >= 2) { /* static per-tensor: 2 = int8, 3 = uint8, scale a_scale, zp a_zp */
-        int32_t shift = mode == 2 ? S_SHIFT : 0;
+        int32_t shift = mode == 2 ? S_SHIFT : U_SHIFT;
         quantize_row(x, K, a_scale, a_zp, mode == 2 ? -128 : 0, mode == 2 ? 127 : 255, shift,
                      dst, qs);
         *rs = a_scale;
@@ -450,7 +486,7 @@ static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int3
     }
     int32_t zp;
     float scale = row_params(x, K, mode, &zp);
-    int32_t shift = mode == 0 ? S_SHIFT : 0;
+    int32_t shift = mode == 0 ? S_SHIFT : U_SHIFT;
     *rs = scale;
     *corr = shift;
     if (isnan(scale)) return 0;
@@ -460,7 +496,7 @@ static int prepare_row(int a_kind, const void *A, long lda, long K, long m, int3
     if (mode == 0)
         quantize_row(x, K, scale, 0, -128, 127, shift, dst, qs);
     else
-        quantize_row(x, K, scale, zp, 0, 255, 0, dst, qs);
+        quantize_row(x, K, scale, zp, 0, 255, U_SHIFT, dst, qs);
 #endif
     *corr = shift + zp;
     return 1;
@@ -486,7 +522,7 @@ static void prepare_tile(int a_kind, const void *A, long lda, long M, long K, lo
             !prepare_row(a_kind, A, lda, K, m, a_zp, a_scale, mode, dst, qs, fbuf, rs + r,
                          corr + r)) {
             if (!wide)
-                for (long g = 0; g < kp / KG; ++g) put4(dst, g, qs, 0);
+                for (long g = 0; g < kp / KG; ++g) zero_group(dst, g, qs);
             continue;
         }
         if (wide) /* s16 k pairs: Aw[k / 2][MR][2] */

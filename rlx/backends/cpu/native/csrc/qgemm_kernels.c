@@ -200,6 +200,8 @@ static void ukernel_wide(long kp2, const int16_t *ap, const int16_t *bp, int32_t
 #undef LOAD
 #undef ROWW
 #undef WIDE_LOOP
+#elif RLX_ISA >= 3
+/* aarch64 (NEON, SDOT, SMMLA): ukernel_rows is in qgemm_neon.h */
 #else
 static void ukernel_rows(long kg, const a_t *ap, const b_t *bp, int32_t *ct, long rows,
                          int zero) {

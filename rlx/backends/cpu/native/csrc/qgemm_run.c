@@ -232,7 +232,7 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
             int unsigned_a = a_kind == A_U8 || (a_kind >= A_F32 && (mode == 1 || mode == 3));
             for (long m = 0; m < M; ++m) {
                 if (row_scale) row_scale[m] = rs2[m];
-                if (row_zp) row_zp[m] = corr2[m] - (unsigned_a ? 0 : S_SHIFT);
+                if (row_zp) row_zp[m] = corr2[m] - (unsigned_a ? U_SHIFT : S_SHIFT);
             }
         }
         free(rs2), free(corr2), free(rs), free(corr);
@@ -302,7 +302,7 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
         int unsigned_a = a_kind == A_U8 || (a_kind >= A_F32 && (mode == 1 || mode == 3));
         for (long m = 0; m < M; ++m) {
             if (row_scale) row_scale[m] = rs[m];
-            if (row_zp) row_zp[m] = corr[m] - (unsigned_a ? 0 : S_SHIFT);
+            if (row_zp) row_zp[m] = corr[m] - (unsigned_a ? U_SHIFT : S_SHIFT);
         }
     }
     free(Ap);
