@@ -18,7 +18,7 @@ import pytest
 
 from rlx.backends.cpu import native
 from rlx.backends.cpu.native import cpu
-from rlx.backends.cpu.native.dqgemm import dqgemm_lib, repack, repack_rows, unrepack
+from rlx.backends.cpu.native.dqgemm import REPACK_ROWS, dqgemm_lib, repack, repack_rows, unrepack
 from rlx.errors import InputError
 from rlx.formats import schemes as S
 from tests.cpu.kernels.test_quant_dequant import check_close, check_q8, make_weight
@@ -90,6 +90,9 @@ def test_repack_rows_per_target() -> None:
     assert repack_rows(cpu.Target.AVX512) == 8
     assert repack_rows(cpu.Target.AVX2) == 4
     assert repack_rows(cpu.Target.PORTABLE) == 4
+    for arm in cpu.targets_of(cpu.Arch.AARCH64):  # one row per SDOT sum lane
+        assert repack_rows(arm) == 4
+    assert set(cpu.Target) == set(REPACK_ROWS)
 
 
 @pytest.mark.parametrize("target", cpu.runnable_targets(), ids=lambda t: t.value)

@@ -190,17 +190,22 @@ def check_weights(
 
 #: the rows a GGUF weight is interleaved by when it is repacked at load (``csrc/dq_layout.h``)
 #: for each target: one group of R rows is one sequential stream for the GEMV, R rows
-#: sharing each X load (AVX-512: 8; AVX2 and the portable target: 4)
-REPACK_ROWS: dict[cpu.Target, int] = {}
+#: sharing each X load (AVX-512: 8; AVX2 and the portable target: 4; the aarch64 targets:
+#: 4, one row per lane of the SDOT group kernel's sum vector, ``csrc/dqgemm_neon.h``)
+REPACK_ROWS: dict[cpu.Target, int] = {
+    cpu.Target.PORTABLE: 4,
+    cpu.Target.AVX2: 4,
+    cpu.Target.AVX512: 8,
+    cpu.Target.NEON: 4,
+    cpu.Target.DOTPROD: 4,
+    cpu.Target.I8MM: 4,
+}
 
 
 def repack_rows(target: cpu.Target) -> int:
-    """R (4 or 8) for GGUF weights repacked for ``target`` (:data:`REPACK_ROWS`; 8 on
-    AVX-512 targets, 4 elsewhere)."""
-    r = REPACK_ROWS.get(target)
-    if r is None:
-        r = 8 if "avx512" in target.value else 4
-    return r
+    """R (4 or 8) for GGUF weights repacked for ``target`` (:data:`REPACK_ROWS`: 8 on
+    AVX-512, 4 on AVX2, the portable target and the aarch64 targets)."""
+    return REPACK_ROWS[target]
 
 
 def _interleaved_view(scheme: S.QuantScheme, n: int, k: int, rows: int) -> tuple[int, int, int]:
