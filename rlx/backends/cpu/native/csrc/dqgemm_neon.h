@@ -105,7 +105,8 @@ static int q8_group_ok(const dq_t *s, long M) {
 }
 
 /* y[0 .. G) for the G rows (4 interleaved, or 1 plain) whose blocks start at p, bst bytes
- * from a row's block to its next; xq, dx, s32: quant_x of x */
+ * from a row's block to its next; xq, dx, s32: quant_x of x. Q4_0 / Q5_0 are read as
+ * unsigned codes, their offset (-8 d, -16 d) times dx sum xq added with the mins. */
 static inline __attribute__((always_inline)) void q8_group_neon(int code, int G,
                                                                 const uint8_t *p, long bb,
                                                                 long bst, long nb,
@@ -113,30 +114,35 @@ static inline __attribute__((always_inline)) void q8_group_neon(int code, int G,
                                                                 const float *dx,
                                                                 const float *s32, float *y) {
     const int mins = code == S_Q4_1 || code == S_Q5_1;
+    const float off = code == S_Q4_0 ? -8.0f : code == S_Q5_0 ? -16.0f : 0.0f;
     float32x4_t acc = vdupq_n_f32(0.0f), macc = acc;
     const int32x4_t z = vdupq_n_s32(0);
     for (long b = 0; b < nb; b++, p += bst, xq += 32) {
         __builtin_prefetch(p + PF_AHEAD, 0, 3);
         if (G == 4) __builtin_prefetch(p + PF_AHEAD + 64, 0, 3);
         const int8x16_t x0 = vld1q_s8(xq), x1 = vld1q_s8(xq + 16);
-        int32x4_t t[4];
-        float d[4], m[4];
-        for (int i = 0; i < 4; i++) {
-            if (i < G) {
-                int8x16_t lo, hi;
-                dqn_codes(code, p + i * bb, &lo, &hi);
-                t[i] = dqn_dot2(z, lo, hi, x0, x1);
-                d[i] = dqn_h2f(p + i * bb);
-                m[i] = mins ? dqn_h2f(p + i * bb + 2) : 0.0f;
-            } else {
-                t[i] = z;
-                d[i] = m[i] = 0.0f;
-            }
-        }
+        int32x4_t t[4] = {z, z, z, z};
+        uint16x4_t dh = vdup_n_u16(0), mh = dh;
+        /* row i: its codes' dot products, its f16 d (and m) into lane i */
+#define DQN_ROW(i)                                                                            \
+    if ((i) < G) {                                                                            \
+        int8x16_t lo, hi;                                                                     \
+        dqn_codes(code, p + (i) * bb, 1, &lo, &hi);                                           \
+        t[i] = dqn_dot2(z, lo, hi, x0, x1);                                                   \
+        dh = vld1_lane_u16((const uint16_t *)(p + (i) * bb), dh, i);                          \
+        if (mins) mh = vld1_lane_u16((const uint16_t *)(p + (i) * bb + 2), mh, i);            \
+    }
+        DQN_ROW(0)
+        DQN_ROW(1)
+        DQN_ROW(2)
+        DQN_ROW(3)
+#undef DQN_ROW
         /* row i's four lanes summed into lane i */
         const int32x4_t sums = vpaddq_s32(vpaddq_s32(t[0], t[1]), vpaddq_s32(t[2], t[3]));
-        acc = vfmaq_f32(acc, vcvtq_f32_s32(sums), vmulq_n_f32(vld1q_f32(d), dx[b]));
-        if (mins) macc = vfmaq_n_f32(macc, vld1q_f32(m), s32[b]);
+        const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(dh));
+        acc = vfmaq_f32(acc, vcvtq_f32_s32(sums), vmulq_n_f32(d, dx[b]));
+        if (mins) macc = vfmaq_n_f32(macc, vcvt_f32_f16(vreinterpret_f16_u16(mh)), s32[b]);
+        else if (off != 0.0f) macc = vfmaq_n_f32(macc, d, off * s32[b]);
     }
     float o[4], mo[4];
     vst1q_f32(o, acc);
@@ -206,8 +212,9 @@ static inline void dqn_qh16(uint32_t qh, uint8x16_t *lo, uint8x16_t *hi) {
 }
 
 /* block p of a 32-weight layout: its 32 codes as s8 (lo: weights 0-15, hi: 16-31; Q4_0 /
- * Q5_0 signed q - 8 / q - 16, Q4_1 / Q5_1 unsigned q, Q8_0 in place) */
-static inline __attribute__((always_inline)) void dqn_codes(int code, const uint8_t *p,
+ * Q5_0 signed q - 8 / q - 16, or with raw the unsigned q; Q4_1 / Q5_1 unsigned q, Q8_0 in
+ * place) */
+static inline __attribute__((always_inline)) void dqn_codes(int code, const uint8_t *p, int raw,
                                                             int8x16_t *lo, int8x16_t *hi) {
     const uint8x16_t m4 = vdupq_n_u8(15);
     if (code == S_Q8_0) {
@@ -228,7 +235,7 @@ static inline __attribute__((always_inline)) void dqn_codes(int code, const uint
         c = vorrq_u8(c, h1);
     }
     int8x16_t sa = vreinterpretq_s8_u8(a), sc = vreinterpretq_s8_u8(c);
-    if (!one) {
+    if (!one && !raw) {
         const int8x16_t off = vdupq_n_s8(five ? 16 : 8);
         sa = vsubq_s8(sa, off);
         sc = vsubq_s8(sc, off);
@@ -273,15 +280,15 @@ static float dqn_row32(int code, const uint8_t *p, long st, long nb, const float
     long b = 0;
     for (; b + 2 <= nb; b += 2, p += 2 * st, x += 64) {
         int8x16_t l0, h0, l1, h1;
-        dqn_codes(code, p, &l0, &h0);
-        dqn_codes(code, p + st, &l1, &h1);
+        dqn_codes(code, p, 0, &l0, &h0);
+        dqn_codes(code, p + st, 0, &l1, &h1);
         t0 = vfmaq_n_f32(t0, dqn_blk32(l0, h0, x), dqn_h2f(p));
         t1 = vfmaq_n_f32(t1, dqn_blk32(l1, h1, x + 32), dqn_h2f(p + st));
         if (mins) mo += dqn_h2f(p + 2) * xs[b] + dqn_h2f(p + st + 2) * xs[b + 1];
     }
     for (; b < nb; b++, p += st, x += 32) {
         int8x16_t l0, h0;
-        dqn_codes(code, p, &l0, &h0);
+        dqn_codes(code, p, 0, &l0, &h0);
         t0 = vfmaq_n_f32(t0, dqn_blk32(l0, h0, x), dqn_h2f(p));
         if (mins) mo += dqn_h2f(p + 2) * xs[b];
     }
