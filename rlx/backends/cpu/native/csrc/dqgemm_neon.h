@@ -441,11 +441,10 @@ static int dqn_gemv(const dq_t *s, long M, long N, long K, const float *x, long 
 /* c[QMW][QNT] (+)= the K block's groups of G inputs (as the portable q_kernel_c): u
  * [QMW][QKS] codes, s / mm [QMW][groups], X panel pointers at the block's start (xq: 4
  * inputs of a token per 32-bit lane, QNT tokens; dx per 32, mxs per G). */
-static void q_kernel_c(long kc, int G, const uint8_t *restrict u, const float *s,
-                       const float *mm, long gs, const int8_t *xq, const float *dx,
-                       const float *mxs, const qform_t *f, float *restrict c, int accum) {
-    /* Q8_0 (u = code + 128): the codes back to s8, the offset term (mm = 128 s) dropped */
-    const int flip = f->off == 128, mins = f->mins && !flip;
+static inline __attribute__((always_inline)) void q_kernel_neon(
+    long kc, int G, const uint8_t *restrict u, const float *s, const float *mm, long gs,
+    const int8_t *xq, const float *dx, const float *mxs, int flip, int mins, float *restrict c,
+    int accum) {
     const int8x16_t fl = vdupq_n_s8(flip ? (int8_t)-128 : 0);
     float32x4_t acc[QMW][2];
     for (int i = 0; i < QMW; i++)
@@ -457,10 +456,10 @@ static void q_kernel_c(long kc, int G, const uint8_t *restrict u, const float *s
         for (int st = 0; st < G / 4; st++) {
             const int8_t *xp = xq + ((g * G) / 4 + st) * QNT * 4;
             const int8x16_t x0 = vld1q_s8(xp), x1 = vld1q_s8(xp + 16);
-            for (int i = 0; i < QMW; i++) {
-                int32_t wv;
-                memcpy(&wv, u + i * QKS + g * G + 4 * st, 4);
-                const int8x16_t wb = veorq_s8(vreinterpretq_s8_s32(vdupq_n_s32(wv)), fl);
+            for (int i = 0; i < QMW; i++) { /* LD1R: the broadcast on a load port */
+                int8x16_t wb = vreinterpretq_s8_s32(
+                    vld1q_dup_s32((const int32_t *)(u + i * QKS + g * G + 4 * st)));
+                if (flip) wb = veorq_s8(wb, fl);
                 ia[i][0] = dqn_dot(ia[i][0], wb, x0);
                 ia[i][1] = dqn_dot(ia[i][1], wb, x1);
             }
@@ -478,5 +477,14 @@ static void q_kernel_c(long kc, int G, const uint8_t *restrict u, const float *s
     }
     for (int i = 0; i < QMW; i++)
         for (int v = 0; v < 2; v++) vst1q_f32(c + i * QNT + 4 * v, acc[i][v]);
+}
+
+static void q_kernel_c(long kc, int G, const uint8_t *restrict u, const float *s,
+                       const float *mm, long gs, const int8_t *xq, const float *dx,
+                       const float *mxs, const qform_t *f, float *restrict c, int accum) {
+    /* Q8_0 (u = code + 128): the codes back to s8, the offset term (mm = 128 s) dropped */
+    if (f->off == 128) q_kernel_neon(kc, G, u, s, mm, gs, xq, dx, mxs, 1, 0, c, accum);
+    else if (G == 32) q_kernel_neon(kc, 32, u, s, mm, gs, xq, dx, mxs, 0, f->mins, c, accum);
+    else q_kernel_neon(kc, 16, u, s, mm, gs, xq, dx, mxs, 0, f->mins, c, accum);
 }
 #endif
