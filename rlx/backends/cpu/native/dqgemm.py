@@ -10,7 +10,8 @@ decoded weight
 (:meth:`DqGemmLib.stream_read`).
 
 :func:`dqgemm_lib` builds the library for the selected target (``RLX_ISA``): AVX-512 or
-AVX2 FMA vectors, or SSE2 mul + add on the portable target. ``act`` (``RLX_DQ_ACT`` in a
+AVX2 FMA vectors, SSE2 mul + add on the portable target, or on the aarch64 targets NEON
+FMLA with SDOT for the integer path (``csrc/dqgemm_neon.h``). ``act`` (``RLX_DQ_ACT`` in a
 compiled graph) picks f32 activations or, for :data:`Q8_SCHEMES`, int8 activations with
 integer dot products (:func:`uses_q8`; ``auto``: at batch < 4). Every packed tensor is checked
 against its scheme before the C code reads it (:func:`check_weights`: a wrong dtype,
