@@ -109,8 +109,8 @@ SMALL_MAX_M = 16
 
 def small_batch(lib: DqGemmLib, scheme: S.QuantScheme, m: int) -> bool:
     """Whether ``m`` f32 activation rows against a ``scheme`` weight run the small-batch
-    path of ``lib`` (2..:data:`SMALL_MAX_M` rows on AVX2 / AVX-512; Q8_0, Q5_0, Q4_K and
-    Q6_K from 2 rows, the other layouts from 4)."""
+    path of ``lib`` (2..:data:`SMALL_MAX_M` rows on AVX2 / AVX-512 and the aarch64 targets;
+    Q8_0, Q5_0, Q4_K and Q6_K from 2 rows, the other layouts from 4)."""
     lay = layout(scheme, 32 * 256)
     return bool(lib.lib.rlx_dq_small(lay.code, lay.qk, m))
 

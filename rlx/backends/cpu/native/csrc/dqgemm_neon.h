@@ -429,6 +429,201 @@ static int dqn_gemv(const dq_t *s, long M, long N, long K, const float *x, long 
 }
 #endif
 
+/* ---- part 7: the small-batch path, 2 <= M <= SMALL_M (dqgemm_small.c) ---------------- */
+#if DQ_NEON_PART == 7
+#define DQN_SG 8 /* X rows per pass: 2 weight rows x 8 accumulators, 2 weights, 1 X: 19 regs */
+
+/* the 16 s8 codes c times d (+ m) into o[0 .. 16) (the f32 steps of decode_block) */
+static inline void dqn_store16(int8x16_t c, float d, int add, float m, float *o) {
+    const int16x8_t a = vmovl_s8(vget_low_s8(c)), b = vmovl_high_s8(c);
+    float32x4_t v[4] = {DQN_CV(a, 0), DQN_CV(a, 1), DQN_CV(b, 0), DQN_CV(b, 1)};
+    for (int i = 0; i < 4; i++) {
+        float32x4_t r = vmulq_n_f32(v[i], d);
+        if (add) r = vaddq_f32(r, vdupq_n_f32(m));
+        vst1q_f32(o + 4 * i, r);
+    }
+}
+
+/* blocks of a 32-weight layout: w = d q (Q4_0 / Q5_0 / Q8_0, q signed) or d q + m */
+static void dqn_dec32(int code, const uint8_t *p, long st, long nblk, float *o) {
+    const int one = code == S_Q4_1 || code == S_Q5_1;
+    for (long b = 0; b < nblk; b++, p += st, o += 32) {
+        int8x16_t lo, hi;
+        dqn_codes(code, p, 0, &lo, &hi);
+        const float d = dqn_h2f(p), m = one ? dqn_h2f(p + 2) : 0.0f;
+        dqn_store16(lo, d, one, m, o);
+        dqn_store16(hi, d, one, m, o + 16);
+    }
+}
+
+/* Q4_K: sub-block j = (d sc_j) q - (dmin m_j) */
+static void dqn_dec_q4_k(const uint8_t *p, long st, long nblk, float *o) {
+    const uint8x16_t m4 = vdupq_n_u8(15);
+    for (long b = 0; b < nblk; b++, p += st, o += 256) {
+        const float d = dqn_h2f(p), dmin = dqn_h2f(p + 2);
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            dqn_sm(p + 4, j, &sc, &m);
+            const float32x4_t d1 = vdupq_n_f32(d * (float)sc), m1 = vdupq_n_f32(dmin * (float)m);
+            for (int e = 0; e < 2; e++) {
+                const uint8x16_t v = vld1q_u8(p + 16 + 32 * (j >> 1) + 16 * e);
+                const uint8x16_t q = j & 1 ? vshrq_n_u8(v, 4) : vandq_u8(v, m4);
+                const uint16x8_t a = vmovl_u8(vget_low_u8(q)), c = vmovl_high_u8(q);
+                const uint16x8_t h[2] = {a, c};
+                for (int i = 0; i < 4; i++) {
+                    const uint16x8_t hv = h[i >> 1];
+                    const uint32x4_t w = i & 1 ? vmovl_high_u16(hv) : vmovl_u16(vget_low_u16(hv));
+                    vst1q_f32(o + 32 * j + 16 * e + 4 * i,
+                              vsubq_f32(vmulq_f32(d1, vcvtq_f32_u32(w)), m1));
+                }
+            }
+        }
+    }
+}
+
+/* Q6_K: outputs 128 h + 32 g + l = (d sc[8 h + 2 g + l / 16]) (q - 32) */
+static void dqn_dec_q6_k(const uint8_t *p, long st, long nblk, float *o) {
+    const uint8x16_t m4 = vdupq_n_u8(15), m3 = vdupq_n_u8(3);
+    const int8x16_t c32 = vdupq_n_s8(32);
+    for (long b = 0; b < nblk; b++, p += st, o += 256) {
+        const int8_t *sc = (const int8_t *)(p + 192);
+        const float d = dqn_h2f(p + 208);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = p + 64 * h, *qh = p + 128 + 32 * h;
+            for (int g = 0; g < 4; g++)
+                for (int e = 0; e < 2; e++) {
+                    uint8x16_t l = vld1q_u8(ql + 32 * (g & 1) + 16 * e);
+                    l = g >> 1 ? vshrq_n_u8(l, 4) : vandq_u8(l, m4);
+                    uint8x16_t hi = vandq_u8(vshlq_u8(vld1q_u8(qh + 16 * e),
+                                                      vdupq_n_s8((int8_t)(-2 * g))), m3);
+                    int8x16_t q = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(l, vshlq_n_u8(hi, 4))), c32);
+                    dqn_store16(q, d * (float)sc[8 * h + 2 * g + e], 0, 0.0f,
+                                o + 128 * h + 32 * g + 16 * e);
+                }
+        }
+    }
+}
+
+/* blocks b0 .. b0 + nblk of row n (any layout R) into out, as decode_blocks */
+static void dqn_decode_fast(const dq_t *s, long n, long b0, long nblk, float *out) {
+    const long st = dq_bst(s, n);
+    const uint8_t *p = dq_row(s, n) + b0 * st;
+    switch (s->code) {
+    case S_Q4_0: case S_Q4_1: case S_Q5_0: case S_Q5_1: case S_Q8_0:
+        dqn_dec32(s->code, p, st, nblk, out);
+        break;
+    case S_Q4_K: dqn_dec_q4_k(p, st, nblk, out); break;
+    case S_Q6_K: dqn_dec_q6_k(p, st, nblk, out); break;
+    default: decode_blocks(s, n, b0, nblk, out);
+    }
+}
+
+/* as dot_rows of the x86 branch: a[i] (+)= w . x row i lane-wise, b[i] likewise with w2
+ * sharing the X loads; with last the sums go to y, else back to acc (acc[DQN_SG + i]: b) */
+static inline __attribute__((always_inline)) void dqn_dot_rows(
+    const float *restrict w, const float *restrict w2, const float *x, long ldx, long len,
+    int mr, int two, vf *acc, int first, int last, float *y, long ldy) {
+    vf a[DQN_SG], b[DQN_SG];
+    for (int i = 0; i < mr; i++) {
+        a[i] = first ? VZERO() : acc[i];
+        b[i] = two && !first ? acc[DQN_SG + i] : VZERO();
+    }
+    for (long v = 0; v < len; v += VW) {
+        vf wv = VLOAD(w + v), wv2 = two ? VLOAD(w2 + v) : VZERO();
+        for (int i = 0; i < mr; i++) {
+            vf xv = VLOAD(x + i * ldx + v);
+            a[i] = VFMA(wv, xv, a[i]);
+            if (two) b[i] = VFMA(wv2, xv, b[i]);
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        if (last) {
+            y[i * ldy] = vhsum(a[i]);
+            if (two) y[i * ldy + 1] = vhsum(b[i]);
+        } else {
+            acc[i] = a[i];
+            if (two) acc[DQN_SG + i] = b[i];
+        }
+    }
+}
+
+#define DQN_DOT(n, two) dqn_dot_rows(w, w2, x, ldx, len, n, two, acc, first, last, y, ldy)
+#define DQN_CASES(two)                                                                        \
+    switch (mr) {                                                                             \
+    case 1: DQN_DOT(1, two); break;                                                           \
+    case 2: DQN_DOT(2, two); break;                                                           \
+    case 3: DQN_DOT(3, two); break;                                                           \
+    case 4: DQN_DOT(4, two); break;                                                           \
+    case 5: DQN_DOT(5, two); break;                                                           \
+    case 6: DQN_DOT(6, two); break;                                                           \
+    case 7: DQN_DOT(7, two); break;                                                           \
+    default: DQN_DOT(DQN_SG, two);                                                            \
+    }
+static void dqn_dot_group(const float *w, const float *w2, const float *x, long ldx, long len,
+                          int mr, vf *acc, int first, int last, float *y, long ldy) {
+    if (w2) {
+        DQN_CASES(1)
+    } else {
+        DQN_CASES(0)
+    }
+}
+#undef DQN_CASES
+#undef DQN_DOT
+
+/* as the x86 branch: the NEON-decoded layouts from 2 X rows, the others from 4 */
+static int small_ok(const dq_t *s, long M) {
+    if (M < 2 || M > SMALL_M || s->qk % VW) return 0;
+    switch (s->code) {
+    case S_Q8_0: case S_Q5_0: case S_Q4_K: case S_Q6_K: return 1;
+    default: return M >= 4;
+    }
+}
+
+static int gemv_small(const dq_t *s, long M, long N, long K, const float *x, long ldx,
+                      float *y, long ldy, int threads) {
+    long cb = SMALL_K / s->qk < 1 ? 1 : SMALL_K / s->qk;
+    if (cb > s->nb) cb = s->nb;
+    long per = 262144, want = (N * s->row_bytes + per - 1) / per; /* as the GEMV's grain */
+    if (want < threads) threads = want < 1 ? 1 : (int)want;
+    long chunk = 32768 / s->row_bytes;
+    if (chunk < 1) chunk = 1;
+    int fail = 0;
+    (void)K;
+    long pairs = (N + 1) / 2, pchunk = chunk / 2 < 1 ? 1 : chunk / 2;
+#pragma omp parallel num_threads(threads) reduction(| : fail)
+    {
+        long clen = cb * s->qk;
+        float *buf = alloc_f(2 * clen);
+        if (!buf) fail = 1;
+        else {
+            prefetcher pf = {0, 0};
+            vf acc[2 * SMALL_M];
+#pragma omp for schedule(dynamic, pchunk)
+            for (long pr = 0; pr < pairs; pr++) {
+                long n = 2 * pr;
+                int two = n + 1 < N;
+                prefetch_rows(s, &pf, n);
+                if (two) prefetch_rows(s, &pf, n + 1);
+                for (long b0 = 0; b0 < s->nb; b0 += cb) {
+                    long nblk = s->nb - b0 < cb ? s->nb - b0 : cb, off = b0 * s->qk;
+                    int first = b0 == 0, last = b0 + nblk >= s->nb;
+                    dqn_decode_fast(s, n, b0, nblk, buf);
+                    if (two) dqn_decode_fast(s, n + 1, b0, nblk, buf + clen);
+                    for (long m0 = 0; m0 < M; m0 += DQN_SG) {
+                        int mr = (int)(M - m0 < DQN_SG ? M - m0 : DQN_SG);
+                        dqn_dot_group(buf, two ? buf + clen : 0, x + m0 * ldx + off, ldx,
+                                      nblk * s->qk, mr, acc + 2 * m0, first, last,
+                                      y + m0 * ldy + n, ldy);
+                    }
+                }
+            }
+            free(buf);
+        }
+    }
+    return fail;
+}
+#endif
+
 /* ---- part 4: the f32 prefill micro-tile (dqgemm_prefill.c) ---------------------------- */
 #if DQ_NEON_PART == 4
 #define VL 4
