@@ -160,7 +160,7 @@ static void gemv_q8_group(const dq_t *s, long N, const int8_t *xq, const float *
                           const float *s32, float *y, int threads, long chunk) {
     long G = 4, full = N - N % G, groups = full / G, units = groups + (N - full);
     long uchunk = chunk / G < 1 ? 1 : chunk / G, nb = s->nb;
-    (void)threads;
+    (void)threads, (void)uchunk; /* without OpenMP */
 #pragma omp parallel for num_threads(threads) schedule(dynamic, uchunk)
     for (long u = 0; u < units; u++) {
         long n0 = u < groups ? u * G : full + (u - groups);
@@ -410,6 +410,7 @@ static int dqn_gemv(const dq_t *s, long M, long N, long K, const float *x, long 
         }
     long G = s->R > 1 ? s->R : 1, full = N - N % G, units = full / G + (N - full);
     long uchunk = chunk / G < 1 ? 1 : chunk / G;
+    (void)uchunk; /* without OpenMP */
 #pragma omp parallel num_threads(threads)
     {
         prefetcher pf = {0, 0};
@@ -590,6 +591,7 @@ static int gemv_small(const dq_t *s, long M, long N, long K, const float *x, lon
     int fail = 0;
     (void)K;
     long pairs = (N + 1) / 2, pchunk = chunk / 2 < 1 ? 1 : chunk / 2;
+    (void)pchunk; /* without OpenMP */
 #pragma omp parallel num_threads(threads) reduction(| : fail)
     {
         long clen = cb * s->qk;
