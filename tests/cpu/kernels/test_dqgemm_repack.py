@@ -18,7 +18,7 @@ import pytest
 
 from rlx.backends.cpu import native
 from rlx.backends.cpu.native import cpu
-from rlx.backends.cpu.native.dqgemm import dqgemm_lib, repack, repack_rows, unrepack
+from rlx.backends.cpu.native.dqgemm import REPACK_ROWS, dqgemm_lib, repack, repack_rows, unrepack
 from rlx.errors import InputError
 from rlx.formats import schemes as S
 from tests.cpu.kernels.test_quant_dequant import check_close, check_q8, make_weight
@@ -64,7 +64,7 @@ def test_repack_rejects_bad_rows() -> None:
     packed = np.zeros((4, 34), np.uint8)
     with pytest.raises(InputError, match="rows must be 4 or 8"):
         repack(scheme, packed, 4, 32, 3)
-    lib = dqgemm_lib(cpu.Target.PORTABLE)
+    lib = dqgemm_lib(cpu.runnable_targets()[0])  # the baseline (portable / neon)
     with pytest.raises(InputError, match="rows"):
         lib.gemm(
             scheme, np.zeros((1, 32), np.float32), (packed,), np.zeros((1, 4), np.float32), rows=2
@@ -90,6 +90,9 @@ def test_repack_rows_per_target() -> None:
     assert repack_rows(cpu.Target.AVX512) == 8
     assert repack_rows(cpu.Target.AVX2) == 4
     assert repack_rows(cpu.Target.PORTABLE) == 4
+    for arm in cpu.targets_of(cpu.Arch.AARCH64):  # one row per SDOT sum lane
+        assert repack_rows(arm) == 4
+    assert set(cpu.Target) == set(REPACK_ROWS)
 
 
 @pytest.mark.parametrize("target", cpu.runnable_targets(), ids=lambda t: t.value)

@@ -41,7 +41,9 @@ def test_small_batches_match_f64(target, scheme) -> None:
 def test_which_sizes_take_the_small_path() -> None:
     for target in cpu.runnable_targets():
         lib = dqgemm_lib(target)
-        on = lib.lanes >= 8  # the portable target (SSE2) keeps the GEMV / tiled paths
+        # the portable target (SSE2) keeps the GEMV / tiled paths; the aarch64 targets
+        # (4 NEON lanes, dqgemm_neon.h) take it as AVX2 / AVX-512 do
+        on = lib.lanes >= 8 or target in cpu.targets_of(cpu.Arch.AARCH64)
         got = [small_batch(lib, S.GgufQ4K(), m) for m in (1, 2, 16, 17)]
         assert got == [False, on, on, False], target
         got = [small_batch(lib, S.Int8Block(32), m) for m in (2, 3, 4, 16)]

@@ -31,7 +31,7 @@ default ``f32`` keeps them exact. Threads: ``KernelCtx.num_threads``. Non-f32 or
 
 GGUF weights read in place from a file mapping are repacked once per compiled graph
 (:func:`repacked_weight`, ``RLX_DQ_REPACK=1``, the default): rows interleaved by the
-target's R (``dqgemm.repack_rows``: 8 on AVX-512, 4 on AVX2 and portable;
+target's R (``dqgemm.repack_rows``: 8 on AVX-512, 4 on AVX2, portable and aarch64;
 ``csrc/dq_layout.h``), so a decode GEMV reads one sequential stream per group of R rows
 sharing each X load; the file's pages are released as the copy is made.
 

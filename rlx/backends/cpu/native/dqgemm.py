@@ -10,7 +10,8 @@ decoded weight
 (:meth:`DqGemmLib.stream_read`).
 
 :func:`dqgemm_lib` builds the library for the selected target (``RLX_ISA``): AVX-512 or
-AVX2 FMA vectors, or SSE2 mul + add on the portable target. ``act`` (``RLX_DQ_ACT`` in a
+AVX2 FMA vectors, SSE2 mul + add on the portable target, or on the aarch64 targets NEON
+FMLA with SDOT for the integer path (``csrc/dqgemm_neon.h``). ``act`` (``RLX_DQ_ACT`` in a
 compiled graph) picks f32 activations or, for :data:`Q8_SCHEMES`, int8 activations with
 integer dot products (:func:`uses_q8`; ``auto``: at batch < 4). Every packed tensor is checked
 against its scheme before the C code reads it (:func:`check_weights`: a wrong dtype,
@@ -108,8 +109,8 @@ SMALL_MAX_M = 16
 
 def small_batch(lib: DqGemmLib, scheme: S.QuantScheme, m: int) -> bool:
     """Whether ``m`` f32 activation rows against a ``scheme`` weight run the small-batch
-    path of ``lib`` (2..:data:`SMALL_MAX_M` rows on AVX2 / AVX-512; Q8_0, Q5_0, Q4_K and
-    Q6_K from 2 rows, the other layouts from 4)."""
+    path of ``lib`` (2..:data:`SMALL_MAX_M` rows on AVX2 / AVX-512 and the aarch64 targets;
+    Q8_0, Q5_0, Q4_K and Q6_K from 2 rows, the other layouts from 4)."""
     lay = layout(scheme, 32 * 256)
     return bool(lib.lib.rlx_dq_small(lay.code, lay.qk, m))
 
@@ -190,17 +191,22 @@ def check_weights(
 
 #: the rows a GGUF weight is interleaved by when it is repacked at load (``csrc/dq_layout.h``)
 #: for each target: one group of R rows is one sequential stream for the GEMV, R rows
-#: sharing each X load (AVX-512: 8; AVX2 and the portable target: 4)
-REPACK_ROWS: dict[cpu.Target, int] = {}
+#: sharing each X load (AVX-512: 8; AVX2 and the portable target: 4; the aarch64 targets:
+#: 4, one row per lane of the SDOT group kernel's sum vector, ``csrc/dqgemm_neon.h``)
+REPACK_ROWS: dict[cpu.Target, int] = {
+    cpu.Target.PORTABLE: 4,
+    cpu.Target.AVX2: 4,
+    cpu.Target.AVX512: 8,
+    cpu.Target.NEON: 4,
+    cpu.Target.DOTPROD: 4,
+    cpu.Target.I8MM: 4,
+}
 
 
 def repack_rows(target: cpu.Target) -> int:
-    """R (4 or 8) for GGUF weights repacked for ``target`` (:data:`REPACK_ROWS`; 8 on
-    AVX-512 targets, 4 elsewhere)."""
-    r = REPACK_ROWS.get(target)
-    if r is None:
-        r = 8 if "avx512" in target.value else 4
-    return r
+    """R (4 or 8) for GGUF weights repacked for ``target`` (:data:`REPACK_ROWS`: 8 on
+    AVX-512, 4 on AVX2, the portable target and the aarch64 targets)."""
+    return REPACK_ROWS[target]
 
 
 def _interleaved_view(scheme: S.QuantScheme, n: int, k: int, rows: int) -> tuple[int, int, int]:

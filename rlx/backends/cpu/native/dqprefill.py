@@ -8,7 +8,8 @@ in a GGUF block scheme, plain or row-interleaved in groups of ``rows`` rows
 The exact path (``act="f32"``) decodes tiles of the weight into f32 panels for a
 register-blocked FMA micro-kernel of the packed SGEMM's design: every weight decoded once
 per call, f32 products (the f32 accumulation bound). :func:`dqprefill_lib` builds the
-library for the selected target (``RLX_ISA``: AVX-512, AVX2 + FMA or portable SSE2).
+library for the selected target (``RLX_ISA``: AVX-512, AVX2 + FMA, portable SSE2, or the
+aarch64 targets' NEON FMLA tile and SDOT int8 kernel, ``csrc/dqgemm_neon.h``).
 """
 
 from __future__ import annotations
@@ -87,9 +88,11 @@ class DqPrefillLib:
     def __init__(self, lib: ctypes.CDLL, target: cpu.Target):
         self.lib = lib
         self.target = target
+        #: the f32 tile's vectors: 2 AVX-512, 1 AVX2 + FMA, 0 portable SSE2, 3 NEON FMLA
         self.level = int(lib.rlx_dqp_level())
         self.openmp = bool(lib.rlx_dqp_openmp())
         #: the int8 path's instructions: 3 vpdpbusd (AVX-512 VNNI), 1 vpmaddubsw (AVX2), 0 C
+        #: (on aarch64: the NEON kernel, SDOT with dotprod, SMULL + SADDLP without)
         self.q8_level = int(lib.rlx_dqp_q8_level())
         #: micro-tile: weight rows x tokens
         self.tile = (int(lib.rlx_dqp_mw()), int(lib.rlx_dqp_nt()))

@@ -112,6 +112,10 @@ static void fused_unit(const dq_t *s, prefetcher *pf, long n0, long G, long M, l
             y[m * ldy + n0 + r] = fused_row(s, n0 + r, x + m * ldx, px + m * K, K);
     }
 }
+#elif defined(__aarch64__) && defined(__ARM_NEON) /* dqn_gemv: NEON fused rows */
+#define DQ_NEON_PART 6
+#include "dqgemm_neon.h"
+#undef DQ_NEON_PART
 #endif
 
 /* ---- decode: M < 4 ------------------------------------------------------------------ */
@@ -152,6 +156,8 @@ static int gemv(const dq_t *s, long M, long N, long K, const float *x, long ldx,
         free(px);
         return 0;
     }
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+    if (dqn_fused_ok(s)) return dqn_gemv(s, M, N, K, x, ldx, y, ldy, threads, chunk);
 #endif
 #pragma omp parallel num_threads(threads) reduction(| : fail)
     {

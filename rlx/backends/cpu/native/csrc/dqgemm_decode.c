@@ -60,6 +60,10 @@ static inline float vhsum(vf v) {
     return _mm_cvtss_f32(s);
 }
 #define ISA_NAME "sse2"
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define DQ_NEON_PART 1
+#include "dqgemm_neon.h"
+#undef DQ_NEON_PART
 #else
 #define VW 1
 typedef float vf;

@@ -42,6 +42,10 @@
 #define VL 8
 #define MW 6
 #define DQP_LEVEL 1
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define DQ_NEON_PART 4
+#include "dqgemm_neon.h"
+#undef DQ_NEON_PART
 #else
 #define VL 4
 #define MW 6

@@ -394,6 +394,10 @@ typedef __m256 vq;
 QKERNEL(q_kernel32, 32, VI_DOT)
 QKERNEL(q_kernel16, 16, VI_DOT)
 QKERNEL(q_kernel32s, 32, VI_DOTS)
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define DQ_NEON_PART 5
+#include "dqgemm_neon.h"
+#undef DQ_NEON_PART
 #else
 /* portable: int32 C */
 static void q_kernel_c(long kc, int G, const uint8_t *restrict u, const float *s,

@@ -375,6 +375,10 @@ static inline __attribute__((always_inline)) void q8_dot(
 }
 #define Q8_DOT(mr, per16, sgn)                                                                  \
     q8_dot(q, stride, ws, per16, sgn, nb32, xq + m0 * K, K, dx + m0 * nb32, nb32, mr, part)
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define DQ_NEON_PART 2
+#include "dqgemm_neon.h"
+#undef DQ_NEON_PART
 #else
 static void q8_dot_c(const uint8_t *wq, long stride, const float *ws, int per16, int sgn,
                      long nb, const int8_t *xq, long K, const float *dx, long nbx, int mr,
@@ -687,6 +691,10 @@ static int q8_direct_ok(int code, long M) {
 static int q8_group_ok(const dq_t *s, long M);
 static void gemv_q8_group(const dq_t *s, long N, const int8_t *xq, const float *dx,
                           const float *s32, float *y, int threads, long chunk);
+#elif defined(__aarch64__) && defined(__ARM_NEON) /* the same on R = 4 (dqgemm_neon.h) */
+#define DQ_NEON_PART 3
+#include "dqgemm_neon.h"
+#undef DQ_NEON_PART
 #endif
 
 /* Y = X @ dequant(W)^T with X quantized to q8 (see the top of this file) */
@@ -712,6 +720,9 @@ static int gemm_q8(const dq_t *s, long M, long N, long K, const float *x, long l
         if (direct && q8_group_ok(s, M)) gemv_q8_group(s, N, xq, dx, xs32, y, threads, chunk);
         else if (direct)
             gemv_q8_direct(s, M, N, K, xq, dx, xs16, xs32, y, ldy, threads, chunk);
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+        int direct = q8_group_ok(s, M);
+        if (direct) gemv_q8_group(s, N, xq, dx, xs32, y, threads, chunk);
 #else
         int direct = 0;
 #endif

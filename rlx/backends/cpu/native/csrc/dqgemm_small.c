@@ -232,6 +232,10 @@ static int gemv_small(const dq_t *s, long M, long N, long K, const float *x, lon
     }
     return fail;
 }
+#elif defined(__aarch64__) && defined(__ARM_NEON) /* the same on NEON (dqgemm_neon.h) */
+#define DQ_NEON_PART 7
+#include "dqgemm_neon.h"
+#undef DQ_NEON_PART
 #else
 static int small_ok(const dq_t *s, long M) {
     (void)s;
