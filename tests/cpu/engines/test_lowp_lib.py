@@ -30,8 +30,11 @@ needs_gcc = pytest.mark.skipif(not native.available(), reason="needs gcc")
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 OPTS = CompileOptions(use_cache=False, verbose=False)
-HAS_DPBF16 = native.target_spec(native.selected_target()).bf16  # the RLX_ISA target's
-LEVELS = [lv for lv in kl.SimdLevel if native.available() and lv <= kl.lowp_lib().max_level]
+# the RLX_ISA target's: AVX512 with avx512_bf16, or aarch64's i8mm (BFDOT)
+HAS_DPBF16 = native.target_spec(native.selected_target()).bf16 or (
+    native.selected_target() is native.Target.I8MM
+)
+LEVELS = list(kl.lowp_lib().levels) if native.available() else []
 PATHS = [kl.GemmPath.CONVERT] + [kl.GemmPath.DPBF16] * HAS_DPBF16
 
 
