@@ -276,7 +276,7 @@ class LowpLib:
         if packed.size != self.packed_size(k, n):
             raise InputError(f"lowp gemm: the packed weight is not a packed [{k}, {n}] matrix")
         if not self.has_dpbf16 or not cpu_has_bf16():
-            raise CompileError("lowp gemm: this CPU or library has no avx512_bf16")
+            raise CompileError("lowp gemm: this CPU or library has no avx512_bf16 (aarch64: bf16)")
         bias = None if bias is None else np.ascontiguousarray(bias)
         lut = None if act_table is None else _padded_table(act_table)
         rc = self.lib.rlx_bf16_gemm_ep(
@@ -355,7 +355,9 @@ def gemm_path(dtype: np.dtype, lib: LowpLib | None) -> GemmPath:
     forced = _override.gemm
     if forced is not None:
         if forced is GemmPath.DPBF16 and not dpbf16:
-            raise CompileError("GemmPath.DPBF16 forced on a CPU or library without avx512_bf16")
+            raise CompileError(
+                "GemmPath.DPBF16 forced on a CPU or library without avx512_bf16 (aarch64: bf16)"
+            )
         if forced is GemmPath.DPBF16 and not is_bf16(np.dtype(dtype)):
             return GemmPath.CONVERT
         return forced

@@ -6,9 +6,8 @@
  * FCVTL / FCVTL2 (exact). Rounding: f32 -> bf16 to nearest even in integer registers
  * (the x86 paths' arithmetic: + 0x7fff + lsb, then the high half); f32 -> f16 is FCVTN
  * (nearest even under the default FPCR, overflow to inf, subnormals kept). FCVTL / FCVTN
- * quiet a signalling NaN where NumPy keeps it: the conversion helpers return non-zero
- * for a block holding a NaN and the caller redoes it with the scalar code, as the x86
- * paths do.
+ * quiet a signalling NaN; so does NumPy on aarch64 (it converts with the same
+ * instructions), so the f16 results are NumPy's bits there.
  *
  * The bf16 GEMM (csrc/lowp_gemm.c includes this header a second time, with G_NR defined,
  * on a target with the BF16 extension: the i8mm target) is the section at the end.
@@ -43,24 +42,37 @@ LOWP_NEON_FN void lowp_neon_bf16_to_f32x8(const uint16_t *src, uint32_t *dst) {
     vst1q_u32(dst + 4, vshll_high_n_u16(h, 16));
 }
 
-/* 8 f32 -> f16 (FCVTN); non-zero when a lane is a NaN (the caller redoes the block) */
-LOWP_NEON_FN int lowp_neon_f32_to_f16x8(const uint32_t *src, uint16_t *dst) {
-    uint32x4_t u0 = vld1q_u32(src), u1 = vld1q_u32(src + 4);
-    float16x8_t h = vcvt_high_f16_f32(vcvt_f16_f32(vreinterpretq_f32_u32(u0)), vreinterpretq_f32_u32(u1));
-    vst1q_u16(dst, vreinterpretq_u16_f16(h));
-    const uint32x4_t absm = vdupq_n_u32(0x7fffffff), inf = vdupq_n_u32(0x7f800000);
-    uint32x4_t nan = vorrq_u32(vcgtq_u32(vandq_u32(u0, absm), inf), vcgtq_u32(vandq_u32(u1, absm), inf));
-    return vmaxvq_u32(nan) != 0;
+/* 8 f32 -> f16 (FCVTN) */
+LOWP_NEON_FN void lowp_neon_f32_to_f16x8(const uint32_t *src, uint16_t *dst) {
+    float32x4_t f0 = vreinterpretq_f32_u32(vld1q_u32(src));
+    float32x4_t f1 = vreinterpretq_f32_u32(vld1q_u32(src + 4));
+    vst1q_u16(dst, vreinterpretq_u16_f16(vcvt_high_f16_f32(vcvt_f16_f32(f0), f1)));
 }
 
-/* 8 f16 -> f32 (FCVTL); non-zero when a lane is a NaN (the caller redoes the block) */
-LOWP_NEON_FN int lowp_neon_f16_to_f32x8(const uint16_t *src, uint32_t *dst) {
-    uint16x8_t u = vld1q_u16(src);
-    float16x8_t h = vreinterpretq_f16_u16(u);
+/* 8 f16 -> f32 (FCVTL) */
+LOWP_NEON_FN void lowp_neon_f16_to_f32x8(const uint16_t *src, uint32_t *dst) {
+    float16x8_t h = vreinterpretq_f16_u16(vld1q_u16(src));
     vst1q_f32((float *)dst, vcvt_f32_f16(vget_low_f16(h)));
     vst1q_f32((float *)dst + 4, vcvt_high_f32_f16(h));
-    uint16x8_t nan = vcgtq_u16(vandq_u16(u, vdupq_n_u16(0x7fff)), vdupq_n_u16(0x7c00));
-    return vmaxvq_u16(nan) != 0;
+}
+
+/* one f32 bit pattern -> f16 bits and back (FCVT, as the vector forms) */
+LOWP_NEON_FN uint16_t lowp_neon_f16_from_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    __fp16 h = (__fp16)f;
+    uint16_t r;
+    memcpy(&r, &h, 2);
+    return r;
+}
+
+LOWP_NEON_FN uint32_t lowp_neon_f32_from_f16(uint16_t b) {
+    __fp16 h;
+    memcpy(&h, &b, 2);
+    float f = (float)h;
+    uint32_t r;
+    memcpy(&r, &f, 4);
+    return r;
 }
 
 /* ---- widening products (csrc/half_linear.c) ----------------------------------------- */
