@@ -133,7 +133,7 @@ def _bound(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))) * (k + 1) * 2.0**-24
 
 
-@pytest.mark.skipif(not HAS_DPBF16, reason="CPU without avx512_bf16")
+@pytest.mark.skipif(not HAS_DPBF16, reason="CPU without bf16 dot products")
 @settings(max_examples=40, deadline=None)
 @given(
     m=st.integers(1, 40),
@@ -158,7 +158,7 @@ def test_bf16_gemm_within_f32_accumulation_bound(m: int, k: int, n: int, seed: i
     np.testing.assert_array_equal(_bits(out16), _bits(out.astype(BF16)))
 
 
-@pytest.mark.skipif(not HAS_DPBF16, reason="CPU without avx512_bf16")
+@pytest.mark.skipif(not HAS_DPBF16, reason="CPU without bf16 dot products")
 @needs_gcc
 def test_bf16_gemm_strided_rows_and_large_k() -> None:
     lib = kl.lowp_lib()
@@ -455,7 +455,7 @@ def test_lookup_applies_a_table_in_place() -> None:
 
 
 @needs_gcc
-@pytest.mark.skipif(not HAS_DPBF16, reason="CPU without avx512_bf16")
+@pytest.mark.skipif(not HAS_DPBF16, reason="CPU without bf16 dot products")
 def test_bf16_gemm_is_deterministic_across_thread_counts() -> None:
     lib = kl.lowp_lib()
     rng = np.random.default_rng(13)
