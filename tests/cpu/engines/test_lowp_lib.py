@@ -30,8 +30,11 @@ needs_gcc = pytest.mark.skipif(not native.available(), reason="needs gcc")
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 OPTS = CompileOptions(use_cache=False, verbose=False)
-HAS_DPBF16 = native.target_spec(native.selected_target()).bf16  # the RLX_ISA target's
-LEVELS = [lv for lv in kl.SimdLevel if native.available() and lv <= kl.lowp_lib().max_level]
+# the RLX_ISA target's: AVX512 with avx512_bf16, or aarch64's i8mm (BFDOT)
+HAS_DPBF16 = native.target_spec(native.selected_target()).bf16 or (
+    native.selected_target() is native.Target.I8MM
+)
+LEVELS = list(kl.lowp_lib().levels) if native.available() else []
 PATHS = [kl.GemmPath.CONVERT] + [kl.GemmPath.DPBF16] * HAS_DPBF16
 
 
@@ -130,7 +133,7 @@ def _bound(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))) * (k + 1) * 2.0**-24
 
 
-@pytest.mark.skipif(not HAS_DPBF16, reason="CPU without avx512_bf16")
+@pytest.mark.skipif(not HAS_DPBF16, reason="CPU without bf16 dot products")
 @settings(max_examples=40, deadline=None)
 @given(
     m=st.integers(1, 40),
@@ -155,7 +158,7 @@ def test_bf16_gemm_within_f32_accumulation_bound(m: int, k: int, n: int, seed: i
     np.testing.assert_array_equal(_bits(out16), _bits(out.astype(BF16)))
 
 
-@pytest.mark.skipif(not HAS_DPBF16, reason="CPU without avx512_bf16")
+@pytest.mark.skipif(not HAS_DPBF16, reason="CPU without bf16 dot products")
 @needs_gcc
 def test_bf16_gemm_strided_rows_and_large_k() -> None:
     lib = kl.lowp_lib()
@@ -289,7 +292,7 @@ def test_empty_contraction_gives_zeros() -> None:
 
 @needs_gcc
 def test_without_avx512_bf16_the_convert_path_is_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
-    flags = native.cpu_flags() - {"avx512_bf16"}
+    flags = native.cpu_flags() - {"avx512_bf16", "bf16"}  # x86-64's, aarch64's
     monkeypatch.setattr(native, "cpu_flags", lambda: flags)
     lib = kl.lowp_lib()
     assert kl.gemm_path(BF16, lib) is kl.GemmPath.CONVERT
@@ -452,7 +455,7 @@ def test_lookup_applies_a_table_in_place() -> None:
 
 
 @needs_gcc
-@pytest.mark.skipif(not HAS_DPBF16, reason="CPU without avx512_bf16")
+@pytest.mark.skipif(not HAS_DPBF16, reason="CPU without bf16 dot products")
 def test_bf16_gemm_is_deterministic_across_thread_counts() -> None:
     lib = kl.lowp_lib()
     rng = np.random.default_rng(13)

@@ -1,7 +1,8 @@
 """Attention-logit soft-capping (Gemma 2: scaled scores ``s`` become ``c * tanh(s / c)``
 before the mask and the softmax) in the CPU kernels of ``cache_attention`` and
 ``slot_cache_attention`` (rlx/backends/cpu/kernels/kvcache.py) and the native attention
-library they call (csrc/attention.c), under RLX_ISA=avx512 / avx2 / portable, against
+library they call (csrc/attention.c), under RLX_ISA=avx512 / avx2 / portable (x86-64) or
+i8mm / dotprod / neon (aarch64), against
 an f64 NumPy oracle written out here and against the ops' NumPy references."""
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from rlx.ops.nn import MaskType
 from rlx.options import CompileOptions
 from rlx.runtime.session import Session
 
-ISAS = ["avx512", "avx2", "portable"]
+# this machine's targets, best first (avx512 avx2 portable; i8mm dotprod neon)
+ISAS = [t.value for t in reversed(cpu.targets_of(cpu.machine_arch()))]
+PATHS = {"avx512": "avx512", "avx2": "avx2", "portable": "c"}
+PATHS |= {"neon": "neon", "dotprod": "neon", "i8mm": "neon"}
 NP_DTYPES = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16}
 CACHE_DTYPES = {"f32": DType.F32, "bf16": DType.BF16, "f16": DType.F16}
 
@@ -59,7 +63,7 @@ def oracle(q, k, v, h, hkv, d, scale, softcap, mask: MaskType, window=0):  # typ
     return out
 
 
-# every element dtype each target builds (f16 needs F16C: not on the portable target)
+# every element dtype each target builds (f16 needs F16C or aarch64: not on portable)
 TARGET_DTYPES = [(i, t) for i in ISAS for t in NP_DTYPES if (i, t) != ("portable", "f16")]
 
 
@@ -77,7 +81,7 @@ def test_native_softcap_matches_the_f64_oracle(monkeypatch, isa, dt, sq, skv, ma
     _force(monkeypatch, isa)
     npdt = NP_DTYPES[dt]
     lib = attention_lib(dtype=npdt)
-    assert lib.path == {"avx512": "avx512", "avx2": "avx2", "portable": "c"}[isa]
+    assert lib.path == PATHS[isa]
     h, hkv, d, scale, cap = 4, 2, 24, 0.3, 2.5
     rng = np.random.default_rng(sq * 100 + skv)
     q = (rng.standard_normal((2, sq, h * d)) * 1.5).astype(npdt)

@@ -33,6 +33,7 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not insta
 
 TARGETS = native.runnable_targets()
 PATHS = {native.Target.PORTABLE: "c", native.Target.AVX2: "avx2", native.Target.AVX512: "avx512"}
+PATHS |= {native.Target.NEON: "neon", native.Target.DOTPROD: "neon", native.Target.I8MM: "neon"}
 LOWEST = np.finfo(np.float32).min
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -182,9 +183,15 @@ def test_each_target_reports_its_path(target) -> None:
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.value)
 def test_built_code_uses_the_targets_registers(target) -> None:
     """objdump (an independent oracle) of each target's library: zmm on AVX-512, ymm and
-    no zmm on AVX2, neither on the portable build."""
+    no zmm on AVX2, neither on the portable build; 4-lane FMLAs on the aarch64 ones."""
     lib = attention_lib(target).lib
-    text = subprocess.run(["objdump", "-d", lib._name], capture_output=True, text=True).stdout
+    tool = "objdump"
+    if PATHS[target] == "neon":  # an x86-64 host's objdump (under qemu) reads no aarch64
+        tool = shutil.which("aarch64-linux-gnu-objdump") or tool
+    text = subprocess.run([tool, "-d", lib._name], capture_output=True, text=True).stdout
+    if PATHS[target] == "neon":
+        assert re.search(r"\bfmla\s+v\d+\.4s", text)
+        return
     regs = set(re.findall(r"%([xyz]mm)\d+", text))
     want, never = {
         "avx512": ({"zmm"}, set()),

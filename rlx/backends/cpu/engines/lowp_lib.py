@@ -6,12 +6,13 @@ built from ``native/csrc/lowp_cast.c`` + ``native/csrc/lowp_gemm.c`` (through
 
 * **Cast** f32 <-> bf16 and f32 <-> f16 (and bf16 <-> f16 through an f32 scratch) run
   natively: vectorised (AVX-512 on the AVX512 target, AVX2 + F16C on the AVX2 target,
-  scalar C on portable) and split over the run's threads for large arrays. The bits
+  NEON on the aarch64 targets, scalar C on portable) and split over the run's threads for large arrays. The bits
   equal ``ml_dtypes`` (bf16: round to nearest even, NaN -> canonical quiet NaN) and
   NumPy (f16) exactly, NaN payloads included.
   Other casts are NumPy copies (through f32 for bf16/fp8, as the reference).
 * **GEMM** on bf16, three paths (:class:`GemmPath`): ``DPBF16`` when the native
-  target has BF16 (AVX512 on a CPU with avx512_bf16; ``vdpbf16ps``, or AMX tiles
+  target has BF16 (the i8mm target on aarch64: ``bfdot``, ``csrc/lowp_neon.h``;
+  AVX512 on a CPU with avx512_bf16; ``vdpbf16ps``, or AMX tiles
   (``tdpbf16ps``) for the rows of M rounded down to 16 when K is a multiple of 32 and
   the CPU has amx_bf16: bf16 products, f32
   accumulation, the weight packed into 32-column panels: once at compile time when it
@@ -102,6 +103,7 @@ class SimdLevel(enum.IntEnum):
     SCALAR = 0
     AVX2 = 1  # AVX2 + F16C, 8 lanes
     AVX512 = 2  # AVX-512 F/BW/VL, 16 lanes
+    NEON = 3  # aarch64 NEON, 8 elements per step (csrc/lowp_neon.h)
 
 
 class GemmPath(enum.Enum):
@@ -164,6 +166,14 @@ class LowpLib:
         self.max_level = SimdLevel(int(lib.rlx_lowp_max_level()))
         self.has_dpbf16 = bool(lib.rlx_lowp_has_dpbf16())
         self.openmp = bool(lib.rlx_lowp_openmp())
+
+    @property
+    def levels(self) -> tuple[SimdLevel, ...]:
+        """The SIMD levels this library runs: SCALAR and the x86 ones up to
+        ``max_level``, or SCALAR and NEON on aarch64."""
+        if self.max_level is SimdLevel.NEON:
+            return (SimdLevel.SCALAR, SimdLevel.NEON)
+        return tuple(lv for lv in SimdLevel if lv <= self.max_level and lv is not SimdLevel.NEON)
 
     def level(self) -> SimdLevel:
         """The SIMD level to use: the override's, clamped to what the library has."""
@@ -265,8 +275,8 @@ class LowpLib:
             )
         if packed.size != self.packed_size(k, n):
             raise InputError(f"lowp gemm: the packed weight is not a packed [{k}, {n}] matrix")
-        if not self.has_dpbf16 or "avx512_bf16" not in native.cpu_flags():
-            raise CompileError("lowp gemm: this CPU or library has no avx512_bf16")
+        if not self.has_dpbf16 or not cpu_has_bf16():
+            raise CompileError("lowp gemm: this CPU or library has no avx512_bf16 (aarch64: bf16)")
         bias = None if bias is None else np.ascontiguousarray(bias)
         lut = None if act_table is None else _padded_table(act_table)
         rc = self.lib.rlx_bf16_gemm_ep(
@@ -331,15 +341,23 @@ def lib_or_none(ctx: KernelCtx | None = None) -> LowpLib | None:
         return None
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU runs the bf16 dot products the library's GEMM uses: ``avx512_bf16``
+    (x86-64) or ``bf16`` (aarch64's BFDOT)."""
+    return bool({"avx512_bf16", "bf16"} & native.cpu_flags())
+
+
 def gemm_path(dtype: np.dtype, lib: LowpLib | None) -> GemmPath:
     """The matmul path for ``dtype`` operands with ``lib`` (None: not built)."""
     if lib is None:
         return GemmPath.NUMPY
-    dpbf16 = lib.has_dpbf16 and "avx512_bf16" in native.cpu_flags()
+    dpbf16 = lib.has_dpbf16 and cpu_has_bf16()
     forced = _override.gemm
     if forced is not None:
         if forced is GemmPath.DPBF16 and not dpbf16:
-            raise CompileError("GemmPath.DPBF16 forced on a CPU or library without avx512_bf16")
+            raise CompileError(
+                "GemmPath.DPBF16 forced on a CPU or library without avx512_bf16 (aarch64: bf16)"
+            )
         if forced is GemmPath.DPBF16 and not is_bf16(np.dtype(dtype)):
             return GemmPath.CONVERT
         return forced

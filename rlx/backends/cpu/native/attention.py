@@ -7,9 +7,10 @@ through :class:`AttentionLib`.
 
 :func:`attention_lib` builds the library for a build target (default: the selected one,
 ``RLX_ISA``) and a dtype: the AVX-512 or AVX2 intrinsics path or plain C, as the
-target's flags define; :attr:`AttentionLib.path` names it (``avx512`` / ``avx2`` /
-``c``). f16 needs F16C, so the portable and aarch64 targets have no f16 library
-(CompileError).
+target's flags define, or NEON on the aarch64 targets (``csrc/attention_neon.h``);
+:attr:`AttentionLib.path` names it (``avx512`` / ``avx2`` / ``neon`` / ``c``). f16 needs
+F16C on x86-64 (AVX2, AVX512) or aarch64's FCVT, so the portable target has no f16
+library (CompileError).
 
 Each library also holds the KV-cache entries of ``csrc/cache_attention.c`` (appended to
 the kernel): ``rlx_cache_attention``, ``rlx_cache_attention_i8`` (the f32 library) and
@@ -36,7 +37,15 @@ __all__ = ["AttentionLib", "attention_lib", "MASK_CODES", "CacheCall"]
 
 #: the C kernel's mask codes
 MASK_CODES = {MaskType.NONE: 0, MaskType.CAUSAL: 1, MaskType.SLIDING_WINDOW: 2, MaskType.CUSTOM: 3}
-_PATHS = {0: "c", 1: "avx2", 2: "avx512"}
+_PATHS = {0: "c", 1: "avx2", 2: "avx512", 3: "neon"}
+#: the targets that build f16 attention (F16C on x86-64, FCVT on aarch64)
+F16_TARGETS = (
+    cpu.Target.AVX2,
+    cpu.Target.AVX512,
+    cpu.Target.NEON,
+    cpu.Target.DOTPROD,
+    cpu.Target.I8MM,
+)
 _CODES = {np.dtype(np.float32): 0, np.dtype(np.float16): 2}
 
 
@@ -157,7 +166,7 @@ def attention_lib(
     """Build (cached on disk by content) and load the attention library for ``target``
     (default: :func:`~rlx.backends.cpu.native.cpu.selected_target`) and element
     ``dtype`` (f32, bf16, f16). CompileError without gcc, when the build fails, for
-    another dtype, or f16 on a target without F16C (portable, aarch64)."""
+    another dtype, or f16 on the portable target (no F16C)."""
     dt = np.dtype(dtype)
     if dtype_code(dt) is None:
         raise CompileError(f"native attention takes f32, bf16 or f16, not {dt}")
@@ -169,7 +178,7 @@ def _attention_lib(target: cpu.Target, dtype: np.dtype) -> AttentionLib:
     from rlx.backends.cpu import native
 
     code = dtype_code(dtype)
-    if code == 2 and target not in (cpu.Target.AVX2, cpu.Target.AVX512):
+    if code == 2 and target not in F16_TARGETS:
         raise CompileError(f"native f16 attention needs F16C: not on the {target.value} target")
     source = attention_source(code)
     name = "attention" if code == 0 else f"attention_{dtype.name}"

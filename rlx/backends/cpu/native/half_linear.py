@@ -5,7 +5,8 @@ products and sums in f32 of the exactly widened weight (:meth:`HalfLinearLib.lin
 
 :func:`half_linear_lib` builds the library (at run time, cached on disk by content) for
 the selected native target (``RLX_ISA``): AVX-512 (16 lanes, ``vcvtph2ps`` for f16, a
-16-bit shift for bf16), AVX2 + F16C (8 lanes) or portable C. The rows of ``w`` are split
+16-bit shift for bf16), AVX2 + F16C (8 lanes), NEON on the aarch64 targets (4 lanes,
+``fcvtl`` for f16, ``ushll`` for bf16; ``csrc/lowp_neon.h``) or portable C. The rows of ``w`` are split
 over OpenMP threads. Every operand is checked before the C code reads it (an
 InputError naming the operand, what was expected and what was given).
 """
@@ -65,11 +66,18 @@ def _rows(name: str, a: np.ndarray, dtype: np.dtype | None, writable: bool = Fal
 @dataclass(frozen=True)
 class HalfLinearLib:
     """The loaded library: ``lib`` (typed from the C prototypes), ``max_level`` (the best
-    SIMD level it was built for: 2 AVX-512, 1 AVX2, 0 portable C) and ``openmp``."""
+    SIMD level it was built for: 3 aarch64 NEON, 2 AVX-512, 1 AVX2, 0 portable C) and
+    ``openmp``."""
 
     lib: ctypes.CDLL
     max_level: int
     openmp: bool
+
+    @property
+    def levels(self) -> tuple[int, ...]:
+        """The SIMD levels this library runs: 0 and the x86 ones up to ``max_level``, or
+        0 and 3 (NEON) on aarch64 (levels 1 and 2 run the portable code there)."""
+        return (0, 3) if self.max_level == 3 else tuple(range(self.max_level + 1))
 
     def linear(
         self,

@@ -191,8 +191,8 @@ def fixed_libraries(target: Target, vector_math: bool | None = None) -> tuple[Fi
     vm = _libmvec() if vector_math is None else vector_math
     libs = [FixedLib("sgemm", sgemm_source(vm))]
     for code, name in _ATTENTION.items():
-        if code == 2 and target not in (Target.AVX2, Target.AVX512):
-            continue  # f16 attention needs F16C (x86-64 only, so far)
+        if code == 2 and target is Target.PORTABLE:
+            continue  # f16 attention needs F16C (x86-64) or aarch64's FCVT
         libs.append(FixedLib(name, attention_source(code)))
     qsrc = csrc_source(*QGEMM_SOURCES)
     libs += [FixedLib("qgemm", qsrc, isa) for isa in isas_for(target)]

@@ -3,8 +3,9 @@
  * q / k / v / out and its row conversions, exp, tanh and an in-register W x W transpose.
  *
  * Paths: AVX-512 (16 lanes) or AVX2+FMA (8 lanes) intrinsics when the build target
- * defines __AVX512F__ / __AVX2__, else GCC vector extensions of 4 lanes (plain C);
- * RLX_ATT_ISA says which (2 / 1 / 0).
+ * defines __AVX512F__ / __AVX2__, NEON (4 lanes, csrc/attention_neon.h) on aarch64,
+ * else GCC vector extensions of 4 lanes (plain C); RLX_ATT_ISA says which (2 / 1 / 3 /
+ * 0).
  */
 #include <math.h>
 #include <stdint.h>
@@ -61,6 +62,8 @@ typedef __m256 vf;
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
 #define QK_J 3
 #define PV_D 3
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include "attention_neon.h"
 #else
 #define RLX_ATT_ISA 0
 #define W 4
@@ -98,7 +101,7 @@ static inline vf vpow2i(vf n) {
 #endif
 
 /* element type of q, k, v and out (RLX_ATT_DT, defined by the loader): 0 f32, 1 bf16,
- * 2 f16 (F16C, AVX2 and AVX-512 targets only). Arithmetic is f32 throughout; bf16/f16
+ * 2 f16 (F16C on the AVX2 and AVX-512 targets, FCVT on aarch64). Arithmetic is f32 throughout; bf16/f16
  * keys and values are widened one block at a time into the workspace, the output is
  * rounded to nearest even once. */
 #ifndef RLX_ATT_DT
@@ -127,14 +130,31 @@ static inline void st1(elt *p, float x) { /* to nearest even; NaN stays a quiet 
 typedef uint16_t elt;
 static inline float ld(const elt *p) { return _cvtsh_ss(*p); }
 static inline void st1(elt *p, float x) { *p = _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT); }
+#elif RLX_ATT_DT == 2 && RLX_ATT_ISA == 3
+typedef uint16_t elt;
+static inline float ld(const elt *p) {
+    __fp16 h;
+    memcpy(&h, p, 2);
+    return (float)h;
+}
+static inline void st1(elt *p, float x) {
+    __fp16 h = (__fp16)x;
+    memcpy(p, &h, 2);
+}
 #else
-#error "RLX_ATT_DT: f16 needs F16C (the AVX2 or AVX-512 target)"
+#error "RLX_ATT_DT: f16 needs F16C (the AVX2 or AVX-512 target) or aarch64"
 #endif
 
 /* n elements widened to f32 / rounded from f32 (loops gcc vectorises; F16C for f16) */
 static inline void load_row(float *dst, const elt *src, long n) {
     long i = 0;
-#if RLX_ATT_DT == 2
+#if RLX_ATT_ISA == 3 && RLX_ATT_DT == 1
+    att_neon_widen_bf16(dst, src, n);
+    return;
+#elif RLX_ATT_ISA == 3 && RLX_ATT_DT == 2
+    att_neon_widen_f16(dst, src, n);
+    return;
+#elif RLX_ATT_DT == 2
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
 #endif
@@ -143,7 +163,13 @@ static inline void load_row(float *dst, const elt *src, long n) {
 
 static inline void store_row(elt *dst, const float *src, long n) {
     long i = 0;
-#if RLX_ATT_DT == 2
+#if RLX_ATT_ISA == 3 && RLX_ATT_DT == 1
+    att_neon_round_bf16(dst, src, n);
+    return;
+#elif RLX_ATT_ISA == 3 && RLX_ATT_DT == 2
+    att_neon_round_f16(dst, src, n);
+    return;
+#elif RLX_ATT_DT == 2
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(dst + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
@@ -243,6 +269,8 @@ static inline void transpose_w(vf *r) {
         r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
     }
 }
+#elif RLX_ATT_ISA == 3
+static inline void transpose_w(vf *r) { att_neon_transpose4(r); }
 #else
 static inline void transpose_w(vf *r) {
     float m[W][W];

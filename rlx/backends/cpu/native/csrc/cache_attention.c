@@ -36,6 +36,8 @@ static inline float vhsum(vf x) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+#elif RLX_ATT_ISA == 3
+    return att_neon_hsum(x);
 #else
     return x[0] + x[1] + x[2] + x[3];
 #endif

@@ -16,8 +16,10 @@
  * Rows of w are split over `threads` OpenMP threads in contiguous ranges (multiples of
  * NR rows); a product below PAR_MIN multiply-adds runs on one thread.
  *
- * Three code paths, picked per call by `level` (clamped to rlx_hl_max_level(), the best
+ * Code paths, picked per call by `level` (clamped to rlx_hl_max_level(), the best
  * one this library was compiled for):
+ *   3  aarch64 NEON (csrc/lowp_neon.h): 4 lanes, 8 elements per step (USHLL for bf16,
+ *      FCVTL for f16), MR = 4, scalar k tail.
  *   2  AVX-512 (F + BW + VL): 16 lanes, masked loads for the k tail.
  *   1  AVX2 + F16C + FMA: 8 lanes, scalar k tail.
  *   0  portable C: 8 partial sums per dot product (vectorised by the compiler).
@@ -42,6 +44,12 @@
 #else
 #define HL_HAVE_256 0
 #endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#define HL_HAVE_NEON 1
+#include "lowp_neon.h"
+#else
+#define HL_HAVE_NEON 0
+#endif
 
 #define HL_NR 4
 #define PAR_MIN (1L << 17)
@@ -57,7 +65,9 @@ static inline long hl_mc(long k, long mr) {
 }
 
 int rlx_hl_max_level(void) {
-#if HL_HAVE_512
+#if HL_HAVE_NEON
+    return 3;
+#elif HL_HAVE_512
     return 2;
 #elif HL_HAVE_256
     return 1;
@@ -154,6 +164,36 @@ static void hl_rows_c(const float *x, long m, long ldx, const uint16_t *w, long 
     }
 }
 
+#define HL_ROWS(NAME, BLOCK, MRMAX)                                                          \
+    static void NAME(const float *x, long m, long ldx, const uint16_t *w, long n0, long n1,  \
+                     long k, long ldw, int kind, float *y, long ldy) {                       \
+        long mc = hl_mc(k, MRMAX);                                                           \
+        for (long i0 = 0; i0 < m; i0 += mc) {                                                \
+        long i1 = m - i0 < mc ? m : i0 + mc;                                                 \
+        for (long j = n0; j < n1; j += HL_NR) {                                              \
+            const uint16_t *wj = w + j * ldw;                                                \
+            float *yj = y + j;                                                               \
+            if (n1 - j >= HL_NR) {                                                           \
+                long i = i0;                                                                 \
+                for (; i + MRMAX <= i1; i += MRMAX) {                                        \
+                    if (kind) BLOCK(x + i * ldx, ldx, MRMAX, wj, ldw, HL_NR, k, 1, yj + i * ldy, ldy); \
+                    else BLOCK(x + i * ldx, ldx, MRMAX, wj, ldw, HL_NR, k, 0, yj + i * ldy, ldy); \
+                }                                                                            \
+                for (; i < i1; i++) {                                                        \
+                    if (kind) BLOCK(x + i * ldx, ldx, 1, wj, ldw, HL_NR, k, 1, yj + i * ldy, ldy); \
+                    else BLOCK(x + i * ldx, ldx, 1, wj, ldw, HL_NR, k, 0, yj + i * ldy, ldy); \
+                }                                                                            \
+            } else {                                                                         \
+                for (long jj = 0; jj < n1 - j; jj++)                                         \
+                    for (long i = i0; i < i1; i++) {                                         \
+                        if (kind) BLOCK(x + i * ldx, ldx, 1, wj + jj * ldw, ldw, 1, k, 1, yj + i * ldy + jj, ldy); \
+                        else BLOCK(x + i * ldx, ldx, 1, wj + jj * ldw, ldw, 1, k, 0, yj + i * ldy + jj, ldy); \
+                    }                                                                        \
+            }                                                                                \
+        }                                                                                    \
+        }                                                                                    \
+    }
+
 /* ---- AVX2 + F16C ------------------------------------------------------------------- */
 #if HL_HAVE_256
 
@@ -199,36 +239,6 @@ HL_INLINE void hl_block_256(const float *x, long ldx, int MR, const uint16_t *w,
             y[i * ldy + j] = s;
         }
 }
-
-#define HL_ROWS(NAME, BLOCK, MRMAX)                                                          \
-    static void NAME(const float *x, long m, long ldx, const uint16_t *w, long n0, long n1,  \
-                     long k, long ldw, int kind, float *y, long ldy) {                       \
-        long mc = hl_mc(k, MRMAX);                                                           \
-        for (long i0 = 0; i0 < m; i0 += mc) {                                                \
-        long i1 = m - i0 < mc ? m : i0 + mc;                                                 \
-        for (long j = n0; j < n1; j += HL_NR) {                                              \
-            const uint16_t *wj = w + j * ldw;                                                \
-            float *yj = y + j;                                                               \
-            if (n1 - j >= HL_NR) {                                                           \
-                long i = i0;                                                                 \
-                for (; i + MRMAX <= i1; i += MRMAX) {                                        \
-                    if (kind) BLOCK(x + i * ldx, ldx, MRMAX, wj, ldw, HL_NR, k, 1, yj + i * ldy, ldy); \
-                    else BLOCK(x + i * ldx, ldx, MRMAX, wj, ldw, HL_NR, k, 0, yj + i * ldy, ldy); \
-                }                                                                            \
-                for (; i < i1; i++) {                                                        \
-                    if (kind) BLOCK(x + i * ldx, ldx, 1, wj, ldw, HL_NR, k, 1, yj + i * ldy, ldy); \
-                    else BLOCK(x + i * ldx, ldx, 1, wj, ldw, HL_NR, k, 0, yj + i * ldy, ldy); \
-                }                                                                            \
-            } else {                                                                         \
-                for (long jj = 0; jj < n1 - j; jj++)                                         \
-                    for (long i = i0; i < i1; i++) {                                         \
-                        if (kind) BLOCK(x + i * ldx, ldx, 1, wj + jj * ldw, ldw, 1, k, 1, yj + i * ldy + jj, ldy); \
-                        else BLOCK(x + i * ldx, ldx, 1, wj + jj * ldw, ldw, 1, k, 0, yj + i * ldy + jj, ldy); \
-                    }                                                                        \
-            }                                                                                \
-        }                                                                                    \
-        }                                                                                    \
-    }
 
 HL_ROWS(hl_rows_256, hl_block_256, 2)
 #endif
@@ -289,6 +299,44 @@ HL_INLINE void hl_block_512(const float *x, long ldx, int MR, const uint16_t *w,
 HL_ROWS(hl_rows_512, hl_block_512, 4)
 #endif
 
+/* ---- aarch64 NEON ------------------------------------------------------------------ */
+#if HL_HAVE_NEON
+
+/* MR x NR dot products (MR <= 4, NR <= 4: compile-time after inlining): 16 accumulators,
+ * 8 widened weight vectors and 2 activation vectors of the 32 registers */
+HL_INLINE void hl_block_neon(const float *x, long ldx, int MR, const uint16_t *w, long ldw,
+                             int NR, long k, int kind, float *y, long ldy) {
+    float32x4_t acc[4][HL_NR];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) acc[i][j] = vdupq_n_f32(0.0f);
+    long t = 0;
+    for (; t + 8 <= k; t += 8) {
+        float32x4_t wl[HL_NR], wh[HL_NR];
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) lowp_neon_widen8(w + j * ldw + t, kind, &wl[j], &wh[j]);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; i++) {
+            float32x4_t xl = vld1q_f32(x + i * ldx + t), xh = vld1q_f32(x + i * ldx + t + 4);
+#pragma GCC unroll 4
+            for (int j = 0; j < NR; j++)
+                acc[i][j] = vfmaq_f32(vfmaq_f32(acc[i][j], xl, wl[j]), xh, wh[j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) {
+            float s = vaddvq_f32(acc[i][j]);
+            for (long u = t; u < k; u++) s += x[i * ldx + u] * hl_widen(w[j * ldw + u], kind);
+            y[i * ldy + j] = s;
+        }
+}
+
+HL_ROWS(hl_rows_neon, hl_block_neon, 4)
+#endif
+
 /* ---- entry point --------------------------------------------------------------------- */
 
 typedef void (*hl_rows_fn)(const float *, long, long, const uint16_t *, long, long, long, long,
@@ -306,6 +354,9 @@ void rlx_half_linear(const float *x, long m, long ldx, const void *w, long n, lo
     hl_rows_fn rows = hl_rows_c;
     int top = rlx_hl_max_level();
     if (level > top) level = top;
+#if HL_HAVE_NEON
+    if (level >= 3) rows = hl_rows_neon;
+#endif
 #if HL_HAVE_512
     if (level >= 2) rows = hl_rows_512;
 #endif

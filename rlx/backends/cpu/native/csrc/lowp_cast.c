@@ -8,9 +8,12 @@
  *                inf; a NaN keeps its sign and the top 10 significand bits (a NaN whose
  *                kept bits are zero gets significand 1), a signalling NaN stays signalling.
  *   f16 -> f32   NumPy (npy_halfbits_to_floatbits): exact, NaN payloads kept unquieted.
+ *   On aarch64 NumPy converts f16 with FCVT (__fp16), which quiets a signalling NaN:
+ *   every level there does the same (CAST_F16_FROM_F32 / CAST_F32_FROM_F16).
  *
- * Three code paths, picked per call by `level` (the caller clamps it to
+ * Code paths, picked per call by `level` (the caller clamps it to
  * rlx_lowp_max_level(), the best one this library was compiled for):
+ *   3  aarch64 NEON (csrc/lowp_neon.h): 8 elements per step; f16 through FCVTN / FCVTL.
  *   2  AVX-512 (F + BW + VL): 16 lanes; f16 through vcvtps2ph / vcvtph2ps.
  *   1  AVX2 + F16C: 8 lanes.
  *   0  scalar C.
@@ -38,12 +41,20 @@
 #else
 #define RLX_HAVE_256 0
 #endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#define RLX_HAVE_NEON 1
+#include "lowp_neon.h"
+#else
+#define RLX_HAVE_NEON 0
+#endif
 
 /* split sizes: below PAR_MIN elements one thread; chunks are multiples of 64 elements */
 #define PAR_MIN (1L << 16)
 
 int rlx_lowp_max_level(void) {
-#if RLX_HAVE_512
+#if RLX_HAVE_NEON
+    return 3;
+#elif RLX_HAVE_512
     return 2;
 #elif RLX_HAVE_256
     return 1;
@@ -104,6 +115,17 @@ static inline uint16_t f16_from_bits(uint32_t f) {
 
 #include "f16_bits.h"
 
+/* the scalar f16 conversions of the ranges below: NumPy's on x86-64 (the functions
+ * above); on aarch64 NumPy converts with the FCVT instruction (a signalling NaN comes out
+ * quiet), and so does every level here */
+#if RLX_HAVE_NEON
+#define CAST_F16_FROM_F32 lowp_neon_f16_from_f32
+#define CAST_F32_FROM_F16 lowp_neon_f32_from_f16
+#else
+#define CAST_F16_FROM_F32 f16_from_bits
+#define CAST_F32_FROM_F16 rlx_f16_bits
+#endif
+
 /* ---- one contiguous range per kind and level ----------------------------------- */
 
 static void f32_to_bf16_range(const uint32_t *src, uint16_t *dst, long n, int level) {
@@ -146,6 +168,10 @@ static void f32_to_bf16_range(const uint32_t *src, uint16_t *dst, long n, int le
         }
     }
 #endif
+#if RLX_HAVE_NEON
+    if (level >= 3)
+        for (; i + 8 <= n; i += 8) lowp_neon_f32_to_bf16x8(src + i, dst + i);
+#endif
     (void)level;
     for (; i < n; i++) dst[i] = bf16_from_bits(src[i]);
 }
@@ -167,6 +193,10 @@ static void bf16_to_f32_range(const uint16_t *src, uint32_t *dst, long n, int le
             _mm256_storeu_si256((__m256i *)(dst + i), _mm256_slli_epi32(w, 16));
         }
     }
+#endif
+#if RLX_HAVE_NEON
+    if (level >= 3)
+        for (; i + 8 <= n; i += 8) lowp_neon_bf16_to_f32x8(src + i, dst + i);
 #endif
     (void)level;
     for (; i < n; i++) dst[i] = (uint32_t)src[i] << 16;
@@ -198,8 +228,12 @@ static void f32_to_f16_range(const uint32_t *src, uint16_t *dst, long n, int lev
         }
     }
 #endif
+#if RLX_HAVE_NEON
+    if (level >= 3)
+        for (; i + 8 <= n; i += 8) lowp_neon_f32_to_f16x8(src + i, dst + i);
+#endif
     (void)level;
-    for (; i < n; i++) dst[i] = f16_from_bits(src[i]);
+    for (; i < n; i++) dst[i] = CAST_F16_FROM_F32(src[i]);
 }
 
 static void f16_to_f32_range(const uint16_t *src, uint32_t *dst, long n, int level) {
@@ -227,8 +261,12 @@ static void f16_to_f32_range(const uint16_t *src, uint32_t *dst, long n, int lev
         }
     }
 #endif
+#if RLX_HAVE_NEON
+    if (level >= 3)
+        for (; i + 8 <= n; i += 8) lowp_neon_f16_to_f32x8(src + i, dst + i);
+#endif
     (void)level;
-    for (; i < n; i++) dst[i] = rlx_f16_bits(src[i]);
+    for (; i < n; i++) dst[i] = CAST_F32_FROM_F16(src[i]);
 }
 
 /* ---- entry points ---------------------------------------------------------------- */

@@ -18,7 +18,9 @@
  * A block in L2; partial sums live in a per-thread f32 tile buffer (MC x 32), rounded
  * (bf16) or copied (f32) to C once at the end. Tiles are split over OpenMP threads.
  * Needs AVX512_BF16 at compile time (rlx_lowp_has_dpbf16() says whether it is in); the
- * caller checks the CPU flag before calling rlx_bf16_gemm.
+ * caller checks the CPU flag before calling rlx_bf16_gemm. On aarch64 with the BF16
+ * extension (the i8mm target) a BFDOT micro-kernel on the same packed B runs instead
+ * (csrc/lowp_neon.h).
  * AMX: on a CPU with amx_bf16 (CPUID, and the kernel grants the tile state), rows
  * [0, M rounded down to 16) of a GEMM whose K is a multiple of 32 run on AMX tiles
  * (below; about 10x the vdpbf16ps kernel where that instruction runs at half the f32 FMA
@@ -31,7 +33,7 @@
 #define G_NR 32
 
 int rlx_lowp_has_dpbf16(void) {
-#if defined(__AVX512BF16__) && RLX_HAVE_512
+#if (defined(__AVX512BF16__) && RLX_HAVE_512) || (RLX_HAVE_NEON && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC))
     return 1;
 #else
     return 0;
@@ -343,6 +345,22 @@ int rlx_bf16_has_amx(void) {
 #endif
 }
 
+#elif RLX_HAVE_NEON && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+/* aarch64 with BF16 (the i8mm target): BFDOT micro-kernel, csrc/lowp_neon.h */
+#include "lowp_neon.h"
+
+int rlx_bf16_gemm_ep(long m, long n, long k, const uint16_t *a, long lda, const uint16_t *bp, void *c, long ldc,
+                     int c_bf16, int threads, const float *bias, const uint16_t *lut) {
+    struct gemm_ep ep = {c_bf16 ? bias : NULL, c_bf16 ? lut : NULL};
+    return nb_gemm(m, n, k, a, lda, bp, c, ldc, c_bf16, threads, &ep);
+}
+
+int rlx_bf16_gemm(long m, long n, long k, const uint16_t *a, long lda, const uint16_t *bp, void *c, long ldc,
+                  int c_bf16, int threads) {
+    return rlx_bf16_gemm_ep(m, n, k, a, lda, bp, c, ldc, c_bf16, threads, NULL, NULL);
+}
+
+int rlx_bf16_has_amx(void) { return 0; }
 #else
 
 int rlx_bf16_gemm(long m, long n, long k, const uint16_t *a, long lda, const uint16_t *bp, void *c, long ldc,
