@@ -235,7 +235,7 @@ def test_flags_and_runtime_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     """The flags each runtime builds with, and RLX_OPENMP's choice among them."""
     from rlx.backends.cpu import native
 
-    spec = native.target_spec(native.Target.PORTABLE)
+    spec = native.target_spec(native.selected_target())
     pool = omp_shim.build_flags(spec, None, ThreadRuntime.POOL)
     assert "-fopenmp" not in omp_shim.build_flags(spec, None, ThreadRuntime.NONE)
     assert pool[pool.index("-Xclang") + 1] == "-fopenmp" and "-Iomp_shim" in pool
