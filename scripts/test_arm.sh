@@ -172,9 +172,10 @@ DEMO=${RLX_ARM_DEMO:-$([ "$MODE" = full ] && echo all || echo last)}
 # max,pauth-impdef=on: qemu's default pointer-authentication algorithm (QARMA5) is slow
 # to emulate and Debian's arm64 binaries sign every return address
 declare -A CPU_OF=([neon]=cortex-a72 [dotprod]=neoverse-n1 [i8mm]=max,pauth-impdef=on)
-fail=0
-summary=()
-for t in $TARGETS; do
+# one target: its tests, demo and rlx info; prints its log lines, and its summary lines
+# into $CACHE/summary-<target>.txt; returns non-zero on a failure
+run_target() {
+    local t=$1 fail=0 summary=() out rc line t0 info tline
     export QEMU_CPU=${CPU_OF[$t]:?unknown target $t}
     export RLX_CC=$CROSS_CC RLX_ISA=auto RLX_CACHE_DIR=$CACHE/kernels PYTHONPATH=$REPO
     tests_for "$t"
@@ -204,6 +205,42 @@ for t in $TARGETS; do
         printf '%s\n' "$info"; fail=1; summary+=("$t info: expected target $t, got '${tline}'")
     fi
     log "${summary[-2]}; ${summary[-1]}"
+    printf '%s\n' "${summary[@]}" >"$CACHE/summary-$t.txt"
+    return $fail
+}
+
+# RLX_ARM_JOBS targets at a time (default: the CPU count; 1: one after the other, their
+# output as it comes). Emulated python is single-threaded, so on a 2-CPU machine two
+# targets at a time take about the time of the longest one.
+JOBS=${RLX_ARM_JOBS:-$(nproc 2>/dev/null || echo 1)}
+fail=0
+running=0
+for t in $TARGETS; do
+    rm -f "$CACHE/summary-$t.txt"
+    if [ "$JOBS" -le 1 ]; then
+        run_target "$t" || fail=1
+        continue
+    fi
+    if [ "$running" -ge "$JOBS" ]; then
+        wait -n || fail=1
+        running=$((running - 1))
+    fi
+    (run_target "$t") >"$CACHE/run-$t.log" 2>&1 &
+    running=$((running + 1))
+    log "$t started (log $CACHE/run-$t.log)"
+done
+while [ "$running" -gt 0 ]; do
+    wait -n || fail=1
+    running=$((running - 1))
+done
+summary=()
+for t in $TARGETS; do
+    [ "$JOBS" -le 1 ] || cat "$CACHE/run-$t.log"
+    if [ -f "$CACHE/summary-$t.txt" ]; then
+        mapfile -t -O "${#summary[@]}" summary <"$CACHE/summary-$t.txt"
+    else
+        summary+=("$t: no summary (see above)"); fail=1
+    fi
 done
 log "summary:"
 printf '  %s\n' "${summary[@]}"
