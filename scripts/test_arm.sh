@@ -130,6 +130,8 @@ CI_TESTS=(
     tests/cpu/engines/test_qgemm_exact.py
     tests/cpu/kernels/test_dqgemm_small.py
     tests/cpu/kernels/test_norm.py
+    tests/cpu/test_peak_arm.py
+    tests/cpu/test_omp_shim.py
 )
 FULL_TESTS=(
     "${CI_TESTS[@]}"

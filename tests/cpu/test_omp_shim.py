@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -28,12 +29,18 @@ from rlx.backends.cpu.native.omp_shim import ThreadRuntime
 
 
 def _clang() -> str | None:
-    """RLX_CC when it names a clang (a cross ``clang --target=aarch64-linux-gnu`` wrapper
-    under qemu-user), else clang-14 / clang on PATH."""
+    """A clang that builds for this machine: RLX_CC when it names one (a cross ``clang
+    --target=aarch64-linux-gnu`` wrapper under qemu-user), else clang-14 / clang on PATH
+    (under qemu-user the host's clang builds x86-64 code: not one)."""
     cc = os.environ.get("RLX_CC", "")
-    if "clang" in Path(cc).name:
-        return shutil.which(cc)
-    return shutil.which("clang-14") or shutil.which("clang")
+    for c in ([cc] if "clang" in Path(cc).name else []) + ["clang-14", "clang"]:
+        path = shutil.which(c)
+        if path is None:
+            continue
+        r = subprocess.run([path, "-dumpmachine"], capture_output=True, text=True, check=False)
+        if r.stdout.startswith(platform.machine().replace("arm64", "aarch64")):
+            return path
+    return None
 
 
 CLANG = _clang()
