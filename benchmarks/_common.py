@@ -33,16 +33,33 @@ BLAS_PINS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 _REMOVED_ENV = "RLX_BENCH_REMOVED_BLAS_ENV"
 
 
+#: aarch64 /proc/cpuinfo "CPU part" (implementer 0x41, Arm) -> core name
+_ARM_PARTS = {
+    "0xd08": "Cortex-A72",
+    "0xd0b": "Cortex-A76",
+    "0xd0c": "Neoverse N1",
+    "0xd40": "Neoverse V1",
+    "0xd49": "Neoverse N2",
+    "0xd4f": "Neoverse V2",
+}
+
+
 def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo (else what :mod:`platform` says)."""
+    """The CPU's model name from /proc/cpuinfo (on aarch64, which has none: the core its
+    ``CPU part`` names), else what :mod:`platform` says."""
     import platform
 
+    part = None
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
+            if line.startswith("CPU part") and part is None:
+                part = line.split(":", 1)[1].strip()
     except OSError:
         pass
+    if part is not None:
+        return f"aarch64 {_ARM_PARTS.get(part, 'CPU part ' + part)}"
     return platform.processor() or platform.machine() or "?"
 
 

@@ -10,6 +10,7 @@ import sys
 
 FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni")
 FLAGS += ("amx_tile", "amx_int8")
+FLAGS += ("asimd", "asimddp", "i8mm", "bf16", "sve")  # aarch64: its /proc/cpuinfo "Features"
 
 
 def _cpu() -> tuple[str, str]:
@@ -19,7 +20,7 @@ def _cpu() -> tuple[str, str]:
             for line in f:
                 if line.startswith("model name"):
                     model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
+                elif line.startswith(("flags", "Features")):
                     flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass

@@ -218,7 +218,8 @@ def _cpu_facts() -> str:
     info = {
         k.strip(): v.strip() for k, v in (ln.split(":", 1) for ln in out.splitlines() if ":" in ln)
     }
-    isa = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
+    isa = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile",
+                       "asimd", "asimddp", "i8mm", "bf16", "sve")
            if f in info.get("Flags", "").split()]  # fmt: skip
     caches = [f"{k} {info[k]}" for k in ("L1d cache", "L2 cache", "L3 cache") if k in info]
     return ", ".join([info.get("Model name", "?"), f"{os.cpu_count()} CPUs", *caches]) + (

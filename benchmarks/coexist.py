@@ -170,8 +170,9 @@ def _python(given: str | None) -> str:
 def _cpu_flags() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
+            if line.startswith(("flags", "Features")):  # x86-64 / aarch64
                 keep = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
+                keep += ("asimd", "asimddp", "i8mm", "bf16", "sve")
                 return " ".join(f for f in line.split(":", 1)[1].split() if f in keep)
     except OSError:
         pass

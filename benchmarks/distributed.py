@@ -154,11 +154,17 @@ def cpu_flags() -> str:
         (ln.split(":", 1)[1].strip() for ln in text.splitlines() if "model name" in ln), "?"
     )
     flags = next(
-        (ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
+        (
+            ln.split(":", 1)[1].split()
+            for ln in text.splitlines()
+            if ln.startswith(("flags", "Features"))  # x86-64 / aarch64
+        ),
+        [],
     )
     keep = [
         f
         for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
+        + ("asimd", "asimddp", "i8mm", "bf16", "sve")
         if f in flags
     ]
     return f"{model} ({os.cpu_count()} CPUs; {' '.join(keep)})"

@@ -153,7 +153,11 @@ def _merge(rounds: list[dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--targets", nargs="+", default=["avx512", "avx2"])
+    from rlx.backends.cpu.native import cpu
+
+    # default: the two best targets this CPU runs (avx512 avx2 / i8mm dotprod)
+    best = [t.value for t in cpu.runnable_targets()[::-1][:2]]
+    ap.add_argument("--targets", nargs="+", default=best)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--acts", nargs="+", default=["f32", "q8"], choices=["f32", "q8"])
     ap.add_argument("--rounds", type=int, default=2)

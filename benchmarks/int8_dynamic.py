@@ -206,6 +206,10 @@ def main() -> int:
     here = Path(__file__).resolve()
     results: dict[tuple[str, int], list[dict]] = {}
     names = [e for e in args.engines if e in ENGINES]
+    from rlx.backends.cpu.native import cpu
+
+    if cpu.Target.AVX2 not in cpu.runnable_targets():  # aarch64: no (avx2) rows
+        names = [e for e in names if "avx2" not in e and "vnni" not in e]
     for r in range(args.rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:

@@ -388,6 +388,7 @@ def _cpu_facts() -> str:
     isa = [
         f
         for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
+        + ("asimd", "asimddp", "i8mm", "bf16", "sve")  # aarch64 (lscpu prints them there too)
         if f in info.get("Flags", "").split()
     ]
     parts = [info.get("Model name", "unknown CPU")]

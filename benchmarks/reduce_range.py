@@ -64,7 +64,11 @@ def _child(reduce_range: bool, threads: int, reps: int, shapes: list[tuple[int, 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--isa", default="avx2")
+    from rlx.backends.cpu.native import cpu
+
+    # the AVX2 vpmaddubsw path on x86-64; elsewhere (aarch64) the best target
+    x86 = cpu.machine_arch() is cpu.Arch.X86_64
+    ap.add_argument("--isa", default="avx2" if x86 else "auto")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)

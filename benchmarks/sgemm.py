@@ -288,6 +288,9 @@ def main() -> None:
     l3 = cache_sizes()[2]
     pools = {s: -(-2 * l3 // (4 * s[1] * s[2])) if args.cold else 1 for s in shapes}
     best_t = cpu.selected_target()
+    if "rlx-avx2" in args.engines and cpu.Target.AVX2 not in cpu.runnable_targets():
+        args.engines.remove("rlx-avx2")  # no AVX2 target here (aarch64)
+        print("rlx-avx2: no AVX2 target on this CPU; row left out", file=sys.stderr)
     targets = [best_t] + ([cpu.Target.AVX2] if "rlx-avx2" in args.engines else [])
     load0 = _load()
     peak0 = _peaks(args.threads, targets)

@@ -270,8 +270,9 @@ def _hf_available() -> bool:
 
 def _cpu_flags() -> str:
     keep = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
+    keep += ("asimd", "asimddp", "i8mm", "bf16", "sve")  # aarch64's Features words
     for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
+        if line.startswith(("flags", "Features")):
             return " ".join(f for f in line.split(":", 1)[1].split() if f in keep)
     return "unknown"
 

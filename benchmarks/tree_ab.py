@@ -65,9 +65,11 @@ def cpu_line() -> tuple[str, str]:
         (ln.split(":", 1)[1].strip() for ln in text.splitlines() if "model name" in ln), "?"
     )
     flags = next(
-        (ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
-    )
-    keep = [f for f in flags if f in {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"}]  # fmt: skip
+        (ln.split(":", 1)[1].split() for ln in text.splitlines()
+         if ln.startswith(("flags", "Features"))), []  # x86-64 / aarch64
+    )  # fmt: skip
+    keep = [f for f in flags if f in {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16",
+                                      "asimd", "asimddp", "i8mm", "bf16", "sve"}]  # fmt: skip
     return model, " ".join(keep)
 
 

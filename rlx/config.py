@@ -26,6 +26,12 @@ RLX_AMX=1|0              AMX tiles (the int8 and bf16 GEMMs on a CPU with amx_in
                          allow; 0 keeps every kernel off them (the VNNI / vdpbf16ps
                          paths most CPUs have; benchmarks measure both). No effect on a
                          CPU without AMX
+RLX_OPENMP=auto|shim|off the threading runtime of the native kernels: auto (the default)
+                         uses the compiler's OpenMP (-fopenmp: libgomp with gcc), else,
+                         with a clang that has no libomp, rlx's own thread pool
+                         (csrc/rlx_omp.c), else one thread; shim forces rlx's pool (a
+                         clang is needed; a test and debugging aid); off builds without
+                         threads (docs/platforms.md, "The compiler and threads")
 RLX_CACHE_MAX_MB=n       size bound of the native cache, pruned oldest-first (decimal
                          digits, >= 1; default 512)
 RLX_SGEMM=auto|native|blas
@@ -65,6 +71,7 @@ __all__ = [
     "isa",
     "cc",
     "amx",
+    "openmp",
     "cache_max_bytes",
     "sgemm",
     "dq_act",
@@ -186,6 +193,14 @@ def cc() -> str:
 def amx() -> bool:
     """RLX_AMX as a bool (default on: AMX tiles where the CPU has them)."""
     return _flag("RLX_AMX", True)
+
+
+OPENMP_CHOICES = ("auto", "shim", "off")
+
+
+def openmp() -> str:
+    """RLX_OPENMP: 'auto' (default), 'shim' or 'off'."""
+    return _choice("RLX_OPENMP", OPENMP_CHOICES, "auto") or "auto"
 
 
 SGEMM_CHOICES = ("auto", "native", "blas")

@@ -159,6 +159,7 @@ def _native() -> tuple[tuple[str, str], ...]:
         ("why", _safe(native.target_description)),
         ("gcc", _safe(lambda: f"{native.gcc_version()} ({native.gcc_path()})")),
         ("openmp", _safe(lambda: "yes" if native.openmp_supported() else "no")),
+        ("threads", _safe(native.thread_runtime_description)),
         ("cache", _safe(cache)),
         ("prebuilt", _safe(lambda: prebuilt.describe(native.selected_target()))),
         ("loaded from", _safe(prebuilt.describe_loaded)),

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The aarch64 build targets, run under qemu-user on an x86-64 machine (docs/platforms.md).
 #
-#   bash scripts/test_arm.sh                 # the CI subset, every aarch64 target
-#   RLX_ARM_TESTS=full bash scripts/test_arm.sh   # every native kernel test module
+#   bash scripts/test_arm.sh                 # smoke set on neon, dotprod; CI subset on i8mm
+#   RLX_ARM_TESTS=ci-all bash scripts/test_arm.sh # the CI subset on every target
+#   RLX_ARM_TESTS=full bash scripts/test_arm.sh   # every native kernel test module, every target
+#   RLX_ARM_TESTS="tests/cpu/kernels/test_norm.py tests/..." bash scripts/test_arm.sh  # those paths
 #   RLX_ARM_TARGETS="i8mm" bash scripts/test_arm.sh
 #
 # What it does:
@@ -77,13 +79,19 @@ BINFMT=/proc/sys/fs/binfmt_misc
 if [ ! -e "$BINFMT/register" ]; then
     mount -t binfmt_misc binfmt_misc "$BINFMT" 2>/dev/null || true
 fi
-if [ -e "$BINFMT/register" ] && ! grep -qs "^interpreter .*qemu-aarch64" "$BINFMT"/*aarch64* 2>/dev/null; then
+# Without a handler the tests that start arm64 subprocesses would fail one by one: stop
+# here with the reason instead (a machine that cannot run qemu-user or binfmt_misc, e.g. a
+# container without the privilege, cannot run this test; it is not skipped silently).
+[ -e "$BINFMT/register" ] \
+    || die "binfmt_misc is not mounted at $BINFMT and cannot be (needs root or a privileged container)"
+if ! grep -qs "^interpreter .*qemu-aarch64" "$BINFMT"/*aarch64* 2>/dev/null; then
     magic='\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00'
     mask='\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff'
     echo ":rlx-aarch64:M::$magic:$mask:$QEMU:" >"$BINFMT/register" 2>/dev/null \
-        && log "registered $QEMU for aarch64 executables (binfmt_misc)" \
-        || log "warning: cannot register binfmt_misc; tests that start arm64 subprocesses fail"
+        || die "cannot register $QEMU with binfmt_misc (needs root); arm64 subprocesses could not run"
+    log "registered $QEMU for aarch64 executables (binfmt_misc)"
 fi
+grep -qs "^enabled" "$BINFMT"/*aarch64* || die "the binfmt_misc aarch64 handler is disabled"
 
 APY="$QEMU -L $ROOT $ROOT/usr/bin/python3"
 PYVER=$($APY -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")') \
@@ -122,6 +130,8 @@ CI_TESTS=(
     tests/cpu/engines/test_qgemm_exact.py
     tests/cpu/kernels/test_dqgemm_small.py
     tests/cpu/kernels/test_norm.py
+    tests/cpu/test_peak_arm.py
+    tests/cpu/test_omp_shim.py
 )
 FULL_TESTS=(
     "${CI_TESTS[@]}"
@@ -138,28 +148,48 @@ FULL_TESTS=(
     tests/cpu/kernels/test_elementwise_native.py
     tests/cpu/test_half_linear_native.py
 )
-if [ "${RLX_ARM_TESTS:-ci}" = full ]; then TESTS=("${FULL_TESTS[@]}"); else TESTS=("${CI_TESTS[@]}"); fi
+# the smoke set the targets before the last one run in the default (CI) mode: the target
+# detection and the bindings of every fixed library, built for that target's flags
+SMOKE_TESTS=(
+    tests/cpu/test_targets_arm.py
+    tests/cpu/test_native_bindings.py
+)
+# RLX_ARM_TESTS: ci (the default: SMOKE_TESTS on every target but the last, CI_TESTS on
+# the last, the one with the most features), ci-all (CI_TESTS on every target), full
+# (FULL_TESTS on every target), or test paths separated by spaces (those, every target)
+MODE=${RLX_ARM_TESTS:-ci}
+tests_for() {  # $1: the target; sets TESTS
+    case "$MODE" in
+        ci) if [ "$1" = "${TARGETS##* }" ]; then TESTS=("${CI_TESTS[@]}"); else TESTS=("${SMOKE_TESTS[@]}"); fi ;;
+        ci-all) TESTS=("${CI_TESTS[@]}") ;;
+        full) TESTS=("${FULL_TESTS[@]}") ;;
+        *) read -r -a TESTS <<<"$MODE" ;;
+    esac
+}
 # the demo (f32, bf16 and int8 MiniLM with timings) takes minutes under emulation: on
 # every target with RLX_ARM_DEMO=all (the default with RLX_ARM_TESTS=full), on the last
 # target only with RLX_ARM_DEMO=last (the default), on none with RLX_ARM_DEMO=none
-DEMO=${RLX_ARM_DEMO:-$([ "${RLX_ARM_TESTS:-ci}" = full ] && echo all || echo last)}
+DEMO=${RLX_ARM_DEMO:-$([ "$MODE" = full ] && echo all || echo last)}
 
 # max,pauth-impdef=on: qemu's default pointer-authentication algorithm (QARMA5) is slow
 # to emulate and Debian's arm64 binaries sign every return address
 declare -A CPU_OF=([neon]=cortex-a72 [dotprod]=neoverse-n1 [i8mm]=max,pauth-impdef=on)
-fail=0
-summary=()
-for t in $TARGETS; do
+# one target: its tests, demo and rlx info; prints its log lines, and its summary lines
+# into $CACHE/summary-<target>.txt; returns non-zero on a failure
+run_target() {
+    local t=$1 fail=0 summary=() out rc line t0 info tline
     export QEMU_CPU=${CPU_OF[$t]:?unknown target $t}
     export RLX_CC=$CROSS_CC RLX_ISA=auto RLX_CACHE_DIR=$CACHE/kernels PYTHONPATH=$REPO
-    log "== $t (qemu -cpu $QEMU_CPU) =="
+    tests_for "$t"
+    log "== $t (qemu -cpu $QEMU_CPU): ${#TESTS[@]} test paths =="
     cd "$REPO"
+    t0=$(date +%s)
     out=$($VPY -m pytest -q -p no:cacheprovider -m "not slow" "${TESTS[@]}" 2>&1)
     rc=$?
     line=$(printf '%s\n' "$out" | grep -E "[0-9]+ (passed|failed|errors?)( |,|$)" | tail -1)
     [ $rc -eq 0 ] || { printf '%s\n' "$out" | tail -40; fail=1; }
-    summary+=("$t tests: ${line:-pytest exit $rc}")
-    log "$t tests: ${line:-pytest exit $rc}"
+    summary+=("$t tests: ${line:-pytest exit $rc} ($(( $(date +%s) - t0 )) s)")
+    log "${summary[-1]}"
     if [ "$DEMO" = all ] || { [ "$DEMO" = last ] && [ "$t" = "${TARGETS##* }" ]; }; then
         if $VPY -m rlx.demo >"$CACHE/demo-$t.log" 2>&1; then
             summary+=("$t demo: ok ($(grep -m1 "sentences find their pair" "$CACHE/demo-$t.log" | xargs))")
@@ -177,6 +207,45 @@ for t in $TARGETS; do
         printf '%s\n' "$info"; fail=1; summary+=("$t info: expected target $t, got '${tline}'")
     fi
     log "${summary[-2]}; ${summary[-1]}"
+    printf '%s\n' "${summary[@]}" >"$CACHE/summary-$t.txt"
+    return $fail
+}
+
+# RLX_ARM_JOBS targets at a time (default: the CPU count; 1: one after the other, their
+# output as it comes). Emulated python is single-threaded, so on a 2-CPU machine two
+# targets at a time take about the time of the longest one.
+JOBS=${RLX_ARM_JOBS:-$(nproc 2>/dev/null || echo 1)}
+fail=0
+running=0
+# in parallel the last target (the CI subset: the longest) starts first
+ORDER=$TARGETS
+[ "$JOBS" -le 1 ] || ORDER=$(printf '%s\n' $TARGETS | tac | xargs)
+for t in $ORDER; do
+    rm -f "$CACHE/summary-$t.txt"
+    if [ "$JOBS" -le 1 ]; then
+        run_target "$t" || fail=1
+        continue
+    fi
+    if [ "$running" -ge "$JOBS" ]; then
+        wait -n || fail=1
+        running=$((running - 1))
+    fi
+    (run_target "$t") >"$CACHE/run-$t.log" 2>&1 &
+    running=$((running + 1))
+    log "$t started (log $CACHE/run-$t.log)"
+done
+while [ "$running" -gt 0 ]; do
+    wait -n || fail=1
+    running=$((running - 1))
+done
+summary=()
+for t in $TARGETS; do
+    [ "$JOBS" -le 1 ] || cat "$CACHE/run-$t.log"
+    if [ -f "$CACHE/summary-$t.txt" ]; then
+        mapfile -t -O "${#summary[@]}" summary <"$CACHE/summary-$t.txt"
+    else
+        summary+=("$t: no summary (see above)"); fail=1
+    fi
 done
 log "summary:"
 printf '  %s\n' "${summary[@]}"

@@ -23,6 +23,7 @@ FLAGS = (
     "RLX_SGEMM",
     "RLX_DQ_ACT",
     "RLX_DQ_REPACK",
+    "RLX_OPENMP",
 )
 
 # flag -> its reader; the documented values (as given, in several cases) -> what is read
@@ -36,6 +37,7 @@ READ = {
     "RLX_SGEMM": config.sgemm,
     "RLX_DQ_ACT": config.dq_act,
     "RLX_DQ_REPACK": config.dq_repack,
+    "RLX_OPENMP": config.openmp,
 }
 
 GOOD = [
@@ -54,6 +56,9 @@ GOOD = [
     ("RLX_DQ_ACT", "Q8", "q8"),
     ("RLX_DQ_REPACK", " Off", False),
     ("RLX_DQ_REPACK", "1", True),
+    ("RLX_OPENMP", " Shim", "shim"),
+    ("RLX_OPENMP", "OFF", "off"),
+    ("RLX_OPENMP", "auto", "auto"),
     ("RLX_NUM_THREADS", " 1 ", 1),
     ("RLX_NUM_THREADS", "01", 1),
     ("RLX_CACHE_MAX_MB", "3", 3 << 20),
@@ -73,6 +78,8 @@ BAD = [
     ("RLX_DQ_ACT", "int4", "auto, q8, f32"),
     ("RLX_DQ_ACT", "", "auto, q8, f32"),
     ("RLX_DQ_REPACK", "2", "1, true, yes, on"),
+    ("RLX_OPENMP", "libomp", "auto, shim, off"),
+    ("RLX_OPENMP", "", "auto, shim, off"),
     ("RLX_CACHE_DIR", "", "directory path"),
     ("RLX_CACHE_DIR", "   ", "directory path"),
     ("RLX_NUM_THREADS", "", "integer >= 1"),
@@ -125,7 +132,7 @@ def test_unset_flags_take_their_defaults():
     assert rlx.CompileOptions().verify is VerifyMode.END  # users' default (tests: each)
     assert config.num_threads() is None
     assert config.isa() == "auto" and config.sgemm() == "auto" and config.dq_act() == "f32"
-    assert config.dq_repack() is True
+    assert config.dq_repack() is True and config.openmp() == "auto"
     assert config.cache_max_bytes() == 512 << 20
 
 

@@ -112,7 +112,7 @@ def time_runs(fn: object, repeat: int, warmup: int) -> list[float]:
     return out
 
 
-ISA_CHOICES = ("all", "avx512", "avx2", "portable")
+ISA_CHOICES = ("all", "avx512", "avx2", "portable", "neon", "dotprod", "i8mm")
 AMX_CHOICES = ("on", "off", "both")
 NO_AMX = "no AMX on this CPU"
 

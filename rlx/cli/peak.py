@@ -20,6 +20,12 @@ weights, ``rlx.quantize(reduce_range=True)``), none on the portable target (plai
 bf16 -> ``vdpbf16ps`` (AVX512_BF16), else the FMA peak (bf16 runs through f32 panels).
 There is no AMX probe: AMX rows are compared with the VNNI / BF16 peak, and can pass
 100 %.
+
+On aarch64 (targets neon, dotprod, i8mm): f32 -> ``FMLA .4s``; int8 -> ``SMMLA`` on
+i8mm, ``SDOT`` on dotprod, none on neon; bf16 -> ``BFMMLA`` on i8mm (+bf16), else the
+FMA peak. The estimate assumes two 128-bit FMLA pipes (Neoverse N1: 16 FLOP/cycle;
+V1 / V2 and Apple cores have four, so it is low there); an aarch64 /proc/cpuinfo has no
+clock, so the estimate is usually absent and the measured figure stands alone.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rlx.backends.cpu.native.cpu import TargetSpec
+    from rlx.backends.cpu.native.cpu import Target, TargetSpec
 
 __all__ = [
     "Peak",
@@ -45,7 +51,7 @@ __all__ = [
 ]
 
 #: FLOPs per cycle per core by native target, assuming two FMA units.
-_PER_CYCLE = {"avx512": 64, "avx2": 32, "portable": 16}
+_PER_CYCLE = {"avx512": 64, "avx2": 32, "portable": 16, "neon": 16, "dotprod": 16, "i8mm": 16}
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,10 @@ class PeakPath(enum.Enum):
     MADDWD = "int8 vpmaddwd"
     MADDUBSW = "int8 vpmaddubsw"
     BF16 = "bf16 vdpbf16ps"
+    SDOT = "int8 sdot"
+    SMMLA = "int8 smmla"
+    BFMMLA = "bf16 bfmmla"
+    BFDOT = "bf16 bfdot"
 
 
 def path_for(precision: str, spec: TargetSpec, seven_bit: bool = False) -> PeakPath | None:
@@ -143,6 +153,8 @@ def path_for(precision: str, spec: TargetSpec, seven_bit: bool = False) -> PeakP
     kernel). None for int8 on the portable target (plain C: no probe)."""
     from rlx.backends.cpu.native.cpu import Target
 
+    if spec.target in (Target.NEON, Target.DOTPROD, Target.I8MM):
+        return _path_aarch64(precision, spec.target)
     if precision == "bf16":
         return PeakPath.BF16 if spec.bf16 else PeakPath.FMA
     if precision != "int8":
@@ -152,6 +164,17 @@ def path_for(precision: str, spec: TargetSpec, seven_bit: bool = False) -> PeakP
     if spec.target is Target.PORTABLE:
         return None
     return PeakPath.MADDUBSW if seven_bit else PeakPath.MADDWD
+
+
+def _path_aarch64(precision: str, target: Target) -> PeakPath | None:
+    """:func:`path_for` on an aarch64 target: SMMLA / BFMMLA on i8mm, SDOT on dotprod."""
+    from rlx.backends.cpu.native.cpu import Target
+
+    if precision == "bf16":
+        return PeakPath.BFMMLA if target is Target.I8MM else PeakPath.FMA
+    if precision != "int8":
+        return PeakPath.FMA
+    return {Target.I8MM: PeakPath.SMMLA, Target.DOTPROD: PeakPath.SDOT}.get(target)
 
 
 @functools.cache
@@ -170,6 +193,10 @@ def path_peak(path: PeakPath, threads: int, tries: int = 10, seconds: float = 0.
         PeakPath.MADDUBSW: PeakKind.INT8,
         PeakPath.MADDWD: PeakKind.INT16,
         PeakPath.BF16: PeakKind.BF16,
+        PeakPath.SMMLA: PeakKind.INT8,
+        PeakPath.SDOT: PeakKind.INT8_DOT,
+        PeakPath.BFMMLA: PeakKind.BF16,
+        PeakPath.BFDOT: PeakKind.BF16_DOT,
     }[path]
     if not native.available():
         return Peak(float("nan"), threads, False, "unknown (no gcc to measure with)")

@@ -14,9 +14,12 @@ regions, row kernels and epilogues (through :func:`build`), the bf16/f16 casts a
 only on AVX512 with VNNI, AVX2 from the AVX2 target, PLAIN on portable). Forcing a target
 the CPU lacks is a ConfigError. :func:`target_description` says which path was taken.
 
-Build. ``gcc -O3 <target flags> -fPIC -shared -ffp-contract=off`` (plus ``-fopenmp`` when
-gcc supports it; without it, e.g. Apple clang without libomp, every ``omp`` pragma is
-ignored and the kernels run on the calling thread with the same results). ``RLX_CC``
+Build. ``gcc -O3 <target flags> -fPIC -shared -ffp-contract=off`` plus the threading
+runtime's flags (:func:`thread_runtime`, ``native/omp_shim.py``): ``-fopenmp`` when the
+compiler links it (libgomp); for a clang without libomp (Apple's), ``-Xclang -fopenmp``
+and rlx's own pool ``csrc/rlx_omp.c``, loaded before any kernel library; with neither
+(or ``RLX_OPENMP=off``) every ``omp`` pragma is ignored and the kernels run on the calling
+thread with the same results. ``RLX_CC``
 names another compiler (a cross ``aarch64-linux-gnu-gcc`` under qemu-user, or clang). The file name is ``<name>-<key>.so`` with ``key = sha256(source +
 command line (so the target's flags) + gcc version)``: a changed source, target or
 compiler rebuilds. A failed build raises :class:`CompileError` with the command and gcc's
@@ -98,7 +101,7 @@ import threading
 from pathlib import Path
 
 from rlx import config
-from rlx.backends.cpu.native import cache, prebuilt
+from rlx.backends.cpu.native import cache, omp_shim, prebuilt
 from rlx.backends.cpu.native.cache import CacheInfo
 from rlx.backends.cpu.native.cpu import (
     Arch,
@@ -106,7 +109,6 @@ from rlx.backends.cpu.native.cpu import (
     Target,
     cpu_flags,
     detect_isa,
-    gcc_flags,
     isas_for,
     machine_arch,
     runnable_targets,
@@ -115,6 +117,7 @@ from rlx.backends.cpu.native.cpu import (
     target_description,
     target_spec,
 )
+from rlx.backends.cpu.native.omp_shim import ThreadRuntime
 from rlx.backends.cpu.native.prebuilt import CSRC, csrc_source
 from rlx.errors import CompileError
 
@@ -137,6 +140,9 @@ __all__ = [
     "gcc_path",
     "gcc_version",
     "openmp_supported",
+    "ThreadRuntime",
+    "thread_runtime",
+    "thread_runtime_description",
     "available",
     "compile_command",
     "build",
@@ -233,6 +239,55 @@ def _probe_openmp(gcc: str) -> bool:
     return prebuilt.probe_openmp(gcc)
 
 
+@functools.cache
+def _shim_supported(gcc: str) -> bool:
+    """Whether ``gcc`` (a clang) builds OpenMP code for rlx's pool; probed once per binary
+    and kept beside its other facts in the cache."""
+    facts = dict(_gcc_facts(gcc))
+    if isinstance(facts.get("shim"), bool):
+        return bool(facts["shim"])
+    facts["shim"] = omp_shim.probe_shim(gcc)
+    where = _gcc_probe_file(gcc)
+    if where is not None:
+        with contextlib.suppress(OSError):
+            cache.write_atomic(where, json.dumps(facts).encode())
+    return bool(facts["shim"])
+
+
+def thread_runtime() -> ThreadRuntime:
+    """The runtime the native kernels' ``#pragma omp`` run on (``RLX_OPENMP``): with
+    ``auto``, the compiler's OpenMP when it links (libgomp with gcc), else rlx's pool when
+    the compiler is a clang (``-Xclang -fopenmp``), else none; ``shim``: rlx's pool
+    (CompileError when the compiler cannot build for it); ``off``: none."""
+    mode = config.openmp()
+    gcc = gcc_path()
+    if mode == "off" or gcc is None:
+        return ThreadRuntime.NONE
+    if mode == "shim":
+        if not _shim_supported(gcc):
+            raise CompileError(
+                f"RLX_OPENMP=shim: the compiler {gcc} cannot build OpenMP code for rlx's "
+                "pool (it needs clang's -Xclang -fopenmp); set RLX_CC to a clang or unset "
+                "RLX_OPENMP"
+            )
+        return ThreadRuntime.POOL
+    if openmp_supported():
+        return ThreadRuntime.OPENMP
+    return ThreadRuntime.POOL if _shim_supported(gcc) else ThreadRuntime.NONE
+
+
+def thread_runtime_description() -> str:
+    """One line for ``rlx info``: the threading runtime and its library."""
+    rt = thread_runtime()
+    if rt is ThreadRuntime.OPENMP:
+        lib = "libomp" if "clang" in gcc_version() else "libgomp"
+        return f"{lib} (the compiler's OpenMP, -fopenmp)"
+    if rt is ThreadRuntime.POOL:
+        return "rlx pool (csrc/rlx_omp.c: the compiler has no OpenMP runtime, or RLX_OPENMP=shim)"
+    why = "RLX_OPENMP=off" if config.openmp() == "off" else "the compiler has no OpenMP"
+    return f"none ({why}): each kernel runs on its calling thread"
+
+
 def available() -> bool:
     """True when native kernels can be built (gcc present)."""
     return gcc_path() is not None
@@ -245,7 +300,7 @@ def compile_command(
     selected one) with the int8 GEMM path ``isa`` (the C macro ``RLX_ISA``; None: not
     defined). Part of the cache key."""
     spec = target_spec(selected_target() if target is None else target)
-    flags = gcc_flags(spec, isa, openmp_supported())
+    flags = omp_shim.build_flags(spec, isa, thread_runtime())
     return [gcc_path() or "gcc", *flags, str(src), "-o", str(out)]
 
 
@@ -274,12 +329,12 @@ def build(
             f"the {target.name} target cannot hold the {gemm_isa.name} int8 GEMM "
             f"(it holds {[i.name for i in isas_for(target)]})"
         )
-    memo = (source, gemm_isa, target, name, gcc_path(), str(config.cache_dir()))
+    memo = (source, gemm_isa, target, name, gcc_path(), str(config.cache_dir()), thread_runtime())
     with _LOCK:
         done = _BUILT.get(memo)
         if done is not None and done in _LOADED and done.exists():
             return done
-    lib = prebuilt.find(source, gemm_isa, target, name)
+    lib = prebuilt.find(source, gemm_isa, target, name, thread_runtime())
     if lib is None:
         prebuilt.warn_if_install_build_failed()
         lib = _build(source, gemm_isa, target, name)
@@ -328,7 +383,9 @@ def _build_entry(
         src.write_text(source)
         tmp_lib = Path(tmp, f"{name}.so")
         cmd = compile_command(src, tmp_lib, isa, target)
-        r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if omp_shim.runtime_of_flags(cmd) is ThreadRuntime.POOL:
+            omp_shim.prepare_build_dir(Path(tmp))
+        r = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=tmp)
         if r.returncode != 0:
             raise CompileError(
                 f"native build of {name!r} failed (exit {r.returncode})\n"
@@ -389,6 +446,9 @@ def load(path: Path) -> ctypes.CDLL:
     unless the user set it or ``OMP_WAIT_POLICY``; see the module docstring)."""
     set_wait_policy()
     path = Path(path)
+    if path not in _LOADED and not path.name.startswith(omp_shim.POOL_LIBRARY):
+        if thread_runtime() is ThreadRuntime.POOL:
+            _load_pool()
     with _LOCK:
         if path not in _LOADED:
             ok = prebuilt.verify(path) if prebuilt.is_prebuilt(path) else cache.verify(path)
@@ -397,11 +457,28 @@ def load(path: Path) -> ctypes.CDLL:
                     f"native library {path} is missing or does not match the digest recorded "
                     "when it was built (changed or damaged since); not loading it"
                 )
+            mode = os.RTLD_GLOBAL if path.name.startswith(omp_shim.POOL_LIBRARY) else 0
             try:
-                _LOADED[path] = ctypes.CDLL(str(path))
+                _LOADED[path] = ctypes.CDLL(str(path), mode=mode or ctypes.DEFAULT_MODE)
             except OSError as e:
                 raise CompileError(f"cannot load native library {path}: {e}") from e
         return _LOADED[path]
+
+
+_POOL: list[ctypes.CDLL] = []
+
+
+def _load_pool() -> ctypes.CDLL:
+    """rlx's thread pool (``csrc/rlx_omp.c``) built for the selected target and loaded
+    with ``RTLD_GLOBAL``, so the ``__kmpc_*`` / ``omp_*`` references of the kernel
+    libraries built for it bind to it. Once per process."""
+    if not _POOL:
+        src = omp_shim.SHIM_SOURCE.read_text()
+        lib = load(build(src, selected_target(), name=omp_shim.POOL_LIBRARY))
+        with _LOCK:
+            if not _POOL:
+                _POOL.append(lib)
+    return _POOL[0]
 
 
 def cache_info() -> CacheInfo:

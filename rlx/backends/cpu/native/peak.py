@@ -17,6 +17,12 @@ measurement says so). Results are cached per (threads, target) for the process.
 ymm alone, the AVX2 kernel for 8-bit weights) or the bf16 GEMM (:attr:`PeakKind.BF16`:
 ``vdpbf16ps`` zmm with AVX512_BF16) multiplies with; a multiply-add counts 2 ops. A target without that instruction gives
 ``available=False`` (bf16 then computes in f32: its peak is the FMA peak).
+
+On aarch64 the probes run 24 chains of NEON instructions: f32 ``FMLA .4s``; INT8
+``SMMLA`` on the i8mm target, ``SDOT .4s`` on dotprod, none on neon; INT8_DOT ``SDOT``
+wherever dotprod is; BF16 ``BFMMLA`` and BF16_DOT ``BFDOT .4s`` on i8mm (+bf16). INT16,
+INT8_DOT and BF16_DOT: x86-64's INT16 has no aarch64 counterpart and the two DOT kinds
+none on x86-64 (``available=False`` there).
 """
 
 from __future__ import annotations
@@ -60,7 +66,9 @@ class PeakMeasurement:
 
     @property
     def vector(self) -> str:
-        """``AVX-512 FMA`` / ``AVX2 FMA`` / ``4-lane mul+add``."""
+        """``AVX-512 FMA`` / ``AVX2 FMA`` / ``NEON FMLA`` / ``4-lane mul+add``."""
+        if self.target in _AARCH64:
+            return "NEON FMLA .4s"
         if self.fused:
             return {16: "AVX-512 FMA", 8: "AVX2 FMA"}.get(self.lanes, f"{self.lanes}-lane FMA")
         return f"{self.lanes}-lane mul+add"
@@ -147,6 +155,8 @@ class PeakKind(enum.Enum):
     INT8 = "int8"
     INT16 = "int16"
     BF16 = "bf16"
+    INT8_DOT = "int8 dot"
+    BF16_DOT = "bf16 dot"
 
 
 @dataclass(frozen=True)
@@ -164,6 +174,7 @@ class LowpPeak:
     target: Target
     best_seconds: float
     tries: int
+    chains: int = 12
 
     @property
     def available(self) -> bool:
@@ -175,16 +186,25 @@ class LowpPeak:
         if not self.available:
             return f"no {self.kind.value} multiply instruction on the {self.target.name} target"
         return (
-            f"measured: 12 independent {self.instruction} chains per thread on {self.ran} "
+            f"measured: {self.chains} independent {self.instruction} chains per thread on {self.ran} "
             f"thread(s), best of {self.tries} x {self.best_seconds * 1e3:.1f} ms"
         )
 
 
+_AARCH64 = (Target.NEON, Target.DOTPROD, Target.I8MM)
 _INSTRUCTIONS = {
     (PeakKind.INT8, 64): "vpdpbusd zmm",
     (PeakKind.INT8, 32): "vpmaddubsw + vpmaddwd ymm",
     (PeakKind.INT16, 16): "vpmaddwd ymm",
     (PeakKind.BF16, 32): "vdpbf16ps zmm",
+}
+#: aarch64: (kind, multiply-adds per instruction) -> its name
+_INSTRUCTIONS_A64 = {
+    (PeakKind.INT8, 32): "SMMLA",
+    (PeakKind.INT8, 16): "SDOT .4s",
+    (PeakKind.INT8_DOT, 16): "SDOT .4s",
+    (PeakKind.BF16, 16): "BFMMLA",
+    (PeakKind.BF16_DOT, 8): "BFDOT .4s",
 }
 
 
@@ -213,14 +233,18 @@ def measure_lowp_peak(
         PeakKind.INT8: (lib.rlx_peak_int8_ops, lib.rlx_peak_int8_run),
         PeakKind.INT16: (lib.rlx_peak_int16_ops, lib.rlx_peak_int16_run),
         PeakKind.BF16: (lib.rlx_peak_bf16_ops, lib.rlx_peak_bf16_run),
+        PeakKind.INT8_DOT: (lib.rlx_peak_int8dot_ops, lib.rlx_peak_int8dot_run),
+        PeakKind.BF16_DOT: (lib.rlx_peak_bf16dot_ops, lib.rlx_peak_bf16dot_run),
     }[kind]
     macs = int(ops_fn())
     if macs == 0:
         return LowpPeak(kind, 0.0, "none", 0, threads, 0, target, 0.0, 0)
     iters, best, ran = _time_probe(run, threads, seconds, tries)
-    ops = ran * iters * int(lib.rlx_peak_chains()) * macs * 2
+    chains = int(lib.rlx_peak_chains())
+    ops = ran * iters * chains * macs * 2
     gops = ops / best / 1e9 * (threads / ran)
-    return LowpPeak(kind, gops, _INSTRUCTIONS[kind, macs], macs, threads, ran, target, best, tries)
+    names = _INSTRUCTIONS_A64 if target in _AARCH64 else _INSTRUCTIONS
+    return LowpPeak(kind, gops, names[kind, macs], macs, threads, ran, target, best, tries, chains)
 
 
 @functools.cache

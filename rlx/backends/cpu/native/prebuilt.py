@@ -55,6 +55,15 @@ from rlx.backends.cpu.native.cpu import (
     target_spec,
     targets_of,
 )
+from rlx.backends.cpu.native.omp_shim import (
+    POOL_LIBRARY,
+    SHIM_SOURCE,
+    ThreadRuntime,
+    prepare_build_dir,
+    probe_shim,
+    runtime_of_flags,
+    shim_flags,
+)
 
 __all__ = [
     "CSRC",
@@ -199,6 +208,7 @@ def fixed_libraries(target: Target, vector_math: bool | None = None) -> tuple[Fi
     for name, (files, defines) in _CSRC_LIBS.items():
         libs.append(FixedLib(name, defines + csrc_source(*files)))
     libs.append(FixedLib("fma_peak", (CSRC / "fma_peak.c").read_text()))
+    libs.append(FixedLib(POOL_LIBRARY, SHIM_SOURCE.read_text()))
     return tuple(libs)
 
 
@@ -236,14 +246,19 @@ def _manifest(tdir: Path) -> dict[tuple[str, str | None], dict[str, object]]:
     return out
 
 
-def _expected_flags(target: Target, isa: Isa | None, openmp: bool) -> list[str]:
-    return list(gcc_flags(target_spec(target), isa, openmp))
+def _expected_flags(target: Target, isa: Isa | None, runtime: ThreadRuntime) -> list[str]:
+    # as omp_shim.build_flags, through this module's gcc_flags (tests override it)
+    pool = shim_flags() if runtime is ThreadRuntime.POOL else ()
+    return [*gcc_flags(target_spec(target), isa, runtime is ThreadRuntime.OPENMP), *pool]
 
 
-def find(source: str, isa: Isa | None, target: Target, name: str) -> Path | None:
+def find(
+    source: str, isa: Isa | None, target: Target, name: str, runtime: ThreadRuntime | None = None
+) -> Path | None:
     """The prebuilt library for this build request, or None (then it is built at run time):
     an entry of ``name`` and ``isa`` in ``target``'s manifest, built from exactly
-    ``source`` with exactly the options the run-time build would use, whose file exists."""
+    ``source`` with exactly the options the run-time build would use (for the threading
+    ``runtime``; None: the one the entry was built for), whose file exists."""
     tdir = PREBUILT_DIR / target.value
     entry = _manifest(tdir).get((name, None if isa is None else isa.name))
     if entry is None or entry.get("source_sha256") != source_hash(source):
@@ -251,7 +266,8 @@ def find(source: str, isa: Isa | None, target: Target, name: str) -> Path | None
     flags = entry.get("flags")
     if not isinstance(flags, list):
         return None
-    if flags != _expected_flags(target, isa, "-fopenmp" in flags):
+    want = runtime_of_flags(flags) if runtime is None else runtime
+    if flags != _expected_flags(target, isa, want):
         return None
     path = tdir / str(entry.get("file"))
     return path if path.is_file() else None
@@ -354,13 +370,17 @@ def gcc_key(gcc: str) -> str:
 
 
 def gcc_facts(gcc: str) -> dict[str, object] | None:
-    """``{"version": str, "openmp": bool}`` the install-time build probed for this very
-    gcc binary (:func:`gcc_key`), or None (another gcc, or no install-time build)."""
+    """``{"version": str, "openmp": bool}`` (and ``"shim": bool`` when probed) the
+    install-time build probed for this very gcc binary (:func:`gcc_key`), or None (another
+    gcc, or no install-time build)."""
     rec = install_status().get("gcc")
     try:
         if isinstance(rec, dict) and rec.get("key") == gcc_key(gcc):
             if isinstance(rec.get("version"), str) and isinstance(rec.get("openmp"), bool):
-                return {"version": rec["version"], "openmp": rec["openmp"]}
+                out = {"version": rec["version"], "openmp": rec["openmp"]}
+                if isinstance(rec.get("shim"), bool):
+                    out["shim"] = rec["shim"]
+                return out
     except OSError:
         pass
     return None
@@ -399,8 +419,8 @@ def describe_loaded() -> str:
 # ---- the install-time build -------------------------------------------------------------
 
 
-def _run(cmd: list[str]) -> tuple[int, str]:
-    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+def _run(cmd: list[str], cwd: str | None = None) -> tuple[int, str]:
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cwd)
     return r.returncode, r.stderr.strip()
 
 
@@ -480,11 +500,15 @@ def _build_targets(
     if only_targets is not None:
         targets = [t for t in targets if t in only_targets]
     openmp = probe_openmp(gcc)
+    shim = not openmp and probe_shim(gcc)
+    runtime = ThreadRuntime.OPENMP if openmp else ThreadRuntime.POOL if shim else ThreadRuntime.NONE
     st["gcc"] = {"key": gcc_key(gcc), "version": compiler, "openmp": openmp}
+    if not openmp:
+        st["gcc"]["shim"] = shim  # type: ignore[index]
     vm = _libmvec()
     work: list[tuple[Target, FixedLib, list[str]]] = []
     for t in targets:
-        probe = _expected_flags(t, None, False)
+        probe = _expected_flags(t, None, ThreadRuntime.NONE)
         ok, err = _gcc_builds(gcc, probe)
         if not ok:
             skipped = st["skipped"]
@@ -496,7 +520,7 @@ def _build_targets(
         for lib in fixed_libraries(t, vm):
             if only is not None and lib.name not in only:
                 continue
-            work.append((t, lib, _expected_flags(t, lib.isa, openmp)))
+            work.append((t, lib, _expected_flags(t, lib.isa, runtime)))
 
     def one(item: tuple[Target, FixedLib, list[str]]) -> tuple[Target, FixedLib, str | None]:
         t, lib, flags = item
@@ -506,7 +530,9 @@ def _build_targets(
             src = Path(d, f"{lib.name}.c")
             src.write_text(lib.source)
             tmp = Path(d, lib.file)
-            rc, err = _run([gcc, *flags, str(src), "-o", str(tmp)])
+            if runtime is ThreadRuntime.POOL:
+                prepare_build_dir(Path(d))
+            rc, err = _run([gcc, *flags, str(src), "-o", str(tmp)], cwd=d)
             if rc != 0:
                 return t, lib, f"exit {rc}: {err[-400:]}"
             os.replace(tmp, tdir / lib.file)

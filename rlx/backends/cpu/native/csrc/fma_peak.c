@@ -19,7 +19,18 @@
            the instruction of the AVX2 kernel for 8-bit weights; 0 ops without AVX2.
      bf16: vdpbf16ps on zmm (32 bf16 multiply-adds each) when the target has AVX512_BF16;
            none elsewhere (0 ops: the bf16 GEMM runs on the f32 FMA path there).
-   rlx_peak_int8_ops / rlx_peak_bf16_ops give the multiply-adds one instruction does. */
+   rlx_peak_int8_ops / rlx_peak_bf16_ops give the multiply-adds one instruction does.
+
+   aarch64 (NEON, behind the ACLE feature macros the targets' -march set), 24 chains
+   (FMLA latency 4 x 4 pipes on Neoverse V1 / V2 and Apple cores; 24 + 2 constants of the
+   32 vector registers):
+     f32: FMLA .4s (vfmaq_f32, 4 lanes, fused).
+     int8: SMMLA (vmmlaq_s32, 32 multiply-adds: a 2x8 by 8x2 int8 tile) on i8mm, the
+           int8 GEMM's instruction there; SDOT .4s (vdotq_s32, 16) on dotprod; none on
+           neon. rlx_peak_int8dot_run: SDOT alone (every target with dotprod).
+     bf16: BFMMLA (vbfmmlaq_f32, 16: 2x4 by 4x2 bf16 into f32) on i8mm (+bf16);
+           rlx_peak_bf16dot_run: BFDOT .4s (vbfdotq_f32, 8).
+   On x86-64 the int8dot / bf16dot probes do nothing (0 ops). */
 #include <stdint.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -27,9 +38,42 @@
 #if defined(__AVX512F__) || defined(__FMA__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define RLX_PEAK_NEON 1
+#endif
 
 #ifndef RLX_PEAK_CHAINS
+#ifdef RLX_PEAK_NEON
+#define RLX_PEAK_CHAINS 24
+#else
 #define RLX_PEAK_CHAINS 12
+#endif
+#endif
+
+#ifdef RLX_PEAK_NEON
+/* 24 chains of vector type T (named variables: gcc keeps an array of them in memory),
+   acc = STEP(acc) iters times, each chain's lanes summed by SUM into total. The
+   constants the steps read are made opaque first (RLX_OPAQUE): gcc 12 would otherwise
+   fold the bf16 ones into an fp16 `fmov` that the bf16 target does not have. */
+#define RLX_24(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) \
+    M(13) M(14) M(15) M(16) M(17) M(18) M(19) M(20) M(21) M(22) M(23)
+#define RLX_OPAQUE(v) __asm__("" : "+w"(v))
+/* the chains' type, start, step and lane sum: RLX_CH_T, RLX_CH_INIT(j), RLX_CH_STEP(x),
+   RLX_CH_SUM, defined just before each use */
+#define RLX_CH_DECL(j) RLX_CH_T acc##j = RLX_CH_INIT(j);
+#define RLX_CH_STEP1(j) acc##j = RLX_CH_STEP(acc##j);
+#define RLX_CH_ADD(j) total += RLX_CH_SUM(acc##j);
+#define RLX_NEON_PROBE()                                                                    \
+    do {                                                                                    \
+        RLX_24(RLX_CH_DECL)                                                                 \
+        for (int64_t i = 0; i < iters; i++) {                                               \
+            RLX_24(RLX_CH_STEP1)                                                            \
+        }                                                                                   \
+        RLX_24(RLX_CH_ADD)                                                                  \
+    } while (0)
+#define RLX_F32_INIT(j) vdupq_n_f32(1.0f + (float)(j))
+#define RLX_I32_INIT(j) vdupq_n_s32(j)
 #endif
 
 int rlx_peak_lanes(void) {
@@ -46,7 +90,7 @@ int rlx_peak_chains(void) { return RLX_PEAK_CHAINS; }
 
 /* 1 when the loop uses fused multiply-adds, 0 for a separate mul + add. */
 int rlx_peak_fused(void) {
-#if defined(__AVX512F__) || defined(__FMA__)
+#if defined(__AVX512F__) || defined(__FMA__) || defined(RLX_PEAK_NEON)
     return 1;
 #else
     return 0;
@@ -84,6 +128,20 @@ double rlx_peak_run(int64_t iters, int nthreads, int *used) {
             _mm256_storeu_ps(lanes, acc[j]);
             for (int l = 0; l < 8; l++) total += lanes[l];
         }
+#elif defined(RLX_PEAK_NEON)
+        float32x4_t a = vdupq_n_f32(0.999999f), b = vdupq_n_f32(1e-7f); /* acc grows 1e-7 a step */
+#define RLX_FMLA(x) vfmaq_f32(x, a, b) /* x += a * b: FMLA accumulates in place */
+        RLX_OPAQUE(a);
+        RLX_OPAQUE(b);
+#define RLX_CH_T float32x4_t
+#define RLX_CH_INIT RLX_F32_INIT
+#define RLX_CH_STEP RLX_FMLA
+#define RLX_CH_SUM vaddvq_f32
+        RLX_NEON_PROBE();
+#undef RLX_CH_T
+#undef RLX_CH_INIT
+#undef RLX_CH_STEP
+#undef RLX_CH_SUM
 #else
         rlx_v4f acc[RLX_PEAK_CHAINS];
         const rlx_v4f a = {0.999999f, 0.999999f, 0.999999f, 0.999999f};
@@ -150,6 +208,10 @@ int rlx_peak_int8_ops(void) {
     return 64;
 #elif defined(__AVX2__)
     return 32;
+#elif defined(RLX_PEAK_NEON) && defined(__ARM_FEATURE_MATMUL_INT8)
+    return 32;
+#elif defined(RLX_PEAK_NEON) && defined(__ARM_FEATURE_DOTPROD)
+    return 16;
 #else
     return 0;
 #endif
@@ -159,6 +221,8 @@ int rlx_peak_int8_ops(void) {
 int rlx_peak_bf16_ops(void) {
 #if defined(__AVX512BF16__)
     return 32;
+#elif defined(RLX_PEAK_NEON) && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+    return 16;
 #else
     return 0;
 #endif
@@ -184,6 +248,34 @@ double rlx_peak_int8_run(int64_t iters, int nthreads, int *used) {
         for (int j = 0; j < RLX_PEAK_CHAINS; j++) total += _mm512_reduce_add_epi32(acc[j]);
 #elif defined(__AVX2__)
         total += pair_loop(iters);
+#elif defined(RLX_PEAK_NEON) && defined(__ARM_FEATURE_MATMUL_INT8)
+        int8x16_t a = vdupq_n_s8(3), b = vdupq_n_s8(-2);
+#define RLX_SMMLA(x) vmmlaq_s32(x, a, b)
+        RLX_OPAQUE(a);
+        RLX_OPAQUE(b);
+#define RLX_CH_T int32x4_t
+#define RLX_CH_INIT RLX_I32_INIT
+#define RLX_CH_STEP RLX_SMMLA
+#define RLX_CH_SUM vaddvq_s32
+        RLX_NEON_PROBE();
+#undef RLX_CH_T
+#undef RLX_CH_INIT
+#undef RLX_CH_STEP
+#undef RLX_CH_SUM
+#elif defined(RLX_PEAK_NEON) && defined(__ARM_FEATURE_DOTPROD)
+        int8x16_t a = vdupq_n_s8(3), b = vdupq_n_s8(-2);
+#define RLX_SDOT(x) vdotq_s32(x, a, b)
+        RLX_OPAQUE(a);
+        RLX_OPAQUE(b);
+#define RLX_CH_T int32x4_t
+#define RLX_CH_INIT RLX_I32_INIT
+#define RLX_CH_STEP RLX_SDOT
+#define RLX_CH_SUM vaddvq_s32
+        RLX_NEON_PROBE();
+#undef RLX_CH_T
+#undef RLX_CH_INIT
+#undef RLX_CH_STEP
+#undef RLX_CH_SUM
 #else
         (void)iters;
 #endif
@@ -210,6 +302,23 @@ double rlx_peak_bf16_run(int64_t iters, int nthreads, int *used) {
         for (int64_t i = 0; i < iters; i++)
             for (int j = 0; j < RLX_PEAK_CHAINS; j++) acc[j] = _mm512_dpbf16_ps(acc[j], a, b);
         for (int j = 0; j < RLX_PEAK_CHAINS; j++) total += _mm512_reduce_add_ps(acc[j]);
+#elif defined(RLX_PEAK_NEON) && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+        uint32x4_t ai = vdupq_n_u32(0x3f803f80u), bi = vdupq_n_u32(0x33803380u);
+        RLX_OPAQUE(ai);
+        RLX_OPAQUE(bi);
+        bfloat16x8_t a = vreinterpretq_bf16_u32(ai), b = vreinterpretq_bf16_u32(bi);
+#define RLX_BFMMLA(x) vbfmmlaq_f32(x, a, b)
+        RLX_OPAQUE(a);
+        RLX_OPAQUE(b);
+#define RLX_CH_T float32x4_t
+#define RLX_CH_INIT RLX_F32_INIT
+#define RLX_CH_STEP RLX_BFMMLA
+#define RLX_CH_SUM vaddvq_f32
+        RLX_NEON_PROBE();
+#undef RLX_CH_T
+#undef RLX_CH_INIT
+#undef RLX_CH_STEP
+#undef RLX_CH_SUM
 #else
         (void)iters;
 #endif
@@ -240,6 +349,93 @@ double rlx_peak_int16_run(int64_t iters, int nthreads, int *used) {
 #endif
 #if defined(__AVX2__)
         total += madd_loop(iters);
+#else
+        (void)iters;
+#endif
+    }
+    *used = n;
+    return total;
+}
+
+/* Multiply-adds per SDOT of the int8 dot probe (0: no dotprod, and on x86-64). */
+int rlx_peak_int8dot_ops(void) {
+#if defined(RLX_PEAK_NEON) && defined(__ARM_FEATURE_DOTPROD)
+    return 16;
+#else
+    return 0;
+#endif
+}
+
+double rlx_peak_int8dot_run(int64_t iters, int nthreads, int *used) {
+    double total = 0.0;
+    int n = 1;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nthreads) reduction(+ : total)
+#endif
+    {
+#ifdef _OPENMP
+#pragma omp single
+        n = omp_get_num_threads();
+#endif
+#if defined(RLX_PEAK_NEON) && defined(__ARM_FEATURE_DOTPROD)
+        int8x16_t a = vdupq_n_s8(3), b = vdupq_n_s8(-2);
+#define RLX_SDOT1(x) vdotq_s32(x, a, b)
+        RLX_OPAQUE(a);
+        RLX_OPAQUE(b);
+#define RLX_CH_T int32x4_t
+#define RLX_CH_INIT RLX_I32_INIT
+#define RLX_CH_STEP RLX_SDOT1
+#define RLX_CH_SUM vaddvq_s32
+        RLX_NEON_PROBE();
+#undef RLX_CH_T
+#undef RLX_CH_INIT
+#undef RLX_CH_STEP
+#undef RLX_CH_SUM
+#else
+        (void)iters;
+#endif
+    }
+    *used = n;
+    return total;
+}
+
+/* Multiply-adds per BFDOT of the bf16 dot probe (0: no bf16, and on x86-64). */
+int rlx_peak_bf16dot_ops(void) {
+#if defined(RLX_PEAK_NEON) && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+    return 8;
+#else
+    return 0;
+#endif
+}
+
+double rlx_peak_bf16dot_run(int64_t iters, int nthreads, int *used) {
+    double total = 0.0;
+    int n = 1;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nthreads) reduction(+ : total)
+#endif
+    {
+#ifdef _OPENMP
+#pragma omp single
+        n = omp_get_num_threads();
+#endif
+#if defined(RLX_PEAK_NEON) && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+        uint32x4_t ai = vdupq_n_u32(0x3f803f80u), bi = vdupq_n_u32(0x33803380u);
+        RLX_OPAQUE(ai);
+        RLX_OPAQUE(bi);
+        bfloat16x8_t a = vreinterpretq_bf16_u32(ai), b = vreinterpretq_bf16_u32(bi);
+#define RLX_BFDOT(x) vbfdotq_f32(x, a, b)
+        RLX_OPAQUE(a);
+        RLX_OPAQUE(b);
+#define RLX_CH_T float32x4_t
+#define RLX_CH_INIT RLX_F32_INIT
+#define RLX_CH_STEP RLX_BFDOT
+#define RLX_CH_SUM vaddvq_f32
+        RLX_NEON_PROBE();
+#undef RLX_CH_T
+#undef RLX_CH_INIT
+#undef RLX_CH_STEP
+#undef RLX_CH_SUM
 #else
         (void)iters;
 #endif
