@@ -23,6 +23,7 @@ FLAGS = (
     "RLX_SGEMM",
     "RLX_DQ_ACT",
     "RLX_DQ_REPACK",
+    "RLX_DQ_BF16",
 )
 
 # flag -> its reader; the documented values (as given, in several cases) -> what is read
@@ -36,6 +37,7 @@ READ = {
     "RLX_SGEMM": config.sgemm,
     "RLX_DQ_ACT": config.dq_act,
     "RLX_DQ_REPACK": config.dq_repack,
+    "RLX_DQ_BF16": config.dq_bf16,
 }
 
 GOOD = [
@@ -54,6 +56,8 @@ GOOD = [
     ("RLX_DQ_ACT", "Q8", "q8"),
     ("RLX_DQ_REPACK", " Off", False),
     ("RLX_DQ_REPACK", "1", True),
+    ("RLX_DQ_BF16", "off", False),
+    ("RLX_DQ_BF16", " YES", True),
     ("RLX_NUM_THREADS", " 1 ", 1),
     ("RLX_NUM_THREADS", "01", 1),
     ("RLX_CACHE_MAX_MB", "3", 3 << 20),
