@@ -1,10 +1,11 @@
 /* dqgemm part 8 of 8 (see dqgemm.c): the exact decode GEMV (M = 1, f32 activations) on
- * AVX-512 with avx512_bf16 (vdpbf16ps): rlx_dq_gemv_bf16, for Q4_K, Q6_K and Q4_0.
+ * AVX-512 with avx512_bf16 (vdpbf16ps): rlx_dq_gemv_bf16, for Q4_K, Q6_K, Q5_0 and
+ * Q4_0.
  *
  * vdpbf16ps multiplies pairs of bf16 values (8 significant bits each) and adds both
  * products to an f32 lane: a product of two bf16 values has at most 16 significant bits,
  * so it is exact in f32, and only the additions round (RNE), as in an f32 FMA chain.
- *   - a weight's integer code (Q4_K 0..15, Q6_K -32..31, Q4_0 -8..7) is exact in bf16:
+ *   - a weight's integer code (Q4_K 0..15, Q6_K -32..31, Q5_0 -16..15, Q4_0 -8..7) is exact in bf16:
  *     the packed bytes are widened to 16-bit words and looked up in a table of the codes'
  *     bf16 bits (vpermw, 32 entries; vpermt2w, 64 entries for Q6_K);
  *   - each f32 activation x is split once per call (shared by every row) into bf16 parts
@@ -205,6 +206,38 @@ static inline __attribute__((always_inline)) void grp_q4_0(int G, const uint8_t 
     for (int r = 0; r < G; r++) y[r] = _mm512_reduce_add_ps(t[r]);
 }
 
+/* ---- Q5_0: 22-byte blocks (half d, u32 qh, u8 qs[16]); output l is d (q - 16), q the low
+ * nibble of qs[l] | bit l of qh << 4 (l < 16), the high nibble of qs[l - 16] | bit l of qh
+ * << 4 above. ---- */
+static inline __attribute__((always_inline)) void grp_q5_0(int G, const uint8_t *p, long st,
+                                                          long nb, const uint16_t *xp, long K,
+                                                          int P, const float *xs, float *y) {
+    (void)xs;
+    __m512i tb[2];
+    code_table(-16, 32, tb);
+    const __m512i m15 = _mm512_set1_epi16(15), c16 = _mm512_set1_epi16(16);
+    __m512 t[8];
+    for (int r = 0; r < G; r++) t[r] = _mm512_setzero_ps();
+    for (long b = 0; b < nb; b++, p += st, xp += 32) {
+        if ((b & 3) == 0)
+            for (int o = 0; o < 4 * G * 22; o += 64) __builtin_prefetch(p + PF_AHEAD + o, 0, 3);
+        for (int r = 0; r < G; r++) {
+            const uint8_t *q = p + r * 22;
+            uint32_t qh;
+            memcpy(&qh, q + 2, 4);
+            __m128i v = _mm_loadu_si128((const __m128i *)(q + 6));
+            __m512i nib = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_srli_epi16(v, 4), v));
+            /* (nib & 15) | 16 where the qh bit is set: ternary logic A & B | C */
+            __m512i idx = _mm512_ternarylogic_epi32(nib, m15, _mm512_maskz_mov_epi16(qh, c16),
+                                                    0xEA);
+            __m512i c = _mm512_permutexvar_epi16(idx, tb[0]);
+            __m512 a = dot32(c, xp, K, P);
+            t[r] = _mm512_fmadd_ps(_mm512_set1_ps(hf(q)), a, t[r]);
+        }
+    }
+    for (int r = 0; r < G; r++) y[r] = _mm512_reduce_add_ps(t[r]);
+}
+
 /* G rows (G = 8, 4 or 1) from p (row r's block b at p + b st + r bb) */
 #define BF16_GROUPS(name, fn)                                                              \
     static void name(int G, const uint8_t *p, long st, long nb, const uint16_t *xp, long K, \
@@ -219,12 +252,13 @@ static inline __attribute__((always_inline)) void grp_q4_0(int G, const uint8_t 
 BF16_GROUPS(bf16_q4_k, grp_q4_k)
 BF16_GROUPS(bf16_q6_k, grp_q6_k)
 BF16_GROUPS(bf16_q4_0, grp_q4_0)
+BF16_GROUPS(bf16_q5_0, grp_q5_0)
 #endif
 
 /* 1 when rlx_dq_gemv_bf16 runs scheme `code` in this build */
 int rlx_dq_bf16_ok(int code) {
 #ifdef BF16DOT
-    return code == S_Q4_K || code == S_Q6_K || code == S_Q4_0;
+    return code == S_Q4_K || code == S_Q6_K || code == S_Q4_0 || code == S_Q5_0;
 #else
     (void)code;
     return 0;
@@ -272,6 +306,7 @@ int rlx_dq_gemv_bf16(int code, long qk, long bb, long N, long K, const float *x,
         switch (code) {
         case S_Q4_K: bf16_q4_k(g, p, st, s.nb, xp, K, P, xs, y + n0); break;
         case S_Q6_K: bf16_q6_k(g, p, st, s.nb, xp, K, P, xs, y + n0); break;
+        case S_Q5_0: bf16_q5_0(g, p, st, s.nb, xp, K, P, xs, y + n0); break;
         default: bf16_q4_0(g, p, st, s.nb, xp, K, P, xs, y + n0); break;
         }
     }
