@@ -109,6 +109,13 @@ static inline void code_table(int lo, int n, __m512i t[2]) {
 #define PF_AHEAD 4096
 #endif
 
+/* the f16 at p in all 16 lanes (vpbroadcastw + vcvtph2ps) */
+static inline __m512 hf16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
+}
+
 /* ---- Q4_K: 144-byte blocks (half d, half dmin, 12 bytes of 6-bit scales / mins, 128 bytes
  * of nibbles); output 64 c + l is d sc_{2c} q - dmin m_{2c} (low nibble of qs[32 c + l],
  * l < 32), 64 c + 32 + l the high nibble with sc_{2c+1}, m_{2c+1}. ---- */
@@ -200,7 +207,7 @@ static inline __attribute__((always_inline)) void grp_q4_0(int G, const uint8_t 
             __m256i nib = _mm256_set_m128i(_mm_srli_epi16(v, 4), v); /* low 4 bits index */
             __m512i c = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(nib), tb[0]);
             __m512 a = dot32(c, xp, K, P);
-            t[r] = _mm512_fmadd_ps(_mm512_set1_ps(hf(p + r * 18)), a, t[r]);
+            t[r] = _mm512_fmadd_ps(hf16(p + r * 18), a, t[r]);
         }
     }
     for (int r = 0; r < G; r++) y[r] = _mm512_reduce_add_ps(t[r]);
@@ -232,7 +239,7 @@ static inline __attribute__((always_inline)) void grp_q5_0(int G, const uint8_t 
                                                     0xEA);
             __m512i c = _mm512_permutexvar_epi16(idx, tb[0]);
             __m512 a = dot32(c, xp, K, P);
-            t[r] = _mm512_fmadd_ps(_mm512_set1_ps(hf(q)), a, t[r]);
+            t[r] = _mm512_fmadd_ps(hf16(q), a, t[r]);
         }
     }
     for (int r = 0; r < G; r++) y[r] = _mm512_reduce_add_ps(t[r]);
