@@ -1,20 +1,22 @@
 /* dqgemm part 8 of 8 (see dqgemm.c): the exact decode GEMV (M = 1, f32 activations) on
- * AVX-512 with avx512_bf16 (vdpbf16ps): rlx_dq_gemv_bf16, for Q4_K, Q6_K, Q5_0 and
- * Q4_0.
+ * AVX-512 with avx512_bf16 (vdpbf16ps): rlx_dq_gemv_bf16, for Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q4_K, Q5_K and Q6_K (Q8_0, Q2_K, Q3_K keep the f32 kernels: see the end of this note).
  *
  * vdpbf16ps multiplies pairs of bf16 values (8 significant bits each) and adds both
  * products to an f32 lane: a product of two bf16 values has at most 16 significant bits,
  * so it is exact in f32, and only the additions round (RNE), as in an f32 FMA chain.
- *   - a weight's integer code (Q4_K 0..15, Q6_K -32..31, Q5_0 -16..15, Q4_0 -8..7) is exact in bf16:
- *     the packed bytes are widened to 16-bit words and looked up in a table of the codes'
- *     bf16 bits (vpermw, 32 entries; vpermt2w, 64 entries for Q6_K);
+ *   - a weight's integer code (Q4_0 -8..7, Q5_0 -16..15, Q4_1 / Q4_K 0..15, Q5_1 / Q5_K
+ *     0..31, Q6_K -32..31) is exact in bf16: the packed bytes are widened to 16-bit words
+ *     and looked up in a table of the codes' bf16 bits (vpermw, 32 entries; vpermt2w, 64
+ *     entries for Q6_K);
  *   - each f32 activation x is split once per call (shared by every row) into bf16 parts
  *     x = h + m + l: h = x rounded to 8 significant bits (RNE; truncated when rounding
  *     would overflow), m = (x - h) rounded the same way, l = x - h - m (x - h and l are
  *     exact f32 differences; l has at most 8 significant bits left, so l is exact in bf16).
  * A sub-block's sum of code * part products is scaled by its f32 scale d * sc afterwards
- * (one FMA per sub-block and row) and Q4_K's min term is dmin m_j times the per-32 sums of
- * X (f32, once per call), as the f32 kernels do (dqgemm_rows_gguf.c).
+ * (one FMA per sub-block and row) and a min term (Q4_1 / Q5_1 m, Q4_K / Q5_K dmin m_j) is
+ * the min times the per-32 sums of X (f32, once per call), as the f32 kernels do
+ * (dqgemm_rows_gguf.c).
  *
  * Error: with the three parts the products are those of the exact x; with two (h + m) each
  * term errs by |q l| <= 2^-16 |q x| (|x - h| <= 2^-8 |x|, |l| <= 2^-8 |x - h|). The f32
@@ -32,7 +34,12 @@
  * sequential stream, each X part load shared by the R rows; rows outside a group (the
  * N % R tail, or R = 1) run one at a time. Threads: OpenMP over groups, dynamic chunks of
  * ~32 KB of weight, as gemv. Only built with __AVX512BF16__ (the AVX-512 target on a CPU
- * with avx512_bf16): elsewhere rlx_dq_bf16_ok says 0 and the f32 kernels run. */
+ * with avx512_bf16): elsewhere rlx_dq_bf16_ok says 0 and the f32 kernels run.
+ *
+ * Not here: Q8_0's codes (-128..127) have no cheap bf16 conversion (a 256-entry table is
+ * four vpermt2w, the f32 route is vpmovsxbd + vcvtdq2ps + vcvtne2ps2bf16 per 32, one op
+ * more than the f32 kernel's convert + FMA), and with two parts vdpbf16ps does the same 16
+ * multiply-adds of x per instruction as an FMA: nothing to gain. Q2_K / Q3_K: not done. */
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && VW == 16 && FUSED
 #define BF16DOT 1
@@ -245,6 +252,102 @@ static inline __attribute__((always_inline)) void grp_q5_0(int G, const uint8_t 
     for (int r = 0; r < G; r++) y[r] = _mm512_reduce_add_ps(t[r]);
 }
 
+/* ---- Q4_1 (20-byte blocks: half d, half m, u8 qs[16]; w = d q + m) and Q5_1 (24-byte
+ * blocks: half d, half m, u32 qh, u8 qs[16]; w = d q5 + m): codes as Q4_0 / Q5_0 without
+ * the offset, the min m times the block's sum of X (xs) added per row in f32. ---- */
+static inline __attribute__((always_inline)) void grp_q41_q51(int G, int five,
+                                                             const uint8_t *p, long st,
+                                                             long nb, const uint16_t *xp,
+                                                             long K, int P, const float *xs,
+                                                             float *y) {
+    __m512i tb[2];
+    code_table(0, 32, tb); /* Q4_1 indices keep bit 4 clear */
+    const __m512i m15 = _mm512_set1_epi16(15), c16 = _mm512_set1_epi16(16);
+    const int bb = five ? 24 : 20, qs = five ? 8 : 4;
+    __m512 t[8];
+    float mt[8];
+    for (int r = 0; r < G; r++) t[r] = _mm512_setzero_ps(), mt[r] = 0.0f;
+    for (long b = 0; b < nb; b++, p += st, xp += 32, xs++) {
+        if ((b & 3) == 0)
+            for (int o = 0; o < 4 * G * bb; o += 64) __builtin_prefetch(p + PF_AHEAD + o, 0, 3);
+        for (int r = 0; r < G; r++) {
+            const uint8_t *q = p + r * bb;
+            __m128i v = _mm_loadu_si128((const __m128i *)(q + qs));
+            __m512i nib = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_srli_epi16(v, 4), v));
+            __m512i hb = _mm512_setzero_si512();
+            if (five) {
+                uint32_t qh;
+                memcpy(&qh, q + 4, 4);
+                hb = _mm512_maskz_mov_epi16(qh, c16);
+            }
+            __m512i idx = _mm512_ternarylogic_epi32(nib, m15, hb, 0xEA); /* A & B | C */
+            __m512 a = dot32(_mm512_permutexvar_epi16(idx, tb[0]), xp, K, P);
+            t[r] = _mm512_fmadd_ps(hf16(q), a, t[r]);
+            mt[r] += hf(q + 2) * xs[0];
+        }
+    }
+    for (int r = 0; r < G; r++) y[r] = _mm512_reduce_add_ps(t[r]) + mt[r];
+}
+static inline __attribute__((always_inline)) void grp_q4_1(int G, const uint8_t *p, long st,
+                                                          long nb, const uint16_t *xp, long K,
+                                                          int P, const float *xs, float *y) {
+    grp_q41_q51(G, 0, p, st, nb, xp, K, P, xs, y);
+}
+static inline __attribute__((always_inline)) void grp_q5_1(int G, const uint8_t *p, long st,
+                                                          long nb, const uint16_t *xp, long K,
+                                                          int P, const float *xs, float *y) {
+    grp_q41_q51(G, 1, p, st, nb, xp, K, P, xs, y);
+}
+
+/* words with bit `bit` of hv moved to bit 4 (the other bits are not used) */
+static inline __m512i bit_to4(__m512i hv, int bit) {
+    if (bit < 4) return _mm512_slli_epi16(hv, (unsigned)(4 - bit));
+    return _mm512_srli_epi16(hv, (unsigned)(bit - 4));
+}
+
+/* ---- Q5_K: 176-byte blocks (half d, half dmin, 12 bytes of scales / mins as Q4_K, u8
+ * qh[32], u8 qs[128]); output 32 j + l is d sc_j q - dmin m_j, q = the nibble of qs[32 (j /
+ * 2) + l] (low for even j) | bit j of qh[l] << 4. ---- */
+static inline __attribute__((always_inline)) void grp_q5_k(int G, const uint8_t *p, long st,
+                                                          long nb, const uint16_t *xp, long K,
+                                                          int P, const float *xs, float *y) {
+    __m512i tb[2];
+    code_table(0, 32, tb);
+    const __m512i m15 = _mm512_set1_epi16(15);
+    __m512 t[8];
+    __m256 mins[8];
+    for (int r = 0; r < G; r++) t[r] = _mm512_setzero_ps(), mins[r] = _mm256_setzero_ps();
+    for (long b = 0; b < nb; b++, p += st, xp += 256, xs += 8) {
+        for (int o = 0; o < G * 176; o += 64) __builtin_prefetch(p + PF_AHEAD + o, 0, 3);
+        float dsc[8][8];
+        __m256 xs8 = _mm256_loadu_ps(xs);
+        for (int r = 0; r < G; r++) {
+            const uint8_t *q = p + r * 176;
+            __m256 scf, mf;
+            q4k_scales_mins(q, &scf, &mf);
+            _mm256_storeu_ps(dsc[r], _mm256_mul_ps(_mm256_set1_ps(hf(q)), scf));
+            mins[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(hf(q + 2)), mf), xs8, mins[r]);
+        }
+        for (int c = 0; c < 4; c++) {
+            for (int r = 0; r < G; r++) {
+                const uint8_t *q = p + r * 176;
+                __m512i hv = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(q + 16)));
+                __m512i w = _mm512_cvtepu8_epi16(
+                    _mm256_loadu_si256((const __m256i *)(q + 48 + 32 * c)));
+                /* bits 0-3 from the nibble, bit 4 from qh: (B ? A : C) with B = 15 */
+                __m512i ilo = _mm512_ternarylogic_epi32(w, m15, bit_to4(hv, 2 * c), 0xE2);
+                __m512i ihi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(w, 4), m15,
+                                                        bit_to4(hv, 2 * c + 1), 0xE2);
+                __m512 alo = dot32(_mm512_permutexvar_epi16(ilo, tb[0]), xp + 64 * c, K, P);
+                __m512 ahi = dot32(_mm512_permutexvar_epi16(ihi, tb[0]), xp + 64 * c + 32, K, P);
+                t[r] = _mm512_fmadd_ps(_mm512_set1_ps(dsc[r][2 * c]), alo, t[r]);
+                t[r] = _mm512_fmadd_ps(_mm512_set1_ps(dsc[r][2 * c + 1]), ahi, t[r]);
+            }
+        }
+    }
+    for (int r = 0; r < G; r++) y[r] = _mm512_reduce_add_ps(t[r]) - hsum8(mins[r]);
+}
+
 /* G rows (G = 8, 4 or 1) from p (row r's block b at p + b st + r bb) */
 #define BF16_GROUPS(name, fn)                                                              \
     static void name(int G, const uint8_t *p, long st, long nb, const uint16_t *xp, long K, \
@@ -260,12 +363,19 @@ BF16_GROUPS(bf16_q4_k, grp_q4_k)
 BF16_GROUPS(bf16_q6_k, grp_q6_k)
 BF16_GROUPS(bf16_q4_0, grp_q4_0)
 BF16_GROUPS(bf16_q5_0, grp_q5_0)
+BF16_GROUPS(bf16_q4_1, grp_q4_1)
+BF16_GROUPS(bf16_q5_1, grp_q5_1)
+BF16_GROUPS(bf16_q5_k, grp_q5_k)
 #endif
 
 /* 1 when rlx_dq_gemv_bf16 runs scheme `code` in this build */
 int rlx_dq_bf16_ok(int code) {
 #ifdef BF16DOT
-    return code == S_Q4_K || code == S_Q6_K || code == S_Q4_0 || code == S_Q5_0;
+    switch (code) {
+    case S_Q4_0: case S_Q4_1: case S_Q5_0: case S_Q5_1: case S_Q4_K: case S_Q5_K: case S_Q6_K:
+        return 1;
+    default: return 0;
+    }
 #else
     (void)code;
     return 0;
@@ -287,8 +397,8 @@ int rlx_dq_gemv_bf16(int code, long qk, long bb, long N, long K, const float *x,
     }
     dq_t s = {code, qk, bb, K / qk, row_bytes, w, 0, 0, 0, N, R};
     int P = K >= 256 ? 2 : 3; /* the bound: see the top of this file */
-    long nxs = code == S_Q4_K ? K / 32 : 0;
-    /* parts (P K words) then the per-32 sums of X (Q4_K's min term) */
+    long nxs = (code == S_Q4_K || code == S_Q5_K || code == S_Q4_1 || code == S_Q5_1) ? K / 32 : 0;
+    /* parts (P K words) then the per-32 sums of X (the min terms) */
     uint16_t *xp = (uint16_t *)aligned_alloc(64, (size_t)((P * K * 2 + nxs * 4 + 63) / 64 * 64));
     if (!xp) return 1;
     float *xs = (float *)(xp + P * K);
@@ -314,6 +424,9 @@ int rlx_dq_gemv_bf16(int code, long qk, long bb, long N, long K, const float *x,
         case S_Q4_K: bf16_q4_k(g, p, st, s.nb, xp, K, P, xs, y + n0); break;
         case S_Q6_K: bf16_q6_k(g, p, st, s.nb, xp, K, P, xs, y + n0); break;
         case S_Q5_0: bf16_q5_0(g, p, st, s.nb, xp, K, P, xs, y + n0); break;
+        case S_Q4_1: bf16_q4_1(g, p, st, s.nb, xp, K, P, xs, y + n0); break;
+        case S_Q5_1: bf16_q5_1(g, p, st, s.nb, xp, K, P, xs, y + n0); break;
+        case S_Q5_K: bf16_q5_k(g, p, st, s.nb, xp, K, P, xs, y + n0); break;
         default: bf16_q4_0(g, p, st, s.nb, xp, K, P, xs, y + n0); break;
         }
     }
