@@ -26,6 +26,8 @@ gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not installed")
 
 BF16_NAMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+#: the schemes whose min term is applied apart (w = d q + m: m times the sum of X)
+MIN_TERM = ("Q4_1", "Q5_1", "Q4_K", "Q5_K")
 HAS_BF16 = "avx512_bf16" in cpu.cpu_flags() and cpu.Target.AVX512 in cpu.runnable_targets()
 needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has no avx512_bf16")
 
@@ -151,3 +153,30 @@ def test_bf16_gemv_flt_max_against_zero_codes() -> None:
         got = _run(lib, scheme, x, packed, n, k, 8, 1)
         assert np.isfinite(got).all()
         check_close(got, x, np.asarray(w, np.float32))
+
+
+@needs_bf16
+@pytest.mark.parametrize("name", BF16_NAMES)
+def test_bf16_gemv_non_finite_activations(name) -> None:
+    """An inf activation gives the f64 product's +-inf (or NaN) per row (for a scheme with
+    a min term, as in the f32 kernels, the split sums may give NaN instead), a NaN gives
+    NaN: K at the scheme's minimum and 2048."""
+    scheme = S.GGUF_SCHEMES[name]()
+    lib = dqgemm_lib(cpu.Target.AVX512)
+    rng = np.random.default_rng(zlib.crc32(f"{name}inf".encode()))
+    for k in (scheme.block_size, 2048):
+        n = 13
+        (packed,), w = make_weight(scheme, n, k, rng)
+        x = _activations("normal", k, rng)
+        x[0, 3] = np.inf
+        with np.errstate(invalid="ignore"):
+            want = x.astype(np.float64) @ w.astype(np.float64).T
+        got = _run(lib, scheme, x, packed, n, k, 8, 1)
+        if name in MIN_TERM:  # inf * (d q) and inf * m apart: inf - inf may be NaN
+            assert (np.isnan(got) | (got == want)).all()
+        else:
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            fin = ~np.isnan(want)
+            np.testing.assert_array_equal(got[fin], want[fin])  # +-inf
+        x[0, 3] = np.nan
+        assert np.isnan(_run(lib, scheme, x, packed, n, k, 8, 1)).all()

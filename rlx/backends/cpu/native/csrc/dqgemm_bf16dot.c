@@ -24,6 +24,8 @@
  * on |d sc q| + |dmin m|), leaves room for that at K >= 256: 2^-16 + n 2^-24 <= 2^-15 for an
  * addition chain of n <= 64 per lane (here n <= 4 per sub-block + K / 32 + 4). So two parts
  * from K = 256 up, three below (the 32-weight layouts' small K).
+ * Non-finite x: +-inf is its own h (no rest), NaN a quiet NaN: the results are the f32
+ * kernels' (+-inf, or NaN where an inf meets a zero code or another inf of opposite sign).
  * Denormals: vdpbf16ps reads bf16 inputs below 2^-126 as zero and flushes results below it;
  * a part below that range (an |x| under ~2^-110, or x itself denormal) is dropped: an
  * absolute error under 2^-125 per weight code unit times its scale, far below what any
@@ -77,7 +79,14 @@ static void split_x(const float *x, long K, int P, uint16_t *xp) {
         for (int t = 0; t < 2; t++) {
             __m512 xv = _mm512_loadu_ps(x + j + 16 * t);
             __m512i h = bf16_rne(_mm512_castps_si512(xv));
-            __m512 r = _mm512_sub_ps(xv, _mm512_castsi512_ps(h)); /* exact (Sterbenz) */
+            /* +-inf: h = x, no rest; NaN: a quiet NaN (rounding could make it inf) */
+            __mmask16 fin = _mm512_cmpneq_epi32_mask(
+                _mm512_and_si512(_mm512_castps_si512(xv), _mm512_set1_epi32(0x7F800000)),
+                _mm512_set1_epi32(0x7F800000));
+            __mmask16 nan = _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q);
+            h = _mm512_mask_mov_epi32(h, nan, _mm512_set1_epi32(0x7FC00000));
+            /* exact (Sterbenz: h within a factor 2 of x) */
+            __m512 r = _mm512_maskz_sub_ps(fin, xv, _mm512_castsi512_ps(h));
             __m512i m = bf16_rne(_mm512_castps_si512(r));
             __m512 l = _mm512_sub_ps(r, _mm512_castsi512_ps(m)); /* exact, <= 8 bits */
             hv[t] = h, mv[t] = m, lv[t] = _mm512_castps_si512(l);
