@@ -43,9 +43,10 @@ RLX_DQ_REPACK=1|0        GGUF weights read in place from their file: 1 (the defa
                          one pass; 0 keeps them as stored (benchmarks, tests)
 RLX_DQ_BF16=1|0          the exact (f32 activation) decode GEMV of Q4_0, Q4_1, Q5_0, Q5_1,
                          Q4_K, Q5_K, Q6_K weights: 1 (the default) runs the bf16 kernel
-                         (csrc/dqgemm_bf16dot.c: activations split into exact bf16 parts)
-                         where the CPU has avx512_bf16; 0 keeps the f32 FMA kernels
-                         (comparisons). Results stay within the f32 accumulation bound.
+                         (csrc/dqgemm_bf16dot.c: activations split into exact bf16 parts;
+                         Q8_0 there on f32 FMAs over whole row groups) where the CPU has
+                         avx512_bf16; 0 keeps the f32 FMA kernels (comparisons). Results
+                         stay within the f32 accumulation bound.
 
 Each flag accepts exactly the values listed: words in any case, surrounding whitespace
 ignored. An unset flag takes its default; a flag set to an empty value is an error (except

@@ -1,5 +1,6 @@
 """The bf16 dot-product decode GEMV (``csrc/dqgemm_bf16dot.c``: exact bf16 parts of the f32
-activations, ``vdpbf16ps``) for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K, against NumPy f64 products of
+activations, ``vdpbf16ps``) for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (and its f32
+group kernel for Q8_0), against NumPy f64 products of
 the weights ``gguf.quants`` decodes, within the f32 accumulation bound of
 test_quant_dequant.check_close: K at each scheme's minimum (32 / 256) and at the two-part
 threshold (224: three parts, 256: two), N with tails of every row group (1, 7, 13, 37)
@@ -25,7 +26,8 @@ from tests.cpu.kernels.test_quant_dequant import check_close, make_weight
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not installed")
 
-BF16_NAMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+#: the schemes rlx_dq_gemv_bf16 runs (Q8_0 on its f32 group kernel)
+BF16_NAMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 #: the schemes whose min term is applied apart (w = d q + m: m times the sum of X)
 MIN_TERM = ("Q4_1", "Q5_1", "Q4_K", "Q5_K")
 HAS_BF16 = "avx512_bf16" in cpu.cpu_flags() and cpu.Target.AVX512 in cpu.runnable_targets()
@@ -55,7 +57,7 @@ def _run(lib, scheme, x, packed, n, k, rows, threads):
 
 
 def test_selected_where_the_cpu_has_avx512_bf16(monkeypatch) -> None:
-    """bf16_dot is on for the seven schemes on the AVX-512 target exactly when the CPU has
+    """bf16_dot is on for the eight schemes on the AVX-512 target exactly when the CPU has
     avx512_bf16, never on AVX2 / portable nor for other schemes; uses_bf16 only at one
     f32 activation row and with RLX_DQ_BF16 on."""
     for target in cpu.runnable_targets():

@@ -21,9 +21,10 @@ A GGUF weight may be stored with its rows interleaved by R = 4 or 8 (``csrc/dq_l
 takes ``rows=R`` (1: as stored in the file) and every kernel reads either layout.
 
 On a CPU with avx512_bf16 (the AVX-512 target), the exact decode GEMV (one f32 activation
-row) of Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K runs ``csrc/dqgemm_bf16dot.c`` (``vdpbf16ps`` on exact bf16
-parts of the activations, within the same f32 accumulation bound; :meth:`DqGemmLib.uses_bf16`,
-RLX_DQ_BF16=0 turns it off).
+row) of Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K runs ``csrc/dqgemm_bf16dot.c``
+(``vdpbf16ps`` on exact bf16 parts of the activations, within the same f32 accumulation
+bound), and Q8_0 that file's f32 FMA kernel over whole row groups
+(:meth:`DqGemmLib.uses_bf16`; RLX_DQ_BF16=0 turns both off).
 """
 
 from __future__ import annotations
@@ -326,7 +327,7 @@ class DqGemmLib:
     def bf16_dot(self, scheme: S.QuantScheme) -> bool:
         """Whether this build has the bf16 dot-product decode GEMV for ``scheme``
         (``csrc/dqgemm_bf16dot.c``: the AVX-512 target on a CPU with avx512_bf16;
-        Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)."""
+        Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, and Q8_0 on its f32 group kernel)."""
         code = _GGUF_CODES.get(type(scheme))
         return code is not None and bool(self.lib.rlx_dq_bf16_ok(code))
 
