@@ -22,9 +22,9 @@
  * Error: with the three parts the products are those of the exact x; with two (h + m) each
  * term errs by |q l| <= 2^-16 |q x| (|x - h| <= 2^-8 |x|, |l| <= 2^-8 |x - h|). The f32
  * accumulation bound the kernels keep, K 2^-23 sum |x| |w| (and for a split min term the same
- * on |d sc q| + |dmin m|), leaves room for that at K >= 256: 2^-16 + n 2^-24 <= 2^-15 for an
- * addition chain of n <= 64 per lane (here n <= 4 per sub-block + K / 32 + 4). So two parts
- * from K = 256 up, three below (the 32-weight layouts' small K).
+ * on |d sc q| + |dmin m|), leaves room for that from K = 256: 2^-16 + n 2^-24 <= K 2^-23
+ * for the addition chain per lane here, n <= 8 + K / 32 (at K = 256, 16 2^-24 + 2^-16 <
+ * 2^-15). So two parts from K = 256 up, three below (the 32-weight layouts' small K).
  * Non-finite x: +-inf is its own h (no rest), NaN a quiet NaN: the results are the f32
  * kernels' (+-inf, or NaN where an inf meets a zero code or another inf of opposite sign).
  * Denormals: vdpbf16ps reads bf16 inputs below 2^-126 as zero and flushes results below it;
