@@ -96,7 +96,7 @@ def report(a, runs: dict[str, list[dict]], started: str, path: str) -> str:  # n
     for t in a.threads:
         ref = runs.get(f"llama|{t}", [])
         ld = _med(ref, "decode_tps")
-        for e in ("rlx", "rlx-q8", "rlx-norepack", "llama", "torch"):
+        for e in ("rlx", "rlx-fma", "rlx-q8", "rlx-norepack", "llama", "torch"):
             rows = runs.get(f"{e}|{t}")
             if rows is None:
                 continue
@@ -116,7 +116,7 @@ def report(a, runs: dict[str, list[dict]], started: str, path: str) -> str:  # n
                 rp.append(f"{p / lp:.2f}" if p and lp else "n/a")
             rb = f"{d / (bw[t] * 1e9 / size):.2f}" if d and t in bw else "n/a"
             name = {
-                "rlx": "rlx", "rlx-q8": "rlx (RLX_DQ_ACT=q8)",
+                "rlx": "rlx", "rlx-q8": "rlx (RLX_DQ_ACT=q8)", "rlx-fma": "rlx (RLX_DQ_BF16=0)",
                 "rlx-norepack": "rlx (RLX_DQ_REPACK=0)", "llama": "llama.cpp",
                 "torch": "PyTorch eager",
             }[e]  # fmt: skip

@@ -3,13 +3,14 @@ in GB/s of packed weight bytes, against the streaming read bandwidth measured in
 run.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/gemv_schemes.py \\
-        [--targets avx512 avx2] [--threads 1 2] [--acts f32 q8] [--rounds 2] [--reps 3] \\
+        [--targets avx512 avx2] [--threads 1 2] [--acts f32 q8 f32fma] [--rounds 2] [--reps 3] \\
         [--working-set-mb 256] [--rows 1 R] [--json FILE] [--baseline FILE] [--out FILE.md]
 
 One process per target (``dqgemm_lib(target)``: the kernels ``RLX_ISA=<target>`` builds),
 rounds interleaved over targets. Per scheme and shape, ``DqGemmLib.bind`` at M = 1 with
 each ``--acts`` mode (``f32``: the exact path, RLX_DQ_ACT's default; ``q8``: int8
-activations, for the schemes of ``dqgemm.Q8_SCHEMES`` only), each call reading another copy of
+activations, for the schemes of ``dqgemm.Q8_SCHEMES`` only; ``f32fma``: the exact path
+with RLX_DQ_BF16=0, the f32 FMA kernels instead of the bf16 dot-product one), each call reading another copy of
 the packed weight, cycling through copies that fill ``--working-set-mb`` (weights come
 from DRAM as in a decode step: each byte read once per token). Shapes (y[N] = W[N, K] x):
 2048 x 2048 and Gemma-3-270M's FFN down projection K 2048 x N 640 (K a multiple of 256,
@@ -110,9 +111,18 @@ def worker(args: argparse.Namespace, target_name: str) -> dict:
                     for act in args.acts:
                         if act == "q8" and not uses_q8(scheme, 1, act):
                             continue
+                        # f32fma: the exact path on the f32 FMA kernels (RLX_DQ_BF16=0)
+                        fma, prev = act == "f32fma", os.environ.get("RLX_DQ_BF16")
+                        if fma:
+                            os.environ["RLX_DQ_BF16"] = "0"
+                        mode = "f32" if fma else act
                         calls = [
-                            lib.bind(scheme, x, c, y, num_threads=t, act=act, rows=r) for c in cs
+                            lib.bind(scheme, x, c, y, num_threads=t, act=mode, rows=r) for c in cs
                         ]
+                        if fma:
+                            os.environ.pop("RLX_DQ_BF16")
+                            if prev is not None:
+                                os.environ["RLX_DQ_BF16"] = prev
                         sec = _time_cycle(calls, args.reps)
                         out["gemv"][_key(name, sname, t, act, rows)] = nb / sec / 1e9
                 del cs
@@ -159,7 +169,7 @@ def main() -> None:
     best = [t.value for t in cpu.runnable_targets()[::-1][:2]]
     ap.add_argument("--targets", nargs="+", default=best)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--acts", nargs="+", default=["f32", "q8"], choices=["f32", "q8"])
+    ap.add_argument("--acts", nargs="+", default=["f32", "q8"], choices=["f32", "q8", "f32fma"])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--working-set-mb", type=int, default=256)

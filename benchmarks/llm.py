@@ -29,6 +29,8 @@ runs every engine once); the figures are the median over rounds:
   norms, rope, the executor, the argmax).
 * ``rlx-norepack`` (opt-in): ``rlx`` with ``RLX_DQ_REPACK=0`` (weights in the file's
   layout, not repacked at load).
+* ``rlx-fma`` (opt-in): ``rlx`` with ``RLX_DQ_BF16=0`` (the exact decode GEMVs on the
+  f32 FMA kernels instead of the bf16 dot-product one, on a CPU with avx512_bf16).
 * ``rlx-q8`` / ``rlx-tiled`` (opt-in): ``rlx`` with ``RLX_DQ_ACT=q8`` (int8-activation
   prompt GEMMs, and GEMVs) / with the old tiled GEMM for prompts
   (``kernels.quant.PREFILL_KERNEL = False``). For every rlx variant the prompt GEMMs
@@ -375,7 +377,11 @@ def worker_torch(a: argparse.Namespace) -> dict:
 
 
 #: environment each engine's process adds
-ENGINE_ENV = {"rlx-q8": {"RLX_DQ_ACT": "q8"}, "rlx-norepack": {"RLX_DQ_REPACK": "0"}}
+ENGINE_ENV = {
+    "rlx-q8": {"RLX_DQ_ACT": "q8"},
+    "rlx-norepack": {"RLX_DQ_REPACK": "0"},
+    "rlx-fma": {"RLX_DQ_BF16": "0"},
+}
 
 WORKERS = {
     "stream": worker_stream,
@@ -384,6 +390,7 @@ WORKERS = {
     "rlx-q8": worker_rlx,
     "rlx-tiled": worker_rlx,
     "rlx-norepack": worker_rlx,
+    "rlx-fma": worker_rlx,
     "rlx-split": worker_rlx,
     "llama": worker_llama,
     "torch": worker_torch,

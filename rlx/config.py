@@ -47,6 +47,12 @@ RLX_DQ_REPACK=1|0        GGUF weights read in place from their file: 1 (the defa
                          repacks them once at load into rows interleaved 8 (AVX-512) or
                          4 (AVX2, portable) at a time, so a decode GEMV streams them in
                          one pass; 0 keeps them as stored (benchmarks, tests)
+RLX_DQ_BF16=1|0          the exact (f32 activation) decode GEMV of Q4_0, Q4_1, Q5_0, Q5_1,
+                         Q4_K, Q5_K, Q6_K weights: 1 (the default) runs the bf16 kernel
+                         (csrc/dqgemm_bf16dot.c: activations split into exact bf16 parts;
+                         Q8_0 there on f32 FMAs over whole row groups) where the CPU has
+                         avx512_bf16; 0 keeps the f32 FMA kernels (comparisons). Results
+                         stay within the f32 accumulation bound.
 
 Each flag accepts exactly the values listed: words in any case, surrounding whitespace
 ignored. An unset flag takes its default; a flag set to an empty value is an error (except
@@ -75,6 +81,7 @@ __all__ = [
     "cache_max_bytes",
     "sgemm",
     "dq_act",
+    "dq_bf16",
     "physical_cores",
     "available_cpus",
     "clamp_threads",
@@ -222,6 +229,12 @@ def dq_act() -> str:
 def dq_repack() -> bool:
     """RLX_DQ_REPACK as a bool (default on: GGUF weights repacked at load)."""
     return _flag("RLX_DQ_REPACK", True)
+
+
+def dq_bf16() -> bool:
+    """RLX_DQ_BF16 as a bool (default on: the bf16 dot-product decode GEMV where the CPU
+    has avx512_bf16)."""
+    return _flag("RLX_DQ_BF16", True)
 
 
 def cache_max_bytes() -> int:

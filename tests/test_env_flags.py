@@ -24,6 +24,7 @@ FLAGS = (
     "RLX_DQ_ACT",
     "RLX_DQ_REPACK",
     "RLX_OPENMP",
+    "RLX_DQ_BF16",
 )
 
 # flag -> its reader; the documented values (as given, in several cases) -> what is read
@@ -38,6 +39,7 @@ READ = {
     "RLX_DQ_ACT": config.dq_act,
     "RLX_DQ_REPACK": config.dq_repack,
     "RLX_OPENMP": config.openmp,
+    "RLX_DQ_BF16": config.dq_bf16,
 }
 
 GOOD = [
@@ -59,6 +61,8 @@ GOOD = [
     ("RLX_OPENMP", " Shim", "shim"),
     ("RLX_OPENMP", "OFF", "off"),
     ("RLX_OPENMP", "auto", "auto"),
+    ("RLX_DQ_BF16", "off", False),
+    ("RLX_DQ_BF16", " YES", True),
     ("RLX_NUM_THREADS", " 1 ", 1),
     ("RLX_NUM_THREADS", "01", 1),
     ("RLX_CACHE_MAX_MB", "3", 3 << 20),

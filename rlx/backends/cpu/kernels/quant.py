@@ -444,6 +444,8 @@ def dequant_matmul_kernel(
             path = "small-batch GEMV"
         if dqgemm.uses_q8(op.scheme, m, act):
             path = "int8-activation GEMV" if m < 4 else "int8-activation GEMM"
+        elif lib.uses_bf16(op.scheme, m, act):
+            path = "GEMV (csrc/dqgemm_bf16dot.c)"
         try:
             xa = (x if x_f32 is None else x_f32).reshape(m, k)
             rows = 1

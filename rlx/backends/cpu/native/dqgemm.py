@@ -1,6 +1,6 @@
 """The weight-only quantized matmul library (``csrc/dqgemm_decode.c``, ``dqgemm_rows.c``,
 ``dqgemm_rows_gguf.c``, ``dqgemm.c``, ``dqgemm_small.c``, ``dqgemm_q8.c``,
-``dqgemm_q8_group.c``). In: f32 activations ``[M, K]`` and a weight packed in a
+``dqgemm_q8_group.c``, ``dqgemm_bf16dot.c``). In: f32 activations ``[M, K]`` and a weight packed in a
 :class:`~rlx.formats.schemes.QuantScheme` layout (``[N, ...]``, rows = output channels).
 Out: ``y = x @ dequant(w).T`` f32 ``[M, N]`` computed from the packed bytes
 (:meth:`DqGemmLib.gemm`, :meth:`DqGemmLib.bind`; a GEMV below 4 rows, the small-batch
@@ -20,6 +20,12 @@ shape or byte count is a QuantizationError naming the tensor).
 A GGUF weight may be stored with its rows interleaved by R = 4 or 8 (``csrc/dq_layout.h``:
 :func:`repack`, :func:`unrepack`; R per target: :func:`repack_rows`); every entry point
 takes ``rows=R`` (1: as stored in the file) and every kernel reads either layout.
+
+On a CPU with avx512_bf16 (the AVX-512 target), the exact decode GEMV (one f32 activation
+row) of Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K runs ``csrc/dqgemm_bf16dot.c``
+(``vdpbf16ps`` on exact bf16 parts of the activations, within the same f32 accumulation
+bound), and Q8_0 that file's f32 FMA kernel over whole row groups
+(:meth:`DqGemmLib.uses_bf16`; RLX_DQ_BF16=0 turns both off).
 """
 
 from __future__ import annotations
@@ -324,6 +330,21 @@ class DqGemmLib:
         self.lanes = int(lib.rlx_dq_lanes())
         self._luts: dict[type, np.ndarray] = {}
 
+    def bf16_dot(self, scheme: S.QuantScheme) -> bool:
+        """Whether this build has the bf16 dot-product decode GEMV for ``scheme``
+        (``csrc/dqgemm_bf16dot.c``: the AVX-512 target on a CPU with avx512_bf16;
+        Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, and Q8_0 on its f32 group kernel)."""
+        code = _GGUF_CODES.get(type(scheme))
+        return code is not None and bool(self.lib.rlx_dq_bf16_ok(code))
+
+    def uses_bf16(self, scheme: S.QuantScheme, m: int, act: str) -> bool:
+        """Whether ``m`` f32 activation rows against a ``scheme`` weight under activation
+        mode ``act`` run the bf16 dot-product GEMV: one row, not the int8 path, the kernel
+        built here (:meth:`bf16_dot`) and RLX_DQ_BF16 on (:func:`rlx.config.dq_bf16`)."""
+        from rlx import config
+
+        return m == 1 and not uses_q8(scheme, m, act) and self.bf16_dot(scheme) and config.dq_bf16()
+
     def _aux(self, scheme: S.QuantScheme, ws: tuple[np.ndarray, ...]) -> tuple:
         if scheme.is_gguf:
             return ws[0], None, None, None
@@ -361,6 +382,11 @@ class DqGemmLib:
             return self.lib.rlx_dq_gemm_q8, (
                 lay.code, lay.qk, lay.bb, m, n, k, _ptr(x), k, _ptr(w), lay.row_bytes,
                 _ptr(out), n, int(num_threads), int(rows),
+            )  # fmt: skip
+        if self.uses_bf16(scheme, m, act):
+            return self.lib.rlx_dq_gemv_bf16, (
+                lay.code, lay.qk, lay.bb, n, k, _ptr(x), _ptr(w), lay.row_bytes, _ptr(out),
+                int(num_threads), int(rows),
             )  # fmt: skip
         return self.lib.rlx_dq_gemm, (
             lay.code, lay.qk, lay.bb, m, n, k, _ptr(x), k, _ptr(w), lay.row_bytes,
