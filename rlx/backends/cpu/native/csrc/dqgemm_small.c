@@ -1,6 +1,6 @@
 /* dqgemm part 5 of 7 (see dqgemm.c): small batches, 2 <= M <= SMALL_M (batched decode:
- * one row of X per sequence). A register-tiled group kernel: SMALL_NR weight rows (3 on
- * AVX-512, 2 on AVX2; consecutive rows, so with the interleaved layout (dq_layout.h) one
+ * one row of X per sequence). A register-tiled group kernel: SMALL_NR = 3 weight rows
+ * (consecutive rows, so with the interleaved layout (dq_layout.h) one
  * stream through the group's blocks) are decoded once per call, SMALL_K weights at a time,
  * into an L1 buffer (vector decoders for Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, Q4_K and Q6_K, the
  * exact scalar decode_block for the rest), and the tile of SMALL_NR weight rows x SMALL_G
@@ -28,7 +28,7 @@
 #define SMALL_G 8
 #else
 #ifndef SMALL_NR
-#define SMALL_NR 2
+#define SMALL_NR 3
 #endif
 #define SMALL_G 4
 #endif
@@ -51,6 +51,23 @@ static void dec_q8_0(const uint8_t *p, long st, long nblk, float *o) {
     }
 }
 
+#if VW == 16
+/* AVX-512: qh's 32 bits are the lane masks of the two halves: (q & 15) - 16 where the
+ * fifth bit is clear, q & 15 where it is set (the same integer as decode_block's) */
+static void dec_q5_0(const uint8_t *p, long st, long nblk, float *o) {
+    const vi m15 = VISET1(15), c16 = VISET1(16);
+    for (long b = 0; b < nblk; b++, p += st, o += 32) {
+        uint32_t qh;
+        memcpy(&qh, p + 2, 4);
+        vf d = VSET1(hf(p));
+        vi q = VU8(p + 6), lo = VIAND(q, m15), hi = VISRL(q, 4);
+        lo = _mm512_mask_sub_epi32(lo, (__mmask16)~qh, lo, c16);
+        hi = _mm512_mask_sub_epi32(hi, (__mmask16)~(qh >> 16), hi, c16);
+        VSTORE(o, VMUL(d, VCVT(lo)));
+        VSTORE(o + 16, VMUL(d, VCVT(hi)));
+    }
+}
+#else
 static void dec_q5_0(const uint8_t *p, long st, long nblk, float *o) {
     const vi m15 = VISET1(15), one = VISET1(1), c16 = VISET1(16), lanes = VLANES();
     for (long b = 0; b < nblk; b++, p += st, o += 32) {
@@ -69,6 +86,7 @@ static void dec_q5_0(const uint8_t *p, long st, long nblk, float *o) {
         }
     }
 }
+#endif
 
 static void dec_q4_k(const uint8_t *p, long st, long nblk, float *o) {
     const vi m15 = VISET1(15);
