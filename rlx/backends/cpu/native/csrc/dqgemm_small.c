@@ -154,6 +154,21 @@ static void dec_q4_01(const uint8_t *p, long st, long nblk, float *o, int one) {
     }
 }
 
+#if VW == 16
+static void dec_q5_1(const uint8_t *p, long st, long nblk, float *o) {
+    const vi m15 = VISET1(15), c16 = VISET1(16);
+    for (long b = 0; b < nblk; b++, p += st, o += 32) {
+        uint32_t qh;
+        memcpy(&qh, p + 4, 4);
+        vf d = VSET1(hf(p)), m = VSET1(hf(p + 2));
+        vi q = VU8(p + 8), lo = VIAND(q, m15), hi = VISRL(q, 4);
+        lo = _mm512_mask_or_epi32(lo, (__mmask16)qh, lo, c16); /* the fifth bit by mask */
+        hi = _mm512_mask_or_epi32(hi, (__mmask16)(qh >> 16), hi, c16);
+        VSTORE(o, VADDF(VMUL(d, VCVT(lo)), m));
+        VSTORE(o + 16, VADDF(VMUL(d, VCVT(hi)), m));
+    }
+}
+#else
 static void dec_q5_1(const uint8_t *p, long st, long nblk, float *o) {
     const vi m15 = VISET1(15), one = VISET1(1), lanes = VLANES();
     for (long b = 0; b < nblk; b++, p += st, o += 32) {
@@ -172,6 +187,7 @@ static void dec_q5_1(const uint8_t *p, long st, long nblk, float *o) {
         }
     }
 }
+#endif
 
 /* blocks b0 .. b0 + nblk of row n (any layout R) into out, as decode_blocks */
 static void decode_fast(const dq_t *s, long n, long b0, long nblk, float *out) {
