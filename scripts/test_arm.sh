@@ -132,21 +132,33 @@ CI_TESTS=(
     tests/cpu/kernels/test_norm.py
     tests/cpu/test_peak_arm.py
     tests/cpu/test_omp_shim.py
+    tests/cpu/engines/test_sgemm_skinny.py
+    tests/cpu/engines/test_conv_nchwc.py
+    tests/cpu/engines/test_qgemm_tiles.py
+    tests/cpu/engines/test_qgemm_epilogue.py
+    tests/cpu/kernels/test_dqgemm_gemv.py
+    tests/cpu/kernels/test_dqgemm_repack.py
+    tests/cpu/kernels/test_dqprefill.py
+    tests/cpu/test_half_linear_native.py
+    tests/cpu/kernels/test_elementwise_cast.py
+    tests/cpu/kernels/test_nn.py::test_head_dims
+    tests/cpu/kernels/test_nn.py::test_low_precision_inputs
+    tests/cpu/kernels/test_nn.py::test_each_target_reports_its_path
 )
 FULL_TESTS=(
     "${CI_TESTS[@]}"
     tests/cpu/engines/test_sgemm.py
-    tests/cpu/engines/test_sgemm_skinny.py
     tests/cpu/engines/test_conv.py
     tests/cpu/engines/test_conv_gemm.py
+    tests/cpu/engines/test_conv_fused.py
     tests/cpu/engines/test_lowp_lib.py
-    tests/cpu/engines/test_qgemm_epilogue.py
-    tests/cpu/kernels/test_dqgemm_gemv.py
     tests/cpu/kernels/test_nn.py
     tests/cpu/kernels/test_nn_attention_masked.py
     tests/cpu/kernels/test_kvcache.py
+    tests/cpu/kernels/test_cache_attention_native.py
     tests/cpu/kernels/test_elementwise_native.py
-    tests/cpu/test_half_linear_native.py
+    tests/quant/test_dynamic_qmatmul.py
+    tests/quant/test_native.py
 )
 # the smoke set the targets before the last one run in the default (CI) mode: the target
 # detection and the bindings of every fixed library, built for that target's flags

@@ -35,20 +35,19 @@ static inline __attribute__((always_inline)) void q8_group(int code, int G, cons
         int slots = nb - b >= per ? 8 : G; /* the last block alone (G = 4, nb odd) */
         for (long o = 0; o < 8 * bb; o += 64) __builtin_prefetch(p + PF_AHEAD + o, 0, 3);
         __m256i v[8];
-        __m128i dh = _mm_setzero_si128(), mh = dh;
         float m;
-        uint16_t u;
+        /* the slots' f16 scales / mins gathered in memory, then one load each (a lane
+         * index of _mm_insert_epi16 must be a constant: clang does not unroll for it) */
+        uint16_t dl[8] = {0}, ml[8] = {0};
         for (int i = 0; i < 8; i++) {
             if (i < slots) {
                 v[i] = q8r_dot(code, p + i * bb, xq + 32 * (i / G), &m, 1);
-                memcpy(&u, p + i * bb, 2);
-                dh = _mm_insert_epi16(dh, u, i);
-                if (mins) {
-                    memcpy(&u, p + i * bb + 2, 2);
-                    mh = _mm_insert_epi16(mh, u, i);
-                }
+                memcpy(&dl[i], p + i * bb, 2);
+                if (mins) memcpy(&ml[i], p + i * bb + 2, 2);
             } else v[i] = _mm256_setzero_si256();
         }
+        const __m128i dh = _mm_loadu_si128((const __m128i *)dl);
+        const __m128i mh = _mm_loadu_si128((const __m128i *)ml);
         __m256 dxv, sv;
         if (G == 8) {
             dxv = _mm256_set1_ps(dx[b]);
