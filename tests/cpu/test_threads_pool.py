@@ -34,6 +34,9 @@ _INSN = {
     Target.AVX512: ("vfmadd", "zmm"),
     Target.AVX2: ("vfmadd", "ymm"),
     Target.PORTABLE: ("mulps", "xmm"),
+    Target.NEON: ("fmla", ".4s"),
+    Target.DOTPROD: ("fmla", ".4s"),
+    Target.I8MM: ("fmla", ".4s"),
 }
 
 
@@ -48,6 +51,9 @@ def test_fma_peak_probe_runs_on_every_target(target: Target, threads: int) -> No
         Target.AVX512: (16, True),
         Target.AVX2: (8, True),
         Target.PORTABLE: (4, False),
+        Target.NEON: (4, True),
+        Target.DOTPROD: (4, True),
+        Target.I8MM: (4, True),
     }[target]
     assert m.vector in m.describe()
 
@@ -69,7 +75,7 @@ def test_fma_peak_probe_instructions(target: Target) -> None:
     ).stdout
     op, reg = _INSN[target]
     assert any(op in line and reg in line for line in asm.splitlines())
-    if target is not Target.AVX512:
+    if target in (Target.AVX2, Target.PORTABLE):
         assert "zmm" not in asm
 
 
