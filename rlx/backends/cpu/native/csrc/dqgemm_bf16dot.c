@@ -24,7 +24,11 @@
  * accumulation bound the kernels keep, K 2^-23 sum |x| |w| (and for a split min term the same
  * on |d sc q| + |dmin m|), leaves room for that from K = 256: 2^-16 + n 2^-24 <= K 2^-23
  * for the addition chain per lane here, n <= 8 + K / 32 (at K = 256, 16 2^-24 + 2^-16 <
- * 2^-15). So two parts from K = 256 up, three below (the 32-weight layouts' small K).
+ * 2^-15). Two parts would do from K = 256 up, but they move a model's logits by more than
+ * the f32 kernels' rounding does (Gemma-3-270M: 3.3e-4 at a largest logit of 28, against
+ * the 1e-5 relative its transformers comparison keeps, and different greedy text): every
+ * K takes the three parts, so each product is exact and only the summation order differs
+ * from the f32 kernels (TWO_PARTS=1 at build time keeps the faster two-part split).
  * Non-finite x: +-inf is its own h (no rest), NaN a quiet NaN: the results are the f32
  * kernels' (+-inf, or NaN where an inf meets a zero code or another inf of opposite sign).
  * Denormals: vdpbf16ps reads bf16 inputs below 2^-126 as zero and flushes results below it;
@@ -441,7 +445,10 @@ int rlx_dq_gemv_bf16(int code, long qk, long bb, long N, long K, const float *x,
         return 0;
     }
     dq_t s = {code, qk, bb, K / qk, row_bytes, w, 0, 0, 0, N, R};
-    int P = K >= 256 ? 2 : 3; /* the bound: see the top of this file */
+#ifndef TWO_PARTS
+#define TWO_PARTS 0
+#endif
+    int P = (TWO_PARTS && K >= 256) ? 2 : 3; /* see the top of this file */
     long nxs = (code == S_Q4_K || code == S_Q5_K || code == S_Q4_1 || code == S_Q5_1) ? K / 32 : 0;
     /* parts (P K words) then the per-32 sums of X (the min terms) */
     uint16_t *xp = (uint16_t *)aligned_alloc(64, (size_t)((P * K * 2 + nxs * 4 + 63) / 64 * 64));
