@@ -180,7 +180,9 @@ tests_for() {  # $1: the target; sets TESTS
 }
 # the demo (f32, bf16 and int8 MiniLM with timings) takes minutes under emulation: on
 # every target with RLX_ARM_DEMO=all (the default with RLX_ARM_TESTS=full), on the last
-# target only with RLX_ARM_DEMO=last (the default), on none with RLX_ARM_DEMO=none
+# target only with RLX_ARM_DEMO=last (the default), on one named target with
+# RLX_ARM_DEMO=<target> (CI: neon, whose smoke tests end early, so its demo runs beside
+# the i8mm CI subset), on none with RLX_ARM_DEMO=none
 DEMO=${RLX_ARM_DEMO:-$([ "$MODE" = full ] && echo all || echo last)}
 
 # max,pauth-impdef=on: qemu's default pointer-authentication algorithm (QARMA5) is slow
@@ -202,7 +204,8 @@ run_target() {
     [ $rc -eq 0 ] || { printf '%s\n' "$out" | tail -40; fail=1; }
     summary+=("$t tests: ${line:-pytest exit $rc} ($(( $(date +%s) - t0 )) s)")
     log "${summary[-1]}"
-    if [ "$DEMO" = all ] || { [ "$DEMO" = last ] && [ "$t" = "${TARGETS##* }" ]; }; then
+    if [ "$DEMO" = all ] || [ "$DEMO" = "$t" ] \
+        || { [ "$DEMO" = last ] && [ "$t" = "${TARGETS##* }" ]; }; then
         if $VPY -m rlx.demo >"$CACHE/demo-$t.log" 2>&1; then
             summary+=("$t demo: ok ($(grep -m1 "sentences find their pair" "$CACHE/demo-$t.log" | xargs))")
         else
