@@ -141,6 +141,20 @@ static inline __m512 hf16(const uint8_t *p) {
     return _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
 }
 
+/* Q4_K / Q5_K: the G rows' 8 sub-block scales d sc (into dsc) and their min terms
+ * dmin m . (per-32 sums of X) accumulated into mins; rows `bytes` apart. */
+static inline __attribute__((always_inline)) void kq_scales(int G, const uint8_t *p, long bytes,
+                                                           __m256 xs8, float dsc[8][8],
+                                                           __m256 *mins) {
+    for (int r = 0; r < G; r++) {
+        const uint8_t *q = p + r * bytes;
+        __m256 scf, mf;
+        q4k_scales_mins(q, &scf, &mf);
+        _mm256_storeu_ps(dsc[r], _mm256_mul_ps(_mm256_set1_ps(hf(q)), scf));
+        mins[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(hf(q + 2)), mf), xs8, mins[r]);
+    }
+}
+
 /* ---- Q4_K: 144-byte blocks (half d, half dmin, 12 bytes of 6-bit scales / mins, 128 bytes
  * of nibbles); output 64 c + l is d sc_{2c} q - dmin m_{2c} (low nibble of qs[32 c + l],
  * l < 32), 64 c + 32 + l the high nibble with sc_{2c+1}, m_{2c+1}. ---- */
@@ -156,13 +170,7 @@ static inline __attribute__((always_inline)) void grp_q4_k(int G, const uint8_t 
         for (int o = 0; o < G * 144; o += 64) __builtin_prefetch(p + PF_AHEAD + o, 0, 3);
         float dsc[8][8];
         __m256 xs8 = _mm256_loadu_ps(xs);
-        for (int r = 0; r < G; r++) {
-            const uint8_t *q = p + r * 144;
-            __m256 scf, mf;
-            q4k_scales_mins(q, &scf, &mf);
-            _mm256_storeu_ps(dsc[r], _mm256_mul_ps(_mm256_set1_ps(hf(q)), scf));
-            mins[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(hf(q + 2)), mf), xs8, mins[r]);
-        }
+        kq_scales(G, p, 144, xs8, dsc, mins);
         for (int c = 0; c < 4; c++) {
             for (int r = 0; r < G; r++) {
                 __m512i w = _mm512_cvtepu8_epi16(
@@ -339,13 +347,7 @@ static inline __attribute__((always_inline)) void grp_q5_k(int G, const uint8_t 
         for (int o = 0; o < G * 176; o += 64) __builtin_prefetch(p + PF_AHEAD + o, 0, 3);
         float dsc[8][8];
         __m256 xs8 = _mm256_loadu_ps(xs);
-        for (int r = 0; r < G; r++) {
-            const uint8_t *q = p + r * 176;
-            __m256 scf, mf;
-            q4k_scales_mins(q, &scf, &mf);
-            _mm256_storeu_ps(dsc[r], _mm256_mul_ps(_mm256_set1_ps(hf(q)), scf));
-            mins[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(hf(q + 2)), mf), xs8, mins[r]);
-        }
+        kq_scales(G, p, 176, xs8, dsc, mins);
         for (int c = 0; c < 4; c++) {
             for (int r = 0; r < G; r++) {
                 const uint8_t *q = p + r * 176;
