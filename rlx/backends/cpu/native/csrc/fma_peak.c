@@ -97,9 +97,9 @@ int rlx_peak_fused(void) {
 #endif
 }
 
-typedef float rlx_v4f __attribute__((vector_size(16)));
-
-double rlx_peak_run(int64_t iters, int nthreads, int *used) {
+/* Runs body(iters) on a team of nthreads (one thread without OpenMP); returns the sum of
+   the threads' checksums and stores the team's size in *used. */
+static double team_run(double (*body)(int64_t), int64_t iters, int nthreads, int *used) {
     double total = 0.0;
     int n = 1;
 #ifdef _OPENMP
@@ -110,6 +110,18 @@ double rlx_peak_run(int64_t iters, int nthreads, int *used) {
 #pragma omp single
         n = omp_get_num_threads();
 #endif
+        total += body(iters);
+    }
+    (void)nthreads;
+    *used = n;
+    return total;
+}
+
+typedef float rlx_v4f __attribute__((vector_size(16)));
+
+static double fma_body(int64_t iters) {
+    double total = 0.0;
+    {
 #if defined(__AVX512F__)
         __m512 acc[RLX_PEAK_CHAINS];
         const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
@@ -156,8 +168,11 @@ double rlx_peak_run(int64_t iters, int nthreads, int *used) {
             for (int l = 0; l < 4; l++) total += acc[j][l];
 #endif
     }
-    *used = n;
     return total;
+}
+
+double rlx_peak_run(int64_t iters, int nthreads, int *used) {
+    return team_run(fma_body, iters, nthreads, used);
 }
 
 #if defined(__AVX2__)
@@ -228,17 +243,9 @@ int rlx_peak_bf16_ops(void) {
 #endif
 }
 
-double rlx_peak_int8_run(int64_t iters, int nthreads, int *used) {
+static double int8_body(int64_t iters) {
     double total = 0.0;
-    int n = 1;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nthreads) reduction(+ : total)
-#endif
     {
-#ifdef _OPENMP
-#pragma omp single
-        n = omp_get_num_threads();
-#endif
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
         __m512i acc[RLX_PEAK_CHAINS];
         const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
@@ -280,21 +287,16 @@ double rlx_peak_int8_run(int64_t iters, int nthreads, int *used) {
         (void)iters;
 #endif
     }
-    *used = n;
     return total;
 }
 
-double rlx_peak_bf16_run(int64_t iters, int nthreads, int *used) {
+double rlx_peak_int8_run(int64_t iters, int nthreads, int *used) {
+    return team_run(int8_body, iters, nthreads, used);
+}
+
+static double bf16_body(int64_t iters) {
     double total = 0.0;
-    int n = 1;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nthreads) reduction(+ : total)
-#endif
     {
-#ifdef _OPENMP
-#pragma omp single
-        n = omp_get_num_threads();
-#endif
 #if defined(__AVX512BF16__)
         __m512 acc[RLX_PEAK_CHAINS];
         const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
@@ -323,8 +325,11 @@ double rlx_peak_bf16_run(int64_t iters, int nthreads, int *used) {
         (void)iters;
 #endif
     }
-    *used = n;
     return total;
+}
+
+double rlx_peak_bf16_run(int64_t iters, int nthreads, int *used) {
+    return team_run(bf16_body, iters, nthreads, used);
 }
 
 /* Multiply-adds per vpmaddwd of the int16 probe (0: no AVX2). */
@@ -336,25 +341,20 @@ int rlx_peak_int16_ops(void) {
 #endif
 }
 
-double rlx_peak_int16_run(int64_t iters, int nthreads, int *used) {
+static double int16_body(int64_t iters) {
     double total = 0.0;
-    int n = 1;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nthreads) reduction(+ : total)
-#endif
     {
-#ifdef _OPENMP
-#pragma omp single
-        n = omp_get_num_threads();
-#endif
 #if defined(__AVX2__)
         total += madd_loop(iters);
 #else
         (void)iters;
 #endif
     }
-    *used = n;
     return total;
+}
+
+double rlx_peak_int16_run(int64_t iters, int nthreads, int *used) {
+    return team_run(int16_body, iters, nthreads, used);
 }
 
 /* Multiply-adds per SDOT of the int8 dot probe (0: no dotprod, and on x86-64). */
@@ -366,17 +366,9 @@ int rlx_peak_int8dot_ops(void) {
 #endif
 }
 
-double rlx_peak_int8dot_run(int64_t iters, int nthreads, int *used) {
+static double int8dot_body(int64_t iters) {
     double total = 0.0;
-    int n = 1;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nthreads) reduction(+ : total)
-#endif
     {
-#ifdef _OPENMP
-#pragma omp single
-        n = omp_get_num_threads();
-#endif
 #if defined(RLX_PEAK_NEON) && defined(__ARM_FEATURE_DOTPROD)
         int8x16_t a = vdupq_n_s8(3), b = vdupq_n_s8(-2);
 #define RLX_SDOT1(x) vdotq_s32(x, a, b)
@@ -395,8 +387,11 @@ double rlx_peak_int8dot_run(int64_t iters, int nthreads, int *used) {
         (void)iters;
 #endif
     }
-    *used = n;
     return total;
+}
+
+double rlx_peak_int8dot_run(int64_t iters, int nthreads, int *used) {
+    return team_run(int8dot_body, iters, nthreads, used);
 }
 
 /* Multiply-adds per BFDOT of the bf16 dot probe (0: no bf16, and on x86-64). */
@@ -408,17 +403,9 @@ int rlx_peak_bf16dot_ops(void) {
 #endif
 }
 
-double rlx_peak_bf16dot_run(int64_t iters, int nthreads, int *used) {
+static double bf16dot_body(int64_t iters) {
     double total = 0.0;
-    int n = 1;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nthreads) reduction(+ : total)
-#endif
     {
-#ifdef _OPENMP
-#pragma omp single
-        n = omp_get_num_threads();
-#endif
 #if defined(RLX_PEAK_NEON) && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
         uint32x4_t ai = vdupq_n_u32(0x3f803f80u), bi = vdupq_n_u32(0x33803380u);
         RLX_OPAQUE(ai);
@@ -440,6 +427,9 @@ double rlx_peak_bf16dot_run(int64_t iters, int nthreads, int *used) {
         (void)iters;
 #endif
     }
-    *used = n;
     return total;
+}
+
+double rlx_peak_bf16dot_run(int64_t iters, int nthreads, int *used) {
+    return team_run(bf16dot_body, iters, nthreads, used);
 }
