@@ -175,3 +175,28 @@ def test_tiny_mlp_runs_native_with_every_epilogue_in_the_tile(choice_dir, thread
         notes = [" ".join(e.notes) for e in fused]
         assert all("rlx sgemm" in n and "pass" not in n for n in notes), notes
         assert "bias + gelu in the tile" in notes[0] and "bias + tanh in the tile" in notes[1]
+
+
+def test_native_only_run_skips_errstate_and_stays_quiet(choice_dir) -> None:
+    """A schedule of C kernels only runs without np.errstate (``Executor.quiet``): an
+    overflow inside the native GEMM still raises nothing, even with NumPy set to raise,
+    and the output is what NumPy's f32 chain gives."""
+    g = Graph("lin")
+    x = g.input("x", ("batch", 16), DType.F32)
+    y = g.add(g.matmul(x, g.param("w", (16, 8), DType.F32)), g.param("b", (8,), DType.F32))
+    g.set_outputs([g.tanh(g.add(g.matmul(y, g.param("w2", (8, 8), DType.F32)), y))])
+    params = {
+        "w": np.full((16, 8), 1e30, np.float32),
+        "b": np.zeros(8, np.float32),
+        "w2": np.eye(8, dtype=np.float32),
+    }
+    cg = Session("cpu").compile(g, CompileOptions(use_cache=False), params=params)
+    xv = np.full((3, 16), 1e30, np.float32)
+    cg.run({"x": xv})  # the prologue (param packing) runs under np.errstate
+    assert cg._last is not None and cg._last.quiet
+    with np.errstate(all="raise"):
+        (got,) = cg.run({"x": xv})
+    with np.errstate(all="ignore"):  # NumPy in f32: y = inf, inf @ eye = nan (inf * 0)
+        y32 = xv @ params["w"] + params["b"]
+        want = np.tanh(y32 @ params["w2"] + y32)
+    assert np.isinf(y32).all() and np.array_equal(got, want, equal_nan=True), got
