@@ -384,8 +384,9 @@ static inline float tanh_f32(float x) {
 }
 
 /* dst row (i, j0..j0+n) of the output = epilogue(src[0..n)) */
-static void epi_row(const epi_t *e, const float *src, long i, long j0, long n,
-                    float *restrict tmp) {
+static inline __attribute__((always_inline)) void epi_row_body(const epi_t *e, const float *src,
+                                                               long i, long j0, long n,
+                                                               float *restrict tmp) {
     const float al = e->alpha;
     const float *bias = e->bias ? e->bias + j0 : NULL;
     const float *res = e->res ? e->res + i * e->ldr + j0 : NULL;
@@ -437,6 +438,23 @@ static void epi_row(const epi_t *e, const float *src, long i, long j0, long n,
 #pragma omp simd
         for (long j = 0; j < n; j++) o[j] = rlx_f32_to_bf16(v[j]);
     }
+}
+
+static void epi_row(const epi_t *e, const float *src, long i, long j0, long n,
+                    float *restrict tmp) {
+    epi_row_body(e, src, i, j0, n, tmp);
+}
+
+/* the epilogue in place on rows i0 .. i0+r of the output, w = NR or NR / 2 columns
+ * (whole vectors): the row body inlined at a constant width, one call per tile instead of
+ * one per row and no remainder loops (the bias pass of a 64 x 64 product took 0.7 us
+ * through epi_row); the same operations per element as epi_row, so the same bits */
+static void epi_rows(const epi_t *e, long i0, long r, long j0, long w, float *restrict tmp) {
+    float *c = (float *)e->c + i0 * e->ldc + j0;
+    if (w == NR)
+        for (long i = 0; i < r; i++) epi_row_body(e, c + i * e->ldc, i0 + i, j0, NR, tmp);
+    else
+        for (long i = 0; i < r; i++) epi_row_body(e, c + i * e->ldc, i0 + i, j0, NR / 2, tmp);
 }
 
 static int epi_trivial(const epi_t *e) {
@@ -504,7 +522,7 @@ static void gemm_direct(long m0, long m1, long n0, long n1, long k, const float 
                 float *c = (float *)e->c + i0 * e->ldc + jr;
                 f(k, ap, rsa, bpan, c, e->ldc);
                 if (!trivial)
-                    for (long i = 0; i < r; i++) epi_row(e, c + i * e->ldc, i0 + i, jr, nr, tmp);
+                    epi_rows(e, i0, r, jr, nr, tmp);
             } else {
                 f(k, ap, rsa, bpan, tile, NR);
                 tile_out(e, tile, NR, i0, r, jr, nr, 1, 1, trivial, tmp);
@@ -590,8 +608,7 @@ static int gemm_rect(long m0, long m1, long n0, long n1, long k, const float *a,
                             float *c = (float *)e->c + i0 * e->ldc + jr;
                             ukernel(kc, apan, bpan, c, e->ldc, !first, bnx);
                             if (last && !trivial)
-                                for (long i = 0; i < MR; i++)
-                                    epi_row(e, c + i * e->ldc, i0 + i, jr, NR, tmp);
+                                epi_rows(e, i0, MR, jr, NR, tmp);
                         } else {
                             ukernel_for(mr)(kc, apan, bpan, tile, NR, 0, bnx);
                             tile_out(e, tile, NR, i0, mr, jr, nr, first, last, trivial, tmp);
