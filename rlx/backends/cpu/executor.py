@@ -495,7 +495,7 @@ class Executor:
         if self._prologue_at != self.store.version:
             self.run_prologue()
         for name, view in self.input_views:
-            np.copyto(view, inputs[name], casting="unsafe")
+            view[...] = inputs[name]  # np.copyto(casting="unsafe") in half the time
         for snap, param in self._snapshots:
             np.copyto(snap, param)
         try:
