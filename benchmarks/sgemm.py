@@ -32,6 +32,7 @@ recorded per-shape-class choice), rounds interleaved; ms per run.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -82,8 +83,14 @@ def _worker(engine: str, threads: int) -> None:
                     fn = lambda a=a, b=b, c=c: np.matmul(a, b, out=c)  # noqa: E731
                 else:
                     p = b  # packed already
-                    args = lib.gemm_args(a, p, c)
-                    fn = lambda args=args, keep=(a, p, c): lib.lib.rlx_sgemm(*args, threads)  # noqa: E731
+                    # the arguments converted to their ctypes once, as the compiled graph
+                    # binds them (engines/sgemm.py _bound): a call of a small product is
+                    # then the GEMM, not ctypes converting 16 arguments
+                    f = lib.lib.rlx_sgemm
+                    args = (*lib.gemm_args(a, p, c), threads)
+                    conv = [None if v is None else t(v) for t, v in zip(f.argtypes, args)]
+                    fn = functools.partial(f, *conv)
+                    fn.keep = (a, p, c)  # type: ignore[attr-defined]  # conv holds pointers
                 fns.append(fn)
             turn = [0]
 

@@ -133,10 +133,12 @@ def _act64(act: str | None, y: np.ndarray) -> np.ndarray:
         return 0.5 * y * (1 + erf(y / np.sqrt(2.0)))
     if act == "gelu_tanh":
         return 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y**3)))
+    if act == "tanh":
+        return np.tanh(y)
     return y / (1 + np.exp(-y))
 
 
-@pytest.mark.parametrize("act", [None, "relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("act", [None, "relu", "gelu", "gelu_tanh", "silu", "tanh"])
 def test_epilogues_match_numpy_formulas(lib, act) -> None:
     rng = np.random.default_rng(3)
     m, n, k = 23, 45, 31
@@ -155,7 +157,7 @@ def test_epilogues_match_numpy_formulas(lib, act) -> None:
         assert np.all(np.abs(out - want) <= tol), act
 
 
-@pytest.mark.parametrize("act", [None, "relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("act", [None, "relu", "gelu", "gelu_tanh", "silu", "tanh"])
 def test_nan_rows_stay_nan_through_every_epilogue(lib, act) -> None:
     """A NaN in a row of A makes that output row NaN after any activation, as NumPy's
     formulas give (np.maximum propagates NaN: relu once returned 0 for it)."""
@@ -209,7 +211,7 @@ def test_bad_arguments_are_input_errors(lib) -> None:
     with pytest.raises(InputError, match="bias"):
         lib.gemm(a, p, np.zeros((3, 5), np.float32), bias=np.zeros(4, np.float32))
     with pytest.raises(InputError, match="act"):
-        lib.gemm(a, p, np.zeros((3, 5), np.float32), act="tanh")
+        lib.gemm(a, p, np.zeros((3, 5), np.float32), act="softplus")
     with pytest.raises(InputError, match="f32"):
         lib.gemm(a.astype(np.float64), p, np.zeros((3, 5), np.float32))
 
@@ -417,4 +419,9 @@ def test_batch_invariant_rows_keep_their_bits_at_every_batch_size(blas_recorded,
     assert e.kind.value == "native" and "batch-invariant" in " ".join(e.notes)
     off = Session("cpu").compile(g, opts.replace(batch_invariant=False), params=ps)
     off_notes = " ".join(_entry(off, e.op).notes)  # the recorded choice, without the option
-    assert "rlx sgemm" not in off_notes or "blas (not rlx sgemm" in off_notes
+    # (or native unmeasured: the compile's first plan, m = 1, is a small product)
+    assert (
+        "rlx sgemm" not in off_notes
+        or "blas (not rlx sgemm" in off_notes
+        or "small product" in off_notes
+    )

@@ -27,7 +27,7 @@ def test_measured_native_gemm_keeps_its_packed_weight_alive(monkeypatch):
 
     alive: list[bool] = []
 
-    def choose(key, make, threads, invariant=False):
+    def choose(key, make, threads, invariant=False, *, small=False):
         packed.clear()
         native, _blas = make()
         gc.collect()

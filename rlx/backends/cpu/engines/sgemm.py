@@ -24,7 +24,9 @@ should run the node (the caller keeps its BLAS path).
   fuses the epilogue BLAS needs a pass for); the winner is recorded in
   ``<native cache>/sgemm_choice.json`` (written atomically; a file that does not parse or
   validate is ignored and rewritten) and reused by later compiles and processes.
-  ``RLX_SGEMM=native|blas`` forces one. ``CompileOptions(native=False)``, no gcc or a
+  ``RLX_SGEMM=native|blas`` forces one. A product of at most ``SMALL_WORK`` (2^18)
+  multiply-adds is native unmeasured: alone it times as call overhead, in the graph it
+  is one C call of the native schedule with the epilogue fused. ``CompileOptions(native=False)``, no gcc or a
   failed build: BLAS, as before.
 """
 
@@ -62,14 +64,18 @@ __all__ = [
     "choice_path",
     "forget_choices",
     "EPILOGUE_ACTS",
+    "SMALL_WORK",
 ]
 
 F32 = np.dtype(np.float32)
 EPILOGUE_ACTS = frozenset(k for k in ACT_CODES if k is not None)
 _CHOICE_FILE = "sgemm_choice.json"
-_VERSION = 3  # 2: the 2-/4-/8-row tail kernels; 3: B prefetch, 1-2 rows on 4 panels (issue 31)
+_VERSION = 4  # 2: the 2-/4-/8-row tail kernels; 3: B prefetch, 1-2 rows on 4 panels (issue 31);
+# 4: small products read A in place, half-width last panels, f32 erf / tanh epilogues
 _MEASURE_ROWS = 256
 _TIE = 1.05  # native wins within 5 % of BLAS
+#: products of at most this many multiply-adds run native without a measurement (choose)
+SMALL_WORK = 1 << 18
 
 
 _lock = threading.Lock()
@@ -187,17 +193,26 @@ def choose(
     make: Callable[[], tuple[Callable[[], Any], Callable[[], Any]]],
     threads: int,
     invariant: bool = False,
+    *,
+    small: bool = False,
 ) -> tuple[bool, str]:
     """Whether the native GEMM runs the shape class ``key``: ``RLX_SGEMM`` when it forces
     one, else native when ``invariant`` (``CompileOptions.batch_invariant``: one kernel for
-    every shape) or ``threads > 1`` (one thread pool), else the recorded choice, else both
-    made by ``make()`` (native, BLAS) timed now (interleaved, best of a few) and the winner
+    every shape), ``small`` (a product of at most :data:`SMALL_WORK` multiply-adds) or
+    ``threads > 1`` (one thread pool), else the recorded choice, else both made by
+    ``make()`` (native, BLAS) timed now (interleaved, best of a few) and the winner
     recorded. Returns (native?, why)."""
     forced = config.sgemm()
     if forced != "auto":
         return forced == "native", f"RLX_SGEMM={forced}"
     if invariant:
         return True, "batch-invariant: native for every shape"
+    if small:
+        # timed alone, a few-us product is mostly call overhead (ctypes against NumPy's);
+        # in the graph the native one is a C call inside the native schedule with the
+        # epilogue in its tiles, BLAS a Python call plus a bias / activation pass (the ONNX
+        # MLP, 64 x 32..64 layers: see benchmarks/results/BENCHMARKS_onnx.md)
+        return True, f"small product (<= {SMALL_WORK} multiply-adds): native"
     if threads > 1:
         # one pool: a schedule mixing OpenBLAS's threads with the OpenMP team loses to
         # either alone (all-MiniLM-L6-v2 1x16 at 2 threads: mixed 7.9 ms, all native
@@ -304,7 +319,8 @@ def weight_matmul(
         targs = lib.gemm_args(ta, packed, to)
         return lambda: (packed, lib.lib.rlx_sgemm(*targs, nt)), lambda: np.matmul(ta, tb, out=to)
 
-    use, why = choose(key, make, nt, ctx.batch_invariant)
+    small = m * n * k <= SMALL_WORK
+    use, why = choose(key, make, nt, ctx.batch_invariant, small=small)
     if not use:
         ctx.notes.append(f"blas (not rlx sgemm ({lib.isa}): {why})")
         return None

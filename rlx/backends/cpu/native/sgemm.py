@@ -39,7 +39,7 @@ __all__ = [
 
 
 # activation name -> the C epilogue's code
-ACT_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+ACT_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4, "tanh": 5}
 Act = str | None
 
 
@@ -154,7 +154,7 @@ class SgemmLib:
         """``out = act(scale * a @ b + bias) + residual`` for f32 ``a`` [M, K] (any
         strides) and ``b`` packed by :meth:`pack_b`; ``out`` [M, N] f32 or bf16 (rounded
         once) with unit column stride; ``bias`` f32 [N]; ``residual`` f32 [M, N] with unit
-        column stride. ``act``: None, relu, gelu, gelu_tanh, silu."""
+        column stride. ``act``: None, relu, gelu, gelu_tanh, silu, tanh."""
         args = self.gemm_args(a, packed, out, bias=bias, act=act, residual=residual, scale=scale)
         if self.lib.rlx_sgemm(*args, max(1, threads)) != 0:
             raise MemoryError(f"sgemm: could not allocate the packing buffers ({a.shape})")
