@@ -49,6 +49,12 @@ static inline __attribute__((always_inline)) void dw_tile(const float *xc, const
     if (act == 1) lo = 0.0f, hi = INFINITY;
     if (act == 5) lo = 0.0f, hi = 6.0f;
     const int64_t o0 = cb * CB, oc = C - o0 < CB ? C - o0 : CB;
+    if (p[23] & RLX_OUT_BLOCKED) {
+        const int64_t off = (((n * ((C + CB - 1) / CB) + cb) * OH + oh) * OW + ow0) * CB;
+        store_blocked(a, T, out + off, res ? res + off : NULL, bias ? bias + o0 : NULL, oc, lo,
+                      hi);
+        return;
+    }
     float *y0 = out + ((n * C + o0) * OH + oh) * OW + ow0;
     const float *r0 = res ? res + ((n * C + o0) * OH + oh) * OW + ow0 : NULL;
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -97,6 +103,7 @@ void rlx_dw_nchwc_f32(const float *x, float *xb, const float *wb, const float *b
     const int64_t OH = p[7], OW = p[8], ph = p[11], pw = p[12], Hp = p[19], Wp = p[20];
     const int64_t Cb = (C + CB - 1) / CB, KK = KH * KW;
     const int64_t ntile = (OW + TMAX - 1) / TMAX, T = (OW + ntile - 1) / ntile;
+    const int in_blocked = (p[23] & RLX_IN_BLOCKED) != 0;
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
@@ -104,8 +111,11 @@ void rlx_dw_nchwc_f32(const float *x, float *xb, const float *wb, const float *b
             const int64_t h = q % H, cb = (q / H) % Cb, n = q / (H * Cb);
             float *d = xb + (((n * Cb + cb) * Hp + h + ph) * Wp + pw) * CB;
             const int64_t c0 = cb * CB, cc = C - c0 < CB ? C - c0 : CB;
-            const float *s = x + ((n * C + c0) * H + h) * W;
-            reorder_row(s, d, H * W, W, cc);
+            if (in_blocked) { /* x [N][Cb][H][W][CB]: a row copy into the bordered buffer */
+                memcpy(d, x + q * W * CB, (size_t)(W * CB) * sizeof(float));
+                continue;
+            }
+            reorder_row(x + ((n * C + c0) * H + h) * W, d, H * W, W, cc);
         }
 #pragma omp for collapse(3) schedule(static)
         for (int64_t n = 0; n < N; n++)

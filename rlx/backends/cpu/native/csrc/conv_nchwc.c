@@ -131,7 +131,40 @@ static inline void vstore_n(float *d, vf v, int64_t n) { _mm256_maskstore_ps(d, 
 static inline vf vclamp(vf v, float lo, float hi) {
     return _mm256_min_ps(_mm256_set1_ps(hi), _mm256_max_ps(_mm256_set1_ps(lo), v));
 }
+#elif !defined(RLX_CONV_NEON)
+static inline vf vclamp(vf v, float lo, float hi) {
+    float b[CB];
+    VSTORE(b, v);
+    for (int j = 0; j < CB; j++) { /* branch-free selects: a NaN compares false and stays */
+        b[j] = b[j] < lo ? lo : b[j];
+        b[j] = b[j] > hi ? hi : b[j];
+    }
+    return VLOAD(b);
+}
 #endif
+
+/* A blocked epilogue (p[23] & RLX_OUT_BLOCKED): the tile's T vectors of CB output channels
+ * stored as they are into y (out NCHWc [N][Ob][OH][OW][CB], y at the tile's first
+ * position), plus the bias (lanes past oc zero) and the residual r (the same layout), then
+ * the clamp. A lane past O holds act(0 + its residual lane): 0 for relu / relu6. */
+static inline __attribute__((always_inline)) void store_blocked(const vf *a, int T, float *y,
+                                                                 const float *r,
+                                                                 const float *bias, int64_t oc,
+                                                                 float lo, float hi) {
+    float bb[CB];
+    for (int j = 0; j < CB; j++) bb[j] = bias && j < oc ? bias[j] : 0.0f;
+    const vf bv = VLOAD(bb);
+    for (int t = 0; t < T; t++) {
+        vf v = a[t] + bv;
+        if (r) v = v + VLOAD(r + t * CB);
+        VSTORE(y + t * CB, vclamp(v, lo, hi));
+    }
+}
+
+/* Blocked input (p[23] & RLX_IN_BLOCKED): x is [N][Cb][H][W][CB] (ci = CB), copied row by
+ * row into xb's interior, or read in place when the conv has no border (Hp = H, Wp = W). */
+#define RLX_IN_BLOCKED 1
+#define RLX_OUT_BLOCKED 2
 
 /* one input row of cc (<= CB) channels (s: channel j's row at s + j * cs) into d [W][CB],
  * the lanes past cc zero: CB x CB squares transposed in registers where the target has
@@ -218,6 +251,16 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
     if (act == 0) lo = -INFINITY, hi = INFINITY;
     if (act == 1) lo = 0.0f, hi = INFINITY;
     if (act == 5) lo = 0.0f, hi = 6.0f;
+    if (p[23] & RLX_OUT_BLOCKED) {
+        const int64_t Ob = (O + CB - 1) / CB;
+        for (int b = 0; b < NB; b++) {
+            const int64_t o0 = (ob + b) * CB, oc = O - o0 < CB ? O - o0 : CB;
+            const int64_t off = (((n * Ob + ob + b) * OH + oh) * OW + ow0) * CB;
+            store_blocked(b ? a1 : a0, T, out + off, res ? res + off : NULL,
+                          bias ? bias + o0 : NULL, oc, lo, hi);
+        }
+        return;
+    }
     for (int b = 0; b < NB; b++) {
         const int64_t o0 = (ob + b) * CB;
         const int64_t oc = O - o0 < CB ? O - o0 : CB;
@@ -304,15 +347,22 @@ void rlx_conv2d_nchwc_f32(const float *x, float *xb, const float *wb, const floa
     const int64_t pairs = (Ob + 1) / 2;
     /* tiles per row: as even as TMAX allows (a 56-wide row: 5 x 12 would waste 4) */
     const int64_t ntile = (OW + TMAX - 1) / TMAX, T = (OW + ntile - 1) / ntile;
+    const int in_blocked = (p[23] & RLX_IN_BLOCKED) != 0;
+    const int in_place = in_blocked && Hp == H && Wp == W;
+    const float *xr = in_place ? x : xb;
 #pragma omp parallel num_threads(threads)
     {
         /* the reorder: every (image, channel block, input row) of xb's interior */
 #pragma omp for schedule(static)
-        for (int64_t q = 0; q < N * Cb * H; q++) {
+        for (int64_t q = 0; q < (in_place ? 0 : N * Cb * H); q++) {
             const int64_t h = q % H, cb = (q / H) % Cb, n = q / (H * Cb);
             float *d = xb + (((n * Cb + cb) * Hp + h + ph) * Wp + pw) * ci_n;
             const int64_t c0 = cb * ci_n, cc = C - c0 < ci_n ? C - c0 : ci_n;
             const float *s = x + ((n * C + c0) * H + h) * W;
+            if (in_blocked) {
+                memcpy(d, x + ((n * Cb + cb) * H + h) * W * CB, (size_t)(W * CB) * sizeof(float));
+                continue;
+            }
             if (ci_n == 1) {
                 memcpy(d, s, (size_t)W * sizeof(float));
                 continue;
@@ -324,7 +374,7 @@ void rlx_conv2d_nchwc_f32(const float *x, float *xb, const float *wb, const floa
             for (int64_t pr = 0; pr < pairs; pr++)
                 for (int64_t oh = 0; oh < OH; oh++) {
                     const int64_t ob = 2 * pr, nb = Ob - ob < 2 ? Ob - ob : 2;
-                    const float *xn = xb + n * Cb * Hp * Wp * ci_n;
+                    const float *xn = xr + n * Cb * Hp * Wp * ci_n;
                     const float *wb0 = wb + ob * Cb * KK * ci_n * CB;
                     for (int64_t ow0 = 0; ow0 < OW; ow0 += T) {
                         const int64_t nv = OW - ow0 < T ? OW - ow0 : T;
@@ -332,5 +382,40 @@ void rlx_conv2d_nchwc_f32(const float *x, float *xb, const float *wb, const floa
                                  out);
                     }
                 }
+    }
+}
+
+/* rlx_nchwc_to_blocked(x, out, p): x [N, C, H, W] -> out [N][Cb][H][W][CB], the lanes past C
+ * zero; p = {N, C, H, W}. rlx_nchwc_from_blocked(x, out, p): the inverse (lanes past C
+ * dropped). Threads: an OpenMP team over (image, block, row). */
+void rlx_nchwc_to_blocked(const float *x, float *out, const int64_t *p, int threads) {
+    const int64_t N = p[0], C = p[1], H = p[2], W = p[3], Cb = (C + CB - 1) / CB;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t q = 0; q < N * Cb * H; q++) {
+        const int64_t h = q % H, cb = (q / H) % Cb, n = q / (H * Cb);
+        const int64_t c0 = cb * CB, cc = C - c0 < CB ? C - c0 : CB;
+        reorder_row(x + ((n * C + c0) * H + h) * W, out + q * W * CB, H * W, W, cc);
+    }
+}
+
+void rlx_nchwc_from_blocked(const float *x, float *out, const int64_t *p, int threads) {
+    const int64_t N = p[0], C = p[1], H = p[2], W = p[3], Cb = (C + CB - 1) / CB;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t q = 0; q < N * Cb * H; q++) {
+        const int64_t h = q % H, cb = (q / H) % Cb, n = q / (H * Cb);
+        const int64_t c0 = cb * CB, cc = C - c0 < CB ? C - c0 : CB;
+        const float *s = x + q * W * CB;
+        float *d = out + ((n * C + c0) * H + h) * W;
+        int64_t i0 = 0;
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)) || defined(RLX_CONV_NEON)
+        for (; i0 + CB <= W; i0 += CB) { /* CB x CB squares transposed in registers */
+            vf r[CB];
+            for (int i = 0; i < CB; i++) r[i] = VLOAD(s + (i0 + i) * CB);
+            transpose_block(r);
+            for (int64_t j = 0; j < cc; j++) VSTORE(d + j * H * W + i0, r[j]);
+        }
+#endif
+        for (int64_t j = 0; j < cc; j++)
+            for (int64_t i = i0; i < W; i++) d[j * H * W + i] = s[i * CB + j];
     }
 }
