@@ -368,7 +368,8 @@ def depthwise(
         ctx.keep((*key, "packed"), pack)
     elif kind == "stable":
         ctx.prologue_once(key, pack)  # type: ignore[arg-type]
-    xb = np.zeros(geo.n * n_cb * hp * wp * cb, np.float32)  # private: its border stays zero
+    # private, its border stays zero (blocked input: read in place, taps outside skipped)
+    xb = np.zeros(1 if blocked is not None else geo.n * n_cb * hp * wp * cb, np.float32)
     macs = geo.n * geo.c * geo.oh * geo.ow * geo.kh * geo.kw
     threads = ctx.num_threads if macs >= _PARALLEL_MIN_MACS // 4 else 1
     call = functools.partial(

@@ -36,14 +36,40 @@ static inline __attribute__((always_inline)) void dw_tile(const float *xc, const
     vf a[TMAX];
 #pragma GCC unroll 16
     for (int t = 0; t < T; t++) a[t] = VZERO();
-    const float *x0 = xc + (oh * sh * Wp + ow0 * sw) * CB;
-    for (int64_t kh = 0; kh < KH; kh++)
-        for (int64_t kw = 0; kw < KW; kw++) {
-            const vf wv = VLOAD(wc + (kh * KW + kw) * CB);
-            const float *xk = x0 + (kh * dh * Wp + kw * dw) * CB;
+    if (p[23] & RLX_IN_BLOCKED) {
+        /* xc: the image's block [H][W][CB] read in place; taps outside it skipped (the
+         * zero border, without a bordered copy) */
+        const int64_t H = p[2], W = p[3], ph = p[11], pw = p[12];
+        const int64_t iw0 = ow0 * sw - pw;
+        const int inner = iw0 >= 0 && iw0 + (T - 1) * sw + (KW - 1) * dw < W;
+        for (int64_t kh = 0; kh < KH; kh++) {
+            const int64_t ih = oh * sh - ph + kh * dh;
+            if (ih < 0 || ih >= H) continue;
+            const float *xr = xc + ih * W * CB;
+            for (int64_t kw = 0; kw < KW; kw++) {
+                const vf wv = VLOAD(wc + (kh * KW + kw) * CB);
+                if (inner) {
+                    const float *xk = xr + (iw0 + kw * dw) * CB;
 #pragma GCC unroll 16
-            for (int t = 0; t < T; t++) a[t] = VFMA(VLOAD(xk + t * sw * CB), wv, a[t]);
+                    for (int t = 0; t < T; t++) a[t] = VFMA(VLOAD(xk + t * sw * CB), wv, a[t]);
+                } else {
+                    for (int t = 0; t < T; t++) {
+                        const int64_t iw = iw0 + t * sw + kw * dw;
+                        if (iw >= 0 && iw < W) a[t] = VFMA(VLOAD(xr + iw * CB), wv, a[t]);
+                    }
+                }
+            }
         }
+    } else {
+        const float *x0 = xc + (oh * sh * Wp + ow0 * sw) * CB;
+        for (int64_t kh = 0; kh < KH; kh++)
+            for (int64_t kw = 0; kw < KW; kw++) {
+                const vf wv = VLOAD(wc + (kh * KW + kw) * CB);
+                const float *xk = x0 + (kh * dh * Wp + kw * dw) * CB;
+#pragma GCC unroll 16
+                for (int t = 0; t < T; t++) a[t] = VFMA(VLOAD(xk + t * sw * CB), wv, a[t]);
+            }
+    }
     float lo = ((const float *)(p + 17))[0], hi = ((const float *)(p + 18))[0];
     if (act == 0) lo = -INFINITY, hi = INFINITY;
     if (act == 1) lo = 0.0f, hi = INFINITY;
@@ -107,21 +133,18 @@ void rlx_dw_nchwc_f32(const float *x, float *xb, const float *wb, const float *b
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
-        for (int64_t q = 0; q < N * Cb * H; q++) {
+        for (int64_t q = 0; q < (in_blocked ? 0 : N * Cb * H); q++) {
             const int64_t h = q % H, cb = (q / H) % Cb, n = q / (H * Cb);
             float *d = xb + (((n * Cb + cb) * Hp + h + ph) * Wp + pw) * CB;
             const int64_t c0 = cb * CB, cc = C - c0 < CB ? C - c0 : CB;
-            if (in_blocked) { /* x [N][Cb][H][W][CB]: a row copy into the bordered buffer */
-                memcpy(d, x + q * W * CB, (size_t)(W * CB) * sizeof(float));
-                continue;
-            }
             reorder_row(x + ((n * C + c0) * H + h) * W, d, H * W, W, cc);
         }
 #pragma omp for collapse(3) schedule(static)
         for (int64_t n = 0; n < N; n++)
             for (int64_t cb = 0; cb < Cb; cb++)
                 for (int64_t oh = 0; oh < OH; oh++) {
-                    const float *xc = xb + (n * Cb + cb) * Hp * Wp * CB;
+                    const float *xc = in_blocked ? x + (n * Cb + cb) * H * W * CB
+                                                 : xb + (n * Cb + cb) * Hp * Wp * CB;
                     const float *wc = wb + cb * KK * CB;
                     for (int64_t ow0 = 0; ow0 < OW; ow0 += T) {
                         const int64_t nv = OW - ow0 < T ? OW - ow0 : T;

@@ -151,9 +151,13 @@ static inline __attribute__((always_inline)) void store_blocked(const vf *a, int
                                                                  const float *r,
                                                                  const float *bias, int64_t oc,
                                                                  float lo, float hi) {
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)) || defined(RLX_CONV_NEON)
+    const vf bv = bias ? vload_n(bias, oc) : VZERO(); /* masked: no store-to-load stall */
+#else
     float bb[CB];
     for (int j = 0; j < CB; j++) bb[j] = bias && j < oc ? bias[j] : 0.0f;
     const vf bv = VLOAD(bb);
+#endif
     for (int t = 0; t < T; t++) {
         vf v = a[t] + bv;
         if (r) v = v + VLOAD(r + t * CB);
@@ -350,6 +354,7 @@ void rlx_conv2d_nchwc_f32(const float *x, float *xb, const float *wb, const floa
     const int in_blocked = (p[23] & RLX_IN_BLOCKED) != 0;
     const int in_place = in_blocked && Hp == H && Wp == W;
     const float *xr = in_place ? x : xb;
+    const int rows_outer = Ob * Cb * KK * ci_n * CB * (int64_t)sizeof(float) <= (256 << 10);
 #pragma omp parallel num_threads(threads)
     {
         /* the reorder: every (image, channel block, input row) of xb's interior */
@@ -369,10 +374,14 @@ void rlx_conv2d_nchwc_f32(const float *x, float *xb, const float *wb, const floa
             }
             reorder_row(s, d, H * W, W, cc);
         }
+        /* (image, row, block pair) with the weights in L2 (an input row stays in L1
+         * over every pair), else (image, block pair, row) (a pair's weights over every row) */
 #pragma omp for collapse(3) schedule(static)
         for (int64_t n = 0; n < N; n++)
-            for (int64_t pr = 0; pr < pairs; pr++)
-                for (int64_t oh = 0; oh < OH; oh++) {
+            for (int64_t i = 0; i < pairs; i++)
+                for (int64_t j = 0; j < OH; j++) {
+                    const int64_t q = i * OH + j;
+                    const int64_t pr = rows_outer ? q % pairs : i, oh = rows_outer ? q / pairs : j;
                     const int64_t ob = 2 * pr, nb = Ob - ob < 2 ? Ob - ob : 2;
                     const float *xn = xr + n * Cb * Hp * Wp * ci_n;
                     const float *wb0 = wb + ob * Cb * KK * ci_n * CB;
