@@ -114,7 +114,8 @@ class FromNchwc(Op):
 @register
 class ConvNchwc(Op):
     """``conv`` (a 2-D :class:`~rlx.ops.nn.Conv`, its bias, residual and activation) on
-    blocked activations: inputs ``x [N, ceil(C / b), H, W, b]`` (C = ``in_channels``), the
+    blocked activations: inputs ``x [N, ceil(C / b), H, W, b]`` (C = ``in_channels``; with
+    ``nchw_input`` ``x [N, C, H, W]``: a chain's first conv reordering its own input), the
     conv's ``w [O, C / groups, KH, KW]``, ``bias [O]`` (``conv.has_bias``), ``residual``
     (``conv.has_residual``, the output's shape); output ``[N, ceil(O / b), OH, OW, b]``
     (b = ``layout.block``), the lanes past O ``act(residual lane)`` (0 without one)."""
@@ -124,6 +125,7 @@ class ConvNchwc(Op):
     conv: Conv
     layout: Nchwc
     in_channels: int
+    nchw_input: bool = False
 
     def num_inputs(self) -> int:
         return self.conv.num_inputs()
@@ -135,8 +137,16 @@ class ConvNchwc(Op):
         x, w = ins[:2]
         expect(len(self.conv.stride) == 2, self, f"needs a 2-D conv, got {self.conv}")
         expect(x.dtype.is_float, self, f"x must be a float tensor, got {x}")
-        _blocked_shape(self, x, self.layout, self.in_channels, "x")
-        n, _, h, wd, _ = x.dims
+        if self.nchw_input:
+            expect(
+                x.rank == 4 and x.dims[1] == self.in_channels,
+                self,
+                f"x must be [N, {self.in_channels}, H, W], got {x}",
+            )
+            n, _, h, wd = x.dims
+        else:
+            _blocked_shape(self, x, self.layout, self.in_channels, "x")
+            n, _, h, wd, _ = x.dims
         plain: tuple[Shape, ...] = (Shape((n, self.in_channels, h, wd), x.dtype), w)
         if self.conv.has_bias:
             plain += (ins[2],)
@@ -153,7 +163,8 @@ class ConvNchwc(Op):
         return out
 
     def reference(self, xs: Sequence[np.ndarray], ctx: RefCtx) -> np.ndarray:
-        x = from_blocked(upcast(np.asarray(xs[0])), self.in_channels)
+        x = upcast(np.asarray(xs[0]))
+        x = x if self.nchw_input else from_blocked(x, self.in_channels)
         rest = [upcast(np.asarray(a)) for a in xs[1 : 2 + int(self.conv.has_bias)]]
         y = self._plain().reference([x, *rest], replace(ctx, out_dtype=np.dtype(np.float64)))
         b = self.layout.block

@@ -6,13 +6,15 @@ it, instead of every blocked conv kernel reordering its input and transposing it
 In: an inference graph after the fusion passes (convs carry their bias, residual and
 activation, ``fuse_conv_act``). Out: the graph with each chosen ``conv`` replaced by a
 ``conv_nchwc`` over blocked tensors, a ``to_nchwc`` on each NCHW tensor a chosen conv
-reads (input or residual; one per tensor, shared by its readers) and a ``from_nchwc`` on
+reads as a residual or shares with other chosen convs (one per tensor; a chain's first
+conv otherwise reads its NCHW input and reorders it itself) and a ``from_nchwc`` on
 each chosen conv's output that something other than a chosen conv reads (or that is a
 graph output).
 
 A conv is a candidate (:class:`Candidate`) when it is f32, 2-D, static in its channels,
 either dense (``groups == 1``) or depthwise (``groups == C == O``), with at least a block
-of input and output channels, and not a 3x3 stride-1 conv on a plane of 100+ outputs
+of output channels and of input channels (or a dense stem of at most
+:data:`STEM_MAX_C`), and not a 3x3 stride-1 conv on a plane of 100+ outputs
 (those run Winograd F(2x2, 3x3) on the NCHW path, faster than the direct blocked kernel).
 A candidate is kept only when another kept candidate is its neighbour (produces its input
 or residual, or reads its output as input or residual): a lone conv gains nothing from
@@ -37,6 +39,9 @@ __all__ = ["NchwcLayout", "Layout", "Candidate", "candidate", "native_block"]
 #: a 3x3 stride-1 conv with at least this many outputs per image stays on the NCHW path
 #: (Winograd there; ``engines/conv_nchwc.py``'s WINOGRAD_MIN_PLANE)
 WINOGRAD_MIN_PLANE = 100
+#: a dense conv with fewer input channels than a block (a network's RGB stem) joins a chain
+#: only with at most this many (its input stays NCHW: ``conv_nchwc(nchw_input=True)``)
+STEM_MAX_C = 4
 
 
 class Layout(enum.Enum):
@@ -72,7 +77,9 @@ def candidate(graph: Graph, node: Node, block: int) -> Candidate | None:
     c, o = x.dims[1], w.dims[0]
     if not (isinstance(c, int) and isinstance(o, int)) or x.rank != 4:
         return None
-    if not (op.groups == 1 or op.groups == c == o) or min(c, o) < block:
+    if not (op.groups == 1 or op.groups == c == o) or o < block:
+        return None
+    if c < block and (op.groups != 1 or c > STEM_MAX_C):
         return None
     kh, kw = w.dims[2:]
     oh, ow = node.shape.dims[2:]
@@ -128,6 +135,12 @@ class NchwcLayout:
             for k, i in enumerate(n.inputs):
                 if i in chosen and k not in blocked_slots:
                     nchw_read.add(i)
+        readers: dict[NodeId, int] = {}  # tensor -> how many chosen convs read it blocked
+        for nid in chosen:
+            node = graph.nodes[nid]
+            tensors = {node.inputs[0]} | ({node.inputs[-1]} if cands[nid].has_residual else set())
+            for t in tensors:
+                readers[t] = readers.get(t, 0) + 1
         rw = Rewriter(graph)
         blocked: dict[NodeId, NodeId] = {}  # old id -> its blocked tensor in the new graph
         layouts: dict[NodeId, Layout] = {}
@@ -147,13 +160,15 @@ class NchwcLayout:
                 continue
             op: Conv = node.op  # type: ignore[assignment]
             cand = cands[nid]
-            ins = [
-                as_blocked(node.inputs[0]),
-                *(rw.map[i] for i in node.inputs[1 : 2 + op.has_bias]),
-            ]
+            x = node.inputs[0]
+            # a chain's entry reorders its own input unless other blocked convs read it too
+            nchw_input = x not in blocked and (cand.channels < block or readers[x] == 1)
+            ins = [rw.map[x] if nchw_input else as_blocked(x)]
+            ins += [rw.map[i] for i in node.inputs[1 : 2 + op.has_bias]]
             if cand.has_residual:
                 ins.append(as_blocked(node.inputs[-1]))
-            new = rw.emit(ConvNchwc(op, layout, cand.channels), ins, node.loc)
+            conv = ConvNchwc(op, layout, cand.channels, nchw_input)
+            new = rw.emit(conv, ins, node.loc)
             blocked[nid] = new
             layouts[nid] = Layout.NCHWC
             if nid in nchw_read:

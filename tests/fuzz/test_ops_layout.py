@@ -34,13 +34,13 @@ def _cases(draw: st.DrawFn) -> tuple:
     pad = draw(st.integers(0, k // 2))
     hw = (draw(st.integers(k, 9)), draw(st.integers(k, 9)))
     act = draw(st.sampled_from([ConvAct.NONE, ConvAct.RELU, ConvAct.CLIP]))
-    return block, depthwise, c, o, k, stride, pad, hw, act, draw(st.booleans())
+    return block, depthwise, c, o, k, stride, pad, hw, act, draw(st.booleans()), draw(st.booleans())
 
 
 @examples(12)
 @given(case=_cases(), n=st.integers(1, 2), seed=SEEDS)
 def test_conv_nchwc_matches_torch(case, n, seed) -> None:
-    block, depthwise, c, o, k, stride, pad, hw, act, residual = case
+    block, depthwise, c, o, k, stride, pad, hw, act, residual, nchw_input = case
     groups = c if depthwise else 1
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, c, *hw)).astype(np.float32)
@@ -54,14 +54,12 @@ def test_conv_nchwc_matches_torch(case, n, seed) -> None:
         (stride, stride), ((pad, pad), (pad, pad)), (1, 1), groups, True, act, clip, residual
     )
     g = rlx.Graph("conv_nchwc")
-    ins = [
-        g.apply(ToNchwc(lay), [g.input("x", x.shape)]),
-        g.param("w", w.shape),
-        g.param("b", (o,)),
-    ]
+    xi = g.input("x", x.shape)
+    xb = xi if nchw_input else g.apply(ToNchwc(lay), [xi])  # the kernel reorders x itself
+    ins = [xb, g.param("w", w.shape), g.param("b", (o,))]
     if residual:
         ins.append(g.apply(ToNchwc(lay), [g.input("r", r.shape)]))
-    y = g.apply(FromNchwc(lay, o), [g.apply(ConvNchwc(conv, lay, c), ins)])
+    y = g.apply(FromNchwc(lay, o), [g.apply(ConvNchwc(conv, lay, c, nchw_input), ins)])
     g.set_outputs([y])
     feeds = {"x": x, "r": r} if residual else {"x": x}
 

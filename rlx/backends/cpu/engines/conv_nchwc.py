@@ -136,7 +136,8 @@ def _winograd_fits(geo: Geometry) -> bool:
 @dataclass(frozen=True)
 class Blocked:
     """Which of a conv's tensors are already NCHWc (``[N, ceil(C / CB), H, W, CB]``): the
-    input ``x`` (its residual and output always are, for a ``conv_nchwc`` node)."""
+    input ``x`` or not (NCHW, reordered by the kernel: a chain's first conv); its residual
+    and output always are, for a ``conv_nchwc`` node."""
 
     x: bool = True
 
@@ -210,7 +211,7 @@ def nchwc(
     if lib is None:
         return None
     cb = int(lib.rlx_nchwc_block())
-    ci = cb if geo.c >= cb or blocked is not None else 1  # a stem's input stays NCHW
+    ci = cb if geo.c >= cb or (blocked is not None and blocked.x) else 1  # a stem: NCHW
     if blocked is None and not _unblocked_fits(geo, cb, ci):
         return None
     n_cb, n_ob = -(-geo.c // ci), -(-geo.o // cb)
@@ -369,7 +370,8 @@ def depthwise(
     elif kind == "stable":
         ctx.prologue_once(key, pack)  # type: ignore[arg-type]
     # private, its border stays zero (blocked input: read in place, taps outside skipped)
-    xb = np.zeros(1 if blocked is not None else geo.n * n_cb * hp * wp * cb, np.float32)
+    in_place = blocked is not None and blocked.x
+    xb = np.zeros(1 if in_place else geo.n * n_cb * hp * wp * cb, np.float32)
     macs = geo.n * geo.c * geo.oh * geo.ow * geo.kh * geo.kw
     threads = ctx.num_threads if macs >= _PARALLEL_MIN_MACS // 4 else 1
     call = functools.partial(

@@ -90,18 +90,19 @@ def native_conv_nchwc(
     extra = tuple(a for a in (bias, res) if a is not None)
     if not _f32(x, w, out, *extra) or x.size == 0 or out.size == 0:
         return None
-    n, _, h, wd, _ = x.shape
+    n, _, h, wd = x.shape[:4]
     o, _, kh, kw = w.shape
     oh, ow = out.shape[2:4]
     (sh, sw), (dh, dw) = conv.stride, conv.dilation
     (ph, _), (pw, _) = conv.padding
-    if (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and oh * ow <= FLAT_MAX_PLANE:
+    flat = not op.nchw_input and oh * ow <= FLAT_MAX_PLANE
+    if flat and (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0):
         h, wd, oh, ow = 1, h * wd, 1, oh * ow  # blocks hold the plane's positions in a row
     geo = Geometry(n, op.in_channels, h, wd, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, conv.groups)
     if not ctx.native or nchwc_block() != op.layout.block:
         return None
     act, lo, hi = ConvAct.of(conv)
-    blocked = Blocked()
+    blocked = Blocked(x=not op.nchw_input)
     k = nchwc(node, geo, x, w, bias, out, ctx, act, lo, hi, res, blocked)
     return k or depthwise(node, geo, x, w, bias, out, ctx, act, lo, hi, res, blocked)
 
