@@ -355,6 +355,7 @@ void rlx_conv2d_nchwc_f32(const float *x, float *xb, const float *wb, const floa
     const int in_place = in_blocked && Hp == H && Wp == W;
     const float *xr = in_place ? x : xb;
     const int rows_outer = Ob * Cb * KK * ci_n * CB * (int64_t)sizeof(float) <= (256 << 10);
+    const int64_t per_row = (OW + T - 1) / T; /* tiles per output row */
 #pragma omp parallel num_threads(threads)
     {
         /* the reorder: every (image, channel block, input row) of xb's interior */
@@ -374,23 +375,26 @@ void rlx_conv2d_nchwc_f32(const float *x, float *xb, const float *wb, const floa
             }
             reorder_row(s, d, H * W, W, cc);
         }
-        /* (image, row, block pair) with the weights in L2 (an input row stays in L1
-         * over every pair), else (image, block pair, row) (a pair's weights over every row) */
-#pragma omp for collapse(3) schedule(static)
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t i = 0; i < pairs; i++)
-                for (int64_t j = 0; j < OH; j++) {
-                    const int64_t q = i * OH + j;
-                    const int64_t pr = rows_outer ? q % pairs : i, oh = rows_outer ? q / pairs : j;
-                    const int64_t ob = 2 * pr, nb = Ob - ob < 2 ? Ob - ob : 2;
-                    const float *xn = xr + n * Cb * Hp * Wp * ci_n;
-                    const float *wb0 = wb + ob * Cb * KK * ci_n * CB;
-                    for (int64_t ow0 = 0; ow0 < OW; ow0 += T) {
-                        const int64_t nv = OW - ow0 < T ? OW - ow0 : T;
-                        tile_any(xn, wb0, p, n, ob, oh, ow0, nv, (int)nv, (int)nb, bias, res,
-                                 out);
-                    }
-                }
+        /* one item per register tile: (image, row, tile, block pair) with the weights in L2
+         * (an input row stays in L1 over every pair), else (image, block pair, row, tile)
+         * (a pair's weights over every row); items, not rows, so that small planes split
+         * evenly over the team */
+#pragma omp for schedule(static)
+        for (int64_t q = 0; q < N * pairs * OH * per_row; q++) {
+            int64_t pr, oh, tl, r;
+            if (rows_outer) {
+                pr = q % pairs, r = q / pairs, tl = r % per_row, r /= per_row;
+                oh = r % OH, r /= OH;
+            } else {
+                tl = q % per_row, r = q / per_row, oh = r % OH, r /= OH;
+                pr = r % pairs, r /= pairs;
+            }
+            const int64_t n = r, ob = 2 * pr, nb = Ob - ob < 2 ? Ob - ob : 2;
+            const float *xn = xr + n * Cb * Hp * Wp * ci_n;
+            const float *wb0 = wb + ob * Cb * KK * ci_n * CB;
+            const int64_t ow0 = tl * T, nv = OW - ow0 < T ? OW - ow0 : T;
+            tile_any(xn, wb0, p, n, ob, oh, ow0, nv, (int)nv, (int)nb, bias, res, out);
+        }
     }
 }
 
