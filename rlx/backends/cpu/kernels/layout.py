@@ -27,10 +27,6 @@ if TYPE_CHECKING:
 __all__ = ["native_reorder", "numpy_reorder", "native_conv_nchwc", "numpy_conv_nchwc"]
 
 _F32 = np.dtype(np.float32)
-#: a 1x1 stride-1 unpadded conv on a plane of at most this many positions runs as one row
-#: of H*W positions (whole register tiles of 12 instead of 7x7 / 14x14 rows' 7 + 7): the
-#: blocked image is the same bytes either way
-FLAT_MAX_PLANE = 256
 
 
 def _f32(*xs: np.ndarray) -> bool:
@@ -95,9 +91,10 @@ def native_conv_nchwc(
     oh, ow = out.shape[2:4]
     (sh, sw), (dh, dw) = conv.stride, conv.dilation
     (ph, _), (pw, _) = conv.padding
-    flat = not op.nchw_input and oh * ow <= FLAT_MAX_PLANE
-    if flat and (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0):
-        h, wd, oh, ow = 1, h * wd, 1, oh * ow  # blocks hold the plane's positions in a row
+    if not op.nchw_input and (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0):
+        # a 1x1 stride-1 unpadded conv as one row of H*W positions (whole register tiles of
+        # 12, not 7 + 7 on a 14-wide row): the blocked image is the same bytes either way
+        h, wd, oh, ow = 1, h * wd, 1, oh * ow
     geo = Geometry(n, op.in_channels, h, wd, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, conv.groups)
     if not ctx.native or nchwc_block() != op.layout.block:
         return None
