@@ -19,16 +19,18 @@
  *
  * rlx_conv2d_nchwc_f32(x, xb, wb, bias|NULL, out, res|NULL, p, threads)
  *   p = {N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups, act, lo, hi, Hp, Wp,
- *   ci}. x [N, C, H, W] is reordered into xb [N][Cb][Hp][Wp][ci] (its interior at row ph,
- *   column pw; the border and the lanes past C stay zero: the caller zeroes xb once; Hp /
- *   Wp: every tap inside), then per (image, pair of output channel blocks, output row)
- *   the row is computed a tile of at most TMAX output positions at a time: 2 x T vectors of
- *   CB output channels stay in registers over every input channel and tap (each input
- *   value broadcast once per tile and block pair, each weight vector loaded once per
- *   tile). The epilogue adds the bias, the residual res (out's shape, NCHW) and applies act
- *   (0 none, 1 relu, 5 relu6, 6 clip(lo, hi); lo / hi float bits) while writing out [N, O,
- *   OH, OW] (NCHW) from the tile. Threads: an OpenMP team over (image, channel block pair,
- *   output row).
+ *   ci, (Winograd's NTB), flags}. x [N, C, H, W] is reordered into xb [N][Cb][Hp][Wp][ci]
+ *   (its interior at row ph, column pw; the border and the lanes past C stay zero: the
+ *   caller zeroes xb once; Hp / Wp: every tap inside), then each register tile is T output
+ *   positions of one output row x NG blocks of output channels (NG = 3, T <= 8 on AVX-512
+ *   with 3+ blocks; else 2 blocks, T <= TMAX): NG x T vectors of CB output channels stay in
+ *   registers over every input channel and tap (each input value broadcast once per tile,
+ *   each weight vector loaded once per tile). The epilogue adds the bias, the residual res
+ *   (out's shape) and applies act (0 none, 1 relu, 5 relu6, 6 clip(lo, hi); lo / hi float
+ *   bits) while writing out [N, O, OH, OW] (NCHW) from the tile, transposed in registers.
+ *   flags (p[23]): RLX_IN_BLOCKED, x is [N][Cb][H][W][CB] (copied row by row into xb, or
+ *   read in place without a border); RLX_OUT_BLOCKED, out and res are [N][Ob][OH][OW][CB]
+ *   (stored as the tile's vectors, no transpose). Threads: an OpenMP team over the tiles.
  */
 #include <math.h>
 #include <stdint.h>
@@ -39,6 +41,8 @@
 #include <immintrin.h>
 #define CB 16
 #define TMAX 12
+#define NBMAX 3
+#define TMAX3 8
 typedef __m512 vf;
 #define VZERO() _mm512_setzero_ps()
 #define VSET1(s) _mm512_set1_ps(s)
@@ -67,6 +71,11 @@ typedef float vfu __attribute__((vector_size(16), aligned(4)));
 #define VLOAD(p) (*(const vfu *)(p))
 #define VSTORE(p, v) (*(vfu *)(p) = (v))
 #define VFMA(a, b, c) ((a) * (b) + (c))
+#endif
+
+#ifndef NBMAX
+#define NBMAX 2
+#define TMAX3 TMAX
 #endif
 
 #if defined(__AVX512F__)
@@ -222,9 +231,11 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
     const int64_t Hp = p[19], Wp = p[20], ci_n = p[21];
     const int64_t Cb = (C + ci_n - 1) / ci_n, KK = KH * KW;
     const int64_t wstep = Cb * KK * ci_n * CB; /* floats between two output blocks' weights */
-    vf a0[TMAX], a1[TMAX];
+    vf acc[NBMAX][TMAX];
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; b++)
 #pragma GCC unroll 16
-    for (int t = 0; t < T; t++) a0[t] = a1[t] = VZERO();
+        for (int t = 0; t < T; t++) acc[b][t] = VZERO();
     const int64_t xs = sw * ci_n; /* floats between two output positions' inputs */
     for (int64_t cb = 0; cb < Cb; cb++) {
         const float *xc = xn + cb * Hp * Wp * ci_n + (oh * sh * Wp + ow0 * sw) * ci_n;
@@ -234,18 +245,14 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
                 const float *xk = xc + (kh * dh * Wp + kw * dw) * ci_n;
                 const float *wk = wc + (kh * KW + kw) * ci_n * CB;
                 for (int64_t ci = 0; ci < ci_n; ci++) {
-                    const vf w0 = VLOAD(wk + ci * CB);
-                    if (NB == 2) {
-                        const vf w1 = VLOAD(wk + wstep + ci * CB);
+                    vf wv[NBMAX];
+#pragma GCC unroll 4
+                    for (int b = 0; b < NB; b++) wv[b] = VLOAD(wk + b * wstep + ci * CB);
 #pragma GCC unroll 16
-                        for (int t = 0; t < T; t++) {
-                            const vf v = VSET1(xk[t * xs + ci]);
-                            a0[t] = VFMA(v, w0, a0[t]);
-                            a1[t] = VFMA(v, w1, a1[t]);
-                        }
-                    } else {
-#pragma GCC unroll 16
-                        for (int t = 0; t < T; t++) a0[t] = VFMA(VSET1(xk[t * xs + ci]), w0, a0[t]);
+                    for (int t = 0; t < T; t++) {
+                        const vf v = VSET1(xk[t * xs + ci]);
+#pragma GCC unroll 4
+                        for (int b = 0; b < NB; b++) acc[b][t] = VFMA(v, wv[b], acc[b][t]);
                     }
                 }
             }
@@ -260,7 +267,7 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
         for (int b = 0; b < NB; b++) {
             const int64_t o0 = (ob + b) * CB, oc = O - o0 < CB ? O - o0 : CB;
             const int64_t off = (((n * Ob + ob + b) * OH + oh) * OW + ow0) * CB;
-            store_blocked(b ? a1 : a0, T, out + off, res ? res + off : NULL,
+            store_blocked(acc[b], T, out + off, res ? res + off : NULL,
                           bias ? bias + o0 : NULL, oc, lo, hi);
         }
         return;
@@ -275,7 +282,7 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
          * consecutive in out), then bias, residual and clamp on whole vectors */
         vf r[CB];
 #pragma GCC unroll 16
-        for (int t = 0; t < CB; t++) r[t] = t < T ? (b ? a1[t] : a0[t]) : VZERO();
+        for (int t = 0; t < CB; t++) r[t] = t < T ? acc[b][t] : VZERO();
         transpose_block(r);
         for (int64_t j = 0; j < oc; j++) {
             const int64_t off = j * OH * OW;
@@ -288,13 +295,13 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
         for (int g = 0; g < T; g += 4) {
             vf r[4];
 #pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) r[t] = g + t < T ? (b ? a1[g + t] : a0[g + t]) : VZERO();
+            for (int t = 0; t < 4; t++) r[t] = g + t < T ? acc[b][g + t] : VZERO();
             tile_store4(r, nv - g, oc, OH * OW, bias ? bias + o0 : NULL, r0 ? r0 + g : NULL,
                         y0 + g, lo, hi);
         }
 #else
         float buf[TMAX * CB];
-        for (int t = 0; t < T; t++) VSTORE(buf + t * CB, b ? a1[t] : a0[t]);
+        for (int t = 0; t < T; t++) VSTORE(buf + t * CB, acc[b][t]);
         for (int64_t j = 0; j < oc; j++) {
             const int64_t off = j * OH * OW;
             const float bj = bias ? bias[o0 + j] : 0.0f;
@@ -309,12 +316,18 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
     }
 }
 
+#if NBMAX > 2
+#define TILE_NB3(TT)                                                                     \
+    else if (nb == 3) tile(xn, wb0, p, n, ob, oh, ow0, nv, TT, 3, bias, res, out);
+#else
+#define TILE_NB3(TT)
+#endif
 #define TILE_CASE(TT)                                                                    \
     case TT:                                                                             \
         if (nb == 2)                                                                     \
             tile(xn, wb0, p, n, ob, oh, ow0, nv, TT, 2, bias, res, out);                 \
-        else                                                                             \
-            tile(xn, wb0, p, n, ob, oh, ow0, nv, TT, 1, bias, res, out);                 \
+        TILE_NB3(TT)                                                                     \
+        else tile(xn, wb0, p, n, ob, oh, ow0, nv, TT, 1, bias, res, out);                \
         break;
 
 static void tile_any(const float *xn, const float *wb0, const int64_t *p, int64_t n,
@@ -348,9 +361,12 @@ void rlx_conv2d_nchwc_f32(const float *x, float *xb, const float *wb, const floa
     const int64_t OH = p[7], OW = p[8], ph = p[11], pw = p[12];
     const int64_t Hp = p[19], Wp = p[20], ci_n = p[21];
     const int64_t Cb = (C + ci_n - 1) / ci_n, Ob = (O + CB - 1) / CB, KK = KH * KW;
-    const int64_t pairs = (Ob + 1) / 2;
-    /* tiles per row: as even as TMAX allows (a 56-wide row: 5 x 12 would waste 4) */
-    const int64_t ntile = (OW + TMAX - 1) / TMAX, T = (OW + ntile - 1) / ntile;
+    /* NG blocks of output channels per register tile: NBMAX (3 x 8 positions on AVX-512:
+     * 3 weight vectors and 8 broadcasts per 24 FMAs) when there are that many, else 2 */
+    const int64_t NG = Ob >= NBMAX ? NBMAX : 2, tmax = NG == 3 ? TMAX3 : TMAX;
+    const int64_t pairs = (Ob + NG - 1) / NG;
+    /* tiles per row: as even as tmax allows (a 56-wide row: 5 x 12 would waste 4) */
+    const int64_t ntile = (OW + tmax - 1) / tmax, T = (OW + ntile - 1) / ntile;
     const int in_blocked = (p[23] & RLX_IN_BLOCKED) != 0;
     const int in_place = in_blocked && Hp == H && Wp == W;
     const float *xr = in_place ? x : xb;
@@ -389,7 +405,7 @@ void rlx_conv2d_nchwc_f32(const float *x, float *xb, const float *wb, const floa
                 tl = q % per_row, r = q / per_row, oh = r % OH, r /= OH;
                 pr = r % pairs, r /= pairs;
             }
-            const int64_t n = r, ob = 2 * pr, nb = Ob - ob < 2 ? Ob - ob : 2;
+            const int64_t n = r, ob = NG * pr, nb = Ob - ob < NG ? Ob - ob : NG;
             const float *xn = xr + n * Cb * Hp * Wp * ci_n;
             const float *wb0 = wb + ob * Cb * KK * ci_n * CB;
             const int64_t ow0 = tl * T, nv = OW - ow0 < T ? OW - ow0 : T;
