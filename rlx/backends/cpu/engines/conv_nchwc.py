@@ -28,6 +28,12 @@ packing and no layout change (a vector of positions is contiguous there already)
 :func:`depthwise`: depthwise convs with 7x7 output planes on NCHWc blocks on
 AVX-512 (``csrc/conv_dw_nchwc.c``: a vector of 16 channels per position, every lane
 useful, where the NCHW kernel's vectors along a 7-wide row are mostly padding).
+
+With ``blocked`` (:class:`Blocked`, the ``conv_nchwc`` nodes of the layout pass,
+``rlx/passes/layout.py``) :func:`nchwc` and :func:`depthwise` read blocked input (or
+reorder an NCHW one) and write blocked output and residual ``[N, ceil(O / CB), OH, OW,
+CB]``: no transpose in the epilogue, every size taken; :func:`reorder` is the pass's
+``to_nchwc`` / ``from_nchwc``.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@
  *   positions sums its taps in registers (one vector load per tap and position, the
  *   tap's weight vector loaded once per tile), then the bias, residual and activation
  *   while writing out (NCHW). Threads: an OpenMP team over (image, block, row).
+ *   flags (p[23], as rlx_conv2d_nchwc_f32's): RLX_IN_BLOCKED, x is [N][Cb][H][W][CB], read
+ *   in place (taps outside the image skipped: no bordered copy); RLX_OUT_BLOCKED, out and
+ *   res are [N][Cb][OH][OW][CB] (the tile's vectors stored as they are).
  */
 
 void rlx_dw_nchwc_pack_w(const float *w, float *wb, const int64_t *p) {
