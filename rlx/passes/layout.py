@@ -14,8 +14,8 @@ graph output).
 A conv is a candidate (:class:`Candidate`) when it is f32, 2-D, static in its channels,
 either dense (``groups == 1``) or depthwise (``groups == C == O``), with at least a block
 of output channels and of input channels (or a dense stem of at most
-:data:`STEM_MAX_C`), and not a 3x3 stride-1 conv on a plane of 100+ outputs
-(those run Winograd F(2x2, 3x3) on the NCHW path, faster than the direct blocked kernel).
+:data:`STEM_MAX_C`); the kernels on blocks are the direct, Winograd F(2x2, 3x3) and
+depthwise ones (``engines/conv_nchwc.py``).
 A candidate is kept only when another kept candidate is its neighbour (produces its input
 or residual, or reads its output as input or residual): a lone conv gains nothing from
 two reorders around it. The block is the native conv library's (16 on AVX-512, 8 on
@@ -36,9 +36,6 @@ from rlx.passes.base import Rewriter
 
 __all__ = ["NchwcLayout", "Layout", "Candidate", "candidate", "native_block"]
 
-#: a 3x3 stride-1 conv with at least this many outputs per image stays on the NCHW path
-#: (Winograd there; ``engines/conv_nchwc.py``'s WINOGRAD_MIN_PLANE)
-WINOGRAD_MIN_PLANE = 100
 #: a dense conv with fewer input channels than a block (a network's RGB stem) joins a chain
 #: only with at most this many (its input stays NCHW: ``conv_nchwc(nchw_input=True)``)
 STEM_MAX_C = 4
@@ -81,12 +78,6 @@ def candidate(graph: Graph, node: Node, block: int) -> Candidate | None:
         return None
     if c < block and (op.groups != 1 or c > STEM_MAX_C):
         return None
-    kh, kw = w.dims[2:]
-    oh, ow = node.shape.dims[2:]
-    square = (kh, kw, *op.stride, *op.dilation) == (3, 3, 1, 1, 1, 1)
-    if square and op.groups == 1:
-        if not (isinstance(oh, int) and isinstance(ow, int)) or oh * ow >= WINOGRAD_MIN_PLANE:
-            return None
     return Candidate(c, o, op.has_residual)
 
 

@@ -28,7 +28,7 @@ needs_gcc = pytest.mark.skipif(not TARGETS, reason="gcc is not installed")
 # each layer: (out channels, kernel, stride, pad, depthwise, act, residual of layer i or None)
 # act: None relu, (lo, hi) a clip, () none
 CHAIN = (
-    (20, 3, 1, 1, False, None, None),  # NCHW (Winograd) on planes of 100+ outputs
+    (20, 3, 1, 1, False, None, None),  # Winograd on planes of 100+ outputs
     (24, 3, 2, 1, False, (0.0, 6.0), None),  # stride 2, relu6
     (24, 3, 1, 1, True, (0.0, 6.0), None),  # depthwise
     (24, 1, 1, 0, False, (), 1),  # pointwise, the residual of layer 1
@@ -89,15 +89,16 @@ def _torch_chain(params: dict, feeds: dict, specs: list) -> list[np.ndarray]:
 @pytest.mark.parametrize("target", TARGETS)
 def test_conv_chain_on_blocks_matches_torch_and_the_reference(monkeypatch, target) -> None:
     monkeypatch.setenv("RLX_ISA", target)
-    # (13, 11): the first conv is Winograd-sized (stays NCHW); (9, 10), 3 channels: an RGB
-    # stem starts the chain, reading its NCHW input
+    # (13, 11): the first conv runs Winograd on blocks; (9, 10), 3 channels: an RGB stem
+    # (direct kernel); either reads its NCHW input
     for n, threads, hw, c in ((1, 1, (13, 11), 20), (3, 2, (9, 10), 3)):
         g, params, feeds, specs = _chain(n, c, hw, seed=n)
         opts = CompileOptions(num_threads=threads, use_cache=False, verbose=False)
         cg = Session("cpu").compile(g, opts, params=params)
         ops = [k.op for k in cg.report().kernels if k.kind.value != "view"]
         blocked = ops.count("conv_nchwc")
-        assert blocked == (6 if c == 20 else 7), ops
+        assert blocked == 7, ops
+        assert ("Winograd" in str(cg.report())) == (c == 20)
         # the chain's first conv reorders its own input; out of it: the two outputs
         assert ops.count("to_nchwc") == 0 and ops.count("from_nchwc") == 2, ops
         got = cg.run(feeds)
@@ -168,3 +169,29 @@ def test_conv_nchwc_op_matches_torch(native_kernels) -> None:
     cg = Session("cpu").compile(g, opts, params={"w": w, "b": bias})
     note = str(cg.report())
     assert ("activations kept blocked" in note) == (native_kernels and TARGETS != []), note
+
+
+@needs_gcc
+@pytest.mark.parametrize("target", TARGETS)
+def test_winograd_chain_on_blocks_matches_torch(monkeypatch, target) -> None:
+    """Two 3x3 stride-1 convs on a 12x12 plane (Winograd on blocks; the second reads the
+    first's blocks and adds the block input as its residual), then relu."""
+    monkeypatch.setenv("RLX_ISA", target)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 20, 12, 12)).astype(np.float32)
+    w1, w2 = (rng.standard_normal((20, 20, 3, 3)).astype(np.float32) / 13 for _ in range(2))
+    b1, b2 = rng.standard_normal(20).astype(np.float32), rng.standard_normal(20).astype(np.float32)
+    g = Graph("wino")
+    xi = g.input("x", x.shape)
+    y = g.relu(g.conv(xi, g.param("w1", w1.shape), g.param("b1", (20,)), 1, 1))
+    y = g.relu(g.add(g.conv(y, g.param("w2", w2.shape), g.param("b2", (20,)), 1, 1), xi))
+    g.set_outputs([y])
+    params = {"w1": w1, "b1": b1, "w2": w2, "b2": b2}
+    cg = Session("cpu").compile(g, CompileOptions(num_threads=2, use_cache=False), params=params)
+    rep = str(cg.report())
+    assert rep.count("Winograd") == 2 and "activations kept blocked" in rep, rep
+    (got,) = cg.run({"x": x})
+    pads = ((1, 1), (1, 1))
+    h = np.maximum(conv2d_f64(x, w1, b1, (1, 1), pads), 0)
+    want = np.maximum(conv2d_f64(h, w2, b2, (1, 1), pads) + x, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -30,9 +30,9 @@ AVX-512 (``csrc/conv_dw_nchwc.c``: a vector of 16 channels per position, every l
 useful, where the NCHW kernel's vectors along a 7-wide row are mostly padding).
 
 With ``blocked`` (:class:`Blocked`, the ``conv_nchwc`` nodes of the layout pass,
-``rlx/passes/layout.py``) :func:`nchwc` and :func:`depthwise` read blocked input (or
-reorder an NCHW one) and write blocked output and residual ``[N, ceil(O / CB), OH, OW,
-CB]``: no transpose in the epilogue, every size taken; :func:`reorder` is the pass's
+``rlx/passes/layout.py``) :func:`nchwc` (direct or Winograd) and :func:`depthwise` read
+blocked input (or reorder an NCHW one) and write blocked output and residual ``[N,
+ceil(O / CB), OH, OW, CB]``: no transpose in the epilogue, every size taken; :func:`reorder` is the pass's
 ``to_nchwc`` / ``from_nchwc``.
 """
 
@@ -224,9 +224,9 @@ def nchwc(
     macs = geo.n * geo.o * geo.oh * geo.ow * geo.c * geo.kh * geo.kw
     threads = ctx.num_threads if macs >= _PARALLEL_MIN_MACS else 1
     hp, wp = geo.bordered()
-    wino = WINOGRAD and blocked is None and ci == cb and _winograd_fits(geo)
+    wino = WINOGRAD and ci == cb and _winograd_fits(geo)
     flags = 0 if blocked is None else blocked.flags
-    in_place = blocked is not None and blocked.x and (hp, wp) == (geo.h, geo.w)
+    in_place = blocked is not None and blocked.x and not wino and (hp, wp) == (geo.h, geo.w)
     ntb = 0
     if wino:  # whole 4x4 input tiles inside the bordered input
         hp, wp = max(hp, 2 * (-(-geo.oh // 2)) + 2), max(wp, 2 * (-(-geo.ow // 2)) + 2)
