@@ -22,8 +22,8 @@
  *   ci, (Winograd's NTB), flags}. x [N, C, H, W] is reordered into xb [N][Cb][Hp][Wp][ci]
  *   (its interior at row ph, column pw; the border and the lanes past C stay zero: the
  *   caller zeroes xb once; Hp / Wp: every tap inside), then each register tile is T output
- *   positions of one output row x NG blocks of output channels (NG = 3, T <= 8 on AVX-512
- *   with 3+ blocks; else 2 blocks, T <= TMAX): NG x T vectors of CB output channels stay in
+ *   positions of one output row x NG blocks of output channels (NG = 3 with 3+ blocks,
+ *   T <= 8 on AVX-512 / 4 on AVX2; else 2 blocks, T <= TMAX): NG x T vectors of CB output channels stay in
  *   registers over every input channel and tap (each input value broadcast once per tile,
  *   each weight vector loaded once per tile). The epilogue adds the bias, the residual res
  *   (out's shape) and applies act (0 none, 1 relu, 5 relu6, 6 clip(lo, hi); lo / hi float
@@ -53,6 +53,8 @@ typedef __m512 vf;
 #include <immintrin.h>
 #define CB 8
 #define TMAX 6
+#define NBMAX 3
+#define TMAX3 4
 typedef __m256 vf;
 #define VZERO() _mm256_setzero_ps()
 #define VSET1(s) _mm256_set1_ps(s)
