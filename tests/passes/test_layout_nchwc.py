@@ -195,3 +195,18 @@ def test_winograd_chain_on_blocks_matches_torch(monkeypatch, target) -> None:
     h = np.maximum(conv2d_f64(x, w1, b1, (1, 1), pads), 0)
     want = np.maximum(conv2d_f64(h, w2, b2, (1, 1), pads) + x, 0)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_blocked_ops_survive_serialization() -> None:
+    """A graph holding the layout ops (a Conv and the Nchwc layout as attributes) saves and
+    loads with its attributes intact."""
+    from rlx.ir.serialize import dumps, loads
+
+    g = Graph("saved")
+    lay = Nchwc(4)
+    conv = Conv((1, 1), ((1, 1), (1, 1)), (1, 1), 1, True, ConvAct.CLIP, (0.0, 6.0))
+    xb = g.apply(ToNchwc(lay), [g.input("x", (1, 5, 6, 5))])
+    y = g.apply(ConvNchwc(conv, lay, 5), [xb, g.param("w", (6, 5, 3, 3)), g.param("b", (6,))])
+    g.set_outputs([g.apply(FromNchwc(lay, 6), [y])])
+    loaded, _ = loads(dumps(g))
+    assert [n.op for n in loaded.nodes] == [n.op for n in g.nodes]
