@@ -45,6 +45,7 @@ from rlx.ops import moe  # dequant_grouped_matmul, dequant_moe_weights (GGUF exp
 from rlx.ops.compose import moe as compose_moe  # builder: moe_block (router top-k + experts)
 from rlx.ops import blocks  # fused_attention_block, fused_transformer_layer
 from rlx.ops import decoder  # rope_norm, norm_add (the fused ops of rlx.models.llm)
+from rlx.ops import layout  # to_nchwc, from_nchwc, conv_nchwc (blocked activations)
 # isort: on
 
 # the modules above, in registration order
@@ -85,6 +86,7 @@ FAMILIES = (
     compose_moe,
     blocks,
     decoder,
+    layout,
 )
 
 __all__ = ["OPS", "Op", "OpKind", "RefCtx", "register"]

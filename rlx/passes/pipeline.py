@@ -18,7 +18,9 @@ The default pass list (:func:`default_passes`), in order:
    (pattern fusions before regions);
 4. precision (a non-f32 ``options.precision``): ``auto_mixed_precision`` then
    ``cast_elimination``;
-5. ``dce`` again.
+5. ``nchwc_layout`` (``options.fuse`` and ``options.native``: chains of convs keep their
+   activations channel-blocked, ``rlx/passes/layout.py``);
+6. ``dce`` again.
 
 With ``options.verify`` EACH_PASS the verifier runs after every pass (tests use it), with
 END once at the end. A pass that raises an RlxError (or leaves an invalid graph) becomes
@@ -47,6 +49,7 @@ from rlx.passes.cse import CommonSubexpressionElimination
 from rlx.passes.dce import DeadCodeElimination
 from rlx.passes.fold import ConstantFolding
 from rlx.passes.fusion import fusion_passes
+from rlx.passes.layout import NchwcLayout
 from rlx.passes.precision import AutoMixedPrecision, resolve_policy
 from rlx.passes.precision_report import PrecisionReport
 from rlx.passes.report import FusionReport, with_provenance
@@ -74,6 +77,7 @@ PASS_NAMES: tuple[str, ...] = (
     "fuse_elementwise",
     "auto_mixed_precision",
     "cast_elimination",
+    "nchwc_layout",
 )
 """Names of the built-in passes (what ``CompileOptions.disabled_passes`` may hold)."""
 
@@ -129,6 +133,8 @@ def default_passes(
     policy = resolve_policy(options.precision)
     if not policy.is_f32:
         passes += [AutoMixedPrecision(policy), CastElimination()]
+    if options.fuse and options.native:
+        passes.append(NchwcLayout())
     passes.append(DeadCodeElimination())
     return passes
 

@@ -269,6 +269,16 @@ def _seed_cases() -> list[Case]:
             groups=2,
         )
 
+    def conv_nchwc(g: rlx.Graph) -> object:
+        from rlx.ops.layout import ConvNchwc, FromNchwc, Nchwc, ToNchwc
+        from rlx.ops.nn import Conv, ConvAct
+
+        lay = Nchwc(4)
+        conv = Conv((2, 1), ((1, 1), (0, 1)), (1, 1), 1, True, ConvAct.RELU)
+        xb = g.apply(ToNchwc(lay), [g.input("x", (2, 5, 6, 5))])
+        w, b = g.input("w", (6, 5, 3, 3)), g.input("b", (6,))
+        return g.apply(FromNchwc(lay, 6), [g.apply(ConvNchwc(conv, lay, 5), [xb, w, b])])
+
     def custom_fn(g: rlx.Graph) -> object:
         return g.custom_fn(
             [g.input("x", (3, 4)), g.input("y", (4,))], lambda s, a, b: s.mul(s.tanh(a), b)
@@ -296,6 +306,7 @@ def _seed_cases() -> list[Case]:
             ),
         ),
         Case("qconv2d", qconv),
+        Case("conv_nchwc", conv_nchwc, loose=True),
         Case(
             "sample",
             lambda g: g.sample(g.input("x", (4, 9)), 0.8, 3, 0.9, 17, g.input("o", (), "i64")),

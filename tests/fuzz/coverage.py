@@ -129,6 +129,10 @@ COVERAGE: dict[str, tuple[str, tuple[str, ...]]] = {
     "dynamic_qmatmul": ("int64 NumPy, per-row quantization step by step", (_QUANT + "test_dynamic_qmatmul_matches_int64",)),
     "dynamic_qbatch_matmul": ("int64 NumPy, per-row quantization step by step", (_QUANT + "test_dynamic_qbatch_matmul_matches_int64",)),
     "qconv2d": ("int64 loops over the kernel taps", (_QUANT + "test_qconv2d_matches_int64_loops",)),
+    # ---- blocked (NCHWc) activations of the layout pass
+    "to_nchwc": ("NumPy index arithmetic (channel c at block c // b, lane c % b)", ("test_ops_layout.py::test_nchwc_reorders_match_index_arithmetic",)),
+    "from_nchwc": ("NumPy index arithmetic (channel c at block c // b, lane c % b)", ("test_ops_layout.py::test_nchwc_reorders_match_index_arithmetic",)),
+    "conv_nchwc": ("torch F.conv2d (float64)", ("test_ops_layout.py::test_conv_nchwc_matches_torch",)),
     "dequant_matmul": ("element-wise decoding / gguf.quants, float64 product", (_PACK + "test_dequant_matmul_matches_decoded_f64",)),
     "dequant_gather": ("gguf.quants.dequantize (Q8_K: d * q)", (_PACK + "test_dequant_gather_matches_gguf_decoding",)),
     "quantize": ("Python round (half to even) and ints", (_PACK + "test_quantize_and_dequantize_match_python_ints",)),

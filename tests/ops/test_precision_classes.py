@@ -118,6 +118,9 @@ SEED: dict[str, tuple[str | None, OpKind]] = {
 # default), with rlx's class and why. argmax/argmin produce integers, which the precision
 # pass never retypes, so their class changes nothing.
 RLX_ONLY: dict[str, tuple[OpKind, str]] = {
+    "to_nchwc": (D, "a reorder of an image into channel blocks (the layout pass)"),
+    "from_nchwc": (D, "the reorder back from channel blocks (the layout pass)"),
+    "conv_nchwc": (C, "a conv (like Conv) on channel-blocked activations"),
     "rope_norm": (R, "an RMS norm (a reduction) per head, then the rotation of rope"),
     "norm_add": (R, "an RMS norm (a reduction) and the residual add after it"),
     "argmax": (R, "an index reduction; integer output, never retyped"),

@@ -51,7 +51,9 @@ def test_default_pass_order():
         "fuse_matmul_bias_act",
         "fuse_elementwise",
     ]
-    assert names(EACH) == [*cleanup, "broadcast_legalization", *fusion, "dce"]
+    assert names(EACH) == [*cleanup, "broadcast_legalization", *fusion, "nchwc_layout", "dce"]
+    unblocked = [*cleanup, "broadcast_legalization", *fusion, "dce"]  # no native kernels
+    assert names(EACH.replace(native=False)) == unblocked
     bf16 = EACH.replace(precision=PrecisionPolicy.AutoMixedBf16)
     assert names(bf16) == [
         *cleanup,
@@ -59,6 +61,7 @@ def test_default_pass_order():
         *fusion,
         "auto_mixed_precision",
         "cast_elimination",
+        "nchwc_layout",
         "dce",
     ]
     assert names(EACH.replace(optimize=False, fuse=False)) == ["broadcast_legalization", "dce"]
@@ -66,7 +69,7 @@ def test_default_pass_order():
     blocks = names(bf16.replace(fuse_blocks=True))  # the opt-in block fusions
     i = fusion.index("fuse_matmul_bias_act") + 1
     with_blocks = [*fusion[:i], "fuse_attention_block", "fuse_transformer_layer", *fusion[i:]]
-    assert blocks == [*cleanup, "broadcast_legalization", *with_blocks, *names(bf16)[-3:]]
+    assert blocks == [*cleanup, "broadcast_legalization", *with_blocks, *names(bf16)[-4:]]
     assert set(blocks) == set(PASS_NAMES)
 
 

@@ -28,12 +28,19 @@ packing and no layout change (a vector of positions is contiguous there already)
 :func:`depthwise`: depthwise convs with 7x7 output planes on NCHWc blocks on
 AVX-512 (``csrc/conv_dw_nchwc.c``: a vector of 16 channels per position, every lane
 useful, where the NCHW kernel's vectors along a 7-wide row are mostly padding).
+
+With ``blocked`` (:class:`Blocked`, the ``conv_nchwc`` nodes of the layout pass,
+``rlx/passes/layout.py``) :func:`nchwc` (direct or Winograd) and :func:`depthwise` read
+blocked input (or reorder an NCHW one) and write blocked output and residual ``[N,
+ceil(O / CB), OH, OW, CB]``: no transpose in the epilogue, every size taken; :func:`reorder` is the pass's
+``to_nchwc`` / ``from_nchwc``.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,6 +48,7 @@ import numpy as np
 from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind
 from rlx.backends.cpu.native import bindings
 from rlx.backends.cpu.native.cpu import selected_target
+from rlx.errors import CompileError
 
 if TYPE_CHECKING:
     from rlx.backends.cpu.engines.conv import ConvAct, Geometry
@@ -63,6 +71,9 @@ __all__ = [
     "DEPTHWISE",
     "DEPTHWISE_MAX_PLANE",
     "DEPTHWISE_WIDE_ONLY",
+    "Blocked",
+    "nchwc_block",
+    "reorder",
 ]
 
 #: switches for the paths (tests and benchmarks compare them against each other)
@@ -112,11 +123,48 @@ def nchwc_lib() -> ctypes.CDLL:
     return bindings.csrc_library(FILES, selected_target(), "conv_nchwc")
 
 
+def nchwc_block() -> int | None:
+    """The NCHWc library's block (16 AVX-512, 8 AVX2, 4 aarch64 / portable) for the
+    selected target, or None when the library cannot be built (no gcc)."""
+    try:
+        return int(nchwc_lib().rlx_nchwc_block())
+    except (CompileError, OSError):
+        return None
+
+
 def _winograd_fits(geo: Geometry) -> bool:
     """A 3x3 stride-1 undilated conv on a plane of at least :data:`WINOGRAD_MIN_PLANE`
     outputs (the path groups == 1 and whole input blocks are the caller's)."""
     square = (geo.kh, geo.kw, geo.sh, geo.sw, geo.dh, geo.dw) == (3, 3, 1, 1, 1, 1)
     return square and geo.oh * geo.ow >= WINOGRAD_MIN_PLANE
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """Which of a conv's tensors are already NCHWc (``[N, ceil(C / CB), H, W, CB]``): the
+    input ``x`` or not (NCHW, reordered by the kernel: a chain's first conv); its residual
+    and output always are, for a ``conv_nchwc`` node."""
+
+    x: bool = True
+
+    @property
+    def flags(self) -> int:
+        """conv_nchwc.c's p[23]: RLX_IN_BLOCKED (1) | RLX_OUT_BLOCKED (2)."""
+        return (1 if self.x else 0) | 2
+
+
+def _blocked_note(blocked: Blocked | None) -> str:
+    return "" if blocked is None else ", activations kept blocked"
+
+
+def _unblocked_fits(geo: Geometry, cb: int, ci: int) -> bool:
+    """The measured size rules of the NCHW-in / NCHW-out path."""
+    if geo.o < cb:
+        return False
+    if ci == 1 and ((STEM_WIDE_ONLY and cb < _WIDE) or geo.kh * geo.kw < STEM_MIN_TAPS):
+        return False  # measured slower than the sgemm path (3x3 stems; any stem on AVX2)
+    # AVX2 / portable on small planes: measured slower than the sgemm path
+    return not (cb < _WIDE and geo.oh * geo.ow < NARROW_MIN_PLANE and not _winograd_fits(geo))
 
 
 def _fused(res: np.ndarray | None, act: ConvAct) -> str:
@@ -152,31 +200,33 @@ def nchwc(
     lo: float,
     hi: float,
     res: np.ndarray | None,
+    blocked: Blocked | None = None,
 ) -> Kernel | None:
     """``act(conv(x, w) + bias + res)`` into ``out`` on NCHWc blocks (conv_nchwc.c's
     ``rlx_conv2d_nchwc_f32``), or None when the path does not apply or its library is
-    unavailable."""
+    unavailable. ``blocked``: x / out / res already NCHWc (a ``conv_nchwc`` node of the
+    layout pass): every groups == 1 conv is taken, on the direct kernel."""
     from rlx.backends.cpu.engines.conv import f32_bits
     from rlx.backends.cpu.engines.conv_gemm import weight_kind
 
-    if not ENABLED or geo.groups != 1 or geo.kh * geo.kw == 1:
+    if geo.groups != 1:
+        return None
+    if blocked is None and (not ENABLED or geo.kh * geo.kw == 1):
         return None
     lib = bindings.lib_or_note(ctx, "conv (NCHWc)", nchwc_lib)
     if lib is None:
         return None
     cb = int(lib.rlx_nchwc_block())
-    if geo.o < cb:
+    ci = cb if geo.c >= cb or (blocked is not None and blocked.x) else 1  # a stem: NCHW
+    if blocked is None and not _unblocked_fits(geo, cb, ci):
         return None
-    ci = cb if geo.c >= cb else 1  # fewer input channels than a block: the input stays NCHW
-    if ci == 1 and ((STEM_WIDE_ONLY and cb < _WIDE) or geo.kh * geo.kw < STEM_MIN_TAPS):
-        return None  # measured slower than the sgemm path (3x3 stems; any stem on AVX2)
-    if cb < _WIDE and geo.oh * geo.ow < NARROW_MIN_PLANE and not _winograd_fits(geo):
-        return None  # AVX2 / portable on small planes: measured slower than the sgemm path
     n_cb, n_ob = -(-geo.c // ci), -(-geo.o // cb)
     macs = geo.n * geo.o * geo.oh * geo.ow * geo.c * geo.kh * geo.kw
     threads = ctx.num_threads if macs >= _PARALLEL_MIN_MACS else 1
     hp, wp = geo.bordered()
     wino = WINOGRAD and ci == cb and _winograd_fits(geo)
+    flags = 0 if blocked is None else blocked.flags
+    in_place = blocked is not None and blocked.x and not wino and (hp, wp) == (geo.h, geo.w)
     ntb = 0
     if wino:  # whole 4x4 input tiles inside the bordered input
         hp, wp = max(hp, 2 * (-(-geo.oh // 2)) + 2), max(wp, 2 * (-(-geo.ow // 2)) + 2)
@@ -185,7 +235,7 @@ def nchwc(
         if geo.n * -(-ntiles // ntb) < threads:  # a block per thread at least
             ntb = -(-geo.n * ntiles // threads)
     p = np.array(
-        [*geo.params(), act.code, f32_bits(lo), f32_bits(hi), hp, wp, ci, ntb], np.int64
+        [*geo.params(), act.code, f32_bits(lo), f32_bits(hi), hp, wp, ci, ntb, flags], np.int64
     )  # fmt: skip
     kind = weight_kind(ctx, node, 1)
     key = ("conv.nchwc.weight", node.inputs[1], geo.o, geo.c, geo.kh, geo.kw, cb, ci, wino)
@@ -201,7 +251,7 @@ def nchwc(
         ctx.keep((*key, "packed"), pack)
     elif kind == "stable":
         ctx.prologue_once(key, pack)  # type: ignore[arg-type]
-    xb = np.zeros(geo.n * n_cb * hp * wp * ci, np.float32)  # private: its border stays zero
+    xb = np.zeros(1 if in_place else geo.n * n_cb * hp * wp * ci, np.float32)  # border: 0
     common = (x.ctypes.data, xb.ctypes.data, wb.ctypes.data,
               None if bias is None else bias.ctypes.data, out.ctypes.data,
               None if res is None else res.ctypes.data)  # fmt: skip
@@ -217,7 +267,7 @@ def nchwc(
     how = "Winograd F(2x2, 3x3)" if wino else "direct conv"
     ctx.notes.append(
         f"native {how} on NCHWc blocks of {cb} channels"
-        f"{' (NCHW input)' if ci == 1 else ''} ({geo.kh}x{geo.kw}, "
+        f"{' (NCHW input)' if ci == 1 else ''}{_blocked_note(blocked)} ({geo.kh}x{geo.kw}, "
         f"{geo.c}->{geo.o}{_fused(res, act)})"
     )
     return _packed_once_or_per_call(kind, call, pack, keep)
@@ -288,28 +338,30 @@ def depthwise(
     lo: float,
     hi: float,
     res: np.ndarray | None,
+    blocked: Blocked | None = None,
 ) -> Kernel | None:
     """A depthwise conv (groups == C == O) on a small plane (at most
     :data:`DEPTHWISE_MAX_PLANE` outputs) on NCHWc blocks (conv_dw_nchwc.c's
     ``rlx_dw_nchwc_f32``: a vector of CB channels per position, every lane useful), or
-    None."""
+    None. ``blocked``: x / out / res already NCHWc (any plane, any block size)."""
     from rlx.backends.cpu.engines.conv import f32_bits
     from rlx.backends.cpu.engines.conv_gemm import weight_kind
 
-    if not DEPTHWISE or geo.groups != geo.c or geo.o != geo.c or geo.c == 1:
+    if geo.groups != geo.c or geo.o != geo.c:
         return None
-    if geo.oh * geo.ow > DEPTHWISE_MAX_PLANE:
+    if blocked is None and (not DEPTHWISE or geo.c == 1 or geo.oh * geo.ow > DEPTHWISE_MAX_PLANE):
         return None
     lib = bindings.lib_or_note(ctx, "conv (depthwise NCHWc)", nchwc_lib)
     if lib is None:
         return None
     cb = int(lib.rlx_nchwc_block())
-    if geo.c < cb or (DEPTHWISE_WIDE_ONLY and cb < _WIDE):
+    if blocked is None and (geo.c < cb or (DEPTHWISE_WIDE_ONLY and cb < _WIDE)):
         return None
+    flags = 0 if blocked is None else blocked.flags
     n_cb = -(-geo.c // cb)
     hp, wp = geo.bordered()
     p = np.array(
-        [*geo.params(), act.code, f32_bits(lo), f32_bits(hi), hp, wp, cb], np.int64
+        [*geo.params(), act.code, f32_bits(lo), f32_bits(hi), hp, wp, cb, 0, flags], np.int64
     )  # fmt: skip
     kind = weight_kind(ctx, node, 1)
     key = ("conv.dw_nchwc.weight", node.inputs[1], geo.c, geo.kh, geo.kw, cb)
@@ -323,7 +375,9 @@ def depthwise(
         ctx.keep((*key, "packed"), pack)
     elif kind == "stable":
         ctx.prologue_once(key, pack)  # type: ignore[arg-type]
-    xb = np.zeros(geo.n * n_cb * hp * wp * cb, np.float32)  # private: its border stays zero
+    # private, its border stays zero (blocked input: read in place, taps outside skipped)
+    in_place = blocked is not None and blocked.x
+    xb = np.zeros(1 if in_place else geo.n * n_cb * hp * wp * cb, np.float32)
     macs = geo.n * geo.c * geo.oh * geo.ow * geo.kh * geo.kw
     threads = ctx.num_threads if macs >= _PARALLEL_MIN_MACS // 4 else 1
     call = functools.partial(
@@ -340,7 +394,33 @@ def depthwise(
     keep = (p, xb, wb)
     ctx.kind = KernelKind.NATIVE
     ctx.notes.append(
-        f"native depthwise conv on NCHWc blocks of {cb} channels ({geo.kh}x{geo.kw}, "
+        f"native depthwise conv on NCHWc blocks of {cb} channels{_blocked_note(blocked)} "
+        f"({geo.kh}x{geo.kw}, "
         f"{geo.c} channels{_fused(res, act)})"
     )
     return _packed_once_or_per_call(kind, call, pack, keep)
+
+
+def reorder(
+    x: np.ndarray, out: np.ndarray, nchw: tuple[int, int, int, int], to_blocked: bool,
+    ctx: KernelCtx,
+) -> Kernel | None:  # fmt: skip
+    """NCHW ``[N, C, H, W]`` <-> NCHWc ``[N, ceil(C / CB), H, W, CB]`` (lanes past C zero)
+    between ``x`` and ``out`` (conv_nchwc.c's ``rlx_nchwc_to_blocked`` /
+    ``rlx_nchwc_from_blocked``), or None when the library is unavailable or its block is
+    not the tensor's."""
+    lib = bindings.lib_or_note(ctx, "NCHWc reorder", nchwc_lib)
+    if lib is None:
+        return None
+    blocked = out if to_blocked else x
+    if int(lib.rlx_nchwc_block()) != blocked.shape[-1]:
+        return None
+    n, c, h, w = nchw
+    p = np.array([n, c, h, w], np.int64)
+    threads = ctx.num_threads if x.size >= _PARALLEL_MIN_MACS // 16 else 1
+    fn = lib.rlx_nchwc_to_blocked if to_blocked else lib.rlx_nchwc_from_blocked
+    call = functools.partial(fn, x.ctypes.data, out.ctypes.data, p.ctypes.data, threads)
+    call.keep = p  # type: ignore[attr-defined]
+    ctx.kind = KernelKind.NATIVE
+    ctx.notes.append(f"native reorder {'to' if to_blocked else 'from'} NCHWc blocks")
+    return call

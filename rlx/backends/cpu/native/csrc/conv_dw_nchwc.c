@@ -12,6 +12,9 @@
  *   positions sums its taps in registers (one vector load per tap and position, the
  *   tap's weight vector loaded once per tile), then the bias, residual and activation
  *   while writing out (NCHW). Threads: an OpenMP team over (image, block, row).
+ *   flags (p[23], as rlx_conv2d_nchwc_f32's): RLX_IN_BLOCKED, x is [N][Cb][H][W][CB], read
+ *   in place (taps outside the image skipped: no bordered copy); RLX_OUT_BLOCKED, out and
+ *   res are [N][Cb][OH][OW][CB] (the tile's vectors stored as they are).
  */
 
 void rlx_dw_nchwc_pack_w(const float *w, float *wb, const int64_t *p) {
@@ -36,19 +39,51 @@ static inline __attribute__((always_inline)) void dw_tile(const float *xc, const
     vf a[TMAX];
 #pragma GCC unroll 16
     for (int t = 0; t < T; t++) a[t] = VZERO();
-    const float *x0 = xc + (oh * sh * Wp + ow0 * sw) * CB;
-    for (int64_t kh = 0; kh < KH; kh++)
-        for (int64_t kw = 0; kw < KW; kw++) {
-            const vf wv = VLOAD(wc + (kh * KW + kw) * CB);
-            const float *xk = x0 + (kh * dh * Wp + kw * dw) * CB;
+    if (p[23] & RLX_IN_BLOCKED) {
+        /* xc: the image's block [H][W][CB] read in place; taps outside it skipped (the
+         * zero border, without a bordered copy) */
+        const int64_t H = p[2], W = p[3], ph = p[11], pw = p[12];
+        const int64_t iw0 = ow0 * sw - pw;
+        const int inner = iw0 >= 0 && iw0 + (T - 1) * sw + (KW - 1) * dw < W;
+        for (int64_t kh = 0; kh < KH; kh++) {
+            const int64_t ih = oh * sh - ph + kh * dh;
+            if (ih < 0 || ih >= H) continue;
+            const float *xr = xc + ih * W * CB;
+            for (int64_t kw = 0; kw < KW; kw++) {
+                const vf wv = VLOAD(wc + (kh * KW + kw) * CB);
+                if (inner) {
+                    const float *xk = xr + (iw0 + kw * dw) * CB;
 #pragma GCC unroll 16
-            for (int t = 0; t < T; t++) a[t] = VFMA(VLOAD(xk + t * sw * CB), wv, a[t]);
+                    for (int t = 0; t < T; t++) a[t] = VFMA(VLOAD(xk + t * sw * CB), wv, a[t]);
+                } else {
+                    for (int t = 0; t < T; t++) {
+                        const int64_t iw = iw0 + t * sw + kw * dw;
+                        if (iw >= 0 && iw < W) a[t] = VFMA(VLOAD(xr + iw * CB), wv, a[t]);
+                    }
+                }
+            }
         }
+    } else {
+        const float *x0 = xc + (oh * sh * Wp + ow0 * sw) * CB;
+        for (int64_t kh = 0; kh < KH; kh++)
+            for (int64_t kw = 0; kw < KW; kw++) {
+                const vf wv = VLOAD(wc + (kh * KW + kw) * CB);
+                const float *xk = x0 + (kh * dh * Wp + kw * dw) * CB;
+#pragma GCC unroll 16
+                for (int t = 0; t < T; t++) a[t] = VFMA(VLOAD(xk + t * sw * CB), wv, a[t]);
+            }
+    }
     float lo = ((const float *)(p + 17))[0], hi = ((const float *)(p + 18))[0];
     if (act == 0) lo = -INFINITY, hi = INFINITY;
     if (act == 1) lo = 0.0f, hi = INFINITY;
     if (act == 5) lo = 0.0f, hi = 6.0f;
     const int64_t o0 = cb * CB, oc = C - o0 < CB ? C - o0 : CB;
+    if (p[23] & RLX_OUT_BLOCKED) {
+        const int64_t off = (((n * ((C + CB - 1) / CB) + cb) * OH + oh) * OW + ow0) * CB;
+        store_blocked(a, T, out + off, res ? res + off : NULL, bias ? bias + o0 : NULL, oc, lo,
+                      hi);
+        return;
+    }
     float *y0 = out + ((n * C + o0) * OH + oh) * OW + ow0;
     const float *r0 = res ? res + ((n * C + o0) * OH + oh) * OW + ow0 : NULL;
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -97,21 +132,22 @@ void rlx_dw_nchwc_f32(const float *x, float *xb, const float *wb, const float *b
     const int64_t OH = p[7], OW = p[8], ph = p[11], pw = p[12], Hp = p[19], Wp = p[20];
     const int64_t Cb = (C + CB - 1) / CB, KK = KH * KW;
     const int64_t ntile = (OW + TMAX - 1) / TMAX, T = (OW + ntile - 1) / ntile;
+    const int in_blocked = (p[23] & RLX_IN_BLOCKED) != 0;
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
-        for (int64_t q = 0; q < N * Cb * H; q++) {
+        for (int64_t q = 0; q < (in_blocked ? 0 : N * Cb * H); q++) {
             const int64_t h = q % H, cb = (q / H) % Cb, n = q / (H * Cb);
             float *d = xb + (((n * Cb + cb) * Hp + h + ph) * Wp + pw) * CB;
             const int64_t c0 = cb * CB, cc = C - c0 < CB ? C - c0 : CB;
-            const float *s = x + ((n * C + c0) * H + h) * W;
-            reorder_row(s, d, H * W, W, cc);
+            reorder_row(x + ((n * C + c0) * H + h) * W, d, H * W, W, cc);
         }
 #pragma omp for collapse(3) schedule(static)
         for (int64_t n = 0; n < N; n++)
             for (int64_t cb = 0; cb < Cb; cb++)
                 for (int64_t oh = 0; oh < OH; oh++) {
-                    const float *xc = xb + (n * Cb + cb) * Hp * Wp * CB;
+                    const float *xc = in_blocked ? x + (n * Cb + cb) * H * W * CB
+                                                 : xb + (n * Cb + cb) * Hp * Wp * CB;
                     const float *wc = wb + cb * KK * CB;
                     for (int64_t ow0 = 0; ow0 < OW; ow0 += T) {
                         const int64_t nv = OW - ow0 < T ? OW - ow0 : T;

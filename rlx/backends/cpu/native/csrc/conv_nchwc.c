@@ -19,16 +19,18 @@
  *
  * rlx_conv2d_nchwc_f32(x, xb, wb, bias|NULL, out, res|NULL, p, threads)
  *   p = {N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups, act, lo, hi, Hp, Wp,
- *   ci}. x [N, C, H, W] is reordered into xb [N][Cb][Hp][Wp][ci] (its interior at row ph,
- *   column pw; the border and the lanes past C stay zero: the caller zeroes xb once; Hp /
- *   Wp: every tap inside), then per (image, pair of output channel blocks, output row)
- *   the row is computed a tile of at most TMAX output positions at a time: 2 x T vectors of
- *   CB output channels stay in registers over every input channel and tap (each input
- *   value broadcast once per tile and block pair, each weight vector loaded once per
- *   tile). The epilogue adds the bias, the residual res (out's shape, NCHW) and applies act
- *   (0 none, 1 relu, 5 relu6, 6 clip(lo, hi); lo / hi float bits) while writing out [N, O,
- *   OH, OW] (NCHW) from the tile. Threads: an OpenMP team over (image, channel block pair,
- *   output row).
+ *   ci, (Winograd's NTB), flags}. x [N, C, H, W] is reordered into xb [N][Cb][Hp][Wp][ci]
+ *   (its interior at row ph, column pw; the border and the lanes past C stay zero: the
+ *   caller zeroes xb once; Hp / Wp: every tap inside), then each register tile is T output
+ *   positions of one output row x NG blocks of output channels (NG = 3 with 3+ blocks,
+ *   T <= 8 on AVX-512 / 4 on AVX2; else 2 blocks, T <= TMAX): NG x T vectors of CB output channels stay in
+ *   registers over every input channel and tap (each input value broadcast once per tile,
+ *   each weight vector loaded once per tile). The epilogue adds the bias, the residual res
+ *   (out's shape) and applies act (0 none, 1 relu, 5 relu6, 6 clip(lo, hi); lo / hi float
+ *   bits) while writing out [N, O, OH, OW] (NCHW) from the tile, transposed in registers.
+ *   flags (p[23]): RLX_IN_BLOCKED, x is [N][Cb][H][W][CB] (copied row by row into xb, or
+ *   read in place without a border); RLX_OUT_BLOCKED, out and res are [N][Ob][OH][OW][CB]
+ *   (stored as the tile's vectors, no transpose). Threads: an OpenMP team over the tiles.
  */
 #include <math.h>
 #include <stdint.h>
@@ -39,6 +41,8 @@
 #include <immintrin.h>
 #define CB 16
 #define TMAX 12
+#define NBMAX 3
+#define TMAX3 8
 typedef __m512 vf;
 #define VZERO() _mm512_setzero_ps()
 #define VSET1(s) _mm512_set1_ps(s)
@@ -49,6 +53,8 @@ typedef __m512 vf;
 #include <immintrin.h>
 #define CB 8
 #define TMAX 6
+#define NBMAX 3
+#define TMAX3 4
 typedef __m256 vf;
 #define VZERO() _mm256_setzero_ps()
 #define VSET1(s) _mm256_set1_ps(s)
@@ -67,6 +73,11 @@ typedef float vfu __attribute__((vector_size(16), aligned(4)));
 #define VLOAD(p) (*(const vfu *)(p))
 #define VSTORE(p, v) (*(vfu *)(p) = (v))
 #define VFMA(a, b, c) ((a) * (b) + (c))
+#endif
+
+#ifndef NBMAX
+#define NBMAX 2
+#define TMAX3 TMAX
 #endif
 
 #if defined(__AVX512F__)
@@ -131,7 +142,44 @@ static inline void vstore_n(float *d, vf v, int64_t n) { _mm256_maskstore_ps(d, 
 static inline vf vclamp(vf v, float lo, float hi) {
     return _mm256_min_ps(_mm256_set1_ps(hi), _mm256_max_ps(_mm256_set1_ps(lo), v));
 }
+#elif !defined(RLX_CONV_NEON)
+static inline vf vclamp(vf v, float lo, float hi) {
+    float b[CB];
+    VSTORE(b, v);
+    for (int j = 0; j < CB; j++) { /* branch-free selects: a NaN compares false and stays */
+        b[j] = b[j] < lo ? lo : b[j];
+        b[j] = b[j] > hi ? hi : b[j];
+    }
+    return VLOAD(b);
+}
 #endif
+
+/* A blocked epilogue (p[23] & RLX_OUT_BLOCKED): the tile's T vectors of CB output channels
+ * stored as they are into y (out NCHWc [N][Ob][OH][OW][CB], y at the tile's first
+ * position), plus the bias (lanes past oc zero) and the residual r (the same layout), then
+ * the clamp. A lane past O holds act(0 + its residual lane): 0 for relu / relu6. */
+static inline __attribute__((always_inline)) void store_blocked(const vf *a, int T, float *y,
+                                                                 const float *r,
+                                                                 const float *bias, int64_t oc,
+                                                                 float lo, float hi) {
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)) || defined(RLX_CONV_NEON)
+    const vf bv = bias ? vload_n(bias, oc) : VZERO(); /* masked: no store-to-load stall */
+#else
+    float bb[CB];
+    for (int j = 0; j < CB; j++) bb[j] = bias && j < oc ? bias[j] : 0.0f;
+    const vf bv = VLOAD(bb);
+#endif
+    for (int t = 0; t < T; t++) {
+        vf v = a[t] + bv;
+        if (r) v = v + VLOAD(r + t * CB);
+        VSTORE(y + t * CB, vclamp(v, lo, hi));
+    }
+}
+
+/* Blocked input (p[23] & RLX_IN_BLOCKED): x is [N][Cb][H][W][CB] (ci = CB), copied row by
+ * row into xb's interior, or read in place when the conv has no border (Hp = H, Wp = W). */
+#define RLX_IN_BLOCKED 1
+#define RLX_OUT_BLOCKED 2
 
 /* one input row of cc (<= CB) channels (s: channel j's row at s + j * cs) into d [W][CB],
  * the lanes past cc zero: CB x CB squares transposed in registers where the target has
@@ -185,9 +233,11 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
     const int64_t Hp = p[19], Wp = p[20], ci_n = p[21];
     const int64_t Cb = (C + ci_n - 1) / ci_n, KK = KH * KW;
     const int64_t wstep = Cb * KK * ci_n * CB; /* floats between two output blocks' weights */
-    vf a0[TMAX], a1[TMAX];
+    vf acc[NBMAX][TMAX];
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; b++)
 #pragma GCC unroll 16
-    for (int t = 0; t < T; t++) a0[t] = a1[t] = VZERO();
+        for (int t = 0; t < T; t++) acc[b][t] = VZERO();
     const int64_t xs = sw * ci_n; /* floats between two output positions' inputs */
     for (int64_t cb = 0; cb < Cb; cb++) {
         const float *xc = xn + cb * Hp * Wp * ci_n + (oh * sh * Wp + ow0 * sw) * ci_n;
@@ -197,18 +247,14 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
                 const float *xk = xc + (kh * dh * Wp + kw * dw) * ci_n;
                 const float *wk = wc + (kh * KW + kw) * ci_n * CB;
                 for (int64_t ci = 0; ci < ci_n; ci++) {
-                    const vf w0 = VLOAD(wk + ci * CB);
-                    if (NB == 2) {
-                        const vf w1 = VLOAD(wk + wstep + ci * CB);
+                    vf wv[NBMAX];
+#pragma GCC unroll 4
+                    for (int b = 0; b < NB; b++) wv[b] = VLOAD(wk + b * wstep + ci * CB);
 #pragma GCC unroll 16
-                        for (int t = 0; t < T; t++) {
-                            const vf v = VSET1(xk[t * xs + ci]);
-                            a0[t] = VFMA(v, w0, a0[t]);
-                            a1[t] = VFMA(v, w1, a1[t]);
-                        }
-                    } else {
-#pragma GCC unroll 16
-                        for (int t = 0; t < T; t++) a0[t] = VFMA(VSET1(xk[t * xs + ci]), w0, a0[t]);
+                    for (int t = 0; t < T; t++) {
+                        const vf v = VSET1(xk[t * xs + ci]);
+#pragma GCC unroll 4
+                        for (int b = 0; b < NB; b++) acc[b][t] = VFMA(v, wv[b], acc[b][t]);
                     }
                 }
             }
@@ -218,6 +264,16 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
     if (act == 0) lo = -INFINITY, hi = INFINITY;
     if (act == 1) lo = 0.0f, hi = INFINITY;
     if (act == 5) lo = 0.0f, hi = 6.0f;
+    if (p[23] & RLX_OUT_BLOCKED) {
+        const int64_t Ob = (O + CB - 1) / CB;
+        for (int b = 0; b < NB; b++) {
+            const int64_t o0 = (ob + b) * CB, oc = O - o0 < CB ? O - o0 : CB;
+            const int64_t off = (((n * Ob + ob + b) * OH + oh) * OW + ow0) * CB;
+            store_blocked(acc[b], T, out + off, res ? res + off : NULL,
+                          bias ? bias + o0 : NULL, oc, lo, hi);
+        }
+        return;
+    }
     for (int b = 0; b < NB; b++) {
         const int64_t o0 = (ob + b) * CB;
         const int64_t oc = O - o0 < CB ? O - o0 : CB;
@@ -228,7 +284,7 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
          * consecutive in out), then bias, residual and clamp on whole vectors */
         vf r[CB];
 #pragma GCC unroll 16
-        for (int t = 0; t < CB; t++) r[t] = t < T ? (b ? a1[t] : a0[t]) : VZERO();
+        for (int t = 0; t < CB; t++) r[t] = t < T ? acc[b][t] : VZERO();
         transpose_block(r);
         for (int64_t j = 0; j < oc; j++) {
             const int64_t off = j * OH * OW;
@@ -241,13 +297,13 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
         for (int g = 0; g < T; g += 4) {
             vf r[4];
 #pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) r[t] = g + t < T ? (b ? a1[g + t] : a0[g + t]) : VZERO();
+            for (int t = 0; t < 4; t++) r[t] = g + t < T ? acc[b][g + t] : VZERO();
             tile_store4(r, nv - g, oc, OH * OW, bias ? bias + o0 : NULL, r0 ? r0 + g : NULL,
                         y0 + g, lo, hi);
         }
 #else
         float buf[TMAX * CB];
-        for (int t = 0; t < T; t++) VSTORE(buf + t * CB, b ? a1[t] : a0[t]);
+        for (int t = 0; t < T; t++) VSTORE(buf + t * CB, acc[b][t]);
         for (int64_t j = 0; j < oc; j++) {
             const int64_t off = j * OH * OW;
             const float bj = bias ? bias[o0 + j] : 0.0f;
@@ -262,12 +318,18 @@ static inline __attribute__((always_inline)) void tile(const float *xn, const fl
     }
 }
 
+#if NBMAX > 2
+#define TILE_NB3(TT)                                                                     \
+    else if (nb == 3) tile(xn, wb0, p, n, ob, oh, ow0, nv, TT, 3, bias, res, out);
+#else
+#define TILE_NB3(TT)
+#endif
 #define TILE_CASE(TT)                                                                    \
     case TT:                                                                             \
         if (nb == 2)                                                                     \
             tile(xn, wb0, p, n, ob, oh, ow0, nv, TT, 2, bias, res, out);                 \
-        else                                                                             \
-            tile(xn, wb0, p, n, ob, oh, ow0, nv, TT, 1, bias, res, out);                 \
+        TILE_NB3(TT)                                                                     \
+        else tile(xn, wb0, p, n, ob, oh, ow0, nv, TT, 1, bias, res, out);                \
         break;
 
 static void tile_any(const float *xn, const float *wb0, const int64_t *p, int64_t n,
@@ -301,36 +363,90 @@ void rlx_conv2d_nchwc_f32(const float *x, float *xb, const float *wb, const floa
     const int64_t OH = p[7], OW = p[8], ph = p[11], pw = p[12];
     const int64_t Hp = p[19], Wp = p[20], ci_n = p[21];
     const int64_t Cb = (C + ci_n - 1) / ci_n, Ob = (O + CB - 1) / CB, KK = KH * KW;
-    const int64_t pairs = (Ob + 1) / 2;
-    /* tiles per row: as even as TMAX allows (a 56-wide row: 5 x 12 would waste 4) */
-    const int64_t ntile = (OW + TMAX - 1) / TMAX, T = (OW + ntile - 1) / ntile;
+    /* NG blocks of output channels per register tile: NBMAX (3 x 8 positions on AVX-512:
+     * 3 weight vectors and 8 broadcasts per 24 FMAs) when there are that many, else 2 */
+    const int64_t NG = Ob >= NBMAX ? NBMAX : 2, tmax = NG == 3 ? TMAX3 : TMAX;
+    const int64_t pairs = (Ob + NG - 1) / NG;
+    /* tiles per row: as even as tmax allows (a 56-wide row: 5 x 12 would waste 4) */
+    const int64_t ntile = (OW + tmax - 1) / tmax, T = (OW + ntile - 1) / ntile;
+    const int in_blocked = (p[23] & RLX_IN_BLOCKED) != 0;
+    const int in_place = in_blocked && Hp == H && Wp == W;
+    const float *xr = in_place ? x : xb;
+    const int rows_outer = Ob * Cb * KK * ci_n * CB * (int64_t)sizeof(float) <= (256 << 10);
+    const int64_t per_row = (OW + T - 1) / T; /* tiles per output row */
 #pragma omp parallel num_threads(threads)
     {
         /* the reorder: every (image, channel block, input row) of xb's interior */
 #pragma omp for schedule(static)
-        for (int64_t q = 0; q < N * Cb * H; q++) {
+        for (int64_t q = 0; q < (in_place ? 0 : N * Cb * H); q++) {
             const int64_t h = q % H, cb = (q / H) % Cb, n = q / (H * Cb);
             float *d = xb + (((n * Cb + cb) * Hp + h + ph) * Wp + pw) * ci_n;
             const int64_t c0 = cb * ci_n, cc = C - c0 < ci_n ? C - c0 : ci_n;
             const float *s = x + ((n * C + c0) * H + h) * W;
+            if (in_blocked) {
+                memcpy(d, x + ((n * Cb + cb) * H + h) * W * CB, (size_t)(W * CB) * sizeof(float));
+                continue;
+            }
             if (ci_n == 1) {
                 memcpy(d, s, (size_t)W * sizeof(float));
                 continue;
             }
             reorder_row(s, d, H * W, W, cc);
         }
-#pragma omp for collapse(3) schedule(static)
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t pr = 0; pr < pairs; pr++)
-                for (int64_t oh = 0; oh < OH; oh++) {
-                    const int64_t ob = 2 * pr, nb = Ob - ob < 2 ? Ob - ob : 2;
-                    const float *xn = xb + n * Cb * Hp * Wp * ci_n;
-                    const float *wb0 = wb + ob * Cb * KK * ci_n * CB;
-                    for (int64_t ow0 = 0; ow0 < OW; ow0 += T) {
-                        const int64_t nv = OW - ow0 < T ? OW - ow0 : T;
-                        tile_any(xn, wb0, p, n, ob, oh, ow0, nv, (int)nv, (int)nb, bias, res,
-                                 out);
-                    }
-                }
+        /* one item per register tile: (image, row, tile, block pair) with the weights in L2
+         * (an input row stays in L1 over every pair), else (image, block pair, row, tile)
+         * (a pair's weights over every row); items, not rows, so that small planes split
+         * evenly over the team */
+#pragma omp for schedule(static)
+        for (int64_t q = 0; q < N * pairs * OH * per_row; q++) {
+            int64_t pr, oh, tl, r;
+            if (rows_outer) {
+                pr = q % pairs, r = q / pairs, tl = r % per_row, r /= per_row;
+                oh = r % OH, r /= OH;
+            } else {
+                tl = q % per_row, r = q / per_row, oh = r % OH, r /= OH;
+                pr = r % pairs, r /= pairs;
+            }
+            const int64_t n = r, ob = NG * pr, nb = Ob - ob < NG ? Ob - ob : NG;
+            const float *xn = xr + n * Cb * Hp * Wp * ci_n;
+            const float *wb0 = wb + ob * Cb * KK * ci_n * CB;
+            const int64_t ow0 = tl * T, nv = OW - ow0 < T ? OW - ow0 : T;
+            tile_any(xn, wb0, p, n, ob, oh, ow0, nv, (int)nv, (int)nb, bias, res, out);
+        }
+    }
+}
+
+/* rlx_nchwc_to_blocked(x, out, p): x [N, C, H, W] -> out [N][Cb][H][W][CB], the lanes past C
+ * zero; p = {N, C, H, W}. rlx_nchwc_from_blocked(x, out, p): the inverse (lanes past C
+ * dropped). Threads: an OpenMP team over (image, block, row). */
+void rlx_nchwc_to_blocked(const float *x, float *out, const int64_t *p, int threads) {
+    const int64_t N = p[0], C = p[1], H = p[2], W = p[3], Cb = (C + CB - 1) / CB;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t q = 0; q < N * Cb * H; q++) {
+        const int64_t h = q % H, cb = (q / H) % Cb, n = q / (H * Cb);
+        const int64_t c0 = cb * CB, cc = C - c0 < CB ? C - c0 : CB;
+        reorder_row(x + ((n * C + c0) * H + h) * W, out + q * W * CB, H * W, W, cc);
+    }
+}
+
+void rlx_nchwc_from_blocked(const float *x, float *out, const int64_t *p, int threads) {
+    const int64_t N = p[0], C = p[1], H = p[2], W = p[3], Cb = (C + CB - 1) / CB;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t q = 0; q < N * Cb * H; q++) {
+        const int64_t h = q % H, cb = (q / H) % Cb, n = q / (H * Cb);
+        const int64_t c0 = cb * CB, cc = C - c0 < CB ? C - c0 : CB;
+        const float *s = x + q * W * CB;
+        float *d = out + ((n * C + c0) * H + h) * W;
+        int64_t i0 = 0;
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)) || defined(RLX_CONV_NEON)
+        for (; i0 + CB <= W; i0 += CB) { /* CB x CB squares transposed in registers */
+            vf r[CB];
+            for (int i = 0; i < CB; i++) r[i] = VLOAD(s + (i0 + i) * CB);
+            transpose_block(r);
+            for (int64_t j = 0; j < cc; j++) VSTORE(d + j * H * W + i0, r[j]);
+        }
+#endif
+        for (int64_t j = 0; j < cc; j++)
+            for (int64_t i = i0; i < W; i++) d[j * H * W + i] = s[i * CB + j];
     }
 }

@@ -132,8 +132,11 @@ void rlx_conv2d_wino_f32(const float *x, float *xb, const float *u, const float 
             const int64_t h = q % H, cb = (q / H) % Cb, n = q / (H * Cb);
             float *d = xb + (((n * Cb + cb) * Hp + h + ph) * Wp + pw) * CB;
             const int64_t c0 = cb * CB, cc = C - c0 < CB ? C - c0 : CB;
-            const float *s = x + ((n * C + c0) * H + h) * W;
-            reorder_row(s, d, H * W, W, cc);
+            if (p[23] & RLX_IN_BLOCKED) { /* x [N][Cb][H][W][CB]: a row copy */
+                memcpy(d, x + q * W * CB, (size_t)(W * CB) * sizeof(float));
+                continue;
+            }
+            reorder_row(x + ((n * C + c0) * H + h) * W, d, H * W, W, cc);
         }
         float *V = ws + (int64_t)rlx_tid() * 16 * NTB * (Cb + Ob) * CB;
         float *M = V + 16 * NTB * Cb * CB;
@@ -194,12 +197,22 @@ void rlx_conv2d_wino_f32(const float *x, float *xb, const float *u, const float 
                         r0[j] = m0 + m1 + m2;
                         r1[j] = m1 - m2 - m3;
                     }
+                    const int64_t o0 = ob * CB, oc = O - o0 < CB ? O - o0 : CB;
+                    if (p[23] & RLX_OUT_BLOCKED) { /* out / res [N][Ob][OH][OW][CB] */
+                        const vf y[4] = {r0[0] + r0[1] + r0[2], r0[1] - r0[2] - r0[3],
+                                         r1[0] + r1[1] + r1[2], r1[1] - r1[2] - r1[3]};
+                        for (int64_t a = 0; a < nh; a++) {
+                            const int64_t off = (((n * Ob + ob) * OH + oh0 + a) * OW + ow0) * CB;
+                            store_blocked(y + 2 * a, (int)nw, out + off, res ? res + off : NULL,
+                                          bias ? bias + o0 : NULL, oc, lo, hi);
+                        }
+                        continue;
+                    }
                     float buf[4][CB];
                     VSTORE(buf[0], r0[0] + r0[1] + r0[2]);
                     VSTORE(buf[1], r0[1] - r0[2] - r0[3]);
                     VSTORE(buf[2], r1[0] + r1[1] + r1[2]);
                     VSTORE(buf[3], r1[1] - r1[2] - r1[3]);
-                    const int64_t o0 = ob * CB, oc = O - o0 < CB ? O - o0 : CB;
                     for (int64_t j = 0; j < oc; j++) {
                         const float bj = bias ? bias[o0 + j] : 0.0f;
                         for (int64_t a = 0; a < nh; a++)
