@@ -459,7 +459,7 @@ int rlx_dq_gemv_bf16(int code, long qk, long bb, long N, long K, const float *x,
     uint16_t *xp = (uint16_t *)aligned_alloc(64, (size_t)((P * K * 2 + nxs * 4 + 63) / 64 * 64));
     if (!xp) return 1;
     float *xs = (float *)(xp + P * K);
-    split_x(x, K, P, xp);
+    if (code != S_Q8_0) split_x(x, K, P, xp); /* Q8_0 reads x itself */
 #ifdef Q8DIG
     /* Q8_0 on interleaved groups: the activation digits (dqgemm_q8dig.c) */
     q8dig_t dig = {0};

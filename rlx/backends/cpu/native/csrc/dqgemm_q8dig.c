@@ -17,8 +17,8 @@
  * of a block in the two 256-bit halves), so one 16-lane FMA serves 64 weights.
  *
  * Exactness. The only error besides f32 rounding is x_j - X_j 2^e_b. A block takes the
- * integer path only when, for every j, |x_j - X_j 2^e_b| <= 0.85 K 2^-23 |x_j| (checked in
- * f64 once per call): then each term w_j x_j is off by at most 0.85 K 2^-23 |w_j x_j|, and the
+ * integer path only when, for every j, |x_j - X_j 2^e_b| <= 0.85 K 2^-23 |x_j| (checked
+ * exactly once per call, q8dig_prep): then each term w_j x_j is off by at most 0.85 K 2^-23 |w_j x_j|, and the
  * f32 rounding adds at most (nb + 7) 2^-24 sum |w_j x_j| (lane conversion, nb FMAs per lane,
  * 3 + 1 + 4 final additions), nb = K / 32, which together stay within the f32 accumulation
  * bound K 2^-23 sum |w_j x_j| for every nb >= 1 (0.85 + (nb + 7) / (64 nb) <= 0.975). Every
@@ -45,70 +45,72 @@ typedef struct {
     uint8_t *ok;
 } q8dig_t;
 
-/* 2^e as a double (|e| < 1000) */
-static inline double pow2d(int e) {
-    uint64_t u = (uint64_t)(1023 + e) << 52;
-    double r;
-    memcpy(&r, &u, 8);
+static size_t q8dig_bytes(long nb) { return (size_t)nb * (192 + 64 + 4 + 1) + 64; }
+
+/* 2^e as an f32 (-126 < e < 128) */
+static inline float pow2f(int e) {
+    uint32_t u = (uint32_t)(127 + e) << 23;
+    float r;
+    memcpy(&r, &u, 4);
     return r;
 }
 
-static size_t q8dig_bytes(long nb) { return (size_t)nb * (192 + 64 + 4 + 1) + 64; }
-
 /* split x[0 .. 32 nb) into d (memory at buf, q8dig_bytes(nb), 64-byte aligned); K the
- * GEMV's K (the bound). Returns the number of blocks on the integer path. */
+ * GEMV's K (the bound). Returns the number of blocks on the integer path. The test below
+ * is in f32 and exact: x 2^-e and X 2^e are scalings by powers of two without overflow
+ * (|x| < 2^(e + 22)) or loss (a non-zero |X 2^e| >= 2^-125), x - X 2^e is exact (a
+ * multiple of ulp(x) below 2^24 of them, or x itself when X = 0), and the limit is lowered
+ * by 2^-20 to cover the rounding of lim |x| (a product that underflows makes it stricter). */
 static long q8dig_prep(const float *x, long nb, long K, uint8_t *buf, q8dig_t *d) {
     d->dg = (int8_t *)buf;
     d->c0 = (int32_t *)(buf + nb * 192);
     d->e2 = (float *)(buf + nb * 256);
     d->ok = buf + nb * 260;
-    const double lim = 0.85 * (double)K * 0x1p-23;
+    const __m512 lim = _mm512_set1_ps((float)(0.85 * (double)K * 0x1p-23 * (1.0 - 0x1p-20)));
+    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF), expm = _mm512_set1_epi32(0x7F800000);
+    const __m512i xhi = _mm512_set1_epi32(4194303), xlo = _mm512_set1_epi32(-4194303);
     long n_ok = 0;
     for (long b = 0; b < nb; b++) {
         const float *xb = x + 32 * b;
         int8_t *dg = d->dg + 192 * b;
-        int32_t *c0 = d->c0 + 16 * b;
-        float m = 0.0f;
-        int fin = 1;
-        for (int j = 0; j < 32; j++) {
-            uint32_t u;
-            memcpy(&u, xb + j, 4);
-            if ((u & 0x7F800000u) == 0x7F800000u) fin = 0;
-            float a = __builtin_fabsf(xb[j]);
-            m = a > m ? a : m;
-        }
-        int ok = fin, e = 0;
-        if (ok && m > 0.0f) {
-            uint32_t mb;
-            memcpy(&mb, &m, 4);
-            e = (int)(mb >> 23) - 126 - 22; /* m = f 2^(e + 22), f in [0.5, 1); subnormal: < -125 */
-            ok = e >= -125;
-        }
-        int32_t X[32] = {0};
-        if (ok && m > 0.0f) {
-            const double inv = pow2d(-e), sc = pow2d(e);
-            for (int j = 0; j < 32 && ok; j++) {
-                double r = __builtin_nearbyint((double)xb[j] * inv);
-                r = r > 4194303.0 ? 4194303.0 : (r < -4194303.0 ? -4194303.0 : r);
-                ok = __builtin_fabs((double)xb[j] - r * sc) <= lim * __builtin_fabs((double)xb[j]);
-                X[j] = (int32_t)r;
-            }
-        }
-        d->ok[b] = (uint8_t)ok;
-        uint32_t eb = (uint32_t)(127 + e) << 23; /* 2^e, normal: e >= -125 */
-        memcpy(&d->e2[b], &eb, 4);
-        if (!ok) continue;
+        d->ok[b] = 0;
+        __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+        __m512i a0 = _mm512_and_si512(_mm512_castps_si512(x0), absm);
+        __m512i a1 = _mm512_and_si512(_mm512_castps_si512(x1), absm);
+        __mmask16 inf0 = _mm512_cmpeq_epi32_mask(_mm512_and_si512(a0, expm), expm);
+        __mmask16 inf1 = _mm512_cmpeq_epi32_mask(_mm512_and_si512(a1, expm), expm);
+        if (inf0 | inf1) continue; /* +-inf or NaN */
+        /* the largest |x| (finite, non-negative: its bits order as integers) */
+        uint32_t mb = (uint32_t)_mm512_reduce_max_epu32(_mm512_max_epu32(a0, a1));
+        int e = mb ? (int)(mb >> 23) - 126 - 22 : 0; /* m = f 2^(e + 22), f in [0.5, 1) */
+        if (e < -125) continue; /* a largest |x| under 2^-103 (or subnormal) */
+        const __m512 inv = _mm512_set1_ps(pow2f(-e)), pe = _mm512_set1_ps(pow2f(e));
+        __m512i X0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv)); /* nearest (MXCSR) */
+        __m512i X1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv));
+        X0 = _mm512_min_epi32(_mm512_max_epi32(X0, xlo), xhi);
+        X1 = _mm512_min_epi32(_mm512_max_epi32(X1, xlo), xhi);
+        __m512 r0 = _mm512_sub_ps(x0, _mm512_mul_ps(_mm512_cvtepi32_ps(X0), pe));
+        __m512 r1 = _mm512_sub_ps(x1, _mm512_mul_ps(_mm512_cvtepi32_ps(X1), pe));
+        __m512 l0 = _mm512_mul_ps(lim, _mm512_castsi512_ps(a0));
+        __m512 l1 = _mm512_mul_ps(lim, _mm512_castsi512_ps(a1));
+        __mmask16 g0 = _mm512_cmp_ps_mask(_mm512_abs_ps(r0), l0, _CMP_LE_OQ);
+        __mmask16 g1 = _mm512_cmp_ps_mask(_mm512_abs_ps(r1), l1, _CMP_LE_OQ);
+        if ((g0 & g1) != 0xFFFF) continue; /* an entry too far below the largest */
+        d->ok[b] = 1;
+        d->e2[b] = pow2f(e);
         n_ok++;
-        for (int l = 0; l < 8; l++) c0[l] = 0;
-        for (int j = 0; j < 32; j++) {
-            int8_t d0 = (int8_t)(X[j] >> 16); /* arithmetic: -64 .. 63 */
-            uint32_t u = (uint32_t)X[j];
-            dg[j] = dg[32 + j] = d0;
-            dg[64 + j] = dg[96 + j] = (int8_t)(uint8_t)(u >> 8);
-            dg[128 + j] = dg[160 + j] = (int8_t)(uint8_t)u;
-            c0[j / 4] -= 128 * d0;
+        /* the digits: X = 2^16 D0 + 2^8 D1 + D2 (D0 = X >> 16 in -64 .. 63), each twice */
+        for (int k = 0; k < 3; k++) {
+            unsigned sh = (unsigned)(16 - 8 * k);
+            __m256i v = _mm256_set_m128i(_mm512_cvtepi32_epi8(_mm512_srai_epi32(X1, sh)),
+                                         _mm512_cvtepi32_epi8(_mm512_srai_epi32(X0, sh)));
+            _mm512_storeu_si512(dg + 64 * k, _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1));
         }
-        for (int l = 0; l < 8; l++) c0[8 + l] = c0[l];
+        /* -128 times the sum of D0 over each lane's 4 inputs, both halves */
+        __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1),
+                                         _mm512_loadu_si512(dg));
+        _mm512_storeu_si512(d->c0 + 16 * b, _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                            _mm512_slli_epi32(s0, 7)));
     }
     return n_ok;
 }
