@@ -35,17 +35,17 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && VW == 16 && FUSED
 #define Q8DIG 1
 
-/* per-call activation digits: per block 192 bytes of digits (D0, D1, D2, each block's 32
- * bytes twice: one copy per row of a zmm), 16 int32 lane corrections (-128 sum D0), the
+/* per-call activation digits: per block 128 bytes, the digits D0, D1, D2 (32 bytes each)
+ * then 8 int32 lane corrections (-128 sum D0), each read into both halves of a zmm (kept
+ * small so a group's pass over K = 2048 leaves them in L1 beside the weight stream); the
  * scale 2^e (f32) and whether the block takes the integer path */
 typedef struct {
     int8_t *dg;
-    int32_t *c0;
     float *e2;
     uint8_t *ok;
 } q8dig_t;
 
-static size_t q8dig_bytes(long nb) { return (size_t)nb * (192 + 64 + 4 + 1) + 64; }
+static size_t q8dig_bytes(long nb) { return (size_t)nb * (128 + 4 + 1) + 64; }
 
 /* 2^e as an f32 (-126 < e < 128) */
 static inline float pow2f(int e) {
@@ -63,16 +63,15 @@ static inline float pow2f(int e) {
  * by 2^-20 to cover the rounding of lim |x| (a product that underflows makes it stricter). */
 static long q8dig_prep(const float *x, long nb, long K, uint8_t *buf, q8dig_t *d) {
     d->dg = (int8_t *)buf;
-    d->c0 = (int32_t *)(buf + nb * 192);
-    d->e2 = (float *)(buf + nb * 256);
-    d->ok = buf + nb * 260;
+    d->e2 = (float *)(buf + nb * 128);
+    d->ok = buf + nb * 132;
     const __m512 lim = _mm512_set1_ps((float)(0.85 * (double)K * 0x1p-23 * (1.0 - 0x1p-20)));
     const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF), expm = _mm512_set1_epi32(0x7F800000);
     const __m512i xhi = _mm512_set1_epi32(4194303), xlo = _mm512_set1_epi32(-4194303);
     long n_ok = 0;
     for (long b = 0; b < nb; b++) {
         const float *xb = x + 32 * b;
-        int8_t *dg = d->dg + 192 * b;
+        int8_t *dg = d->dg + 128 * b;
         d->ok[b] = 0;
         __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
         __m512i a0 = _mm512_and_si512(_mm512_castps_si512(x0), absm);
@@ -99,18 +98,18 @@ static long q8dig_prep(const float *x, long nb, long K, uint8_t *buf, q8dig_t *d
         d->ok[b] = 1;
         d->e2[b] = pow2f(e);
         n_ok++;
-        /* the digits: X = 2^16 D0 + 2^8 D1 + D2 (D0 = X >> 16 in -64 .. 63), each twice */
+        /* the digits: X = 2^16 D0 + 2^8 D1 + D2 (D0 = X >> 16 in -64 .. 63) */
+        __m256i dk[3];
         for (int k = 0; k < 3; k++) {
             unsigned sh = (unsigned)(16 - 8 * k);
-            __m256i v = _mm256_set_m128i(_mm512_cvtepi32_epi8(_mm512_srai_epi32(X1, sh)),
-                                         _mm512_cvtepi32_epi8(_mm512_srai_epi32(X0, sh)));
-            _mm512_storeu_si512(dg + 64 * k, _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1));
+            dk[k] = _mm256_set_m128i(_mm512_cvtepi32_epi8(_mm512_srai_epi32(X1, sh)),
+                                     _mm512_cvtepi32_epi8(_mm512_srai_epi32(X0, sh)));
+            _mm256_storeu_si256((__m256i *)(dg + 32 * k), dk[k]);
         }
-        /* -128 times the sum of D0 over each lane's 4 inputs, both halves */
-        __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1),
-                                         _mm512_loadu_si512(dg));
-        _mm512_storeu_si512(d->c0 + 16 * b, _mm512_sub_epi32(_mm512_setzero_si512(),
-                                                            _mm512_slli_epi32(s0, 7)));
+        /* -128 times the sum of D0 over each lane's 4 inputs */
+        __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), dk[0]);
+        _mm256_storeu_si256((__m256i *)(dg + 96),
+                            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s0, 7)));
     }
     return n_ok;
 }
@@ -133,9 +132,11 @@ static inline __attribute__((always_inline)) void q8dig_grp(int G, const uint8_t
         if ((b & 1) == 0)
             for (int o = 0; o < 2 * G * 34; o += 64) __builtin_prefetch(p + PF_AHEAD_Q8 + o, 0, 3);
         if (d->ok[b]) {
-            const int8_t *dg = d->dg + 192 * b;
-            __m512i D0 = _mm512_loadu_si512(dg), D1 = _mm512_loadu_si512(dg + 64);
-            __m512i D2 = _mm512_loadu_si512(dg + 128), C0 = _mm512_loadu_si512(d->c0 + 16 * b);
+            const __m256i *dg = (const __m256i *)(d->dg + 128 * b);
+            __m512i D0 = _mm512_broadcast_i64x4(_mm256_loadu_si256(dg));
+            __m512i D1 = _mm512_broadcast_i64x4(_mm256_loadu_si256(dg + 1));
+            __m512i D2 = _mm512_broadcast_i64x4(_mm256_loadu_si256(dg + 2));
+            __m512i C0 = _mm512_broadcast_i64x4(_mm256_loadu_si256(dg + 3));
             __m512 eb = _mm512_set1_ps(d->e2[b]);
             for (int r = 0; r < G / 2; r++) {
                 const uint8_t *q = p + 68 * r;
