@@ -185,3 +185,19 @@ def test_q8dig_non_finite_activations(monkeypatch) -> None:
             np.testing.assert_array_equal(got, _run(x, packed, n, k, 8, 1, monkeypatch, "0"))
         x[0, 3] = np.nan
         assert np.isnan(_run(x, packed, n, k, 8, 1, monkeypatch)).all()
+
+
+def test_q8dig_flag_values(monkeypatch) -> None:
+    """RLX_DQ_Q8_DIGITS follows rlx.config's flag rules: on by default, off / 0 off, any
+    other word a ConfigError naming the variable."""
+    from rlx.backends.cpu.native.dqgemm import q8_digits
+    from rlx.errors import ConfigError
+
+    monkeypatch.delenv("RLX_DQ_Q8_DIGITS", raising=False)
+    assert q8_digits()
+    for v, want in (("0", False), (" Off", False), ("1", True), ("ON", True)):
+        monkeypatch.setenv("RLX_DQ_Q8_DIGITS", v)
+        assert q8_digits() is want
+    monkeypatch.setenv("RLX_DQ_Q8_DIGITS", "maybe")
+    with pytest.raises(ConfigError, match="RLX_DQ_Q8_DIGITS"):
+        q8_digits()

@@ -436,11 +436,12 @@ int rlx_dq_bf16_ok(int code) {
 #endif
 }
 
-/* y[N] = W x for one f32 activation row x[K] (see the top of this file). Returns 0, 1 when
- * a scratch buffer could not be allocated, 2 on bad arguments, 3 when this build has no
- * bf16 kernel for `code` (rlx_dq_bf16_ok). */
+/* y[N] = W x for one f32 activation row x[K] (see the top of this file); q8dig: Q8_0 on
+ * interleaved rows takes dqgemm_q8dig.c where this build has it (0: the f32 group kernel).
+ * Returns 0, 1 when a scratch buffer could not be allocated, 2 on bad arguments, 3 when
+ * this build has no bf16 kernel for `code` (rlx_dq_bf16_ok). */
 int rlx_dq_gemv_bf16(int code, long qk, long bb, long N, long K, const float *x,
-                     const uint8_t *w, long row_bytes, float *y, int threads, int R) {
+                     const uint8_t *w, long row_bytes, float *y, int threads, int R, int q8dig) {
     if (!rlx_dq_bf16_ok(code)) return 3;
 #ifdef BF16DOT
     if (qk <= 0 || K % qk || K % 32 || N < 0 || threads < 1 || !dq_r_ok(code, R)) return 2;
@@ -464,8 +465,7 @@ int rlx_dq_gemv_bf16(int code, long qk, long bb, long N, long K, const float *x,
     /* Q8_0 on interleaved groups: the activation digits (dqgemm_q8dig.c) */
     q8dig_t dig = {0};
     uint8_t *digbuf = 0;
-    const char *dig_env = getenv("RLX_DQ_Q8_DIGITS"); /* "0": the f32 group kernel */
-    if (code == S_Q8_0 && R > 1 && N >= R && !(dig_env && dig_env[0] == '0')) {
+    if (code == S_Q8_0 && R > 1 && N >= R && q8dig) {
         digbuf = (uint8_t *)aligned_alloc(64, (q8dig_bytes(s.nb) + 63) / 64 * 64);
         if (!digbuf) {
             free(xp);
@@ -517,7 +517,7 @@ int rlx_dq_gemv_bf16(int code, long qk, long bb, long N, long K, const float *x,
     return 0;
 #else
     (void)qk, (void)bb, (void)N, (void)K, (void)x, (void)w, (void)row_bytes, (void)y;
-    (void)threads, (void)R;
+    (void)threads, (void)R, (void)q8dig;
     return 3;
 #endif
 }
