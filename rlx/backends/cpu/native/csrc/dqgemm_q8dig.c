@@ -13,8 +13,9 @@
  * so a = sum q X exactly: |a| <= 4 128 (2^22 - 1) < 2^31, and int32 wrap-around in the
  * intermediate steps cancels out. The lane goes to f32 (one rounding) and is added to the
  * row's accumulator with one FMA by the scale d 2^e_b (exact: 11 significant bits, e_b >=
- * -125 so even a subnormal product keeps every bit). Two rows share one zmm (rows r, r + 1
- * of a block in the two 256-bit halves), so one 16-lane FMA serves 64 weights.
+ * -125 so even a subnormal product keeps every bit), 8 lanes (256 bits) per row and block:
+ * on Zen 4 a 512-bit op costs two 256-bit ones, and two rows per zmm needed an insert and a
+ * scale shuffle per pair (measured 26 vs 31 GB/s with the weight in L2).
  *
  * Exactness. The only error besides f32 rounding is x_j - X_j 2^e_b. A block takes the
  * integer path only when, for every j, |x_j - X_j 2^e_b| <= 0.85 K 2^-23 |x_j| (checked
@@ -29,15 +30,16 @@
  * under ~1/540 of it at K = 640, 1/27 at K = 32; zeros are exact). Which blocks take which
  * path depends on x only, so every row and every thread count gives the same bits.
  *
- * Cost: 3 vpdpbusd, 2 shifts, 1 xor, 1 convert and 1 FMA per 64 weights (two rows), against
- * 4 converts, 2 multiply-adds and 1 FMA per 32 weights for the f32 kernel. */
+ * Cost per row and block (32 weights): 3 vpdpbusd, 2 shifts, 1 xor, 1 convert, the scale
+ * (broadcast, vcvtph2ps, multiply) and 1 FMA on 256 bits, against 2 widenings, 2 converts,
+ * a multiply and 2 FMAs on 512 bits for the f32 kernel. */
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && VW == 16 && FUSED
 #define Q8DIG 1
 
 /* per-call activation digits: per block 128 bytes, the digits D0, D1, D2 (32 bytes each)
- * then 8 int32 lane corrections (-128 sum D0), each read into both halves of a zmm (kept
- * small so a group's pass over K = 2048 leaves them in L1 beside the weight stream); the
+ * then 8 int32 lane corrections (-128 sum D0) (kept small so a group's pass over K = 2048
+ * leaves them in L1 beside the weight stream); the
  * scale 2^e (f32) and whether the block takes the integer path */
 typedef struct {
     int8_t *dg;
@@ -122,35 +124,28 @@ static long q8dig_prep(const float *x, long nb, long K, uint8_t *buf, q8dig_t *d
 static inline __attribute__((always_inline)) void q8dig_grp(int G, const uint8_t *p, long st,
                                                            long nb, const float *x,
                                                            const q8dig_t *d, float *y) {
-    __m512 t[4], tf[8];
-    for (int r = 0; r < G / 2; r++) t[r] = _mm512_setzero_ps();
-    for (int r = 0; r < G; r++) tf[r] = _mm512_setzero_ps();
-    const __m512i x80 = _mm512_set1_epi8((char)0x80);
-    const __m512i hsel = _mm512_setr_epi32(0, 0, 0, 0, 0x00110011, 0x00110011, 0x00110011,
-                                           0x00110011, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m256 t[8];
+    __m512 tf[8];
+    for (int r = 0; r < G; r++) t[r] = _mm256_setzero_ps(), tf[r] = _mm512_setzero_ps();
+    const __m256i x80 = _mm256_set1_epi8((char)0x80);
     for (long b = 0; b < nb; b++, p += st, x += 32) {
         if ((b & 1) == 0)
             for (int o = 0; o < 2 * G * 34; o += 64) __builtin_prefetch(p + PF_AHEAD_Q8 + o, 0, 3);
         if (d->ok[b]) {
             const __m256i *dg = (const __m256i *)(d->dg + 128 * b);
-            __m512i D0 = _mm512_broadcast_i64x4(_mm256_loadu_si256(dg));
-            __m512i D1 = _mm512_broadcast_i64x4(_mm256_loadu_si256(dg + 1));
-            __m512i D2 = _mm512_broadcast_i64x4(_mm256_loadu_si256(dg + 2));
-            __m512i C0 = _mm512_broadcast_i64x4(_mm256_loadu_si256(dg + 3));
-            __m512 eb = _mm512_set1_ps(d->e2[b]);
-            for (int r = 0; r < G / 2; r++) {
-                const uint8_t *q = p + 68 * r;
-                __m512i w = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(q + 2))),
-                    _mm256_loadu_si256((const __m256i *)(q + 36)), 1);
-                __m512i a = _mm512_dpbusd_epi32(C0, _mm512_xor_si512(w, x80), D0);
-                a = _mm512_dpbusd_epi32(_mm512_slli_epi32(a, 8), D1, w);
-                a = _mm512_dpbusd_epi32(_mm512_slli_epi32(a, 8), D2, w);
-                /* the two rows' f16 scales (words 0 and 17 from q), 8 lanes each */
-                __m256i hh = _mm512_castsi512_si256(
-                    _mm512_permutexvar_epi16(hsel, _mm512_loadu_si512(q)));
-                __m512 s = _mm512_mul_ps(_mm512_cvtph_ps(hh), eb);
-                t[r] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(a), t[r]);
+            __m256i D0 = _mm256_loadu_si256(dg), D1 = _mm256_loadu_si256(dg + 1);
+            __m256i D2 = _mm256_loadu_si256(dg + 2), C0 = _mm256_loadu_si256(dg + 3);
+            __m256 eb = _mm256_set1_ps(d->e2[b]);
+            for (int r = 0; r < G; r++) {
+                const uint8_t *q = p + 34 * r;
+                __m256i w = _mm256_loadu_si256((const __m256i *)(q + 2));
+                __m256i a = _mm256_dpbusd_epi32(C0, _mm256_xor_si256(w, x80), D0);
+                a = _mm256_dpbusd_epi32(_mm256_slli_epi32(a, 8), D1, w);
+                a = _mm256_dpbusd_epi32(_mm256_slli_epi32(a, 8), D2, w);
+                uint16_t h;
+                memcpy(&h, q, 2);
+                __m256 s = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16((short)h)), eb);
+                t[r] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(a), t[r]);
             }
         } else { /* the f32 kernel's arithmetic (grp_q8_0) */
             __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
@@ -168,11 +163,7 @@ static inline __attribute__((always_inline)) void q8dig_grp(int G, const uint8_t
             }
         }
     }
-    for (int r = 0; r < G / 2; r++) {
-        y[2 * r] = hsum8(_mm512_castps512_ps256(t[r])) + _mm512_reduce_add_ps(tf[2 * r]);
-        y[2 * r + 1] =
-            hsum8(_mm512_extractf32x8_ps(t[r], 1)) + _mm512_reduce_add_ps(tf[2 * r + 1]);
-    }
+    for (int r = 0; r < G; r++) y[r] = hsum8(t[r]) + _mm512_reduce_add_ps(tf[r]);
 }
 static void q8dig_rows(int G, const uint8_t *p, long st, long nb, const float *x,
                        const q8dig_t *d, float *y) {
