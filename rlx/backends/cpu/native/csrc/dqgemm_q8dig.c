@@ -19,9 +19,10 @@
  *
  * Exactness. The only error besides f32 rounding is x_j - X_j 2^e_b. A block takes the
  * integer path only when, for every j, |x_j - X_j 2^e_b| <= 0.85 K 2^-23 |x_j| (checked
- * exactly once per call, q8dig_prep): then each term w_j x_j is off by at most 0.85 K 2^-23 |w_j x_j|, and the
- * f32 rounding adds at most (nb + 7) 2^-24 sum |w_j x_j| (lane conversion, nb FMAs per lane,
- * 3 + 1 + 4 final additions), nb = K / 32, which together stay within the f32 accumulation
+ * exactly once per call, q8dig_prep): then each term w_j x_j is off by at most
+ * 0.85 K 2^-23 |w_j x_j|, and the f32 rounding adds at most (nb + 7) 2^-24 sum |w_j x_j|
+ * (digit path: lane conversion, nb FMAs per lane, 3 + 1 final additions; f32 path: product,
+ * pair sum, nb FMAs, 4 + 1), nb = K / 32, which together stay within the f32 accumulation
  * bound K 2^-23 sum |w_j x_j| for every nb >= 1 (0.85 + (nb + 7) / (64 nb) <= 0.975). Every
  * other block takes the f32 kernel's arithmetic (exact products of the f32 codes and x,
  * f32 accumulation in separate accumulators): a block with a non-finite x (so +-inf and NaN
@@ -38,9 +39,9 @@
 #define Q8DIG 1
 
 /* per-call activation digits: per block 128 bytes, the digits D0, D1, D2 (32 bytes each)
- * then 8 int32 lane corrections (-128 sum D0) (kept small so a group's pass over K = 2048
- * leaves them in L1 beside the weight stream); the
- * scale 2^e (f32) and whether the block takes the integer path */
+ * then 8 int32 lane corrections (-128 sum D0), kept small so a group's pass over K = 2048
+ * leaves them in L1 beside the weight stream; the scale 2^e (f32) and whether the block
+ * takes the integer path */
 typedef struct {
     int8_t *dg;
     float *e2;
