@@ -1,6 +1,6 @@
 """The exact Q8_0 decode GEMV on AVX-512 VNNI (``csrc/dqgemm_q8dig.c``: the activation as
-integer digits, ``vpdpbusd``; blocks whose digits would lose too much fall back to the f32
-kernel's arithmetic) against NumPy f64 products of the weights ``gguf.quants`` decodes,
+integer digits with an exponent per 4 inputs, ``vpdpbusd``; blocks whose digits would lose
+too much fall back to the f32 kernel's arithmetic) against NumPy f64 products of the weights ``gguf.quants`` decodes,
 within the f32 accumulation bound of test_quant_dequant.check_close: K 32 (the smallest
 Q8_0 allows), 64, 640 and 2048, N with tails (not multiples of R), plain and interleaved
 layouts, 1 and 2 threads (identical bits), and adversarial activations: a large entry
@@ -81,10 +81,11 @@ def _outlier_x(k: int, ratio: float, rng: np.random.Generator) -> np.ndarray:
 @needs_dig
 @pytest.mark.parametrize("k", [32, 640, 2048])
 def test_q8dig_large_entry_against_zero_codes(k, monkeypatch) -> None:
-    """The largest entry of every block meets a zero code in every row, the others are
-    2^-1 .. 2^-40 of it: the bound then counts only the small entries' products, which
-    digits relative to the block's largest would truncate; blocks past the threshold fall
-    back, and every result stays within the bound (1 and 2 threads equal)."""
+    """The largest entry of every block (input 5, in the digit group of inputs 4 .. 7)
+    meets a zero code in every row, the others are 2^-1 .. 2^-40 of it: the bound then
+    counts only the small entries' products, which digits relative to the group's largest
+    would truncate; blocks past the threshold fall back, and every result stays within the
+    bound (1 and 2 threads equal)."""
     rng = np.random.default_rng(k)
     n = 45
     (packed,), _ = make_weight(Q8, n, k, rng)

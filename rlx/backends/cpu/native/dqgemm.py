@@ -26,10 +26,10 @@ row) of Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K runs ``csrc/dqgemm_bf16dot.c
 (``vdpbf16ps`` on exact bf16 parts of the activations, within the same f32 accumulation
 bound), and Q8_0 that file's f32 FMA kernel over whole row groups
 (:meth:`DqGemmLib.uses_bf16`; RLX_DQ_BF16=0 turns both off). With avx512_vnni as well, Q8_0
-on interleaved rows (R = 4 / 8) runs ``csrc/dqgemm_q8dig.c``: the activation as exact
-integer digits per 32-block (``vpdpbusd``), each block whose digits would leave the bound
-on the f32 kernel's arithmetic (RLX_DQ_Q8_DIGITS=0, read when a call is bound: the f32
-group kernel for every block, :func:`q8_digits`).
+on interleaved rows (R = 4 / 8) runs ``csrc/dqgemm_q8dig.c``: the activation as integer
+digits with an exponent per 4 inputs (``vpdpbusd``), each 32-block whose digits would
+leave the bound on the f32 kernel's arithmetic (RLX_DQ_Q8_DIGITS=0, read when a call is
+bound: the f32 group kernel for every block, :func:`q8_digits`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 /* dqgemm: the exact Q8_0 decode GEMV (M = 1, f32 activations) on AVX-512 VNNI, used by
  * rlx_dq_gemv_bf16 (dqgemm_bf16dot.c) for the interleaved row groups (R = 4 / 8).
  *
- * Activation digits. Once per call (x is shared by every row), each 32-block b of x is
- * written as x_j ~ X_j 2^e_b with X_j an integer, |X_j| <= 2^22 - 1 (e_b = exponent of the
- * block's largest |x| - 22, X_j = x_j 2^-e_b rounded to nearest), and X_j as its three
- * two's-complement bytes: X = 2^16 D0 + 2^8 D1 + D2, D0 signed (-64 .. 63), D1, D2 unsigned.
+ * Activation digits. Once per call (x is shared by every row), each group g of 4 inputs
+ * (one int32 lane below: 8 per 32-block) is written as x_j ~ X_j 2^e_g with X_j an integer,
+ * |X_j| <= 2^22 - 1 (e_g = exponent of the group's largest |x| - 22, X_j = x_j 2^-e_g
+ * rounded to nearest), and X_j as its three two's-complement bytes: X = 2^16 D0 + 2^8 D1 +
+ * D2, D0 signed (-64 .. 63), D1, D2 unsigned. (One exponent per 32-block instead: 84 % of
+ * the blocks of Gemma-3-270M's LM-head input passed the test below, per group 92 %.)
  * A row's block (half d, i8 codes q_j) then gives, per group of 4 codes (one int32 lane of
  * vpdpbusd, u8 x s8 quads):
  *   a = sum (q + 128) D0 - 128 sum D0   (q + 128 = q ^ 0x80: vpdpbusd wants unsigned bytes
@@ -12,13 +14,14 @@
  *   a = 256 a + sum D1 q;  a = 256 a + sum D2 q   (D1, D2 unsigned, q signed: no offset)
  * so a = sum q X exactly: |a| <= 4 128 (2^22 - 1) < 2^31, and int32 wrap-around in the
  * intermediate steps cancels out. The lane goes to f32 (one rounding) and is added to the
- * row's accumulator with one FMA by the scale d 2^e_b (exact: 11 significant bits, e_b >=
- * -125 so even a subnormal product keeps every bit), 8 lanes (256 bits) per row and block:
+ * row's accumulator with one FMA by the lane's scale d 2^e_g (exact: 11 significant bits,
+ * e_g >= -125 so even a subnormal product keeps every bit), 8 lanes (256 bits) per row and
+ * block:
  * on Zen 4 a 512-bit op costs two 256-bit ones, and two rows per zmm needed an insert and a
  * scale shuffle per pair (measured 26 vs 31 GB/s with the weight in L2).
  *
- * Exactness. The only error besides f32 rounding is x_j - X_j 2^e_b. A block takes the
- * integer path only when, for every j, |x_j - X_j 2^e_b| <= 0.85 K 2^-23 |x_j| (checked
+ * Exactness. The only error besides f32 rounding is x_j - X_j 2^e_g. A block takes the
+ * integer path only when, for every j, |x_j - X_j 2^e_g| <= 0.85 K 2^-23 |x_j| (checked
  * exactly once per call, q8dig_prep): then each term w_j x_j is off by at most
  * 0.85 K 2^-23 |w_j x_j|, and the f32 rounding adds at most (nb + 7) 2^-24 sum |w_j x_j|
  * (digit path: lane conversion, nb FMAs per lane, 3 + 1 final additions; f32 path: product,
@@ -26,8 +29,8 @@
  * bound K 2^-23 sum |w_j x_j| for every nb >= 1 (0.85 + (nb + 7) / (64 nb) <= 0.975). Every
  * other block takes the f32 kernel's arithmetic (exact products of the f32 codes and x,
  * f32 accumulation in separate accumulators): a block with a non-finite x (so +-inf and NaN
- * give what the f32 kernels give), a largest |x| under 2^-103 (subnormal scales) or one
- * whose small entries sit too far below the block's largest to keep their bits (entries
+ * give what the f32 kernels give), a group whose largest |x| is under 2^-103 (subnormal
+ * scales) or whose small entries sit too far below its largest to keep their bits (entries
  * under ~1/540 of it at K = 640, 1/27 at K = 32; zeros are exact). Which blocks take which
  * path depends on x only, so every row and every thread count gives the same bits.
  *
@@ -38,43 +41,47 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && VW == 16 && FUSED
 #define Q8DIG 1
 
-/* per-call activation digits: per block 128 bytes, the digits D0, D1, D2 (32 bytes each)
- * then 8 int32 lane corrections (-128 sum D0), kept small so a group's pass over K = 2048
- * leaves them in L1 beside the weight stream; the scale 2^e (f32) and whether the block
- * takes the integer path */
+/* per-call activation digits: per block 160 bytes, the digits D0, D1, D2 (32 bytes each),
+ * 8 int32 lane corrections (-128 sum D0) and the 8 lanes' 2^e (f32), kept small so a row
+ * group's pass over K = 2048 leaves them in L1 beside the weight stream; and whether the
+ * block takes the integer path */
 typedef struct {
     int8_t *dg;
-    float *e2;
     uint8_t *ok;
 } q8dig_t;
 
-static size_t q8dig_bytes(long nb) { return (size_t)nb * (128 + 4 + 1) + 64; }
+static size_t q8dig_bytes(long nb) { return (size_t)nb * (160 + 1) + 64; }
 
-/* 2^e as an f32 (-126 < e < 128) */
-static inline float pow2f(int e) {
-    uint32_t u = (uint32_t)(127 + e) << 23;
-    float r;
-    memcpy(&r, &u, 4);
-    return r;
+/* f32 lanes 2^(c - 127) from biased exponents c in 1 .. 254 */
+static inline __m512 pow2v(__m512i c) { return _mm512_castsi512_ps(_mm512_slli_epi32(c, 23)); }
+
+/* per input (16 lanes of |x| bits, finite): e = exponent of the largest |x| of its group of
+ * 4 (lanes 4 l .. 4 l + 3, one vpdpbusd lane) - 22, so that largest is f 2^(e + 22) with
+ * f in [0.5, 1); 0 for an all-zero group (the bits of non-negative floats order as integers) */
+static inline __m512i lane_exp(__m512i a) {
+    __m512i m = _mm512_max_epu32(a, _mm512_shuffle_epi32(a, _MM_PERM_CDAB));
+    m = _mm512_max_epu32(m, _mm512_shuffle_epi32(m, _MM_PERM_BADC));
+    __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(m, 23), _mm512_set1_epi32(126 + 22));
+    return _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(m, m), e);
 }
 
 /* split x[0 .. 32 nb) into d (memory at buf, q8dig_bytes(nb), 64-byte aligned); K the
  * GEMV's K (the bound). Returns the number of blocks on the integer path. The test below
- * is in f32 and exact: x 2^-e and X 2^e are scalings by powers of two without overflow
+ * is in f32 and exact (e its group's): x 2^-e and X 2^e are powers-of-two scalings without
+ * overflow
  * (|x| < 2^(e + 22)) or loss (a non-zero |X 2^e| >= 2^-125), x - X 2^e is exact (a
  * multiple of ulp(x) below 2^24 of them, or x itself when X = 0), and the limit is lowered
  * by 2^-20 to cover the rounding of lim |x| (a product that underflows makes it stricter). */
 static long q8dig_prep(const float *x, long nb, long K, uint8_t *buf, q8dig_t *d) {
     d->dg = (int8_t *)buf;
-    d->e2 = (float *)(buf + nb * 128);
-    d->ok = buf + nb * 132;
+    d->ok = buf + nb * 160;
     const __m512 lim = _mm512_set1_ps((float)(0.85 * (double)K * 0x1p-23 * (1.0 - 0x1p-20)));
     const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF), expm = _mm512_set1_epi32(0x7F800000);
     const __m512i xhi = _mm512_set1_epi32(4194303), xlo = _mm512_set1_epi32(-4194303);
     long n_ok = 0;
     for (long b = 0; b < nb; b++) {
         const float *xb = x + 32 * b;
-        int8_t *dg = d->dg + 128 * b;
+        int8_t *dg = d->dg + 160 * b;
         d->ok[b] = 0;
         __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
         __m512i a0 = _mm512_and_si512(_mm512_castps_si512(x0), absm);
@@ -82,25 +89,34 @@ static long q8dig_prep(const float *x, long nb, long K, uint8_t *buf, q8dig_t *d
         __mmask16 inf0 = _mm512_cmpeq_epi32_mask(_mm512_and_si512(a0, expm), expm);
         __mmask16 inf1 = _mm512_cmpeq_epi32_mask(_mm512_and_si512(a1, expm), expm);
         if (inf0 | inf1) continue; /* +-inf or NaN */
-        /* the largest |x| (finite, non-negative: its bits order as integers) */
-        uint32_t mb = (uint32_t)_mm512_reduce_max_epu32(_mm512_max_epu32(a0, a1));
-        int e = mb ? (int)(mb >> 23) - 126 - 22 : 0; /* m = f 2^(e + 22), f in [0.5, 1) */
-        if (e < -125) continue; /* a largest |x| under 2^-103 (or subnormal) */
-        const __m512 inv = _mm512_set1_ps(pow2f(-e)), pe = _mm512_set1_ps(pow2f(e));
-        __m512i X0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv)); /* nearest (MXCSR) */
-        __m512i X1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv));
+        /* e per lane of 4 inputs: each input's lane exponent in its own position */
+        __m512i e0 = lane_exp(a0), e1 = lane_exp(a1);
+        const __m512i emin = _mm512_set1_epi32(-125);
+        if (_mm512_cmplt_epi32_mask(e0, emin) | _mm512_cmplt_epi32_mask(e1, emin))
+            continue; /* a lane's largest |x| under 2^-103 (or subnormal) */
+        const __m512i b127 = _mm512_set1_epi32(127);
+        const __m512 inv0 = pow2v(_mm512_sub_epi32(b127, e0));
+        const __m512 inv1 = pow2v(_mm512_sub_epi32(b127, e1));
+        const __m512 pe0 = pow2v(_mm512_add_epi32(b127, e0));
+        const __m512 pe1 = pow2v(_mm512_add_epi32(b127, e1));
+        __m512i X0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv0)); /* nearest (MXCSR) */
+        __m512i X1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv1));
         X0 = _mm512_min_epi32(_mm512_max_epi32(X0, xlo), xhi);
         X1 = _mm512_min_epi32(_mm512_max_epi32(X1, xlo), xhi);
-        __m512 r0 = _mm512_sub_ps(x0, _mm512_mul_ps(_mm512_cvtepi32_ps(X0), pe));
-        __m512 r1 = _mm512_sub_ps(x1, _mm512_mul_ps(_mm512_cvtepi32_ps(X1), pe));
+        __m512 r0 = _mm512_sub_ps(x0, _mm512_mul_ps(_mm512_cvtepi32_ps(X0), pe0));
+        __m512 r1 = _mm512_sub_ps(x1, _mm512_mul_ps(_mm512_cvtepi32_ps(X1), pe1));
         __m512 l0 = _mm512_mul_ps(lim, _mm512_castsi512_ps(a0));
         __m512 l1 = _mm512_mul_ps(lim, _mm512_castsi512_ps(a1));
         __mmask16 g0 = _mm512_cmp_ps_mask(_mm512_abs_ps(r0), l0, _CMP_LE_OQ);
         __mmask16 g1 = _mm512_cmp_ps_mask(_mm512_abs_ps(r1), l1, _CMP_LE_OQ);
-        if ((g0 & g1) != 0xFFFF) continue; /* an entry too far below the largest */
+        if ((g0 & g1) != 0xFFFF) continue; /* an entry too far below its lane's largest */
         d->ok[b] = 1;
-        d->e2[b] = pow2f(e);
         n_ok++;
+        /* the 8 lanes' 2^e (inputs 0, 4, .., 28) */
+        const __m512i first = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0,
+                                                0, 0);
+        _mm256_storeu_ps((float *)(dg + 128),
+                         _mm512_castps512_ps256(_mm512_permutex2var_ps(pe0, first, pe1)));
         /* the digits: X = 2^16 D0 + 2^8 D1 + D2 (D0 = X >> 16 in -64 .. 63) */
         __m256i dk[3];
         for (int k = 0; k < 3; k++) {
@@ -133,10 +149,10 @@ static inline __attribute__((always_inline)) void q8dig_grp(int G, const uint8_t
         if ((b & 1) == 0)
             for (int o = 0; o < 2 * G * 34; o += 64) __builtin_prefetch(p + PF_AHEAD_Q8 + o, 0, 3);
         if (d->ok[b]) {
-            const __m256i *dg = (const __m256i *)(d->dg + 128 * b);
+            const __m256i *dg = (const __m256i *)(d->dg + 160 * b);
             __m256i D0 = _mm256_loadu_si256(dg), D1 = _mm256_loadu_si256(dg + 1);
             __m256i D2 = _mm256_loadu_si256(dg + 2), C0 = _mm256_loadu_si256(dg + 3);
-            __m256 eb = _mm256_set1_ps(d->e2[b]);
+            __m256 eb = _mm256_castsi256_ps(_mm256_loadu_si256(dg + 4)); /* 2^e per lane */
             for (int r = 0; r < G; r++) {
                 const uint8_t *q = p + 34 * r;
                 __m256i w = _mm256_loadu_si256((const __m256i *)(q + 2));
