@@ -96,7 +96,7 @@ def report(a, runs: dict[str, list[dict]], started: str, path: str) -> str:  # n
     for t in a.threads:
         ref = runs.get(f"llama|{t}", [])
         ld = _med(ref, "decode_tps")
-        for e in ("rlx", "rlx-fma", "rlx-q8", "rlx-norepack", "llama", "torch"):
+        for e in ("rlx", "rlx-q8grp", "rlx-fma", "rlx-q8", "rlx-norepack", "llama", "torch"):
             rows = runs.get(f"{e}|{t}")
             if rows is None:
                 continue
@@ -118,6 +118,7 @@ def report(a, runs: dict[str, list[dict]], started: str, path: str) -> str:  # n
             name = {
                 "rlx": "rlx", "rlx-q8": "rlx (RLX_DQ_ACT=q8)", "rlx-fma": "rlx (RLX_DQ_BF16=0)",
                 "rlx-norepack": "rlx (RLX_DQ_REPACK=0)", "llama": "llama.cpp",
+                "rlx-q8grp": "rlx (RLX_DQ_Q8_DIGITS=0)",
                 "torch": "PyTorch eager",
             }[e]  # fmt: skip
             lines.append(

@@ -10,11 +10,13 @@ One process per target (``dqgemm_lib(target)``: the kernels ``RLX_ISA=<target>``
 rounds interleaved over targets. Per scheme and shape, ``DqGemmLib.bind`` at M = 1 with
 each ``--acts`` mode (``f32``: the exact path, RLX_DQ_ACT's default; ``q8``: int8
 activations, for the schemes of ``dqgemm.Q8_SCHEMES`` only; ``f32fma``: the exact path
-with RLX_DQ_BF16=0, the f32 FMA kernels instead of the bf16 dot-product one), each call reading another copy of
-the packed weight, cycling through copies that fill ``--working-set-mb`` (weights come
+with RLX_DQ_BF16=0, the f32 FMA kernels instead of the bf16 dot-product one; ``f32grp``:
+Q8_0's exact path with RLX_DQ_Q8_DIGITS=0, its f32 group kernel instead of the VNNI digit
+one), each call reading another copy of the packed weight, cycling through copies that fill ``--working-set-mb`` (weights come
 from DRAM as in a decode step: each byte read once per token). Shapes (y[N] = W[N, K] x):
 2048 x 2048 and Gemma-3-270M's FFN down projection K 2048 x N 640 (K a multiple of 256,
-so every scheme runs it). Bandwidth peak: ``rlx_dq_stream_read`` (csrc/dqgemm.c) over a
+so every scheme runs it); ``--shapes ... lm_head`` adds Gemma's tied LM head, K 640 x
+N 262144. Bandwidth peak: ``rlx_dq_stream_read`` (csrc/dqgemm.c) over a
 ``--working-set-mb`` f32 buffer with the same target and thread count.
 
 Figures: best of ``--reps`` passes within a process, then best over rounds. ``%`` is GB/s
@@ -43,6 +45,10 @@ import numpy as np  # noqa: E402
 
 SCHEMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 SHAPES = [("square", 2048, 2048), ("ffn_down", 2048, 640)]  # name, K, N
+#: more shapes for --shapes: Gemma-3-270M's tied LM head (K 640 x N 262144)
+MORE_SHAPES = [("lm_head", 640, 262144)]
+#: activation modes that run the exact path with one environment switch set during the calls
+ACT_ENV = {"f32fma": ("RLX_DQ_BF16", "0"), "f32grp": ("RLX_DQ_Q8_DIGITS", "0")}
 
 
 def _scheme(name: str):  # noqa: ANN202
@@ -95,7 +101,7 @@ def worker(args: argparse.Namespace, target_name: str) -> dict:
     rng = np.random.default_rng(0)
     for name in args.schemes:
         scheme = _scheme(name)
-        for sname, k, n in SHAPES:
+        for sname, k, n in _shapes(args):
             ws = _weights(name, n, k, rng)
             nb = sum(w.nbytes for w in ws)
             out["bytes"][f"{name}|{sname}"] = nb
@@ -111,19 +117,21 @@ def worker(args: argparse.Namespace, target_name: str) -> dict:
                     for act in args.acts:
                         if act == "q8" and not uses_q8(scheme, 1, act):
                             continue
-                        # f32fma: the exact path on the f32 FMA kernels (RLX_DQ_BF16=0)
-                        fma, prev = act == "f32fma", os.environ.get("RLX_DQ_BF16")
-                        if fma:
-                            os.environ["RLX_DQ_BF16"] = "0"
-                        mode = "f32" if fma else act
+                        # f32fma: the exact path on the f32 FMA kernels (RLX_DQ_BF16=0);
+                        # f32grp: Q8_0 on the f32 group kernel (RLX_DQ_Q8_DIGITS=0)
+                        env = ACT_ENV.get(act)
+                        prev = os.environ.get(env[0]) if env else None
+                        if env:
+                            os.environ[env[0]] = env[1]
+                        mode = "f32" if env else act
                         calls = [
                             lib.bind(scheme, x, c, y, num_threads=t, act=mode, rows=r) for c in cs
                         ]
-                        if fma:
-                            os.environ.pop("RLX_DQ_BF16")
-                            if prev is not None:
-                                os.environ["RLX_DQ_BF16"] = prev
                         sec = _time_cycle(calls, args.reps)
+                        if env:
+                            os.environ.pop(env[0])
+                            if prev is not None:
+                                os.environ[env[0]] = prev
                         out["gemv"][_key(name, sname, t, act, rows)] = nb / sec / 1e9
                 del cs
             del copies
@@ -169,7 +177,11 @@ def main() -> None:
     best = [t.value for t in cpu.runnable_targets()[::-1][:2]]
     ap.add_argument("--targets", nargs="+", default=best)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--acts", nargs="+", default=["f32", "q8"], choices=["f32", "q8", "f32fma"])
+    ap.add_argument(
+        "--acts", nargs="+", default=["f32", "q8"], choices=["f32", "q8", "f32fma", "f32grp"]
+    )
+    names = [s[0] for s in SHAPES + MORE_SHAPES]
+    ap.add_argument("--shapes", nargs="+", default=[s[0] for s in SHAPES], choices=names)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--working-set-mb", type=int, default=256)
@@ -186,7 +198,7 @@ def main() -> None:
     argv = [
         "--threads", *map(str, args.threads), "--acts", *args.acts, "--reps", str(args.reps),
         "--working-set-mb", str(args.working_set_mb), "--schemes", *args.schemes,
-        "--rows", *args.rows,
+        "--rows", *args.rows, "--shapes", *args.shapes,
     ]  # fmt: skip
     rounds: dict[str, list[dict]] = {t: [] for t in args.targets}
     for r in range(args.rounds):
@@ -204,6 +216,11 @@ def main() -> None:
         with open(args.baseline) as f:
             base = json.load(f)
     report(args, res, base)
+
+
+def _shapes(args: argparse.Namespace) -> list[tuple[str, int, int]]:
+    """The (name, K, N) shapes ``--shapes`` names, in SHAPES / MORE_SHAPES order."""
+    return [s for s in SHAPES + MORE_SHAPES if s[0] in args.shapes]
 
 
 def _r(target: str, rows: str) -> str:
@@ -238,7 +255,7 @@ def report(args: argparse.Namespace, res: dict, base: dict | None) -> None:
         ),
         "",
     ]  # fmt: skip
-    for sname, k, n in SHAPES:
+    for sname, k, n in _shapes(args):
         lines += [f"### {sname}: K {k} x N {n}, GB/s of packed weight (% of stream)", ""]
         cols = [
             (t, n, a, r)

@@ -31,6 +31,8 @@ runs every engine once); the figures are the median over rounds:
   layout, not repacked at load).
 * ``rlx-fma`` (opt-in): ``rlx`` with ``RLX_DQ_BF16=0`` (the exact decode GEMVs on the
   f32 FMA kernels instead of the bf16 dot-product one, on a CPU with avx512_bf16).
+* ``rlx-q8grp`` (opt-in): ``rlx`` with ``RLX_DQ_Q8_DIGITS=0`` (Q8_0's exact decode GEMV
+  on the f32 group kernel instead of the VNNI digit one, on a CPU with avx512_vnni).
 * ``rlx-q8`` / ``rlx-tiled`` (opt-in): ``rlx`` with ``RLX_DQ_ACT=q8`` (int8-activation
   prompt GEMMs, and GEMVs) / with the old tiled GEMM for prompts
   (``kernels.quant.PREFILL_KERNEL = False``). For every rlx variant the prompt GEMMs
@@ -381,6 +383,7 @@ ENGINE_ENV = {
     "rlx-q8": {"RLX_DQ_ACT": "q8"},
     "rlx-norepack": {"RLX_DQ_REPACK": "0"},
     "rlx-fma": {"RLX_DQ_BF16": "0"},
+    "rlx-q8grp": {"RLX_DQ_Q8_DIGITS": "0"},
 }
 
 WORKERS = {
@@ -391,6 +394,7 @@ WORKERS = {
     "rlx-tiled": worker_rlx,
     "rlx-norepack": worker_rlx,
     "rlx-fma": worker_rlx,
+    "rlx-q8grp": worker_rlx,
     "rlx-split": worker_rlx,
     "llama": worker_llama,
     "torch": worker_torch,

@@ -26,7 +26,8 @@ from tests.cpu.kernels.test_quant_dequant import check_close, make_weight
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not installed")
 
-#: the schemes rlx_dq_gemv_bf16 runs (Q8_0 on its f32 group kernel)
+#: the schemes rlx_dq_gemv_bf16 runs (Q8_0 on its f32 group kernel or, with VNNI on
+#: interleaved rows, the digit kernel: test_dqgemm_q8dig.py)
 BF16_NAMES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 #: the schemes whose min term is applied apart (w = d q + m: m times the sum of X)
 MIN_TERM = ("Q4_1", "Q5_1", "Q4_K", "Q5_K")

@@ -25,7 +25,11 @@ On a CPU with avx512_bf16 (the AVX-512 target), the exact decode GEMV (one f32 a
 row) of Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K runs ``csrc/dqgemm_bf16dot.c``
 (``vdpbf16ps`` on exact bf16 parts of the activations, within the same f32 accumulation
 bound), and Q8_0 that file's f32 FMA kernel over whole row groups
-(:meth:`DqGemmLib.uses_bf16`; RLX_DQ_BF16=0 turns both off).
+(:meth:`DqGemmLib.uses_bf16`; RLX_DQ_BF16=0 turns both off). With avx512_vnni as well, Q8_0
+on interleaved rows (R = 4 / 8) runs ``csrc/dqgemm_q8dig.c``: the activation as integer
+digits with an exponent per 4 inputs (``vpdpbusd``), each 32-block whose digits would
+leave the bound on the f32 kernel's arithmetic (RLX_DQ_Q8_DIGITS=0, read when a call is
+bound: the f32 group kernel for every block, :func:`q8_digits`).
 """
 
 from __future__ import annotations
@@ -316,6 +320,15 @@ def _fp8_lut(scheme: S.QuantScheme) -> np.ndarray:
     return np.arange(256, dtype=np.uint8).view(dt).astype(np.float32)
 
 
+def q8_digits() -> bool:
+    """RLX_DQ_Q8_DIGITS as a bool (default on): Q8_0's exact decode GEMV on interleaved rows
+    takes the VNNI digit kernel (``csrc/dqgemm_q8dig.c``) where the build has it; off: the
+    f32 group kernel. Read with rlx.config's flag rules (values and errors as RLX_DQ_BF16)."""
+    from rlx import config
+
+    return config._flag("RLX_DQ_Q8_DIGITS", True)
+
+
 def _ptr(a: np.ndarray | None) -> int | None:
     return None if a is None else a.ctypes.data
 
@@ -386,7 +399,7 @@ class DqGemmLib:
         if self.uses_bf16(scheme, m, act):
             return self.lib.rlx_dq_gemv_bf16, (
                 lay.code, lay.qk, lay.bb, n, k, _ptr(x), _ptr(w), lay.row_bytes, _ptr(out),
-                int(num_threads), int(rows),
+                int(num_threads), int(rows), int(q8_digits()),
             )  # fmt: skip
         return self.lib.rlx_dq_gemm, (
             lay.code, lay.qk, lay.bb, m, n, k, _ptr(x), k, _ptr(w), lay.row_bytes,

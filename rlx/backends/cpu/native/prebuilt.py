@@ -110,6 +110,7 @@ DQGEMM_SOURCES = (
     "dqgemm_small.c",
     "dqgemm_q8.c",
     "dqgemm_q8_group.c",
+    "dqgemm_q8dig.c",
     "dqgemm_bf16dot.c",
 )
 #: libraries of plain csrc file sets: name -> (files, text put before them)

@@ -49,7 +49,10 @@
  * multiply-adds of x per instruction as an FMA: nothing to gain. Its kernel here is the
  * f32 one (exact products of the f32 codes and x, f32 accumulation) run over a whole
  * interleaved group of R rows sharing each X load (rows4_q8_0 takes four), the scale
- * broadcast with vcvtph2ps: bit-identical per row, measured 1.05x in L2.
+ * broadcast with vcvtph2ps: bit-identical per row, measured 1.05x in L2. With avx512_vnni,
+ * interleaved groups run dqgemm_q8dig.c instead (the activation as integer digits,
+ * vpdpbusd; blocks it cannot keep within the bound on this kernel's arithmetic), unless
+ * RLX_DQ_Q8_DIGITS=0.
  * Q2_K / Q3_K: not done. */
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && VW == 16 && FUSED
@@ -433,11 +436,12 @@ int rlx_dq_bf16_ok(int code) {
 #endif
 }
 
-/* y[N] = W x for one f32 activation row x[K] (see the top of this file). Returns 0, 1 when
- * a scratch buffer could not be allocated, 2 on bad arguments, 3 when this build has no
- * bf16 kernel for `code` (rlx_dq_bf16_ok). */
+/* y[N] = W x for one f32 activation row x[K] (see the top of this file); q8dig: Q8_0 on
+ * interleaved rows takes dqgemm_q8dig.c where this build has it (0: the f32 group kernel).
+ * Returns 0, 1 when a scratch buffer could not be allocated, 2 on bad arguments, 3 when
+ * this build has no bf16 kernel for `code` (rlx_dq_bf16_ok). */
 int rlx_dq_gemv_bf16(int code, long qk, long bb, long N, long K, const float *x,
-                     const uint8_t *w, long row_bytes, float *y, int threads, int R) {
+                     const uint8_t *w, long row_bytes, float *y, int threads, int R, int q8dig) {
     if (!rlx_dq_bf16_ok(code)) return 3;
 #ifdef BF16DOT
     if (qk <= 0 || K % qk || K % 32 || N < 0 || threads < 1 || !dq_r_ok(code, R)) return 2;
@@ -456,7 +460,20 @@ int rlx_dq_gemv_bf16(int code, long qk, long bb, long N, long K, const float *x,
     uint16_t *xp = (uint16_t *)aligned_alloc(64, (size_t)((P * K * 2 + nxs * 4 + 63) / 64 * 64));
     if (!xp) return 1;
     float *xs = (float *)(xp + P * K);
-    split_x(x, K, P, xp);
+    if (code != S_Q8_0) split_x(x, K, P, xp); /* Q8_0 reads x itself */
+#ifdef Q8DIG
+    /* Q8_0 on interleaved groups: the activation digits (dqgemm_q8dig.c) */
+    q8dig_t dig = {0};
+    uint8_t *digbuf = 0;
+    if (code == S_Q8_0 && R > 1 && N >= R && q8dig) {
+        digbuf = (uint8_t *)aligned_alloc(64, (q8dig_bytes(s.nb) + 63) / 64 * 64);
+        if (!digbuf) {
+            free(xp);
+            return 1;
+        }
+        q8dig_prep(x, s.nb, K, digbuf, &dig);
+    }
+#endif
     for (long j = 0; j < nxs; j++) {
         float tsum = 0.0f;
         for (int l = 0; l < 32; l++) tsum += x[32 * j + l];
@@ -481,15 +498,26 @@ int rlx_dq_gemv_bf16(int code, long qk, long bb, long N, long K, const float *x,
         case S_Q4_1: bf16_q4_1(g, p, st, s.nb, xp, K, P, xs, y + n0); break;
         case S_Q5_1: bf16_q5_1(g, p, st, s.nb, xp, K, P, xs, y + n0); break;
         case S_Q5_K: bf16_q5_k(g, p, st, s.nb, xp, K, P, xs, y + n0); break;
-        case S_Q8_0: f32_q8_0(g, p, st, s.nb, x, y + n0); break;
+        case S_Q8_0:
+#ifdef Q8DIG
+            if (digbuf && (g == 8 || g == 4)) {
+                q8dig_rows(g, p, st, s.nb, x, &dig, y + n0);
+                break;
+            }
+#endif
+            f32_q8_0(g, p, st, s.nb, x, y + n0);
+            break;
         default: bf16_q4_0(g, p, st, s.nb, xp, K, P, xs, y + n0); break;
         }
     }
     free(xp);
+#ifdef Q8DIG
+    free(digbuf);
+#endif
     return 0;
 #else
     (void)qk, (void)bb, (void)N, (void)K, (void)x, (void)w, (void)row_bytes, (void)y;
-    (void)threads, (void)R;
+    (void)threads, (void)R, (void)q8dig;
     return 3;
 #endif
 }
