@@ -53,6 +53,12 @@ RLX_DQ_BF16=1|0          the exact (f32 activation) decode GEMV of Q4_0, Q4_1, Q
                          Q8_0 there on f32 FMAs over whole row groups) where the CPU has
                          avx512_bf16; 0 keeps the f32 FMA kernels (comparisons). Results
                          stay within the f32 accumulation bound.
+RLX_DQ_Q8_DIGITS=1|0     the exact decode GEMV of Q8_0 weights on interleaved rows (the
+                         tied LM head): 1 (the default) runs the VNNI kernel
+                         (csrc/dqgemm_q8dig.c: activations as exact 22-bit integers in
+                         three int8 digits; blocks that would leave the bound take the f32
+                         arithmetic) where the CPU has AVX-512 VNNI; 0 keeps the f32 group
+                         kernel. Results stay within the f32 accumulation bound.
 
 Each flag accepts exactly the values listed: words in any case, surrounding whitespace
 ignored. An unset flag takes its default; a flag set to an empty value is an error (except
@@ -235,6 +241,12 @@ def dq_bf16() -> bool:
     """RLX_DQ_BF16 as a bool (default on: the bf16 dot-product decode GEMV where the CPU
     has avx512_bf16)."""
     return _flag("RLX_DQ_BF16", True)
+
+
+def dq_q8_digits() -> bool:
+    """RLX_DQ_Q8_DIGITS as a bool (default on: Q8_0's exact decode GEMV on the VNNI digit
+    kernel where the CPU has AVX-512 VNNI)."""
+    return _flag("RLX_DQ_Q8_DIGITS", True)
 
 
 def cache_max_bytes() -> int:

@@ -25,6 +25,7 @@ FLAGS = (
     "RLX_DQ_REPACK",
     "RLX_OPENMP",
     "RLX_DQ_BF16",
+    "RLX_DQ_Q8_DIGITS",
 )
 
 # flag -> its reader; the documented values (as given, in several cases) -> what is read
@@ -40,6 +41,7 @@ READ = {
     "RLX_DQ_REPACK": config.dq_repack,
     "RLX_OPENMP": config.openmp,
     "RLX_DQ_BF16": config.dq_bf16,
+    "RLX_DQ_Q8_DIGITS": config.dq_q8_digits,
 }
 
 GOOD = [
@@ -63,6 +65,8 @@ GOOD = [
     ("RLX_OPENMP", "auto", "auto"),
     ("RLX_DQ_BF16", "off", False),
     ("RLX_DQ_BF16", " YES", True),
+    ("RLX_DQ_Q8_DIGITS", "Off", False),
+    ("RLX_DQ_Q8_DIGITS", "1", True),
     ("RLX_NUM_THREADS", " 1 ", 1),
     ("RLX_NUM_THREADS", "01", 1),
     ("RLX_CACHE_MAX_MB", "3", 3 << 20),

@@ -326,7 +326,7 @@ def q8_digits() -> bool:
     f32 group kernel. Read with rlx.config's flag rules (values and errors as RLX_DQ_BF16)."""
     from rlx import config
 
-    return config._flag("RLX_DQ_Q8_DIGITS", True)
+    return config.dq_q8_digits()
 
 
 def _ptr(a: np.ndarray | None) -> int | None:
