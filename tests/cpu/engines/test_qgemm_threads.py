@@ -25,7 +25,9 @@ def _cache_dir(tmp_path_factory, monkeypatch):
 
 @pytest.fixture
 def any_size_on_two_threads():
-    """Every GEMM of the test takes the 2-thread paths; the built-in threshold after."""
+    """Every GEMM of the test takes the 2-thread paths; the built-in threshold after.
+    (A second thread that comes late makes the next column splits run on one thread: the
+    tests clear that count before each 2-thread run.)"""
     libs = [native.qgemm_lib(isa) for isa in ISAS]
     for lib in libs:
         lib.lib.rlx_qgemm_set_mt_min(1.0)
@@ -74,6 +76,7 @@ def test_two_thread_splits_equal_the_oracle_and_one_thread(isa, m, k, n, any_siz
     packed = lib.pack(w)
     c = np.empty((m, n), np.int32)
     rs, rz = np.empty(m, np.float32), np.empty(m, np.int32)
+    lib.lib.rlx_qgemm_set_solo_calls(0)  # no back-off left from a late thread before
     lib.run(x, packed, n, mode=1, out_i32=c, row_scale=rs, row_zp=rz, num_threads=2)
     q, scale, zp = quantize_rows_u8(x)
     np.testing.assert_array_equal(rs, scale)
@@ -87,6 +90,7 @@ def test_two_thread_splits_equal_the_oracle_and_one_thread(isa, m, k, n, any_siz
     for t in (1, 2):
         y = np.empty((m, n), np.float32)
         kw = dict(w_scales=ws, bias=bias, act="gelu", residual=res, out_f32=y)
+        lib.lib.rlx_qgemm_set_solo_calls(0)
         lib.run(x, packed, n, mode=1, num_threads=t, **kw)
         outs.append(y)
     np.testing.assert_array_equal(outs[0], outs[1])
@@ -102,6 +106,7 @@ def test_static_int8_rows_on_the_column_split(isa, any_size_on_two_threads):
     a = rng.integers(-128, 128, (m, k), dtype=np.int8)
     w = rng.integers(-128, 128, (k, n), dtype=np.int8)
     c = np.empty((m, n), np.int32)
+    lib.lib.rlx_qgemm_set_solo_calls(0)
     lib.run(a, lib.pack(w), n, a_zero_point=-3, out_i32=c, num_threads=2)
     np.testing.assert_array_equal(c, (a.astype(np.int64) + 3) @ w.astype(np.int64))
 
@@ -114,3 +119,21 @@ def test_the_threshold_setter_restores_the_built_in_value():
     assert built_in > 1.0
     assert lib.lib.rlx_qgemm_set_mt_min(0.0) == 5.0
     assert lib.lib.rlx_qgemm_set_mt_min(0.0) == built_in
+
+
+def test_solo_calls_after_a_late_thread_count_down_and_stay_exact(any_size_on_two_threads):
+    """``rlx_qgemm_set_solo_calls(n)``: the next ``n`` column splits run on one thread
+    (what a late second thread sets), each one counted down, with the oracle's result."""
+    lib = native.qgemm_lib()
+    rng = np.random.default_rng(11)
+    m, k, n = 16, 96, 256
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    packed = lib.pack(w)
+    q, _, zp = quantize_rows_u8(x)
+    lib.lib.rlx_qgemm_set_solo_calls(3)
+    for _ in range(2):
+        c = np.empty((m, n), np.int32)
+        lib.run(x, packed, n, mode=1, out_i32=c, num_threads=2)
+        np.testing.assert_array_equal(c, (q - zp[:, None]) @ w.astype(np.int64))
+    assert lib.lib.rlx_qgemm_set_solo_calls(0) == 1

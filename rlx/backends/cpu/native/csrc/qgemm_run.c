@@ -13,6 +13,7 @@
  * loader under RLX_AMX=0, compiles it out). Integer sums are exact
  * either way, so results equal the VNNI path's bit for bit. */
 #include <stdatomic.h>
+#include <time.h>
 
 #include "omp_workspace.h"
 #if RLX_ISA == 2 && defined(__x86_64__) && defined(__linux__) && !defined(RLX_NO_AMX)
@@ -204,6 +205,40 @@ double rlx_qgemm_set_mt_min(double v) {
     return old;
 }
 
+/* A late second thread: when the column split's calling thread had to wait more than
+ * QGEMM_LATE_NS at the end of its team after its last panel (the other thread was not
+ * scheduled in time: a busy machine; a woken thread on an idle core takes ~5-20 us), the
+ * next QGEMM_SOLO_CALLS column splits run on one thread, then two threads are tried
+ * again. On one thread the result is the same bits, so this changes only the time: on a
+ * machine whose other cores are busy each small GEMM would otherwise wait for a time
+ * slice (0.2-0.3 ms each under load 5-6 here, against 14-50 us on one thread). */
+#ifndef QGEMM_LATE_NS
+#define QGEMM_LATE_NS 40000L
+#endif
+#ifndef QGEMM_SOLO_CALLS
+#define QGEMM_SOLO_CALLS 64
+#endif
+static _Atomic int qgemm_solo_calls = 0;
+
+static long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+/* Whether this call takes one thread instead of the column split's team (counts the
+ * solo calls down). */
+static int qgemm_go_solo(void) {
+    int left = atomic_load_explicit(&qgemm_solo_calls, memory_order_relaxed);
+    while (left > 0)
+        if (atomic_compare_exchange_weak(&qgemm_solo_calls, &left, left - 1)) return 1;
+    return 0;
+}
+
+/* Sets the number of column splits left to run on one thread (tests: a late thread's
+ * back-off and its end); returns the previous number. */
+int rlx_qgemm_set_solo_calls(int n) { return atomic_exchange(&qgemm_solo_calls, n); }
+
 /* The column split for few row tiles: every thread packs row tiles 0 .. mb of A itself
  * (its own copy in Ap + t * ap_bytes, row parameters in rs / corr + t * mb * MR), then
  * claims panels of B one at a time from a shared counter and multiplies them, through
@@ -219,6 +254,7 @@ static int run_colsplit(long M, long N, long K, int a_kind, const void *A, long 
     long mb = (M + MR - 1) / MR, nb = (N + NR - 1) / NR;
     int oom = 0;
     _Atomic long next = 0; /* the next panel to claim */
+    long done_ns = 0;      /* when the calling thread found no panel left */
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
     {
         int t = rlx_tid();
@@ -237,6 +273,7 @@ static int run_colsplit(long M, long N, long K, int a_kind, const void *A, long 
                     long i1 = i0 + mcb < mb ? i0 + mcb : mb;
                     tile_panel(i0, i1, j, M, N, kp, kg, kcg, ap, wide, Bp, acc, e, rst, ct);
                 }
+            if (t == 0 && nthreads > 1) done_ns = now_ns();
         } else {
 #pragma omp atomic write
             oom = 1;
@@ -245,6 +282,8 @@ static int run_colsplit(long M, long N, long K, int a_kind, const void *A, long 
         free(qbuf);
         free(acc);
     }
+    if (done_ns && now_ns() - done_ns > QGEMM_LATE_NS)
+        atomic_store(&qgemm_solo_calls, QGEMM_SOLO_CALLS);
     return oom ? -1 : 0;
 }
 
@@ -272,6 +311,8 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
      * otherwise all rows first, then the panels shared out */
     int rowsplit = nthreads == 1 || mb >= 4L * nthreads;
     int colsplit = !rowsplit && nb >= 2L * nthreads;
+    if (colsplit && qgemm_go_solo()) /* a late second thread lately: one thread */
+        nthreads = 1, rowsplit = 1, colsplit = 0;
     int copies = colsplit ? nthreads : 1;
     /* path 1: the vpmaddubsw kernel for 7-bit weights, else s16 activations (see qgemm.c) */
     int wide = RLX_ISA == 1 && !rlx_qgemm_packed_narrow(Bp_, K, N);
