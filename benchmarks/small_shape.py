@@ -22,6 +22,8 @@ in one process, calls interleaved, ``--repeat`` turns: the min over ``--runs`` c
 the least disturbed call of each, on a shared machine the fairest ratio. ``--precision
 f32 int8``: also rlx's dynamic int8 (``precision="int8"``) against ORT's
 ``quantize_dynamic`` graphs (plain and BERT-fused); the cosine is against ORT int8.
+Without ``--interleaved``, ``--precision int8`` profiles rlx's int8 forward per kernel
+class beside ORT's int8 graphs the same way (engines named ``... int8``).
 
 ``--gemm [SO ...]``: only the three skinny GEMMs (M = 16) in this process, hot weights,
 one thread: this tree's rlx sgemm, the given ``sgemm-*.so`` libraries (built from another

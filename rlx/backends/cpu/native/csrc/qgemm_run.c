@@ -207,18 +207,22 @@ double rlx_qgemm_set_mt_min(double v) {
 
 /* A late second thread: when the column split's calling thread had to wait more than
  * QGEMM_LATE_NS at the end of its team after its last panel (the other thread was not
- * scheduled in time: a busy machine; a woken thread on an idle core takes ~5-20 us), the
- * next QGEMM_SOLO_CALLS column splits run on one thread, then two threads are tried
- * again. On one thread the result is the same bits, so this changes only the time: on a
- * machine whose other cores are busy each small GEMM would otherwise wait for a time
- * slice (0.2-0.3 ms each under load 5-6 here, against 14-50 us on one thread). */
+ * scheduled in time: a busy machine, or another runtime's threads spinning on the other
+ * core; a woken thread on an idle core takes ~5-20 us), the next column splits run on
+ * one thread (qgemm_solo_calls of them), then two threads are tried again. The count
+ * starts at QGEMM_SOLO_MIN and doubles with each late team in a row up to QGEMM_SOLO_MAX
+ * (a team on time sets it back): one late wake-up costs a few GEMMs on one thread, a
+ * machine that stays busy one wait per QGEMM_SOLO_MAX GEMMs. On one thread the result is
+ * the same bits, so this changes only the time: on a machine whose other cores are busy
+ * each small GEMM would otherwise wait for a time slice (0.2-0.3 ms under load 5-6 here,
+ * against 14-50 us on one thread). */
 #ifndef QGEMM_LATE_NS
 #define QGEMM_LATE_NS 40000L
 #endif
-#ifndef QGEMM_SOLO_CALLS
-#define QGEMM_SOLO_CALLS 64
-#endif
+#define QGEMM_SOLO_MIN 8
+#define QGEMM_SOLO_MAX 256
 static _Atomic int qgemm_solo_calls = 0;
+static _Atomic int qgemm_solo_next = QGEMM_SOLO_MIN;
 
 static long now_ns(void) {
     struct timespec ts;
@@ -282,8 +286,13 @@ static int run_colsplit(long M, long N, long K, int a_kind, const void *A, long 
         free(qbuf);
         free(acc);
     }
-    if (done_ns && now_ns() - done_ns > QGEMM_LATE_NS)
-        atomic_store(&qgemm_solo_calls, QGEMM_SOLO_CALLS);
+    if (done_ns && now_ns() - done_ns > QGEMM_LATE_NS) {
+        int n = atomic_load(&qgemm_solo_next);
+        atomic_store(&qgemm_solo_calls, n);
+        atomic_store(&qgemm_solo_next, n < QGEMM_SOLO_MAX ? 2 * n : QGEMM_SOLO_MAX);
+    } else if (done_ns) {
+        atomic_store(&qgemm_solo_next, QGEMM_SOLO_MIN);
+    }
     return oom ? -1 : 0;
 }
 
