@@ -60,6 +60,7 @@ sys.path.insert(0, sys.argv[1])
 import numpy as np
 engine, threads, shape, runs, work = sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), Path(sys.argv[6])
 precision = sys.argv[7] if len(sys.argv) > 7 else "f32"
+gap = float(sys.argv[8]) / 1e3 if len(sys.argv) > 8 else 0.0
 b, s = (int(v) for v in shape.split("x"))
 ids = np.full((b, s), 2023, np.int64); ids[:, 0] = 101; ids[:, -1] = 102
 feed = {"input_ids": ids, "attention_mask": np.ones((b, s), np.int64), "token_type_ids": np.zeros((b, s), np.int64)}
@@ -94,6 +95,7 @@ if engine == "mixed":  # rlx and both ORT graphs in this process, calls interlea
         for fn in fns.values(): fn()
     for _ in range(runs):
         for k, fn in fns.items():
+            if gap: time.sleep(gap)  # the other engine's threads idle (asleep) first
             t0 = time.perf_counter(); fn(); ts[k].append(time.perf_counter() - t0)
     out.update({k: [min(v) * 1e3, statistics.median(v) * 1e3] for k, v in ts.items()})
 elif engine.startswith("rlx"):
@@ -160,15 +162,16 @@ def run(
     sgemm: str,
     src: Path = HERE.parent,
     precision: str = "f32",
+    gap_ms: float = 0.0,
 ) -> dict:
     """One worker process on the rlx tree ``src`` (``precision``: f32, or int8 in the
-    interleaved mode: rlx's dynamic int8 against ORT's quantize_dynamic graphs); its JSON
-    result."""
+    interleaved mode: rlx's dynamic int8 against ORT's quantize_dynamic graphs;
+    ``gap_ms``: the interleaved mode's sleep before each call); its JSON result."""
     env = {k: v for k, v in os.environ.items() if k not in _common.BLAS_PINS}
     t = str(threads)
     env.update(OMP_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t, MKL_NUM_THREADS=t, RLX_SGEMM=sgemm)
     cmd = [sys.executable, "-c", WORKER, str(src), engine, t, shape, str(runs), str(work)]
-    cmd.append(precision)
+    cmd += [precision, str(gap_ms)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if r.returncode or line is None:
@@ -289,7 +292,8 @@ def interleaved(args: argparse.Namespace) -> None:
     (median) ms and rlx / the faster ORT."""
     trees = args.interleaved or [HERE.parent]
     load = os.getloadavg()
-    print(f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
+    gap = f"; {args.gap_ms:g} ms sleep before each call" if args.gap_ms else ""
+    print(f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}{gap}")
     print(
         "| threads | precision | rlx tree, sgemm | rlx ms | best ORT ms | rlx / best ORT "
         "| min cosine |"
@@ -304,7 +308,15 @@ def interleaved(args: argparse.Namespace) -> None:
                     for src in trees:
                         for sg in args.sgemm:
                             r = run(
-                                "mixed", t, args.shape, args.runs, work, sg, src.resolve(), prec
+                                "mixed",
+                                t,
+                                args.shape,
+                                args.runs,
+                                work,
+                                sg,
+                                src.resolve(),
+                                prec,
+                                args.gap_ms,
                             )
                             q = "_int8" if prec == "int8" else ""
                             ort_ms = min(
@@ -340,6 +352,13 @@ def main() -> None:
         "--repeat times in turn, each --sgemm",
     )
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument(
+        "--gap-ms",
+        type=float,
+        default=0.0,
+        help="--interleaved: sleep this long before each call, so that the engine called "
+        "before has stopped spinning (its threads asleep, as between separate requests)",
+    )
     ap.add_argument(
         "--precision",
         nargs="*",
