@@ -205,10 +205,10 @@ double rlx_qgemm_set_mt_min(double v) {
     return old;
 }
 
-/* A late second thread: when the column split's calling thread had to wait more than
- * QGEMM_LATE_NS at the end of its team after its last panel (the other thread was not
- * scheduled in time: a busy machine, or another runtime's threads spinning on the other
- * core; a woken thread on an idle core takes ~5-20 us), the next column splits run on
+/* A late second thread: when a thread of a column-split team starts more than
+ * QGEMM_LATE_NS after the calling thread opened the team (it was not scheduled in time:
+ * a busy machine, or another runtime's threads spinning on the other core; a woken
+ * thread on an idle core takes ~5-20 us), the next column splits run on
  * one thread (qgemm_solo_calls of them), then two threads are tried again. The count
  * starts at QGEMM_SOLO_MIN and doubles with each late team in a row up to QGEMM_SOLO_MAX
  * (a team on time sets it back): one late wake-up costs a few GEMMs on one thread, a
@@ -258,10 +258,12 @@ static int run_colsplit(long M, long N, long K, int a_kind, const void *A, long 
     long mb = (M + MR - 1) / MR, nb = (N + NR - 1) / NR;
     int oom = 0;
     _Atomic long next = 0; /* the next panel to claim */
-    long done_ns = 0;      /* when the calling thread found no panel left */
+    _Atomic int late = 0;  /* a thread started QGEMM_LATE_NS after the fork */
+    long fork_ns = nthreads > 1 ? now_ns() : 0;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
     {
         int t = rlx_tid();
+        if (t > 0 && now_ns() - fork_ns > QGEMM_LATE_NS) atomic_store(&late, 1);
         float *fbuf = (float *)malloc((size_t)(K + 16) * sizeof(float));
         a_t *qbuf = (a_t *)malloc((size_t)(kp + 64) * sizeof(a_t));
         int32_t *acc = (int32_t *)aligned_alloc(64, (size_t)(mcb * MR * NR) * sizeof(int32_t));
@@ -277,7 +279,6 @@ static int run_colsplit(long M, long N, long K, int a_kind, const void *A, long 
                     long i1 = i0 + mcb < mb ? i0 + mcb : mb;
                     tile_panel(i0, i1, j, M, N, kp, kg, kcg, ap, wide, Bp, acc, e, rst, ct);
                 }
-            if (t == 0 && nthreads > 1) done_ns = now_ns();
         } else {
 #pragma omp atomic write
             oom = 1;
@@ -286,11 +287,11 @@ static int run_colsplit(long M, long N, long K, int a_kind, const void *A, long 
         free(qbuf);
         free(acc);
     }
-    if (done_ns && now_ns() - done_ns > QGEMM_LATE_NS) {
+    if (fork_ns && atomic_load(&late)) {
         int n = atomic_load(&qgemm_solo_next);
         atomic_store(&qgemm_solo_calls, n);
         atomic_store(&qgemm_solo_next, n < QGEMM_SOLO_MAX ? 2 * n : QGEMM_SOLO_MAX);
-    } else if (done_ns) {
+    } else if (fork_ns) {
         atomic_store(&qgemm_solo_next, QGEMM_SOLO_MIN);
     }
     return oom ? -1 : 0;
