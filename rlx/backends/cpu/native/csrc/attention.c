@@ -437,9 +437,10 @@ long rlx_attention_ws_floats(long D) {
 
 int rlx_attention_dtype(void) { return RLX_ATT_DT; }
 
-/* A late second thread (as in csrc/qgemm_run.c's column split): when a thread of the
- * team starts more than ATT_LATE_NS after the calling thread opened it (not scheduled in
- * time: a busy machine; a woken thread on an idle core takes ~5-20 us), the next
+/* A late second thread (as in csrc/qgemm_run.c's column split): when the calling
+ * thread, out of tasks, waits at the end of the team more than ATT_LATE_NS plus twice
+ * its own mean time per task (the other thread was not scheduled in time or was
+ * preempted: a busy machine; a woken thread on an idle core takes ~5-20 us), the next
  * att_solo_calls calls run on one thread: 8, doubling per late team in a row up to 256,
  * back to 8 after a team on time. Tasks are the same on any team size, so the result is
  * the same bits; on a busy machine a small attention (S = 16: ~12 us on one thread)
@@ -480,13 +481,14 @@ int rlx_attention(const elt *q, const elt *k, const elt *v, elt *out, long B, lo
     if (ntask == 0) return 0;
     if (!(threads = rlx_ws_team(threads, ntask, per, ws_floats))) return -1;
     if (threads > 1 && att_go_solo()) threads = 1; /* a late second thread lately */
-    _Atomic int late = 0;
-    long fork_ns = threads > 1 ? att_now_ns() : 0;
+    long done_ns = 0, allow_ns = 0; /* the calling thread out of tasks; its allowed wait */
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        if (rlx_tid() > 0 && att_now_ns() - fork_ns > ATT_LATE_NS) atomic_store(&late, 1);
-#pragma omp for schedule(dynamic, 1)
+        int me = rlx_tid();
+        long start_ns = me == 0 && threads > 1 ? att_now_ns() : 0, mine = 0;
+#pragma omp for schedule(dynamic, 1) nowait
         for (long t = 0; t < ntask; t++) {
+            ++mine;
             float *w = rlx_ws_slice(ws, per);
             /* later query blocks (more keys under a causal mask) first */
             long blk = nblk - 1 - t % nblk;
@@ -495,12 +497,16 @@ int rlx_attention(const elt *q, const elt *k, const elt *v, elt *out, long B, lo
             long m = rows - r0 < MB ? rows - r0 : MB;
             task(&a, bh / Hkv, bh % Hkv, r0, m, w);
         }
+        if (start_ns) {
+            done_ns = att_now_ns();
+            allow_ns = ATT_LATE_NS + 2 * (done_ns - start_ns) / (mine > 0 ? mine : 1);
+        }
     }
-    if (fork_ns && atomic_load(&late)) {
+    if (done_ns && att_now_ns() - done_ns > allow_ns) {
         int n = atomic_load(&att_solo_next);
         atomic_store(&att_solo_calls, n);
         atomic_store(&att_solo_next, n < ATT_SOLO_MAX ? 2 * n : ATT_SOLO_MAX);
-    } else if (fork_ns) {
+    } else if (done_ns) {
         atomic_store(&att_solo_next, ATT_SOLO_MIN);
     }
     return 0;

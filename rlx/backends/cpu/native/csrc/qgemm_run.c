@@ -205,10 +205,11 @@ double rlx_qgemm_set_mt_min(double v) {
     return old;
 }
 
-/* A late second thread: when a thread of a column-split team starts more than
- * QGEMM_LATE_NS after the calling thread opened the team (it was not scheduled in time:
- * a busy machine, or another runtime's threads spinning on the other core; a woken
- * thread on an idle core takes ~5-20 us), the next column splits run on
+/* A late second thread: when the calling thread of a column-split team, out of panels,
+ * waits at the end of the team more than QGEMM_LATE_NS plus twice its own mean time per
+ * panel (the other thread was not scheduled in time, or was preempted in the middle of
+ * a panel: a busy machine, or another runtime's threads spinning on the other core; a
+ * woken thread on an idle core takes ~5-20 us), the next column splits run on
  * one thread (qgemm_solo_calls of them), then two threads are tried again. The count
  * starts at QGEMM_SOLO_MIN and doubles with each late team in a row up to QGEMM_SOLO_MAX
  * (a team on time sets it back): one late wake-up costs a few GEMMs on one thread, a
@@ -258,12 +259,10 @@ static int run_colsplit(long M, long N, long K, int a_kind, const void *A, long 
     long mb = (M + MR - 1) / MR, nb = (N + NR - 1) / NR;
     int oom = 0;
     _Atomic long next = 0; /* the next panel to claim */
-    _Atomic int late = 0;  /* a thread started QGEMM_LATE_NS after the fork */
-    long fork_ns = nthreads > 1 ? now_ns() : 0;
+    long done_ns = 0, allow_ns = 0; /* the calling thread out of panels; its allowed wait */
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
     {
         int t = rlx_tid();
-        if (t > 0 && now_ns() - fork_ns > QGEMM_LATE_NS) atomic_store(&late, 1);
         float *fbuf = (float *)malloc((size_t)(K + 16) * sizeof(float));
         a_t *qbuf = (a_t *)malloc((size_t)(kp + 64) * sizeof(a_t));
         int32_t *acc = (int32_t *)aligned_alloc(64, (size_t)(mcb * MR * NR) * sizeof(int32_t));
@@ -274,11 +273,18 @@ static int run_colsplit(long M, long N, long K, int a_kind, const void *A, long 
             for (long i = 0; i < mb; ++i)
                 prepare_tile(a_kind, A, lda, M, K, i * MR, a_zp, a_scale, mode,
                              ap + i * kp * MR * esz, wide, rst + i * MR, ct + i * MR, fbuf, qbuf);
-            for (long j = atomic_fetch_add(&next, 1); j < nb; j = atomic_fetch_add(&next, 1))
+            long start_ns = t == 0 && nthreads > 1 ? now_ns() : 0, mine = 0;
+            for (long j = atomic_fetch_add(&next, 1); j < nb; j = atomic_fetch_add(&next, 1)) {
                 for (long i0 = 0; i0 < mb; i0 += mcb) {
                     long i1 = i0 + mcb < mb ? i0 + mcb : mb;
                     tile_panel(i0, i1, j, M, N, kp, kg, kcg, ap, wide, Bp, acc, e, rst, ct);
                 }
+                ++mine;
+            }
+            if (start_ns) {
+                done_ns = now_ns();
+                allow_ns = QGEMM_LATE_NS + 2 * (done_ns - start_ns) / (mine > 0 ? mine : 1);
+            }
         } else {
 #pragma omp atomic write
             oom = 1;
@@ -287,11 +293,11 @@ static int run_colsplit(long M, long N, long K, int a_kind, const void *A, long 
         free(qbuf);
         free(acc);
     }
-    if (fork_ns && atomic_load(&late)) {
+    if (done_ns && now_ns() - done_ns > allow_ns) {
         int n = atomic_load(&qgemm_solo_next);
         atomic_store(&qgemm_solo_calls, n);
         atomic_store(&qgemm_solo_next, n < QGEMM_SOLO_MAX ? 2 * n : QGEMM_SOLO_MAX);
-    } else if (fork_ns) {
+    } else if (done_ns) {
         atomic_store(&qgemm_solo_next, QGEMM_SOLO_MIN);
     }
     return oom ? -1 : 0;
