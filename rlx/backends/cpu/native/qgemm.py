@@ -190,7 +190,7 @@ class QGemmLib:
         # the arrays behind the pointers stay alive as long as the bound call
         keep = (a, w_scales, bias, residual, out_f32, out_i32, row_scale, row_zp, args)
 
-        def call(packed: tuple[np.ndarray, np.ndarray], _keep: tuple = keep) -> None:
+        def use(packed: tuple[np.ndarray, np.ndarray]) -> None:
             if seen[0] is not packed:
                 bp, colsum = packed
                 if colsum.shape != (n,) or bp.nbytes != size:
@@ -200,9 +200,20 @@ class QGemmLib:
                     )
                 seen[0] = packed
                 args.Bp, args.colsum = _ptr(bp), _ptr(colsum)
+
+        def call(packed: tuple[np.ndarray, np.ndarray], _keep: tuple = keep) -> None:
+            use(packed)
             if fn(pargs) != 0:
                 raise MemoryError(f"qgemm: could not allocate the packed activations ({m}x{k})")
 
+        def fixed(packed: tuple[np.ndarray, np.ndarray]) -> tuple[Any, tuple[int], bool]:
+            """Binds ``packed`` for good; returns the ``native_call`` of the run on it
+            (``(function, args, checked)``, see ``native/schedule.py``): one C call, no
+            Python. The caller keeps ``call`` (and so the arrays) alive."""
+            use(packed)
+            return fn, (pargs,), True
+
+        call.fixed = fixed  # type: ignore[attr-defined]
         return call
 
     def quantize_rows(

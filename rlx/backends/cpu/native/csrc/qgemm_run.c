@@ -12,6 +12,9 @@
  * kernel allow it; flag bit 0 of rlx_qgemm_run turns it off, and RLX_NO_AMX, defined by the
  * loader under RLX_AMX=0, compiles it out). Integer sums are exact
  * either way, so results equal the VNNI path's bit for bit. */
+#include <stdatomic.h>
+#include <time.h>
+
 #include "omp_workspace.h"
 #if RLX_ISA == 2 && defined(__x86_64__) && defined(__linux__) && !defined(RLX_NO_AMX)
 #define RLX_AMX_CPUID_EDX ((1u << 24) | (1u << 25)) /* AMX-TILE, AMX-INT8 */
@@ -182,6 +185,124 @@ static void tile_panel(long i0, long i1, long j, long M, long N, long kp, long k
         }
 }
 
+/* The minimum multiply-adds (M * N * K) for a second thread (rlx_qgemm_set_mt_min).
+ * Below it the GEMM runs on the calling thread. With few row tiles each thread packs
+ * every row itself and takes its share of the column panels (no barrier: a team costs
+ * one fork and one join, each core streams its part of the weights), so the second
+ * thread pays from a smaller size than the old split (all rows packed, a barrier, the
+ * panels shared out; threshold 3.2e7) did. On a busy machine a team waits for its
+ * second thread to be scheduled: there one thread is faster at any of these sizes. */
+#ifndef QGEMM_MT_MIN
+#define QGEMM_MT_MIN 1.0e6
+#endif
+static double qgemm_mt_min = QGEMM_MT_MIN;
+
+/* Sets the 2-thread threshold (multiply-adds; <= 0 restores the built-in one); returns
+ * the previous value. For benchmarks and for tests of the split paths at small sizes. */
+double rlx_qgemm_set_mt_min(double v) {
+    double old = qgemm_mt_min;
+    qgemm_mt_min = v > 0 ? v : QGEMM_MT_MIN;
+    return old;
+}
+
+/* A late second thread: when the calling thread of a column-split team, out of panels,
+ * waits at the end of the team more than QGEMM_LATE_NS plus twice its own mean time per
+ * panel (the other thread was not scheduled in time, or was preempted in the middle of
+ * a panel: a busy machine, or another runtime's threads spinning on the other core; a
+ * woken thread on an idle core takes ~5-20 us), the next column splits run on
+ * one thread (qgemm_solo_calls of them), then two threads are tried again. The count
+ * starts at QGEMM_SOLO_MIN and doubles with each late team in a row up to QGEMM_SOLO_MAX
+ * (a team on time sets it back): one late wake-up costs a few GEMMs on one thread, a
+ * machine that stays busy one wait per QGEMM_SOLO_MAX GEMMs. On one thread the result is
+ * the same bits, so this changes only the time: on a machine whose other cores are busy
+ * each small GEMM would otherwise wait for a time slice (0.2-0.3 ms under load 5-6 here,
+ * against 14-50 us on one thread). */
+#ifndef QGEMM_LATE_NS
+#define QGEMM_LATE_NS 40000L
+#endif
+#define QGEMM_SOLO_MIN 8
+#define QGEMM_SOLO_MAX 256
+static _Atomic int qgemm_solo_calls = 0;
+static _Atomic int qgemm_solo_next = QGEMM_SOLO_MIN;
+
+static long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+/* Whether this call takes one thread instead of the column split's team (counts the
+ * solo calls down). */
+static int qgemm_go_solo(void) {
+    int left = atomic_load_explicit(&qgemm_solo_calls, memory_order_relaxed);
+    while (left > 0)
+        if (atomic_compare_exchange_weak(&qgemm_solo_calls, &left, left - 1)) return 1;
+    return 0;
+}
+
+/* Sets the number of column splits left to run on one thread (tests: a late thread's
+ * back-off and its end); returns the previous number. */
+int rlx_qgemm_set_solo_calls(int n) { return atomic_exchange(&qgemm_solo_calls, n); }
+
+/* The column split for few row tiles: every thread packs row tiles 0 .. mb of A itself
+ * (its own copy in Ap + t * ap_bytes, row parameters in rs / corr + t * mb * MR), then
+ * claims panels of B one at a time from a shared counter and multiplies them, through
+ * the epilogue (a thread that starts late takes fewer panels instead of holding the
+ * others up). Every output tile is computed exactly as on one thread, so the result is
+ * the same bit for bit. Thread 0's rs / corr are the ones read afterwards. Returns 0,
+ * or -1 when out of memory. */
+static int run_colsplit(long M, long N, long K, int a_kind, const void *A, long lda,
+                        int32_t a_zp, float a_scale, int mode, const b_t *Bp, const epi_t *e,
+                        char *Ap, size_t ap_bytes, float *rs, int32_t *corr, long mcb, long kcg,
+                        int wide, long esz, int nthreads) {
+    long kp = round_up(K, KG), kg = kp / KG;
+    long mb = (M + MR - 1) / MR, nb = (N + NR - 1) / NR;
+    int oom = 0;
+    _Atomic long next = 0; /* the next panel to claim */
+    long done_ns = 0, allow_ns = 0; /* the calling thread out of panels; its allowed wait */
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+    {
+        int t = rlx_tid();
+        float *fbuf = (float *)malloc((size_t)(K + 16) * sizeof(float));
+        a_t *qbuf = (a_t *)malloc((size_t)(kp + 64) * sizeof(a_t));
+        int32_t *acc = (int32_t *)aligned_alloc(64, (size_t)(mcb * MR * NR) * sizeof(int32_t));
+        char *ap = Ap + (size_t)t * ap_bytes;
+        float *rst = rs + t * mb * MR;
+        int32_t *ct = corr + t * mb * MR;
+        if (fbuf && qbuf && acc) {
+            for (long i = 0; i < mb; ++i)
+                prepare_tile(a_kind, A, lda, M, K, i * MR, a_zp, a_scale, mode,
+                             ap + i * kp * MR * esz, wide, rst + i * MR, ct + i * MR, fbuf, qbuf);
+            long start_ns = t == 0 && nthreads > 1 ? now_ns() : 0, mine = 0;
+            for (long j = atomic_fetch_add(&next, 1); j < nb; j = atomic_fetch_add(&next, 1)) {
+                for (long i0 = 0; i0 < mb; i0 += mcb) {
+                    long i1 = i0 + mcb < mb ? i0 + mcb : mb;
+                    tile_panel(i0, i1, j, M, N, kp, kg, kcg, ap, wide, Bp, acc, e, rst, ct);
+                }
+                ++mine;
+            }
+            if (start_ns) {
+                done_ns = now_ns();
+                allow_ns = QGEMM_LATE_NS + 2 * (done_ns - start_ns) / (mine > 0 ? mine : 1);
+            }
+        } else {
+#pragma omp atomic write
+            oom = 1;
+        }
+        free(fbuf);
+        free(qbuf);
+        free(acc);
+    }
+    if (done_ns && now_ns() - done_ns > allow_ns) {
+        int n = atomic_load(&qgemm_solo_next);
+        atomic_store(&qgemm_solo_calls, n);
+        atomic_store(&qgemm_solo_next, n < QGEMM_SOLO_MAX ? 2 * n : QGEMM_SOLO_MAX);
+    } else if (done_ns) {
+        atomic_store(&qgemm_solo_next, QGEMM_SOLO_MIN);
+    }
+    return oom ? -1 : 0;
+}
+
 /* The whole operation (see the header). A: int8 / uint8 (a_kind 0 / 1, zero point a_zp,
  * scale a_scale) or f32 / bf16 rows (2 / 3, quantized per row by mode). Outputs: Y (f32,
  * optional) and / or C (int32 acc, optional); row_scale / row_zp (optional, [M]) receive
@@ -196,29 +317,30 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
     long kp = round_up(K, KG), kg = kp / KG;
     long mb = (M + MR - 1) / MR, nb = (N + NR - 1) / NR;
     if (M <= 0 || N <= 0) return 0;
+    if (nthreads < 1) nthreads = 1;
+    double macs = (double)M * (double)N * (double)K;
+    /* AMX keeps the old threshold (its split has a barrier; not measured lower) */
+    int amx_threads = macs < 3.2e7 ? 1 : nthreads;
+    if (macs < qgemm_mt_min) nthreads = 1;
+    /* the split: enough row tiles, each thread packs its own rows and multiplies them by
+     * every panel; few row tiles but enough panels, the column split (run_colsplit);
+     * otherwise all rows first, then the panels shared out */
+    int rowsplit = nthreads == 1 || mb >= 4L * nthreads;
+    int colsplit = !rowsplit && nb >= 2L * nthreads;
+    if (colsplit && qgemm_go_solo()) /* a late second thread lately: one thread */
+        nthreads = 1, rowsplit = 1, colsplit = 0;
+    int copies = colsplit ? nthreads : 1;
     /* path 1: the vpmaddubsw kernel for 7-bit weights, else s16 activations (see qgemm.c) */
     int wide = RLX_ISA == 1 && !rlx_qgemm_packed_narrow(Bp_, K, N);
     long esz = wide ? (long)sizeof(int16_t) : (long)sizeof(a_t);
     size_t ap_bytes = (size_t)round_up(mb * kp * MR * esz, 64);
-    char *Ap = (char *)aligned_alloc(64, ap_bytes ? ap_bytes : 64);
-    float *rs = (float *)malloc((size_t)(mb * MR) * sizeof(float));
-    int32_t *corr = (int32_t *)malloc((size_t)(mb * MR) * sizeof(int32_t));
+    char *Ap = (char *)aligned_alloc(64, ap_bytes ? ap_bytes * (size_t)copies : 64);
+    float *rs = (float *)malloc((size_t)(copies * mb * MR) * sizeof(float));
+    int32_t *corr = (int32_t *)malloc((size_t)(copies * mb * MR) * sizeof(int32_t));
     if (!Ap || !rs || !corr) {
         free(Ap), free(rs), free(corr);
         return -1;
     }
-    if (nthreads < 1) nthreads = 1;
-    /* below ~32M multiply-adds (256^3 is 16.8M) a second thread does not pay for its
-     * synchronisation on a machine that is not idle: on a quiet 2-core Zen 4, 256^3 took
-     * 0.17 ms on 1 thread, 0.20 ms on 2. At 2M (every GEMM of a 16-token MiniLM forward
-     * on 2 threads) the GEMMs alone ran 1.5-2.0x faster on 2 threads, but at load 10-12
-     * the 16-token int8 forward took a median of 134-149 ms against 2.5-30.5 (min
-     * 1.8-23.3 ms against 1.8-1.9): each GEMM waits for the second thread to be
-     * scheduled */
-#ifndef QGEMM_MT_MIN
-#define QGEMM_MT_MIN 3.2e7
-#endif
-    if ((double)M * (double)N * (double)K < QGEMM_MT_MIN) nthreads = 1;
     epi_t e = {colsum, ws, bias, res, ldr, Y, ldy, C, ldc, act};
 #if RLX_AMX_BUILD
     if (!(flags & 1) && K > 0 && K % 64 == 0 && amx_ok()) {
@@ -226,7 +348,7 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
         float *rs2 = (float *)malloc((size_t)round_up(M, 32) * sizeof(float));
         int32_t *corr2 = (int32_t *)malloc((size_t)round_up(M, 32) * sizeof(int32_t));
         int rc = rs2 && corr2 ? amx_run(M, N, K, a_kind, A, lda, a_zp, a_scale, mode, Bp, &e,
-                                        rs2, corr2, nthreads)
+                                        rs2, corr2, amx_threads)
                               : -1;
         if (rc == 0) {
             int unsigned_a = a_kind == A_U8 || (a_kind >= A_F32 && (mode == 1 || mode == 3));
@@ -239,7 +361,7 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
         return rc;
     }
 #else
-    (void)flags;
+    (void)flags, (void)amx_threads;
 #endif
     /* cache blocking: M in blocks of mcb row tiles whose packed A (mcb * MR x K) stays in
      * L2 (A_BLOCK_BYTES); for each NR-column panel of B, K in slices of kcg groups whose
@@ -251,52 +373,57 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
     long kcg = KC_BYTES / (NR * KG * (wide ? (long)sizeof(int16_t) : (long)sizeof(b_t)));
     int oom = 0;
 
-    /* enough row tiles: each thread packs its own rows and multiplies them by every panel,
-     * with no barrier; otherwise all rows first, then the panels shared out */
-    int rowsplit = nthreads == 1 || mb >= 4L * nthreads;
+    if (colsplit) {
+        oom = run_colsplit(M, N, K, a_kind, A, lda, a_zp, a_scale, mode, Bp, &e, Ap, ap_bytes,
+                           rs, corr, mcb, kcg, wide, esz, nthreads) != 0;
+    } else {
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
-    {
-        float *fbuf = (float *)malloc((size_t)(K + 16) * sizeof(float));
-        a_t *qbuf = (a_t *)malloc((size_t)(kp + 64) * sizeof(a_t));
-        int32_t *acc = (int32_t *)aligned_alloc(64, (size_t)(mcb * MR * NR) * sizeof(int32_t));
-        int T = rlx_nthreads(), t = rlx_tid();
-        int mine = fbuf && qbuf && acc;
-        if (!mine) {
+        {
+            float *fbuf = (float *)malloc((size_t)(K + 16) * sizeof(float));
+            a_t *qbuf = (a_t *)malloc((size_t)(kp + 64) * sizeof(a_t));
+            int32_t *acc =
+                (int32_t *)aligned_alloc(64, (size_t)(mcb * MR * NR) * sizeof(int32_t));
+            int T = rlx_nthreads(), t = rlx_tid();
+            int mine = fbuf && qbuf && acc;
+            if (!mine) {
 #pragma omp atomic write
-            oom = 1;
-        }
-        long lo = rowsplit ? mb * t / T : 0, hi = rowsplit ? mb * (t + 1) / T : mb;
-        if (!rowsplit) {
-#pragma omp barrier
-        }
-        if (!oom && mine) {
-            if (rowsplit) {
-                for (long i = lo; i < hi; ++i)
-                    prepare_tile(a_kind, A, lda, M, K, i * MR, a_zp, a_scale, mode,
-                                 Ap + i * kp * MR * esz, wide, rs + i * MR, corr + i * MR, fbuf,
-                                 qbuf);
-            } else {
-#pragma omp for schedule(static)
-                for (long i = 0; i < mb; ++i)
-                    prepare_tile(a_kind, A, lda, M, K, i * MR, a_zp, a_scale, mode,
-                                 Ap + i * kp * MR * esz, wide, rs + i * MR, corr + i * MR, fbuf,
-                                 qbuf);
+                oom = 1;
             }
-            for (long i0 = lo; i0 < hi; i0 += mcb) {
-                long i1 = i0 + mcb < hi ? i0 + mcb : hi;
+            long lo = rowsplit ? mb * t / T : 0, hi = rowsplit ? mb * (t + 1) / T : mb;
+            if (!rowsplit) {
+#pragma omp barrier
+            }
+            if (!oom && mine) {
                 if (rowsplit) {
-                    for (long j = 0; j < nb; ++j)
-                        tile_panel(i0, i1, j, M, N, kp, kg, kcg, Ap, wide, Bp, acc, &e, rs, corr);
+                    for (long i = lo; i < hi; ++i)
+                        prepare_tile(a_kind, A, lda, M, K, i * MR, a_zp, a_scale, mode,
+                                     Ap + i * kp * MR * esz, wide, rs + i * MR, corr + i * MR,
+                                     fbuf, qbuf);
                 } else {
 #pragma omp for schedule(static)
-                    for (long j = 0; j < nb; ++j)
-                        tile_panel(i0, i1, j, M, N, kp, kg, kcg, Ap, wide, Bp, acc, &e, rs, corr);
+                    for (long i = 0; i < mb; ++i)
+                        prepare_tile(a_kind, A, lda, M, K, i * MR, a_zp, a_scale, mode,
+                                     Ap + i * kp * MR * esz, wide, rs + i * MR, corr + i * MR,
+                                     fbuf, qbuf);
+                }
+                for (long i0 = lo; i0 < hi; i0 += mcb) {
+                    long i1 = i0 + mcb < hi ? i0 + mcb : hi;
+                    if (rowsplit) {
+                        for (long j = 0; j < nb; ++j)
+                            tile_panel(i0, i1, j, M, N, kp, kg, kcg, Ap, wide, Bp, acc, &e, rs,
+                                       corr);
+                    } else {
+#pragma omp for schedule(static)
+                        for (long j = 0; j < nb; ++j)
+                            tile_panel(i0, i1, j, M, N, kp, kg, kcg, Ap, wide, Bp, acc, &e, rs,
+                                       corr);
+                    }
                 }
             }
+            free(fbuf);
+            free(qbuf);
+            free(acc);
         }
-        free(fbuf);
-        free(qbuf);
-        free(acc);
     }
     if (!oom) {
         int unsigned_a = a_kind == A_U8 || (a_kind >= A_F32 && (mode == 1 || mode == 3));
