@@ -73,6 +73,9 @@ class ToNchwc(Op):
     past C zero."""
 
     mnemonic: ClassVar[str] = "to_nchwc"
+    nondiff: ClassVar[str] = (
+        "made only by the inference layout pass nchwc_layout, after differentiation"
+    )
     arity: ClassVar[int] = 1
     kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
     layout: Nchwc
@@ -96,6 +99,9 @@ class FromNchwc(Op):
     lanes dropped)."""
 
     mnemonic: ClassVar[str] = "from_nchwc"
+    nondiff: ClassVar[str] = (
+        "made only by the inference layout pass nchwc_layout, after differentiation"
+    )
     arity: ClassVar[int] = 1
     kind: ClassVar[OpKind] = OpKind.DATA_MOVEMENT
     layout: Nchwc
@@ -121,6 +127,9 @@ class ConvNchwc(Op):
     (b = ``layout.block``), the lanes past O ``act(residual lane)`` (0 without one)."""
 
     mnemonic: ClassVar[str] = "conv_nchwc"
+    nondiff: ClassVar[str] = (
+        "made only by the inference layout pass nchwc_layout, after differentiation"
+    )
     kind: ClassVar[OpKind] = OpKind.COMPUTE
     conv: Conv
     layout: Nchwc

@@ -74,8 +74,11 @@ def _spec(target: Target) -> TargetSpec:
 
 
 def _loop_body(asm: str, fn: str) -> list[str]:
-    """The mnemonics of the innermost backward-branching loop of ``fn``'s OpenMP body."""
-    block = re.search(rf"<{fn}\._omp_fn\.0>:\n(.*?)\n\n", asm, re.S)
+    """The mnemonics of the innermost backward-branching loop of probe ``fn``'s body (the
+    static ``<kind>_body`` that ``team_run`` calls on each thread: ``rlx_peak_run`` ->
+    ``fma_body``, ``rlx_peak_int8_run`` -> ``int8_body``)."""
+    kind = fn.removeprefix("rlx_peak_").removesuffix("run").rstrip("_") or "fma"
+    block = re.search(rf"<{kind}_body>:\n(.*?)\n\n", asm, re.S)
     assert block, fn
     lines = [ln.split("\t") for ln in block.group(1).splitlines() if "\t" in ln]
     insns = [(int(p[0].strip().rstrip(":"), 16), p[1].strip(), p[-1]) for p in lines if len(p) > 1]

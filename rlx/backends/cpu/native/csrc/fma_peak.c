@@ -97,6 +97,14 @@ int rlx_peak_fused(void) {
 #endif
 }
 
+/* A probe's loop: its own function (noipa: gcc would fold two identical bodies, such as
+   the int8 and SDOT probes on dotprod, into one symbol). */
+#if defined(__clang__)
+#define RLX_PROBE_BODY __attribute__((noinline)) static double
+#else
+#define RLX_PROBE_BODY __attribute__((noipa)) static double
+#endif
+
 /* Runs body(iters) on a team of nthreads (one thread without OpenMP); returns the sum of
    the threads' checksums and stores the team's size in *used. */
 static double team_run(double (*body)(int64_t), int64_t iters, int nthreads, int *used) {
@@ -119,7 +127,7 @@ static double team_run(double (*body)(int64_t), int64_t iters, int nthreads, int
 
 typedef float rlx_v4f __attribute__((vector_size(16)));
 
-static double fma_body(int64_t iters) {
+RLX_PROBE_BODY fma_body(int64_t iters) {
     double total = 0.0;
     {
 #if defined(__AVX512F__)
@@ -243,7 +251,7 @@ int rlx_peak_bf16_ops(void) {
 #endif
 }
 
-static double int8_body(int64_t iters) {
+RLX_PROBE_BODY int8_body(int64_t iters) {
     double total = 0.0;
     {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -294,7 +302,7 @@ double rlx_peak_int8_run(int64_t iters, int nthreads, int *used) {
     return team_run(int8_body, iters, nthreads, used);
 }
 
-static double bf16_body(int64_t iters) {
+RLX_PROBE_BODY bf16_body(int64_t iters) {
     double total = 0.0;
     {
 #if defined(__AVX512BF16__)
@@ -341,7 +349,7 @@ int rlx_peak_int16_ops(void) {
 #endif
 }
 
-static double int16_body(int64_t iters) {
+RLX_PROBE_BODY int16_body(int64_t iters) {
     double total = 0.0;
     {
 #if defined(__AVX2__)
@@ -366,7 +374,7 @@ int rlx_peak_int8dot_ops(void) {
 #endif
 }
 
-static double int8dot_body(int64_t iters) {
+RLX_PROBE_BODY int8dot_body(int64_t iters) {
     double total = 0.0;
     {
 #if defined(RLX_PEAK_NEON) && defined(__ARM_FEATURE_DOTPROD)
@@ -403,7 +411,7 @@ int rlx_peak_bf16dot_ops(void) {
 #endif
 }
 
-static double bf16dot_body(int64_t iters) {
+RLX_PROBE_BODY bf16dot_body(int64_t iters) {
     double total = 0.0;
     {
 #if defined(RLX_PEAK_NEON) && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
