@@ -274,6 +274,13 @@ class Scheduler:
         """Whether no request waits or runs."""
         return self._idle.is_set()
 
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no request waits or runs, at most ``timeout`` seconds; returns
+        :meth:`idle`. A request's last event reaches its ticket before the worker thread
+        comes back to see the queue empty, so a caller that has all its results may still
+        find ``idle()`` false for a moment."""
+        return self._idle.wait(timeout)
+
     def counts(self) -> tuple[int, int]:
         """(requests waiting for a slot, requests holding one)."""
         with self._cond:

@@ -91,7 +91,7 @@ def test_concurrent_greedy_streams_equal_generate_alone(model, parallel, chunk) 
         reqs.append(_request(model, PROMPTS[0], 20, stop=[" ", "e"]))  # stop strings
         for req, got in zip(reqs, _run(sched, reqs), strict=True):
             _check_equal(model, req, got)
-        assert dec.in_use() == 0 and sched.idle()
+        assert dec.in_use() == 0 and sched.wait_idle(30.0)
     finally:
         sched.close()
 
