@@ -21,7 +21,8 @@
  *     (4 vector accumulators).
  *   small batches (2 <= M <= 16, batched decode; dqgemm_small.c): each weight row is
  *     decoded once, 2048 weights at a time, into an L1 buffer (vector decoders for Q8_0,
- *     Q5_0, Q4_K, Q6_K; the others from M = 4) and applied to all M X rows.
+ *     Q5_0, Q4_0, Q4_1, Q5_1, Q4_K, Q6_K from M = 2; the others from M = 4) and applied
+ *     to all M X rows, 3 weight rows x 8 (AVX-512) / 4 (AVX2) X rows of accumulators.
  *   prefill (M > 16): per chunk of K, the X chunk is copied into a contiguous panel, and
  *     each panel of NB output rows x KC weights is decoded into a transposed f32 tile
  *     [KC][NB] (NB = 2 vectors) for a register-blocked micro-kernel of MR = 6 X rows x NB
