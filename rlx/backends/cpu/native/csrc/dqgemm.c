@@ -30,10 +30,9 @@
  *
  * Interleaved weights (dq_layout.h; rows = R = 4 or 8, GGUF only, dq_t.R): every kernel
  * walks row n from dq_row() in steps of dq_bst(); at M = 1 the GEMV runs one group of R
- * rows at a time (one sequential stream, prefetched as it goes): Q4_0 / Q4_1 / Q5_1 / Q2_K /
- * Q3_K / Q4_K / Q5_K / Q6_K (and Q5_0 on AVX2) in one pass sharing each X load
- * (group_rows), Q8_0 four rows per pass, the rest (AVX-512 Q5_0) row by row; the integer
- * path's 32-weight layouts in dqgemm_q8_group.c.
+ * rows at a time (one sequential stream, prefetched as it goes): Q4_0 / Q4_1 / Q5_0 / Q5_1 /
+ * Q2_K / Q3_K / Q4_K / Q5_K / Q6_K in one pass sharing each X load (group_rows), Q8_0 four
+ * rows per pass; the integer path's 32-weight layouts in dqgemm_q8_group.c.
  *
  * Vectors: AVX-512 (16 lanes, FMA), AVX2 (8 lanes, FMA) or SSE2 (4 lanes, mul + add),
  * chosen by the build target's -march flags (never -march=native). Threads: OpenMP over

@@ -121,18 +121,30 @@ static inline __attribute__((always_inline)) void blk_q5_1(const uint8_t *p, con
 #endif
 }
 
-#if VW == 8
-/* Q5_0 on AVX2: the codes - 16 as bytes (the AVX-512 build uses the table row_q5_0) */
+/* Q5_0 (22-byte blocks: half d, u32 qh, u8 qs[16]; w = d * (q5 - 16)): on AVX2 the codes
+ * - 16 as bytes; on AVX-512 the table of row_q5_0 (d * (q - 16), two zmm) */
 static inline __attribute__((always_inline)) void blk_q5_0(const uint8_t *p, const float *x,
                                                             const float *xs, vf *t0, vf *t1,
                                                             float *mt) {
     (void)xs, (void)mt;
     uint32_t qh;
     memcpy(&qh, p + 2, 4);
+#if VW == 16
+    const __m512 iota = _mm512_loadu_ps(IOTA16);
+    const __m512i m15 = VISET1(15), c16 = VISET1(16);
+    __m512 d = VSET1(hf(p));
+    __m512 ta = _mm512_mul_ps(d, _mm512_sub_ps(iota, VSET1(16.0f))), tb = _mm512_mul_ps(d, iota);
+    __m512i w = VU8(p + 6);
+    __m512i lo = _mm512_and_si512(w, m15), hi = _mm512_srli_epi32(w, 4);
+    lo = _mm512_mask_or_epi32(lo, (__mmask16)(qh & 0xFFFFu), lo, c16);
+    hi = _mm512_mask_or_epi32(hi, (__mmask16)(qh >> 16), hi, c16);
+    *t0 = VFMA(_mm512_permutex2var_ps(ta, lo, tb), VLOAD(x), *t0);
+    *t1 = VFMA(_mm512_permutex2var_ps(ta, hi, tb), VLOAD(x + 16), *t1);
+#else
     __m256i c = _mm256_sub_epi8(q5_bytes(p + 6, qh), _mm256_set1_epi8(16));
     *t0 = blk_dot32(c, x, *t0, VSET1(hf(p)), t1);
-}
 #endif
+}
 
 /* a row of 32-weight blocks st bytes apart: two blocks per step into separate
  * accumulators; xs: the per-32 sums of X (the min term, where the block adds one) */
@@ -181,9 +193,7 @@ ROW32(row_q5_0_b, blk_q5_0)
 GROUP32(group_q4_0, blk_q4_0, 18)
 GROUP32(group_q4_1, blk_q4_1, 20)
 GROUP32(group_q5_1, blk_q5_1, 24)
-#if VW == 8
 GROUP32(group_q5_0, blk_q5_0, 22)
-#endif
 
 /* ---- K-quant blocks for the groups: one 256-weight block of one row into two vector
  * accumulators, the mins term (Q4_K: dmin m_j times the per-32 sums xs of X) subtracted in
@@ -483,10 +493,7 @@ static int group_ok(const dq_t *s, long M) {
     if (M != 1 || s->R < 4) return 0;
     switch (s->code) {
     case S_Q4_0: case S_Q4_1: case S_Q5_1: case S_Q4_K: case S_Q6_K: return 1;
-    case S_Q2_K: case S_Q3_K: case S_Q5_K: return 1;
-#if VW == 8
-    case S_Q5_0: return 1;
-#endif
+    case S_Q2_K: case S_Q3_K: case S_Q5_K: case S_Q5_0: return 1;
     default: return 0;
     }
 }
@@ -503,9 +510,7 @@ static void group_rows(const dq_t *s, long n0, const float *x, const float *px, 
     case S_Q2_K: group_q2_k(G, p, s->nb, x, px, y); break;
     case S_Q3_K: group_q3_k(G, p, s->nb, x, px, y); break;
     case S_Q5_K: group_q5_k(G, p, s->nb, x, px, y); break;
-#if VW == 8
     case S_Q5_0: group_q5_0(G, p, s->nb, x, px, y); break;
-#endif
     default: group_q5_1(G, p, s->nb, x, px, y); break;
     }
 }

@@ -1,7 +1,7 @@
-"""The single-row f32 group GEMVs of the interleaved K-quant layouts
-(``csrc/dqgemm_rows_gguf.c``: ``group_q2_k``, ``group_q3_k``, ``group_q5_k`` beside
-``group_q4_k`` / ``group_q6_k``; one pass over a group of R rows sharing each X load) and
-the row-by-row kernels of the same layouts (plain weights, the N % R tail rows), for every
+"""The single-row f32 group GEMVs of interleaved weights added for the K-quants and Q5_0
+(``csrc/dqgemm_rows_gguf.c``: ``group_q2_k``, ``group_q3_k``, ``group_q5_k``, and
+``group_q5_0`` on AVX-512 too, beside ``group_q4_k`` / ``group_q6_k``; one pass over a
+group of R rows sharing each X load) and the row-by-row kernels of the same layouts (plain weights, the N % R tail rows), for every
 build target this CPU runs x R in {1 (plain), 4, 8} x 1 and 2 threads, with N leaving tail
 rows, K of several blocks and X of mixed scales, the bf16 dot-product GEMV off
 (RLX_DQ_BF16=0, so the AVX-512 build runs its f32 kernels too). Against the f64 product of
@@ -26,13 +26,13 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="gcc is not insta
 
 
 @pytest.mark.parametrize("target", cpu.runnable_targets(), ids=lambda t: t.value)
-@pytest.mark.parametrize("name", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
-def test_k_quant_group_gemv_matches_f64(monkeypatch, target, name) -> None:
+@pytest.mark.parametrize("name", ["Q5_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
+def test_group_gemv_matches_f64(monkeypatch, target, name) -> None:
     monkeypatch.setenv("RLX_DQ_BF16", "0")
     scheme = S.GGUF_SCHEMES[name]()
     lib = dqgemm_lib(target)
     rng = np.random.default_rng(zlib.crc32(f"{name}{target.value}groupk".encode()))
-    n, k = 8 * 5 + 7, 5 * 256  # tails for R = 4 and 8; five blocks per row
+    n, k = 8 * 5 + 7, 5 * 256  # tails for R = 4 and 8; five K-quant blocks per row
     (packed,), w = make_weight(scheme, n, k, rng)
     # X of mixed magnitudes: a wrong sub-block scale or min term shows above the bound
     x = (rng.standard_normal((1, k)) * np.exp(rng.uniform(-3, 3, (1, k)))).astype(np.float32)
