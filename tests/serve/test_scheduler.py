@@ -19,6 +19,7 @@ pytest.importorskip("regex")
 pytest.importorskip("prometheus_client")
 
 import rlx.models.llm as llm  # noqa: E402
+from rlx.errors import ServeError  # noqa: E402
 from rlx.models.llm.sampling import SamplingParams  # noqa: E402
 from rlx.serve.scheduler import FinishReason, GenRequest, QueueFull, Scheduler  # noqa: E402
 from tests.serve.gen_helpers import Broken, tiny_gguf  # noqa: E402
@@ -46,7 +47,7 @@ def _request(model, prompt: str, max_tokens: int, **kw) -> GenRequest:
     sp = SamplingParams(kw.pop("temperature", 0.0), 0, kw.pop("top_p", 1.0), kw.pop("seed", None))
     return GenRequest(
         tuple(model.encode(prompt)), max_tokens, sp, tuple(kw.pop("stop", ())),
-        frozenset(model.tokenizer.stop_ids), kw.pop("logprobs", None),
+        kw.pop("stop_ids", frozenset(model.tokenizer.stop_ids)), kw.pop("logprobs", None),
     )  # fmt: skip
 
 
@@ -154,21 +155,38 @@ def test_cancel_frees_the_slot_and_others_go_on(model) -> None:
 
 
 def test_full_queue_refuses_and_close_cancels(model) -> None:
-    dec = model.batched(1)
+    # the running request cannot end on its own before close: no stop tokens, its decode
+    # steps held until the scheduler is closing (whatever tokens the model picks)
+    dec = _Recording(model.batched(1))
     sched = Scheduler(dec, model.tokenizer, max_queue=2)
 
     async def main():
-        first = sched.submit(_request(model, PROMPTS[0], 100))
+        first = sched.submit(_request(model, PROMPTS[0], 100, stop_ids=frozenset()))
         async for _ev in first.events():  # running: the queue is now empty
             break
         queued = [sched.submit(_request(model, PROMPTS[1], 5)) for _ in range(2)]
         with pytest.raises(QueueFull, match="max_queue"):
             sched.submit(_request(model, PROMPTS[1], 5))
-        await asyncio.to_thread(sched.close)
+        closing = asyncio.create_task(asyncio.to_thread(sched.close))
+        while True:  # a full queue refuses until close marks the scheduler closed
+            try:
+                sched.submit(_request(model, PROMPTS[1], 5))
+            except QueueFull:
+                await asyncio.sleep(0)
+                continue
+            except ServeError as e:
+                assert "closed" in str(e)
+                break
+        dec.go.set()  # the held step runs, then the worker shuts down
+        await closing
         ends = [[ev async for ev in t.events()][-1] for t in [first, *queued]]
         return ends
 
-    ends = asyncio.run(main())
+    try:
+        ends = asyncio.run(main())
+    finally:
+        dec.go.set()
+        sched.close()
     assert [e.finish for e in ends] == [FinishReason.CANCELLED] * 3
     assert dec.in_use() == 0
 

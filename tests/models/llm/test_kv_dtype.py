@@ -1,7 +1,8 @@
 """A bf16 / f16 KV cache (``kv_dtype``): ``cache_attention`` with a low-precision cache
 against a plain loop over K / V / q / out rounded the same way (NumPy ``astype``: round to
 nearest even), on every build target here; and on the real Gemma-3-270M the accuracy
-against the f32 cache (relative logit error over prefill + decode, the greedy text)."""
+against the f32 cache (relative logit error over prefill + decode on the f32 cache's
+greedy path, the greedy token wherever it is not a near tie within that error)."""
 
 from __future__ import annotations
 
@@ -109,6 +110,11 @@ PROMPTS = [
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["bf16", "f16"])
 def test_gemma_low_precision_cache_accuracy(monkeypatch, name) -> None:
+    """The low-precision cache against the f32 cache on the reference's greedy path: the
+    low model is fed the reference's tokens (teacher forcing, so every step compares the
+    two on the same prefix), its logits stay within the relative bound of the reference's
+    at every step, and its greedy token is the reference's wherever the reference's top-2
+    margin exceeds twice that bound (a flip is allowed only at such a near tie)."""
     import rlx.models.llm as llm
     from tests.models.llm.conftest import greedy
 
@@ -118,20 +124,29 @@ def test_gemma_low_precision_cache_accuracy(monkeypatch, name) -> None:
     low = llm.load(path, max_context=64, num_threads=1, kv_dtype=name)
     kc = next(n for n in low.graph.nodes if getattr(n.op, "name", None) == "kv.0.k")
     assert kc.shape.dtype is DTYPES[name][0]  # half the f32 cache's bytes
-    worst = 0.0
+    worst, ties, decided = 0.0, 0, 0
     for text in PROMPTS:
         ids = ref.encode(text)
         want_toks, want_logits = greedy(ref, ids, 16)
-        got_toks, got_logits = greedy(low, ids, 16)
-        for w, g in zip(want_logits, got_logits, strict=True):
-            worst = max(worst, float(np.abs(g - w).max() / np.abs(w).max()))
-        assert got_toks == want_toks, (name, ids)
-    print(f"{name} cache: worst relative logit error {worst:.2e}")
+        got_logits = [low.prefill(ids)] + [low.step(t) for t in want_toks[:-1]]
+        for i, (w, g) in enumerate(zip(want_logits, got_logits, strict=True)):
+            scale = float(np.abs(w).max())
+            worst = max(worst, float(np.abs(g - w).max()) / scale)
+            top2 = np.sort(w)[-2:]
+            if float(top2[1] - top2[0]) < 2 * BOUNDS[name] * scale:
+                ties += 1  # a near tie: within the bound either token may win
+                continue
+            decided += 1
+            assert int(g.argmax()) == want_toks[i], (name, ids, i)
+    print(f"{name} cache: worst relative logit error {worst:.2e}, {ties} near ties")
     assert worst < BOUNDS[name]
+    # most of the 48 steps are not near ties, so the token check has teeth (measured: bf16
+    # 34, f16 43 decided steps)
+    assert decided >= 30
 
 
 #: measured worst relative logit error vs the f32 cache (docs/gguf.md), with margin
-#: (measured: bf16 3.6e-3, f16 3.8e-4 over 3 prompts x 16 greedy steps)
+#: (measured: bf16 3.8e-3, f16 5.9e-4 over 3 prompts x 16 greedy steps)
 BOUNDS = {"bf16": 1e-2, "f16": 2e-3}
 
 

@@ -113,14 +113,16 @@ def uses_q8(scheme: S.QuantScheme, m: int, act: str) -> bool:
 
 
 #: the most activation rows the small-batch path takes (``csrc/dqgemm_small.c``: each
-#: weight row decoded once and applied to every row; batched decode)
+#: weight row decoded once and applied to every row in a register tile of 3 weight rows x
+#: 8 (AVX-512) / 4 (AVX2) activation rows; batched decode)
 SMALL_MAX_M = 16
 
 
 def small_batch(lib: DqGemmLib, scheme: S.QuantScheme, m: int) -> bool:
     """Whether ``m`` f32 activation rows against a ``scheme`` weight run the small-batch
     path of ``lib`` (2..:data:`SMALL_MAX_M` rows on AVX2 / AVX-512 and the aarch64 targets;
-    Q8_0, Q5_0, Q4_K and Q6_K from 2 rows, the other layouts from 4)."""
+    the layouts with vector decoders, Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, Q4_K and Q6_K, from 2
+    rows, the other layouts from 4)."""
     lay = layout(scheme, 32 * 256)
     return bool(lib.lib.rlx_dq_small(lay.code, lay.qk, m))
 

@@ -21,7 +21,8 @@
  *     (4 vector accumulators).
  *   small batches (2 <= M <= 16, batched decode; dqgemm_small.c): each weight row is
  *     decoded once, 2048 weights at a time, into an L1 buffer (vector decoders for Q8_0,
- *     Q5_0, Q4_K, Q6_K; the others from M = 4) and applied to all M X rows.
+ *     Q5_0, Q4_0, Q4_1, Q5_1, Q4_K, Q6_K from M = 2; the others from M = 4) and applied
+ *     to all M X rows, 3 weight rows x 8 (AVX-512) / 4 (AVX2) X rows of accumulators.
  *   prefill (M > 16): per chunk of K, the X chunk is copied into a contiguous panel, and
  *     each panel of NB output rows x KC weights is decoded into a transposed f32 tile
  *     [KC][NB] (NB = 2 vectors) for a register-blocked micro-kernel of MR = 6 X rows x NB
@@ -29,9 +30,9 @@
  *
  * Interleaved weights (dq_layout.h; rows = R = 4 or 8, GGUF only, dq_t.R): every kernel
  * walks row n from dq_row() in steps of dq_bst(); at M = 1 the GEMV runs one group of R
- * rows at a time (one sequential stream, prefetched as it goes): Q4_0 / Q4_1 / Q5_1 / Q4_K /
- * Q6_K (and Q5_0 on AVX2) in one pass sharing each X load (group_rows), Q8_0 four rows per
- * pass, the rest row by row; the integer path's 32-weight layouts in dqgemm_q8_group.c.
+ * rows at a time (one sequential stream, prefetched as it goes): Q4_0 / Q4_1 / Q5_0 / Q5_1 /
+ * Q2_K / Q3_K / Q4_K / Q5_K / Q6_K in one pass sharing each X load (group_rows), Q8_0 four
+ * rows per pass; the integer path's 32-weight layouts in dqgemm_q8_group.c.
  *
  * Vectors: AVX-512 (16 lanes, FMA), AVX2 (8 lanes, FMA) or SSE2 (4 lanes, mul + add),
  * chosen by the build target's -march flags (never -march=native). Threads: OpenMP over

@@ -1,5 +1,6 @@
 /* dqgemm part 3 of 7 (see dqgemm.c): fused decode-dot rows for the other GGUF layouts
- * (Q4_0, Q4_1, Q5_1, Q2_K, Q3_K, Q5_K) on AVX2 / AVX-512, and the fused-row dispatch.
+ * (Q4_0, Q4_1, Q5_1, Q2_K, Q3_K, Q5_K) on AVX2 / AVX-512, their interleaved groups (each X
+ * load shared by R rows), and the fused-row dispatch.
  *
  * As dqgemm_rows.c: a block's codes go from the packed bytes straight to vector registers
  * and are multiplied with X in f32 (no decode buffer). Two forms:
@@ -120,18 +121,30 @@ static inline __attribute__((always_inline)) void blk_q5_1(const uint8_t *p, con
 #endif
 }
 
-#if VW == 8
-/* Q5_0 on AVX2: the codes - 16 as bytes (the AVX-512 build uses the table row_q5_0) */
+/* Q5_0 (22-byte blocks: half d, u32 qh, u8 qs[16]; w = d * (q5 - 16)): on AVX2 the codes
+ * - 16 as bytes; on AVX-512 the table of row_q5_0 (d * (q - 16), two zmm) */
 static inline __attribute__((always_inline)) void blk_q5_0(const uint8_t *p, const float *x,
                                                             const float *xs, vf *t0, vf *t1,
                                                             float *mt) {
     (void)xs, (void)mt;
     uint32_t qh;
     memcpy(&qh, p + 2, 4);
+#if VW == 16
+    const __m512 iota = _mm512_loadu_ps(IOTA16);
+    const __m512i m15 = VISET1(15), c16 = VISET1(16);
+    __m512 d = VSET1(hf(p));
+    __m512 ta = _mm512_mul_ps(d, _mm512_sub_ps(iota, VSET1(16.0f))), tb = _mm512_mul_ps(d, iota);
+    __m512i w = VU8(p + 6);
+    __m512i lo = _mm512_and_si512(w, m15), hi = _mm512_srli_epi32(w, 4);
+    lo = _mm512_mask_or_epi32(lo, (__mmask16)(qh & 0xFFFFu), lo, c16);
+    hi = _mm512_mask_or_epi32(hi, (__mmask16)(qh >> 16), hi, c16);
+    *t0 = VFMA(_mm512_permutex2var_ps(ta, lo, tb), VLOAD(x), *t0);
+    *t1 = VFMA(_mm512_permutex2var_ps(ta, hi, tb), VLOAD(x + 16), *t1);
+#else
     __m256i c = _mm256_sub_epi8(q5_bytes(p + 6, qh), _mm256_set1_epi8(16));
     *t0 = blk_dot32(c, x, *t0, VSET1(hf(p)), t1);
-}
 #endif
+}
 
 /* a row of 32-weight blocks st bytes apart: two blocks per step into separate
  * accumulators; xs: the per-32 sums of X (the min term, where the block adds one) */
@@ -180,9 +193,7 @@ ROW32(row_q5_0_b, blk_q5_0)
 GROUP32(group_q4_0, blk_q4_0, 18)
 GROUP32(group_q4_1, blk_q4_1, 20)
 GROUP32(group_q5_1, blk_q5_1, 24)
-#if VW == 8
 GROUP32(group_q5_0, blk_q5_0, 22)
-#endif
 
 /* ---- K-quant blocks for the groups: one 256-weight block of one row into two vector
  * accumulators, the mins term (Q4_K: dmin m_j times the per-32 sums xs of X) subtracted in
@@ -271,34 +282,6 @@ static inline __attribute__((always_inline)) void blk_q6_k(const uint8_t *p, con
     }
 GROUPK(group_q4_k, blk_q4_k, 144, 8)
 GROUPK(group_q6_k, blk_q6_k, 210, 0)
-
-/* whether M X rows run group_rows on an interleaved weight */
-static int group_ok(const dq_t *s, long M) {
-    if (M != 1 || s->R < 4) return 0;
-    switch (s->code) {
-    case S_Q4_0: case S_Q4_1: case S_Q5_1: case S_Q4_K: case S_Q6_K: return 1;
-#if VW == 8
-    case S_Q5_0: return 1;
-#endif
-    default: return 0;
-    }
-}
-
-/* y[0 .. R) for the interleaved group starting at row n0 (group_ok) */
-static void group_rows(const dq_t *s, long n0, const float *x, const float *px, float *y) {
-    const uint8_t *p = dq_row(s, n0);
-    int G = s->R;
-    switch (s->code) {
-    case S_Q4_0: group_q4_0(G, p, s->nb, x, px, y); break;
-    case S_Q4_1: group_q4_1(G, p, s->nb, x, px, y); break;
-    case S_Q4_K: group_q4_k(G, p, s->nb, x, px, y); break;
-    case S_Q6_K: group_q6_k(G, p, s->nb, x, px, y); break;
-#if VW == 8
-    case S_Q5_0: group_q5_0(G, p, s->nb, x, px, y); break;
-#endif
-    default: group_q5_1(G, p, s->nb, x, px, y); break;
-    }
-}
 
 /* ---- Q2_K / Q3_K: the 2-bit codes of output 128 h + 32 sh + l (l < 32) are bits 2 sh of
  * byte 32 h + l of qs: each (h, sh) is one 32-byte AVX2 shift-and-mask in a register,
@@ -409,6 +392,127 @@ static float row_q5_k(const uint8_t *p, long st, long nb, const float *x, const 
         }
     }
     return vhsum(VADD(t0, t1)) - hsum8(mins);
+}
+
+/* ---- the K-quant groups of Q2_K, Q3_K and Q5_K: one block of one row as the rows above
+ * compute it, into the row's two accumulators of GROUPK (sub-blocks of even sh / c into
+ * t0, odd into t1), the mins (Q2_K: dmin m_j times the per-16 sums of X; Q5_K: per 32)
+ * subtracted in the low 8 lanes of t1 ---- */
+#define DOT32G(c, h, sh)                                                                   \
+    for (int v = 0; v < 32; v += VW) {                                                     \
+        vf a = VMUL(VCVT(VI8R(part32(c, v))), VLOAD(x + 128 * (h) + 32 * (sh) + v));       \
+        vf dl = VSET1(dsc[8 * (h) + 2 * (sh) + v / 16]);                                   \
+        if ((sh) & 1) *t1 = VFMA(dl, a, *t1);                                              \
+        else *t0 = VFMA(dl, a, *t0);                                                       \
+    }
+
+static inline __attribute__((always_inline)) void blk_q2_k(const uint8_t *p, const float *x,
+                                                            const float *xs, vf *t0, vf *t1,
+                                                            float *mt) {
+    (void)mt;
+    const __m128i m4 = _mm_set1_epi8(15);
+    const __m256i m3 = _mm256_set1_epi8(3);
+    float dsc[16];
+    __m128i s8 = _mm_loadu_si128((const __m128i *)p);
+    __m128i lo = _mm_and_si128(s8, m4), hi = _mm_and_si128(_mm_srli_epi16(s8, 4), m4);
+    __m256 d = _mm256_set1_ps(hf(p + 80)), dm = _mm256_set1_ps(hf(p + 82));
+    _mm256_storeu_ps(dsc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo))));
+    _mm256_storeu_ps(dsc + 8, _mm256_mul_ps(
+        d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)))));
+    __m256 mlo = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)));
+    __m256 mhi = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))));
+    __m256 mn = _mm256_fmadd_ps(mhi, _mm256_loadu_ps(xs + 8), _mm256_mul_ps(mlo, _mm256_loadu_ps(xs)));
+    *t1 = VSUBV(*t1, lo8(mn));
+    for (int h = 0; h < 2; h++) {
+        __m256i qv = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * h));
+        for (int sh = 0; sh < 4; sh++) {
+            __m256i c = _mm256_and_si256(_mm256_srli_epi16(qv, 2 * sh), m3);
+            DOT32G(c, h, sh)
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void blk_q3_k(const uint8_t *p, const float *x,
+                                                            const float *xs, vf *t0, vf *t1,
+                                                            float *mt) {
+    (void)xs, (void)mt;
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), c4 = _mm256_set1_epi8(4);
+    float dsc[16];
+    __m256 slo, shi;
+    q3k_scales16(p, hf(p + 108), &slo, &shi);
+    _mm256_storeu_ps(dsc, slo);
+    _mm256_storeu_ps(dsc + 8, shi);
+    __m256i hv = _mm256_loadu_si256((const __m256i *)p);
+    for (int h = 0; h < 2; h++) {
+        __m256i qv = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * h));
+        for (int sh = 0; sh < 4; sh++) {
+            __m256i lo = _mm256_and_si256(_mm256_srli_epi16(qv, 2 * sh), m3);
+            __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hv, 4 * h + sh), one);
+            __m256i c = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hb, 2)), c4);
+            DOT32G(c, h, sh)
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void blk_q5_k(const uint8_t *p, const float *x,
+                                                            const float *xs, vf *t0, vf *t1,
+                                                            float *mt) {
+    (void)mt;
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    float dsc[8];
+    __m256 scf, mf;
+    q4k_scales_mins(p, &scf, &mf);
+    _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(hf(p)), scf));
+    __m256 mn = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(hf(p + 2)), mf), _mm256_loadu_ps(xs));
+    *t1 = VSUBV(*t1, lo8(mn));
+    const uint8_t *qs = p + 48;
+    __m256i hv = _mm256_loadu_si256((const __m256i *)(p + 16));
+    for (int c = 0; c < 4; c++) { /* sub-blocks 2 c (low nibbles), 2 c + 1 (high) */
+        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), one);
+        __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c + 1), one);
+        __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_slli_epi16(h0, 4));
+        __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                     _mm256_slli_epi16(h1, 4));
+        vf alo = VZERO(), ahi = VZERO();
+        for (int w = 0; w < 32; w += VW) {
+            alo = VFMA(VCVT(VI8R(part32(lo, w))), VLOAD(x + c * 64 + w), alo);
+            ahi = VFMA(VCVT(VI8R(part32(hi, w))), VLOAD(x + c * 64 + 32 + w), ahi);
+        }
+        *t0 = VFMA(VSET1(dsc[2 * c]), alo, *t0);
+        *t1 = VFMA(VSET1(dsc[2 * c + 1]), ahi, *t1);
+    }
+}
+
+GROUPK(group_q2_k, blk_q2_k, 84, 16)
+GROUPK(group_q3_k, blk_q3_k, 110, 0)
+GROUPK(group_q5_k, blk_q5_k, 176, 8)
+
+/* whether M X rows run group_rows on an interleaved weight */
+static int group_ok(const dq_t *s, long M) {
+    if (M != 1 || s->R < 4) return 0;
+    switch (s->code) {
+    case S_Q4_0: case S_Q4_1: case S_Q5_1: case S_Q4_K: case S_Q6_K: return 1;
+    case S_Q2_K: case S_Q3_K: case S_Q5_K: case S_Q5_0: return 1;
+    default: return 0;
+    }
+}
+
+/* y[0 .. R) for the interleaved group starting at row n0 (group_ok) */
+static void group_rows(const dq_t *s, long n0, const float *x, const float *px, float *y) {
+    const uint8_t *p = dq_row(s, n0);
+    int G = s->R;
+    switch (s->code) {
+    case S_Q4_0: group_q4_0(G, p, s->nb, x, px, y); break;
+    case S_Q4_1: group_q4_1(G, p, s->nb, x, px, y); break;
+    case S_Q4_K: group_q4_k(G, p, s->nb, x, px, y); break;
+    case S_Q6_K: group_q6_k(G, p, s->nb, x, px, y); break;
+    case S_Q2_K: group_q2_k(G, p, s->nb, x, px, y); break;
+    case S_Q3_K: group_q3_k(G, p, s->nb, x, px, y); break;
+    case S_Q5_K: group_q5_k(G, p, s->nb, x, px, y); break;
+    case S_Q5_0: group_q5_0(G, p, s->nb, x, px, y); break;
+    default: group_q5_1(G, p, s->nb, x, px, y); break;
+    }
 }
 
 /* ---- dispatch ---------------------------------------------------------------------- */

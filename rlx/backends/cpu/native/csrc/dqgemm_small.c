@@ -1,48 +1,80 @@
 /* dqgemm part 5 of 7 (see dqgemm.c): small batches, 2 <= M <= SMALL_M (batched decode:
- * one row of X per sequence). Each weight row is decoded once per call, SMALL_K weights
- * at a time, into an L1 buffer (vector decoders for Q8_0, Q5_0, Q4_K and Q6_K, the exact
- * scalar decode_block for the rest), and every decoded vector is applied to all M rows
- * of X: two weight rows per pass share each X load, SMALL_G X rows at a time, one vector
- * accumulator per (weight row, X row) kept in registers over the row (Gemma's K <= 2048
- * is one step). The weight is read and decoded once for the M rows, where the per-row
- * GEMV would decode it M times and the tiled GEMM transposes it into tiles. The decoded
- * values are those of decode_block (the same f32 operations in the same order; the build
- * has -ffp-contract=off); the products are f32 FMAs (f32 accumulation). Threads: OpenMP
- * over pairs of weight rows, with the GEMV's grain. */
+ * one row of X per sequence). A register-tiled group kernel: SMALL_NR = 3 weight rows
+ * (consecutive rows, so with the interleaved layout (dq_layout.h) one
+ * stream through the group's blocks) are decoded once per call, SMALL_K weights at a time,
+ * into an L1 buffer (vector decoders for Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, Q4_K and Q6_K, the
+ * exact scalar decode_block for the rest), and the tile of SMALL_NR weight rows x SMALL_G
+ * X rows (8 on AVX-512, 4 on AVX2) accumulates in registers over the row (Gemma's
+ * K <= 2048 is one step): each weight vector is loaded once for the SMALL_G X rows, each
+ * X vector once for the SMALL_NR weight rows, and the SMALL_NR x SMALL_G sums leave
+ * through one transposing reduction tree per vector width (vsums). The weight is read and
+ * decoded once for the M rows, where the per-row GEMV would decode it M times and the
+ * tiled GEMM transposes it into tiles. The decoded values are those of decode_block (the
+ * same f32 operations in the same order; the build has -ffp-contract=off); the products
+ * are f32 FMAs (f32 accumulation). Threads: OpenMP over units of SMALL_NR weight rows,
+ * with the GEMV's grain divided by M / 2. */
 
 #ifndef SMALL_M
 #define SMALL_M 16 /* the most X rows this path takes (dqgemm.py: SMALL_MAX_M) */
 #endif
 #define SMALL_K 2048 /* weights of a row decoded per step (8 KB of f32 per row) */
-/* X rows per pass over the decoded buffer: two weight rows x SMALL_G accumulators fit the
- * 32 zmm registers of AVX-512 (8) or the 16 ymm of AVX2 (4) */
+/* The register tile: SMALL_NR decoded weight rows x SMALL_G X rows of vector accumulators
+ * (plus the SMALL_NR weight vectors and one X vector) within the 32 zmm registers of
+ * AVX-512 or the 16 ymm of AVX2 */
 #if VW == 16
+#ifndef SMALL_NR
+#define SMALL_NR 3
+#endif
 #define SMALL_G 8
 #else
+#ifndef SMALL_NR
+#define SMALL_NR 3
+#endif
 #define SMALL_G 4
 #endif
+#define SMALL_ACC (SMALL_NR * SMALL_G)
+#define SMALL_RED ((SMALL_ACC + VW - 1) / VW * VW) /* rounded up to whole vsums trees */
 
 #if FUSED
 #if VW == 16
 #define VSUBF(a, b) _mm512_sub_ps(a, b)
+#define VADDF(a, b) _mm512_add_ps(a, b)
 #else
 #define VSUBF(a, b) _mm256_sub_ps(a, b)
+#define VADDF(a, b) _mm256_add_ps(a, b)
 #endif
 
 static void dec_q8_0(const uint8_t *p, long st, long nblk, float *o) {
     for (long b = 0; b < nblk; b++, p += st, o += 32) {
-        vf d = VSET1(h2f(p));
+        vf d = VSET1(hf(p));
         for (int v = 0; v < 32; v += VW) VSTORE(o + v, VMUL(VCVT(VI8(p + 2 + v)), d));
     }
 }
 
+#if VW == 16
+/* AVX-512: qh's 32 bits are the lane masks of the two halves: (q & 15) - 16 where the
+ * fifth bit is clear, q & 15 where it is set (the same integer as decode_block's) */
+static void dec_q5_0(const uint8_t *p, long st, long nblk, float *o) {
+    const vi m15 = VISET1(15), c16 = VISET1(16);
+    for (long b = 0; b < nblk; b++, p += st, o += 32) {
+        uint32_t qh;
+        memcpy(&qh, p + 2, 4);
+        vf d = VSET1(hf(p));
+        vi q = VU8(p + 6), lo = VIAND(q, m15), hi = VISRL(q, 4);
+        lo = _mm512_mask_sub_epi32(lo, (__mmask16)~qh, lo, c16);
+        hi = _mm512_mask_sub_epi32(hi, (__mmask16)~(qh >> 16), hi, c16);
+        VSTORE(o, VMUL(d, VCVT(lo)));
+        VSTORE(o + 16, VMUL(d, VCVT(hi)));
+    }
+}
+#else
 static void dec_q5_0(const uint8_t *p, long st, long nblk, float *o) {
     const vi m15 = VISET1(15), one = VISET1(1), c16 = VISET1(16), lanes = VLANES();
     for (long b = 0; b < nblk; b++, p += st, o += 32) {
         uint32_t qh;
         memcpy(&qh, p + 2, 4);
         const vi hv = VISET1((int)qh);
-        vf d = VSET1(h2f(p));
+        vf d = VSET1(hf(p));
         for (int v = 0; v < 16; v += VW) {
             vi q = VU8(p + 6 + v);
             vi bl = VIAND(VISRLV(hv, VIOR(lanes, VISET1(v))), one);
@@ -54,11 +86,12 @@ static void dec_q5_0(const uint8_t *p, long st, long nblk, float *o) {
         }
     }
 }
+#endif
 
 static void dec_q4_k(const uint8_t *p, long st, long nblk, float *o) {
     const vi m15 = VISET1(15);
     for (long b = 0; b < nblk; b++, p += st, o += 256) {
-        float d = h2f(p), dmin = h2f(p + 2);
+        float d = hf(p), dmin = hf(p + 2);
         const uint8_t *q = p + 4, *ql = p + 16;
         for (int j = 0; j < 8; j++) {
             int scj, mj;
@@ -85,7 +118,7 @@ static void dec_q6_k(const uint8_t *p, long st, long nblk, float *o) {
     float dsc[16];
     for (long b = 0; b < nblk; b++, p += st, o += 256) {
         __m256 s_lo, s_hi;
-        q6k_scales(p, h2f(p + 208), &s_lo, &s_hi);
+        q6k_scales(p, hf(p + 208), &s_lo, &s_hi);
         _mm256_storeu_ps(dsc, s_lo);
         _mm256_storeu_ps(dsc + 8, s_hi);
         for (int h = 0; h < 2; h++) {
@@ -101,6 +134,61 @@ static void dec_q6_k(const uint8_t *p, long st, long nblk, float *o) {
     }
 }
 
+/* Q4_0 / Q4_1 / Q5_1 (32-weight blocks): d (q - 8); d q + m; d q + m with the fifth bit
+ * from qh, as decode_block */
+static void dec_q4_01(const uint8_t *p, long st, long nblk, float *o, int one) {
+    const vi m15 = VISET1(15), c8 = VISET1(8);
+    for (long b = 0; b < nblk; b++, p += st, o += 32) {
+        vf d = VSET1(hf(p)), m = VSET1(one ? hf(p + 2) : 0.0f);
+        const uint8_t *qs = p + 2 + 2 * one;
+        for (int v = 0; v < 16; v += VW) {
+            vi q = VU8(qs + v), lo = VIAND(q, m15), hi = VISRL(q, 4);
+            if (one) {
+                VSTORE(o + v, VADDF(VMUL(d, VCVT(lo)), m));
+                VSTORE(o + 16 + v, VADDF(VMUL(d, VCVT(hi)), m));
+            } else {
+                VSTORE(o + v, VMUL(d, VCVT(VISUB(lo, c8))));
+                VSTORE(o + 16 + v, VMUL(d, VCVT(VISUB(hi, c8))));
+            }
+        }
+    }
+}
+
+#if VW == 16
+static void dec_q5_1(const uint8_t *p, long st, long nblk, float *o) {
+    const vi m15 = VISET1(15), c16 = VISET1(16);
+    for (long b = 0; b < nblk; b++, p += st, o += 32) {
+        uint32_t qh;
+        memcpy(&qh, p + 4, 4);
+        vf d = VSET1(hf(p)), m = VSET1(hf(p + 2));
+        vi q = VU8(p + 8), lo = VIAND(q, m15), hi = VISRL(q, 4);
+        lo = _mm512_mask_or_epi32(lo, (__mmask16)qh, lo, c16); /* the fifth bit by mask */
+        hi = _mm512_mask_or_epi32(hi, (__mmask16)(qh >> 16), hi, c16);
+        VSTORE(o, VADDF(VMUL(d, VCVT(lo)), m));
+        VSTORE(o + 16, VADDF(VMUL(d, VCVT(hi)), m));
+    }
+}
+#else
+static void dec_q5_1(const uint8_t *p, long st, long nblk, float *o) {
+    const vi m15 = VISET1(15), one = VISET1(1), lanes = VLANES();
+    for (long b = 0; b < nblk; b++, p += st, o += 32) {
+        uint32_t qh;
+        memcpy(&qh, p + 4, 4);
+        const vi hv = VISET1((int)qh);
+        vf d = VSET1(hf(p)), m = VSET1(hf(p + 2));
+        for (int v = 0; v < 16; v += VW) {
+            vi q = VU8(p + 8 + v);
+            vi bl = VIAND(VISRLV(hv, VIOR(lanes, VISET1(v))), one);
+            vi bh = VIAND(VISRLV(hv, VIOR(lanes, VISET1(v + 16))), one);
+            vi lo = VIOR(VIAND(q, m15), VISLL(bl, 4));
+            vi hi = VIOR(VISRL(q, 4), VISLL(bh, 4));
+            VSTORE(o + v, VADDF(VMUL(d, VCVT(lo)), m));
+            VSTORE(o + 16 + v, VADDF(VMUL(d, VCVT(hi)), m));
+        }
+    }
+}
+#endif
+
 /* blocks b0 .. b0 + nblk of row n (any layout R) into out, as decode_blocks */
 static void decode_fast(const dq_t *s, long n, long b0, long nblk, float *out) {
     long st = dq_bst(s, n);
@@ -108,71 +196,129 @@ static void decode_fast(const dq_t *s, long n, long b0, long nblk, float *out) {
     switch (s->code) {
     case S_Q8_0: dec_q8_0(p, st, nblk, out); break;
     case S_Q5_0: dec_q5_0(p, st, nblk, out); break;
+    case S_Q4_0: dec_q4_01(p, st, nblk, out, 0); break;
+    case S_Q4_1: dec_q4_01(p, st, nblk, out, 1); break;
+    case S_Q5_1: dec_q5_1(p, st, nblk, out); break;
     case S_Q4_K: dec_q4_k(p, st, nblk, out); break;
     case S_Q6_K: dec_q6_k(p, st, nblk, out); break;
     default: decode_blocks(s, n, b0, nblk, out);
     }
 }
 
-/* a[i] = (first ? 0 : acc[i]) + w[0 .. len) * x[i * ldx + 0 .. len) lane-wise for i < mr,
- * and with two weight rows b[i] likewise with w2, sharing the X loads; then with last the
- * sums go to y[i * ldy] (and y[i * ldy + 1]), else back to acc (acc[SMALL_G + i] for b).
- * mr, two are constants once inlined (the accumulators stay in registers); len is a
- * multiple of VW */
-static inline __attribute__((always_inline)) void dot_rows(const float *restrict w,
-                                                            const float *restrict w2,
-                                                            const float *x, long ldx, long len,
-                                                            int mr, int two, vf *acc, int first,
-                                                            int last, float *y, long ldy) {
-    vf a[SMALL_G], b[SMALL_G];
-    for (int i = 0; i < mr; i++) {
-        a[i] = first ? VZERO() : acc[i];
-        b[i] = two && !first ? acc[SMALL_G + i] : VZERO();
+/* out[j] = the horizontal sum of v[j] for VW vectors v: a transposing tree of unpacks /
+ * lane shuffles and adds (15 adds for 16 vectors, where 16 separate reductions take 64
+ * dependent ops) */
+static inline __attribute__((always_inline)) void vsums(const vf *v, float *out) {
+#if VW == 16
+    __m512 u[8], w[4], z[2];
+    for (int j = 0; j < 8; j++)
+        u[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]),
+                             _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+    for (int j = 0; j < 4; j++) {
+        __m512d a = _mm512_castps_pd(u[2 * j]), b = _mm512_castps_pd(u[2 * j + 1]);
+        w[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
     }
-    for (long v = 0; v < len; v += VW) {
-        vf wv = VLOAD(w + v), wv2 = two ? VLOAD(w2 + v) : VZERO();
-        for (int i = 0; i < mr; i++) {
-            vf xv = VLOAD(x + i * ldx + v);
-            a[i] = VFMA(wv, xv, a[i]);
-            if (two) b[i] = VFMA(wv2, xv, b[i]);
-        }
+    for (int j = 0; j < 2; j++) /* lanes (0 + 1, 2 + 3) of each */
+        z[j] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * j], w[2 * j + 1], 0x88),
+                             _mm512_shuffle_f32x4(w[2 * j], w[2 * j + 1], 0xDD));
+    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x88),
+                                        _mm512_shuffle_f32x4(z[0], z[1], 0xDD)));
+#elif VW == 8 && defined(__AVX2__)
+    __m256 u[4], w[2];
+    for (int j = 0; j < 4; j++)
+        u[j] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * j], v[2 * j + 1]),
+                             _mm256_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+    for (int j = 0; j < 2; j++) {
+        __m256d a = _mm256_castps_pd(u[2 * j]), b = _mm256_castps_pd(u[2 * j + 1]);
+        w[j] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)),
+                             _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
     }
-    for (int i = 0; i < mr; i++) {
-        if (last) {
-            y[i * ldy] = vhsum(a[i]);
-            if (two) y[i * ldy + 1] = vhsum(b[i]);
-        } else {
-            acc[i] = a[i];
-            if (two) acc[SMALL_G + i] = b[i];
-        }
-    }
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(w[0], w[1], 0x20),
+                                        _mm256_permute2f128_ps(w[0], w[1], 0x31)));
+#else
+    for (int j = 0; j < VW; j++) out[j] = vhsum(v[j]);
+#endif
 }
 
-#define DOT_CASES(two)                                                                       \
-    switch (mr) {                                                                            \
-    case 1: dot_rows(w, w2, x, ldx, len, 1, two, acc, first, last, y, ldy); break;           \
-    case 2: dot_rows(w, w2, x, ldx, len, 2, two, acc, first, last, y, ldy); break;           \
-    case 3: dot_rows(w, w2, x, ldx, len, 3, two, acc, first, last, y, ldy); break;           \
-    DOT_WIDE(two)                                                                            \
-    default: dot_rows(w, w2, x, ldx, len, SMALL_G, two, acc, first, last, y, ldy);           \
+/* The register tile: nr <= SMALL_NR decoded weight rows (w + r * ldw) x mr <= SMALL_G X
+ * rows (x + i * ldx), len weights (a multiple of VW). Each X vector is loaded once and
+ * FMAs into the nr accumulators of its row, each weight vector into the mr of its row.
+ * first: the accumulators start at zero, else from acc[r * SMALL_G + i]; last: their
+ * horizontal sums go to y[i * ldy + r] (one transposing tree for every VW of them), else
+ * back to acc. mr and nr are constants once inlined. */
+static inline __attribute__((always_inline)) void tile(const float *restrict w, long ldw,
+                                                       const float *x, long ldx, long len,
+                                                       int mr, int nr, vf *acc, int first,
+                                                       int last, float *y, long ldy) {
+    vf a[SMALL_ACC];
+#pragma GCC unroll 32
+    for (int j = 0; j < SMALL_ACC; j++)
+        a[j] = first || j / SMALL_G >= nr || j % SMALL_G >= mr ? VZERO() : acc[j];
+    for (long v = 0; v < len; v += VW) {
+        vf wv[SMALL_NR];
+#pragma GCC unroll 8
+        for (int r = 0; r < nr; r++) wv[r] = VLOAD(w + r * ldw + v);
+#pragma GCC unroll 16
+        for (int i = 0; i < mr; i++) {
+            vf xv = VLOAD(x + i * ldx + v);
+#if defined(__x86_64__)
+            /* one load kept in a register for the nr FMAs (gcc would fold it into each:
+             * nr times the loads) */
+            __asm__("" : "+v"(xv));
+#endif
+#pragma GCC unroll 8
+            for (int r = 0; r < nr; r++)
+                a[r * SMALL_G + i] = VFMA(wv[r], xv, a[r * SMALL_G + i]);
+        }
     }
-#if SMALL_G == 8
-#define DOT_WIDE(two)                                                                        \
-    case 4: dot_rows(w, w2, x, ldx, len, 4, two, acc, first, last, y, ldy); break;           \
-    case 5: dot_rows(w, w2, x, ldx, len, 5, two, acc, first, last, y, ldy); break;           \
-    case 6: dot_rows(w, w2, x, ldx, len, 6, two, acc, first, last, y, ldy); break;           \
-    case 7: dot_rows(w, w2, x, ldx, len, 7, two, acc, first, last, y, ldy); break;
+    if (!last) {
+#pragma GCC unroll 32
+        for (int j = 0; j < SMALL_ACC; j++) acc[j] = a[j];
+        return;
+    }
+    float sum[SMALL_RED];
+#pragma GCC unroll 4
+    for (int c = 0; c < SMALL_RED / VW; c++) {
+        vf part[VW];
+#pragma GCC unroll 16
+        for (int j = 0; j < VW; j++) part[j] = c * VW + j < SMALL_ACC ? a[c * VW + j] : VZERO();
+        vsums(part, sum + c * VW);
+    }
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < mr; i++) y[i * ldy + r] = sum[r * SMALL_G + i];
+}
+
+/* one tile with run-time mr (1 .. SMALL_G) and nr (1 .. SMALL_NR) as constants */
+#define TILE_ARGS w, ldw, x, ldx, len
+#define TILE_NR(MR)                                                                          \
+    switch (nr) {                                                                            \
+    case SMALL_NR: tile(TILE_ARGS, MR, SMALL_NR, acc, first, last, y, ldy); break;           \
+    case 1: tile(TILE_ARGS, MR, 1, acc, first, last, y, ldy); break;                         \
+    TILE_NR_MID(MR)                                                                          \
+    }
+#if SMALL_NR >= 3
+#define TILE_NR_MID(MR)                                                                      \
+    case 2: tile(TILE_ARGS, MR, 2, acc, first, last, y, ldy); break;
 #else
-#define DOT_WIDE(two)
+#define TILE_NR_MID(MR)
 #endif
 
-/* up to SMALL_G X rows against one (w2 == 0) or two decoded weight rows */
-static void dot_group(const float *w, const float *w2, const float *x, long ldx, long len,
-                      int mr, vf *acc, int first, int last, float *y, long ldy) {
-    if (w2) {
-        DOT_CASES(1)
-    } else {
-        DOT_CASES(0)
+static void tile_any(const float *w, long ldw, const float *x, long ldx, long len, int mr,
+                     int nr, vf *acc, int first, int last, float *y, long ldy) {
+    switch (mr) {
+    case 1: TILE_NR(1) break;
+    case 2: TILE_NR(2) break;
+    case 3: TILE_NR(3) break;
+#if SMALL_G > 4
+    case 4: TILE_NR(4) break;
+    case 5: TILE_NR(5) break;
+#endif
+#if SMALL_G > 6
+    case 6: TILE_NR(6) break;
+    case 7: TILE_NR(7) break;
+#endif
+    default: TILE_NR(SMALL_G) break;
     }
 }
 
@@ -182,7 +328,8 @@ static void dot_group(const float *w, const float *w2, const float *x, long ldx,
 static int small_ok(const dq_t *s, long M) {
     if (M < 2 || M > SMALL_M || s->qk % VW) return 0;
     switch (s->code) {
-    case S_Q8_0: case S_Q5_0: case S_Q4_K: case S_Q6_K: return 1;
+    case S_Q8_0: case S_Q5_0: case S_Q4_0: case S_Q4_1: case S_Q5_1: case S_Q4_K:
+    case S_Q6_K: return 1;
     default: return M >= 4;
     }
 }
@@ -191,39 +338,39 @@ static int gemv_small(const dq_t *s, long M, long N, long K, const float *x, lon
                       float *y, long ldy, int threads) {
     long cb = SMALL_K / s->qk < 1 ? 1 : SMALL_K / s->qk;
     if (cb > s->nb) cb = s->nb;
-    long per = 262144, want = (N * s->row_bytes + per - 1) / per; /* as the GEMV's grain */
+    /* grain as the GEMV's (~256 KB of weight per thread), scaled down by the M rows each
+     * weight byte serves: a second thread is worth waking for less weight */
+    long per = 262144 * 2 / M, want = (N * s->row_bytes + per - 1) / per;
     if (want < threads) threads = want < 1 ? 1 : (int)want;
     long chunk = 32768 / s->row_bytes;
     if (chunk < 1) chunk = 1;
     int fail = 0;
     (void)K;
-    long pairs = (N + 1) / 2, pchunk = chunk / 2 < 1 ? 1 : chunk / 2;
+    long units = (N + SMALL_NR - 1) / SMALL_NR;
+    long uchunk = chunk / SMALL_NR < 1 ? 1 : chunk / SMALL_NR;
 #pragma omp parallel num_threads(threads) reduction(| : fail)
     {
         long clen = cb * s->qk;
-        float *buf = alloc_f(2 * clen);
+        float *buf = alloc_f(SMALL_NR * clen);
         if (!buf) fail = 1;
         else {
             prefetcher pf = {0, 0};
-            /* per group of SMALL_G X rows: the first weight row's accumulators, then the
-             * second's */
-            vf acc[2 * SMALL_M];
-#pragma omp for schedule(dynamic, pchunk)
-            for (long pr = 0; pr < pairs; pr++) {
-                long n = 2 * pr;
-                int two = n + 1 < N;
-                prefetch_rows(s, &pf, n);
-                if (two) prefetch_rows(s, &pf, n + 1);
+            /* per group of SMALL_G X rows: SMALL_ACC accumulators (K over several steps) */
+            vf acc[(SMALL_M + SMALL_G - 1) / SMALL_G * SMALL_ACC];
+#pragma omp for schedule(dynamic, uchunk)
+            for (long u = 0; u < units; u++) {
+                long n = u * SMALL_NR;
+                int nr = (int)(N - n < SMALL_NR ? N - n : SMALL_NR);
+                for (int r = 0; r < nr; r++) prefetch_rows(s, &pf, n + r);
                 for (long b0 = 0; b0 < s->nb; b0 += cb) {
                     long nblk = s->nb - b0 < cb ? s->nb - b0 : cb, off = b0 * s->qk;
                     int first = b0 == 0, last = b0 + nblk >= s->nb;
-                    decode_fast(s, n, b0, nblk, buf);
-                    if (two) decode_fast(s, n + 1, b0, nblk, buf + clen);
+                    for (int r = 0; r < nr; r++) decode_fast(s, n + r, b0, nblk, buf + r * clen);
                     for (long m0 = 0; m0 < M; m0 += SMALL_G) {
                         int mr = (int)(M - m0 < SMALL_G ? M - m0 : SMALL_G);
-                        dot_group(buf, two ? buf + clen : 0, x + m0 * ldx + off, ldx,
-                                  nblk * s->qk, mr, acc + 2 * m0, first, last,
-                                  y + m0 * ldy + n, ldy);
+                        tile_any(buf, clen, x + m0 * ldx + off, ldx, nblk * s->qk, mr, nr,
+                                 acc + m0 / SMALL_G * SMALL_ACC, first, last, y + m0 * ldy + n,
+                                 ldy);
                     }
                 }
             }
