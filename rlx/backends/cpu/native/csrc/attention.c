@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "omp_workspace.h"
+#include "late_team.h"
 #define RMAX 4           /* row vectors per task: MB = RMAX * W query rows */
 #define MB (RMAX * W)
 #define NB 64            /* keys per block */
@@ -437,35 +438,11 @@ long rlx_attention_ws_floats(long D) {
 
 int rlx_attention_dtype(void) { return RLX_ATT_DT; }
 
-/* A late second thread (as in csrc/qgemm_run.c's column split): when the calling
- * thread, out of tasks, waits at the end of the team more than ATT_LATE_NS plus twice
- * its own mean time per task (the other thread was not scheduled in time or was
- * preempted: a busy machine; a woken thread on an idle core takes ~5-20 us), the next
- * att_solo_calls calls run on one thread: 8, doubling per late team in a row up to 256,
- * back to 8 after a team on time. Tasks are the same on any team size, so the result is
- * the same bits; on a busy machine a small attention (S = 16: ~12 us on one thread)
- * would otherwise wait for a time slice per call. */
-#define ATT_LATE_NS 40000L
-#define ATT_SOLO_MIN 8
-#define ATT_SOLO_MAX 256
-static _Atomic int att_solo_calls = 0;
-static _Atomic int att_solo_next = ATT_SOLO_MIN;
-
-static long att_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
-
-static int att_go_solo(void) {
-    int left = atomic_load_explicit(&att_solo_calls, memory_order_relaxed);
-    while (left > 0)
-        if (atomic_compare_exchange_weak(&att_solo_calls, &left, left - 1)) return 1;
-    return 0;
-}
+/* A late second thread: csrc/late_team.h. */
+static rlx_late_team att_late = RLX_LATE_TEAM_INIT;
 
 /* Sets the number of calls left to run on one thread; returns the previous number. */
-int rlx_attention_set_solo_calls(int n) { return atomic_exchange(&att_solo_calls, n); }
+int rlx_attention_set_solo_calls(int n) { return rlx_late_set_solo(&att_late, n); }
 
 /* Returns 0, or -1 when the workspace is too small. */
 int rlx_attention(const elt *q, const elt *k, const elt *v, elt *out, long B, long Sq,
@@ -480,12 +457,12 @@ int rlx_attention(const elt *q, const elt *k, const elt *v, elt *out, long B, lo
     const long ntask = B * Hkv * nblk;
     if (ntask == 0) return 0;
     if (!(threads = rlx_ws_team(threads, ntask, per, ws_floats))) return -1;
-    if (threads > 1 && att_go_solo()) threads = 1; /* a late second thread lately */
+    if (threads > 1 && rlx_late_go_solo(&att_late)) threads = 1; /* a late second thread lately */
     long done_ns = 0, allow_ns = 0; /* the calling thread out of tasks; its allowed wait */
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         int me = rlx_tid();
-        long start_ns = me == 0 && threads > 1 ? att_now_ns() : 0, mine = 0;
+        long start_ns = me == 0 && threads > 1 ? rlx_now_ns() : 0, mine = 0;
 #pragma omp for schedule(dynamic, 1) nowait
         for (long t = 0; t < ntask; t++) {
             ++mine;
@@ -498,16 +475,10 @@ int rlx_attention(const elt *q, const elt *k, const elt *v, elt *out, long B, lo
             task(&a, bh / Hkv, bh % Hkv, r0, m, w);
         }
         if (start_ns) {
-            done_ns = att_now_ns();
-            allow_ns = ATT_LATE_NS + 2 * (done_ns - start_ns) / (mine > 0 ? mine : 1);
+            done_ns = rlx_now_ns();
+            allow_ns = rlx_late_allow(start_ns, done_ns, mine);
         }
     }
-    if (done_ns && att_now_ns() - done_ns > allow_ns) {
-        int n = atomic_load(&att_solo_next);
-        atomic_store(&att_solo_calls, n);
-        atomic_store(&att_solo_next, n < ATT_SOLO_MAX ? 2 * n : ATT_SOLO_MAX);
-    } else if (done_ns) {
-        atomic_store(&att_solo_next, ATT_SOLO_MIN);
-    }
+    rlx_late_after(&att_late, done_ns, allow_ns);
     return 0;
 }

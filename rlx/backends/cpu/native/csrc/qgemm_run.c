@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "omp_workspace.h"
+#include "late_team.h"
 #if RLX_ISA == 2 && defined(__x86_64__) && defined(__linux__) && !defined(RLX_NO_AMX)
 #define RLX_AMX_CPUID_EDX ((1u << 24) | (1u << 25)) /* AMX-TILE, AMX-INT8 */
 #include "amx.h"
@@ -205,44 +206,12 @@ double rlx_qgemm_set_mt_min(double v) {
     return old;
 }
 
-/* A late second thread: when the calling thread of a column-split team, out of panels,
- * waits at the end of the team more than QGEMM_LATE_NS plus twice its own mean time per
- * panel (the other thread was not scheduled in time, or was preempted in the middle of
- * a panel: a busy machine, or another runtime's threads spinning on the other core; a
- * woken thread on an idle core takes ~5-20 us), the next column splits run on
- * one thread (qgemm_solo_calls of them), then two threads are tried again. The count
- * starts at QGEMM_SOLO_MIN and doubles with each late team in a row up to QGEMM_SOLO_MAX
- * (a team on time sets it back): one late wake-up costs a few GEMMs on one thread, a
- * machine that stays busy one wait per QGEMM_SOLO_MAX GEMMs. On one thread the result is
- * the same bits, so this changes only the time: on a machine whose other cores are busy
- * each small GEMM would otherwise wait for a time slice (0.2-0.3 ms under load 5-6 here,
- * against 14-50 us on one thread). */
-#ifndef QGEMM_LATE_NS
-#define QGEMM_LATE_NS 40000L
-#endif
-#define QGEMM_SOLO_MIN 8
-#define QGEMM_SOLO_MAX 256
-static _Atomic int qgemm_solo_calls = 0;
-static _Atomic int qgemm_solo_next = QGEMM_SOLO_MIN;
-
-static long now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
-
-/* Whether this call takes one thread instead of the column split's team (counts the
- * solo calls down). */
-static int qgemm_go_solo(void) {
-    int left = atomic_load_explicit(&qgemm_solo_calls, memory_order_relaxed);
-    while (left > 0)
-        if (atomic_compare_exchange_weak(&qgemm_solo_calls, &left, left - 1)) return 1;
-    return 0;
-}
+/* A late second thread: csrc/late_team.h (the column split's tasks are its panels). */
+static rlx_late_team qgemm_late = RLX_LATE_TEAM_INIT;
 
 /* Sets the number of column splits left to run on one thread (tests: a late thread's
  * back-off and its end); returns the previous number. */
-int rlx_qgemm_set_solo_calls(int n) { return atomic_exchange(&qgemm_solo_calls, n); }
+int rlx_qgemm_set_solo_calls(int n) { return rlx_late_set_solo(&qgemm_late, n); }
 
 /* The column split for few row tiles: every thread packs row tiles 0 .. mb of A itself
  * (its own copy in Ap + t * ap_bytes, row parameters in rs / corr + t * mb * MR), then
@@ -273,7 +242,7 @@ static int run_colsplit(long M, long N, long K, int a_kind, const void *A, long 
             for (long i = 0; i < mb; ++i)
                 prepare_tile(a_kind, A, lda, M, K, i * MR, a_zp, a_scale, mode,
                              ap + i * kp * MR * esz, wide, rst + i * MR, ct + i * MR, fbuf, qbuf);
-            long start_ns = t == 0 && nthreads > 1 ? now_ns() : 0, mine = 0;
+            long start_ns = t == 0 && nthreads > 1 ? rlx_now_ns() : 0, mine = 0;
             for (long j = atomic_fetch_add(&next, 1); j < nb; j = atomic_fetch_add(&next, 1)) {
                 for (long i0 = 0; i0 < mb; i0 += mcb) {
                     long i1 = i0 + mcb < mb ? i0 + mcb : mb;
@@ -282,8 +251,8 @@ static int run_colsplit(long M, long N, long K, int a_kind, const void *A, long 
                 ++mine;
             }
             if (start_ns) {
-                done_ns = now_ns();
-                allow_ns = QGEMM_LATE_NS + 2 * (done_ns - start_ns) / (mine > 0 ? mine : 1);
+                done_ns = rlx_now_ns();
+                allow_ns = rlx_late_allow(start_ns, done_ns, mine);
             }
         } else {
 #pragma omp atomic write
@@ -293,13 +262,7 @@ static int run_colsplit(long M, long N, long K, int a_kind, const void *A, long 
         free(qbuf);
         free(acc);
     }
-    if (done_ns && now_ns() - done_ns > allow_ns) {
-        int n = atomic_load(&qgemm_solo_next);
-        atomic_store(&qgemm_solo_calls, n);
-        atomic_store(&qgemm_solo_next, n < QGEMM_SOLO_MAX ? 2 * n : QGEMM_SOLO_MAX);
-    } else if (done_ns) {
-        atomic_store(&qgemm_solo_next, QGEMM_SOLO_MIN);
-    }
+    rlx_late_after(&qgemm_late, done_ns, allow_ns);
     return oom ? -1 : 0;
 }
 
@@ -327,7 +290,7 @@ int rlx_qgemm_run(long M, long N, long K, int a_kind, const void *A, long lda, i
      * otherwise all rows first, then the panels shared out */
     int rowsplit = nthreads == 1 || mb >= 4L * nthreads;
     int colsplit = !rowsplit && nb >= 2L * nthreads;
-    if (colsplit && qgemm_go_solo()) /* a late second thread lately: one thread */
+    if (colsplit && rlx_late_go_solo(&qgemm_late)) /* a late second thread lately: one thread */
         nthreads = 1, rowsplit = 1, colsplit = 0;
     int copies = colsplit ? nthreads : 1;
     /* path 1: the vpmaddubsw kernel for 7-bit weights, else s16 activations (see qgemm.c) */
