@@ -306,15 +306,7 @@ def test_native_off_or_blas_forced_keeps_blas(monkeypatch) -> None:
 # ---- the recorded choice ---------------------------------------------------------------
 
 
-@pytest.fixture
-def choice_dir(tmp_path, monkeypatch):
-    d = tmp_path / "cache"
-    d.mkdir(mode=0o700)
-    monkeypatch.setenv("RLX_CACHE_DIR", str(d))
-    monkeypatch.delenv("RLX_SGEMM", raising=False)
-    ks.forget_choices()
-    yield d
-    ks.forget_choices()
+# choice_dir: tests/cpu/engines/conftest.py
 
 
 def _calls() -> tuple[list[str], object]:

@@ -122,15 +122,7 @@ def test_nan_and_large_inputs_through_the_f32_erf_and_tanh(lib) -> None:
         assert out[1, 0] == want[1] and out[-1, 0] == want[-1]  # the limits exactly
 
 
-@pytest.fixture
-def choice_dir(tmp_path, monkeypatch):
-    d = tmp_path / "cache"
-    d.mkdir(mode=0o700)
-    monkeypatch.setenv("RLX_CACHE_DIR", str(d))
-    monkeypatch.delenv("RLX_SGEMM", raising=False)
-    ks.forget_choices()
-    yield d
-    ks.forget_choices()
+# choice_dir: tests/cpu/engines/conftest.py
 
 
 def test_small_choice_is_native_without_measuring(choice_dir, monkeypatch) -> None:

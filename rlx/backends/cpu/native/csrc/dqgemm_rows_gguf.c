@@ -362,10 +362,33 @@ static float row_q3_k(const uint8_t *p, long st, long nb, const float *x) {
 /* ---- Q5_K: 176-byte blocks: half d, half dmin, u8 scales[12] (as Q4_K), u8 qh[32], u8
  * qs[128]; output 32 j + l is d * sc_j * (((qs[32 (j / 2) + l] >> 4 (j & 1)) & 15) |
  * ((qh[l] >> j) & 1) << 4) - dmin * m_j. xs: per-32 sums of X --------------------------- */
+/* Q5_K's 8 sub-blocks of one block p against x (256 floats), each scaled by dsc[j] (d times
+ * its 6-bit scale) into t0 (even j) and t1 (odd j): shared by the row and group kernels. */
+static inline __attribute__((always_inline)) void q5k_subs(const uint8_t *p, const float *x,
+                                                            const float *dsc, vf *t0, vf *t1) {
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    const uint8_t *qs = p + 48;
+    __m256i hv = _mm256_loadu_si256((const __m256i *)(p + 16));
+    for (int c = 0; c < 4; c++) { /* sub-blocks 2 c (low nibbles), 2 c + 1 (high) */
+        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), one);
+        __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c + 1), one);
+        __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_slli_epi16(h0, 4));
+        __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                     _mm256_slli_epi16(h1, 4));
+        vf alo = VZERO(), ahi = VZERO();
+        for (int w = 0; w < 32; w += VW) {
+            alo = VFMA(VCVT(VI8R(part32(lo, w))), VLOAD(x + c * 64 + w), alo);
+            ahi = VFMA(VCVT(VI8R(part32(hi, w))), VLOAD(x + c * 64 + 32 + w), ahi);
+        }
+        *t0 = VFMA(VSET1(dsc[2 * c]), alo, *t0);
+        *t1 = VFMA(VSET1(dsc[2 * c + 1]), ahi, *t1);
+    }
+}
+
 static float row_q5_k(const uint8_t *p, long st, long nb, const float *x, const float *xs) {
     vf t0 = VZERO(), t1 = VZERO();
     __m256 mins = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     float dsc[8];
     for (long b = 0; b < nb; b++, p += st, x += 256, xs += 8) {
         __m256 scf, mf;
@@ -373,23 +396,7 @@ static float row_q5_k(const uint8_t *p, long st, long nb, const float *x, const 
         _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(hf(p)), scf));
         mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(hf(p + 2)), mf), _mm256_loadu_ps(xs),
                                mins);
-        const uint8_t *qs = p + 48;
-        __m256i hv = _mm256_loadu_si256((const __m256i *)(p + 16));
-        for (int c = 0; c < 4; c++) { /* sub-blocks 2 c (low nibbles), 2 c + 1 (high) */
-            __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), one);
-            __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c + 1), one);
-            __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_slli_epi16(h0, 4));
-            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                                         _mm256_slli_epi16(h1, 4));
-            vf alo = VZERO(), ahi = VZERO();
-            for (int w = 0; w < 32; w += VW) {
-                alo = VFMA(VCVT(VI8R(part32(lo, w))), VLOAD(x + c * 64 + w), alo);
-                ahi = VFMA(VCVT(VI8R(part32(hi, w))), VLOAD(x + c * 64 + 32 + w), ahi);
-            }
-            t0 = VFMA(VSET1(dsc[2 * c]), alo, t0);
-            t1 = VFMA(VSET1(dsc[2 * c + 1]), ahi, t1);
-        }
+        q5k_subs(p, x, dsc, &t0, &t1);
     }
     return vhsum(VADD(t0, t1)) - hsum8(mins);
 }
@@ -458,30 +465,13 @@ static inline __attribute__((always_inline)) void blk_q5_k(const uint8_t *p, con
                                                             const float *xs, vf *t0, vf *t1,
                                                             float *mt) {
     (void)mt;
-    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     float dsc[8];
     __m256 scf, mf;
     q4k_scales_mins(p, &scf, &mf);
     _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(hf(p)), scf));
     __m256 mn = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(hf(p + 2)), mf), _mm256_loadu_ps(xs));
     *t1 = VSUBV(*t1, lo8(mn));
-    const uint8_t *qs = p + 48;
-    __m256i hv = _mm256_loadu_si256((const __m256i *)(p + 16));
-    for (int c = 0; c < 4; c++) { /* sub-blocks 2 c (low nibbles), 2 c + 1 (high) */
-        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-        __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), one);
-        __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c + 1), one);
-        __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_slli_epi16(h0, 4));
-        __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                                     _mm256_slli_epi16(h1, 4));
-        vf alo = VZERO(), ahi = VZERO();
-        for (int w = 0; w < 32; w += VW) {
-            alo = VFMA(VCVT(VI8R(part32(lo, w))), VLOAD(x + c * 64 + w), alo);
-            ahi = VFMA(VCVT(VI8R(part32(hi, w))), VLOAD(x + c * 64 + 32 + w), ahi);
-        }
-        *t0 = VFMA(VSET1(dsc[2 * c]), alo, *t0);
-        *t1 = VFMA(VSET1(dsc[2 * c + 1]), ahi, *t1);
-    }
+    q5k_subs(p, x, dsc, t0, t1);
 }
 
 GROUPK(group_q2_k, blk_q2_k, 84, 16)
